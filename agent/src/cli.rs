@@ -1,0 +1,279 @@
+//! Command-line definitions (clap) and the one-dash long-flag normalisation.
+//!
+//! Operators type Go-style flags (`-vmid 120`, `-vmid=120`, `-selftest=provision`, `-json`), so
+//! every long flag is also accepted with a single dash. [`normalize_args`] rewrites those before
+//! clap sees them; short flags (`-v`) are left alone.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+
+/// The default configuration path.
+pub const DEFAULT_CONFIG: &str = "/etc/felhom-agent/agent.toml";
+
+/// felhom-agent: provision Proxmox VE guests from backups, prove they launched, verify them
+/// from inside, report to the hub, and never touch a guest this agent did not create.
+#[derive(Debug, Parser)]
+#[command(
+    name = "felhom-agent",
+    version,
+    about = "Provision Proxmox VE guests from backups, safely, and report to the felhom hub",
+    long_about = "Provision Proxmox VE guests from backups with a pool-scoped API token, prove they \
+launched, verify them from inside with osquery, and report every step to the hub.\n\n\
+Every vmid is validated against the node's FULL guest list (/etc/pve/.vmlist), not the \
+token's pool view; reserved vmids (9999 and 990000-990009) are always refused; a guest is \
+destroyed only when this agent's own transaction provably created it.\n\n\
+Every long flag also works with one dash: -vmid 120, -vmid=120, -selftest=provision, -json.",
+    after_help = "Examples:\n  \
+felhom-agent doctor                          preflight of this node, writes nothing\n  \
+felhom-agent guests                          the full guest list, pool and foreign\n  \
+felhom-agent vmid-check 120                  is vmid 120 free for a provision?\n  \
+felhom-agent --selftest=provision -vmid 120  provision, verify and destroy a test guest\n  \
+felhom-agent --selftest=restore --dry-run    show what the restore test would do\n  \
+felhom-agent journal                         transactions and whether destroy is armed\n\n\
+Exit codes: 0 done (also a skipped restore test), 2 usage, 3 refused before any write,\n\
+4 PVE refused or failed the create, 5 launched but bootstrap or checks failed,\n\
+6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human.",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// Global options.
+    #[command(flatten)]
+    pub global: GlobalOpts,
+
+    /// Run a self-test transaction: `provision` (needs -vmid) or `restore`.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub selftest: Option<SelftestKind>,
+
+    /// Options of `--selftest`.
+    #[command(flatten)]
+    pub selftest_opts: SelftestOpts,
+
+    /// The command to run (see below); `--selftest=…` runs a self-test instead.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Options every command takes.
+#[derive(Debug, Args)]
+pub struct GlobalOpts {
+    /// Configuration file.
+    #[arg(long, global = true, env = "FELHOM_AGENT_CONFIG", default_value = DEFAULT_CONFIG, value_name = "PATH")]
+    pub config: PathBuf,
+
+    /// Print one JSON document on stdout at the end; progress stays on stderr.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// More detail on stderr (-v: debug, -vv: trace).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Format of the progress and log lines on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Auto, value_name = "FORMAT")]
+    pub log_format: LogFormat,
+}
+
+/// Options of `--selftest=provision` / `--selftest=restore`.
+#[derive(Debug, Args, Default)]
+pub struct SelftestOpts {
+    /// The vmid to provision into (required for `--selftest=provision`; never picked for you).
+    #[arg(long, value_name = "N")]
+    pub vmid: Option<String>,
+
+    /// Backup volid to restore from (default: provision.selftest_source in the config).
+    #[arg(long, value_name = "VOLID")]
+    pub from: Option<String>,
+
+    /// Target storage for the guest's disks (default: provision.storage in the config).
+    #[arg(long, value_name = "ID")]
+    pub storage: Option<String>,
+
+    /// Keep the guest after the test instead of destroying it.
+    #[arg(long)]
+    pub keep: bool,
+
+    /// Print the plan (verdict and the calls it would make) and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The kind of self-test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SelftestKind {
+    /// Full provision transaction into -vmid N, bootstrap, checks, gated destroy.
+    Provision,
+    /// One self-restore-test run in the 990000-990009 band.
+    Restore,
+}
+
+/// Format of stderr lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human lines on a terminal, JSON lines otherwise.
+    Auto,
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The daemon: hub session, dispatches, heartbeats (started by systemd).
+    Run,
+    /// The full guest list: vmid, type, node, and whether it is in the pool or foreign.
+    Guests,
+    /// The verdict on one vmid: free, invalid, reserved, or in use. Exit 0 free, 3 refused.
+    VmidCheck {
+        /// The vmid to check, as the operator typed it.
+        #[arg(value_name = "N")]
+        vmid: String,
+    },
+    /// The node's preflight: config, token file, PVE TLS, token and privileges, pool,
+    /// .vmlist, hub. Writes nothing. Exit 0 when all pass, 6 otherwise.
+    Doctor,
+    /// The transactions, their phase and whether destroy is armed.
+    Journal,
+    /// Gated destroy of a guest this agent created; anything else is refused (exit 7).
+    Destroy {
+        /// The vmid of the guest to destroy.
+        #[arg(long, value_name = "N", required = true)]
+        vmid: String,
+    },
+}
+
+/// Rewrite Go-style single-dash long flags (`-vmid=120`, `-json`) to their double-dash form.
+///
+/// Only names that are long flags of the command line are rewritten, so short flags and
+/// values such as `-v` stay as they are. Everything after a bare `--` is left untouched.
+pub fn normalize_args<I>(args: I) -> Vec<OsString>
+where
+    I: IntoIterator<Item = OsString>,
+{
+    let longs = long_flag_names();
+    let mut out = Vec::new();
+    let mut passthrough = false;
+    for (i, arg) in args.into_iter().enumerate() {
+        if i == 0 || passthrough {
+            out.push(arg);
+            continue;
+        }
+        if arg == "--" {
+            passthrough = true;
+            out.push(arg);
+            continue;
+        }
+        let rewritten = arg.to_str().and_then(|s| {
+            let rest = s.strip_prefix('-')?;
+            if rest.starts_with('-') || rest.len() < 2 {
+                return None;
+            }
+            let name = rest.split('=').next().unwrap_or(rest);
+            longs
+                .iter()
+                .any(|l| l == name)
+                .then(|| OsString::from(format!("-{s}")))
+        });
+        out.push(rewritten.unwrap_or(arg));
+    }
+    out
+}
+
+fn long_flag_names() -> Vec<String> {
+    fn collect(cmd: &clap::Command, into: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            if let Some(l) = arg.get_long() {
+                into.push(l.to_string());
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            collect(sub, into);
+        }
+    }
+    let mut names = vec!["help".to_string(), "version".to_string()];
+    collect(&Cli::command(), &mut names);
+    names
+}
+
+/// Parse a command line (with one-dash normalisation).
+pub fn parse_from<I>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = OsString>,
+{
+    Cli::try_parse_from(normalize_args(args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        parse_from(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn one_dash_long_flags_are_accepted() {
+        let cli = parse(&[
+            "felhom-agent",
+            "-selftest=provision",
+            "-vmid",
+            "120",
+            "-json",
+        ]);
+        let cli = cli.expect("parses");
+        assert_eq!(cli.selftest, Some(SelftestKind::Provision));
+        assert_eq!(cli.selftest_opts.vmid.as_deref(), Some("120"));
+        assert!(cli.global.json);
+
+        let cli = parse(&[
+            "felhom-agent",
+            "-selftest",
+            "provision",
+            "-vmid=121",
+            "-keep",
+        ])
+        .expect("parses");
+        assert_eq!(cli.selftest_opts.vmid.as_deref(), Some("121"));
+        assert!(cli.selftest_opts.keep);
+    }
+
+    #[test]
+    fn short_flags_stay_short() {
+        let cli = parse(&["felhom-agent", "-v", "-v", "doctor"]).expect("parses");
+        assert_eq!(cli.global.verbose, 2);
+        assert!(matches!(cli.command, Some(Command::Doctor)));
+    }
+
+    #[test]
+    fn subcommand_flags_with_one_dash() {
+        let cli = parse(&["felhom-agent", "destroy", "-vmid", "130", "-json"]).expect("parses");
+        match cli.command {
+            Some(Command::Destroy { vmid }) => assert_eq!(vmid, "130"),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(cli.global.json);
+    }
+
+    #[test]
+    fn unknown_single_dash_word_is_not_rewritten() {
+        let out = normalize_args(["x", "-nonsense", "--", "-vmid"].map(OsString::from));
+        assert_eq!(out, ["x", "-nonsense", "--", "-vmid"].map(OsString::from));
+    }
+
+    #[test]
+    fn vmid_check_takes_positional() {
+        let cli = parse(&["felhom-agent", "vmid-check", "0120", "--json"]).expect("parses");
+        match cli.command {
+            Some(Command::VmidCheck { vmid }) => assert_eq!(vmid, "0120"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! The configuration file (`/etc/felhom-agent/agent.toml`) and the secrets it points to,
+//! validated into a [`Config`].
+//!
+//! Unknown keys are errors. The PVE token secret file must be mode 0600 or stricter. The secret
+//! itself is kept in a [`Secret`], whose `Debug` never shows it; this module never puts a secret
+//! into an error message.
+
+use std::fmt;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{ErrorCode, Failure};
+
+/// A secret value (token secret, hub credential). `Debug` and `Display` never show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wrap a secret.
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    /// The secret, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// How the server certificate of PVE or the hub is trusted. There is no insecure mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsTrust {
+    /// The SHA-256 fingerprint of the server certificate (DER), 32 bytes.
+    Pin([u8; 32]),
+    /// A PEM file of CA certificates.
+    CaFile(PathBuf),
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// This node's name (default: short hostname).
+    pub node: String,
+    /// The fleet's pool.
+    pub pool: String,
+    /// Journal, outbox, locks.
+    pub state_dir: PathBuf,
+    /// The cluster-wide guest list.
+    pub vmlist_path: PathBuf,
+    /// `datacenter.cfg`, read by `doctor` for the `next-id` lint.
+    pub datacenter_cfg: PathBuf,
+    /// The PVE API.
+    pub pve: PveConfig,
+    /// The hub, if configured.
+    pub hub: Option<HubConfig>,
+    /// Provision defaults.
+    pub provision: ProvisionConfig,
+}
+
+/// `[pve]`.
+#[derive(Debug, Clone)]
+pub struct PveConfig {
+    /// Base URL, e.g. `https://127.0.0.1:8006`.
+    pub url: String,
+    /// `user@realm!tokenname`.
+    pub token_id: String,
+    /// Where the secret came from.
+    pub token_secret_file: PathBuf,
+    /// The secret.
+    pub token_secret: Secret,
+    /// How the certificate is trusted.
+    pub tls: TlsTrust,
+}
+
+/// `[hub]`.
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    /// `wss://…` URL.
+    pub url: String,
+    /// Where the credential came from.
+    pub token_file: PathBuf,
+    /// The credential.
+    pub token: Secret,
+    /// How the certificate is trusted (`None`: the system roots).
+    pub tls: Option<TlsTrust>,
+}
+
+/// `[provision]`.
+#[derive(Debug, Clone)]
+pub struct ProvisionConfig {
+    /// Target storage for guest disks.
+    pub storage: String,
+    /// The backup the selftest restores from.
+    pub selftest_source: Option<String>,
+    /// One folder per bootstrap profile.
+    pub bootstrap_dir: PathBuf,
+    /// `*.toml` check packs.
+    pub checks_dir: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    node: Option<String>,
+    pool: String,
+    state_dir: Option<PathBuf>,
+    vmlist_path: Option<PathBuf>,
+    datacenter_cfg: Option<PathBuf>,
+    pve: RawPve,
+    hub: Option<RawHub>,
+    provision: Option<RawProvision>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPve {
+    url: String,
+    token_id: String,
+    token_secret_file: PathBuf,
+    tls_fingerprint: Option<String>,
+    ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHub {
+    url: String,
+    token_file: PathBuf,
+    tls_fingerprint: Option<String>,
+    ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawProvision {
+    storage: Option<String>,
+    selftest_source: Option<String>,
+    bootstrap_dir: Option<PathBuf>,
+    checks_dir: Option<PathBuf>,
+}
+
+fn invalid(msg: String) -> Failure {
+    Failure::new(ErrorCode::ConfigInvalid, msg)
+}
+
+impl Config {
+    /// Read and validate the configuration at `path`, including the secret files it names.
+    pub fn load(path: &Path) -> Result<Self, Failure> {
+        let text = fs::read_to_string(path).map_err(|e| {
+            invalid(format!(
+                "cannot read config {}: {e}; create it (see /usr/share/doc/felhom-agent/agent.toml.example) or pass --config",
+                path.display()
+            ))
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Validate configuration text that was read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, Failure> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            invalid(format!(
+                "config {} is invalid: {}",
+                path.display(),
+                e.to_string().trim_end()
+            ))
+        })?;
+        let node = match raw.node {
+            Some(n) => n,
+            None => short_hostname().map_err(|e| {
+                invalid(format!(
+                    "config {}: node is not set and the hostname cannot be read ({e}); set node = \"<name>\"",
+                    path.display()
+                ))
+            })?,
+        };
+        if node.is_empty() {
+            return Err(invalid(format!(
+                "config {}: node must not be empty",
+                path.display()
+            )));
+        }
+        if raw.pool.is_empty() {
+            return Err(invalid(format!(
+                "config {}: pool must not be empty",
+                path.display()
+            )));
+        }
+        let pve_tls = tls_trust(path, "pve", raw.pve.tls_fingerprint.as_deref(), raw.pve.ca_file.as_ref())?
+            .ok_or_else(|| {
+                invalid(format!(
+                    "config {}: [pve] needs tls_fingerprint (SHA-256 of the certificate, `pvenode cert info`) or ca_file; there is no insecure mode",
+                    path.display()
+                ))
+            })?;
+        if !raw.pve.url.starts_with("https://") {
+            return Err(invalid(format!(
+                "config {}: [pve] url {:?} must start with https://",
+                path.display(),
+                raw.pve.url
+            )));
+        }
+        validate_token_id(&raw.pve.token_id).map_err(|why| {
+            invalid(format!(
+                "config {}: [pve] token_id {:?} {why}",
+                path.display(),
+                raw.pve.token_id
+            ))
+        })?;
+        let token_secret = read_secret_file(&raw.pve.token_secret_file)?;
+        let pve = PveConfig {
+            url: raw.pve.url.trim_end_matches('/').to_string(),
+            token_id: raw.pve.token_id,
+            token_secret_file: raw.pve.token_secret_file,
+            token_secret,
+            tls: pve_tls,
+        };
+        let hub = match raw.hub {
+            None => None,
+            Some(h) => {
+                if !(h.url.starts_with("wss://") || h.url.starts_with("ws://")) {
+                    return Err(invalid(format!(
+                        "config {}: [hub] url {:?} must start with wss://",
+                        path.display(),
+                        h.url
+                    )));
+                }
+                let tls = tls_trust(
+                    path,
+                    "hub",
+                    h.tls_fingerprint.as_deref(),
+                    h.ca_file.as_ref(),
+                )?;
+                let token = read_secret_file(&h.token_file)?;
+                Some(HubConfig {
+                    url: h.url,
+                    token_file: h.token_file,
+                    token,
+                    tls,
+                })
+            }
+        };
+        let p = raw.provision.unwrap_or_default();
+        Ok(Config {
+            path: path.to_path_buf(),
+            node,
+            pool: raw.pool,
+            state_dir: raw
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from("/var/lib/felhom-agent")),
+            vmlist_path: raw
+                .vmlist_path
+                .unwrap_or_else(|| PathBuf::from("/etc/pve/.vmlist")),
+            datacenter_cfg: raw
+                .datacenter_cfg
+                .unwrap_or_else(|| PathBuf::from("/etc/pve/datacenter.cfg")),
+            pve,
+            hub,
+            provision: ProvisionConfig {
+                storage: p.storage.unwrap_or_else(|| "local-lvm".to_string()),
+                selftest_source: p.selftest_source,
+                bootstrap_dir: p
+                    .bootstrap_dir
+                    .unwrap_or_else(|| PathBuf::from("/etc/felhom-agent/bootstrap.d")),
+                checks_dir: p
+                    .checks_dir
+                    .unwrap_or_else(|| PathBuf::from("/etc/felhom-agent/checks.d")),
+            },
+        })
+    }
+}
+
+fn tls_trust(
+    path: &Path,
+    section: &str,
+    fingerprint: Option<&str>,
+    ca_file: Option<&PathBuf>,
+) -> Result<Option<TlsTrust>, Failure> {
+    match (fingerprint, ca_file) {
+        (Some(_), Some(_)) => Err(invalid(format!(
+            "config {}: [{section}] sets both tls_fingerprint and ca_file; keep one",
+            path.display()
+        ))),
+        (Some(fp), None) => parse_fingerprint(fp)
+            .map(|b| Some(TlsTrust::Pin(b)))
+            .map_err(|why| {
+                invalid(format!(
+                    "config {}: [{section}] tls_fingerprint {why}",
+                    path.display()
+                ))
+            }),
+        (None, Some(ca)) => Ok(Some(TlsTrust::CaFile(ca.clone()))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Parse a SHA-256 fingerprint: 64 hex digits, colons optional, any case.
+pub fn parse_fingerprint(s: &str) -> Result<[u8; 32], String> {
+    let hex: String = s.chars().filter(|c| *c != ':').collect();
+    let bytes = hex::decode(hex.trim())
+        .map_err(|_| format!("{s:?} is not hex (expected 64 hex digits, colons optional)"))?;
+    bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| format!("has {} bytes, a SHA-256 fingerprint has 32", b.len()))
+}
+
+/// Format a fingerprint as PVE shows it (`AB:CD:…`).
+pub fn format_fingerprint(fp: &[u8; 32]) -> String {
+    fp.iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn validate_token_id(id: &str) -> Result<(), &'static str> {
+    let (user, token) = id
+        .split_once('!')
+        .ok_or("must look like user@realm!tokenname")?;
+    let (name, realm) = user
+        .split_once('@')
+        .ok_or("must look like user@realm!tokenname")?;
+    if name.is_empty() || realm.is_empty() || token.len() < 2 {
+        return Err("must look like user@realm!tokenname");
+    }
+    if id.contains(char::is_whitespace) || id.contains('=') {
+        return Err("must not contain spaces or '='");
+    }
+    Ok(())
+}
+
+/// Read a secret file, refusing group- or world-accessible files.
+pub fn read_secret_file(path: &Path) -> Result<Secret, Failure> {
+    let meta = fs::metadata(path).map_err(|e| {
+        invalid(format!(
+            "cannot read secret file {}: {e}; create it with mode 0600",
+            path.display()
+        ))
+    })?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(invalid(format!(
+            "secret file {} has mode {mode:04o}, group or others can read it; run `chmod 600 {}` (and rotate the secret if others could read it)",
+            path.display(),
+            path.display()
+        )));
+    }
+    let text = fs::read_to_string(path)
+        .map_err(|e| invalid(format!("cannot read secret file {}: {e}", path.display())))?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(invalid(format!("secret file {} is empty", path.display())));
+    }
+    Ok(Secret::new(secret))
+}
+
+/// The node name PVE uses: `uname -n` up to the first `.`.
+pub fn short_hostname() -> Result<String, String> {
+    let h = nix::unistd::gethostname().map_err(|e| e.to_string())?;
+    let h = h.to_string_lossy();
+    Ok(h.split('.').next().unwrap_or("").to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn secret_file(dir: &Path, mode: u32) -> PathBuf {
+        let p = dir.join("token");
+        let mut f = fs::File::create(&p).expect("create");
+        f.write_all(b"11111111-2222-4333-8444-555555555555\n")
+            .expect("write");
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).expect("chmod");
+        p
+    }
+
+    fn sample(token: &Path, extra: &str) -> String {
+        format!(
+            "node = \"pve1\"\npool = \"felhom\"\n{extra}\n[pve]\nurl = \"https://127.0.0.1:8006\"\ntoken_id = \"felhom@pve!agent\"\ntoken_secret_file = \"{}\"\ntls_fingerprint = \"{}\"\n",
+            token.display(),
+            ["AB"; 32].join(":")
+        )
+    }
+
+    #[test]
+    fn valid_config_loads_and_hides_secret() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let c = Config::parse(Path::new("/x.toml"), &sample(&t, "")).expect("valid");
+        assert_eq!(c.node, "pve1");
+        assert_eq!(c.pve.tls, TlsTrust::Pin([0xAB; 32]));
+        assert_eq!(c.provision.storage, "local-lvm");
+        let dbg = format!("{c:?}");
+        assert!(
+            !dbg.contains("11111111-2222"),
+            "secret leaked into Debug: {dbg}"
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_refused() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let e = Config::parse(Path::new("/x.toml"), &sample(&t, "colour = \"blue\"")).unwrap_err();
+        assert_eq!(e.code, ErrorCode::ConfigInvalid);
+        assert!(e.message.contains("colour"), "{}", e.message);
+    }
+
+    #[test]
+    fn world_readable_secret_is_refused_without_leaking_it() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o644);
+        let e = Config::parse(Path::new("/x.toml"), &sample(&t, "")).unwrap_err();
+        assert_eq!(e.code, ErrorCode::ConfigInvalid);
+        assert!(
+            e.message.contains("0644") && e.message.contains("chmod 600"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("11111111"));
+    }
+
+    #[test]
+    fn stricter_modes_are_accepted() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o400);
+        assert!(Config::parse(Path::new("/x.toml"), &sample(&t, "")).is_ok());
+    }
+
+    #[test]
+    fn fingerprint_parsing() {
+        let colons = ["0a"; 32].join(":");
+        assert_eq!(parse_fingerprint(&colons), Ok([0x0a; 32]));
+        assert_eq!(parse_fingerprint(&"0A".repeat(32)), Ok([0x0a; 32]));
+        assert!(parse_fingerprint("AB:CD").is_err());
+        assert!(parse_fingerprint(&"zz".repeat(32)).is_err());
+        assert_eq!(format_fingerprint(&[0xab; 32]).len(), 95);
+    }
+
+    #[test]
+    fn token_id_shape() {
+        assert!(validate_token_id("felhom@pve!agent").is_ok());
+        assert!(validate_token_id("felhom@pve").is_err());
+        assert!(validate_token_id("felhom!agent").is_err());
+    }
+}

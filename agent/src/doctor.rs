@@ -1,0 +1,1 @@
+//! `felhom-agent doctor`: the node's preflight. It writes nothing, anywhere.

@@ -1,0 +1,17 @@
+//! felhom-agent: provisions Proxmox VE guests from backups with a pool-scoped API token,
+//! validates every vmid against the node's full guest list, proves a guest launched before
+//! it may ever destroy it, verifies the guest from inside and reports to a hub.
+//!
+//! The binary (`src/main.rs`) only parses, runs and maps errors to exit codes; everything
+//! else lives in this library so the test crate can drive it directly.
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod doctor;
+pub mod error;
+pub mod guest;
+pub mod inventory;
+pub mod pve;
+pub mod timefmt;
+pub mod vmid;

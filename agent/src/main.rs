@@ -1,0 +1,17 @@
+//! The `felhom-agent` binary: parse, init tracing, run, map the outcome to an exit code.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match felhom_agent::cli::parse_from(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    felhom_agent::app::init_tracing(&cli.global);
+    let status = felhom_agent::app::run(cli);
+    ExitCode::from(status.code())
+}

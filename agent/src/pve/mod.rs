@@ -1,0 +1,1 @@
+//! The typed PVE API client.
