@@ -34,8 +34,7 @@ felhom-agent --selftest=restore --dry-run    show what the restore test would do
 felhom-agent journal                         transactions and whether destroy is armed\n\n\
 Exit codes: 0 done (also a skipped restore test), 2 usage, 3 refused before any write,\n\
 4 PVE refused or failed the create, 5 launched but bootstrap or checks failed,\n\
-6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human.",
-    args_conflicts_with_subcommands = true
+6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human."
 )]
 pub struct Cli {
     /// Global options.
