@@ -14,4 +14,5 @@ pub mod guest;
 pub mod inventory;
 pub mod pve;
 pub mod timefmt;
+pub mod tls;
 pub mod vmid;

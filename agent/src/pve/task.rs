@@ -1,0 +1,140 @@
+//! Following a PVE task by its UPID to the end.
+//!
+//! `stopped` with `OK` is success; `WARNINGS: N` is success with the warnings kept; anything
+//! else is the task's error, kept with PVE's text and the tail of the log. Polling starts
+//! quick and backs off to at most one poll a second. Cancellation (Ctrl-C, SIGTERM) asks PVE
+//! to stop the task before returning.
+
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::client::PveClient;
+use super::error::PveError;
+use super::upid::Upid;
+
+/// First poll interval.
+pub const POLL_FIRST: Duration = Duration::from_millis(50);
+/// Longest poll interval.
+pub const POLL_MAX: Duration = Duration::from_secs(1);
+/// Lines of log kept with a failed task.
+pub const LOG_TAIL_LINES: u64 = 20;
+
+/// How a successful task ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskOutcome {
+    /// The task.
+    pub upid: Upid,
+    /// `OK` or `WARNINGS: N`.
+    pub exitstatus: String,
+    /// The number of warnings, when it ended with warnings.
+    pub warnings: Option<u32>,
+    /// The `WARN:` lines of the log, when there were warnings.
+    pub warning_lines: Vec<String>,
+    /// How long it was followed.
+    pub waited: Duration,
+}
+
+/// Options of [`wait_task`].
+#[derive(Debug, Clone)]
+pub struct WaitOptions {
+    /// Give up after this long (the task keeps running; say so).
+    pub timeout: Duration,
+    /// Cancelled → stop the task and return [`PveError::Interrupted`].
+    pub cancel: CancellationToken,
+}
+
+impl WaitOptions {
+    /// A timeout and a fresh token that is never cancelled.
+    pub fn timeout(timeout: Duration) -> Self {
+        Self { timeout, cancel: CancellationToken::new() }
+    }
+}
+
+/// The next poll interval: ×1.5, capped at [`POLL_MAX`].
+pub fn next_interval(cur: Duration) -> Duration {
+    (cur + cur / 2).min(POLL_MAX)
+}
+
+/// Parse `WARNINGS: N`.
+pub fn parse_warnings(exitstatus: &str) -> Option<u32> {
+    exitstatus.strip_prefix("WARNINGS: ").and_then(|n| n.trim().parse().ok())
+}
+
+/// Follow `upid` until it stops.
+pub async fn wait_task(client: &PveClient, upid: &Upid, opts: &WaitOptions) -> Result<TaskOutcome, PveError> {
+    let started = Instant::now();
+    let deadline = started + opts.timeout;
+    let mut interval = POLL_FIRST;
+    loop {
+        let status = client.task_status(upid).await?;
+        if status.status == "stopped" {
+            let exitstatus = status.exitstatus.unwrap_or_else(|| "unexpected status".to_string());
+            if exitstatus == "OK" {
+                return Ok(TaskOutcome { upid: upid.clone(), exitstatus, warnings: None, warning_lines: vec![], waited: started.elapsed() });
+            }
+            if let Some(n) = parse_warnings(&exitstatus) {
+                let warning_lines = log_tail(client, upid, 200)
+                    .await
+                    .into_iter()
+                    .filter(|l| l.starts_with("WARN:"))
+                    .collect();
+                return Ok(TaskOutcome { upid: upid.clone(), exitstatus, warnings: Some(n), warning_lines, waited: started.elapsed() });
+            }
+            let log_tail = log_tail(client, upid, LOG_TAIL_LINES).await;
+            return Err(PveError::TaskFailed { upid: upid.clone(), exitstatus, log_tail });
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(PveError::TaskTimeout { upid: upid.clone(), waited: started.elapsed() });
+        }
+        let sleep = interval.min(deadline - now);
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = opts.cancel.cancelled() => {
+                let stop_sent = client.task_stop(upid).await.is_ok();
+                return Err(PveError::Interrupted { upid: upid.clone(), stop_sent });
+            }
+        }
+        interval = next_interval(interval);
+    }
+}
+
+/// The last `n` lines of a task log (best effort: an unreadable log gives none).
+pub async fn log_tail(client: &PveClient, upid: &Upid, n: u64) -> Vec<String> {
+    let total = match client.task_log(upid, 0, 1).await {
+        Ok((_, Some(total))) => total,
+        Ok((lines, None)) => lines.len() as u64,
+        Err(_) => return vec![],
+    };
+    let start = total.saturating_sub(n);
+    match client.task_log(upid, start, n).await {
+        Ok((lines, _)) => lines.into_iter().map(|l| l.t).collect(),
+        Err(_) => vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polling_backs_off_to_one_second() {
+        let mut i = POLL_FIRST;
+        let mut seen = vec![i];
+        for _ in 0..20 {
+            i = next_interval(i);
+            seen.push(i);
+        }
+        assert!(seen.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(*seen.last().unwrap_or(&Duration::ZERO), POLL_MAX);
+        assert!(seen[1] < Duration::from_millis(100));
+    }
+
+    #[test]
+    fn warnings_are_parsed() {
+        assert_eq!(parse_warnings("WARNINGS: 3"), Some(3));
+        assert_eq!(parse_warnings("OK"), None);
+        assert_eq!(parse_warnings("unable to restore CT 1 - x"), None);
+    }
+}
