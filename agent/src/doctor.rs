@@ -1,1 +1,308 @@
-//! `felhom-agent doctor`: the node's preflight. It writes nothing, anywhere.
+//! `felhom-agent doctor`: the node's preflight. It writes nothing, anywhere: only reads of
+//! local files and GET requests to PVE.
+//!
+//! Checks: config (unknown keys, secret file mode), PVE TLS (pin or CA), the token, the
+//! token's effective privileges on the pool and storages, the pool, `.vmlist`, the `next-id`
+//! range, the state dir and the hub. Each check passes, warns or fails with a message saying
+//! what to fix; the command exits 0 when nothing failed and 6 otherwise.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::app::CommandOutput;
+use crate::cli::GlobalOpts;
+use crate::config::{Config, TlsTrust};
+use crate::error::{ErrorCode, ExitStatus};
+use crate::pve::types::Permissions;
+use crate::pve::{PveClient, PveError};
+
+/// The privileges the pool token needs on `/pool/<pool>` (or above it).
+pub const POOL_PRIVS: &[&str] = &["VM.Allocate", "VM.Audit", "VM.PowerMgmt", "VM.Config.Options", "VM.Config.Network"];
+/// Guest agent exec: PVE 9 privilege, and the PVE 8 one it replaced.
+pub const AGENT_PRIVS_ANY: &[&str] = &["VM.GuestAgent.Unrestricted", "VM.Monitor"];
+/// On the target storage.
+pub const STORAGE_PRIVS: &[&str] = &["Datastore.AllocateSpace"];
+/// On the backup storage (to list backups): any of these.
+pub const BACKUP_STORAGE_PRIVS_ANY: &[&str] = &["Datastore.Audit", "Datastore.AllocateSpace"];
+
+/// The verdict of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckStatus {
+    /// Fine.
+    Pass,
+    /// Works, but something deserves attention.
+    Warn,
+    /// Broken: the agent cannot work like this.
+    Fail,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct DoctorCheck {
+    /// Check name.
+    pub name: &'static str,
+    /// Verdict.
+    pub status: CheckStatus,
+    /// Stable error code of a failure.
+    pub code: Option<ErrorCode>,
+    /// What was found, and what to fix.
+    pub message: String,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct DoctorReport {
+    /// No check failed.
+    pub ok: bool,
+    /// The checks, in order.
+    pub checks: Vec<DoctorCheck>,
+}
+
+impl DoctorReport {
+    fn push(&mut self, name: &'static str, status: CheckStatus, code: Option<ErrorCode>, message: impl Into<String>) {
+        self.checks.push(DoctorCheck { name, status, code, message: message.into() });
+    }
+    fn pass(&mut self, name: &'static str, message: impl Into<String>) {
+        self.push(name, CheckStatus::Pass, None, message);
+    }
+    fn warn(&mut self, name: &'static str, message: impl Into<String>) {
+        self.push(name, CheckStatus::Warn, None, message);
+    }
+    fn fail(&mut self, name: &'static str, code: ErrorCode, message: impl Into<String>) {
+        self.push(name, CheckStatus::Fail, Some(code), message);
+    }
+
+    /// The human rendering.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        for c in &self.checks {
+            let tag = match c.status {
+                CheckStatus::Pass => "ok  ",
+                CheckStatus::Warn => "warn",
+                CheckStatus::Fail => "FAIL",
+            };
+            s.push_str(&format!("[{tag}] {:<12} {}\n", c.name, c.message));
+        }
+        s.push_str(if self.ok { "doctor: all checks passed\n" } else { "doctor: some checks failed, fix them and run `felhom-agent doctor` again\n" });
+        s
+    }
+}
+
+/// Run every check.
+pub async fn run(global: &GlobalOpts) -> CommandOutput {
+    let report = check_all(global).await;
+    let status = if report.ok { ExitStatus::Ok } else { ExitStatus::Environment };
+    CommandOutput {
+        json: serde_json::to_value(&report).unwrap_or_else(|_| json!({"ok": false})),
+        human: report.render(),
+        status,
+    }
+}
+
+/// The checks, as a report.
+pub async fn check_all(global: &GlobalOpts) -> DoctorReport {
+    let mut r = DoctorReport { ok: true, checks: Vec::new() };
+    let cfg = match Config::load(&global.config) {
+        Ok(c) => {
+            r.pass("config", format!("{} is valid (node {}, pool {}), token secret file {} is private", c.path.display(), c.node, c.pool, c.pve.token_secret_file.display()));
+            c
+        }
+        Err(f) => {
+            r.fail("config", f.code, f.message);
+            r.ok = false;
+            return r;
+        }
+    };
+    check_pve(&cfg, &mut r).await;
+    check_local_files(&cfg, &mut r);
+    check_hub(&cfg, &mut r).await;
+    r.ok = r.checks.iter().all(|c| c.status != CheckStatus::Fail);
+    r
+}
+
+async fn check_pve(cfg: &Config, r: &mut DoctorReport) {
+    let client = match PveClient::new(&cfg.pve) {
+        Ok(c) => c,
+        Err(e) => {
+            r.fail("pve_tls", e.code(), e.to_string());
+            return;
+        }
+    };
+    let trust = match &cfg.pve.tls {
+        TlsTrust::Pin(_) => "pinned certificate fingerprint",
+        TlsTrust::CaFile(p) => return check_pve_with(cfg, &client, r, &format!("CA file {}", p.display())).await,
+    };
+    check_pve_with(cfg, &client, r, trust).await;
+}
+
+async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, trust: &str) {
+    match client.version().await {
+        Ok(v) => {
+            r.pass("pve_tls", format!("{} answered over TLS trusted by the {trust}", cfg.pve.url));
+            r.pass("pve_token", format!("token {} accepted by PVE {}", cfg.pve.token_id, v.version));
+        }
+        Err(e @ PveError::Api(_)) if e.code() == ErrorCode::PveAuth => {
+            r.pass("pve_tls", format!("{} answered over TLS trusted by the {trust}", cfg.pve.url));
+            r.fail("pve_token", ErrorCode::PveAuth, format!("PVE did not accept token {}: {e}", cfg.pve.token_id));
+            return;
+        }
+        Err(e @ PveError::Api(_)) => {
+            r.pass("pve_tls", format!("{} answered over TLS trusted by the {trust}", cfg.pve.url));
+            r.fail("pve_token", e.code(), e.to_string());
+            return;
+        }
+        Err(e) => {
+            r.fail("pve_tls", e.code(), e.to_string());
+            return;
+        }
+    }
+    match client.permissions(None, None).await {
+        Ok(perms) => check_privileges(cfg, &perms, r),
+        Err(e) => r.fail("privileges", e.code(), format!("cannot read the token's privileges (GET /access/permissions): {e}")),
+    }
+    match client.pool(&cfg.pool).await {
+        Ok(Some(_)) => r.pass("pool", format!("pool {} exists", cfg.pool)),
+        Ok(None) => r.fail("pool", ErrorCode::ConfigInvalid, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
+        Err(e) => r.fail("pool", e.code(), format!("cannot read pool {}: {e}", cfg.pool)),
+    }
+}
+
+/// The privileges held on `path`, counting propagated grants on its ancestors.
+pub fn held_on(perms: &Permissions, path: &str) -> BTreeSet<String> {
+    let mut held = BTreeSet::new();
+    for (p, privs) in perms {
+        let applies = p == path
+            || p == "/"
+            || (path.starts_with(p.as_str()) && path.as_bytes().get(p.len()) == Some(&b'/'));
+        if !applies {
+            continue;
+        }
+        for (name, propagate) in privs {
+            let propagates = p == path || propagate.as_u64().is_none_or(|v| v != 0) && propagate.as_bool() != Some(false);
+            if propagates {
+                held.insert(name.clone());
+            }
+        }
+    }
+    held
+}
+
+fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
+    let pool_path = format!("/pool/{}", cfg.pool);
+    let on_pool = held_on(perms, &pool_path);
+    let mut missing: Vec<String> = Vec::new();
+    for p in POOL_PRIVS {
+        if !on_pool.contains(*p) {
+            missing.push(format!("{p} on {pool_path}"));
+        }
+    }
+    if !AGENT_PRIVS_ANY.iter().any(|p| on_pool.contains(*p)) {
+        missing.push(format!("{} on {pool_path}", AGENT_PRIVS_ANY.join(" or ")));
+    }
+    let storage_path = format!("/storage/{}", cfg.provision.storage);
+    let on_storage = held_on(perms, &storage_path);
+    for p in STORAGE_PRIVS {
+        if !on_storage.contains(*p) {
+            missing.push(format!("{p} on {storage_path}"));
+        }
+    }
+    if let Some(src) = &cfg.provision.selftest_source {
+        if let Some((sid, _)) = src.split_once(':') {
+            let path = format!("/storage/{sid}");
+            let held = held_on(perms, &path);
+            if !BACKUP_STORAGE_PRIVS_ANY.iter().any(|p| held.contains(*p)) {
+                missing.push(format!("{} on {path}", BACKUP_STORAGE_PRIVS_ANY.join(" or ")));
+            }
+        }
+    }
+    if missing.is_empty() {
+        r.pass("privileges", format!("token {} may restore into {pool_path}, start, configure, destroy and exec in its guests, and allocate on {storage_path}", cfg.pve.token_id));
+    } else {
+        r.fail(
+            "privileges",
+            ErrorCode::PveRefused,
+            format!("token {} lacks {}; grant them, e.g. `pveum acl modify {pool_path} --tokens '{}' --roles PVEVMAdmin,PVEPoolUser` and `pveum acl modify {storage_path} --tokens '{}' --roles PVEDatastoreUser`", cfg.pve.token_id, missing.join(", "), cfg.pve.token_id, cfg.pve.token_id),
+        );
+    }
+}
+
+fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
+    match std::fs::read(&cfg.vmlist_path) {
+        Ok(bytes) => match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Ok(v) => {
+                let n = v.get("ids").and_then(|i| i.as_object()).map_or(0, |m| m.len());
+                r.pass("vmlist", format!("{} is readable: {n} guests cluster-wide", cfg.vmlist_path.display()));
+            }
+            Err(e) => r.fail("vmlist", ErrorCode::ConfigInvalid, format!("{} is not valid JSON ({e}); is pmxcfs healthy? (`systemctl status pve-cluster`)", cfg.vmlist_path.display())),
+        },
+        Err(e) => r.warn("vmlist", format!("{} is unreadable ({e}); vmids will be checked against `pct list` + `qm list`, which see only this node: run as root on a cluster node or fix vmlist_path", cfg.vmlist_path.display())),
+    }
+    match std::fs::metadata(&cfg.state_dir) {
+        Ok(m) if m.is_dir() => r.pass("state_dir", format!("{} exists", cfg.state_dir.display())),
+        Ok(_) => r.fail("state_dir", ErrorCode::ConfigInvalid, format!("{} is not a directory; fix state_dir in {}", cfg.state_dir.display(), cfg.path.display())),
+        Err(_) => r.warn("state_dir", format!("{} does not exist yet; it is created (mode 0700) on the first transaction", cfg.state_dir.display())),
+    }
+}
+
+async fn check_hub(cfg: &Config, r: &mut DoctorReport) {
+    let Some(hub) = &cfg.hub else {
+        r.warn("hub", "no [hub] configured: reports wait in the outbox until one is");
+        return;
+    };
+    let Some(addr) = hub_authority(&hub.url) else {
+        r.fail("hub", ErrorCode::ConfigInvalid, format!("cannot read host and port from [hub] url {:?}", hub.url));
+        return;
+    };
+    match tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(&addr)).await {
+        Ok(Ok(_)) => r.pass("hub", format!("hub {addr} accepts connections")),
+        Ok(Err(e)) => r.fail("hub", ErrorCode::PveUnreachable, format!("hub {addr} is unreachable: {e}; reports wait in the outbox meanwhile")),
+        Err(_) => r.fail("hub", ErrorCode::PveUnreachable, format!("hub {addr} did not answer within 5 s; reports wait in the outbox meanwhile")),
+    }
+}
+
+/// `host:port` of a `ws(s)://host[:port]/path` URL (default ports 443/80).
+pub fn hub_authority(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split('/').next()?;
+    if authority.is_empty() {
+        return None;
+    }
+    let has_port = authority.rsplit_once(':').is_some_and(|(_, p)| p.chars().all(|c| c.is_ascii_digit())) && !authority.ends_with(']');
+    if has_port {
+        Some(authority.to_string())
+    } else {
+        Some(format!("{authority}:{}", if scheme == "wss" { 443 } else { 80 }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn perms(entries: &[(&str, &[&str])]) -> Permissions {
+        entries
+            .iter()
+            .map(|(p, privs)| (p.to_string(), privs.iter().map(|x| (x.to_string(), json!(1))).collect::<BTreeMap<_, _>>()))
+            .collect()
+    }
+
+    #[test]
+    fn privileges_on_ancestors_count() {
+        let p = perms(&[("/pool/felhom", &["VM.Audit"]), ("/", &["Sys.Audit"]), ("/pool/felhomx", &["VM.Allocate"])]);
+        let held = held_on(&p, "/pool/felhom");
+        assert!(held.contains("VM.Audit") && held.contains("Sys.Audit"));
+        assert!(!held.contains("VM.Allocate"), "a sibling path with a common prefix must not count");
+    }
+
+    #[test]
+    fn hub_authority_defaults() {
+        assert_eq!(hub_authority("wss://hub.example.net/agent").as_deref(), Some("hub.example.net:443"));
+        assert_eq!(hub_authority("ws://127.0.0.5:9000/agent").as_deref(), Some("127.0.0.5:9000"));
+        assert_eq!(hub_authority("wss:///x"), None);
+    }
+}
