@@ -1,0 +1,284 @@
+//! Messages the agent sends to the hub.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ack::Ack;
+use crate::error::ProtocolError;
+use crate::ids::TxnId;
+use crate::timestamp::Timestamp;
+use crate::txn::{CheckReport, ErrorInfo, Outcome, Phase, TxnKind};
+
+/// Capability names an agent announces in its hello. The set is open: a hub ignores names it
+/// does not know, and must not dispatch an action whose capability the agent did not announce.
+pub mod capability {
+    /// Runs `provision` dispatches.
+    pub const PROVISION: &str = "provision";
+    /// Runs `destroy` dispatches.
+    pub const DESTROY: &str = "destroy";
+    /// Runs `restore_test` dispatches.
+    pub const RESTORE_TEST: &str = "restore_test";
+    /// Answers `inventory_request` dispatches.
+    pub const INVENTORY: &str = "inventory";
+}
+
+/// The first message of a session: who the agent is and what it speaks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The agent's version (`0.1.0`).
+    pub agent_version: String,
+    /// The PVE node the agent runs on.
+    pub node: String,
+    /// The PVE pool the agent's token is scoped to.
+    pub pool: String,
+    /// Every protocol version the agent speaks; the hub picks one for the session.
+    pub protocol_versions: Vec<u32>,
+    /// What the agent can do, see [`capability`].
+    pub capabilities: Vec<String>,
+    /// Facts about the host.
+    pub host: HostFacts,
+}
+
+/// Plain facts about the node's host, as the agent read them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostFacts {
+    /// The host name.
+    pub hostname: String,
+    /// The kernel release (`6.8.12-4-pve`).
+    pub kernel: String,
+    /// The operating system (`Debian GNU/Linux 12 (bookworm)`).
+    pub os: String,
+    /// Logical CPUs.
+    pub cpu_count: u32,
+    /// Total memory in bytes.
+    pub memory_total_bytes: u64,
+    /// Seconds since the host booted.
+    pub uptime_secs: u64,
+}
+
+/// A sign of life, sent on the interval the welcome set. Never acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// Counts up by one per heartbeat within a session.
+    pub seq: u64,
+    /// Seconds since the agent process started.
+    pub uptime_secs: u64,
+    /// Transactions currently running.
+    pub in_flight: u32,
+    /// Messages in the outbox waiting for an ack.
+    pub outbox_depth: u64,
+}
+
+/// The type of a guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuestType {
+    /// An LXC container.
+    Lxc,
+    /// A QEMU virtual machine.
+    Qemu,
+}
+
+/// The run state of a guest as PVE reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuestStatus {
+    /// Running.
+    Running,
+    /// Stopped.
+    Stopped,
+    /// A VM paused or suspended by QEMU.
+    Paused,
+    /// PVE did not say (node offline, state unknown).
+    Unknown,
+}
+
+/// A guest in the fleet's pool, visible to the hub.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolGuest {
+    /// The vmid.
+    pub vmid: u32,
+    /// LXC or QEMU.
+    #[serde(rename = "type")]
+    pub guest_type: GuestType,
+    /// The node the guest is on.
+    pub node: String,
+    /// The guest's name, when it has one.
+    pub name: Option<String>,
+    /// Its run state.
+    pub status: GuestStatus,
+}
+
+/// The node's guests as the hub may see them: the pool's guests in full, and the vmids held by
+/// guests outside the pool as bare numbers. A foreign guest has no field here that could carry
+/// its name, type or node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inventory {
+    /// The `inventory_request` dispatch this answers; `None` when sent on connect or on change.
+    pub request: Option<TxnId>,
+    /// The pool's guests.
+    pub guests: Vec<PoolGuest>,
+    /// Vmids held by guests outside the pool (numbers only; the hub must not dispatch to them).
+    pub foreign_vmids: Vec<u32>,
+}
+
+/// A transaction reached a phase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// The transaction.
+    pub txn: TxnId,
+    /// Its kind.
+    pub kind: TxnKind,
+    /// Its vmid, once it has one.
+    pub vmid: Option<u32>,
+    /// The phase reached.
+    pub phase: Phase,
+    /// When the phase was journaled (may be well before the message is sent).
+    pub at: Timestamp,
+    /// A short human note (UPID, profile, check name, ...).
+    pub detail: Option<String>,
+    /// The error, for a phase reached by failing.
+    pub error: Option<ErrorInfo>,
+}
+
+/// The final state of a transaction: the same document `--json` prints (DESIGN section 3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnResult {
+    /// The transaction.
+    pub txn: TxnId,
+    /// Its kind.
+    pub kind: TxnKind,
+    /// Its vmid (`None` for a restore-test that found no free vmid in its band).
+    pub vmid: Option<u32>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The last phase it reached.
+    pub phase: Phase,
+    /// Whether destroy was armed (proof of launch held).
+    pub destroy_armed: bool,
+    /// Whether the guest it created was destroyed.
+    pub destroyed: bool,
+    /// The osquery checks that ran.
+    pub checks: Vec<CheckReport>,
+    /// Why it did not end `ok`.
+    pub error: Option<ErrorInfo>,
+}
+
+/// A message from the agent to the hub. Its wire `type` is given with each variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentMessage {
+    /// `hello`
+    Hello(Hello),
+    /// `heartbeat`
+    Heartbeat(Heartbeat),
+    /// `inventory`
+    Inventory(Inventory),
+    /// `event`
+    Event(Event),
+    /// `result`
+    Result(TxnResult),
+    /// `ack`
+    Ack(Ack),
+    /// `protocol_error`
+    ProtocolError(ProtocolError),
+}
+
+impl crate::codec::sealed::Codec for AgentMessage {
+    fn serialize_body<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Hello(b) => b.serialize(s),
+            Self::Heartbeat(b) => b.serialize(s),
+            Self::Inventory(b) => b.serialize(s),
+            Self::Event(b) => b.serialize(s),
+            Self::Result(b) => b.serialize(s),
+            Self::Ack(b) => b.serialize(s),
+            Self::ProtocolError(b) => b.serialize(s),
+        }
+    }
+
+    fn deserialize_body(
+        type_name: &str,
+        body: serde_json::Value,
+    ) -> Option<Result<Self, serde_json::Error>> {
+        use serde_json::from_value;
+        Some(match type_name {
+            "hello" => from_value(body).map(Self::Hello),
+            "heartbeat" => from_value(body).map(Self::Heartbeat),
+            "inventory" => from_value(body).map(Self::Inventory),
+            "event" => from_value(body).map(Self::Event),
+            "result" => from_value(body).map(Self::Result),
+            "ack" => from_value(body).map(Self::Ack),
+            "protocol_error" => from_value(body).map(Self::ProtocolError),
+            _ => return None,
+        })
+    }
+}
+
+impl crate::codec::Message for AgentMessage {
+    const DIRECTION: &'static str = "agent-to-hub";
+    const TYPES: &'static [&'static str] = &[
+        "hello",
+        "heartbeat",
+        "inventory",
+        "event",
+        "result",
+        "ack",
+        "protocol_error",
+    ];
+
+    fn type_name(&self) -> &'static str {
+        match self {
+            Self::Hello(_) => "hello",
+            Self::Heartbeat(_) => "heartbeat",
+            Self::Inventory(_) => "inventory",
+            Self::Event(_) => "event",
+            Self::Result(_) => "result",
+            Self::Ack(_) => "ack",
+            Self::ProtocolError(_) => "protocol_error",
+        }
+    }
+
+    fn needs_ack(&self) -> bool {
+        !matches!(self, Self::Ack(_) | Self::Heartbeat(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn guest_types_and_statuses_on_the_wire() {
+        for (value, text) in [(GuestType::Lxc, "lxc"), (GuestType::Qemu, "qemu")] {
+            assert_eq!(serde_json::to_value(value).unwrap(), json!(text));
+        }
+        for (value, text) in [
+            (GuestStatus::Running, "running"),
+            (GuestStatus::Stopped, "stopped"),
+            (GuestStatus::Paused, "paused"),
+            (GuestStatus::Unknown, "unknown"),
+        ] {
+            assert_eq!(serde_json::to_value(value).unwrap(), json!(text));
+            assert_eq!(
+                serde_json::from_value::<GuestStatus>(json!(text)).unwrap(),
+                value
+            );
+        }
+    }
+
+    #[test]
+    fn a_pool_guest_names_its_type_in_a_field_called_type() {
+        let guest = PoolGuest {
+            vmid: 120,
+            guest_type: GuestType::Qemu,
+            node: "pve1".to_owned(),
+            name: None,
+            status: GuestStatus::Paused,
+        };
+        assert_eq!(
+            serde_json::to_value(&guest).unwrap(),
+            json!({"vmid": 120, "type": "qemu", "node": "pve1", "name": null, "status": "paused"})
+        );
+    }
+}

@@ -1,0 +1,262 @@
+//! The transaction vocabulary shared by `event` and `result`: kinds, phases, outcomes, error
+//! codes and osquery check reports (DESIGN sections 3 and 5).
+//!
+//! Every enumerated value here is closed within a protocol version: a receiver rejects a value
+//! it does not know (`invalid_field`), so adding one is a protocol version change.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// What a transaction does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TxnKind {
+    /// A provision dispatched by the hub.
+    #[serde(rename = "provision")]
+    Provision,
+    /// A gated destroy (dispatched by the hub or run with `destroy -vmid N`).
+    #[serde(rename = "destroy")]
+    Destroy,
+    /// `--selftest=provision` run by an operator.
+    #[serde(rename = "selftest-provision")]
+    SelftestProvision,
+    /// A self-restore-test run: started by the systemd timer, by `--selftest=restore` or by a
+    /// `restore_test` dispatch.
+    #[serde(rename = "selftest-restore")]
+    SelftestRestore,
+}
+
+/// A journaled phase of a transaction (DESIGN section 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Accepted but not yet validated (a transaction refused at once reports this phase).
+    Planned,
+    /// The vmid passed the full guest list, the reserved bands and the range.
+    Validated,
+    /// The create/restore request was sent and its UPID recorded.
+    Submitted,
+    /// The task ended OK, the marker is written and destroy is armed.
+    Created,
+    /// The guest was started.
+    Started,
+    /// The guest is running and answers an exec.
+    Launched,
+    /// The bootstrap profile ran successfully inside the guest.
+    Bootstrapped,
+    /// The osquery checks passed.
+    Verified,
+    /// The result was handed to the outbox.
+    Reported,
+    /// The transaction failed.
+    Failed,
+    /// The guest this transaction created was destroyed.
+    Destroyed,
+    /// The transaction was skipped (for example the restore-test band was full).
+    Skipped,
+    /// A condition only an operator can settle (ownership unprovable); nothing more is done
+    /// automatically.
+    NeedsHuman,
+}
+
+/// How a transaction ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Done, and the guest proved live (or the destroy was confirmed).
+    Ok,
+    /// Refused before any write (vmid invalid, reserved or in use).
+    Refused,
+    /// PVE, the bootstrap or the checks failed.
+    Failed,
+    /// Not run, and that is not a failure (restore-test band full).
+    Skipped,
+    /// Ownership could not be proven or another condition needs an operator.
+    NeedsHuman,
+}
+
+/// The stable code of a transaction error (DESIGN section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The vmid is outside PVE's range or not in PVE's format.
+    VmidInvalid,
+    /// The vmid is in a reserved band.
+    VmidReserved,
+    /// The vmid is held by a guest in the full guest list.
+    VmidInUse,
+    /// PVE refused a request.
+    PveRefused,
+    /// PVE could not be reached.
+    PveUnreachable,
+    /// PVE did not accept the API token.
+    PveAuth,
+    /// A server certificate did not match its pin.
+    TlsPinMismatch,
+    /// A PVE task ended with an error.
+    TaskFailed,
+    /// A PVE task did not end in time.
+    TaskTimeout,
+    /// The guest is locked.
+    GuestLocked,
+    /// The guest did not prove it launched.
+    LaunchUnproven,
+    /// The bootstrap profile failed inside the guest.
+    BootstrapFailed,
+    /// An osquery check failed or could not run.
+    CheckFailed,
+    /// The restore-test band is full.
+    BandFull,
+    /// The agent's configuration or a file it names is invalid.
+    ConfigInvalid,
+    /// The agent cannot prove it created the guest, so it will not destroy it.
+    OwnershipUnproven,
+}
+
+/// An error with its stable code and a message for an operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// The stable code.
+    pub code: ErrorCode,
+    /// What happened, naming the vmid, node, UPID or path concerned. Never a secret.
+    pub message: String,
+}
+
+/// The verdict of one osquery check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckStatus {
+    /// The expectation held.
+    Pass,
+    /// The query ran and the expectation did not hold.
+    Fail,
+    /// The query could not run (osqueryi missing, timeout, SQL error).
+    Error,
+}
+
+/// One row printed by `osqueryi --json`: column name to value. osqueryi renders every value as
+/// a string.
+pub type CheckRow = BTreeMap<String, String>;
+
+/// One osquery check and the rows it saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckReport {
+    /// The check's name from its check pack.
+    pub name: String,
+    /// The verdict.
+    pub status: CheckStatus,
+    /// The rows seen, at most the agent's row limit.
+    pub rows: Vec<CheckRow>,
+    /// How many rows the query returned.
+    pub row_count: u64,
+    /// Whether `rows` holds fewer rows than the query returned.
+    pub rows_truncated: bool,
+    /// Why the check failed or errored; `None` when it passed.
+    pub message: Option<String>,
+    /// How long the query took, in milliseconds.
+    pub duration_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::de::DeserializeOwned;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// Every value's wire text, both ways: these strings are part of the protocol.
+    fn pins<T>(table: &[(T, &str)])
+    where
+        T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
+    {
+        for (value, text) in table {
+            assert_eq!(serde_json::to_value(value).unwrap(), json!(text));
+            assert_eq!(&serde_json::from_value::<T>(json!(text)).unwrap(), value);
+        }
+    }
+
+    #[test]
+    fn kinds_on_the_wire() {
+        pins(&[
+            (TxnKind::Provision, "provision"),
+            (TxnKind::Destroy, "destroy"),
+            (TxnKind::SelftestProvision, "selftest-provision"),
+            (TxnKind::SelftestRestore, "selftest-restore"),
+        ]);
+        assert!(serde_json::from_value::<TxnKind>(json!("selftest_restore")).is_err());
+    }
+
+    #[test]
+    fn phases_on_the_wire() {
+        pins(&[
+            (Phase::Planned, "planned"),
+            (Phase::Validated, "validated"),
+            (Phase::Submitted, "submitted"),
+            (Phase::Created, "created"),
+            (Phase::Started, "started"),
+            (Phase::Launched, "launched"),
+            (Phase::Bootstrapped, "bootstrapped"),
+            (Phase::Verified, "verified"),
+            (Phase::Reported, "reported"),
+            (Phase::Failed, "failed"),
+            (Phase::Destroyed, "destroyed"),
+            (Phase::Skipped, "skipped"),
+            (Phase::NeedsHuman, "needs_human"),
+        ]);
+    }
+
+    #[test]
+    fn outcomes_and_check_statuses_on_the_wire() {
+        pins(&[
+            (Outcome::Ok, "ok"),
+            (Outcome::Refused, "refused"),
+            (Outcome::Failed, "failed"),
+            (Outcome::Skipped, "skipped"),
+            (Outcome::NeedsHuman, "needs_human"),
+        ]);
+        pins(&[
+            (CheckStatus::Pass, "pass"),
+            (CheckStatus::Fail, "fail"),
+            (CheckStatus::Error, "error"),
+        ]);
+    }
+
+    #[test]
+    fn error_codes_on_the_wire() {
+        pins(&[
+            (ErrorCode::VmidInvalid, "vmid_invalid"),
+            (ErrorCode::VmidReserved, "vmid_reserved"),
+            (ErrorCode::VmidInUse, "vmid_in_use"),
+            (ErrorCode::PveRefused, "pve_refused"),
+            (ErrorCode::PveUnreachable, "pve_unreachable"),
+            (ErrorCode::PveAuth, "pve_auth"),
+            (ErrorCode::TlsPinMismatch, "tls_pin_mismatch"),
+            (ErrorCode::TaskFailed, "task_failed"),
+            (ErrorCode::TaskTimeout, "task_timeout"),
+            (ErrorCode::GuestLocked, "guest_locked"),
+            (ErrorCode::LaunchUnproven, "launch_unproven"),
+            (ErrorCode::BootstrapFailed, "bootstrap_failed"),
+            (ErrorCode::CheckFailed, "check_failed"),
+            (ErrorCode::BandFull, "band_full"),
+            (ErrorCode::ConfigInvalid, "config_invalid"),
+            (ErrorCode::OwnershipUnproven, "ownership_unproven"),
+        ]);
+    }
+
+    #[test]
+    fn check_rows_are_string_maps() {
+        let report: CheckReport = serde_json::from_value(json!({
+            "name": "users", "status": "fail", "rows": [{"uid": "0", "username": "root"}],
+            "row_count": 1, "rows_truncated": false, "message": "root may log in",
+            "duration_ms": 41
+        }))
+        .unwrap();
+        assert_eq!(report.rows[0]["uid"], "0");
+        // osqueryi prints every value as a string; a number is not a row osqueryi wrote.
+        let numeric: Value = json!({
+            "name": "users", "status": "fail", "rows": [{"uid": 0}],
+            "row_count": 1, "rows_truncated": false, "message": null, "duration_ms": 41
+        });
+        assert!(serde_json::from_value::<CheckReport>(numeric).is_err());
+    }
+}

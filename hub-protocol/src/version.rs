@@ -1,0 +1,58 @@
+//! Protocol versions and their negotiation.
+
+/// The newest protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Every protocol version this crate speaks, oldest first. [`decode`](crate::decode) refuses
+/// frames in any other version with `unsupported_version`.
+pub const SUPPORTED_VERSIONS: &[u32] = &[1];
+
+/// The version the handshake frames are written in: `hello`, `welcome`, and a
+/// `protocol_error` answering a hello. It never changes, so a peer of any later version can
+/// always read a hello and answer it.
+pub const HANDSHAKE_VERSION: u32 = 1;
+
+/// The session's version: the highest version both sides speak, or `None` when they share
+/// none (the hub then answers the hello with an `unsupported_version` protocol error and
+/// closes). The lists need not be sorted and may repeat.
+pub fn negotiate(agent_supported: &[u32], hub_supported: &[u32]) -> Option<u32> {
+    agent_supported
+        .iter()
+        .copied()
+        .filter(|v| hub_supported.contains(v))
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_the_highest_common_version() {
+        let cases: &[(&[u32], &[u32], Option<u32>)] = &[
+            (&[1], &[1], Some(1)),
+            (&[1, 2, 3], &[2, 3, 4], Some(3)),
+            (&[3, 1, 2], &[1, 2], Some(2)),
+            (&[2, 2, 1], &[1, 1], Some(1)),
+            (&[1, 2], &[3, 4], None),
+            (&[], &[1], None),
+            (&[1], &[], None),
+            (&[], &[], None),
+            (&[u32::MAX, 0], &[0, u32::MAX], Some(u32::MAX)),
+        ];
+        for &(agent, hub, want) in cases {
+            assert_eq!(negotiate(agent, hub), want, "agent {agent:?} hub {hub:?}");
+            assert_eq!(negotiate(hub, agent), want, "symmetric: {hub:?} {agent:?}");
+        }
+    }
+
+    #[test]
+    fn this_crate_speaks_its_own_versions() {
+        assert!(SUPPORTED_VERSIONS.contains(&PROTOCOL_VERSION));
+        assert!(SUPPORTED_VERSIONS.contains(&HANDSHAKE_VERSION));
+        assert_eq!(
+            negotiate(SUPPORTED_VERSIONS, SUPPORTED_VERSIONS),
+            Some(PROTOCOL_VERSION)
+        );
+    }
+}

@@ -1,0 +1,424 @@
+//! The golden files in `tests/golden/` pin the wire format: one frame per message type (and
+//! per dispatch action). Each file must decode to the value built here, and that value must
+//! encode to the same JSON, so any change to the wire shows up as a failing test.
+
+// A test crate: its helpers panic to report a failure, like the tests that call them.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+
+use hub_protocol::{
+    decode, encode, Ack, AgentEnvelope, AgentMessage, CheckReport, CheckStatus, Dispatch,
+    DispatchAction, Envelope, ErrorCode, ErrorInfo, Event, GuestStatus, GuestType, Heartbeat,
+    Hello, HostFacts, HubEnvelope, HubMessage, Inventory, Message, MessageId, Outcome, Phase,
+    PoolGuest, ProtocolError, ProtocolErrorCode, Timestamp, TxnId, TxnKind, TxnResult, Welcome,
+    HANDSHAKE_VERSION,
+};
+use serde_json::Value;
+
+const PROVISION_TXN: &str = "01KJMMA6WMJMRNV7E9Z0C1HT0H";
+const INVENTORY_TXN: &str = "01KJMMAE70TEP0Y8EXPSPATJH6";
+
+fn mid(text: &str) -> MessageId {
+    MessageId::parse(text).unwrap()
+}
+
+fn txn(text: &str) -> TxnId {
+    TxnId::parse(text).unwrap()
+}
+
+fn ts(text: &str) -> Timestamp {
+    Timestamp::parse(text).unwrap()
+}
+
+fn s(text: &str) -> String {
+    text.to_owned()
+}
+
+fn agent(id: &str, at: &str, message: AgentMessage) -> Expected {
+    Expected::Agent(Envelope::new(1, mid(id), ts(at), message))
+}
+
+fn hub(id: &str, at: &str, message: HubMessage) -> Expected {
+    Expected::Hub(Envelope::new(1, mid(id), ts(at), message))
+}
+
+enum Expected {
+    Agent(AgentEnvelope),
+    Hub(HubEnvelope),
+}
+
+fn cases() -> Vec<(&'static str, Expected)> {
+    vec![
+        (
+            "agent_hello.json",
+            agent(
+                "01KJMMA2G04TFF59TDWH9EDD1R",
+                "2026-03-01T12:00:00Z",
+                AgentMessage::Hello(Hello {
+                    agent_version: s("0.1.0"),
+                    node: s("pve1"),
+                    pool: s("felhom"),
+                    protocol_versions: vec![1],
+                    capabilities: vec![
+                        s(hub_protocol::capability::PROVISION),
+                        s(hub_protocol::capability::DESTROY),
+                        s(hub_protocol::capability::RESTORE_TEST),
+                        s(hub_protocol::capability::INVENTORY),
+                    ],
+                    host: HostFacts {
+                        hostname: s("pve1"),
+                        kernel: s("6.8.12-4-pve"),
+                        os: s("Debian GNU/Linux 12 (bookworm)"),
+                        cpu_count: 16,
+                        memory_total_bytes: 67_430_006_784,
+                        uptime_secs: 864_000,
+                    },
+                }),
+            ),
+        ),
+        (
+            "agent_heartbeat.json",
+            agent(
+                "01KJMMAB9827H6P3AMKDQG6STT",
+                "2026-03-01T12:10:30Z",
+                AgentMessage::Heartbeat(Heartbeat {
+                    seq: 42,
+                    uptime_secs: 630,
+                    in_flight: 1,
+                    outbox_depth: 3,
+                }),
+            ),
+        ),
+        (
+            "agent_inventory.json",
+            agent(
+                "01KJMMACR4HM8HEE7QV4YSR5S4",
+                "2026-03-01T12:11:00.750Z",
+                AgentMessage::Inventory(Inventory {
+                    request: Some(txn(INVENTORY_TXN)),
+                    guests: vec![
+                        PoolGuest {
+                            vmid: 120,
+                            guest_type: GuestType::Lxc,
+                            node: s("pve1"),
+                            name: Some(s("shop-frontend")),
+                            status: GuestStatus::Running,
+                        },
+                        PoolGuest {
+                            vmid: 121,
+                            guest_type: GuestType::Qemu,
+                            node: s("pve2"),
+                            name: None,
+                            status: GuestStatus::Stopped,
+                        },
+                    ],
+                    foreign_vmids: vec![100, 101, 990_003],
+                }),
+            ),
+        ),
+        (
+            "agent_event.json",
+            agent(
+                "01KJMMA8BGG7KYHRJXJG7DJ13N",
+                "2026-03-01T12:00:04.500Z",
+                AgentMessage::Event(Event {
+                    txn: txn(PROVISION_TXN),
+                    kind: TxnKind::Provision,
+                    vmid: Some(120),
+                    phase: Phase::Submitted,
+                    at: ts("2026-03-01T12:00:04.250Z"),
+                    detail: Some(s(
+                        "UPID:pve1:000A1B2C:0F3E4D5A:67C2F0A4:vzrestore:120:felhom@pve!agent:",
+                    )),
+                    error: None,
+                }),
+            ),
+        ),
+        (
+            "agent_result.json",
+            agent(
+                "01KJMMA9TC2R00K6AGV0VFCXEC",
+                "2026-03-01T12:02:31.125Z",
+                AgentMessage::Result(TxnResult {
+                    txn: txn(PROVISION_TXN),
+                    kind: TxnKind::Provision,
+                    vmid: Some(120),
+                    outcome: Outcome::Failed,
+                    phase: Phase::Destroyed,
+                    destroy_armed: true,
+                    destroyed: true,
+                    checks: vec![
+                        CheckReport {
+                            name: s("sshd_listening"),
+                            status: CheckStatus::Pass,
+                            rows: vec![[(s("address"), s("0.0.0.0")), (s("port"), s("22"))].into()],
+                            row_count: 1,
+                            rows_truncated: false,
+                            message: None,
+                            duration_ms: 38,
+                        },
+                        CheckReport {
+                            name: s("no_world_writable_etc"),
+                            status: CheckStatus::Fail,
+                            rows: vec![
+                                [(s("mode"), s("0666")), (s("path"), s("/etc/app.conf"))].into()
+                            ],
+                            row_count: 1,
+                            rows_truncated: false,
+                            message: Some(s("expected no rows, found 1")),
+                            duration_ms: 52,
+                        },
+                        CheckReport {
+                            name: s("disk_encryption"),
+                            status: CheckStatus::Error,
+                            rows: vec![],
+                            row_count: 0,
+                            rows_truncated: false,
+                            message: Some(s("osqueryi timed out after 30 s in CT 120")),
+                            duration_ms: 30_000,
+                        },
+                    ],
+                    error: Some(ErrorInfo {
+                        code: ErrorCode::CheckFailed,
+                        message: s("check no_world_writable_etc failed in CT 120 on pve1: 1 row where none were expected; the guest was destroyed"),
+                    }),
+                }),
+            ),
+        ),
+        (
+            "agent_ack.json",
+            agent(
+                "01KJMMARYR2Q70PD8GP2T6XRET",
+                "2026-03-01T12:13:00.100Z",
+                AgentMessage::Ack(Ack {
+                    ids: vec![
+                        mid("01KJMMA3YW1HEAD8X4A1JH69RE"),
+                        mid("01KJMMA5DRH4QX4FR84G98PBSK"),
+                    ],
+                }),
+            ),
+        ),
+        (
+            "agent_protocol_error.json",
+            agent(
+                "01KJMMAVWG6PDR386NPFZWDRTW",
+                "2026-03-01T12:14:00Z",
+                AgentMessage::ProtocolError(
+                    ProtocolError::new(
+                        ProtocolErrorCode::UnknownType,
+                        "unknown hub-to-agent message type `reboot` (known: welcome, dispatch, ack, protocol_error)",
+                    )
+                    .with_offending_id(Some(mid("01KJMMAXBC0Z0T8MBXDHK99WH9"))),
+                ),
+            ),
+        ),
+        (
+            "hub_welcome.json",
+            hub(
+                "01KJMMA3YW1HEAD8X4A1JH69RE",
+                "2026-03-01T12:00:01.500Z",
+                HubMessage::Welcome(Welcome {
+                    version: 1,
+                    session: s("sess-0042"),
+                    heartbeat_interval_secs: NonZeroU32::new(15).unwrap(),
+                }),
+            ),
+        ),
+        (
+            "hub_dispatch_provision.json",
+            hub(
+                "01KJMMA5DRH4QX4FR84G98PBSK",
+                "2026-03-01T12:00:03Z",
+                HubMessage::Dispatch(Dispatch {
+                    txn: txn(PROVISION_TXN),
+                    action: DispatchAction::Provision {
+                        vmid: 120,
+                        from: s("local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"),
+                        storage: s("local-lvm"),
+                        keep: false,
+                        profile: Some(s("web")),
+                    },
+                }),
+            ),
+        ),
+        (
+            "hub_dispatch_destroy.json",
+            hub(
+                "01KJMMAH4RM2FT2W5K70WJCC2S",
+                "2026-03-01T12:12:00Z",
+                HubMessage::Dispatch(Dispatch {
+                    txn: txn("01KJMMAJKM1ZBF578DN6AKYJ7H"),
+                    action: DispatchAction::Destroy { vmid: 121 },
+                }),
+            ),
+        ),
+        (
+            "hub_dispatch_restore_test.json",
+            hub(
+                "01KJMMAP10YSC5XMTFWMX0JS9K",
+                "2026-03-01T12:13:00Z",
+                HubMessage::Dispatch(Dispatch {
+                    txn: txn("01KJMMAQFW65R20NSRT5G1GDKC"),
+                    action: DispatchAction::RestoreTest { dry_run: true },
+                }),
+            ),
+        ),
+        (
+            "hub_dispatch_inventory_request.json",
+            hub(
+                "01KJMMAFNWYA61ZCBW4E8C34PF",
+                "2026-03-01T12:11:00Z",
+                HubMessage::Dispatch(Dispatch {
+                    txn: txn(INVENTORY_TXN),
+                    action: DispatchAction::InventoryRequest,
+                }),
+            ),
+        ),
+        (
+            "hub_ack.json",
+            hub(
+                "01KJMMATDMSYQKYP2ATGHGG96J",
+                "2026-03-01T12:13:01Z",
+                HubMessage::Ack(Ack {
+                    ids: vec![
+                        mid("01KJMMA8BGG7KYHRJXJG7DJ13N"),
+                        mid("01KJMMA9TC2R00K6AGV0VFCXEC"),
+                    ],
+                }),
+            ),
+        ),
+        (
+            "hub_protocol_error.json",
+            hub(
+                "01KJMMAYT8EG07SHK1X5TRKJJA",
+                "2026-03-01T12:15:00Z",
+                HubMessage::ProtocolError(ProtocolError::new(
+                    ProtocolErrorCode::Oversized,
+                    "frame of 2097152 bytes exceeds the limit of 1048576 bytes",
+                )),
+            ),
+        ),
+    ]
+}
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn read_golden(name: &str) -> String {
+    let path = golden_dir().join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn every_golden_file_decodes_to_its_value() {
+    for (name, expected) in cases() {
+        let frame = read_golden(name);
+        match expected {
+            Expected::Agent(want) => {
+                assert_eq!(decode::<AgentMessage>(&frame), Ok(want), "{name}");
+            }
+            Expected::Hub(want) => {
+                assert_eq!(decode::<HubMessage>(&frame), Ok(want), "{name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_value_encodes_to_its_golden_file() {
+    for (name, expected) in cases() {
+        let golden: Value = serde_json::from_str(&read_golden(name)).unwrap();
+        let encoded = match &expected {
+            Expected::Agent(env) => encode(env).unwrap(),
+            Expected::Hub(env) => encode(env).unwrap(),
+        };
+        let encoded: Value = serde_json::from_str(&encoded).unwrap();
+        assert_eq!(
+            encoded,
+            golden,
+            "{name}: encoded\n{}\n",
+            serde_json::to_string_pretty(&encoded).unwrap()
+        );
+    }
+}
+
+#[test]
+fn every_golden_file_has_a_case_and_every_type_a_golden_file() {
+    let on_disk: BTreeSet<String> = std::fs::read_dir(golden_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let cases = cases();
+    let covered: BTreeSet<String> = cases.iter().map(|(name, _)| s(name)).collect();
+    assert_eq!(on_disk, covered, "golden files and test cases differ");
+
+    let mut agent_types = BTreeSet::new();
+    let mut hub_types = BTreeSet::new();
+    let mut dispatch_actions = BTreeSet::new();
+    for (name, expected) in &cases {
+        match expected {
+            Expected::Agent(env) => {
+                assert!(name.starts_with("agent_"), "{name}");
+                agent_types.insert(env.type_name());
+            }
+            Expected::Hub(env) => {
+                assert!(name.starts_with("hub_"), "{name}");
+                hub_types.insert(env.type_name());
+                if let HubMessage::Dispatch(d) = &env.message {
+                    let wire = serde_json::to_value(d).unwrap();
+                    dispatch_actions.insert(wire["action"].as_str().unwrap().to_owned());
+                }
+            }
+        }
+    }
+    assert_eq!(
+        agent_types,
+        AgentMessage::TYPES.iter().copied().collect::<BTreeSet<_>>()
+    );
+    assert_eq!(
+        hub_types,
+        HubMessage::TYPES.iter().copied().collect::<BTreeSet<_>>()
+    );
+    assert_eq!(
+        dispatch_actions,
+        ["destroy", "inventory_request", "provision", "restore_test"]
+            .map(s)
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+    );
+}
+
+#[test]
+fn golden_frames_are_version_1_and_fit_a_frame() {
+    // The goldens pin version 1; a later version gets its own files.
+    assert!(hub_protocol::SUPPORTED_VERSIONS.contains(&1));
+    assert_eq!(HANDSHAKE_VERSION, 1);
+    for (name, _) in cases() {
+        let frame = read_golden(name);
+        assert!(frame.len() <= hub_protocol::MAX_FRAME_BYTES, "{name}");
+        let value: Value = serde_json::from_str(&frame).unwrap();
+        assert_eq!(value["v"], Value::from(1), "{name}");
+    }
+}
+
+#[test]
+fn golden_frames_sent_the_wrong_way_are_unknown_types() {
+    for (name, expected) in cases() {
+        let frame = read_golden(name);
+        let (type_name, other_side) = match expected {
+            Expected::Agent(env) => (env.type_name(), decode::<HubMessage>(&frame).err()),
+            Expected::Hub(env) => (env.type_name(), decode::<AgentMessage>(&frame).err()),
+        };
+        // `ack` and `protocol_error` travel both ways with the same body.
+        if matches!(type_name, "ack" | "protocol_error") {
+            assert_eq!(other_side, None, "{name}");
+        } else {
+            let err = other_side.unwrap_or_else(|| panic!("{name} decoded the wrong way"));
+            assert_eq!(err.code, ProtocolErrorCode::UnknownType, "{name}");
+        }
+    }
+}

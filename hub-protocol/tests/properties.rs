@@ -1,0 +1,456 @@
+//! Properties of the codec: decoding never panics whatever the frame, its errors stay bounded,
+//! and every message encodes and decodes back to itself.
+
+// A test crate: its strategies panic to report a failure, like the tests that use them.
+#![allow(clippy::unwrap_used)]
+
+use std::num::NonZeroU32;
+
+use hub_protocol::{
+    decode, decode_value, encode, Ack, AgentMessage, CheckReport, CheckRow, CheckStatus, Dispatch,
+    DispatchAction, Envelope, ErrorCode, ErrorInfo, Event, GuestStatus, GuestType, Heartbeat,
+    Hello, HostFacts, HubMessage, Inventory, Message, MessageId, Outcome, Phase, PoolGuest,
+    ProtocolError, ProtocolErrorCode, Timestamp, TxnId, TxnKind, TxnResult, Welcome,
+    MAX_ERROR_MESSAGE_BYTES, SUPPORTED_VERSIONS,
+};
+use proptest::collection::{btree_map, vec};
+use proptest::option;
+use proptest::prelude::*;
+use proptest::sample::select;
+use serde_json::Value;
+
+/// Any text, control characters and astral planes included.
+fn text() -> impl Strategy<Value = String> {
+    vec(any::<char>(), 0..16).prop_map(String::from_iter)
+}
+
+fn message_id() -> impl Strategy<Value = MessageId> {
+    any::<u128>().prop_map(|n| MessageId::from_ulid(n.into()))
+}
+
+fn txn_id() -> impl Strategy<Value = TxnId> {
+    any::<u128>().prop_map(|n| TxnId::from_ulid(n.into()))
+}
+
+fn timestamp() -> impl Strategy<Value = Timestamp> {
+    (
+        (0u32..=9999, 1u32..=12, 1u32..=28),
+        (0u32..24, 0u32..60, 0u32..60),
+        option::of("[0-9]{1,9}"),
+    )
+        .prop_map(|((y, mo, d), (h, mi, s), fraction)| {
+            let fraction = fraction.map(|f| format!(".{f}")).unwrap_or_default();
+            Timestamp::parse(&format!(
+                "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{fraction}Z"
+            ))
+            .unwrap()
+        })
+}
+
+fn txn_kind() -> impl Strategy<Value = TxnKind> {
+    select(vec![
+        TxnKind::Provision,
+        TxnKind::Destroy,
+        TxnKind::SelftestProvision,
+        TxnKind::SelftestRestore,
+    ])
+}
+
+fn phase() -> impl Strategy<Value = Phase> {
+    select(vec![
+        Phase::Planned,
+        Phase::Validated,
+        Phase::Submitted,
+        Phase::Created,
+        Phase::Started,
+        Phase::Launched,
+        Phase::Bootstrapped,
+        Phase::Verified,
+        Phase::Reported,
+        Phase::Failed,
+        Phase::Destroyed,
+        Phase::Skipped,
+        Phase::NeedsHuman,
+    ])
+}
+
+fn error_info() -> impl Strategy<Value = ErrorInfo> {
+    let codes = vec![
+        ErrorCode::VmidInvalid,
+        ErrorCode::VmidReserved,
+        ErrorCode::VmidInUse,
+        ErrorCode::PveRefused,
+        ErrorCode::PveUnreachable,
+        ErrorCode::PveAuth,
+        ErrorCode::TlsPinMismatch,
+        ErrorCode::TaskFailed,
+        ErrorCode::TaskTimeout,
+        ErrorCode::GuestLocked,
+        ErrorCode::LaunchUnproven,
+        ErrorCode::BootstrapFailed,
+        ErrorCode::CheckFailed,
+        ErrorCode::BandFull,
+        ErrorCode::ConfigInvalid,
+        ErrorCode::OwnershipUnproven,
+    ];
+    (select(codes), text()).prop_map(|(code, message)| ErrorInfo { code, message })
+}
+
+fn check_report() -> impl Strategy<Value = CheckReport> {
+    let row = btree_map(text(), text(), 0..4).prop_map(CheckRow::from_iter);
+    (
+        (
+            text(),
+            select(vec![
+                CheckStatus::Pass,
+                CheckStatus::Fail,
+                CheckStatus::Error,
+            ]),
+            vec(row, 0..3),
+        ),
+        (
+            any::<u64>(),
+            any::<bool>(),
+            option::of(text()),
+            any::<u64>(),
+        ),
+    )
+        .prop_map(
+            |((name, status, rows), (row_count, rows_truncated, message, duration_ms))| {
+                CheckReport {
+                    name,
+                    status,
+                    rows,
+                    row_count,
+                    rows_truncated,
+                    message,
+                    duration_ms,
+                }
+            },
+        )
+}
+
+fn protocol_error() -> impl Strategy<Value = ProtocolError> {
+    let codes = vec![
+        ProtocolErrorCode::Oversized,
+        ProtocolErrorCode::Malformed,
+        ProtocolErrorCode::UnsupportedVersion,
+        ProtocolErrorCode::UnknownType,
+        ProtocolErrorCode::InvalidField,
+        ProtocolErrorCode::UnexpectedMessage,
+    ];
+    (select(codes), text(), option::of(message_id()))
+        .prop_map(|(code, message, id)| ProtocolError::new(code, message).with_offending_id(id))
+}
+
+fn ack() -> impl Strategy<Value = Ack> {
+    vec(message_id(), 0..4).prop_map(|ids| Ack { ids })
+}
+
+fn hello() -> impl Strategy<Value = Hello> {
+    let host = (
+        (text(), text(), text()),
+        (any::<u32>(), any::<u64>(), any::<u64>()),
+    )
+        .prop_map(
+            |((hostname, kernel, os), (cpu_count, memory_total_bytes, uptime_secs))| HostFacts {
+                hostname,
+                kernel,
+                os,
+                cpu_count,
+                memory_total_bytes,
+                uptime_secs,
+            },
+        );
+    (
+        (text(), text(), text()),
+        vec(any::<u32>(), 0..4),
+        vec(text(), 0..4),
+        host,
+    )
+        .prop_map(
+            |((agent_version, node, pool), protocol_versions, capabilities, host)| Hello {
+                agent_version,
+                node,
+                pool,
+                protocol_versions,
+                capabilities,
+                host,
+            },
+        )
+}
+
+fn inventory() -> impl Strategy<Value = Inventory> {
+    let guest = (
+        any::<u32>(),
+        select(vec![GuestType::Lxc, GuestType::Qemu]),
+        text(),
+        option::of(text()),
+        select(vec![
+            GuestStatus::Running,
+            GuestStatus::Stopped,
+            GuestStatus::Paused,
+            GuestStatus::Unknown,
+        ]),
+    )
+        .prop_map(|(vmid, guest_type, node, name, status)| PoolGuest {
+            vmid,
+            guest_type,
+            node,
+            name,
+            status,
+        });
+    (
+        option::of(txn_id()),
+        vec(guest, 0..4),
+        vec(any::<u32>(), 0..6),
+    )
+        .prop_map(|(request, guests, foreign_vmids)| Inventory {
+            request,
+            guests,
+            foreign_vmids,
+        })
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    (
+        (txn_id(), txn_kind(), option::of(any::<u32>()), phase()),
+        (timestamp(), option::of(text()), option::of(error_info())),
+    )
+        .prop_map(|((txn, kind, vmid, phase), (at, detail, error))| Event {
+            txn,
+            kind,
+            vmid,
+            phase,
+            at,
+            detail,
+            error,
+        })
+}
+
+fn txn_result() -> impl Strategy<Value = TxnResult> {
+    let outcome = select(vec![
+        Outcome::Ok,
+        Outcome::Refused,
+        Outcome::Failed,
+        Outcome::Skipped,
+        Outcome::NeedsHuman,
+    ]);
+    (
+        (
+            txn_id(),
+            txn_kind(),
+            option::of(any::<u32>()),
+            outcome,
+            phase(),
+        ),
+        (any::<bool>(), any::<bool>()),
+        (vec(check_report(), 0..3), option::of(error_info())),
+    )
+        .prop_map(
+            |((txn, kind, vmid, outcome, phase), (destroy_armed, destroyed), (checks, error))| {
+                TxnResult {
+                    txn,
+                    kind,
+                    vmid,
+                    outcome,
+                    phase,
+                    destroy_armed,
+                    destroyed,
+                    checks,
+                    error,
+                }
+            },
+        )
+}
+
+fn agent_message() -> impl Strategy<Value = AgentMessage> {
+    prop_oneof![
+        hello().prop_map(AgentMessage::Hello),
+        (any::<u64>(), any::<u64>(), any::<u32>(), any::<u64>()).prop_map(
+            |(seq, uptime_secs, in_flight, outbox_depth)| AgentMessage::Heartbeat(Heartbeat {
+                seq,
+                uptime_secs,
+                in_flight,
+                outbox_depth
+            })
+        ),
+        inventory().prop_map(AgentMessage::Inventory),
+        event().prop_map(AgentMessage::Event),
+        txn_result().prop_map(AgentMessage::Result),
+        ack().prop_map(AgentMessage::Ack),
+        protocol_error().prop_map(AgentMessage::ProtocolError),
+    ]
+}
+
+fn dispatch_action() -> impl Strategy<Value = DispatchAction> {
+    prop_oneof![
+        (
+            any::<u32>(),
+            text(),
+            text(),
+            any::<bool>(),
+            option::of(text())
+        )
+            .prop_map(
+                |(vmid, from, storage, keep, profile)| DispatchAction::Provision {
+                    vmid,
+                    from,
+                    storage,
+                    keep,
+                    profile
+                }
+            ),
+        any::<u32>().prop_map(|vmid| DispatchAction::Destroy { vmid }),
+        any::<bool>().prop_map(|dry_run| DispatchAction::RestoreTest { dry_run }),
+        Just(DispatchAction::InventoryRequest),
+    ]
+}
+
+fn hub_message() -> impl Strategy<Value = HubMessage> {
+    prop_oneof![
+        (any::<u32>(), text(), 1u32..).prop_map(|(version, session, secs)| {
+            HubMessage::Welcome(Welcome {
+                version,
+                session,
+                heartbeat_interval_secs: NonZeroU32::new(secs).unwrap(),
+            })
+        }),
+        (txn_id(), dispatch_action())
+            .prop_map(|(txn, action)| HubMessage::Dispatch(Dispatch { txn, action })),
+        ack().prop_map(HubMessage::Ack),
+        protocol_error().prop_map(HubMessage::ProtocolError),
+    ]
+}
+
+fn envelope<M: std::fmt::Debug>(
+    message: impl Strategy<Value = M>,
+) -> impl Strategy<Value = Envelope<M>> {
+    (
+        select(SUPPORTED_VERSIONS.to_vec()),
+        message_id(),
+        timestamp(),
+        message,
+    )
+        .prop_map(|(v, id, ts, message)| Envelope { v, id, ts, message })
+}
+
+/// Decoding must not panic, and an error must be one a peer can be sent.
+fn decode_is_total<M: Message>(frame: &str) {
+    if let Err(err) = decode::<M>(frame) {
+        assert!(err.message.len() <= MAX_ERROR_MESSAGE_BYTES);
+        assert!(!err.message.is_empty());
+    }
+}
+
+/// A frame that decodes re-encodes to an equal envelope.
+fn decoded_frames_round_trip<M: Message + PartialEq + std::fmt::Debug>(frame: &str) {
+    if let Ok(env) = decode::<M>(frame) {
+        if let Ok(again) = encode(&env) {
+            assert_eq!(decode::<M>(&again), Ok(env));
+        }
+    }
+}
+
+/// JSON values that look a little like envelopes, to get past the syntax check.
+fn envelope_like_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_map(Value::from),
+        text().prop_map(Value::from),
+        Just(Value::from("01KJMMA2G04TFF59TDWH9EDD1R")),
+        Just(Value::from("2026-03-01T12:00:00Z")),
+        select(
+            AgentMessage::TYPES
+                .iter()
+                .chain(HubMessage::TYPES)
+                .copied()
+                .collect::<Vec<_>>()
+        )
+        .prop_map(Value::from),
+    ];
+    let key = select(vec![
+        "v", "id", "type", "ts", "body", "txn", "action", "vmid", "ids", "seq", "x",
+    ])
+    .prop_map(str::to_owned);
+    leaf.prop_recursive(4, 32, 6, move |inner| {
+        prop_oneof![
+            vec(inner.clone(), 0..4).prop_map(Value::from),
+            vec((key.clone(), inner), 0..6)
+                .prop_map(|pairs| Value::Object(pairs.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn decode_never_panics_on_arbitrary_text(frame in any::<String>()) {
+        decode_is_total::<AgentMessage>(&frame);
+        decode_is_total::<HubMessage>(&frame);
+    }
+
+    #[test]
+    fn decode_never_panics_on_envelope_like_json(value in envelope_like_json()) {
+        let frame = value.to_string();
+        decode_is_total::<AgentMessage>(&frame);
+        decode_is_total::<HubMessage>(&frame);
+        decoded_frames_round_trip::<AgentMessage>(&frame);
+        decoded_frames_round_trip::<HubMessage>(&frame);
+    }
+
+    #[test]
+    fn decode_never_panics_on_damaged_frames(
+        env in envelope(agent_message()),
+        cut in any::<prop::sample::Index>(),
+        at in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+    ) {
+        let frame = encode(&env).unwrap();
+        let mut damaged = frame.clone().into_bytes();
+        damaged.truncate(cut.index(frame.len() + 1));
+        let at = at.index(damaged.len() + 1);
+        damaged.insert(at, byte);
+        let damaged = String::from_utf8_lossy(&damaged);
+        decode_is_total::<AgentMessage>(&damaged);
+        decode_is_total::<HubMessage>(&damaged);
+        decoded_frames_round_trip::<AgentMessage>(&damaged);
+    }
+
+    #[test]
+    fn agent_messages_round_trip(env in envelope(agent_message())) {
+        let frame = encode(&env).unwrap();
+        prop_assert_eq!(decode::<AgentMessage>(&frame), Ok(env.clone()));
+        let value: Value = serde_json::from_str(&frame).unwrap();
+        prop_assert_eq!(&value["type"], &Value::from(env.type_name()));
+        prop_assert_eq!(decode_value::<AgentMessage>(value), Ok(env));
+    }
+
+    #[test]
+    fn hub_messages_round_trip(env in envelope(hub_message())) {
+        let frame = encode(&env).unwrap();
+        prop_assert_eq!(decode::<HubMessage>(&frame), Ok(env.clone()));
+        let value: Value = serde_json::from_str(&frame).unwrap();
+        prop_assert_eq!(&value["type"], &Value::from(env.type_name()));
+        prop_assert_eq!(decode_value::<HubMessage>(value), Ok(env));
+    }
+
+    #[test]
+    fn timestamps_round_trip(ts in timestamp()) {
+        let text = serde_json::to_string(&ts).unwrap();
+        prop_assert_eq!(serde_json::from_str::<Timestamp>(&text).unwrap(), ts);
+    }
+
+    #[test]
+    fn ids_round_trip_as_canonical_text(n in any::<u128>()) {
+        let id = MessageId::from_ulid(n.into());
+        let text = id.to_string();
+        prop_assert_eq!(text.len(), 26);
+        prop_assert_eq!(MessageId::parse(&text), Ok(id));
+        prop_assert_eq!(MessageId::parse(&text.to_lowercase()), Ok(id));
+    }
+}
