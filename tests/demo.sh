@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The demo: a fake Proxmox VE (fakepve) on loopback with pool guests, foreign guests and a
+# backup; the agent configured for it with a pinned certificate and a pool-scoped token; then
+# the operator's commands against it. Nothing outside 127.0.0.0/8 is touched.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+source tests/setup.sh
+
+printf '\n== building felhom-agent\n' >&2
+cargo build --quiet -p felhom-agent
+agent="$root/target/debug/felhom-agent"
+
+work=$(mktemp -d /tmp/felhom-demo.XXXXXX)
+fake_pid=""
+cleanup() {
+  [ -n "$fake_pid" ] && kill "$fake_pid" 2>/dev/null && wait "$fake_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+host=127.0.0.77
+mkdir -p "$work/certs" "$work/state" "$work/bootstrap.d" "$work/checks.d"
+"$FELHOM_FAKEPVE_PYTHON" - "$root/tests/fakepve/scenarios/demo.json" "$work" "$host" <<'PY'
+import json, sys
+scenario, work, host = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+scenario.update(host=host, port=0, certdir=work + "/certs")
+json.dump(scenario, open(work + "/scenario.json", "w"))
+# The node's full guest list: every scenario guest, plus one on another cluster node that
+# only the local list knows about.
+ids = {str(g["vmid"]): {"node": g.get("node", "pve1"), "type": g["type"], "version": 1}
+       for g in scenario["guests"]}
+ids["4100"] = {"node": "pve2", "type": "lxc", "version": 1}
+with open(work + "/vmlist", "w") as f:
+    f.write('{\n"version": 42,\n"ids": {\n')
+    f.write(",\n".join('"%s": { "node": "%s", "type": "%s", "version": %d }' % (k, v["node"], v["type"], v["version"]) for k, v in ids.items()))
+    f.write("}\n\n}\n")
+tokens = scenario["tokens"]
+token_id, secret = next(iter(tokens.items()))
+with open(work + "/token-id", "w") as f:
+    f.write(token_id)
+import os
+fd = os.open(work + "/pve-token", os.O_WRONLY | os.O_CREAT, 0o600)
+os.write(fd, (secret + "\n").encode())
+os.close(fd)
+PY
+
+printf '\n== starting fakepve on %s\n' "$host" >&2
+mkfifo "$work/ready"
+"$FELHOM_FAKEPVE_PYTHON" tests/fakepve/scenario.py "$work/scenario.json" >"$work/ready" 2>"$work/fakepve.log" &
+fake_pid=$!
+read -r ready <"$work/ready"
+url=$(printf '%s' "$ready" | "$FELHOM_FAKEPVE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["url"])')
+pin=$(printf '%s' "$ready" | "$FELHOM_FAKEPVE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["sha256"])')
+echo "fakepve at $url, certificate SHA-256 $pin" >&2
+
+cat >"$work/agent.toml" <<TOML
+node = "pve1"
+pool = "felhom"
+state_dir = "$work/state"
+vmlist_path = "$work/vmlist"
+datacenter_cfg = "$work/datacenter.cfg"
+
+[pve]
+url = "$url"
+token_id = "$(cat "$work/token-id")"
+token_secret_file = "$work/pve-token"
+tls_fingerprint = "$pin"
+
+[provision]
+storage = "local-lvm"
+selftest_source = "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"
+bootstrap_dir = "$work/bootstrap.d"
+checks_dir = "$work/checks.d"
+TOML
+printf 'next-id: lower=100,upper=1000000\n' >"$work/datacenter.cfg"
+
+run() {
+  printf '\n$ felhom-agent %s\n' "$*"
+  set +e
+  "$agent" --config "$work/agent.toml" "$@"
+  local rc=$?
+  set -e
+  printf '(exit %d)\n' "$rc"
+}
+
+run doctor
+run guests
+run vmid-check 120
+run vmid-check 101
+run vmid-check 4100
+run vmid-check 9999
+run vmid-check 990003
+run vmid-check 0120
+run vmid-check 120 --json

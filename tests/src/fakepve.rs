@@ -1,0 +1,1230 @@
+//! The fakepve test bed: one fake Proxmox VE API per [`FakePve`], served over real HTTPS on
+//! its own loopback address, set up from a scenario and driven through the control endpoint of
+//! `tests/fakepve/scenario.py`.
+//!
+//! A scenario is JSON (see `tests/fakepve/README.md`); start from [`demo_scenario`] and change
+//! what a test needs. [`FakePve::start`] gives each instance a fresh 127.x.y.z host, a private
+//! temporary directory (certificate, scenario file, log) and a free port; dropping the handle
+//! stops the process. [`AgentFiles`] writes an `agent.toml`, the token secret file and a
+//! `.vmlist` for the agent under test.
+//!
+//! Token secrets never appear in panics or in the `Debug` output of anything here.
+
+use std::fmt;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+/// How long the fake may take from spawn to its ready line.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the fake may take to exit after SIGTERM before it is killed.
+pub const TERM_GRACE: Duration = Duration::from_secs(5);
+/// Read and write timeout of one control request.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The fake's API prefix.
+pub const API_PREFIX: &str = "/api2/json";
+
+/// The root of the workspace (the parent of the `tests` crate).
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// The folder of the scenario files, `tests/fakepve/scenarios`.
+pub fn scenarios_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fakepve/scenarios")
+}
+
+/// The scenario file `tests/fakepve/scenarios/<name>.json`.
+pub fn load_scenario(name: &str) -> Value {
+    let path = scenarios_dir().join(format!("{name}.json"));
+    let text = fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read scenario {}: {e}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("scenario {} is not JSON: {e}", path.display()))
+}
+
+/// The demo scenario: pool `felhom` with 200 (lxc, running) and 300 (qemu); foreign 101 (lxc,
+/// running), 990000 (qemu) and 990001 (lxc); one backup of 200 on `local`; the pool token.
+pub fn demo_scenario() -> Value {
+    load_scenario("demo")
+}
+
+/// The Python interpreter of the fakepve venv: `$FELHOM_FAKEPVE_PYTHON`, else
+/// `<workspace>/.fakepve-venv/bin/python`. Panics when it does not exist.
+pub fn fakepve_python() -> PathBuf {
+    let path = std::env::var_os("FELHOM_FAKEPVE_PYTHON")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".fakepve-venv/bin/python"));
+    if !path.exists() {
+        panic!(
+            "fakepve's Python is missing at {}: run tests/run.sh (it installs fakepve into \
+             .fakepve-venv and sets FELHOM_FAKEPVE_PYTHON)",
+            path.display()
+        );
+    }
+    path
+}
+
+/// The wrapper script, `tests/fakepve/scenario.py`.
+pub fn scenario_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fakepve/scenario.py")
+}
+
+static INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+/// A loopback address of its own for the `instance`-th fake of process `pid`: 127.X.Y.Z with
+/// X in 1..=247, Z in 1..=254, never in 127.0.0.0/16 (where 127.0.0.1 and fakepve's own
+/// `next_loopback` live). Distinct for distinct (pid mod 16000, instance mod 1000).
+pub fn loopback_host(pid: u32, instance: u32) -> String {
+    let slot = (pid % 16_000) * 1_000 + instance % 1_000;
+    let per_x = 256 * 254;
+    let x = 1 + slot / per_x;
+    let rest = slot % per_x;
+    format!("127.{x}.{}.{}", rest / 254, 1 + rest % 254)
+}
+
+/// One request the fake received, as its control endpoint reports it. `body` and `query` have
+/// secrets replaced by `***` (fakepve's redaction); bodies are cut at 64 KiB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// `GET`, `POST`, `PUT`, `DELETE`, …
+    pub method: String,
+    /// The full path, e.g. `/api2/json/nodes/pve1/lxc/200`.
+    pub path: String,
+    /// The query string without `?` (empty when there was none).
+    pub query: String,
+    /// The request body as text.
+    pub body: String,
+}
+
+impl RecordedRequest {
+    /// True for anything but `GET` and `HEAD`.
+    pub fn is_write(&self) -> bool {
+        !matches!(self.method.as_str(), "GET" | "HEAD")
+    }
+
+    /// The path below `/api2/json` (or the path itself when it is not under it).
+    pub fn api_path(&self) -> &str {
+        self.path.strip_prefix(API_PREFIX).unwrap_or(&self.path)
+    }
+
+    /// True when the request targets guest `vmid` (`/nodes/<node>/{lxc,qemu}/<vmid>[/…]`).
+    pub fn targets_vmid(&self, vmid: u32) -> bool {
+        let parts: Vec<&str> = self.api_path().split('/').collect();
+        matches!(
+            parts.as_slice(),
+            ["", "nodes", _, "lxc" | "qemu", id, ..] if *id == vmid.to_string()
+        )
+    }
+
+    /// The value of a form field in the body, or of a query parameter (first match, not
+    /// percent-decoded).
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.body
+            .split('&')
+            .chain(self.query.split('&'))
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v)
+    }
+}
+
+/// A control request the fake refused (HTTP status and its `error` message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlError {
+    /// HTTP status of the control answer (0: no answer at all).
+    pub status: u16,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "control answered {}: {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for ControlError {}
+
+/// The ready line of `scenario.py`.
+#[derive(Debug, Clone, serde::Deserialize)]
+struct Ready {
+    url: String,
+    cafile: PathBuf,
+    sha256: String,
+    control: String,
+    pid: u32,
+}
+
+/// A running fakepve: one Python process serving HTTPS on its own loopback host.
+///
+/// Dropping it sends SIGTERM, waits up to [`TERM_GRACE`], then kills and reaps the process.
+pub struct FakePve {
+    child: Option<Child>,
+    stdout_reader: Option<JoinHandle<()>>,
+    ready: Ready,
+    host: String,
+    port: u16,
+    control_addr: String,
+    scenario: Value,
+    dir: TempDir,
+}
+
+impl fmt::Debug for FakePve {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakePve")
+            .field("url", &self.ready.url)
+            .field("control", &self.ready.control)
+            .field("pid", &self.ready.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FakePve {
+    /// Start a fake from `scenario` (its `host` and `certdir` are replaced by this instance's
+    /// own; `port` 0 unless the scenario sets another). Panics with the fake's log when it does
+    /// not come up within [`READY_TIMEOUT`].
+    pub fn start(scenario: Value) -> FakePve {
+        let python = fakepve_python();
+        let script = scenario_script();
+        let mut scenario = scenario;
+        let obj = scenario
+            .as_object_mut()
+            .unwrap_or_else(|| panic!("a fakepve scenario must be a JSON object"));
+        let host = loopback_host(std::process::id(), INSTANCE.fetch_add(1, Ordering::SeqCst));
+        let dir = tempfile::Builder::new()
+            .prefix("fakepve-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot make a temporary directory for fakepve: {e}"));
+        let certdir = dir.path().join("certs");
+        obj.insert("host".into(), json!(host));
+        obj.insert("certdir".into(), json!(certdir));
+        if !obj.get("port").is_some_and(Value::is_u64) {
+            obj.insert("port".into(), json!(0));
+        }
+        let scenario_path = dir.path().join("scenario.json");
+        write_private(
+            &scenario_path,
+            serde_json::to_string_pretty(&scenario)
+                .unwrap_or_else(|e| panic!("cannot serialise the scenario: {e}"))
+                .as_bytes(),
+        );
+        let log_path = dir.path().join("fakepve.log");
+        let log = fs::File::create(&log_path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
+        let mut child = Command::new(&python)
+            .arg(&script)
+            .arg(&scenario_path)
+            .current_dir(workspace_root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {} {}: {e}; run tests/run.sh",
+                    python.display(),
+                    script.display()
+                )
+            });
+        let stdout = child.stdout.take();
+        let (tx, rx) = mpsc::channel::<String>();
+        let stdout_reader = std::thread::spawn(move || {
+            let Some(stdout) = stdout else { return };
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            // Keep draining, so a stray write can never block the fake.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(READY_TIMEOUT) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = child.kill();
+                let status = child.wait();
+                let _ = stdout_reader.join();
+                panic!(
+                    "fakepve did not become ready ({}; exit: {status:?}); its log:\n{}",
+                    match e {
+                        mpsc::RecvTimeoutError::Timeout =>
+                            format!("no ready line within {READY_TIMEOUT:?}"),
+                        mpsc::RecvTimeoutError::Disconnected =>
+                            "it closed stdout without a ready line".to_string(),
+                    },
+                    read_log(&log_path)
+                );
+            }
+        };
+        let ready: Ready = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("fakepve's ready line {line:?} is not what scenario.py prints: {e}");
+            }
+        };
+        let (ready_host, port) = split_host_port(
+            ready
+                .url
+                .strip_prefix("https://")
+                .unwrap_or_else(|| panic!("fakepve url {} is not https", ready.url)),
+        );
+        assert_eq!(ready_host, host, "fakepve listens on another host");
+        let control_addr = ready
+            .control
+            .strip_prefix("http://")
+            .unwrap_or_else(|| panic!("fakepve control {} is not http", ready.control))
+            .to_string();
+        FakePve {
+            child: Some(child),
+            stdout_reader: Some(stdout_reader),
+            ready,
+            host,
+            port,
+            control_addr,
+            scenario,
+            dir,
+        }
+    }
+
+    /// Start the demo scenario unchanged.
+    pub fn demo() -> FakePve {
+        FakePve::start(demo_scenario())
+    }
+
+    /// `https://<host>:<port>`, without a trailing slash.
+    pub fn url(&self) -> &str {
+        &self.ready.url
+    }
+
+    /// The API base, `https://<host>:<port>/api2/json`.
+    pub fn api_url(&self) -> String {
+        format!("{}{API_PREFIX}", self.ready.url)
+    }
+
+    /// The loopback address this instance listens on.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The HTTPS port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The PEM certificate the fake serves (self-signed; usable as the CA file).
+    pub fn cafile(&self) -> &Path {
+        &self.ready.cafile
+    }
+
+    /// Lowercase hex SHA-256 of the served certificate's DER (the pin, no colons).
+    pub fn sha256_hex(&self) -> &str {
+        &self.ready.sha256
+    }
+
+    /// The pin as PVE shows it: `AB:CD:…`.
+    pub fn fingerprint_colons(&self) -> String {
+        self.ready
+            .sha256
+            .as_bytes()
+            .chunks(2)
+            .map(|c| String::from_utf8_lossy(c).to_uppercase())
+            .collect::<Vec<_>>()
+            .join(":")
+    }
+
+    /// The control endpoint, `http://<host>:<port>`.
+    pub fn control_url(&self) -> &str {
+        &self.ready.control
+    }
+
+    /// The fake's process id.
+    pub fn pid(&self) -> u32 {
+        self.ready.pid
+    }
+
+    /// This instance's private temporary directory (scenario, certificate, log).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The scenario as it was started (with this instance's host and certdir).
+    pub fn scenario(&self) -> &Value {
+        &self.scenario
+    }
+
+    /// The first pool of the scenario (`felhom` in the demo).
+    pub fn pool(&self) -> String {
+        match self.scenario.get("pools") {
+            Some(Value::Array(a)) => a.first().and_then(Value::as_str).map(str::to_string),
+            Some(Value::Object(o)) => o.keys().next().cloned(),
+            _ => None,
+        }
+        .unwrap_or_else(|| panic!("the scenario has no pools"))
+    }
+
+    fn token(&self) -> (String, String) {
+        let tokens = self
+            .scenario
+            .get("tokens")
+            .and_then(Value::as_object)
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| panic!("the scenario has no tokens"));
+        let (id, secret) = tokens
+            .iter()
+            .next()
+            .unwrap_or_else(|| panic!("the scenario has no tokens"));
+        let secret = secret
+            .as_str()
+            .unwrap_or_else(|| panic!("the secret of token {id} is not a string"));
+        (id.clone(), secret.to_string())
+    }
+
+    /// The scenario's API token id (the first in key order if there are several).
+    pub fn token_id(&self) -> String {
+        self.token().0
+    }
+
+    /// The secret of [`token_id`](Self::token_id). Never print it.
+    pub fn token_secret(&self) -> String {
+        self.token().1
+    }
+
+    /// The `Authorization` header value for the scenario's token. Never print it.
+    pub fn auth_header(&self) -> String {
+        let (id, secret) = self.token();
+        format!("PVEAPIToken={id}={secret}")
+    }
+
+    /// What the fake wrote to stderr so far.
+    pub fn log(&self) -> String {
+        read_log(&self.dir.path().join("fakepve.log"))
+    }
+
+    /// An async HTTPS client that trusts only this fake's certificate (rustls with ring).
+    pub fn https_client(&self) -> reqwest::Client {
+        https_client_for(self.cafile())
+    }
+
+    // ------------------------------------------------------------------- control
+
+    fn control(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ControlError> {
+        control_request(&self.control_addr, method, path, body)
+    }
+
+    /// Call any FakePve method through `/call`; the result as JSON (sets become lists, a guest
+    /// its public fields). Panics when the fake refuses.
+    pub fn call(&self, method: &str, args: Value, kwargs: Value) -> Value {
+        self.try_call(method, args, kwargs)
+            .unwrap_or_else(|e| panic!("fakepve call {method}: {e}"))
+    }
+
+    /// [`call`](Self::call), returning the refusal instead of panicking.
+    pub fn try_call(
+        &self,
+        method: &str,
+        args: Value,
+        kwargs: Value,
+    ) -> Result<Value, ControlError> {
+        let args = if args.is_null() { json!([]) } else { args };
+        let kwargs = if kwargs.is_null() { json!({}) } else { kwargs };
+        let answer = self.control(
+            "POST",
+            "/call",
+            Some(&json!({"method": method, "args": args, "kwargs": kwargs})),
+        )?;
+        Ok(answer.get("result").cloned().unwrap_or(Value::Null))
+    }
+
+    /// Set FakePve attributes through `/set` (dicts are merged into the ones there, a list
+    /// given for a set becomes a set). Panics when the fake refuses.
+    pub fn set(&self, attrs: Value) {
+        if let Err(e) = self.control("POST", "/set", Some(&attrs)) {
+            panic!("fakepve set: {e}");
+        }
+    }
+
+    /// Set attributes of guest `vmid` through `/guest` (`status`, `pool`, `lock` keep the
+    /// fake's bookkeeping in step; dicts such as `config` or `agent` are merged). Returns the
+    /// guest's public fields. Panics when the fake refuses.
+    pub fn guest_set(&self, vmid: u32, attrs: Value) -> Value {
+        self.control("POST", "/guest", Some(&json!({"vmid": vmid, "set": attrs})))
+            .map(|v| v.get("result").cloned().unwrap_or(Value::Null))
+            .unwrap_or_else(|e| panic!("fakepve guest {vmid}: {e}"))
+    }
+
+    /// The guest's public fields (`status`, `config`, `pool`, `lock`, `type`, …), or `None`
+    /// when the fake has no guest `vmid`.
+    pub fn guest(&self, vmid: u32) -> Option<Value> {
+        Some(self.call("guest", json!([vmid]), Value::Null)).filter(|v| !v.is_null())
+    }
+
+    /// Make the next `times` requests (`None`: all) whose path ends with `suffix` fail with
+    /// this status and message.
+    pub fn fail(&self, method: &str, suffix: &str, status: u16, message: &str, times: Option<u32>) {
+        self.call(
+            "fail",
+            json!([method, suffix]),
+            json!({"status": status, "message": message, "times": times}),
+        );
+    }
+
+    /// Make the next `times` requests (`None`: all) whose path ends with `suffix` fail with the
+    /// catalogue error `error` (PVE's own wording, e.g. `restore_vmid_taken`, `no_quorum`).
+    pub fn fail_with(&self, method: &str, suffix: &str, error: &str, times: Option<u32>) {
+        self.call(
+            "fail",
+            json!([method, suffix]),
+            json!({"error": error, "times": times}),
+        );
+    }
+
+    /// Every request the fake received, oldest first.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        let answer = self
+            .control("GET", "/requests", None)
+            .unwrap_or_else(|e| panic!("fakepve requests: {e}"));
+        let items = answer
+            .as_array()
+            .unwrap_or_else(|| panic!("fakepve /requests is not a list"));
+        items
+            .iter()
+            .map(|r| {
+                let field = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+                RecordedRequest {
+                    method: field("method"),
+                    path: field("path"),
+                    query: field("query"),
+                    body: field("body"),
+                }
+            })
+            .collect()
+    }
+
+    /// The requests that could change something (not `GET`/`HEAD`).
+    pub fn writes(&self) -> Vec<RecordedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.is_write())
+            .collect()
+    }
+
+    /// The `DELETE` requests aimed at guest `vmid` (and its sub-paths).
+    pub fn deletes_for(&self, vmid: u32) -> Vec<RecordedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == "DELETE" && r.targets_vmid(vmid))
+            .collect()
+    }
+
+    /// The writes aimed at guest `vmid` (and its sub-paths).
+    pub fn writes_for(&self, vmid: u32) -> Vec<RecordedRequest> {
+        self.writes()
+            .into_iter()
+            .filter(|r| r.targets_vmid(vmid))
+            .collect()
+    }
+
+    /// Every task the fake ran, oldest first (`upid`, `type`, `id`, `user`, `status`,
+    /// `exitstatus`, `log`, …).
+    pub fn tasks(&self) -> Vec<Value> {
+        match self.control("GET", "/tasks", None) {
+            Ok(Value::Array(a)) => a,
+            Ok(other) => panic!("fakepve /tasks is not a list: {other}"),
+            Err(e) => panic!("fakepve tasks: {e}"),
+        }
+    }
+
+    /// The `.vmlist` entries of the scenario's guests: (vmid, node, type).
+    pub fn vmlist_entries(&self) -> Vec<VmlistEntry> {
+        vmlist_entries_of(&self.scenario)
+    }
+
+    /// Stop the fake now with SIGTERM (killed after [`TERM_GRACE`]) and return how it ended.
+    pub fn terminate(mut self) -> ExitStatus {
+        self.stop()
+            .unwrap_or_else(|| panic!("fakepve was already stopped"))
+    }
+
+    fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        let status = match child.try_wait() {
+            Ok(Some(status)) => Some(status),
+            _ => {
+                if let Ok(pid) = i32::try_from(child.id()) {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+                }
+                let deadline = Instant::now() + TERM_GRACE;
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(status)) => break Some(status),
+                        Ok(None) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        _ => {
+                            let _ = child.kill();
+                            break child.wait().ok();
+                        }
+                    }
+                }
+            }
+        };
+        if let Some(reader) = self.stdout_reader.take() {
+            let _ = reader.join();
+        }
+        status
+    }
+}
+
+impl Drop for FakePve {
+    fn drop(&mut self) {
+        let _ = self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- fakepve {} log ---\n{}--- end of fakepve log ---",
+                self.ready.url,
+                tail(&self.log(), 8 * 1024)
+            );
+        }
+    }
+}
+
+fn tail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+fn read_log(path: &Path) -> String {
+    fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_else(|e| format!("(cannot read {}: {e})", path.display()))
+}
+
+fn split_host_port(addr: &str) -> (String, u16) {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("address {addr} has no port"));
+    let port = port
+        .trim_end_matches('/')
+        .parse()
+        .unwrap_or_else(|e| panic!("address {addr} has a bad port: {e}"));
+    (host.to_string(), port)
+}
+
+/// Write `data` to `path` with mode 0600 (before any byte is written).
+pub fn write_private(path: &Path, data: &[u8]) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("cannot chmod {}: {e}", path.display()));
+    f.write_all(data)
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+/// One plain HTTP/1.1 request to the control endpoint at `addr` (`host:port`). A 2xx answer's
+/// JSON body is returned; anything else becomes a [`ControlError`].
+fn control_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Value, ControlError> {
+    let no_answer = |message: String| ControlError { status: 0, message };
+    let payload = body.map(Value::to_string).unwrap_or_default();
+    let mut stream = TcpStream::connect(addr)
+        .map_err(|e| no_answer(format!("cannot connect to {addr}: {e}")))?;
+    let _ = stream.set_read_timeout(Some(CONTROL_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(CONTROL_TIMEOUT));
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: application/json\r\n"
+    );
+    if body.is_some() {
+        request.push_str("Content-Type: application/json\r\n");
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n", payload.len()));
+    request.push_str(&payload);
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| no_answer(format!("cannot send {method} {path}: {e}")))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .map_err(|e| no_answer(format!("no answer to {method} {path}: {e}")))?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| no_answer(format!("{method} {path}: the answer has no header end")))?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| no_answer(format!("{method} {path}: bad status line in {head:?}")))?;
+    let chunked = head
+        .lines()
+        .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.contains("chunked"));
+    let mut content = raw[split + 4..].to_vec();
+    if chunked {
+        content = dechunk(&content);
+    }
+    let value: Value = if content.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(&content).map_err(|e| ControlError {
+            status,
+            message: format!(
+                "{method} {path}: answer is not JSON ({e}): {}",
+                String::from_utf8_lossy(&content)
+            ),
+        })?
+    };
+    if (200..300).contains(&status) {
+        Ok(value)
+    } else {
+        Err(ControlError {
+            status,
+            message: value
+                .get("error")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| value.to_string()),
+        })
+    }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = data.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size_text = String::from_utf8_lossy(&data[..eol]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .unwrap_or(0);
+        if size == 0 || data.len() < eol + 2 + size {
+            return out;
+        }
+        out.extend_from_slice(&data[eol + 2..eol + 2 + size]);
+        data = data.get(eol + 2 + size + 2..).unwrap_or(&[]);
+    }
+}
+
+/// `application/x-www-form-urlencoded` text of these pairs (how PVE clients send parameters).
+pub fn form_urlencode(pairs: &[(&str, &str)]) -> String {
+    fn enc(s: &str) -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    char::from(b).to_string()
+                }
+                b' ' => "+".to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    }
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// The rustls client configuration (ring provider) that trusts exactly the certificates in the
+/// PEM file `cafile`.
+pub fn rustls_config_for(cafile: &Path) -> rustls::ClientConfig {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(cafile)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", cafile.display()));
+    for cert in certs {
+        let cert = cert.unwrap_or_else(|e| panic!("bad PEM in {}: {e}", cafile.display()));
+        roots
+            .add(cert)
+            .unwrap_or_else(|e| panic!("{} holds an unusable certificate: {e}", cafile.display()));
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap_or_else(|e| panic!("rustls protocol versions: {e}"))
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// An async reqwest client over rustls (ring) that trusts only the certificates in `cafile`.
+/// It reports the peer certificate in each response's `reqwest::tls::TlsInfo`.
+pub fn https_client_for(cafile: &Path) -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(rustls_config_for(cafile))
+        .tls_info(true)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_else(|e| panic!("cannot build the HTTPS client: {e}"))
+}
+
+// --------------------------------------------------------------------------- .vmlist
+
+/// One guest of `/etc/pve/.vmlist`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmlistEntry {
+    /// The guest id.
+    pub vmid: u32,
+    /// The node whose config folder holds it.
+    pub node: String,
+    /// `lxc` or `qemu`.
+    pub kind: String,
+}
+
+impl VmlistEntry {
+    /// An entry.
+    pub fn new(vmid: u32, node: &str, kind: &str) -> Self {
+        VmlistEntry {
+            vmid,
+            node: node.to_string(),
+            kind: kind.to_string(),
+        }
+    }
+}
+
+impl From<(u32, &str, &str)> for VmlistEntry {
+    fn from((vmid, node, kind): (u32, &str, &str)) -> Self {
+        VmlistEntry::new(vmid, node, kind)
+    }
+}
+
+/// The `.vmlist` entries of a scenario's guests, in the scenario's order.
+pub fn vmlist_entries_of(scenario: &Value) -> Vec<VmlistEntry> {
+    scenario
+        .get("guests")
+        .and_then(Value::as_array)
+        .map(|guests| {
+            guests
+                .iter()
+                .map(|g| {
+                    let vmid = g
+                        .get("vmid")
+                        .and_then(Value::as_u64)
+                        .and_then(|v| u32::try_from(v).ok())
+                        .unwrap_or_else(|| panic!("scenario guest without a valid vmid: {g}"));
+                    VmlistEntry::new(
+                        vmid,
+                        g.get("node").and_then(Value::as_str).unwrap_or("pve1"),
+                        g.get("type").and_then(Value::as_str).unwrap_or("qemu"),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The bytes pmxcfs serves as `/etc/pve/.vmlist` for these guests, in the given order (pmxcfs
+/// uses hash order; pass them shuffled to test that a reader does not rely on sorting). Each
+/// entry's config version is its position plus one; the global version is the count plus 3.
+/// With no guests there is no `ids` key at all.
+pub fn vmlist_text<E: Clone + Into<VmlistEntry>>(entries: &[E]) -> String {
+    let entries: Vec<VmlistEntry> = entries.iter().cloned().map(Into::into).collect();
+    let mut out = format!("{{\n\"version\": {}", entries.len() + 3);
+    if !entries.is_empty() {
+        out.push_str(",\n\"ids\": {\n");
+        let lines: Vec<String> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                format!(
+                    "\"{}\": {{ \"node\": \"{}\", \"type\": \"{}\", \"version\": {} }}",
+                    e.vmid,
+                    e.node,
+                    e.kind,
+                    i + 1
+                )
+            })
+            .collect();
+        out.push_str(&lines.join(",\n"));
+        out.push('}');
+    }
+    out.push_str("\n\n}\n");
+    out
+}
+
+/// Write [`vmlist_text`] to `path`.
+pub fn write_vmlist<E: Clone + Into<VmlistEntry>>(path: &Path, entries: &[E]) {
+    fs::write(path, vmlist_text(entries))
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+// ------------------------------------------------------------------------ agent files
+
+/// How `[pve]` trusts the fake's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PveTrust {
+    /// `tls_fingerprint` = the SHA-256 pin.
+    #[default]
+    Pin,
+    /// `ca_file` = the fake's certificate.
+    CaFile,
+}
+
+/// Where the agent's `.vmlist` comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum VmlistSource {
+    /// The scenario's guests.
+    #[default]
+    FromScenario,
+    /// Exactly these entries.
+    Entries(Vec<VmlistEntry>),
+    /// No file at all (the path in the config does not exist).
+    Missing,
+}
+
+/// `[hub]` of the agent config.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HubOptions {
+    /// `wss://…` or `ws://…`.
+    pub url: String,
+    /// The credential written to the hub token file (mode 0600).
+    pub token: String,
+    /// `tls_fingerprint`, if any.
+    pub tls_fingerprint: Option<String>,
+    /// `ca_file`, if any.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl fmt::Debug for HubOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HubOptions")
+            .field("url", &self.url)
+            .field("tls_fingerprint", &self.tls_fingerprint)
+            .field("ca_file", &self.ca_file)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`AgentFiles::write`] puts into `agent.toml`. `Default` gives node `pve1`, the
+/// scenario's first pool, the pin, the scenario's `.vmlist`, storage `local-lvm`, the first
+/// backup volume of the scenario as `selftest_source`, and empty bootstrap/checks folders in
+/// the temporary directory.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// `node`.
+    pub node: String,
+    /// `pool` (`None`: the scenario's first pool).
+    pub pool: Option<String>,
+    /// How `[pve]` trusts the certificate.
+    pub trust: PveTrust,
+    /// The `.vmlist` to write.
+    pub vmlist: VmlistSource,
+    /// `[provision] storage`.
+    pub storage: String,
+    /// `[provision] selftest_source` (`None`: the scenario's first backup volume, if any).
+    pub selftest_source: Option<String>,
+    /// Content of `datacenter.cfg` (`None`: the file is not written).
+    pub datacenter_cfg: Option<String>,
+    /// `[hub]`, if any.
+    pub hub: Option<HubOptions>,
+    /// Raw TOML appended at the end (e.g. another table).
+    pub extra_toml: String,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            node: "pve1".to_string(),
+            pool: None,
+            trust: PveTrust::Pin,
+            vmlist: VmlistSource::FromScenario,
+            storage: "local-lvm".to_string(),
+            selftest_source: None,
+            datacenter_cfg: None,
+            hub: None,
+            extra_toml: String::new(),
+        }
+    }
+}
+
+/// An agent configuration for one [`FakePve`], in a temporary directory that lives as long
+/// as this value: `agent.toml`, `pve-token` (0600), `vmlist`, `state/`, `bootstrap.d/`,
+/// `checks.d/`, and `datacenter.cfg` when asked for.
+#[derive(Debug)]
+pub struct AgentFiles {
+    dir: TempDir,
+    /// `agent.toml`.
+    pub config_path: PathBuf,
+    /// `state_dir`.
+    pub state_dir: PathBuf,
+    /// `vmlist_path`.
+    pub vmlist_path: PathBuf,
+    /// `[pve] token_secret_file`.
+    pub token_secret_file: PathBuf,
+    /// `datacenter_cfg`.
+    pub datacenter_cfg: PathBuf,
+    /// `[provision] bootstrap_dir`.
+    pub bootstrap_dir: PathBuf,
+    /// `[provision] checks_dir`.
+    pub checks_dir: PathBuf,
+}
+
+/// A TOML basic string.
+pub fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn toml_path(p: &Path) -> String {
+    toml_string(&p.to_string_lossy())
+}
+
+/// The first backup volume of a scenario as a volid (`storage:volname`).
+pub fn first_backup_volid(scenario: &Value) -> Option<String> {
+    let volumes = scenario.get("volumes")?.as_object()?;
+    volumes.iter().find_map(|(sid, vols)| {
+        vols.as_array()?.iter().find_map(|v| {
+            let content = v.get("content").and_then(Value::as_str).unwrap_or("backup");
+            (content == "backup")
+                .then(|| v.get("volname").and_then(Value::as_str))
+                .flatten()
+                .map(|name| format!("{sid}:{name}"))
+        })
+    })
+}
+
+impl AgentFiles {
+    /// Write the agent's files for `pve` with the default options.
+    pub fn for_fake(pve: &FakePve) -> AgentFiles {
+        AgentFiles::write(pve, &AgentOptions::default())
+    }
+
+    /// Write the agent's files for `pve`.
+    pub fn write(pve: &FakePve, opts: &AgentOptions) -> AgentFiles {
+        let dir = tempfile::Builder::new()
+            .prefix("felhom-agent-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot make a temporary directory: {e}"));
+        let p = |name: &str| dir.path().join(name);
+        let files = AgentFiles {
+            config_path: p("agent.toml"),
+            state_dir: p("state"),
+            vmlist_path: p("vmlist"),
+            token_secret_file: p("pve-token"),
+            datacenter_cfg: p("datacenter.cfg"),
+            bootstrap_dir: p("bootstrap.d"),
+            checks_dir: p("checks.d"),
+            dir,
+        };
+        for d in [&files.state_dir, &files.bootstrap_dir, &files.checks_dir] {
+            fs::create_dir_all(d).unwrap_or_else(|e| panic!("cannot create {}: {e}", d.display()));
+        }
+        write_private(
+            &files.token_secret_file,
+            format!("{}\n", pve.token_secret()).as_bytes(),
+        );
+        match &opts.vmlist {
+            VmlistSource::FromScenario => write_vmlist(&files.vmlist_path, &pve.vmlist_entries()),
+            VmlistSource::Entries(e) => write_vmlist(&files.vmlist_path, e),
+            VmlistSource::Missing => {}
+        }
+        if let Some(text) = &opts.datacenter_cfg {
+            fs::write(&files.datacenter_cfg, text)
+                .unwrap_or_else(|e| panic!("cannot write {}: {e}", files.datacenter_cfg.display()));
+        }
+        let pool = opts.pool.clone().unwrap_or_else(|| pve.pool());
+        let trust = match opts.trust {
+            PveTrust::Pin => format!("tls_fingerprint = {}", toml_string(pve.sha256_hex())),
+            PveTrust::CaFile => format!("ca_file = {}", toml_path(pve.cafile())),
+        };
+        let mut text = format!(
+            "node = {}\npool = {}\nstate_dir = {}\nvmlist_path = {}\ndatacenter_cfg = {}\n\n\
+             [pve]\nurl = {}\ntoken_id = {}\ntoken_secret_file = {}\n{trust}\n\n\
+             [provision]\nstorage = {}\nbootstrap_dir = {}\nchecks_dir = {}\n",
+            toml_string(&opts.node),
+            toml_string(&pool),
+            toml_path(&files.state_dir),
+            toml_path(&files.vmlist_path),
+            toml_path(&files.datacenter_cfg),
+            toml_string(pve.url()),
+            toml_string(&pve.token_id()),
+            toml_path(&files.token_secret_file),
+            toml_string(&opts.storage),
+            toml_path(&files.bootstrap_dir),
+            toml_path(&files.checks_dir),
+        );
+        if let Some(source) = opts
+            .selftest_source
+            .clone()
+            .or_else(|| first_backup_volid(pve.scenario()))
+        {
+            text.push_str(&format!("selftest_source = {}\n", toml_string(&source)));
+        }
+        if let Some(hub) = &opts.hub {
+            let token_file = files.dir.path().join("hub-token");
+            write_private(&token_file, format!("{}\n", hub.token).as_bytes());
+            text.push_str(&format!(
+                "\n[hub]\nurl = {}\ntoken_file = {}\n",
+                toml_string(&hub.url),
+                toml_path(&token_file)
+            ));
+            if let Some(fp) = &hub.tls_fingerprint {
+                text.push_str(&format!("tls_fingerprint = {}\n", toml_string(fp)));
+            }
+            if let Some(ca) = &hub.ca_file {
+                text.push_str(&format!("ca_file = {}\n", toml_path(ca)));
+            }
+        }
+        if !opts.extra_toml.is_empty() {
+            text.push('\n');
+            text.push_str(&opts.extra_toml);
+            text.push('\n');
+        }
+        fs::write(&files.config_path, text)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", files.config_path.display()));
+        files
+    }
+
+    /// The temporary directory holding everything.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The text of `agent.toml`.
+    pub fn config_text(&self) -> String {
+        fs::read_to_string(&self.config_path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", self.config_path.display()))
+    }
+
+    /// Replace the `.vmlist` (e.g. after the fake gained or lost a guest).
+    pub fn write_vmlist<E: Clone + Into<VmlistEntry>>(&self, entries: &[E]) {
+        write_vmlist(&self.vmlist_path, entries);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_are_distinct_and_never_in_127_0() {
+        let mut seen = std::collections::HashSet::new();
+        for pid in [1u32, 2, 999, 4_194_303, 15_999, 16_000] {
+            for i in 0..40 {
+                let h = loopback_host(pid, i);
+                assert!(!h.starts_with("127.0."), "{h}");
+                let octets: Vec<u32> = h.split('.').map(|o| o.parse().expect("octet")).collect();
+                assert_eq!(octets.len(), 4);
+                assert!(octets[1] >= 1 && octets[1] <= 255, "{h}");
+                assert!(
+                    octets[2] <= 255 && octets[3] >= 1 && octets[3] <= 254,
+                    "{h}"
+                );
+                if pid != 16_000 {
+                    assert!(seen.insert(h.clone()), "{h} twice");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vmlist_text_matches_pmxcfs_bytes() {
+        assert_eq!(
+            vmlist_text(&[(100u32, "pve1", "qemu"), (101, "pve2", "lxc")]),
+            "{\n\"version\": 5,\n\"ids\": {\n\
+             \"100\": { \"node\": \"pve1\", \"type\": \"qemu\", \"version\": 1 },\n\
+             \"101\": { \"node\": \"pve2\", \"type\": \"lxc\", \"version\": 2 }}\n\n}\n"
+        );
+        assert_eq!(
+            vmlist_text::<VmlistEntry>(&[]),
+            "{\n\"version\": 3\n\n}\n",
+            "no ids key without guests"
+        );
+    }
+
+    #[test]
+    fn recorded_request_targets_vmid_and_params() {
+        let r = RecordedRequest {
+            method: "DELETE".into(),
+            path: "/api2/json/nodes/pve1/lxc/201".into(),
+            query: "purge=1&force=1".into(),
+            body: String::new(),
+        };
+        assert!(r.targets_vmid(201));
+        assert!(!r.targets_vmid(20));
+        assert!(!r.targets_vmid(2011));
+        assert_eq!(r.param("purge"), Some("1"));
+        assert_eq!(r.param("destroy"), None);
+        let list = RecordedRequest {
+            method: "GET".into(),
+            path: "/api2/json/nodes/pve1/lxc".into(),
+            query: String::new(),
+            body: String::new(),
+        };
+        assert!(!list.targets_vmid(201));
+        assert!(!list.is_write());
+    }
+
+    #[test]
+    fn toml_strings_are_escaped() {
+        assert_eq!(toml_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
+    }
+
+    #[test]
+    fn demo_backup_volid() {
+        assert_eq!(
+            first_backup_volid(&demo_scenario()).as_deref(),
+            Some("local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst")
+        );
+    }
+
+    #[test]
+    fn form_encoding() {
+        assert_eq!(
+            form_urlencode(&[("ostemplate", "local:backup/a b.tar"), ("vmid", "201")]),
+            "ostemplate=local%3Abackup%2Fa+b.tar&vmid=201"
+        );
+    }
+
+    #[test]
+    fn dechunk_joins_chunks() {
+        assert_eq!(dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), b"abcde");
+    }
+}

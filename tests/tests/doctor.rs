@@ -1,0 +1,133 @@
+//! `felhom-agent doctor` against fakepve: all pass; a wrong pin exits 6 with
+//! `tls_pin_mismatch`; a token file of mode 0644 exits 6 with `config_invalid` before any
+//! request; a token without the privileges fails the privileges check.
+
+use std::os::unix::fs::PermissionsExt;
+
+use felhom_tests::agent::run_agent;
+use felhom_tests::fakepve::{AgentFiles, FakePve};
+use serde_json::{json, Value};
+
+fn check<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    doc["checks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no check {name} in {doc}"))
+}
+
+#[test]
+fn all_checks_pass_against_the_demo() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["ok"], json!(true));
+    for name in [
+        "config",
+        "pve_tls",
+        "pve_token",
+        "privileges",
+        "pool",
+        "vmlist",
+        "state_dir",
+    ] {
+        assert_eq!(check(&doc, name)["status"], "pass", "{name}: {doc:#}");
+    }
+    assert!(
+        pve.writes().is_empty(),
+        "doctor wrote to PVE: {:?}",
+        pve.writes()
+    );
+    assert!(!run.stdout.contains(&pve.token_secret()) && !run.stderr.contains(&pve.token_secret()));
+}
+
+#[test]
+fn wrong_pin_exits_6_with_tls_pin_mismatch() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let text = files
+        .config_text()
+        .replace(pve.sha256_hex(), &"cd".repeat(32));
+    std::fs::write(&files.config_path, text).expect("rewrite");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    assert_eq!(doc["ok"], json!(false));
+    let tls = check(&doc, "pve_tls");
+    assert_eq!(tls["status"], "fail");
+    assert_eq!(tls["code"], "tls_pin_mismatch");
+    assert!(
+        pve.requests().is_empty(),
+        "a request reached the server despite the wrong pin"
+    );
+}
+
+#[test]
+fn world_readable_token_file_exits_6_before_any_request() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    std::fs::set_permissions(
+        &files.token_secret_file,
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .expect("chmod");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    let cfg = check(&doc, "config");
+    assert_eq!(cfg["status"], "fail");
+    assert_eq!(cfg["code"], "config_invalid");
+    assert!(
+        cfg["message"].as_str().unwrap_or("").contains("0644"),
+        "{cfg}"
+    );
+    assert!(
+        pve.requests().is_empty(),
+        "no request may be sent with an unsafe token file"
+    );
+    assert!(!run.stdout.contains(&pve.token_secret()));
+}
+
+#[test]
+fn missing_privileges_fail_with_what_to_grant() {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    scenario["grants"] = json!([
+        [
+            "felhom@pve!agent",
+            "/pool/felhom",
+            ["VM.Audit", "Pool.Audit"]
+        ],
+        ["felhom@pve!agent", "/storage/local", ["PVEDatastoreUser"]]
+    ]);
+    let pve = FakePve::start(scenario);
+    let files = AgentFiles::for_fake(&pve);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    let privs = check(&doc, "privileges");
+    assert_eq!(privs["status"], "fail");
+    let msg = privs["message"].as_str().unwrap_or("");
+    assert!(msg.contains("VM.Allocate on /pool/felhom"), "{msg}");
+    assert!(
+        msg.contains("Datastore.AllocateSpace on /storage/local-lvm"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("VM.Audit on"),
+        "a held privilege is not reported missing: {msg}"
+    );
+}
+
+#[test]
+fn human_output_names_each_check() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let run = run_agent(&files.config_path, &["-doctor"]);
+    // `-doctor` is not a flag: clap sees an unknown argument and exits 2.
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    let run = run_agent(&files.config_path, &["doctor"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("[ok  ] pve_token"), "{}", run.stdout);
+    assert!(run.stdout.contains("doctor: all checks passed"));
+}
