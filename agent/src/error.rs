@@ -4,10 +4,10 @@
 //! enums map themselves to a code with a `code()` method; `main.rs` maps the code to an exit
 //! status. Nothing here ever formats a secret.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The stable, machine-readable code of an operator-visible error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The vmid is outside PVE's range or not in PVE's format.
@@ -122,7 +122,7 @@ impl ExitStatus {
 
 /// An operator-facing failure: a stable code and a message that names what it concerns and
 /// says what to do next.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
 pub struct Failure {
     /// The stable code.

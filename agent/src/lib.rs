@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod error;
 pub mod guest;
 pub mod inventory;
+pub mod provision;
 pub mod pve;
 pub mod timefmt;
 pub mod tls;

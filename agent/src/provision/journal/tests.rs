@@ -1,0 +1,470 @@
+//! Journal tests against a real temporary directory.
+
+use super::*;
+use crate::provision::machine::{step, Event, GuestView, Marker, Request, TaskExit};
+use crate::pve::GuestKind;
+
+const UPID: &str = "UPID:pve1:0003A2F1:01B7E4C0:6650C0DE:vzrestore:120:felhom@pve!agent:";
+
+fn request(txn: Ulid, vmid: u32) -> Request {
+    Request {
+        txn,
+        kind: TxnKind::SelftestProvision,
+        vmid: Some(vmid),
+        guest: GuestKind::Lxc,
+        volid: "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst".to_string(),
+        storage: "local-lvm".to_string(),
+        pool: "felhom".to_string(),
+        isolate_network: false,
+        keep: false,
+        dry_run: false,
+    }
+}
+
+fn next(s: &State, e: Event) -> State {
+    match step(s, e) {
+        Ok((s, _)) => s,
+        Err(d) => panic!("{d}"),
+    }
+}
+
+/// The journaled states of one transaction up to the created (armed) phase.
+fn states(txn: Ulid, vmid: u32) -> Vec<State> {
+    let s0 = State::new(request(txn, vmid));
+    let s1 = next(&s0, Event::VmidAccepted);
+    let s2 = next(
+        &s1,
+        Event::Submitted {
+            upid: UPID.to_string(),
+        },
+    );
+    let s3 = next(
+        &s2,
+        Event::TaskEnded {
+            upid: UPID.to_string(),
+            exit: TaskExit::Ok,
+        },
+    );
+    let s4 = next(&s3, Event::MarkerWritten);
+    let m = Marker::new(txn);
+    let s5 = next(
+        &s4,
+        Event::GuestObserved(GuestView::Present {
+            tags: m.tags().join(";"),
+            description: m.description_line(),
+            lock: None,
+        }),
+    );
+    vec![s1, s2, s3, s4, s5]
+}
+
+fn txn(n: u64) -> Ulid {
+    Ulid::from_parts(1_767_225_600_000 + n, u128::from(n))
+}
+
+fn write_all(j: &Journal, states: &[State]) -> TxnState {
+    let mut last = None;
+    for s in states {
+        last = Some(j.record(s).expect("record"));
+    }
+    last.expect("at least one state")
+}
+
+#[test]
+fn records_replay_to_the_last_state_with_times_and_rows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    assert!(dir.path().join("journal").is_dir());
+    let t = txn(1);
+    let st = states(t, 120);
+    let written = write_all(&j, &st);
+    assert_eq!(written.records, 5);
+    assert_eq!(written.state, st[4]);
+
+    let all = j.replay().expect("replay");
+    assert_eq!(all.len(), 1);
+    let got = &all[0];
+    assert_eq!(got.state, st[4]);
+    assert!(got.state.destroy_armed());
+    assert_eq!(got.records, 5);
+    assert!(!got.torn_tail);
+    assert!(got.started_at.ends_with('Z') && got.updated_at.ends_with('Z'));
+    assert!(got.started_at <= got.updated_at);
+    assert_eq!(got.path, j.path_of(t));
+
+    // A re-dispatch with the same id reads the state back.
+    assert_eq!(j.get(t).expect("get").map(|g| g.state), Some(st[4].clone()));
+    assert_eq!(j.get(txn(99)).expect("get unknown"), None);
+
+    let rows = j.list().expect("list");
+    let row = &rows[0];
+    assert_eq!(row.txn, t);
+    assert_eq!(row.vmid, Some(120));
+    assert_eq!(row.phase, Phase::Created);
+    assert!(row.destroy_armed);
+    assert_eq!(row.upid.as_deref(), Some(UPID));
+    assert_eq!(row.outcome, None);
+    let json = serde_json::to_value(row).expect("row json");
+    for key in [
+        "txn",
+        "kind",
+        "vmid",
+        "phase",
+        "destroy_armed",
+        "upid",
+        "started_at",
+        "updated_at",
+        "outcome",
+    ] {
+        assert!(json.get(key).is_some(), "row lacks {key}: {json}");
+    }
+    assert_eq!(json["kind"], "selftest-provision");
+    assert_eq!(json["phase"], "created");
+}
+
+#[test]
+fn each_record_is_one_versioned_checksummed_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(2);
+    write_all(&j, &states(t, 120)[..2]);
+    let text = fs::read_to_string(j.path_of(t)).expect("read");
+    assert!(text.ends_with('\n'));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2);
+    for (i, line) in lines.iter().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("json line");
+        assert_eq!(v["v"], 1);
+        assert_eq!(v["rec"]["seq"], i as u64);
+        // The checksum covers the record bytes exactly as written.
+        let rec = line
+            .split_once(",\"rec\":")
+            .and_then(|(_, r)| r.strip_suffix('}'))
+            .expect("rec part");
+        assert_eq!(
+            v["sha256"].as_str(),
+            Some(sha256_hex(rec.as_bytes()).as_str())
+        );
+    }
+    // The second record is the write-ahead one: the UPID is in it.
+    assert!(lines[1].contains(UPID));
+}
+
+#[test]
+fn a_torn_last_line_is_ignored_then_cut_off_by_the_next_append() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(3);
+    let st = states(t, 120);
+    write_all(&j, &st[..2]);
+    let path = j.path_of(t);
+    let good_len = fs::metadata(&path).expect("meta").len();
+    // A crash in the middle of the third write: half a line, no newline.
+    let third = {
+        let probe = tempfile::tempdir().expect("tempdir");
+        let pj = Journal::open(probe.path()).expect("open");
+        write_all(&pj, &st[..3]);
+        let text = fs::read_to_string(pj.path_of(t)).expect("read");
+        text.lines().nth(2).map(str::to_string).expect("third line")
+    };
+    let mut f = OpenOptions::new().append(true).open(&path).expect("open");
+    f.write_all(&third.as_bytes()[..third.len() / 2])
+        .expect("torn write");
+    drop(f);
+
+    let got = j.get(t).expect("get").expect("present");
+    assert!(got.torn_tail);
+    assert_eq!(got.records, 2);
+    assert_eq!(got.state, st[1]);
+    assert_eq!(j.replay().expect("replay").len(), 1);
+
+    // The next append cuts the torn tail off and continues the numbering.
+    let after = j.append(&st[2]).expect("append");
+    assert_eq!(after.records, 3);
+    let text = fs::read_to_string(&path).expect("read");
+    assert_eq!(text.lines().count(), 3);
+    assert!(fs::metadata(&path).expect("meta").len() > good_len);
+    let again = j.get(t).expect("get").expect("present");
+    assert!(!again.torn_tail);
+    assert_eq!(again.state, st[2]);
+}
+
+#[test]
+fn a_complete_last_line_with_a_bad_checksum_counts_as_torn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(4);
+    let st = states(t, 120);
+    write_all(&j, &st[..3]);
+    let path = j.path_of(t);
+    let mut bytes = fs::read(&path).expect("read");
+    let last_line_start = bytes[..bytes.len() - 1]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(0, |i| i + 1);
+    let flip = last_line_start + (bytes.len() - last_line_start) * 3 / 4;
+    bytes[flip] ^= 0x01;
+    fs::write(&path, &bytes).expect("write");
+    let got = j.get(t).expect("get").expect("present");
+    assert!(got.torn_tail);
+    assert_eq!(got.state, st[1]);
+}
+
+#[test]
+fn a_flipped_byte_in_the_middle_is_corruption_naming_the_file_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(5);
+    write_all(&j, &states(t, 120));
+    let path = j.path_of(t);
+    let mut bytes = fs::read(&path).expect("read");
+    let second_line_start = bytes.iter().position(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let third_line_start = bytes[second_line_start..]
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(0, |i| second_line_start + i + 1);
+    // Flip a byte inside the record of line 2 (a digit of the timestamp or a letter).
+    let flip = second_line_start + (third_line_start - second_line_start) / 2;
+    bytes[flip] ^= 0x02;
+    fs::write(&path, &bytes).expect("write");
+
+    for result in [j.replay().map(|_| ()), j.get(t).map(|_| ())] {
+        match result {
+            Err(JournalError::Corrupt { path: p, line, .. }) => {
+                assert_eq!(p, path);
+                assert_eq!(line, 2);
+            }
+            other => panic!("expected corruption, got {other:?}"),
+        }
+    }
+    let err = j.replay().expect_err("corrupt");
+    let msg = err.to_string();
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+    assert!(msg.contains("line 2"), "{msg}");
+    assert_eq!(err.code(), ErrorCode::ConfigInvalid);
+    // Appending to a corrupt file is refused too.
+    assert!(matches!(
+        j.append(&states(t, 120)[4]),
+        Err(JournalError::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn records_out_of_order_or_of_another_transaction_are_corruption() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let (a, b) = (txn(6), txn(7));
+    write_all(&j, &states(a, 120)[..2]);
+    write_all(&j, &states(b, 121)[..3]);
+    let text_a = fs::read_to_string(j.path_of(a)).expect("read a");
+    let text_b = fs::read_to_string(j.path_of(b)).expect("read b");
+    let lines_a: Vec<&str> = text_a.lines().collect();
+    let lines_b: Vec<&str> = text_b.lines().collect();
+
+    // Line 2 repeated: valid checksums, wrong numbering.
+    fs::write(
+        j.path_of(a),
+        format!("{}\n{}\n{}\n", lines_a[0], lines_a[1], lines_a[1]),
+    )
+    .expect("write");
+    match j.get(a) {
+        Err(JournalError::Corrupt { line, reason, .. }) => {
+            assert_eq!(line, 3);
+            assert!(reason.contains("record number 1 where 2"), "{reason}");
+        }
+        other => panic!("expected corruption, got {other:?}"),
+    }
+
+    // A record of b spliced into a's file.
+    fs::write(
+        j.path_of(a),
+        format!("{}\n{}\n{}\n", lines_a[0], lines_b[1], lines_a[1]),
+    )
+    .expect("write");
+    match j.get(a) {
+        Err(JournalError::Corrupt { line, reason, .. }) => {
+            assert_eq!(line, 2);
+            assert!(reason.contains(&b.to_string()), "{reason}");
+        }
+        other => panic!("expected corruption, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_newer_format_version_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(8);
+    write_all(&j, &states(t, 120)[..2]);
+    let text = fs::read_to_string(j.path_of(t)).expect("read");
+    fs::write(j.path_of(t), text.replacen("{\"v\":1,", "{\"v\":2,", 1)).expect("write");
+    match j.get(t) {
+        Err(JournalError::UnsupportedVersion { version, line, .. }) => {
+            assert_eq!((version, line), (2, 1));
+        }
+        other => panic!("expected a version error, got {other:?}"),
+    }
+}
+
+#[test]
+fn size_caps_refuse_and_say_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limits = Limits {
+        max_record_bytes: 4096,
+        max_file_bytes: 8 * 1024,
+    };
+    let j = Journal::open_with_limits(dir.path(), limits).expect("open");
+
+    // One record over the per-record cap: nothing is written.
+    let t = txn(9);
+    let mut req = request(t, 120);
+    req.volid = "x".repeat(5000);
+    let big = next(&State::new(req), Event::VmidAccepted);
+    match j.record(&big) {
+        Err(JournalError::RecordTooLarge { txn, size, max, .. }) => {
+            assert_eq!(txn, t);
+            assert!(size > 4096);
+            assert_eq!(max, 4096);
+        }
+        other => panic!("expected RecordTooLarge, got {other:?}"),
+    }
+    assert!(!j.path_of(t).exists());
+    let msg = j.record(&big).expect_err("too large").to_string();
+    assert!(
+        msg.contains(&t.to_string()) && msg.contains("4096"),
+        "{msg}"
+    );
+
+    // Appends until the per-file cap: refused, and the file stays readable.
+    let u = txn(10);
+    let st = states(u, 120);
+    j.begin(&st[0]).expect("begin");
+    let mut appended = 1;
+    let err = loop {
+        match j.append(&st[1]) {
+            Ok(_) => appended += 1,
+            Err(e) => break e,
+        }
+        assert!(appended < 100, "the file cap never hit");
+    };
+    assert!(
+        matches!(err, JournalError::FileFull { txn, max, .. } if txn == u && max == 8 * 1024),
+        "{err:?}"
+    );
+    let size = fs::metadata(j.path_of(u)).expect("meta").len();
+    assert!(size <= 8 * 1024);
+    let got = j.get(u).expect("get").expect("present");
+    assert_eq!(got.records, appended);
+
+    // A file over the cap on disk is not read.
+    let big_file = j.path_of(txn(11));
+    fs::write(&big_file, vec![b'x'; 9 * 1024]).expect("write");
+    assert!(matches!(
+        j.get(txn(11)),
+        Err(JournalError::FileTooLarge { .. })
+    ));
+}
+
+#[test]
+fn many_transactions_replay_in_order_and_open_ones_are_listed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let n = 150u64;
+    for i in 0..n {
+        let st = states(txn(1000 + i), 1000 + i as u32);
+        // Every third transaction is settled (refused at submit), the others stay open.
+        if i % 3 == 0 {
+            let refused = next(
+                &st[0],
+                Event::SubmitRefused(Failure::new(
+                    ErrorCode::PveRefused,
+                    format!("CT {} already exists on node 'pve1'", 1000 + i),
+                )),
+            );
+            write_all(&j, &[st[0].clone(), refused]);
+        } else {
+            write_all(&j, &st[..(i as usize % 5) + 1]);
+        }
+    }
+    // Noise in the folder is ignored.
+    fs::write(j.dir().join("README"), "not a journal").expect("write");
+    fs::write(j.dir().join("not-a-ulid.log"), "x").expect("write");
+
+    let all = j.replay().expect("replay");
+    assert_eq!(all.len(), n as usize);
+    let ids: Vec<Ulid> = all.iter().map(|t| t.state.txn()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted);
+    let open = j.open_transactions().expect("open txns");
+    assert_eq!(open.len(), (n - n.div_ceil(3)) as usize);
+    assert!(open.iter().all(|t| !t.state.is_terminal()));
+    assert_eq!(j.list().expect("list").len(), n as usize);
+}
+
+#[test]
+fn begin_and_append_guard_their_preconditions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(12);
+    let st = states(t, 120);
+    assert!(matches!(
+        j.append(&st[0]),
+        Err(JournalError::NotFound { txn, .. }) if txn == t
+    ));
+    j.begin(&st[0]).expect("begin");
+    assert!(matches!(
+        j.begin(&st[0]),
+        Err(JournalError::AlreadyExists { txn, .. }) if txn == t
+    ));
+
+    // A file whose first record was torn holds nothing: begin reuses it.
+    let u = txn(13);
+    fs::write(j.path_of(u), b"{\"v\":1,\"sha").expect("write");
+    assert_eq!(j.get(u).expect("get"), None);
+    assert!(j
+        .replay()
+        .expect("replay")
+        .iter()
+        .all(|x| x.state.txn() != u));
+    let began = j
+        .begin(&states(u, 121)[0])
+        .expect("begin over a torn first record");
+    assert_eq!(began.records, 1);
+    assert_eq!(j.get(u).expect("get").map(|g| g.records), Some(1));
+}
+
+#[test]
+fn the_owner_record_of_a_vmid_is_its_latest_transaction_with_a_upid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let armed = states(txn(20), 130);
+    write_all(&j, &armed);
+    // A later attempt on the same vmid that PVE refused recorded no UPID: it does not count.
+    let later = states(txn(21), 130);
+    let refused = next(
+        &later[0],
+        Event::SubmitRefused(Failure::new(
+            ErrorCode::PveRefused,
+            "CT 130 already exists on node 'pve1'",
+        )),
+    );
+    write_all(&j, &[later[0].clone(), refused]);
+    write_all(&j, &states(txn(22), 131));
+    let owner = j.last_owner_record(130).expect("lookup").expect("found");
+    assert_eq!(owner.state.txn(), txn(20));
+    assert!(owner.state.destroy_armed());
+    assert_eq!(j.last_owner_record(999).expect("lookup"), None);
+}
+
+#[test]
+fn journal_files_are_private_to_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(30);
+    write_all(&j, &states(t, 120)[..1]);
+    let mode = |p: &Path| fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode(j.dir()), 0o700);
+    assert_eq!(mode(&j.path_of(t)), 0o600);
+}

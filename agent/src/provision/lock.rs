@@ -1,0 +1,305 @@
+//! The per-vmid lock: two agent processes on one node never run a transaction on the same
+//! vmid at once (DESIGN rule 6).
+//!
+//! `<state_dir>/locks/vmid-<N>.lock`, an exclusive `flock` taken without waiting. The holder
+//! writes its pid (and transaction) into the file so a refused process can say who holds it.
+//! The guard releases the lock when dropped, and the kernel releases it when the holding
+//! process dies, however it dies, so a crash never leaves a vmid locked.
+//!
+//! This module only excludes; it never reads or changes a transaction.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use ulid::Ulid;
+
+use crate::error::ErrorCode;
+
+/// The lock folder inside the state dir.
+pub const LOCK_DIR: &str = "locks";
+
+/// Who holds a lock, as the holder wrote it into the lock file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    /// The holder's process id.
+    pub pid: u32,
+    /// The transaction it runs, if it said.
+    pub txn: Option<Ulid>,
+}
+
+fn holder_text(holder: &Option<Holder>) -> String {
+    match holder {
+        Some(Holder {
+            pid,
+            txn: Some(txn),
+        }) => format!(" (pid {pid}, transaction {txn})"),
+        Some(Holder { pid, txn: None }) => format!(" (pid {pid})"),
+        None => String::new(),
+    }
+}
+
+/// Errors of the per-vmid lock.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Another process holds the vmid's lock.
+    #[error(
+        "vmid {vmid} is busy: another agent process{} runs a transaction on it (lock {path}); \
+         wait for it to finish, see `felhom-agent journal`",
+        holder_text(.holder)
+    )]
+    Held {
+        /// The vmid.
+        vmid: u32,
+        /// The lock file.
+        path: PathBuf,
+        /// Who holds it, if the file says.
+        holder: Option<Holder>,
+    },
+    /// The lock folder could not be created.
+    #[error(
+        "cannot create the lock folder {path}: {source}; check that the state dir exists and is \
+         writable by root"
+    )]
+    CreateDir {
+        /// The folder.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The lock file could not be opened, locked or written.
+    #[error("cannot use lock file {path} for vmid {vmid}: {source}; check the state dir")]
+    Io {
+        /// The vmid.
+        vmid: u32,
+        /// The lock file.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+impl LockError {
+    /// The stable code: a busy vmid is refused like one in use (nothing was written); a
+    /// broken state dir is an environment problem.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            LockError::Held { .. } => ErrorCode::VmidInUse,
+            LockError::CreateDir { .. } | LockError::Io { .. } => ErrorCode::ConfigInvalid,
+        }
+    }
+}
+
+/// A held vmid lock; dropping it releases the lock.
+#[derive(Debug)]
+pub struct VmidLock {
+    _lock: Flock<File>,
+    vmid: u32,
+    path: PathBuf,
+}
+
+impl VmidLock {
+    /// Take the lock of `vmid` under `state_dir` without waiting, recording this process (and
+    /// `txn`) as the holder. Refused with [`LockError::Held`] if another open file holds it,
+    /// in this process or another.
+    pub fn try_acquire(state_dir: &Path, vmid: u32, txn: Option<Ulid>) -> Result<Self, LockError> {
+        let dir = state_dir.join(LOCK_DIR);
+        if !dir.is_dir() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|source| LockError::CreateDir {
+                    path: dir.clone(),
+                    source,
+                })?;
+        }
+        let path = lock_path(state_dir, vmid);
+        let io = |source| LockError::Io {
+            vmid,
+            path: path.clone(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => lock,
+            Err((mut file, Errno::EWOULDBLOCK)) => {
+                let holder = read_holder(&mut file);
+                return Err(LockError::Held { vmid, path, holder });
+            }
+            Err((_, errno)) => return Err(io(io::Error::from(errno))),
+        };
+        let mut text = format!("pid {}\n", std::process::id());
+        if let Some(txn) = txn {
+            text.push_str(&format!("txn {txn}\n"));
+        }
+        lock.set_len(0).map_err(io)?;
+        lock.seek(SeekFrom::Start(0)).map_err(io)?;
+        lock.write_all(text.as_bytes()).map_err(io)?;
+        Ok(VmidLock {
+            _lock: lock,
+            vmid,
+            path,
+        })
+    }
+
+    /// The locked vmid.
+    pub fn vmid(&self) -> u32 {
+        self.vmid
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// The lock file of `vmid` under `state_dir`.
+pub fn lock_path(state_dir: &Path, vmid: u32) -> PathBuf {
+    state_dir.join(LOCK_DIR).join(format!("vmid-{vmid}.lock"))
+}
+
+/// The holder recorded in a lock file (`pid N` and optionally `txn ULID` lines).
+fn read_holder(file: &mut File) -> Option<Holder> {
+    let mut text = String::new();
+    file.seek(SeekFrom::Start(0)).ok()?;
+    file.take(4096).read_to_string(&mut text).ok()?;
+    parse_holder(&text)
+}
+
+fn parse_holder(text: &str) -> Option<Holder> {
+    let mut pid = None;
+    let mut txn = None;
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("pid", v)) => pid = v.trim().parse().ok(),
+            Some(("txn", v)) => txn = Ulid::from_string(v.trim()).ok(),
+            _ => {}
+        }
+    }
+    Some(Holder { pid: pid?, txn })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_second_lock_on_the_same_vmid_is_refused_with_the_holder() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let txn = Ulid::from_parts(1_767_225_600_000, 7);
+        let held = VmidLock::try_acquire(dir.path(), 120, Some(txn)).expect("first lock");
+        assert_eq!(held.vmid(), 120);
+        assert_eq!(held.path(), lock_path(dir.path(), 120));
+        let err = VmidLock::try_acquire(dir.path(), 120, None).expect_err("second lock refused");
+        match &err {
+            LockError::Held { vmid, holder, .. } => {
+                assert_eq!(*vmid, 120);
+                assert_eq!(
+                    *holder,
+                    Some(Holder {
+                        pid: std::process::id(),
+                        txn: Some(txn)
+                    })
+                );
+            }
+            other => panic!("expected Held, got {other}"),
+        }
+        assert_eq!(err.code(), ErrorCode::VmidInUse);
+        let msg = err.to_string();
+        assert!(msg.contains("vmid 120"), "{msg}");
+        assert!(
+            msg.contains(&format!("pid {}", std::process::id())),
+            "{msg}"
+        );
+        assert!(msg.contains(&txn.to_string()), "{msg}");
+        // Another vmid is independent.
+        let other = VmidLock::try_acquire(dir.path(), 121, None);
+        assert!(other.is_ok());
+    }
+
+    #[test]
+    fn dropping_the_guard_releases_the_lock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let held = VmidLock::try_acquire(dir.path(), 130, None).expect("first lock");
+        assert!(VmidLock::try_acquire(dir.path(), 130, None).is_err());
+        drop(held);
+        assert!(VmidLock::try_acquire(dir.path(), 130, None).is_ok());
+    }
+
+    #[test]
+    fn the_kernel_releases_the_lock_of_a_killed_holder() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Create the lock folder and file the way the agent does, then let a child process
+        // take the lock on it (util-linux flock on an inherited descriptor), record its pid,
+        // and stay alive holding it.
+        drop(VmidLock::try_acquire(dir.path(), 140, None).expect("create the lock file"));
+        let path = lock_path(dir.path(), 140);
+        let script = format!(
+            "exec 9<>'{}' && flock -x -n 9 && printf 'pid %s\\n' $$ >&9 && exec sleep 600",
+            path.display()
+        );
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn the lock holder");
+        let child_pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let refused = loop {
+            match VmidLock::try_acquire(dir.path(), 140, None) {
+                Err(LockError::Held {
+                    holder: Some(h), ..
+                }) if h.pid == child_pid => break true,
+                Err(LockError::Held { .. }) => {}
+                Ok(lock) => drop(lock),
+                Err(other) => panic!("unexpected error {other}"),
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if !refused {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert!(refused, "the child never held the lock");
+        // SIGKILL: no chance to unlock; the kernel must release it.
+        child.kill().expect("kill the holder");
+        child.wait().expect("reap the holder");
+        let lock = VmidLock::try_acquire(dir.path(), 140, None).expect("lock after the kill");
+        assert_eq!(lock.vmid(), 140);
+    }
+
+    #[test]
+    fn holder_text_is_parsed_leniently() {
+        assert_eq!(
+            parse_holder("pid 42\n"),
+            Some(Holder { pid: 42, txn: None })
+        );
+        assert_eq!(parse_holder(""), None);
+        assert_eq!(parse_holder("garbage"), None);
+        let txn = Ulid::from_parts(1, 2);
+        assert_eq!(
+            parse_holder(&format!("pid 7\ntxn {txn}\n")),
+            Some(Holder {
+                pid: 7,
+                txn: Some(txn)
+            })
+        );
+    }
+}

@@ -1,0 +1,2082 @@
+//! The provision transaction as a pure state machine.
+//!
+//! [`step`] takes the current [`State`] and one [`Event`] (what the executor observed) and returns
+//! the next state and the [`Effect`]s to perform, in order. [`recover`] does the same for a
+//! transaction left open by a crashed run (DESIGN rule 6). This module owns the proof-of-launch
+//! gate (DESIGN rule 5): destroy is armed only when the create/restore task this transaction
+//! submitted (its own UPID, journaled at `submitted` before the outcome is known) ended OK *and*
+//! the guest carries this transaction's marker, read back after writing it. A [`Effect::Destroy`]
+//! is emitted only while armed and only in answer to a fresh ownership re-check
+//! ([`Effect::RecheckOwnership`] answered by [`Event::GuestObserved`] showing the marker).
+//!
+//! It never performs IO, never reads a clock and never sleeps. The executor performs the effects
+//! in the order given; a [`Effect::Journal`] always comes first and must be on disk (fsynced)
+//! before the PVE write that follows it (write-ahead).
+//!
+//! The machine is keyed by [`Step`] (what it waits for); [`Phase`] is the operator-visible
+//! phase of DESIGN section 5 that the journal and the final JSON show.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use ulid::Ulid;
+
+use crate::error::{ErrorCode, ExitStatus, Failure};
+use crate::pve::GuestKind;
+
+/// PVE's limit on a guest description, in characters.
+pub const DESCRIPTION_MAX_CHARS: usize = 8192;
+
+/// The operator-visible phase of a transaction (DESIGN section 5), as journaled and reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Created in memory, the vmid not yet validated. Never journaled.
+    Planned,
+    /// The vmid passed the full-list, reserved-band and range checks; the restore is about to be
+    /// (or is being) submitted.
+    Validated,
+    /// PVE accepted the restore request; its UPID is recorded.
+    Submitted,
+    /// The restore task ended OK and the marker was read back: destroy is armed.
+    Created,
+    /// The guest was started.
+    Started,
+    /// The guest is running and answers an exec.
+    Launched,
+    /// The bootstrap profile ran successfully inside the guest.
+    Bootstrapped,
+    /// The osquery checks passed.
+    Verified,
+    /// The result is in the outbox for the hub.
+    Reported,
+    /// The transaction failed (possibly with a cleanup still to run while it is open).
+    Failed,
+    /// The guest this transaction created is gone, confirmed by re-reading it.
+    Destroyed,
+    /// Nothing to do (the restore-test band is full).
+    Skipped,
+    /// A condition only a human can settle; nothing more is done automatically.
+    NeedsHuman,
+}
+
+impl Phase {
+    /// Every phase, in the order of the forward path then the other outcomes.
+    pub const ALL: [Phase; 13] = [
+        Phase::Planned,
+        Phase::Validated,
+        Phase::Submitted,
+        Phase::Created,
+        Phase::Started,
+        Phase::Launched,
+        Phase::Bootstrapped,
+        Phase::Verified,
+        Phase::Reported,
+        Phase::Failed,
+        Phase::Destroyed,
+        Phase::Skipped,
+        Phase::NeedsHuman,
+    ];
+
+    /// The phase as it appears in the journal and in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Planned => "planned",
+            Phase::Validated => "validated",
+            Phase::Submitted => "submitted",
+            Phase::Created => "created",
+            Phase::Started => "started",
+            Phase::Launched => "launched",
+            Phase::Bootstrapped => "bootstrapped",
+            Phase::Verified => "verified",
+            Phase::Reported => "reported",
+            Phase::Failed => "failed",
+            Phase::Destroyed => "destroyed",
+            Phase::Skipped => "skipped",
+            Phase::NeedsHuman => "needs_human",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the machine waits for next. The transition table is keyed by (step, event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// Waiting for the vmid verdict: [`Event::VmidAccepted`], [`Event::VmidRefused`],
+    /// [`Event::BandFull`].
+    Validate,
+    /// Waiting for PVE's answer to the restore request.
+    Submit,
+    /// The restore request's answer was lost; waiting for a read of the vmid.
+    ProbeSubmit,
+    /// Waiting for the restore task (our UPID) to end.
+    Task,
+    /// The restore task overran its timeout and was asked to stop; waiting for it to end.
+    StopTask,
+    /// A QEMU restore failed (PVE leaves its config behind); waiting for a read of the vmid.
+    ProbeLeftover,
+    /// Waiting for the marker write (config PUT) to be done.
+    WriteMarker,
+    /// Waiting for the marker to be read back.
+    VerifyMarker,
+    /// Waiting for the guest start to finish.
+    Start,
+    /// Waiting for the proof of launch (running and answers an exec).
+    ProveLaunch,
+    /// Waiting for the bootstrap profile to finish.
+    Bootstrap,
+    /// Waiting for the osquery checks.
+    Checks,
+    /// Waiting for the result to be in the outbox.
+    Report,
+    /// Waiting for the fresh ownership re-check that must precede any destroy.
+    Recheck,
+    /// Waiting for the destroy (and its task) to end.
+    Destroy,
+    /// Waiting for a re-read confirming the guest is gone.
+    ConfirmDestroyed,
+    /// The transaction is settled; no event is accepted.
+    Done,
+}
+
+impl Step {
+    /// Every step.
+    pub const ALL: [Step; 17] = [
+        Step::Validate,
+        Step::Submit,
+        Step::ProbeSubmit,
+        Step::Task,
+        Step::StopTask,
+        Step::ProbeLeftover,
+        Step::WriteMarker,
+        Step::VerifyMarker,
+        Step::Start,
+        Step::ProveLaunch,
+        Step::Bootstrap,
+        Step::Checks,
+        Step::Report,
+        Step::Recheck,
+        Step::Destroy,
+        Step::ConfirmDestroyed,
+        Step::Done,
+    ];
+
+    /// The event kinds this step accepts (the transition table's rows for this step).
+    pub fn accepts(self) -> &'static [EventKind] {
+        use EventKind as E;
+        match self {
+            Step::Validate => &[E::VmidAccepted, E::VmidRefused, E::BandFull],
+            Step::Submit => &[E::Submitted, E::SubmitRefused, E::SubmitUnknown],
+            Step::Task | Step::StopTask => &[E::TaskEnded, E::TaskWaitTimedOut],
+            Step::WriteMarker => &[E::MarkerWritten, E::MarkerWriteFailed],
+            Step::ProbeSubmit
+            | Step::ProbeLeftover
+            | Step::VerifyMarker
+            | Step::Recheck
+            | Step::ConfirmDestroyed => &[E::GuestObserved],
+            Step::Start => &[E::Started, E::StartFailed],
+            Step::ProveLaunch => &[E::LaunchProven, E::LaunchUnproven],
+            Step::Bootstrap => &[E::Bootstrapped, E::BootstrapFailed],
+            Step::Checks => &[E::ChecksPassed, E::ChecksFailed],
+            Step::Report => &[E::ReportQueued],
+            Step::Destroy => &[E::DestroyEnded],
+            Step::Done => &[],
+        }
+    }
+
+    /// The step's name in logs and the journal.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Validate => "validate",
+            Step::Submit => "submit",
+            Step::ProbeSubmit => "probe_submit",
+            Step::Task => "task",
+            Step::StopTask => "stop_task",
+            Step::ProbeLeftover => "probe_leftover",
+            Step::WriteMarker => "write_marker",
+            Step::VerifyMarker => "verify_marker",
+            Step::Start => "start",
+            Step::ProveLaunch => "prove_launch",
+            Step::Bootstrap => "bootstrap",
+            Step::Checks => "checks",
+            Step::Report => "report",
+            Step::Recheck => "recheck",
+            Step::Destroy => "destroy",
+            Step::ConfirmDestroyed => "confirm_destroyed",
+            Step::Done => "done",
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What started the transaction (the `kind` of the final JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TxnKind {
+    /// `--selftest=provision`.
+    SelftestProvision,
+    /// `--selftest=restore` (network isolated, scratch band).
+    SelftestRestore,
+    /// A provision dispatched by the hub.
+    Provision,
+    /// `destroy -vmid N` (or a hub destroy): the gated destroy of a guest an earlier
+    /// transaction created.
+    Destroy,
+}
+
+impl TxnKind {
+    /// The kind as it appears in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TxnKind::SelftestProvision => "selftest-provision",
+            TxnKind::SelftestRestore => "selftest-restore",
+            TxnKind::Provision => "provision",
+            TxnKind::Destroy => "destroy",
+        }
+    }
+}
+
+impl fmt::Display for TxnKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The ownership marker a transaction puts on the guest it created: the tags `felhom` and
+/// `felhom-<txn>` (lowercase: PVE lowercases tags) and one description line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Marker {
+    txn: Ulid,
+}
+
+impl Marker {
+    /// The fleet tag every guest of this agent carries.
+    pub const FLEET_TAG: &'static str = "felhom";
+
+    /// The marker of transaction `txn`.
+    pub fn new(txn: Ulid) -> Self {
+        Self { txn }
+    }
+
+    /// The transaction whose marker this is.
+    pub fn txn(&self) -> Ulid {
+        self.txn
+    }
+
+    /// `felhom-<txn>` in lowercase.
+    pub fn txn_tag(&self) -> String {
+        format!(
+            "{}-{}",
+            Self::FLEET_TAG,
+            self.txn.to_string().to_ascii_lowercase()
+        )
+    }
+
+    /// Both tags of the marker.
+    pub fn tags(&self) -> Vec<String> {
+        vec![Self::FLEET_TAG.to_string(), self.txn_tag()]
+    }
+
+    /// The description line of the marker.
+    pub fn description_line(&self) -> String {
+        format!("felhom-agent transaction {} created this guest", self.txn)
+    }
+
+    /// Whether a guest with these tags (as PVE returns them: separated by `;`, `,` or
+    /// whitespace, in any case) and this description carries the marker.
+    pub fn is_carried_by(&self, tags: &str, description: &str) -> bool {
+        let txn_tag = self.txn_tag();
+        let tags: Vec<String> = split_tags(tags).map(str::to_ascii_lowercase).collect();
+        let has_tags = tags.iter().any(|t| t == Self::FLEET_TAG) && tags.contains(&txn_tag);
+        let line = self.description_line();
+        has_tags && description.lines().any(|l| l.trim() == line)
+    }
+
+    /// The tags to PUT: the guest's existing tags plus the marker's, de-duplicated, joined
+    /// with `;`.
+    pub fn merged_tags(&self, existing: &str) -> String {
+        let mut out: Vec<String> = Vec::new();
+        for tag in split_tags(existing).map(str::to_string).chain(self.tags()) {
+            if !out.iter().any(|t| t.eq_ignore_ascii_case(&tag)) {
+                out.push(tag);
+            }
+        }
+        out.join(";")
+    }
+
+    /// The description to PUT: the marker line first, then the existing description, cut to
+    /// PVE's limit of [`DESCRIPTION_MAX_CHARS`] characters.
+    pub fn merged_description(&self, existing: &str) -> String {
+        let line = self.description_line();
+        if existing.lines().any(|l| l.trim() == line) {
+            return existing.chars().take(DESCRIPTION_MAX_CHARS).collect();
+        }
+        let mut out = line;
+        if !existing.is_empty() {
+            out.push('\n');
+            out.push_str(existing);
+        }
+        out.chars().take(DESCRIPTION_MAX_CHARS).collect()
+    }
+}
+
+fn split_tags(tags: &str) -> impl Iterator<Item = &str> {
+    tags.split(|c: char| c == ';' || c == ',' || c.is_whitespace())
+        .filter(|t| !t.is_empty())
+}
+
+/// What the executor saw when it read the guest at the transaction's vmid: the full guest list
+/// (`.vmlist`, DESIGN rule 2) for presence, the API config for tags, description and lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum GuestView {
+    /// The vmid is not in the full guest list.
+    Absent,
+    /// The vmid is in the full guest list and its config was read.
+    Present {
+        /// The `tags` config value as PVE returned it (empty when unset).
+        tags: String,
+        /// The `description` config value (empty when unset).
+        description: String,
+        /// The config lock (`backup`, `create`, `destroyed`, ...), if any.
+        lock: Option<String>,
+    },
+    /// The vmid is in the full guest list but its config could not be read with the
+    /// pool-scoped token (outside the pool, or the read failed).
+    Unreadable {
+        /// Why, for the operator (e.g. PVE's answer).
+        reason: String,
+    },
+}
+
+/// A [`GuestView`] judged against a marker.
+enum Seen<'a> {
+    Absent,
+    Ours { lock: Option<&'a str> },
+    NotOurs { tags: &'a str },
+    Unreadable { reason: &'a str },
+}
+
+impl GuestView {
+    /// Whether the guest is present and carries `marker`.
+    pub fn carries(&self, marker: &Marker) -> bool {
+        matches!(self.judge(marker), Seen::Ours { .. })
+    }
+
+    fn judge(&self, marker: &Marker) -> Seen<'_> {
+        match self {
+            GuestView::Absent => Seen::Absent,
+            GuestView::Present {
+                tags,
+                description,
+                lock,
+            } => {
+                if marker.is_carried_by(tags, description) {
+                    Seen::Ours {
+                        lock: lock.as_deref(),
+                    }
+                } else {
+                    Seen::NotOurs { tags }
+                }
+            }
+            GuestView::Unreadable { reason } => Seen::Unreadable { reason },
+        }
+    }
+}
+
+/// How a PVE task (the restore, or a destroy) ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum TaskExit {
+    /// `TASK OK` (or `WARNINGS: N`, which PVE counts as success).
+    Ok,
+    /// The task ended with an error, or PVE refused the request synchronously.
+    Error {
+        /// PVE's exit status or refusal, verbatim.
+        message: String,
+    },
+}
+
+/// What PVE says now about the restore task a crashed run recorded (its UPID).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum TaskObservation {
+    /// The task is still running.
+    Running,
+    /// The task ended OK.
+    Ok,
+    /// The task ended with an error.
+    Error {
+        /// PVE's exit status, verbatim.
+        message: String,
+    },
+    /// The task's status could not be read (e.g. `no such task`), or no UPID was recorded.
+    Unknown {
+        /// Why.
+        message: String,
+    },
+}
+
+/// What the executor observed for [`recover`]: the recorded task's status and the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryObservation {
+    /// Status of the UPID the journal recorded (ignored when none was recorded).
+    pub task: TaskObservation,
+    /// The guest at the transaction's vmid now.
+    pub guest: GuestView,
+}
+
+/// What the executor reports back to the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The vmid is valid, not reserved and free in the full guest list.
+    VmidAccepted,
+    /// The vmid is refused (`vmid_invalid`, `vmid_reserved`, `vmid_in_use`); nothing was written.
+    VmidRefused(Failure),
+    /// The restore-test band is full: the run is skipped.
+    BandFull {
+        /// What holds the band, for the operator.
+        message: String,
+    },
+    /// PVE accepted the restore request and answered with the task's UPID.
+    Submitted {
+        /// The UPID PVE returned.
+        upid: String,
+    },
+    /// PVE refused the restore request synchronously (e.g. `CT 101 already exists on node
+    /// 'pve1'`), or it could not be sent: no task exists.
+    SubmitRefused(Failure),
+    /// The restore request may have reached PVE but its answer was lost (timeout, reset).
+    SubmitUnknown(Failure),
+    /// A task this transaction follows ended.
+    TaskEnded {
+        /// The task's UPID (must be the one this transaction recorded).
+        upid: String,
+        /// How it ended.
+        exit: TaskExit,
+    },
+    /// Waiting for the task went past its timeout; the task may still run.
+    TaskWaitTimedOut {
+        /// The task's UPID (must be the one this transaction recorded).
+        upid: String,
+    },
+    /// The marker config PUT succeeded.
+    MarkerWritten,
+    /// The marker config PUT failed.
+    MarkerWriteFailed(Failure),
+    /// The guest at the vmid was read (answer to [`Effect::ProbeGuest`],
+    /// [`Effect::VerifyMarker`], [`Effect::RecheckOwnership`], [`Effect::ConfirmDestroyed`]).
+    GuestObserved(GuestView),
+    /// The guest start (and its task) ended OK.
+    Started,
+    /// The guest start was refused or its task failed.
+    StartFailed {
+        /// PVE's message.
+        message: String,
+    },
+    /// The guest is running and answered an exec.
+    LaunchProven,
+    /// The guest did not prove its launch.
+    LaunchUnproven {
+        /// What was seen.
+        message: String,
+    },
+    /// The bootstrap profile ran successfully.
+    Bootstrapped,
+    /// The bootstrap profile failed (exit status, timeout, push error).
+    BootstrapFailed {
+        /// What failed.
+        message: String,
+    },
+    /// Every osquery check passed.
+    ChecksPassed,
+    /// A check failed or could not run.
+    ChecksFailed {
+        /// Which checks, and how.
+        message: String,
+    },
+    /// The result is in the durable outbox.
+    ReportQueued,
+    /// The destroy request and its task ended (a synchronous refusal is an error too).
+    DestroyEnded(TaskExit),
+}
+
+/// The kind of an [`Event`], without its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// [`Event::VmidAccepted`].
+    VmidAccepted,
+    /// [`Event::VmidRefused`].
+    VmidRefused,
+    /// [`Event::BandFull`].
+    BandFull,
+    /// [`Event::Submitted`].
+    Submitted,
+    /// [`Event::SubmitRefused`].
+    SubmitRefused,
+    /// [`Event::SubmitUnknown`].
+    SubmitUnknown,
+    /// [`Event::TaskEnded`].
+    TaskEnded,
+    /// [`Event::TaskWaitTimedOut`].
+    TaskWaitTimedOut,
+    /// [`Event::MarkerWritten`].
+    MarkerWritten,
+    /// [`Event::MarkerWriteFailed`].
+    MarkerWriteFailed,
+    /// [`Event::GuestObserved`].
+    GuestObserved,
+    /// [`Event::Started`].
+    Started,
+    /// [`Event::StartFailed`].
+    StartFailed,
+    /// [`Event::LaunchProven`].
+    LaunchProven,
+    /// [`Event::LaunchUnproven`].
+    LaunchUnproven,
+    /// [`Event::Bootstrapped`].
+    Bootstrapped,
+    /// [`Event::BootstrapFailed`].
+    BootstrapFailed,
+    /// [`Event::ChecksPassed`].
+    ChecksPassed,
+    /// [`Event::ChecksFailed`].
+    ChecksFailed,
+    /// [`Event::ReportQueued`].
+    ReportQueued,
+    /// [`Event::DestroyEnded`].
+    DestroyEnded,
+}
+
+impl EventKind {
+    /// Every event kind.
+    pub const ALL: [EventKind; 21] = [
+        EventKind::VmidAccepted,
+        EventKind::VmidRefused,
+        EventKind::BandFull,
+        EventKind::Submitted,
+        EventKind::SubmitRefused,
+        EventKind::SubmitUnknown,
+        EventKind::TaskEnded,
+        EventKind::TaskWaitTimedOut,
+        EventKind::MarkerWritten,
+        EventKind::MarkerWriteFailed,
+        EventKind::GuestObserved,
+        EventKind::Started,
+        EventKind::StartFailed,
+        EventKind::LaunchProven,
+        EventKind::LaunchUnproven,
+        EventKind::Bootstrapped,
+        EventKind::BootstrapFailed,
+        EventKind::ChecksPassed,
+        EventKind::ChecksFailed,
+        EventKind::ReportQueued,
+        EventKind::DestroyEnded,
+    ];
+
+    /// The kind's name in logs and errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::VmidAccepted => "vmid_accepted",
+            EventKind::VmidRefused => "vmid_refused",
+            EventKind::BandFull => "band_full",
+            EventKind::Submitted => "submitted",
+            EventKind::SubmitRefused => "submit_refused",
+            EventKind::SubmitUnknown => "submit_unknown",
+            EventKind::TaskEnded => "task_ended",
+            EventKind::TaskWaitTimedOut => "task_wait_timed_out",
+            EventKind::MarkerWritten => "marker_written",
+            EventKind::MarkerWriteFailed => "marker_write_failed",
+            EventKind::GuestObserved => "guest_observed",
+            EventKind::Started => "started",
+            EventKind::StartFailed => "start_failed",
+            EventKind::LaunchProven => "launch_proven",
+            EventKind::LaunchUnproven => "launch_unproven",
+            EventKind::Bootstrapped => "bootstrapped",
+            EventKind::BootstrapFailed => "bootstrap_failed",
+            EventKind::ChecksPassed => "checks_passed",
+            EventKind::ChecksFailed => "checks_failed",
+            EventKind::ReportQueued => "report_queued",
+            EventKind::DestroyEnded => "destroy_ended",
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Event {
+    /// This event's kind.
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Event::VmidAccepted => EventKind::VmidAccepted,
+            Event::VmidRefused(_) => EventKind::VmidRefused,
+            Event::BandFull { .. } => EventKind::BandFull,
+            Event::Submitted { .. } => EventKind::Submitted,
+            Event::SubmitRefused(_) => EventKind::SubmitRefused,
+            Event::SubmitUnknown(_) => EventKind::SubmitUnknown,
+            Event::TaskEnded { .. } => EventKind::TaskEnded,
+            Event::TaskWaitTimedOut { .. } => EventKind::TaskWaitTimedOut,
+            Event::MarkerWritten => EventKind::MarkerWritten,
+            Event::MarkerWriteFailed(_) => EventKind::MarkerWriteFailed,
+            Event::GuestObserved(_) => EventKind::GuestObserved,
+            Event::Started => EventKind::Started,
+            Event::StartFailed { .. } => EventKind::StartFailed,
+            Event::LaunchProven => EventKind::LaunchProven,
+            Event::LaunchUnproven { .. } => EventKind::LaunchUnproven,
+            Event::Bootstrapped => EventKind::Bootstrapped,
+            Event::BootstrapFailed { .. } => EventKind::BootstrapFailed,
+            Event::ChecksPassed => EventKind::ChecksPassed,
+            Event::ChecksFailed { .. } => EventKind::ChecksFailed,
+            Event::ReportQueued => EventKind::ReportQueued,
+            Event::DestroyEnded(_) => EventKind::DestroyEnded,
+        }
+    }
+}
+
+/// One call a dry run would make (printed, never performed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "call", rename_all = "snake_case")]
+pub enum PlanStep {
+    /// The restore request.
+    Restore {
+        /// Target vmid.
+        vmid: u32,
+        /// LXC or QEMU.
+        guest: GuestKind,
+        /// Backup volid.
+        volid: String,
+        /// Target storage.
+        storage: String,
+        /// Target pool.
+        pool: String,
+        /// New MAC addresses (always true).
+        unique: bool,
+        /// Network links down / removed (restore-test).
+        isolate_network: bool,
+    },
+    /// Follow the restore task to its end.
+    WaitTask,
+    /// Put the marker on the guest (config PUT of tags and description).
+    WriteMarker {
+        /// Tags that would be added.
+        tags: Vec<String>,
+        /// Description line that would be added.
+        description_line: String,
+    },
+    /// Read the marker back.
+    VerifyMarker,
+    /// Start the guest.
+    Start,
+    /// Prove the launch (running, answers an exec).
+    ProveLaunch,
+    /// Run the bootstrap profile.
+    Bootstrap,
+    /// Run the osquery checks.
+    RunChecks,
+    /// Put the result in the outbox.
+    Report,
+    /// Re-check ownership, destroy, confirm by re-reading.
+    GatedDestroy,
+    /// Keep the guest (`--keep`).
+    KeepGuest,
+}
+
+/// What the executor must do, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "effect", rename_all = "snake_case")]
+pub enum Effect {
+    /// Persist this state to the journal (append + fsync) before doing anything after it.
+    Journal(Box<State>),
+    /// POST the restore (`restore=1`, `unique=1`, into `pool`, on `storage`); answer with
+    /// [`Event::Submitted`], [`Event::SubmitRefused`] or [`Event::SubmitUnknown`].
+    SubmitRestore {
+        /// Target vmid.
+        vmid: u32,
+        /// LXC (`ostemplate`) or QEMU (`archive`).
+        guest: GuestKind,
+        /// Backup volid.
+        volid: String,
+        /// Target storage (always passed explicitly).
+        storage: String,
+        /// Target pool.
+        pool: String,
+        /// New MAC addresses; always true.
+        unique: bool,
+        /// Restore with the network links down or removed (restore-test).
+        isolate_network: bool,
+    },
+    /// Follow the task to its end; answer [`Event::TaskEnded`] or [`Event::TaskWaitTimedOut`].
+    WaitTask {
+        /// The task to follow.
+        upid: String,
+    },
+    /// Ask PVE to stop the task (DELETE on the task); then a [`Effect::WaitTask`] follows.
+    StopTask {
+        /// The task to stop.
+        upid: String,
+    },
+    /// Read the guest at the vmid (full list + config); answer [`Event::GuestObserved`].
+    ProbeGuest {
+        /// The vmid to read.
+        vmid: u32,
+    },
+    /// Write the marker with one config PUT: add [`Marker::tags`] to the guest's tags and
+    /// [`Marker::description_line`] to its description (see [`Marker::merged_tags`],
+    /// [`Marker::merged_description`]); answer [`Event::MarkerWritten`] or
+    /// [`Event::MarkerWriteFailed`].
+    WriteMarker {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+        /// The marker to write.
+        marker: Marker,
+    },
+    /// Read the guest back (full list + config); answer [`Event::GuestObserved`].
+    VerifyMarker {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+    },
+    /// Start the guest and follow the start task; answer [`Event::Started`] or
+    /// [`Event::StartFailed`].
+    Start {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+    },
+    /// Check the guest is running and answers an exec; answer [`Event::LaunchProven`] or
+    /// [`Event::LaunchUnproven`].
+    ProveLaunch {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+    },
+    /// Push and run the bootstrap profile; answer [`Event::Bootstrapped`] or
+    /// [`Event::BootstrapFailed`].
+    Bootstrap {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+    },
+    /// Run the osquery checks; answer [`Event::ChecksPassed`] or [`Event::ChecksFailed`].
+    RunChecks {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+    },
+    /// Put the result in the durable outbox; answer [`Event::ReportQueued`].
+    Report,
+    /// Re-read config and status of the guest (full list + config) right now, for the marker
+    /// re-check that must precede a destroy; answer [`Event::GuestObserved`].
+    RecheckOwnership {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+    },
+    /// Destroy the guest (stop it first if it runs; `purge=1`,
+    /// `destroy-unreferenced-disks=1`) and follow the destroy task; answer
+    /// [`Event::DestroyEnded`]. Only ever emitted while armed, right after a re-check
+    /// that showed this transaction's marker.
+    Destroy {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+    },
+    /// Re-read the guest until it is gone or a timeout passes; answer [`Event::GuestObserved`]
+    /// with the last read.
+    ConfirmDestroyed {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+    },
+    /// Dry run: print these calls; nothing is performed or written.
+    Plan {
+        /// The calls, in order.
+        steps: Vec<PlanStep>,
+    },
+}
+
+impl Effect {
+    /// The effect's name in logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Effect::Journal(_) => "journal",
+            Effect::SubmitRestore { .. } => "submit_restore",
+            Effect::WaitTask { .. } => "wait_task",
+            Effect::StopTask { .. } => "stop_task",
+            Effect::ProbeGuest { .. } => "probe_guest",
+            Effect::WriteMarker { .. } => "write_marker",
+            Effect::VerifyMarker { .. } => "verify_marker",
+            Effect::Start { .. } => "start",
+            Effect::ProveLaunch { .. } => "prove_launch",
+            Effect::Bootstrap { .. } => "bootstrap",
+            Effect::RunChecks { .. } => "run_checks",
+            Effect::Report => "report",
+            Effect::RecheckOwnership { .. } => "recheck_ownership",
+            Effect::Destroy { .. } => "destroy",
+            Effect::ConfirmDestroyed { .. } => "confirm_destroyed",
+            Effect::Plan { .. } => "plan",
+        }
+    }
+}
+
+/// The final outcome of a transaction (DESIGN section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    /// Done as asked (a dry run that validated counts too).
+    Ok,
+    /// Refused before any write.
+    Refused,
+    /// Failed; see the error.
+    Failed,
+    /// Nothing to do (restore-test band full).
+    Skipped,
+    /// Needs a human; see the error for what and how.
+    NeedsHuman,
+}
+
+impl OutcomeKind {
+    /// The outcome as it appears in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeKind::Ok => "ok",
+            OutcomeKind::Refused => "refused",
+            OutcomeKind::Failed => "failed",
+            OutcomeKind::Skipped => "skipped",
+            OutcomeKind::NeedsHuman => "needs_human",
+        }
+    }
+}
+
+impl fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The fields of the final JSON that come from the transaction (DESIGN section 3); the
+/// executor adds `checks`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    /// Transaction id.
+    pub txn: Ulid,
+    /// What started it.
+    pub kind: TxnKind,
+    /// The vmid (null for a skipped restore-test).
+    pub vmid: Option<u32>,
+    /// ok | refused | failed | skipped | needs_human.
+    pub outcome: OutcomeKind,
+    /// The phase the transaction ended in.
+    pub phase: Phase,
+    /// The furthest phase of the forward path it reached.
+    pub reached: Phase,
+    /// Whether destroy was armed (own task OK and marker confirmed) and not withdrawn.
+    pub destroy_armed: bool,
+    /// Whether the guest is confirmed gone after this transaction's destroy.
+    pub destroyed: bool,
+    /// The error, with its stable code.
+    pub error: Option<Failure>,
+}
+
+impl Outcome {
+    /// The process exit status for this outcome: 0 ok/skipped, 7 needs_human, otherwise the
+    /// status of the error code (3 refused, 4 PVE create failed, 5 guest failed, 6
+    /// environment, 7 ownership).
+    pub fn exit_status(&self) -> ExitStatus {
+        match self.outcome {
+            OutcomeKind::Ok | OutcomeKind::Skipped => ExitStatus::Ok,
+            OutcomeKind::NeedsHuman => ExitStatus::NeedsHuman,
+            OutcomeKind::Refused | OutcomeKind::Failed => match &self.error {
+                Some(e) => e.code.exit_status(),
+                None => ExitStatus::NeedsHuman,
+            },
+        }
+    }
+}
+
+/// An event the machine does not accept in the current step. The state is unchanged; this is
+/// a bug in the caller, and the journal lets the next start settle the transaction.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "transaction {txn}: event {event} is not allowed in step {step} (phase {phase}): {detail}; \
+     the transaction was left unchanged and the next agent start settles it from the journal"
+)]
+pub struct Disallowed {
+    /// The transaction.
+    pub txn: Ulid,
+    /// Its phase.
+    pub phase: Phase,
+    /// Its step.
+    pub step: Step,
+    /// The rejected event.
+    pub event: EventKind,
+    /// Why.
+    pub detail: String,
+}
+
+impl Disallowed {
+    /// The stable code: a transaction the executor cannot drive needs a human.
+    pub fn code(&self) -> ErrorCode {
+        ErrorCode::OwnershipUnproven
+    }
+}
+
+/// What a transaction is asked to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Transaction id (a ULID; the hub's idempotency key for dispatches).
+    pub txn: Ulid,
+    /// What started it.
+    pub kind: TxnKind,
+    /// The vmid the operator or hub supplied (or the restore-test picked from its band); None
+    /// only for a restore-test whose band is full.
+    pub vmid: Option<u32>,
+    /// LXC or QEMU (from the backup).
+    pub guest: GuestKind,
+    /// Backup volid to restore from.
+    pub volid: String,
+    /// Target storage.
+    pub storage: String,
+    /// Target pool.
+    pub pool: String,
+    /// Restore with the network isolated (restore-test).
+    pub isolate_network: bool,
+    /// Keep the guest at the end (no destroy on success or failure).
+    pub keep: bool,
+    /// Print the plan, write nothing.
+    pub dry_run: bool,
+}
+
+/// The state of one transaction; what the journal stores after every transition.
+///
+/// Fields are private: only [`step`], [`recover`] and the constructors change them, so
+/// `destroy_armed` cannot be set without the proof.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    request: Request,
+    marker: Marker,
+    phase: Phase,
+    reached: Phase,
+    step: Step,
+    upid: Option<String>,
+    task_ok: bool,
+    marker_confirmed: bool,
+    destroy_armed: bool,
+    destroyed: bool,
+    recovered: bool,
+    failure: Option<Failure>,
+    outcome: Option<OutcomeKind>,
+}
+
+impl State {
+    /// A new transaction, waiting for its vmid verdict.
+    pub fn new(request: Request) -> State {
+        State {
+            marker: Marker::new(request.txn),
+            request,
+            phase: Phase::Planned,
+            reached: Phase::Planned,
+            step: Step::Validate,
+            upid: None,
+            task_ok: false,
+            marker_confirmed: false,
+            destroy_armed: false,
+            destroyed: false,
+            recovered: false,
+            failure: None,
+            outcome: None,
+        }
+    }
+
+    /// A gated destroy (`destroy -vmid N`) of the guest that `origin` created.
+    ///
+    /// `origin` is the journal's last transaction on `vmid` that recorded a UPID. Unless it is
+    /// settled, armed (own task OK, marker confirmed) and not destroyed, the destroy is refused
+    /// with `ownership_unproven` and nothing is sent. Otherwise the new transaction inherits the
+    /// proof and the origin's marker, and starts with a fresh ownership re-check.
+    pub fn for_destroy(
+        txn: Ulid,
+        vmid: u32,
+        guest: GuestKind,
+        origin: Option<&State>,
+    ) -> (State, Vec<Effect>) {
+        let request = Request {
+            txn,
+            kind: TxnKind::Destroy,
+            vmid: Some(vmid),
+            guest: origin.map_or(guest, |o| o.request.guest),
+            volid: origin.map(|o| o.request.volid.clone()).unwrap_or_default(),
+            storage: origin
+                .map(|o| o.request.storage.clone())
+                .unwrap_or_default(),
+            pool: origin.map(|o| o.request.pool.clone()).unwrap_or_default(),
+            isolate_network: false,
+            keep: false,
+            dry_run: false,
+        };
+        let mut s = State::new(request);
+        let refusal = match origin {
+            None => Some(format!(
+                "the journal has no transaction that created vmid {vmid}, so this agent cannot \
+                 prove the guest is its own; it was not touched (remove it by hand if it must go)"
+            )),
+            Some(o) if o.request.vmid != Some(vmid) => Some(format!(
+                "journal transaction {} concerns vmid {:?}, not {vmid}; nothing was touched",
+                o.request.txn, o.request.vmid
+            )),
+            Some(o) if !o.is_terminal() => Some(format!(
+                "transaction {} on vmid {vmid} is still open; let the agent settle it first \
+                 (any writing command does), then retry",
+                o.request.txn
+            )),
+            Some(o) if o.destroyed => Some(format!(
+                "transaction {} already destroyed its guest at vmid {vmid}; a guest there now is \
+                 not this agent's and was not touched",
+                o.request.txn
+            )),
+            Some(o)
+                if !(o.destroy_armed && o.task_ok && o.marker_confirmed && o.upid.is_some()) =>
+            {
+                Some(format!(
+                    "transaction {} never proved it created vmid {vmid} (its own task OK and its \
+                     marker read back), so the guest there was not touched",
+                    o.request.txn
+                ))
+            }
+            Some(_) => None,
+        };
+        if let Some(message) = refusal {
+            s.phase = Phase::Failed;
+            s.failure = Some(Failure::new(ErrorCode::OwnershipUnproven, message));
+            s.finish(OutcomeKind::Refused);
+            return (s, Vec::new());
+        }
+        if let Some(o) = origin {
+            s.marker = o.marker;
+            s.upid.clone_from(&o.upid);
+            s.task_ok = o.task_ok;
+            s.marker_confirmed = o.marker_confirmed;
+            s.destroy_armed = o.destroy_armed;
+        }
+        s.phase = Phase::Validated;
+        s.reached = Phase::Validated;
+        s.step = Step::Recheck;
+        let effects = vec![s.journal(), s.recheck_effect(vmid)];
+        (s, effects)
+    }
+
+    /// What the transaction was asked to do.
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+    /// Transaction id.
+    pub fn txn(&self) -> Ulid {
+        self.request.txn
+    }
+    /// What started it.
+    pub fn kind(&self) -> TxnKind {
+        self.request.kind
+    }
+    /// The vmid, once known.
+    pub fn vmid(&self) -> Option<u32> {
+        self.request.vmid
+    }
+    /// The marker that proves ownership (this transaction's, or for a destroy the creating
+    /// transaction's).
+    pub fn marker(&self) -> Marker {
+        self.marker
+    }
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+    /// The furthest phase of the forward path reached.
+    pub fn reached(&self) -> Phase {
+        self.reached
+    }
+    /// What the machine waits for.
+    pub fn step(&self) -> Step {
+        self.step
+    }
+    /// The UPID of the restore task this transaction submitted, once PVE answered.
+    pub fn upid(&self) -> Option<&str> {
+        self.upid.as_deref()
+    }
+    /// Whether that task was seen ending OK.
+    pub fn task_ok(&self) -> bool {
+        self.task_ok
+    }
+    /// Whether the marker was read back on the guest.
+    pub fn marker_confirmed(&self) -> bool {
+        self.marker_confirmed
+    }
+    /// Whether destroy is armed.
+    pub fn destroy_armed(&self) -> bool {
+        self.destroy_armed
+    }
+    /// Whether the guest is confirmed gone after this transaction's destroy.
+    pub fn destroyed(&self) -> bool {
+        self.destroyed
+    }
+    /// Whether this state was settled by [`recover`] after a crash.
+    pub fn recovered(&self) -> bool {
+        self.recovered
+    }
+    /// The failure, once one happened.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.failure.as_ref()
+    }
+    /// The outcome, once settled.
+    pub fn outcome_kind(&self) -> Option<OutcomeKind> {
+        self.outcome
+    }
+    /// Whether the transaction is settled.
+    pub fn is_terminal(&self) -> bool {
+        self.step == Step::Done
+    }
+
+    /// The final outcome, once settled.
+    pub fn outcome(&self) -> Option<Outcome> {
+        let outcome = self.outcome?;
+        Some(Outcome {
+            txn: self.request.txn,
+            kind: self.request.kind,
+            vmid: self.request.vmid,
+            outcome,
+            phase: self.phase,
+            reached: self.reached,
+            destroy_armed: self.destroy_armed,
+            destroyed: self.destroyed,
+            error: self.failure.clone(),
+        })
+    }
+
+    // ----- helpers used by the transitions -----
+
+    fn journal(&self) -> Effect {
+        Effect::Journal(Box::new(self.clone()))
+    }
+
+    fn guest(&self) -> GuestKind {
+        self.request.guest
+    }
+
+    fn recheck_effect(&self, vmid: u32) -> Effect {
+        Effect::RecheckOwnership {
+            vmid,
+            guest: self.guest(),
+        }
+    }
+
+    fn upid_text(&self) -> &str {
+        self.upid.as_deref().unwrap_or("(none recorded)")
+    }
+
+    fn advance(&mut self, phase: Phase, step: Step) {
+        self.phase = phase;
+        self.reached = phase;
+        self.step = step;
+    }
+
+    fn finish(&mut self, outcome: OutcomeKind) {
+        self.step = Step::Done;
+        self.outcome = Some(outcome);
+    }
+
+    /// Record a failure; the first one stays the headline, later ones are appended.
+    fn note_failure(&mut self, failure: Failure) {
+        self.phase = Phase::Failed;
+        match &mut self.failure {
+            None => self.failure = Some(failure),
+            Some(first) => {
+                first.message = format!("{}; then: {}", first.message, failure.message);
+            }
+        }
+    }
+
+    /// Fail: a gated cleanup when armed (unless kept), else settle as failed.
+    fn fail(&mut self, failure: Failure, vmid: u32) -> Vec<Effect> {
+        self.note_failure(failure);
+        self.cleanup_or_settle(vmid)
+    }
+
+    /// After a failure: re-check and destroy when armed and not kept, else settle as failed.
+    fn cleanup_or_settle(&mut self, vmid: u32) -> Vec<Effect> {
+        self.phase = Phase::Failed;
+        if self.destroy_armed && !self.request.keep {
+            self.step = Step::Recheck;
+            vec![self.journal(), self.recheck_effect(vmid)]
+        } else {
+            self.finish(OutcomeKind::Failed);
+            vec![self.journal()]
+        }
+    }
+
+    /// Settle as needing a human; any earlier failure is kept in the message.
+    fn needs_human(&mut self, code: ErrorCode, message: String) -> Vec<Effect> {
+        let message = match &self.failure {
+            Some(earlier) => format!("{message} (before that: {})", earlier.message),
+            None => message,
+        };
+        self.failure = Some(Failure::new(code, message));
+        self.phase = Phase::NeedsHuman;
+        self.finish(OutcomeKind::NeedsHuman);
+        vec![self.journal()]
+    }
+
+    /// Settle a cleanup that found nothing (left) to destroy.
+    fn settle_after_cleanup(&mut self) -> Vec<Effect> {
+        let outcome = if self.failure.is_some() {
+            OutcomeKind::Failed
+        } else {
+            OutcomeKind::Ok
+        };
+        self.finish(outcome);
+        vec![self.journal()]
+    }
+
+    fn confirmed_destroyed(&mut self) -> Vec<Effect> {
+        self.destroyed = true;
+        self.phase = Phase::Destroyed;
+        self.settle_after_cleanup()
+    }
+
+    fn cmd_config(&self, vmid: u32) -> String {
+        match self.guest() {
+            GuestKind::Lxc => format!("pct config {vmid}"),
+            GuestKind::Qemu => format!("qm config {vmid}"),
+        }
+    }
+
+    fn cmd_destroy(&self, vmid: u32) -> String {
+        match self.guest() {
+            GuestKind::Lxc => format!("pct destroy {vmid} --purge"),
+            GuestKind::Qemu => format!("qm destroy {vmid} --purge"),
+        }
+    }
+
+    fn txn_tag(&self) -> String {
+        self.marker.txn_tag()
+    }
+
+    /// The failure recorded when a crashed run is settled, coded by how far it had got.
+    fn interrupted(&self, vmid: u32, detail: &str) -> Failure {
+        let code = match self.reached {
+            Phase::Created | Phase::Started => ErrorCode::LaunchUnproven,
+            Phase::Launched => ErrorCode::BootstrapFailed,
+            Phase::Bootstrapped => ErrorCode::CheckFailed,
+            _ => ErrorCode::TaskFailed,
+        };
+        Failure::new(
+            code,
+            format!(
+                "the agent stopped during phase {} of transaction {} on vmid {vmid}; {detail}",
+                self.reached, self.request.txn
+            ),
+        )
+    }
+
+    fn disallowed(&self, event: EventKind, detail: impl Into<String>) -> Disallowed {
+        Disallowed {
+            txn: self.request.txn,
+            phase: self.phase,
+            step: self.step,
+            event,
+            detail: detail.into(),
+        }
+    }
+
+    fn require_vmid(&self, event: EventKind) -> Result<u32, Disallowed> {
+        self.request
+            .vmid
+            .ok_or_else(|| self.disallowed(event, "the transaction has no vmid"))
+    }
+
+    fn is_our_upid(&self, upid: &str) -> bool {
+        self.upid.as_deref() == Some(upid)
+    }
+
+    // ----- transitions -----
+
+    fn on_vmid_accepted(&mut self, vmid: u32) -> Vec<Effect> {
+        self.advance(Phase::Validated, Step::Submit);
+        let guest = self.guest();
+        if self.request.dry_run {
+            self.finish(OutcomeKind::Ok);
+            let mut plan = vec![
+                PlanStep::Restore {
+                    vmid,
+                    guest,
+                    volid: self.request.volid.clone(),
+                    storage: self.request.storage.clone(),
+                    pool: self.request.pool.clone(),
+                    unique: true,
+                    isolate_network: self.request.isolate_network,
+                },
+                PlanStep::WaitTask,
+                PlanStep::WriteMarker {
+                    tags: self.marker.tags(),
+                    description_line: self.marker.description_line(),
+                },
+                PlanStep::VerifyMarker,
+                PlanStep::Start,
+                PlanStep::ProveLaunch,
+                PlanStep::Bootstrap,
+                PlanStep::RunChecks,
+                PlanStep::Report,
+            ];
+            plan.push(if self.request.keep {
+                PlanStep::KeepGuest
+            } else {
+                PlanStep::GatedDestroy
+            });
+            return vec![Effect::Plan { steps: plan }];
+        }
+        vec![
+            self.journal(),
+            Effect::SubmitRestore {
+                vmid,
+                guest,
+                volid: self.request.volid.clone(),
+                storage: self.request.storage.clone(),
+                pool: self.request.pool.clone(),
+                unique: true,
+                isolate_network: self.request.isolate_network,
+            },
+        ]
+    }
+
+    fn on_task_ok(&mut self, vmid: u32) -> Vec<Effect> {
+        self.task_ok = true;
+        self.step = Step::WriteMarker;
+        vec![
+            self.journal(),
+            Effect::WriteMarker {
+                vmid,
+                guest: self.guest(),
+                marker: self.marker,
+            },
+        ]
+    }
+
+    fn on_task_error(&mut self, vmid: u32, message: &str) -> Vec<Effect> {
+        let failure = Failure::new(
+            ErrorCode::TaskFailed,
+            format!(
+                "restore task {} for vmid {vmid} failed: {message}",
+                self.upid_text()
+            ),
+        );
+        match self.guest() {
+            // PVE removes the config of a failed container restore: nothing is left.
+            GuestKind::Lxc => self.fail(failure, vmid),
+            // PVE leaves a failed VM restore's config behind: look before settling.
+            GuestKind::Qemu => {
+                self.note_failure(failure);
+                self.step = Step::ProbeLeftover;
+                vec![self.journal(), Effect::ProbeGuest { vmid }]
+            }
+        }
+    }
+
+    fn on_task_timeout(&mut self, vmid: u32) -> Vec<Effect> {
+        let upid = self.upid_text().to_string();
+        if self.step == Step::StopTask {
+            return self.needs_human(
+                ErrorCode::TaskTimeout,
+                format!(
+                    "restore task {upid} for vmid {vmid} did not end even after it was asked to \
+                     stop; the guest was not touched. Check the task with `pvenode task status \
+                     {upid}`, and once it has ended inspect vmid {vmid} with `{}`",
+                    self.cmd_config(vmid)
+                ),
+            );
+        }
+        self.note_failure(Failure::new(
+            ErrorCode::TaskTimeout,
+            format!(
+                "restore task {upid} for vmid {vmid} did not end in time; it was asked to stop"
+            ),
+        ));
+        self.step = Step::StopTask;
+        vec![
+            self.journal(),
+            Effect::StopTask { upid: upid.clone() },
+            Effect::WaitTask { upid },
+        ]
+    }
+
+    fn leftover_needs_human(&mut self, vmid: u32) -> Vec<Effect> {
+        let msg = format!(
+            "the failed restore of transaction {} left VM {vmid} behind outside the pool, where \
+             the agent's token cannot remove it; inspect it with `{}` and remove it as root with \
+             `{}` if it is this restore's leftover",
+            self.request.txn,
+            self.cmd_config(vmid),
+            self.cmd_destroy(vmid)
+        );
+        let code = self
+            .failure
+            .as_ref()
+            .map_or(ErrorCode::TaskFailed, |f| f.code);
+        self.needs_human(code, msg)
+    }
+
+    fn on_marker_observed(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
+        match view.judge(&self.marker) {
+            Seen::Ours { .. } => self.arm(vmid),
+            Seen::Absent => self.fail(
+                Failure::new(
+                    ErrorCode::TaskFailed,
+                    format!(
+                        "guest {vmid} disappeared after restore task {} ended OK; nothing is left \
+                         to clean up",
+                        self.upid_text()
+                    ),
+                ),
+                vmid,
+            ),
+            Seen::NotOurs { tags } => {
+                let msg = format!(
+                    "guest {vmid} does not carry the marker of transaction {} after it was \
+                     written (tags now: '{tags}'), so its ownership is unproven and it was not \
+                     touched; inspect it with `{}` and remove it by hand if it is this \
+                     transaction's restore",
+                    self.request.txn,
+                    self.cmd_config(vmid)
+                );
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+            Seen::Unreadable { reason } => {
+                let msg = format!(
+                    "guest {vmid} could not be read back to confirm the marker of transaction \
+                     {} ({reason}), so its ownership is unproven and it was not touched; inspect \
+                     it with `{}`",
+                    self.request.txn,
+                    self.cmd_config(vmid)
+                );
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        }
+    }
+
+    /// The marker was read back: arm destroy (our task OK + marker), then go on or clean up.
+    fn arm(&mut self, vmid: u32) -> Vec<Effect> {
+        self.marker_confirmed = true;
+        self.destroy_armed = self.task_ok && self.upid.is_some();
+        if !self.destroy_armed {
+            let msg = format!(
+                "guest {vmid} carries the marker of transaction {} but the transaction holds no \
+                 OK result of its own restore task, so destroy stays unarmed; inspect it with `{}`",
+                self.request.txn,
+                self.cmd_config(vmid)
+            );
+            return self.needs_human(ErrorCode::OwnershipUnproven, msg);
+        }
+        if self.failure.is_some() {
+            self.reached = Phase::Created;
+            return self.cleanup_or_settle(vmid);
+        }
+        self.advance(Phase::Created, Step::Start);
+        vec![
+            self.journal(),
+            Effect::Start {
+                vmid,
+                guest: self.guest(),
+            },
+        ]
+    }
+
+    fn on_recheck_observed(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
+        let txn_tag = self.txn_tag();
+        match view.judge(&self.marker) {
+            Seen::Ours { lock: None } if self.destroy_armed => {
+                self.step = Step::Destroy;
+                vec![
+                    self.journal(),
+                    Effect::Destroy {
+                        vmid,
+                        guest: self.guest(),
+                    },
+                ]
+            }
+            Seen::Ours { lock: None } => {
+                let msg = format!(
+                    "guest {vmid} carries marker {txn_tag} but destroy was never armed for it, so \
+                     it was not destroyed; inspect it with `{}`",
+                    self.cmd_config(vmid)
+                );
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+            Seen::Ours { lock: Some(lock) } => {
+                let msg = format!(
+                    "guest {vmid} is this agent's (marker {txn_tag}) but is locked ({lock}), so \
+                     it was not destroyed; once the lock is gone remove it with `{}`",
+                    self.cmd_destroy(vmid)
+                );
+                self.needs_human(ErrorCode::GuestLocked, msg)
+            }
+            Seen::Absent => self.settle_after_cleanup(),
+            Seen::NotOurs { tags } => {
+                self.destroy_armed = false;
+                let msg = format!(
+                    "ownership lost: guest {vmid} no longer carries marker {txn_tag} (tags now: \
+                     '{tags}'); PVE may have reused the vmid, so nothing was destroyed; check it \
+                     with `{}`",
+                    self.cmd_config(vmid)
+                );
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+            Seen::Unreadable { reason } => {
+                self.destroy_armed = false;
+                let msg = format!(
+                    "guest {vmid} could not be re-read before the destroy ({reason}), so its \
+                     ownership is unproven and nothing was destroyed; check it with `{}`",
+                    self.cmd_config(vmid)
+                );
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        }
+    }
+
+    fn on_destroy_ended(&mut self, vmid: u32, exit: &TaskExit) -> Vec<Effect> {
+        match exit {
+            TaskExit::Ok => {
+                self.step = Step::ConfirmDestroyed;
+                vec![
+                    self.journal(),
+                    Effect::ConfirmDestroyed {
+                        vmid,
+                        guest: self.guest(),
+                    },
+                ]
+            }
+            TaskExit::Error { message } => {
+                let msg = format!(
+                    "the destroy of guest {vmid} (marker {}) failed: {message}; the guest is still \
+                     there, remove it with `{}`",
+                    self.txn_tag(),
+                    self.cmd_destroy(vmid)
+                );
+                self.needs_human(ErrorCode::TaskFailed, msg)
+            }
+        }
+    }
+
+    fn on_destroy_confirm_observed(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
+        match view.judge(&self.marker) {
+            // Gone, or the vmid already holds a different guest: ours is gone either way.
+            Seen::Absent | Seen::NotOurs { .. } => self.confirmed_destroyed(),
+            Seen::Ours { .. } => {
+                let msg = format!(
+                    "guest {vmid} (marker {}) is still there after its destroy task ended OK; \
+                     check it with `{}` and remove it with `{}`",
+                    self.txn_tag(),
+                    self.cmd_config(vmid),
+                    self.cmd_destroy(vmid)
+                );
+                self.needs_human(ErrorCode::TaskFailed, msg)
+            }
+            Seen::Unreadable { reason } => {
+                let msg = format!(
+                    "guest {vmid} could not be re-read after its destroy ({reason}), so the \
+                     destroy is unconfirmed; check it with `{}`",
+                    self.cmd_config(vmid)
+                );
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        }
+    }
+
+    fn on_probe_submit_observed(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
+        match view {
+            GuestView::Absent => self.cleanup_or_settle(vmid),
+            GuestView::Present { .. } | GuestView::Unreadable { .. } => {
+                let msg = self.unrecorded_upid_message(vmid);
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        }
+    }
+
+    fn unrecorded_upid_message(&self, vmid: u32) -> String {
+        format!(
+            "vmid {vmid} now holds a guest, but the answer to transaction {}'s restore request \
+             (its UPID) was never recorded, so the agent cannot prove it created it; it was not \
+             touched. Inspect it with `{}` and the node's task list, and remove it by hand only if \
+             it is this transaction's restore",
+            self.request.txn,
+            self.cmd_config(vmid)
+        )
+    }
+}
+
+/// One transition: the state after `event` and the effects to perform, in order.
+///
+/// Returns [`Disallowed`] (state unchanged) for an event the current [`Step`] does not accept,
+/// including a task event naming a UPID other than the one this transaction recorded.
+pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallowed> {
+    let kind = event.kind();
+    let mut s = state.clone();
+    let effects = match (state.step, event) {
+        (Step::Validate, Event::VmidAccepted) => {
+            let vmid = s.require_vmid(kind)?;
+            s.on_vmid_accepted(vmid)
+        }
+        (Step::Validate, Event::VmidRefused(failure)) => {
+            s.phase = Phase::Failed;
+            s.failure = Some(failure);
+            s.finish(OutcomeKind::Refused);
+            Vec::new()
+        }
+        (Step::Validate, Event::BandFull { message }) => {
+            s.phase = Phase::Skipped;
+            s.failure = Some(Failure::new(ErrorCode::BandFull, message));
+            s.finish(OutcomeKind::Skipped);
+            Vec::new()
+        }
+        (Step::Submit, Event::Submitted { upid }) => {
+            s.require_vmid(kind)?;
+            if upid.is_empty() {
+                return Err(state.disallowed(kind, "PVE answered with an empty UPID"));
+            }
+            s.upid = Some(upid.clone());
+            s.advance(Phase::Submitted, Step::Task);
+            vec![s.journal(), Effect::WaitTask { upid }]
+        }
+        (Step::Submit, Event::SubmitRefused(failure)) => {
+            // A refusal (e.g. "CT 101 already exists on node 'pve1'") has no UPID: nothing is
+            // armed and nothing is touched.
+            let vmid = s.require_vmid(kind)?;
+            s.fail(failure, vmid)
+        }
+        (Step::Submit, Event::SubmitUnknown(failure)) => {
+            let vmid = s.require_vmid(kind)?;
+            s.note_failure(failure);
+            s.step = Step::ProbeSubmit;
+            vec![s.journal(), Effect::ProbeGuest { vmid }]
+        }
+        (Step::ProbeSubmit, Event::GuestObserved(view)) => {
+            let vmid = s.require_vmid(kind)?;
+            s.on_probe_submit_observed(vmid, &view)
+        }
+        (Step::Task | Step::StopTask, Event::TaskEnded { upid, exit }) => {
+            if !state.is_our_upid(&upid) {
+                return Err(state.disallowed(
+                    kind,
+                    format!(
+                        "UPID {upid} is not the task this transaction submitted ({})",
+                        state.upid_text()
+                    ),
+                ));
+            }
+            let vmid = s.require_vmid(kind)?;
+            match exit {
+                TaskExit::Ok => s.on_task_ok(vmid),
+                TaskExit::Error { message } => s.on_task_error(vmid, &message),
+            }
+        }
+        (Step::Task | Step::StopTask, Event::TaskWaitTimedOut { upid }) => {
+            if !state.is_our_upid(&upid) {
+                return Err(state.disallowed(
+                    kind,
+                    format!(
+                        "UPID {upid} is not the task this transaction submitted ({})",
+                        state.upid_text()
+                    ),
+                ));
+            }
+            let vmid = s.require_vmid(kind)?;
+            s.on_task_timeout(vmid)
+        }
+        (Step::ProbeLeftover, Event::GuestObserved(view)) => {
+            let vmid = s.require_vmid(kind)?;
+            match view {
+                GuestView::Absent => s.cleanup_or_settle(vmid),
+                GuestView::Present { .. } | GuestView::Unreadable { .. } => {
+                    s.leftover_needs_human(vmid)
+                }
+            }
+        }
+        (Step::WriteMarker, Event::MarkerWritten) => {
+            let vmid = s.require_vmid(kind)?;
+            s.step = Step::VerifyMarker;
+            vec![
+                s.journal(),
+                Effect::VerifyMarker {
+                    vmid,
+                    guest: s.guest(),
+                },
+            ]
+        }
+        (Step::WriteMarker, Event::MarkerWriteFailed(failure)) => {
+            let vmid = s.require_vmid(kind)?;
+            let msg = format!(
+                "guest {vmid} was restored by task {} of transaction {} but its marker could not \
+                 be written ({}), so destroy is not armed and the guest was kept; inspect it with \
+                 `{}` and remove it with `{}` if it must go",
+                s.upid_text(),
+                s.request.txn,
+                failure.message,
+                s.cmd_config(vmid),
+                s.cmd_destroy(vmid)
+            );
+            s.needs_human(failure.code, msg)
+        }
+        (Step::VerifyMarker, Event::GuestObserved(view)) => {
+            let vmid = s.require_vmid(kind)?;
+            s.on_marker_observed(vmid, &view)
+        }
+        (Step::Start, Event::Started) => {
+            let vmid = s.require_vmid(kind)?;
+            s.advance(Phase::Started, Step::ProveLaunch);
+            vec![
+                s.journal(),
+                Effect::ProveLaunch {
+                    vmid,
+                    guest: s.guest(),
+                },
+            ]
+        }
+        (Step::Start, Event::StartFailed { message }) => {
+            let vmid = s.require_vmid(kind)?;
+            let f = Failure::new(
+                ErrorCode::LaunchUnproven,
+                format!("guest {vmid} did not start: {message}"),
+            );
+            s.fail(f, vmid)
+        }
+        (Step::ProveLaunch, Event::LaunchProven) => {
+            let vmid = s.require_vmid(kind)?;
+            s.advance(Phase::Launched, Step::Bootstrap);
+            vec![
+                s.journal(),
+                Effect::Bootstrap {
+                    vmid,
+                    guest: s.guest(),
+                },
+            ]
+        }
+        (Step::ProveLaunch, Event::LaunchUnproven { message }) => {
+            let vmid = s.require_vmid(kind)?;
+            let f = Failure::new(
+                ErrorCode::LaunchUnproven,
+                format!("guest {vmid} did not prove its launch: {message}"),
+            );
+            s.fail(f, vmid)
+        }
+        (Step::Bootstrap, Event::Bootstrapped) => {
+            let vmid = s.require_vmid(kind)?;
+            s.advance(Phase::Bootstrapped, Step::Checks);
+            vec![
+                s.journal(),
+                Effect::RunChecks {
+                    vmid,
+                    guest: s.guest(),
+                },
+            ]
+        }
+        (Step::Bootstrap, Event::BootstrapFailed { message }) => {
+            let vmid = s.require_vmid(kind)?;
+            let f = Failure::new(
+                ErrorCode::BootstrapFailed,
+                format!("the bootstrap of guest {vmid} failed: {message}"),
+            );
+            s.fail(f, vmid)
+        }
+        (Step::Checks, Event::ChecksPassed) => {
+            s.advance(Phase::Verified, Step::Report);
+            vec![s.journal(), Effect::Report]
+        }
+        (Step::Checks, Event::ChecksFailed { message }) => {
+            let vmid = s.require_vmid(kind)?;
+            let f = Failure::new(
+                ErrorCode::CheckFailed,
+                format!("the checks of guest {vmid} failed: {message}"),
+            );
+            s.fail(f, vmid)
+        }
+        (Step::Report, Event::ReportQueued) => {
+            let vmid = s.require_vmid(kind)?;
+            s.advance(Phase::Reported, Step::Recheck);
+            if s.request.keep || !s.destroy_armed {
+                s.finish(OutcomeKind::Ok);
+                vec![s.journal()]
+            } else {
+                vec![s.journal(), s.recheck_effect(vmid)]
+            }
+        }
+        (Step::Recheck, Event::GuestObserved(view)) => {
+            let vmid = s.require_vmid(kind)?;
+            s.on_recheck_observed(vmid, &view)
+        }
+        (Step::Destroy, Event::DestroyEnded(exit)) => {
+            let vmid = s.require_vmid(kind)?;
+            s.on_destroy_ended(vmid, &exit)
+        }
+        (Step::ConfirmDestroyed, Event::GuestObserved(view)) => {
+            let vmid = s.require_vmid(kind)?;
+            s.on_destroy_confirm_observed(vmid, &view)
+        }
+        (step, _) => {
+            let detail = if step == Step::Done {
+                "the transaction is settled".to_string()
+            } else {
+                let expected: Vec<&str> = step.accepts().iter().map(|k| k.as_str()).collect();
+                format!("step {step} expects {}", expected.join(" or "))
+            };
+            return Err(state.disallowed(kind, detail));
+        }
+    };
+    Ok((s, effects))
+}
+
+/// Settle a transaction a crashed run left open (DESIGN rule 6), from its last journaled state
+/// and what PVE says now. Finishes an armed cleanup (always through a fresh
+/// [`Effect::RecheckOwnership`], never a direct destroy), follows a restore task that still
+/// runs, or settles as `failed` (nothing left) or `needs_human` with the reason. A guest whose
+/// ownership cannot be proven is reported, never destroyed. A settled state is returned
+/// unchanged with no effects.
+///
+/// A restore task that ended OK while the agent was stopped, before the result was journaled,
+/// does not arm destroy: the marker must follow the observed end of our own task, and an
+/// unbounded gap leaves room for the vmid to be reused.
+pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Effect>) {
+    if state.is_terminal() {
+        return (state.clone(), Vec::new());
+    }
+    let mut s = state.clone();
+    s.recovered = true;
+    let Some(vmid) = s.request.vmid else {
+        let msg = format!(
+            "the journal of transaction {} has no vmid although it is open; nothing was touched",
+            s.request.txn
+        );
+        let effects = s.needs_human(ErrorCode::OwnershipUnproven, msg);
+        return (s, effects);
+    };
+    let seen = observed.guest.judge(&s.marker);
+    let effects = match s.step {
+        Step::Done => Vec::new(),
+        Step::Validate => {
+            let f = s.interrupted(vmid, "nothing had been written");
+            s.fail(f, vmid)
+        }
+        Step::Submit | Step::ProbeSubmit => match seen {
+            Seen::Absent => {
+                let f = s.interrupted(
+                    vmid,
+                    "PVE's answer to the restore request was never recorded and no guest exists \
+                     at the vmid; nothing to clean up",
+                );
+                s.fail(f, vmid)
+            }
+            _ => {
+                let msg = s.unrecorded_upid_message(vmid);
+                s.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        },
+        Step::Task | Step::StopTask => recover_task(&mut s, vmid, &observed.task, &seen),
+        Step::ProbeLeftover => match seen {
+            Seen::Absent => s.cleanup_or_settle(vmid),
+            _ => s.leftover_needs_human(vmid),
+        },
+        Step::WriteMarker | Step::VerifyMarker => match seen {
+            Seen::Ours { .. } if s.task_ok => {
+                let f = s.interrupted(vmid, "the guest is cleaned up");
+                s.note_failure(f);
+                s.arm(vmid)
+            }
+            Seen::Absent => {
+                let f = s.interrupted(vmid, "the guest is gone; nothing to clean up");
+                s.fail(f, vmid)
+            }
+            _ => {
+                let msg = format!(
+                    "restore task {} of transaction {} ended OK but the agent stopped before it \
+                     had read back its marker on guest {vmid}; the guest's ownership is unproven \
+                     and it was not touched. Inspect it with `{}` and remove it with `{}` if it is \
+                     this transaction's restore",
+                    s.upid_text(),
+                    s.request.txn,
+                    s.cmd_config(vmid),
+                    s.cmd_destroy(vmid)
+                );
+                s.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        },
+        Step::Start | Step::ProveLaunch | Step::Bootstrap | Step::Checks => match seen {
+            Seen::Ours { .. } if s.destroy_armed => {
+                let detail = if s.request.keep {
+                    "the guest is kept (--keep)"
+                } else {
+                    "the guest is cleaned up after a fresh ownership re-check"
+                };
+                let f = s.interrupted(vmid, detail);
+                s.fail(f, vmid)
+            }
+            Seen::Absent => {
+                let f = s.interrupted(vmid, "the guest is gone; nothing to clean up");
+                s.note_failure(f);
+                s.finish(OutcomeKind::Failed);
+                vec![s.journal()]
+            }
+            _ => {
+                s.destroy_armed = false;
+                let msg = format!(
+                    "the agent stopped during phase {} of transaction {}; guest {vmid} no longer \
+                     shows marker {} (or cannot be read), so its ownership is unproven and it was \
+                     not touched; check it with `{}`",
+                    s.reached,
+                    s.request.txn,
+                    s.txn_tag(),
+                    s.cmd_config(vmid)
+                );
+                s.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        },
+        // Verified but not yet in the outbox: report, then the normal end.
+        Step::Report => vec![s.journal(), Effect::Report],
+        // A cleanup was under way: start it again with a fresh re-check.
+        Step::Recheck => vec![s.journal(), s.recheck_effect(vmid)],
+        Step::Destroy | Step::ConfirmDestroyed => match seen {
+            Seen::Absent | Seen::NotOurs { .. } => s.confirmed_destroyed(),
+            Seen::Ours {
+                lock: Some("destroyed"),
+            } => {
+                s.step = Step::ConfirmDestroyed;
+                vec![
+                    s.journal(),
+                    Effect::ConfirmDestroyed {
+                        vmid,
+                        guest: s.guest(),
+                    },
+                ]
+            }
+            Seen::Ours { .. } => {
+                s.step = Step::Recheck;
+                vec![s.journal(), s.recheck_effect(vmid)]
+            }
+            Seen::Unreadable { reason } => {
+                let msg = format!(
+                    "the agent stopped while destroying guest {vmid} of transaction {}; the guest \
+                     cannot be read now ({reason}), so the destroy is unconfirmed; check it with \
+                     `{}`",
+                    s.request.txn,
+                    s.cmd_config(vmid)
+                );
+                s.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        },
+    };
+    (s, effects)
+}
+
+/// Recovery of a transaction whose restore task (UPID recorded) had no journaled result.
+fn recover_task(s: &mut State, vmid: u32, task: &TaskObservation, seen: &Seen) -> Vec<Effect> {
+    let Some(upid) = s.upid.clone() else {
+        let msg = format!(
+            "the journal of transaction {} waits for a restore task but holds no UPID; the guest \
+             at vmid {vmid} was not touched; inspect it with `{}`",
+            s.request.txn,
+            s.cmd_config(vmid)
+        );
+        return s.needs_human(ErrorCode::OwnershipUnproven, msg);
+    };
+    match task {
+        TaskObservation::Running => {
+            // Still our task: follow it; the normal path marks and arms, then cleans up.
+            let f = s.interrupted(
+                vmid,
+                "its restore task still runs and is followed to its end, then cleaned up",
+            );
+            s.note_failure(f);
+            s.step = Step::Task;
+            vec![s.journal(), Effect::WaitTask { upid }]
+        }
+        TaskObservation::Ok => match seen {
+            Seen::Absent => {
+                let f = s.interrupted(vmid, "the guest is gone; nothing to clean up");
+                s.fail(f, vmid)
+            }
+            _ => {
+                let msg = format!(
+                    "restore task {upid} of transaction {} ended OK while the agent was stopped, \
+                     before it could mark guest {vmid}; ownership cannot be proven now, so the \
+                     guest was not touched. Inspect it with `{}` and remove it with `{}` if it is \
+                     this transaction's restore",
+                    s.request.txn,
+                    s.cmd_config(vmid),
+                    s.cmd_destroy(vmid)
+                );
+                s.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        },
+        TaskObservation::Error { message } => match (s.guest(), seen) {
+            (GuestKind::Lxc, _) | (GuestKind::Qemu, Seen::Absent) => {
+                let f = Failure::new(
+                    ErrorCode::TaskFailed,
+                    format!("restore task {upid} for vmid {vmid} failed: {message}"),
+                );
+                s.fail(f, vmid)
+            }
+            (GuestKind::Qemu, _) => {
+                let f = Failure::new(
+                    ErrorCode::TaskFailed,
+                    format!("restore task {upid} for vmid {vmid} failed: {message}"),
+                );
+                s.note_failure(f);
+                s.leftover_needs_human(vmid)
+            }
+        },
+        TaskObservation::Unknown { message } => match seen {
+            Seen::Absent => {
+                let f = s.interrupted(
+                    vmid,
+                    &format!(
+                        "the status of restore task {upid} is unknown ({message}) and no guest \
+                         exists at the vmid; nothing to clean up"
+                    ),
+                );
+                s.fail(f, vmid)
+            }
+            _ => {
+                let msg = format!(
+                    "the status of restore task {upid} of transaction {} is unknown ({message}); \
+                     guest {vmid} exists but its ownership cannot be proven, so it was not \
+                     touched; inspect it with `{}`",
+                    s.request.txn,
+                    s.cmd_config(vmid)
+                );
+                s.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;
