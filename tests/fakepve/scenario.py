@@ -82,9 +82,44 @@ class ScenarioError(Exception):
 
 
 class ScenarioPve(fake_server.FakePve):
-    """FakePve that also records each request's query string (secrets redacted as in bodies)."""
+    """FakePve that also records each request's query string (secrets redacted as in bodies) and
+    keeps a live `/etc/pve/.vmlist` file, as pmxcfs does on a real node."""
+
+    # Where the live .vmlist is written (None: nowhere), extra entries only the local list
+    # knows (guests on other cluster nodes), and whether the file is frozen (a guest created
+    # after the list was read).
+    vmlist_path = None
+    vmlist_extra = ()
+    vmlist_frozen = False
+    _vmlist_text = None
+    _vmlist_version = 0
+
+    def write_vmlist(self):
+        """Rewrite the .vmlist file (atomically) when the guests changed."""
+        if not self.vmlist_path or self.vmlist_frozen:
+            return
+        ids = {}
+        for vm in list(self.vms) + list(getattr(self, 'cts', [])):
+            ids[int(vm.vmid)] = (vm.node, vm.guest.split('/')[0])
+        for extra in self.vmlist_extra:
+            ids[int(extra['vmid'])] = (extra.get('node', 'pve1'), extra.get('type', 'lxc'))
+        body = ',\n'.join('"{0}": {{ "node": "{1}", "type": "{2}", "version": 1 }}'.format(v, n, t)
+                          for v, (n, t) in sorted(ids.items()))
+        if body == self._vmlist_text:
+            return
+        self._vmlist_text = body
+        self._vmlist_version += 1
+        if ids:
+            text = '{{\n"version": {0},\n"ids": {{\n{1}}}\n\n}}\n'.format(self._vmlist_version, body)
+        else:
+            text = '{{\n"version": {0}\n\n}}\n'.format(self._vmlist_version)
+        tmp = self.vmlist_path + '.tmp'
+        with open(tmp, 'w', encoding='utf-8') as fh:
+            fh.write(text)
+        os.replace(tmp, self.vmlist_path)
 
     def _record(self, request, body):
+        self.write_vmlist()
         query = request.query_string.encode()
         query = fake_server.SECRET_FORM.sub(rb'\g<1>***', query)
         self.requests.append((request.method, request.path, fake_server.redact(body, request.content_type),
@@ -225,6 +260,9 @@ def build(sc):
     pve = ScenarioPve(user=sc.get('user', 'root@pam'), password=sc.get('password', 'secret'),
                       host=host, port=int(sc.get('port', 0)))
     pve.time_scale = float(sc.get('time_scale', 0))
+    live = sc.get('vmlist') or {}
+    pve.vmlist_path = live.get('path')
+    pve.vmlist_extra = list(live.get('extra', []))
 
     for node in sc.get('nodes', []):
         if isinstance(node, str):
@@ -421,6 +459,13 @@ async def watch_parent(stop, every=1.0):
             stop.set()
 
 
+async def keep_vmlist(pve, stop, every=0.02):
+    """Keep the live .vmlist in step with the guests between requests (tasks end in between)."""
+    while not stop.is_set():
+        pve.write_vmlist()
+        await asyncio.sleep(every)
+
+
 async def serve(sc, ready_out):
     pve = build(sc)
     certdir = sc.get('certdir')
@@ -433,6 +478,8 @@ async def serve(sc, ready_out):
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.ensure_future(watch_parent(stop))
+    pve.write_vmlist()
+    vmlist_writer = asyncio.ensure_future(keep_vmlist(pve, stop))
     await pve.start(certfile, keyfile)
     control = web.AppRunner(Control(pve, stop).app(), access_log=None, shutdown_timeout=2.0)
     await control.setup()
@@ -446,6 +493,7 @@ async def serve(sc, ready_out):
         await stop.wait()
     finally:
         watcher.cancel()
+        vmlist_writer.cancel()
         for step in (control.cleanup(), pve.stop()):
             try:
                 await asyncio.wait_for(step, 5)

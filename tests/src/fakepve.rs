@@ -216,6 +216,16 @@ impl FakePve {
         if !obj.get("port").is_some_and(Value::is_u64) {
             obj.insert("port".into(), json!(0));
         }
+        // The live `.vmlist`, kept by the fake as pmxcfs keeps it on a node.
+        let vmlist_path = dir.path().join("vmlist");
+        let extra = obj
+            .get("vmlist_extra")
+            .cloned()
+            .unwrap_or_else(|| json!([]));
+        obj.insert(
+            "vmlist".into(),
+            json!({"path": vmlist_path, "extra": extra}),
+        );
         let scenario_path = dir.path().join("scenario.json");
         write_private(
             &scenario_path,
@@ -823,14 +833,23 @@ impl From<(u32, &str, &str)> for VmlistEntry {
     }
 }
 
-/// The `.vmlist` entries of a scenario's guests, in the scenario's order.
+/// The `.vmlist` entries of a scenario's guests, in the scenario's order, then its
+/// `vmlist_extra` entries (guests only the local list knows).
 pub fn vmlist_entries_of(scenario: &Value) -> Vec<VmlistEntry> {
-    scenario
+    let guests = scenario
         .get("guests")
         .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    let extra = scenario
+        .get("vmlist_extra")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    Some(guests.chain(extra).collect::<Vec<_>>())
         .map(|guests| {
             guests
-                .iter()
+                .into_iter()
                 .map(|g| {
                     let vmid = g
                         .get("vmid")
@@ -898,8 +917,11 @@ pub enum PveTrust {
 /// Where the agent's `.vmlist` comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum VmlistSource {
-    /// The scenario's guests.
+    /// The fake's live `.vmlist` (every guest it has, plus the scenario's `vmlist_extra`),
+    /// rewritten as guests come and go.
     #[default]
+    Live,
+    /// The scenario's guests, written once.
     FromScenario,
     /// Exactly these entries.
     Entries(Vec<VmlistEntry>),
@@ -962,7 +984,7 @@ impl Default for AgentOptions {
             node: "pve1".to_string(),
             pool: None,
             trust: PveTrust::Pin,
-            vmlist: VmlistSource::FromScenario,
+            vmlist: VmlistSource::Live,
             storage: "local-lvm".to_string(),
             selftest_source: None,
             datacenter_cfg: None,
@@ -1046,7 +1068,10 @@ impl AgentFiles {
         let files = AgentFiles {
             config_path: p("agent.toml"),
             state_dir: p("state"),
-            vmlist_path: p("vmlist"),
+            vmlist_path: match opts.vmlist {
+                VmlistSource::Live => pve.dir().join("vmlist"),
+                _ => p("vmlist"),
+            },
             token_secret_file: p("pve-token"),
             datacenter_cfg: p("datacenter.cfg"),
             bootstrap_dir: p("bootstrap.d"),
@@ -1061,6 +1086,7 @@ impl AgentFiles {
             format!("{}\n", pve.token_secret()).as_bytes(),
         );
         match &opts.vmlist {
+            VmlistSource::Live => {}
             VmlistSource::FromScenario => write_vmlist(&files.vmlist_path, &pve.vmlist_entries()),
             VmlistSource::Entries(e) => write_vmlist(&files.vmlist_path, e),
             VmlistSource::Missing => {}

@@ -373,7 +373,13 @@ fn a_bad_scenario_fails_loudly() {
 fn agent_files_load_as_a_valid_config() {
     use std::os::unix::fs::PermissionsExt;
     let pve = FakePve::demo();
-    let files = AgentFiles::for_fake(&pve);
+    let files = AgentFiles::write(
+        &pve,
+        &felhom_tests::fakepve::AgentOptions {
+            vmlist: felhom_tests::fakepve::VmlistSource::FromScenario,
+            ..Default::default()
+        },
+    );
     let cfg = felhom_agent::config::Config::load(&files.config_path).expect("agent.toml loads");
     assert_eq!(cfg.node, "pve1");
     assert_eq!(cfg.pool, "felhom");
@@ -425,4 +431,41 @@ fn agent_files_load_as_a_valid_config() {
     assert!(std::fs::read_to_string(&files.vmlist_path)
         .expect("vmlist")
         .contains("\"120\": { \"node\": \"pve2\", \"type\": \"qemu\""));
+}
+
+#[test]
+fn live_vmlist_follows_the_fake_and_can_be_frozen() {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    scenario["vmlist_extra"] = json!([{"vmid": 4100, "node": "pve2", "type": "lxc"}]);
+    let pve = FakePve::start(scenario);
+    let files = AgentFiles::for_fake(&pve);
+    let read = || std::fs::read_to_string(&files.vmlist_path).expect("live vmlist");
+    let first = read();
+    for vmid in [
+        "\"200\"",
+        "\"300\"",
+        "\"101\"",
+        "\"990000\"",
+        "\"990001\"",
+        "\"4100\"",
+    ] {
+        assert!(first.contains(vmid), "{vmid} missing from {first}");
+    }
+    assert!(first.contains("\"node\": \"pve2\""));
+    // A guest added behind the agent's back shows up once the fake has seen a request.
+    pve.call("add_ct", json!([777, "late"]), json!({}));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !read().contains("\"777\"") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "777 never appeared: {}",
+            read()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Frozen: a guest created now is invisible to the list.
+    pve.set(json!({"vmlist_frozen": true}));
+    pve.call("add_ct", json!([778, "later"]), json!({}));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!read().contains("\"778\""));
 }
