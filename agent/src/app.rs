@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Cli, Command, GlobalOpts, LogFormat};
+use crate::cli::{Cli, Command, GlobalOpts, LogFormat, SelftestKind};
 use crate::config::Config;
 use crate::error::{ExitStatus, Failure};
 
@@ -64,10 +64,11 @@ pub fn shutdown_token() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -93,7 +94,10 @@ pub fn load_config(global: &GlobalOpts) -> Result<Config, CommandOutput> {
 
 /// Run the command line, print its output, and return the exit status.
 pub fn run(cli: Cli) -> ExitStatus {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the async runtime: {e}");
@@ -103,7 +107,10 @@ pub fn run(cli: Cli) -> ExitStatus {
     let json_out = cli.global.json;
     let out = runtime.block_on(dispatch(cli));
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&out.json).unwrap_or_else(|_| "{}".to_string()));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out.json).unwrap_or_else(|_| "{}".to_string())
+        );
     } else if !out.human.is_empty() {
         println!("{}", out.human.trim_end());
     }
@@ -122,12 +129,36 @@ async fn dispatch(cli: Cli) -> CommandOutput {
         (None, Some(_)) if selftest_opts_given => {
             usage("--vmid/--from/--storage/--keep/--dry-run belong to --selftest (destroy takes its own --vmid after the command)")
         }
-        (Some(_kind), None) => usage("--selftest is not available in this build yet"),
-        (None, Some(cmd)) => match cmd {
-            Command::Doctor => crate::doctor::run(&cli.global).await,
-            Command::Guests | Command::VmidCheck { .. } | Command::Journal | Command::Destroy { .. } | Command::Run => {
-                usage("this command is not available in this build yet")
+        (Some(kind), None) => {
+            let cfg = match load_config(&cli.global) {
+                Ok(c) => c,
+                Err(out) => return out,
+            };
+            let reporter = crate::provision::effects::LogReporter;
+            match kind {
+                SelftestKind::Provision => {
+                    crate::selftest::provision(&cfg, &cli.selftest_opts, &reporter, shutdown_token()).await
+                }
+                SelftestKind::Restore => usage("--selftest=restore is not available in this build yet"),
             }
-        },
+        }
+        (None, Some(cmd)) => {
+            if let Command::Doctor = cmd {
+                return crate::doctor::run(&cli.global).await;
+            }
+            let cfg = match load_config(&cli.global) {
+                Ok(c) => c,
+                Err(out) => return out,
+            };
+            let reporter = crate::provision::effects::LogReporter;
+            match cmd {
+                Command::Doctor => crate::doctor::run(&cli.global).await,
+                Command::Guests => crate::commands::guests(&cfg).await,
+                Command::VmidCheck { vmid } => crate::commands::vmid_check(&cfg, &vmid).await,
+                Command::Journal => crate::commands::journal(&cfg),
+                Command::Destroy { vmid } => crate::selftest::destroy(&cfg, &vmid, &reporter, shutdown_token()).await,
+                Command::Run => crate::hub::run_command(&cfg).await,
+            }
+        }
     }
 }

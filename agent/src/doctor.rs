@@ -20,7 +20,13 @@ use crate::pve::types::Permissions;
 use crate::pve::{PveClient, PveError};
 
 /// The privileges the pool token needs on `/pool/<pool>` (or above it).
-pub const POOL_PRIVS: &[&str] = &["VM.Allocate", "VM.Audit", "VM.PowerMgmt", "VM.Config.Options", "VM.Config.Network"];
+pub const POOL_PRIVS: &[&str] = &[
+    "VM.Allocate",
+    "VM.Audit",
+    "VM.PowerMgmt",
+    "VM.Config.Options",
+    "VM.Config.Network",
+];
 /// Guest agent exec: PVE 9 privilege, and the PVE 8 one it replaced.
 pub const AGENT_PRIVS_ANY: &[&str] = &["VM.GuestAgent.Unrestricted", "VM.Monitor"];
 /// On the target storage.
@@ -63,8 +69,19 @@ pub struct DoctorReport {
 }
 
 impl DoctorReport {
-    fn push(&mut self, name: &'static str, status: CheckStatus, code: Option<ErrorCode>, message: impl Into<String>) {
-        self.checks.push(DoctorCheck { name, status, code, message: message.into() });
+    fn push(
+        &mut self,
+        name: &'static str,
+        status: CheckStatus,
+        code: Option<ErrorCode>,
+        message: impl Into<String>,
+    ) {
+        self.checks.push(DoctorCheck {
+            name,
+            status,
+            code,
+            message: message.into(),
+        });
     }
     fn pass(&mut self, name: &'static str, message: impl Into<String>) {
         self.push(name, CheckStatus::Pass, None, message);
@@ -87,7 +104,11 @@ impl DoctorReport {
             };
             s.push_str(&format!("[{tag}] {:<12} {}\n", c.name, c.message));
         }
-        s.push_str(if self.ok { "doctor: all checks passed\n" } else { "doctor: some checks failed, fix them and run `felhom-agent doctor` again\n" });
+        s.push_str(if self.ok {
+            "doctor: all checks passed\n"
+        } else {
+            "doctor: some checks failed, fix them and run `felhom-agent doctor` again\n"
+        });
         s
     }
 }
@@ -95,7 +116,11 @@ impl DoctorReport {
 /// Run every check.
 pub async fn run(global: &GlobalOpts) -> CommandOutput {
     let report = check_all(global).await;
-    let status = if report.ok { ExitStatus::Ok } else { ExitStatus::Environment };
+    let status = if report.ok {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::Environment
+    };
     CommandOutput {
         json: serde_json::to_value(&report).unwrap_or_else(|_| json!({"ok": false})),
         human: report.render(),
@@ -105,10 +130,22 @@ pub async fn run(global: &GlobalOpts) -> CommandOutput {
 
 /// The checks, as a report.
 pub async fn check_all(global: &GlobalOpts) -> DoctorReport {
-    let mut r = DoctorReport { ok: true, checks: Vec::new() };
+    let mut r = DoctorReport {
+        ok: true,
+        checks: Vec::new(),
+    };
     let cfg = match Config::load(&global.config) {
         Ok(c) => {
-            r.pass("config", format!("{} is valid (node {}, pool {}), token secret file {} is private", c.path.display(), c.node, c.pool, c.pve.token_secret_file.display()));
+            r.pass(
+                "config",
+                format!(
+                    "{} is valid (node {}, pool {}), token secret file {} is private",
+                    c.path.display(),
+                    c.node,
+                    c.pool,
+                    c.pve.token_secret_file.display()
+                ),
+            );
             c
         }
         Err(f) => {
@@ -134,7 +171,9 @@ async fn check_pve(cfg: &Config, r: &mut DoctorReport) {
     };
     let trust = match &cfg.pve.tls {
         TlsTrust::Pin(_) => "pinned certificate fingerprint",
-        TlsTrust::CaFile(p) => return check_pve_with(cfg, &client, r, &format!("CA file {}", p.display())).await,
+        TlsTrust::CaFile(p) => {
+            return check_pve_with(cfg, &client, r, &format!("CA file {}", p.display())).await
+        }
     };
     check_pve_with(cfg, &client, r, trust).await;
 }
@@ -142,16 +181,32 @@ async fn check_pve(cfg: &Config, r: &mut DoctorReport) {
 async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, trust: &str) {
     match client.version().await {
         Ok(v) => {
-            r.pass("pve_tls", format!("{} answered over TLS trusted by the {trust}", cfg.pve.url));
-            r.pass("pve_token", format!("token {} accepted by PVE {}", cfg.pve.token_id, v.version));
+            r.pass(
+                "pve_tls",
+                format!("{} answered over TLS trusted by the {trust}", cfg.pve.url),
+            );
+            r.pass(
+                "pve_token",
+                format!("token {} accepted by PVE {}", cfg.pve.token_id, v.version),
+            );
         }
         Err(e @ PveError::Api(_)) if e.code() == ErrorCode::PveAuth => {
-            r.pass("pve_tls", format!("{} answered over TLS trusted by the {trust}", cfg.pve.url));
-            r.fail("pve_token", ErrorCode::PveAuth, format!("PVE did not accept token {}: {e}", cfg.pve.token_id));
+            r.pass(
+                "pve_tls",
+                format!("{} answered over TLS trusted by the {trust}", cfg.pve.url),
+            );
+            r.fail(
+                "pve_token",
+                ErrorCode::PveAuth,
+                format!("PVE did not accept token {}: {e}", cfg.pve.token_id),
+            );
             return;
         }
         Err(e @ PveError::Api(_)) => {
-            r.pass("pve_tls", format!("{} answered over TLS trusted by the {trust}", cfg.pve.url));
+            r.pass(
+                "pve_tls",
+                format!("{} answered over TLS trusted by the {trust}", cfg.pve.url),
+            );
             r.fail("pve_token", e.code(), e.to_string());
             return;
         }
@@ -162,7 +217,11 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
     }
     match client.permissions(None, None).await {
         Ok(perms) => check_privileges(cfg, &perms, r),
-        Err(e) => r.fail("privileges", e.code(), format!("cannot read the token's privileges (GET /access/permissions): {e}")),
+        Err(e) => r.fail(
+            "privileges",
+            e.code(),
+            format!("cannot read the token's privileges (GET /access/permissions): {e}"),
+        ),
     }
     match client.pool(&cfg.pool).await {
         Ok(Some(_)) => r.pass("pool", format!("pool {} exists", cfg.pool)),
@@ -182,7 +241,8 @@ pub fn held_on(perms: &Permissions, path: &str) -> BTreeSet<String> {
             continue;
         }
         for (name, propagate) in privs {
-            let propagates = p == path || propagate.as_u64().is_none_or(|v| v != 0) && propagate.as_bool() != Some(false);
+            let propagates = p == path
+                || propagate.as_u64().is_none_or(|v| v != 0) && propagate.as_bool() != Some(false);
             if propagates {
                 held.insert(name.clone());
             }
@@ -215,7 +275,10 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
             let path = format!("/storage/{sid}");
             let held = held_on(perms, &path);
             if !BACKUP_STORAGE_PRIVS_ANY.iter().any(|p| held.contains(*p)) {
-                missing.push(format!("{} on {path}", BACKUP_STORAGE_PRIVS_ANY.join(" or ")));
+                missing.push(format!(
+                    "{} on {path}",
+                    BACKUP_STORAGE_PRIVS_ANY.join(" or ")
+                ));
             }
         }
     }
@@ -243,24 +306,58 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
     }
     match std::fs::metadata(&cfg.state_dir) {
         Ok(m) if m.is_dir() => r.pass("state_dir", format!("{} exists", cfg.state_dir.display())),
-        Ok(_) => r.fail("state_dir", ErrorCode::ConfigInvalid, format!("{} is not a directory; fix state_dir in {}", cfg.state_dir.display(), cfg.path.display())),
-        Err(_) => r.warn("state_dir", format!("{} does not exist yet; it is created (mode 0700) on the first transaction", cfg.state_dir.display())),
+        Ok(_) => r.fail(
+            "state_dir",
+            ErrorCode::ConfigInvalid,
+            format!(
+                "{} is not a directory; fix state_dir in {}",
+                cfg.state_dir.display(),
+                cfg.path.display()
+            ),
+        ),
+        Err(_) => r.warn(
+            "state_dir",
+            format!(
+                "{} does not exist yet; it is created (mode 0700) on the first transaction",
+                cfg.state_dir.display()
+            ),
+        ),
     }
 }
 
 async fn check_hub(cfg: &Config, r: &mut DoctorReport) {
     let Some(hub) = &cfg.hub else {
-        r.warn("hub", "no [hub] configured: reports wait in the outbox until one is");
+        r.warn(
+            "hub",
+            "no [hub] configured: reports wait in the outbox until one is",
+        );
         return;
     };
     let Some(addr) = hub_authority(&hub.url) else {
-        r.fail("hub", ErrorCode::ConfigInvalid, format!("cannot read host and port from [hub] url {:?}", hub.url));
+        r.fail(
+            "hub",
+            ErrorCode::ConfigInvalid,
+            format!("cannot read host and port from [hub] url {:?}", hub.url),
+        );
         return;
     };
-    match tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(&addr)).await {
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect(&addr),
+    )
+    .await
+    {
         Ok(Ok(_)) => r.pass("hub", format!("hub {addr} accepts connections")),
-        Ok(Err(e)) => r.fail("hub", ErrorCode::PveUnreachable, format!("hub {addr} is unreachable: {e}; reports wait in the outbox meanwhile")),
-        Err(_) => r.fail("hub", ErrorCode::PveUnreachable, format!("hub {addr} did not answer within 5 s; reports wait in the outbox meanwhile")),
+        Ok(Err(e)) => r.fail(
+            "hub",
+            ErrorCode::PveUnreachable,
+            format!("hub {addr} is unreachable: {e}; reports wait in the outbox meanwhile"),
+        ),
+        Err(_) => r.fail(
+            "hub",
+            ErrorCode::PveUnreachable,
+            format!("hub {addr} did not answer within 5 s; reports wait in the outbox meanwhile"),
+        ),
     }
 }
 
@@ -271,11 +368,17 @@ pub fn hub_authority(url: &str) -> Option<String> {
     if authority.is_empty() {
         return None;
     }
-    let has_port = authority.rsplit_once(':').is_some_and(|(_, p)| p.chars().all(|c| c.is_ascii_digit())) && !authority.ends_with(']');
+    let has_port = authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.chars().all(|c| c.is_ascii_digit()))
+        && !authority.ends_with(']');
     if has_port {
         Some(authority.to_string())
     } else {
-        Some(format!("{authority}:{}", if scheme == "wss" { 443 } else { 80 }))
+        Some(format!(
+            "{authority}:{}",
+            if scheme == "wss" { 443 } else { 80 }
+        ))
     }
 }
 
@@ -287,22 +390,43 @@ mod tests {
     fn perms(entries: &[(&str, &[&str])]) -> Permissions {
         entries
             .iter()
-            .map(|(p, privs)| (p.to_string(), privs.iter().map(|x| (x.to_string(), json!(1))).collect::<BTreeMap<_, _>>()))
+            .map(|(p, privs)| {
+                (
+                    p.to_string(),
+                    privs
+                        .iter()
+                        .map(|x| (x.to_string(), json!(1)))
+                        .collect::<BTreeMap<_, _>>(),
+                )
+            })
             .collect()
     }
 
     #[test]
     fn privileges_on_ancestors_count() {
-        let p = perms(&[("/pool/felhom", &["VM.Audit"]), ("/", &["Sys.Audit"]), ("/pool/felhomx", &["VM.Allocate"])]);
+        let p = perms(&[
+            ("/pool/felhom", &["VM.Audit"]),
+            ("/", &["Sys.Audit"]),
+            ("/pool/felhomx", &["VM.Allocate"]),
+        ]);
         let held = held_on(&p, "/pool/felhom");
         assert!(held.contains("VM.Audit") && held.contains("Sys.Audit"));
-        assert!(!held.contains("VM.Allocate"), "a sibling path with a common prefix must not count");
+        assert!(
+            !held.contains("VM.Allocate"),
+            "a sibling path with a common prefix must not count"
+        );
     }
 
     #[test]
     fn hub_authority_defaults() {
-        assert_eq!(hub_authority("wss://hub.example.net/agent").as_deref(), Some("hub.example.net:443"));
-        assert_eq!(hub_authority("ws://127.0.0.5:9000/agent").as_deref(), Some("127.0.0.5:9000"));
+        assert_eq!(
+            hub_authority("wss://hub.example.net/agent").as_deref(),
+            Some("hub.example.net:443")
+        );
+        assert_eq!(
+            hub_authority("ws://127.0.0.5:9000/agent").as_deref(),
+            Some("127.0.0.5:9000")
+        );
         assert_eq!(hub_authority("wss:///x"), None);
     }
 }

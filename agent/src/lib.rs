@@ -7,6 +7,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod doctor;
 pub mod error;
@@ -14,6 +15,7 @@ pub mod guest;
 pub mod inventory;
 pub mod provision;
 pub mod pve;
+pub mod selftest;
 pub mod timefmt;
 pub mod tls;
 pub mod vmid;

@@ -25,7 +25,10 @@ pub struct PinObserver(Arc<Mutex<Option<[u8; 32]>>>);
 impl PinObserver {
     /// The fingerprint of the last mismatching certificate, formatted `AB:CD:…`.
     pub fn mismatch(&self) -> Option<String> {
-        self.0.lock().ok().and_then(|g| g.as_ref().map(format_fingerprint))
+        self.0
+            .lock()
+            .ok()
+            .and_then(|g| g.as_ref().map(format_fingerprint))
     }
     fn record(&self, fp: [u8; 32]) {
         if let Ok(mut g) = self.0.lock() {
@@ -95,7 +98,9 @@ pub fn provider() -> Arc<CryptoProvider> {
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {
     /// The CA file could not be read or holds no certificate.
-    #[error("CA file {path}: {detail}; point ca_file at a PEM file such as /etc/pve/pve-root-ca.pem")]
+    #[error(
+        "CA file {path}: {detail}; point ca_file at a PEM file such as /etc/pve/pve-root-ca.pem"
+    )]
     CaFile {
         /// The file.
         path: String,
@@ -123,13 +128,18 @@ pub fn client_config(trust: &TlsTrust) -> Result<(ClientConfig, PinObserver), Tl
                 algorithms: provider.signature_verification_algorithms,
             }))
             .with_no_client_auth(),
-        TlsTrust::CaFile(path) => builder.with_root_certificates(load_roots(path)?).with_no_client_auth(),
+        TlsTrust::CaFile(path) => builder
+            .with_root_certificates(load_roots(path)?)
+            .with_no_client_auth(),
     };
     Ok((config, observer))
 }
 
 fn load_roots(path: &Path) -> Result<RootCertStore, TlsSetupError> {
-    let err = |detail: String| TlsSetupError::CaFile { path: path.display().to_string(), detail };
+    let err = |detail: String| TlsSetupError::CaFile {
+        path: path.display().to_string(),
+        detail,
+    };
     let mut roots = RootCertStore::empty();
     let certs = CertificateDer::pem_file_iter(path).map_err(|e| err(e.to_string()))?;
     for cert in certs {

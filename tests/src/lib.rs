@@ -6,3 +6,4 @@
 
 pub mod agent;
 pub mod fakepve;
+pub mod guestbed;

@@ -6,6 +6,7 @@
 //! journals each state before the write that follows it, and holds the vmid's lock for the
 //! whole transaction.
 
+pub mod effects;
 pub mod journal;
 pub mod lock;
 pub mod machine;

@@ -33,7 +33,10 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        Self { attempts: 4, first_delay: Duration::from_millis(200) }
+        Self {
+            attempts: 4,
+            first_delay: Duration::from_millis(200),
+        }
     }
 }
 
@@ -51,8 +54,10 @@ pub struct PveClient {
 impl PveClient {
     /// Build a client from the `[pve]` config. No request is sent.
     pub fn new(cfg: &PveConfig) -> Result<Self, PveError> {
-        let (tls_config, observer) = tls::client_config(&cfg.tls)
-            .map_err(|e| PveError::Tls { url: cfg.url.clone(), detail: e.to_string() })?;
+        let (tls_config, observer) = tls::client_config(&cfg.tls).map_err(|e| PveError::Tls {
+            url: cfg.url.clone(),
+            detail: e.to_string(),
+        })?;
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls_config)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
@@ -60,7 +65,10 @@ impl PveClient {
             .timeout(REQUEST_TIMEOUT)
             .no_proxy()
             .build()
-            .map_err(|e| PveError::Tls { url: cfg.url.clone(), detail: e.to_string() })?;
+            .map_err(|e| PveError::Tls {
+                url: cfg.url.clone(),
+                detail: e.to_string(),
+            })?;
         let mut auth = HeaderValue::from_str(&token_header(&cfg.token_id, cfg.token_secret.expose()))
             .map_err(|_| PveError::Tls {
                 url: cfg.url.clone(),
@@ -74,7 +82,14 @@ impl PveClient {
             TlsTrust::Pin(p) => Some(format_fingerprint(p)),
             TlsTrust::CaFile(_) => None,
         };
-        Ok(Self { http, base: cfg.url.clone(), auth, observer, pinned, retry: RetryPolicy::default() })
+        Ok(Self {
+            http,
+            base: cfg.url.clone(),
+            auth,
+            observer,
+            pinned,
+            retry: RetryPolicy::default(),
+        })
     }
 
     /// Replace the retry policy (tests use short delays).
@@ -96,8 +111,15 @@ impl PveClient {
     }
 
     /// Like [`call`](Self::call), but the whole envelope (`data`, `total`, …).
-    pub async fn call_envelope(&self, req: &ApiRequest) -> Result<serde_json::Map<String, Value>, PveError> {
-        let attempts = if req.is_idempotent_read() { self.retry.attempts.max(1) } else { 1 };
+    pub async fn call_envelope(
+        &self,
+        req: &ApiRequest,
+    ) -> Result<serde_json::Map<String, Value>, PveError> {
+        let attempts = if req.is_idempotent_read() {
+            self.retry.attempts.max(1)
+        } else {
+            1
+        };
         let mut delay = self.retry.first_delay;
         let mut attempt = 1;
         loop {
@@ -123,7 +145,10 @@ impl PveClient {
         })
     }
 
-    async fn send_once(&self, req: &ApiRequest) -> Result<serde_json::Map<String, Value>, PveError> {
+    async fn send_once(
+        &self,
+        req: &ApiRequest,
+    ) -> Result<serde_json::Map<String, Value>, PveError> {
         let url = req.url(&self.base);
         let method = match req.method {
             Method::Get => reqwest::Method::GET,
@@ -131,7 +156,10 @@ impl PveClient {
             Method::Put => reqwest::Method::PUT,
             Method::Delete => reqwest::Method::DELETE,
         };
-        let mut builder = self.http.request(method, &url).header(AUTHORIZATION, self.auth.clone());
+        let mut builder = self
+            .http
+            .request(method, &url)
+            .header(AUTHORIZATION, self.auth.clone());
         if let Some(body) = req.body() {
             builder = builder
                 .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
@@ -174,13 +202,26 @@ impl PveClient {
 
     fn transport_error(&self, e: &reqwest::Error) -> PveError {
         if let (Some(seen), Some(expected)) = (self.observer.mismatch(), self.pinned.clone()) {
-            return PveError::TlsPinMismatch { url: self.base.clone(), expected, seen };
+            return PveError::TlsPinMismatch {
+                url: self.base.clone(),
+                expected,
+                seen,
+            };
         }
         let detail = error_chain(e);
-        if detail.contains("certificate") || detail.contains("InvalidCertificate") || detail.contains("tls") && !e.is_connect() {
-            return PveError::Tls { url: self.base.clone(), detail };
+        if detail.contains("certificate")
+            || detail.contains("InvalidCertificate")
+            || detail.contains("tls") && !e.is_connect()
+        {
+            return PveError::Tls {
+                url: self.base.clone(),
+                detail,
+            };
         }
-        PveError::Unreachable { url: self.base.clone(), detail }
+        PveError::Unreachable {
+            url: self.base.clone(),
+            detail,
+        }
     }
 
     // ---- typed calls -------------------------------------------------------------------
@@ -202,7 +243,12 @@ impl PveClient {
     }
 
     /// `GET …/status/current`.
-    pub async fn status_current(&self, node: &str, kind: GuestKind, vmid: u32) -> Result<GuestStatus, PveError> {
+    pub async fn status_current(
+        &self,
+        node: &str,
+        kind: GuestKind,
+        vmid: u32,
+    ) -> Result<GuestStatus, PveError> {
         self.call_as(&build::status_current(node, kind, vmid)).await
     }
 
@@ -227,7 +273,12 @@ impl PveClient {
     }
 
     /// The guest's config as key → value.
-    pub async fn config_get(&self, node: &str, kind: GuestKind, vmid: u32) -> Result<BTreeMap<String, Value>, PveError> {
+    pub async fn config_get(
+        &self,
+        node: &str,
+        kind: GuestKind,
+        vmid: u32,
+    ) -> Result<BTreeMap<String, Value>, PveError> {
         self.call_as(&build::config_get(node, kind, vmid)).await
     }
 
@@ -240,7 +291,9 @@ impl PveClient {
         set: &[(String, String)],
         delete: &[String],
     ) -> Result<(), PveError> {
-        self.call(&build::config_put(node, kind, vmid, set, delete)).await.map(|_| ())
+        self.call(&build::config_put(node, kind, vmid, set, delete))
+            .await
+            .map(|_| ())
     }
 
     /// Destroy with `purge=1&destroy-unreferenced-disks=1`; returns the task's UPID.
@@ -250,7 +303,12 @@ impl PveClient {
     }
 
     /// Backups on a storage the token may see.
-    pub async fn backups(&self, node: &str, storage: &str, vmid: Option<u32>) -> Result<Vec<BackupVolume>, PveError> {
+    pub async fn backups(
+        &self,
+        node: &str,
+        storage: &str,
+        vmid: Option<u32>,
+    ) -> Result<Vec<BackupVolume>, PveError> {
         self.call_as(&build::backups(node, storage, vmid)).await
     }
 
@@ -260,13 +318,27 @@ impl PveClient {
     }
 
     /// Lines of a task log from `start` (0-based), at most `limit`; and the total line count.
-    pub async fn task_log(&self, upid: &Upid, start: u64, limit: u64) -> Result<(Vec<TaskLogLine>, Option<u64>), PveError> {
+    pub async fn task_log(
+        &self,
+        upid: &Upid,
+        start: u64,
+        limit: u64,
+    ) -> Result<(Vec<TaskLogLine>, Option<u64>), PveError> {
         // `total` sits beside `data` in the envelope.
         let req = build::task_log(upid, start, limit);
         let mut env = self.call_envelope(&req).await?;
-        let total = env.get("total").and_then(|t| t.as_u64().or_else(|| t.as_str().and_then(|s| s.parse().ok())));
-        let lines: Vec<TaskLogLine> = serde_json::from_value(env.remove("data").unwrap_or(Value::Null))
-            .map_err(|e| PveError::Decode { method: "GET", path: req.path.clone(), detail: e.to_string() })?;
+        let total = env.get("total").and_then(|t| {
+            t.as_u64()
+                .or_else(|| t.as_str().and_then(|s| s.parse().ok()))
+        });
+        let lines: Vec<TaskLogLine> =
+            serde_json::from_value(env.remove("data").unwrap_or(Value::Null)).map_err(|e| {
+                PveError::Decode {
+                    method: "GET",
+                    path: req.path.clone(),
+                    detail: e.to_string(),
+                }
+            })?;
         Ok((lines, total))
     }
 
@@ -276,21 +348,51 @@ impl PveClient {
     }
 
     /// Start a command in a VM through the guest agent; returns its pid.
-    pub async fn agent_exec(&self, node: &str, vmid: u32, argv: &[String], input: Option<&str>) -> Result<u64, PveError> {
+    pub async fn agent_exec(
+        &self,
+        node: &str,
+        vmid: u32,
+        argv: &[String],
+        input: Option<&str>,
+    ) -> Result<u64, PveError> {
         let req = build::agent_exec(node, vmid, argv, input);
         let v = self.call(&req).await?;
         v.get("pid")
-            .and_then(|p| p.as_u64().or_else(|| p.as_str().and_then(|s| s.parse().ok())))
-            .ok_or_else(|| PveError::Decode { method: "POST", path: req.path.clone(), detail: format!("no pid in {v}") })
+            .and_then(|p| {
+                p.as_u64()
+                    .or_else(|| p.as_str().and_then(|s| s.parse().ok()))
+            })
+            .ok_or_else(|| PveError::Decode {
+                method: "POST",
+                path: req.path.clone(),
+                detail: format!("no pid in {v}"),
+            })
     }
 
     /// The status of a guest-agent command. Once it reports `exited`, the guest forgets it:
     /// never ask again for the same pid.
-    pub async fn agent_exec_status(&self, node: &str, vmid: u32, pid: u64) -> Result<AgentExecStatus, PveError> {
+    pub async fn agent_exec_status(
+        &self,
+        node: &str,
+        vmid: u32,
+        pid: u64,
+    ) -> Result<AgentExecStatus, PveError> {
         // Not retried: a lost answer after `exited` cannot be fetched again.
         let req = build::agent_exec_status(node, vmid, pid);
         let mut env = self.send_once(&req).await?;
-        serde_json::from_value(env.remove("data").unwrap_or(Value::Null)).map_err(|e| PveError::Decode { method: "GET", path: req.path.clone(), detail: e.to_string() })
+        serde_json::from_value(env.remove("data").unwrap_or(Value::Null)).map_err(|e| {
+            PveError::Decode {
+                method: "GET",
+                path: req.path.clone(),
+                detail: e.to_string(),
+            }
+        })
+    }
+
+    /// Send a request exactly once (no retry, even for a read) and return `data`.
+    pub async fn call_once(&self, req: &ApiRequest) -> Result<Value, PveError> {
+        let mut env = self.send_once(req).await?;
+        Ok(env.remove("data").unwrap_or(Value::Null))
     }
 
     /// Ping the guest agent.
@@ -299,7 +401,11 @@ impl PveClient {
     }
 
     /// The effective privileges of a user or token (default: the caller).
-    pub async fn permissions(&self, userid: Option<&str>, path: Option<&str>) -> Result<Permissions, PveError> {
+    pub async fn permissions(
+        &self,
+        userid: Option<&str>,
+        path: Option<&str>,
+    ) -> Result<Permissions, PveError> {
         self.call_as(&build::permissions(userid, path)).await
     }
 
@@ -316,11 +422,12 @@ impl PveClient {
             path: req.path.clone(),
             detail: format!("expected a task id, got {v}"),
         })?;
-        s.parse().map_err(|e: super::upid::UpidError| PveError::Decode {
-            method: req.method.as_str(),
-            path: req.path.clone(),
-            detail: e.to_string(),
-        })
+        s.parse()
+            .map_err(|e: super::upid::UpidError| PveError::Decode {
+                method: req.method.as_str(),
+                path: req.path.clone(),
+                detail: e.to_string(),
+            })
     }
 }
 

@@ -123,7 +123,9 @@ pub enum PveError {
         waited: Duration,
     },
     /// Interrupted (Ctrl-C / SIGTERM) while following a task; the task was asked to stop.
-    #[error("interrupted while following task {upid}; asked PVE to stop it (stop sent: {stop_sent})")]
+    #[error(
+        "interrupted while following task {upid}; asked PVE to stop it (stop sent: {stop_sent})"
+    )]
     Interrupted {
         /// The task.
         upid: Upid,
@@ -133,7 +135,10 @@ pub enum PveError {
 }
 
 fn api_message(e: &ApiError) -> String {
-    let mut s = format!("PVE refused {} {} ({}): {}", e.method, e.path, e.status, e.message);
+    let mut s = format!(
+        "PVE refused {} {} ({}): {}",
+        e.method, e.path, e.status, e.message
+    );
     for (k, v) in &e.errors {
         s.push_str(&format!("; {k}: {}", v.trim_end()));
     }
@@ -198,9 +203,10 @@ impl PveError {
     /// `already exists` refusal: (holder kind, vmid, node).
     pub fn already_exists(&self) -> Option<(GuestKind, u32, String)> {
         match self {
-            PveError::Api(ApiError { kind: ApiErrorKind::AlreadyExists { holder, vmid, node }, .. }) => {
-                Some((*holder, *vmid, node.clone()))
-            }
+            PveError::Api(ApiError {
+                kind: ApiErrorKind::AlreadyExists { holder, vmid, node },
+                ..
+            }) => Some((*holder, *vmid, node.clone())),
             PveError::TaskFailed { exitstatus, .. } => parse_already_exists(exitstatus),
             _ => None,
         }
@@ -253,7 +259,9 @@ pub fn classify(status: u16, message: &str) -> ApiErrorKind {
     if message.contains("already running") {
         return ApiErrorKind::AlreadyRunning;
     }
-    if message.contains("QEMU guest agent is not running") || message.contains("No QEMU guest agent configured") {
+    if message.contains("QEMU guest agent is not running")
+        || message.contains("No QEMU guest agent configured")
+    {
         return ApiErrorKind::AgentUnavailable;
     }
     if message.contains("is not running") || message.contains("not running!") {
@@ -282,9 +290,15 @@ pub fn decode_error(
         .map(|s| s.trim_end().to_string())
         .filter(|s| !s.is_empty());
     let mut errors = BTreeMap::new();
-    if let Some(obj) = parsed.as_ref().and_then(|v| v.get("errors")).and_then(|e| e.as_object()) {
+    if let Some(obj) = parsed
+        .as_ref()
+        .and_then(|v| v.get("errors"))
+        .and_then(|e| e.as_object())
+    {
         for (k, v) in obj {
-            let text = v.as_str().map_or_else(|| v.to_string(), |s| s.trim_end().to_string());
+            let text = v
+                .as_str()
+                .map_or_else(|| v.to_string(), |s| s.trim_end().to_string());
             errors.insert(k.clone(), text);
         }
     }
@@ -296,12 +310,23 @@ pub fn decode_error(
         None
     };
     let message = body_message
-        .or_else(|| reason.map(|r| r.trim().to_string()).filter(|r| !r.is_empty()))
+        .or_else(|| {
+            reason
+                .map(|r| r.trim().to_string())
+                .filter(|r| !r.is_empty())
+        })
         .or(plain_body)
         .unwrap_or_else(|| format!("HTTP {status}"));
     let kind = classify(status, &message);
     let path = path.split('?').next().unwrap_or(path).to_string();
-    ApiError { method, path, status, message, errors, kind }
+    ApiError {
+        method,
+        path,
+        status,
+        message,
+        errors,
+        kind,
+    }
 }
 
 #[cfg(test)]
@@ -318,12 +343,25 @@ mod tests {
             br#"{"data":null,"message":"CT 101 already exists on node 'pve1'\n"}"#,
         );
         assert_eq!(e.message, "CT 101 already exists on node 'pve1'");
-        assert_eq!(e.kind, ApiErrorKind::AlreadyExists { holder: GuestKind::Lxc, vmid: 101, node: "pve1".into() });
+        assert_eq!(
+            e.kind,
+            ApiErrorKind::AlreadyExists {
+                holder: GuestKind::Lxc,
+                vmid: 101,
+                node: "pve1".into()
+            }
+        );
     }
 
     #[test]
     fn old_format_uses_reason_phrase() {
-        let e = decode_error("GET", "/nodes/pve1/lxc/101/status/current", 403, Some("Permission check failed (/vms/101, VM.Audit)"), br#"{"data":null}"#);
+        let e = decode_error(
+            "GET",
+            "/nodes/pve1/lxc/101/status/current",
+            403,
+            Some("Permission check failed (/vms/101, VM.Audit)"),
+            br#"{"data":null}"#,
+        );
         assert_eq!(e.message, "Permission check failed (/vms/101, VM.Audit)");
         assert_eq!(e.kind, ApiErrorKind::Permission);
     }
@@ -338,9 +376,15 @@ mod tests {
             br#"{"data":null,"errors":{"storage":"storage 'local' does not support container directories\n"},"message":"Parameter verification failed.\n"}"#,
         );
         assert_eq!(e.kind, ApiErrorKind::Parameter);
-        assert_eq!(e.errors.get("storage").map(String::as_str), Some("storage 'local' does not support container directories"));
+        assert_eq!(
+            e.errors.get("storage").map(String::as_str),
+            Some("storage 'local' does not support container directories")
+        );
         let shown = PveError::Api(e).to_string();
-        assert!(shown.contains("storage: storage 'local' does not support"), "{shown}");
+        assert!(
+            shown.contains("storage: storage 'local' does not support"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -353,13 +397,37 @@ mod tests {
     #[test]
     fn classification_table() {
         let cases: &[(u16, &str, ApiErrorKind)] = &[
-            (500, "VM 990000 already exists on node 'pve1'", ApiErrorKind::AlreadyExists { holder: GuestKind::Qemu, vmid: 990000, node: "pve1".into() }),
-            (500, "unable to restore CT 123 - CT 123 already exists on node 'pve2'", ApiErrorKind::AlreadyExists { holder: GuestKind::Lxc, vmid: 123, node: "pve2".into() }),
+            (
+                500,
+                "VM 990000 already exists on node 'pve1'",
+                ApiErrorKind::AlreadyExists {
+                    holder: GuestKind::Qemu,
+                    vmid: 990000,
+                    node: "pve1".into(),
+                },
+            ),
+            (
+                500,
+                "unable to restore CT 123 - CT 123 already exists on node 'pve2'",
+                ApiErrorKind::AlreadyExists {
+                    holder: GuestKind::Lxc,
+                    vmid: 123,
+                    node: "pve2".into(),
+                },
+            ),
             (500, "CT is locked (backup)", ApiErrorKind::Locked),
-            (500, "can't lock file '/run/lock/lxc/pve-config-200.lock' - got timeout", ApiErrorKind::Locked),
+            (
+                500,
+                "can't lock file '/run/lock/lxc/pve-config-200.lock' - got timeout",
+                ApiErrorKind::Locked,
+            ),
             (500, "cluster not ready - no quorum?", ApiErrorKind::Quorum),
             (500, "CT 201 already running", ApiErrorKind::AlreadyRunning),
-            (500, "QEMU guest agent is not running", ApiErrorKind::AgentUnavailable),
+            (
+                500,
+                "QEMU guest agent is not running",
+                ApiErrorKind::AgentUnavailable,
+            ),
             (500, "VM 300 is not running", ApiErrorKind::NotRunning),
             (500, "internal error", ApiErrorKind::Transient),
             (502, "Bad Gateway", ApiErrorKind::Transient),
@@ -373,15 +441,27 @@ mod tests {
 
     #[test]
     fn html_proxy_page_falls_back_to_reason() {
-        let e = decode_error("GET", "/version", 502, Some("Bad Gateway"), b"<html><body>proxy</body></html>");
+        let e = decode_error(
+            "GET",
+            "/version",
+            502,
+            Some("Bad Gateway"),
+            b"<html><body>proxy</body></html>",
+        );
         assert_eq!(e.message, "Bad Gateway");
         assert!(PveError::Api(e).is_transient());
     }
 
     #[test]
     fn task_error_locked_code() {
-        let u: Upid = "UPID:pve1:000003E8:00001B58:6B0CA4FD:vzstart:200:a@pve!t:".parse().unwrap();
-        let e = PveError::TaskFailed { upid: u, exitstatus: "CT is locked (backup)".into(), log_tail: vec![] };
+        let u: Upid = "UPID:pve1:000003E8:00001B58:6B0CA4FD:vzstart:200:a@pve!t:"
+            .parse()
+            .unwrap();
+        let e = PveError::TaskFailed {
+            upid: u,
+            exitstatus: "CT is locked (backup)".into(),
+            log_tail: vec![],
+        };
         assert_eq!(e.code(), ErrorCode::GuestLocked);
     }
 }

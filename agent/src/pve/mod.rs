@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod error;
+pub mod guest_agent;
 pub mod request;
 pub mod task;
 pub mod types;

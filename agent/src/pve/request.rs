@@ -14,7 +14,11 @@ use super::types::GuestKind;
 use super::upid::Upid;
 
 /// Everything but RFC 3986's unreserved characters is encoded.
-const ENCODE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const ENCODE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// Percent-encode one query value, form value or path segment.
 pub fn encode(s: &str) -> String {
@@ -64,7 +68,11 @@ impl ApiRequest {
             path.push('/');
             path.push_str(&encode(s));
         }
-        Self { method, path, params: Vec::new() }
+        Self {
+            method,
+            path,
+            params: Vec::new(),
+        }
     }
 
     /// A GET of the given path segments.
@@ -128,7 +136,11 @@ impl ApiRequest {
 
     /// The full URL for a base such as `https://127.0.0.1:8006`.
     pub fn url(&self, base: &str) -> String {
-        format!("{}/api2/json{}", base.trim_end_matches('/'), self.path_and_query())
+        format!(
+            "{}/api2/json{}",
+            base.trim_end_matches('/'),
+            self.path_and_query()
+        )
     }
 
     /// The form body of a POST/PUT; GET and DELETE never have one.
@@ -200,7 +212,14 @@ pub mod build {
 
     /// `GET /nodes/{node}/{kind}/{vmid}/status/current`.
     pub fn status_current(node: &str, kind: GuestKind, vmid: u32) -> ApiRequest {
-        ApiRequest::get(&["nodes", node, kind.path(), &vmid.to_string(), "status", "current"])
+        ApiRequest::get(&[
+            "nodes",
+            node,
+            kind.path(),
+            &vmid.to_string(),
+            "status",
+            "current",
+        ])
     }
 
     /// LXC restore into the pool.
@@ -238,12 +257,26 @@ pub mod build {
 
     /// `POST /nodes/{node}/{kind}/{vmid}/status/start`.
     pub fn start(node: &str, kind: GuestKind, vmid: u32) -> ApiRequest {
-        ApiRequest::post(&["nodes", node, kind.path(), &vmid.to_string(), "status", "start"])
+        ApiRequest::post(&[
+            "nodes",
+            node,
+            kind.path(),
+            &vmid.to_string(),
+            "status",
+            "start",
+        ])
     }
 
     /// `POST /nodes/{node}/{kind}/{vmid}/status/stop` (hard stop, used before a gated destroy).
     pub fn stop(node: &str, kind: GuestKind, vmid: u32) -> ApiRequest {
-        ApiRequest::post(&["nodes", node, kind.path(), &vmid.to_string(), "status", "stop"])
+        ApiRequest::post(&[
+            "nodes",
+            node,
+            kind.path(),
+            &vmid.to_string(),
+            "status",
+            "stop",
+        ])
     }
 
     /// `GET /nodes/{node}/{kind}/{vmid}/config`.
@@ -303,7 +336,8 @@ pub mod build {
 
     /// `POST /nodes/{node}/qemu/{vmid}/agent/exec`: the command as an array (repeated key).
     pub fn agent_exec(node: &str, vmid: u32, argv: &[String], input: Option<&str>) -> ApiRequest {
-        let mut req = ApiRequest::post(&["nodes", node, "qemu", &vmid.to_string(), "agent", "exec"]);
+        let mut req =
+            ApiRequest::post(&["nodes", node, "qemu", &vmid.to_string(), "agent", "exec"]);
         for a in argv {
             req = req.param("command", a);
         }
@@ -312,8 +346,15 @@ pub mod build {
 
     /// `GET /nodes/{node}/qemu/{vmid}/agent/exec-status?pid=P`.
     pub fn agent_exec_status(node: &str, vmid: u32, pid: u64) -> ApiRequest {
-        ApiRequest::get(&["nodes", node, "qemu", &vmid.to_string(), "agent", "exec-status"])
-            .param("pid", pid)
+        ApiRequest::get(&[
+            "nodes",
+            node,
+            "qemu",
+            &vmid.to_string(),
+            "agent",
+            "exec-status",
+        ])
+        .param("pid", pid)
     }
 
     /// `POST /nodes/{node}/qemu/{vmid}/agent/ping`.
@@ -344,7 +385,10 @@ mod tests {
     #[test]
     fn get_parameters_only_in_query() {
         let r = cluster_vms();
-        assert_eq!(r.url(BASE), "https://127.0.0.1:8006/api2/json/cluster/resources?type=vm");
+        assert_eq!(
+            r.url(BASE),
+            "https://127.0.0.1:8006/api2/json/cluster/resources?type=vm"
+        );
         assert_eq!(r.body(), None);
         assert!(r.is_idempotent_read());
     }
@@ -376,7 +420,10 @@ mod tests {
                 extra: vec![],
             },
         );
-        assert_eq!(r.url(BASE), "https://127.0.0.1:8006/api2/json/nodes/pve1/lxc");
+        assert_eq!(
+            r.url(BASE),
+            "https://127.0.0.1:8006/api2/json/nodes/pve1/lxc"
+        );
         assert_eq!(
             r.body().as_deref(),
             Some("vmid=201&ostemplate=local%3Abackup%2Fvzdump-lxc-200-2026_01_01-00_00_00.tar.zst&restore=1&storage=local-lvm&pool=felhom&unique=1")
@@ -393,7 +440,10 @@ mod tests {
             },
         );
         let body = q.body().unwrap_or_default();
-        assert!(body.contains("archive=local%3Abackup%2Fvzdump-qemu-300"), "{body}");
+        assert!(
+            body.contains("archive=local%3Abackup%2Fvzdump-qemu-300"),
+            "{body}"
+        );
         assert!(body.ends_with("&unique=1"), "{body}");
         assert!(!body.contains("restore="));
     }
@@ -404,7 +454,10 @@ mod tests {
             "pve1",
             GuestKind::Lxc,
             201,
-            &[("tags".into(), "felhom;felhom-01j".into()), ("description".into(), "a b+c&d=e".into())],
+            &[
+                ("tags".into(), "felhom;felhom-01j".into()),
+                ("description".into(), "a b+c&d=e".into()),
+            ],
             &["protection".into()],
         );
         assert_eq!(
@@ -415,9 +468,16 @@ mod tests {
 
     #[test]
     fn agent_exec_repeats_command_key() {
-        let argv = vec!["/bin/sh".to_string(), "-c".to_string(), "echo hi".to_string()];
+        let argv = vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            "echo hi".to_string(),
+        ];
         let r = agent_exec("pve1", 300, &argv, None);
-        assert_eq!(r.body().as_deref(), Some("command=%2Fbin%2Fsh&command=-c&command=echo%20hi"));
+        assert_eq!(
+            r.body().as_deref(),
+            Some("command=%2Fbin%2Fsh&command=-c&command=echo%20hi")
+        );
         assert_eq!(
             agent_exec_status("pve1", 300, 1001).url(BASE),
             "https://127.0.0.1:8006/api2/json/nodes/pve1/qemu/300/agent/exec-status?pid=1001"
@@ -433,13 +493,18 @@ mod tests {
             task_status(&u).url(BASE),
             "https://127.0.0.1:8006/api2/json/nodes/pve2/tasks/UPID%3Apve2%3A000003E8%3A00001B58%3A6B0CA4FD%3Avzrestore%3A201%3Aagent%40pve%21felhom%3A/status"
         );
-        assert!(task_log(&u, 0, 50).url(BASE).ends_with("/log?start=0&limit=50"));
+        assert!(task_log(&u, 0, 50)
+            .url(BASE)
+            .ends_with("/log?start=0&limit=50"));
         assert_eq!(task_stop(&u).method, Method::Delete);
     }
 
     #[test]
     fn token_header_format() {
-        assert_eq!(token_header("felhom@pve!agent", "s3cr3t"), "PVEAPIToken=felhom@pve!agent=s3cr3t");
+        assert_eq!(
+            token_header("felhom@pve!agent", "s3cr3t"),
+            "PVEAPIToken=felhom@pve!agent=s3cr3t"
+        );
     }
 
     #[test]

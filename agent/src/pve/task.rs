@@ -47,7 +47,10 @@ pub struct WaitOptions {
 impl WaitOptions {
     /// A timeout and a fresh token that is never cancelled.
     pub fn timeout(timeout: Duration) -> Self {
-        Self { timeout, cancel: CancellationToken::new() }
+        Self {
+            timeout,
+            cancel: CancellationToken::new(),
+        }
     }
 }
 
@@ -58,20 +61,34 @@ pub fn next_interval(cur: Duration) -> Duration {
 
 /// Parse `WARNINGS: N`.
 pub fn parse_warnings(exitstatus: &str) -> Option<u32> {
-    exitstatus.strip_prefix("WARNINGS: ").and_then(|n| n.trim().parse().ok())
+    exitstatus
+        .strip_prefix("WARNINGS: ")
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// Follow `upid` until it stops.
-pub async fn wait_task(client: &PveClient, upid: &Upid, opts: &WaitOptions) -> Result<TaskOutcome, PveError> {
+pub async fn wait_task(
+    client: &PveClient,
+    upid: &Upid,
+    opts: &WaitOptions,
+) -> Result<TaskOutcome, PveError> {
     let started = Instant::now();
     let deadline = started + opts.timeout;
     let mut interval = POLL_FIRST;
     loop {
         let status = client.task_status(upid).await?;
         if status.status == "stopped" {
-            let exitstatus = status.exitstatus.unwrap_or_else(|| "unexpected status".to_string());
+            let exitstatus = status
+                .exitstatus
+                .unwrap_or_else(|| "unexpected status".to_string());
             if exitstatus == "OK" {
-                return Ok(TaskOutcome { upid: upid.clone(), exitstatus, warnings: None, warning_lines: vec![], waited: started.elapsed() });
+                return Ok(TaskOutcome {
+                    upid: upid.clone(),
+                    exitstatus,
+                    warnings: None,
+                    warning_lines: vec![],
+                    waited: started.elapsed(),
+                });
             }
             if let Some(n) = parse_warnings(&exitstatus) {
                 let warning_lines = log_tail(client, upid, 200)
@@ -79,14 +96,27 @@ pub async fn wait_task(client: &PveClient, upid: &Upid, opts: &WaitOptions) -> R
                     .into_iter()
                     .filter(|l| l.starts_with("WARN:"))
                     .collect();
-                return Ok(TaskOutcome { upid: upid.clone(), exitstatus, warnings: Some(n), warning_lines, waited: started.elapsed() });
+                return Ok(TaskOutcome {
+                    upid: upid.clone(),
+                    exitstatus,
+                    warnings: Some(n),
+                    warning_lines,
+                    waited: started.elapsed(),
+                });
             }
             let log_tail = log_tail(client, upid, LOG_TAIL_LINES).await;
-            return Err(PveError::TaskFailed { upid: upid.clone(), exitstatus, log_tail });
+            return Err(PveError::TaskFailed {
+                upid: upid.clone(),
+                exitstatus,
+                log_tail,
+            });
         }
         let now = Instant::now();
         if now >= deadline {
-            return Err(PveError::TaskTimeout { upid: upid.clone(), waited: started.elapsed() });
+            return Err(PveError::TaskTimeout {
+                upid: upid.clone(),
+                waited: started.elapsed(),
+            });
         }
         let sleep = interval.min(deadline - now);
         tokio::select! {

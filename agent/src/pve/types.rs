@@ -56,7 +56,10 @@ fn to_u64<E: de::Error>(v: NumOrStr) -> Result<u64, E> {
         NumOrStr::I(i) => u64::try_from(i).map_err(|_| E::custom(format!("negative number {i}"))),
         NumOrStr::F(f) if f >= 0.0 && f.fract() == 0.0 && f < 1.8e19 => Ok(f as u64),
         NumOrStr::F(f) => Err(E::custom(format!("not an integer: {f}"))),
-        NumOrStr::S(s) => s.trim().parse().map_err(|_| E::custom(format!("not an integer: {s:?}"))),
+        NumOrStr::S(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| E::custom(format!("not an integer: {s:?}"))),
         NumOrStr::B(b) => Ok(u64::from(b)),
     }
 }
@@ -234,7 +237,10 @@ impl BackupVolume {
 /// The guest kind named in a backup volid (`vzdump-lxc-…`, `vzdump-qemu-…`, `…/ct/…`, `…/vm/…`).
 pub fn backup_kind_from_volid(volid: &str) -> Option<GuestKind> {
     let name = volid.split_once(':').map_or(volid, |(_, v)| v);
-    if name.contains("vzdump-lxc-") || name.contains("vzdump-openvz-") || name.starts_with("backup/ct/") {
+    if name.contains("vzdump-lxc-")
+        || name.contains("vzdump-openvz-")
+        || name.starts_with("backup/ct/")
+    {
         Some(GuestKind::Lxc)
     } else if name.contains("vzdump-qemu-") || name.starts_with("backup/vm/") {
         Some(GuestKind::Qemu)
@@ -289,18 +295,24 @@ mod tests {
     #[test]
     fn vmid_as_string_or_number() {
         let a: ClusterVm =
-            serde_json::from_str(r#"{"type":"lxc","vmid":"200","node":"pve1","template":"0"}"#).unwrap();
+            serde_json::from_str(r#"{"type":"lxc","vmid":"200","node":"pve1","template":"0"}"#)
+                .unwrap();
         let b: ClusterVm =
-            serde_json::from_str(r#"{"type":"qemu","vmid":300,"node":"pve1","template":1}"#).unwrap();
+            serde_json::from_str(r#"{"type":"qemu","vmid":300,"node":"pve1","template":1}"#)
+                .unwrap();
         assert_eq!((a.vmid, a.template), (200, false));
         assert_eq!((b.vmid, b.template, b.kind), (300, true, GuestKind::Qemu));
-        assert!(serde_json::from_str::<ClusterVm>(r#"{"type":"lxc","vmid":"x","node":"p"}"#).is_err());
+        assert!(
+            serde_json::from_str::<ClusterVm>(r#"{"type":"lxc","vmid":"x","node":"p"}"#).is_err()
+        );
     }
 
     #[test]
     fn exec_status_booleans() {
-        let s: AgentExecStatus =
-            serde_json::from_str(r#"{"exited":1,"exitcode":0,"out-data":"hi\n","out-truncated":0}"#).unwrap();
+        let s: AgentExecStatus = serde_json::from_str(
+            r#"{"exited":1,"exitcode":0,"out-data":"hi\n","out-truncated":0}"#,
+        )
+        .unwrap();
         assert!(s.exited && !s.out_truncated);
         assert_eq!(s.exitcode, Some(0));
         let r: AgentExecStatus = serde_json::from_str(r#"{"exited":false}"#).unwrap();
@@ -311,7 +323,8 @@ mod tests {
 
     #[test]
     fn qemu_paused_is_not_running() {
-        let s: GuestStatus = serde_json::from_str(r#"{"status":"running","qmpstatus":"paused"}"#).unwrap();
+        let s: GuestStatus =
+            serde_json::from_str(r#"{"status":"running","qmpstatus":"paused"}"#).unwrap();
         assert!(!s.is_running());
         let s: GuestStatus = serde_json::from_str(r#"{"status":"running"}"#).unwrap();
         assert!(s.is_running());
@@ -319,8 +332,14 @@ mod tests {
 
     #[test]
     fn backup_kind() {
-        assert_eq!(backup_kind_from_volid("local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"), Some(GuestKind::Lxc));
-        assert_eq!(backup_kind_from_volid("pbs:backup/vm/100/2024-01-02T03:04:05Z"), Some(GuestKind::Qemu));
+        assert_eq!(
+            backup_kind_from_volid("local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"),
+            Some(GuestKind::Lxc)
+        );
+        assert_eq!(
+            backup_kind_from_volid("pbs:backup/vm/100/2024-01-02T03:04:05Z"),
+            Some(GuestKind::Qemu)
+        );
         assert_eq!(backup_kind_from_volid("local:iso/debian.iso"), None);
     }
 }

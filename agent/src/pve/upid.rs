@@ -49,17 +49,23 @@ fn valid_node(s: &str) -> bool {
 }
 
 fn valid_field(s: &str, allow_empty: bool) -> bool {
-    (allow_empty || !s.is_empty())
-        && !s.chars().any(|c| c == ':' || c == '/' || c.is_whitespace())
+    (allow_empty || !s.is_empty()) && !s.chars().any(|c| c == ':' || c == '/' || c.is_whitespace())
 }
 
 impl FromStr for Upid {
     type Err = UpidError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |reason| UpidError { input: s.to_string(), reason };
-        let body = s.strip_prefix("UPID:").ok_or_else(|| err("does not start with UPID:"))?;
-        let body = body.strip_suffix(':').ok_or_else(|| err("does not end with ':'"))?;
+        let err = |reason| UpidError {
+            input: s.to_string(),
+            reason,
+        };
+        let body = s
+            .strip_prefix("UPID:")
+            .ok_or_else(|| err("does not start with UPID:"))?;
+        let body = body
+            .strip_suffix(':')
+            .ok_or_else(|| err("does not end with ':'"))?;
         let parts: Vec<&str> = body.split(':').collect();
         let [node, pid, pstart, starttime, task_type, id, user] = parts[..] else {
             return Err(err("does not have 7 fields"));
@@ -141,12 +147,17 @@ mod tests {
         assert_eq!(u.task_type, "vzrestore");
         assert_eq!(u.id, "123");
         assert_eq!(u.user, "agent@pve!prov");
-        assert_eq!(u.to_string(), "UPID:pve1:0003A2F1:01B7E4C0:6650C0DE:vzrestore:123:agent@pve!prov:");
+        assert_eq!(
+            u.to_string(),
+            "UPID:pve1:0003A2F1:01B7E4C0:6650C0DE:vzrestore:123:agent@pve!prov:"
+        );
     }
 
     #[test]
     fn nine_digit_pstart_and_empty_id() {
-        let u: Upid = "UPID:node-2:000003E8:1234ABCDE:6B0CA4FD:lxc::root@pam:".parse().unwrap();
+        let u: Upid = "UPID:node-2:000003E8:1234ABCDE:6B0CA4FD:lxc::root@pam:"
+            .parse()
+            .unwrap();
         assert_eq!(u.pstart, 0x1234ABCDE);
         assert_eq!(u.id, "");
         assert_eq!(u.node, "node-2");

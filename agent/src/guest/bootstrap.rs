@@ -1,0 +1,745 @@
+//! Bootstrap profiles: `bootstrap.d/<profile>/run` (executable) plus an optional `files/` tree,
+//! pushed into the guest under `/var/lib/felhom/bootstrap/<txn>/` and run there once per
+//! transaction with a timeout and `FELHOM_TXN`, `FELHOM_VMID`, `FELHOM_PROFILE` set.
+//!
+//! The outcome (exit status, bounded output, time) is recorded in the guest in
+//! `/var/lib/felhom/bootstrap.json`. A re-run of the same transaction finds that marker and
+//! returns the recorded outcome without running anything; a marker of another transaction (a
+//! guest restored from a backup of a bootstrapped guest) is replaced. The pushed payload is
+//! removed after the run; the marker stays. Scripts should still be idempotent: a crash between
+//! the run and the marker write makes the next attempt run the profile again.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::exec::{ExecError, ExecOutcome, ExecRequest, GuestExec, GuestExit, PushSource};
+use crate::error::ErrorCode;
+
+/// The agent's directory inside a guest.
+pub const GUEST_STATE_DIR: &str = "/var/lib/felhom";
+/// The marker that records a transaction's bootstrap inside the guest.
+pub const MARKER_PATH: &str = "/var/lib/felhom/bootstrap.json";
+/// Where profiles are pushed inside the guest (one folder per transaction).
+pub const GUEST_BOOTSTRAP_ROOT: &str = "/var/lib/felhom/bootstrap";
+/// The marker format version.
+pub const MARKER_VERSION: u32 = 1;
+/// At most this many files in a profile.
+pub const MAX_PROFILE_FILES: usize = 1000;
+/// At most this many bytes in a profile.
+pub const MAX_PROFILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Exit status of the marker read when there is no marker.
+const NO_MARKER: i32 = 3;
+/// Largest marker read back.
+const MARKER_CAP: usize = 1024 * 1024;
+
+/// How a profile is run.
+#[derive(Debug, Clone)]
+pub struct BootstrapSettings {
+    /// How long `run` may take.
+    pub timeout: Duration,
+    /// Bytes of stdout and of stderr kept (in the report and the marker).
+    pub output_cap: usize,
+    /// Time allowed for each preparation step (mkdir, marker read and write, cleanup).
+    pub step_timeout: Duration,
+}
+
+impl Default for BootstrapSettings {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(600),
+            output_cap: 32 * 1024,
+            step_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One file of a profile's `files/` tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileFile {
+    /// Its path below `files/`, `/`-separated.
+    pub relative: String,
+    /// Its path on the node.
+    pub local: PathBuf,
+    /// Its permission bits (kept in the guest).
+    pub mode: u32,
+}
+
+/// A bootstrap profile read from `bootstrap.d/<name>/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootstrapProfile {
+    /// The profile's name.
+    pub name: String,
+    /// Its folder.
+    pub dir: PathBuf,
+    /// Its `run` script.
+    pub run: PathBuf,
+    /// The folders below `files/` (created in the guest, also when empty).
+    pub dirs: Vec<String>,
+    /// The files below `files/`.
+    pub files: Vec<ProfileFile>,
+}
+
+/// How the profile's run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BootstrapStatus {
+    /// `run` exited 0.
+    Ok,
+    /// `run` exited non-zero or was killed by a signal.
+    Failed,
+    /// `run` ran past the timeout and was killed.
+    TimedOut,
+}
+
+/// The recorded outcome of one run: exit status and bounded output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootstrapOutcome {
+    /// ok, failed or timed_out.
+    pub status: BootstrapStatus,
+    /// The exit status, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal, when it was killed by one.
+    pub signal: Option<i32>,
+    /// stdout, at most the output cap (invalid UTF-8 replaced).
+    pub stdout: String,
+    /// stdout was longer than the cap.
+    pub stdout_truncated: bool,
+    /// stderr, at most the output cap.
+    pub stderr: String,
+    /// stderr was longer than the cap.
+    pub stderr_truncated: bool,
+    /// Run time in milliseconds.
+    pub duration_ms: u64,
+}
+
+impl BootstrapOutcome {
+    /// The outcome of a run.
+    pub fn from_exec(outcome: &ExecOutcome) -> Self {
+        let (status, exit_code, signal) = match outcome.exit {
+            GuestExit::Exited(0) => (BootstrapStatus::Ok, Some(0), None),
+            GuestExit::Exited(code) => (BootstrapStatus::Failed, Some(code), None),
+            GuestExit::Signaled(sig) => (BootstrapStatus::Failed, None, Some(sig)),
+            GuestExit::TimedOut => (BootstrapStatus::TimedOut, None, None),
+        };
+        Self {
+            status,
+            exit_code,
+            signal,
+            stdout: outcome.stdout.text().into_owned(),
+            stdout_truncated: outcome.stdout.truncated,
+            stderr: outcome.stderr.text().into_owned(),
+            stderr_truncated: outcome.stderr.truncated,
+            duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match (self.status, self.exit_code, self.signal) {
+            (BootstrapStatus::Ok, _, _) => "it succeeded".to_owned(),
+            (BootstrapStatus::TimedOut, _, _) => {
+                format!("it timed out after {} ms", self.duration_ms)
+            }
+            (BootstrapStatus::Failed, Some(code), _) => format!("it exited with status {code}"),
+            (BootstrapStatus::Failed, None, Some(sig)) => format!("it was killed by signal {sig}"),
+            (BootstrapStatus::Failed, None, None) => "it failed".to_owned(),
+        }
+    }
+}
+
+/// The marker in the guest (`/var/lib/felhom/bootstrap.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootstrapMarker {
+    /// Format version ([`MARKER_VERSION`]).
+    pub version: u32,
+    /// The transaction that ran the profile.
+    pub txn: String,
+    /// The profile.
+    pub profile: String,
+    /// The guest.
+    pub vmid: u32,
+    /// When the run ended, UTC RFC 3339.
+    pub time: String,
+    /// How it ended.
+    pub outcome: BootstrapOutcome,
+}
+
+/// The result of [`run_bootstrap`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BootstrapReport {
+    /// What was recorded in the guest.
+    #[serde(flatten)]
+    pub marker: BootstrapMarker,
+    /// True when the marker of this transaction was found and nothing ran.
+    pub reused: bool,
+}
+
+impl BootstrapReport {
+    /// True when the profile's run exited 0.
+    pub fn succeeded(&self) -> bool {
+        self.marker.outcome.status == BootstrapStatus::Ok
+    }
+
+    /// `Ok(self)` when the run succeeded, else the operator-facing error.
+    pub fn into_result(self) -> Result<Self, BootstrapError> {
+        if self.succeeded() {
+            return Ok(self);
+        }
+        Err(BootstrapError::Failed {
+            vmid: self.marker.vmid,
+            txn: self.marker.txn.clone(),
+            profile: self.marker.profile.clone(),
+            what: self.marker.outcome.describe(),
+        })
+    }
+}
+
+/// Why a bootstrap could not be run, or that it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// The profile name cannot name a folder.
+    #[error("bootstrap profile name {name:?} is invalid; use letters, digits, '.', '_' and '-'")]
+    InvalidProfileName {
+        /// The name.
+        name: String,
+    },
+    /// The profile has no `run`.
+    #[error("bootstrap profile {profile:?} has no run script at {path}; create it (executable) or pick another profile")]
+    ProfileMissing {
+        /// The profile.
+        profile: String,
+        /// Where `run` was looked for.
+        path: PathBuf,
+    },
+    /// `run` is not an executable regular file.
+    #[error("{path} is not an executable regular file; chmod +x it")]
+    RunNotExecutable {
+        /// The script.
+        path: PathBuf,
+    },
+    /// Something in `files/` is not a regular file or folder.
+    #[error("{path} in bootstrap profile {profile:?} is not a regular file or folder (symlinks and special files are not pushed); replace it")]
+    UnsupportedEntry {
+        /// The profile.
+        profile: String,
+        /// The entry.
+        path: PathBuf,
+    },
+    /// The profile is larger than the limits.
+    #[error("bootstrap profile {profile:?} is too large ({reason}); keep it under {MAX_PROFILE_FILES} files and {MAX_PROFILE_BYTES} bytes")]
+    ProfileTooLarge {
+        /// The profile.
+        profile: String,
+        /// Which limit.
+        reason: String,
+    },
+    /// Reading the profile failed.
+    #[error("could not read {path} of a bootstrap profile: {source}")]
+    ProfileIo {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The transaction id cannot name a folder in the guest.
+    #[error("transaction id {txn:?} cannot be used for a bootstrap (letters, digits, '_' and '-', at most 64)")]
+    InvalidTxn {
+        /// The id.
+        txn: String,
+    },
+    /// A command in the guest could not be run.
+    #[error("bootstrap in guest {vmid}: {source}")]
+    Exec {
+        /// The guest.
+        vmid: u32,
+        /// Why.
+        #[source]
+        source: ExecError,
+    },
+    /// A preparation step ran and failed.
+    #[error("bootstrap step '{step}' failed in guest {vmid}: {detail}")]
+    Step {
+        /// The guest.
+        vmid: u32,
+        /// Which step.
+        step: &'static str,
+        /// How it ended.
+        detail: String,
+    },
+    /// The profile ran and did not succeed.
+    #[error("bootstrap profile {profile:?} failed in guest {vmid} for transaction {txn}: {what}; its output is in the report and in {MARKER_PATH} inside the guest")]
+    Failed {
+        /// The guest.
+        vmid: u32,
+        /// The transaction.
+        txn: String,
+        /// The profile.
+        profile: String,
+        /// How it ended.
+        what: String,
+    },
+}
+
+impl BootstrapError {
+    /// The stable code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::InvalidProfileName { .. }
+            | Self::ProfileMissing { .. }
+            | Self::RunNotExecutable { .. }
+            | Self::UnsupportedEntry { .. }
+            | Self::ProfileTooLarge { .. }
+            | Self::ProfileIo { .. } => ErrorCode::ConfigInvalid,
+            Self::Exec { source, .. } if source.guest_down() => ErrorCode::LaunchUnproven,
+            Self::Exec { .. }
+            | Self::InvalidTxn { .. }
+            | Self::Step { .. }
+            | Self::Failed { .. } => ErrorCode::BootstrapFailed,
+        }
+    }
+}
+
+fn valid_profile_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn valid_txn(txn: &str) -> bool {
+    !txn.is_empty()
+        && txn.len() <= 64
+        && txn
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+}
+
+/// Read profile `name` from `bootstrap_dir/<name>/`.
+pub fn load_profile(bootstrap_dir: &Path, name: &str) -> Result<BootstrapProfile, BootstrapError> {
+    if !valid_profile_name(name) {
+        return Err(BootstrapError::InvalidProfileName {
+            name: name.to_owned(),
+        });
+    }
+    let dir = bootstrap_dir.join(name);
+    let run = dir.join("run");
+    let meta = match fs::metadata(&run) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(BootstrapError::ProfileMissing {
+                profile: name.to_owned(),
+                path: run,
+            })
+        }
+        Err(source) => return Err(BootstrapError::ProfileIo { path: run, source }),
+    };
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(BootstrapError::RunNotExecutable { path: run });
+    }
+    let mut profile = BootstrapProfile {
+        name: name.to_owned(),
+        dir: dir.clone(),
+        run,
+        dirs: Vec::new(),
+        files: Vec::new(),
+    };
+    let files_dir = dir.join("files");
+    match fs::symlink_metadata(&files_dir) {
+        Ok(m) if m.is_dir() => {
+            let mut total = meta.len();
+            walk_files(&files_dir, "", &mut profile, &mut total)?;
+        }
+        Ok(_) => {
+            return Err(BootstrapError::UnsupportedEntry {
+                profile: name.to_owned(),
+                path: files_dir,
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(BootstrapError::ProfileIo {
+                path: files_dir,
+                source,
+            })
+        }
+    }
+    Ok(profile)
+}
+
+fn walk_files(
+    dir: &Path,
+    prefix: &str,
+    profile: &mut BootstrapProfile,
+    total: &mut u64,
+) -> Result<(), BootstrapError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| BootstrapError::ProfileIo { path, source }
+    };
+    let mut entries: Vec<_> = fs::read_dir(dir)
+        .map_err(io(dir))?
+        .collect::<Result<_, _>>()
+        .map_err(io(dir))?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        let unsupported = || BootstrapError::UnsupportedEntry {
+            profile: profile.name.clone(),
+            path: path.clone(),
+        };
+        let name = entry.file_name();
+        let name = name.to_str().ok_or_else(unsupported)?;
+        if name.contains('\n') {
+            return Err(unsupported());
+        }
+        let relative = if prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let meta = fs::symlink_metadata(&path).map_err(io(&path))?;
+        if meta.is_dir() {
+            profile.dirs.push(relative.clone());
+            walk_files(&path, &relative, profile, total)?;
+        } else if meta.is_file() {
+            *total += meta.len();
+            if profile.files.len() + 1 > MAX_PROFILE_FILES || *total > MAX_PROFILE_BYTES {
+                return Err(BootstrapError::ProfileTooLarge {
+                    profile: profile.name.clone(),
+                    reason: format!("{} files, {} bytes so far", profile.files.len() + 1, *total),
+                });
+            }
+            profile.files.push(ProfileFile {
+                relative,
+                local: path.clone(),
+                mode: meta.permissions().mode() & 0o777,
+            });
+        } else {
+            return Err(unsupported());
+        }
+    }
+    Ok(())
+}
+
+/// Run `profile` in the guest for transaction `txn`, unless the guest's marker says this
+/// transaction already ran it (then the recorded outcome comes back with `reused: true`).
+///
+/// A profile that ran and failed is a report with a non-ok status (see
+/// [`BootstrapReport::into_result`]); errors mean it could not be run or recorded.
+pub async fn run_bootstrap<E: GuestExec>(
+    exec: &E,
+    profile: &BootstrapProfile,
+    txn: &str,
+    settings: &BootstrapSettings,
+) -> Result<BootstrapReport, BootstrapError> {
+    let vmid = exec.guest().vmid;
+    if !valid_txn(txn) {
+        return Err(BootstrapError::InvalidTxn {
+            txn: txn.to_owned(),
+        });
+    }
+    let as_exec = |source| BootstrapError::Exec { vmid, source };
+
+    if let Some(marker) = read_marker(exec, settings).await? {
+        if marker.txn == txn {
+            tracing::info!(vmid, txn, profile = %marker.profile, "bootstrap already recorded for this transaction; not running it again");
+            return Ok(BootstrapReport {
+                marker,
+                reused: true,
+            });
+        }
+    }
+
+    let base = format!("{GUEST_BOOTSTRAP_ROOT}/{txn}");
+    let files_base = format!("{base}/files");
+    let mut dirs = vec![base.clone(), files_base.clone()];
+    dirs.extend(profile.dirs.iter().map(|d| format!("{files_base}/{d}")));
+    let mut argv = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        "umask 077 && rm -rf \"$1\" && mkdir -p \"$@\"".to_owned(),
+        "felhom-bootstrap".to_owned(),
+    ];
+    argv.extend(dirs);
+    step(exec, "prepare", ExecRequest::new(argv), settings).await?;
+
+    exec.push_file(
+        &PushSource::Path(profile.run.clone()),
+        &format!("{base}/run"),
+        0o700,
+    )
+    .await
+    .map_err(as_exec)?;
+    for file in &profile.files {
+        exec.push_file(
+            &PushSource::Path(file.local.clone()),
+            &format!("{files_base}/{}", file.relative),
+            file.mode,
+        )
+        .await
+        .map_err(as_exec)?;
+    }
+
+    tracing::info!(vmid, txn, profile = %profile.name, "running bootstrap profile");
+    let request = ExecRequest::new([
+        "/bin/sh",
+        "-c",
+        "cd \"$1\" && exec ./run",
+        "felhom-bootstrap",
+        &base,
+    ])
+    .env("FELHOM_TXN", txn)
+    .env("FELHOM_VMID", vmid.to_string())
+    .env("FELHOM_PROFILE", &profile.name)
+    .env("FELHOM_BOOTSTRAP_DIR", &base)
+    .env("FELHOM_FILES_DIR", &files_base)
+    .timeout(settings.timeout)
+    .output_cap(settings.output_cap);
+    let outcome = exec.exec(&request).await.map_err(as_exec)?;
+    let marker = BootstrapMarker {
+        version: MARKER_VERSION,
+        txn: txn.to_owned(),
+        profile: profile.name.clone(),
+        vmid,
+        time: crate::timefmt::now_rfc3339(),
+        outcome: BootstrapOutcome::from_exec(&outcome),
+    };
+    write_marker(exec, &marker, settings).await?;
+
+    let cleanup = step(
+        exec,
+        "cleanup",
+        ExecRequest::new(["/bin/sh", "-c", "rm -rf \"$1\"", "felhom-bootstrap", &base]),
+        settings,
+    )
+    .await;
+    if let Err(e) = cleanup {
+        tracing::warn!(vmid, txn, error = %e, "could not remove the pushed bootstrap profile from the guest");
+    }
+    Ok(BootstrapReport {
+        marker,
+        reused: false,
+    })
+}
+
+/// Run a preparation step; anything but exit 0 is an error.
+async fn step<E: GuestExec>(
+    exec: &E,
+    name: &'static str,
+    request: ExecRequest,
+    settings: &BootstrapSettings,
+) -> Result<ExecOutcome, BootstrapError> {
+    let vmid = exec.guest().vmid;
+    let cap = request.output_cap.min(MARKER_CAP);
+    let request = request.timeout(settings.step_timeout).output_cap(cap);
+    let outcome = exec
+        .exec(&request)
+        .await
+        .map_err(|source| BootstrapError::Exec { vmid, source })?;
+    if outcome.success() {
+        Ok(outcome)
+    } else {
+        Err(BootstrapError::Step {
+            vmid,
+            step: name,
+            detail: outcome.summary(),
+        })
+    }
+}
+
+/// The marker in the guest, if there is a readable one.
+async fn read_marker<E: GuestExec>(
+    exec: &E,
+    settings: &BootstrapSettings,
+) -> Result<Option<BootstrapMarker>, BootstrapError> {
+    let vmid = exec.guest().vmid;
+    let request = ExecRequest::new([
+        "/bin/sh",
+        "-c",
+        "[ -e \"$1\" ] || exit 3; cat \"$1\"",
+        "felhom-bootstrap",
+        MARKER_PATH,
+    ])
+    .timeout(settings.step_timeout)
+    .output_cap(MARKER_CAP);
+    let outcome = exec
+        .exec(&request)
+        .await
+        .map_err(|source| BootstrapError::Exec { vmid, source })?;
+    match outcome.exit {
+        GuestExit::Exited(0) => {}
+        GuestExit::Exited(NO_MARKER) => return Ok(None),
+        _ => {
+            return Err(BootstrapError::Step {
+                vmid,
+                step: "read marker",
+                detail: outcome.summary(),
+            })
+        }
+    }
+    match serde_json::from_slice::<BootstrapMarker>(&outcome.stdout.bytes) {
+        Ok(marker) => Ok(Some(marker)),
+        Err(e) => {
+            tracing::warn!(vmid, error = %e, path = MARKER_PATH, "unreadable bootstrap marker in the guest; it will be replaced");
+            Ok(None)
+        }
+    }
+}
+
+/// Write the marker: push to a temporary name (verified), then rename over the marker.
+async fn write_marker<E: GuestExec>(
+    exec: &E,
+    marker: &BootstrapMarker,
+    settings: &BootstrapSettings,
+) -> Result<(), BootstrapError> {
+    let vmid = exec.guest().vmid;
+    let mut json = serde_json::to_vec(marker).map_err(|e| BootstrapError::Step {
+        vmid,
+        step: "write marker",
+        detail: e.to_string(),
+    })?;
+    json.push(b'\n');
+    let tmp = format!("{MARKER_PATH}.{}.tmp", marker.txn);
+    exec.push_file(&PushSource::Bytes(json), &tmp, 0o600)
+        .await
+        .map_err(|source| BootstrapError::Exec { vmid, source })?;
+    step(
+        exec,
+        "write marker",
+        ExecRequest::new([
+            "/bin/sh",
+            "-c",
+            "mv -f \"$1\" \"$2\"",
+            "felhom-bootstrap",
+            &tmp,
+            MARKER_PATH,
+        ]),
+        settings,
+    )
+    .await
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest::exec::Captured;
+
+    fn write_exec(path: &Path, text: &str) {
+        fs::write(path, text).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
+    fn a_profile_is_read_with_its_files_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("web");
+        fs::create_dir_all(p.join("files/etc/app/empty")).unwrap();
+        write_exec(&p.join("run"), "#!/bin/sh\n");
+        fs::write(p.join("files/etc/app/app.conf"), "x=1\n").unwrap();
+        fs::set_permissions(
+            p.join("files/etc/app/app.conf"),
+            fs::Permissions::from_mode(0o640),
+        )
+        .unwrap();
+        let profile = load_profile(dir.path(), "web").unwrap();
+        assert_eq!(profile.dirs, ["etc", "etc/app", "etc/app/empty"]);
+        assert_eq!(profile.files.len(), 1);
+        assert_eq!(profile.files[0].relative, "etc/app/app.conf");
+        assert_eq!(profile.files[0].mode, 0o640);
+    }
+
+    #[test]
+    fn broken_profiles_are_refused_with_a_config_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load_profile(dir.path(), "nope").unwrap_err();
+        assert!(
+            matches!(err, BootstrapError::ProfileMissing { .. }),
+            "{err}"
+        );
+        assert_eq!(err.code(), ErrorCode::ConfigInvalid);
+
+        for bad in ["", "../x", ".hidden", "a/b"] {
+            assert!(matches!(
+                load_profile(dir.path(), bad),
+                Err(BootstrapError::InvalidProfileName { .. })
+            ));
+        }
+
+        let p = dir.path().join("noexec");
+        fs::create_dir_all(&p).unwrap();
+        fs::write(p.join("run"), "#!/bin/sh\n").unwrap();
+        fs::set_permissions(p.join("run"), fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            load_profile(dir.path(), "noexec"),
+            Err(BootstrapError::RunNotExecutable { .. })
+        ));
+
+        let p = dir.path().join("link");
+        fs::create_dir_all(p.join("files")).unwrap();
+        write_exec(&p.join("run"), "#!/bin/sh\n");
+        std::os::unix::fs::symlink("/etc/shadow", p.join("files/shadow")).unwrap();
+        assert!(matches!(
+            load_profile(dir.path(), "link"),
+            Err(BootstrapError::UnsupportedEntry { .. })
+        ));
+    }
+
+    #[test]
+    fn outcomes_record_status_code_and_output() {
+        let exec = |exit| ExecOutcome {
+            exit,
+            stdout: Captured::capped(b"out".to_vec(), 10, false),
+            stderr: Captured::capped(b"err".to_vec(), 2, false),
+            duration: Duration::from_millis(1500),
+        };
+        let o = BootstrapOutcome::from_exec(&exec(GuestExit::Exited(0)));
+        assert_eq!(o.status, BootstrapStatus::Ok);
+        assert_eq!(o.stderr, "er");
+        assert!(o.stderr_truncated);
+        assert_eq!(o.duration_ms, 1500);
+        let o = BootstrapOutcome::from_exec(&exec(GuestExit::Exited(4)));
+        assert_eq!((o.status, o.exit_code), (BootstrapStatus::Failed, Some(4)));
+        let o = BootstrapOutcome::from_exec(&exec(GuestExit::TimedOut));
+        assert_eq!(o.status, BootstrapStatus::TimedOut);
+        let json = serde_json::to_value(&o).unwrap();
+        assert_eq!(json["status"], "timed_out");
+    }
+
+    #[test]
+    fn a_failed_report_is_a_bootstrap_failed_error_without_the_output() {
+        let report = BootstrapReport {
+            marker: BootstrapMarker {
+                version: MARKER_VERSION,
+                txn: "01TXN".into(),
+                profile: "default".into(),
+                vmid: 120,
+                time: "2026-01-01T00:00:00Z".into(),
+                outcome: BootstrapOutcome {
+                    status: BootstrapStatus::Failed,
+                    exit_code: Some(3),
+                    signal: None,
+                    stdout: "token=abc".into(),
+                    stdout_truncated: false,
+                    stderr: "password=hunter2".into(),
+                    stderr_truncated: false,
+                    duration_ms: 10,
+                },
+            },
+            reused: false,
+        };
+        let err = report.into_result().unwrap_err();
+        assert_eq!(err.code(), ErrorCode::BootstrapFailed);
+        let msg = err.to_string();
+        assert!(msg.contains("guest 120") && msg.contains("01TXN") && msg.contains("status 3"));
+        assert!(
+            !msg.contains("hunter2") && !msg.contains("token=abc"),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,1074 @@
+//! osquery checks: named SQL queries from check packs (`checks.d/*.toml`), run inside the guest
+//! with `osqueryi --json`, each judged against its expectation.
+//!
+//! A pack:
+//!
+//! ```toml
+//! [[check]]
+//! name = "hostname"                       # unique across all packs
+//! description = "the guest has its name"  # optional
+//! sql = "SELECT hostname FROM system_info"
+//! expect = "hostname == '{hostname}'"     # optional, default "rows >= 1"
+//! timeout_secs = 30                       # optional, default 30
+//! ```
+//!
+//! Expectations: `rows <op> N` with `<op>` one of `==`, `!=`, `>=`, `>`, `<=`, `<`; or
+//! `<column> == '<value>'`: at least one row, and the column equals the value in every row.
+//! Values may hold placeholders the agent fills in per guest: `{hostname}`, `{vmid}`, `{node}`,
+//! `{txn}` (`{{` and `}}` for literal braces). Placeholders are never put into SQL.
+//!
+//! Status: `pass` (ran, expectation holds), `fail` (ran, expectation false) or `error` (could
+//! not run: osquery missing, timeout, an osquery error such as an unknown table, unreadable
+//! output). osquery is found at `/usr/bin/osqueryi`, else `/opt/osquery/bin/osqueryd -S`,
+//! tested with `test -x` in the guest; `PATH` is never relied on.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::exec::{ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef};
+use crate::error::ErrorCode;
+
+/// The default timeout of one check.
+pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+/// The placeholders an expectation value may use.
+pub const PLACEHOLDERS: [&str; 4] = ["hostname", "vmid", "node", "txn"];
+/// The flags every osquery run gets (shared reference osquery-facts.md, section 2.4): no
+/// guest-local config or flag file, no extensions, no events.
+pub const OSQUERY_FLAGS: [&str; 5] = [
+    "--json",
+    "--config_path=/dev/null",
+    "--flagfile=/dev/null",
+    "--disable_extensions=true",
+    "--disable_events=true",
+];
+/// Where osquery's shell is looked for, in order.
+pub const OSQUERYI_PATH: &str = "/usr/bin/osqueryi";
+/// The fallback: the one real binary of osquery's package, run with `-S`.
+pub const OSQUERYD_PATH: &str = "/opt/osquery/bin/osqueryd";
+/// Exit status of the locate probe when neither exists.
+const NOT_FOUND: i32 = 3;
+
+/// A comparison of the row count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountOp {
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `>=`
+    Ge,
+    /// `>`
+    Gt,
+    /// `<=`
+    Le,
+    /// `<`
+    Lt,
+}
+
+impl CountOp {
+    fn symbol(self) -> &'static str {
+        match self {
+            Self::Eq => "==",
+            Self::Ne => "!=",
+            Self::Ge => ">=",
+            Self::Gt => ">",
+            Self::Le => "<=",
+            Self::Lt => "<",
+        }
+    }
+
+    fn holds(self, left: u64, right: u64) -> bool {
+        match self {
+            Self::Eq => left == right,
+            Self::Ne => left != right,
+            Self::Ge => left >= right,
+            Self::Gt => left > right,
+            Self::Le => left <= right,
+            Self::Lt => left < right,
+        }
+    }
+}
+
+/// One piece of an expected value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValuePart {
+    /// Literal text.
+    Text(String),
+    /// A placeholder, filled from the [`CheckContext`].
+    Placeholder(String),
+}
+
+/// What a check's result must satisfy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expectation {
+    /// The number of rows compares to `count`.
+    Rows {
+        /// The comparison.
+        op: CountOp,
+        /// The right-hand side.
+        count: u64,
+    },
+    /// At least one row, and `column` equals the value in every row.
+    ColumnEquals {
+        /// The result column (its key in osquery's JSON).
+        column: String,
+        /// The expected value.
+        value: Vec<ValuePart>,
+    },
+}
+
+impl Default for Expectation {
+    fn default() -> Self {
+        Self::Rows {
+            op: CountOp::Ge,
+            count: 1,
+        }
+    }
+}
+
+impl fmt::Display for Expectation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Rows { op, count } => write!(f, "rows {} {count}", op.symbol()),
+            Self::ColumnEquals { column, value } => {
+                write!(f, "{column} == '")?;
+                for part in value {
+                    match part {
+                        ValuePart::Text(t) => {
+                            f.write_str(&t.replace('{', "{{").replace('}', "}}"))?
+                        }
+                        ValuePart::Placeholder(p) => write!(f, "{{{p}}}")?,
+                    }
+                }
+                f.write_str("'")
+            }
+        }
+    }
+}
+
+fn parse_value(text: &str) -> Result<Vec<ValuePart>, String> {
+    let mut parts = Vec::new();
+    let mut literal = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') => {
+                chars.next();
+                literal.push('{');
+            }
+            '}' if chars.peek() == Some(&'}') => {
+                chars.next();
+                literal.push('}');
+            }
+            '{' => {
+                let mut name = String::new();
+                loop {
+                    match chars.next() {
+                        Some('}') => break,
+                        Some(c) => name.push(c),
+                        None => return Err(format!("unclosed placeholder {{{name}")),
+                    }
+                }
+                if !PLACEHOLDERS.contains(&name.as_str()) {
+                    return Err(format!(
+                        "unknown placeholder {{{name}}} (known: {})",
+                        PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+                    ));
+                }
+                if !literal.is_empty() {
+                    parts.push(ValuePart::Text(std::mem::take(&mut literal)));
+                }
+                parts.push(ValuePart::Placeholder(name));
+            }
+            '}' => return Err("a single '}' in a value; write '}}'".to_owned()),
+            c => literal.push(c),
+        }
+    }
+    if !literal.is_empty() || parts.is_empty() {
+        parts.push(ValuePart::Text(literal));
+    }
+    Ok(parts)
+}
+
+impl FromStr for Expectation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let lhs_end = s
+            .find(|c: char| c.is_whitespace() || "=!<>".contains(c))
+            .ok_or_else(|| format!("expectation {s:?} has no comparison"))?;
+        let (lhs, rest) = s.split_at(lhs_end);
+        let rest = rest.trim_start();
+        let op_len = if rest.starts_with("==")
+            || rest.starts_with("!=")
+            || rest.starts_with(">=")
+            || rest.starts_with("<=")
+        {
+            2
+        } else if rest.starts_with('>') || rest.starts_with('<') {
+            1
+        } else {
+            return Err(format!(
+                "expectation {s:?}: expected one of == != >= > <= < after {lhs:?}"
+            ));
+        };
+        let (op_text, rhs) = rest.split_at(op_len);
+        let rhs = rhs.trim();
+        if lhs.is_empty() {
+            return Err(format!("expectation {s:?} has nothing left of {op_text}"));
+        }
+        if lhs == "rows" {
+            let op = match op_text {
+                "==" => CountOp::Eq,
+                "!=" => CountOp::Ne,
+                ">=" => CountOp::Ge,
+                ">" => CountOp::Gt,
+                "<=" => CountOp::Le,
+                _ => CountOp::Lt,
+            };
+            let count = rhs
+                .parse::<u64>()
+                .map_err(|_| format!("expectation {s:?}: {rhs:?} is not a row count"))?;
+            return Ok(Self::Rows { op, count });
+        }
+        if op_text != "==" {
+            return Err(format!(
+                "expectation {s:?}: a column can only be compared with =="
+            ));
+        }
+        let quote = rhs.chars().next().filter(|q| *q == '\'' || *q == '"');
+        let value = match quote {
+            Some(q) if rhs.len() >= 2 && rhs.ends_with(q) && !rhs[1..rhs.len() - 1].contains(q) => {
+                &rhs[1..rhs.len() - 1]
+            }
+            _ => {
+                return Err(format!(
+                    "expectation {s:?}: quote the expected value, e.g. {lhs} == 'value'"
+                ))
+            }
+        };
+        Ok(Self::ColumnEquals {
+            column: lhs.to_owned(),
+            value: parse_value(value).map_err(|e| format!("expectation {s:?}: {e}"))?,
+        })
+    }
+}
+
+/// One check from a pack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// Unique name.
+    pub name: String,
+    /// What it proves, for operators.
+    pub description: Option<String>,
+    /// The query.
+    pub sql: String,
+    /// What the result must satisfy.
+    pub expect: Expectation,
+    /// How long osquery may take.
+    pub timeout: Duration,
+    /// The pack it came from.
+    pub pack: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPack {
+    #[serde(default)]
+    check: Vec<RawCheck>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCheck {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    sql: String,
+    #[serde(default)]
+    expect: Option<String>,
+    #[serde(default)]
+    timeout_secs: Option<u64>,
+}
+
+fn valid_check_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Parse one pack's text; `origin` names it in errors.
+pub fn parse_pack(text: &str, origin: &Path) -> Result<Vec<Check>, CheckError> {
+    let raw: RawPack = toml::from_str(text).map_err(|e| CheckError::Parse {
+        path: origin.to_owned(),
+        message: e.message().to_owned(),
+    })?;
+    let mut seen = HashSet::new();
+    let mut checks = Vec::with_capacity(raw.check.len());
+    for c in raw.check {
+        let invalid = |reason: String| CheckError::Invalid {
+            path: origin.to_owned(),
+            check: c.name.clone(),
+            reason,
+        };
+        if !valid_check_name(&c.name) {
+            return Err(invalid(
+                "names use letters, digits, '-', '_' and '.' (at most 64)".to_owned(),
+            ));
+        }
+        if !seen.insert(c.name.clone()) {
+            return Err(invalid("the name is used twice in this pack".to_owned()));
+        }
+        let sql = c.sql.trim().to_owned();
+        if sql.is_empty() {
+            return Err(invalid("sql is empty".to_owned()));
+        }
+        if sql.starts_with('-') || sql.contains('\0') {
+            return Err(invalid(
+                "sql must not start with '-' or contain NUL bytes".to_owned(),
+            ));
+        }
+        let expect = match &c.expect {
+            None => Expectation::default(),
+            Some(e) => e.parse().map_err(invalid)?,
+        };
+        let timeout = match c.timeout_secs {
+            None => DEFAULT_CHECK_TIMEOUT,
+            Some(0) => return Err(invalid("timeout_secs must be at least 1".to_owned())),
+            Some(s) if s > 3600 => {
+                return Err(invalid("timeout_secs must be at most 3600".to_owned()))
+            }
+            Some(s) => Duration::from_secs(s),
+        };
+        checks.push(Check {
+            name: c.name,
+            description: c.description,
+            sql,
+            expect,
+            timeout,
+            pack: origin.to_owned(),
+        });
+    }
+    Ok(checks)
+}
+
+/// Read every `*.toml` pack in `dir`, in file-name order. Check names must be unique across
+/// packs; a folder without packs is an error (a guest cannot be verified without checks).
+pub fn load_packs(dir: &Path) -> Result<Vec<Check>, CheckError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| CheckError::Read { path, source }
+    };
+    let mut packs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()
+        .map_err(io(dir))?;
+    packs.retain(|p| p.extension().is_some_and(|e| e == "toml") && p.is_file());
+    packs.sort();
+    if packs.is_empty() {
+        return Err(CheckError::NoPacks {
+            dir: dir.to_owned(),
+        });
+    }
+    let mut all: Vec<Check> = Vec::new();
+    for pack in packs {
+        let text = std::fs::read_to_string(&pack).map_err(io(&pack))?;
+        for check in parse_pack(&text, &pack)? {
+            if let Some(first) = all.iter().find(|c| c.name == check.name) {
+                return Err(CheckError::Duplicate {
+                    name: check.name,
+                    first: first.pack.clone(),
+                    second: pack,
+                });
+            }
+            all.push(check);
+        }
+    }
+    Ok(all)
+}
+
+/// The values placeholders are filled with for one guest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckContext {
+    values: BTreeMap<String, String>,
+}
+
+impl CheckContext {
+    /// No values.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Set a placeholder's value.
+    pub fn with(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.values.insert(name.to_owned(), value.into());
+        self
+    }
+
+    fn render(&self, parts: &[ValuePart]) -> Result<String, String> {
+        let mut out = String::new();
+        for part in parts {
+            match part {
+                ValuePart::Text(t) => out.push_str(t),
+                ValuePart::Placeholder(p) => out.push_str(
+                    self.values
+                        .get(p)
+                        .ok_or_else(|| format!("no value for {{{p}}} was given to the checks"))?,
+                ),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A check's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckStatus {
+    /// It ran and the expectation holds.
+    Pass,
+    /// It ran and the expectation is false.
+    Fail,
+    /// It could not run or its result could not be read.
+    Error,
+}
+
+/// One row of osquery's output: column to value (osquery prints every value as a string).
+pub type Row = BTreeMap<String, String>;
+
+/// A check's result, as reported (`{"name", "status", "rows", …}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResult {
+    /// The check's name.
+    pub name: String,
+    /// pass, fail or error.
+    pub status: CheckStatus,
+    /// The rows seen (at most [`CheckSettings::max_rows`]).
+    pub rows: Vec<Row>,
+    /// How many rows the query returned.
+    pub row_count: usize,
+    /// True when `rows` holds fewer rows than the query returned.
+    pub rows_truncated: bool,
+    /// Why it failed or errored (none when it passed).
+    pub message: Option<String>,
+    /// How long it took, in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// Limits for running checks.
+#[derive(Debug, Clone)]
+pub struct CheckSettings {
+    /// Rows kept per result.
+    pub max_rows: usize,
+    /// Bytes of osquery output read per check.
+    pub output_cap: usize,
+    /// Time allowed for locating osquery.
+    pub locate_timeout: Duration,
+}
+
+impl Default for CheckSettings {
+    fn default() -> Self {
+        Self {
+            max_rows: 20,
+            output_cap: 4 * 1024 * 1024,
+            locate_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Check packs could not be read, or checks did not pass.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// A pack or the folder could not be read.
+    #[error("could not read check pack {path}: {source}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A pack is not valid TOML of the pack format.
+    #[error("check pack {path} is invalid: {message}")]
+    Parse {
+        /// The pack.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// A check is invalid.
+    #[error("check {check:?} in {path} is invalid: {reason}")]
+    Invalid {
+        /// The pack.
+        path: PathBuf,
+        /// The check.
+        check: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Two packs define the same check name.
+    #[error("check {name:?} is defined in {first} and again in {second}; rename one")]
+    Duplicate {
+        /// The name.
+        name: String,
+        /// Where it is defined first.
+        first: PathBuf,
+        /// Where again.
+        second: PathBuf,
+    },
+    /// The folder holds no pack.
+    #[error(
+        "no check packs (*.toml) in {dir}; install the default pack or point checks_dir elsewhere"
+    )]
+    NoPacks {
+        /// The folder.
+        dir: PathBuf,
+    },
+    /// Checks ran and did not all pass.
+    #[error("osquery checks did not pass in {guest}: {summary}; see the check results for the rows and messages")]
+    NotPassed {
+        /// The guest.
+        guest: GuestRef,
+        /// Which failed and which could not run.
+        summary: String,
+    },
+}
+
+impl CheckError {
+    /// The stable code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::NotPassed { .. } => ErrorCode::CheckFailed,
+            _ => ErrorCode::ConfigInvalid,
+        }
+    }
+}
+
+/// `Ok(())` when every result passed, else [`CheckError::NotPassed`] naming the others.
+pub fn verdict(guest: GuestRef, results: &[CheckResult]) -> Result<(), CheckError> {
+    let names = |status| {
+        results
+            .iter()
+            .filter(|r| r.status == status)
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>()
+    };
+    let failed = names(CheckStatus::Fail);
+    let errored = names(CheckStatus::Error);
+    if failed.is_empty() && errored.is_empty() {
+        return Ok(());
+    }
+    let mut parts = Vec::new();
+    if !failed.is_empty() {
+        parts.push(format!("failed: {}", failed.join(", ")));
+    }
+    if !errored.is_empty() {
+        parts.push(format!("could not run: {}", errored.join(", ")));
+    }
+    Err(CheckError::NotPassed {
+        guest,
+        summary: parts.join("; "),
+    })
+}
+
+/// How osquery is started in the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OsqueryCommand {
+    /// `/usr/bin/osqueryi`.
+    Osqueryi,
+    /// `/opt/osquery/bin/osqueryd -S`.
+    OsquerydShell,
+}
+
+impl OsqueryCommand {
+    /// The argv that runs `sql` with the one-shot flags.
+    pub fn argv(&self, sql: &str) -> Vec<String> {
+        let mut argv = match self {
+            Self::Osqueryi => vec![OSQUERYI_PATH.to_owned()],
+            Self::OsquerydShell => vec![OSQUERYD_PATH.to_owned(), "-S".to_owned()],
+        };
+        argv.extend(OSQUERY_FLAGS.iter().map(|f| (*f).to_owned()));
+        argv.push(sql.to_owned());
+        argv
+    }
+}
+
+/// Find osquery in the guest with `test -x`: `Ok(None)` when it is not installed.
+pub async fn locate_osquery<E: GuestExec>(
+    exec: &E,
+    settings: &CheckSettings,
+) -> Result<Option<OsqueryCommand>, String> {
+    let script = format!(
+        "if test -x {OSQUERYI_PATH}; then echo osqueryi; \
+         elif test -x {OSQUERYD_PATH}; then echo osqueryd; \
+         else exit {NOT_FOUND}; fi"
+    );
+    let request = ExecRequest::new(["/bin/sh".to_owned(), "-c".to_owned(), script])
+        .timeout(settings.locate_timeout)
+        .output_cap(1024);
+    let outcome = exec.exec(&request).await.map_err(|e| e.to_string())?;
+    match outcome.exit {
+        GuestExit::Exited(0) => match outcome.stdout.text().trim() {
+            "osqueryi" => Ok(Some(OsqueryCommand::Osqueryi)),
+            "osqueryd" => Ok(Some(OsqueryCommand::OsquerydShell)),
+            other => Err(format!(
+                "unexpected answer {other:?} while looking for osquery"
+            )),
+        },
+        GuestExit::Exited(NOT_FOUND) => Ok(None),
+        _ => Err(format!("looking for osquery failed: {}", outcome.summary())),
+    }
+}
+
+/// Parse `osqueryi --json` output exactly: an array of objects whose values are all strings.
+/// Invalid UTF-8 in values is replaced (osquery passes such bytes through).
+pub fn parse_osquery_json(stdout: &[u8]) -> Result<Vec<Row>, String> {
+    let text = String::from_utf8_lossy(stdout);
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("osquery output is not JSON: {e}"))?;
+    let items = value
+        .as_array()
+        .ok_or_else(|| "osquery output is not a JSON array".to_owned())?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let obj = item
+                .as_object()
+                .ok_or_else(|| format!("row {i} of osquery's output is not an object"))?;
+            obj.iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::String(s) => Ok((k.clone(), s.clone())),
+                    other => Err(format!(
+                        "row {i} column {k:?} is {other}, but osquery prints every value as a string"
+                    )),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Run `checks` in the guest, in order. Never fails as a whole: what could not run is a result
+/// with status `error`.
+pub async fn run_checks<E: GuestExec>(
+    exec: &E,
+    checks: &[Check],
+    ctx: &CheckContext,
+    settings: &CheckSettings,
+) -> Vec<CheckResult> {
+    if checks.is_empty() {
+        return Vec::new();
+    }
+    let guest = exec.guest();
+    let located = locate_osquery(exec, settings).await;
+    let mut results = Vec::with_capacity(checks.len());
+    for check in checks {
+        let started = Instant::now();
+        let result = match &located {
+            Err(e) => Err(e.clone()),
+            Ok(None) => Err(format!(
+                "osquery is not installed in {guest} (looked for {OSQUERYI_PATH} and {OSQUERYD_PATH})"
+            )),
+            Ok(Some(cmd)) => run_one(exec, cmd, check, ctx, settings).await,
+        };
+        let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let result = match result {
+            Ok(mut r) => {
+                r.duration_ms = elapsed;
+                r
+            }
+            Err(message) => CheckResult {
+                name: check.name.clone(),
+                status: CheckStatus::Error,
+                rows: Vec::new(),
+                row_count: 0,
+                rows_truncated: false,
+                message: Some(message),
+                duration_ms: elapsed,
+            },
+        };
+        tracing::info!(vmid = guest.vmid, check = %result.name, status = ?result.status, "osquery check");
+        results.push(result);
+    }
+    results
+}
+
+/// Run one check; `Err` is an `error` result with this message.
+async fn run_one<E: GuestExec>(
+    exec: &E,
+    cmd: &OsqueryCommand,
+    check: &Check,
+    ctx: &CheckContext,
+    settings: &CheckSettings,
+) -> Result<CheckResult, String> {
+    let expected = match &check.expect {
+        Expectation::ColumnEquals { column, value } => Some((column, ctx.render(value)?)),
+        Expectation::Rows { .. } => None,
+    };
+    let request = ExecRequest::new(cmd.argv(&check.sql))
+        .timeout(check.timeout)
+        .output_cap(settings.output_cap);
+    let outcome = exec.exec(&request).await.map_err(|e| e.to_string())?;
+    let rows = osquery_rows(&outcome, check.timeout, settings.output_cap)?;
+    let row_count = rows.len();
+    let (status, message) = match (&check.expect, expected) {
+        (Expectation::Rows { op, count }, _) => {
+            if op.holds(row_count as u64, *count) {
+                (CheckStatus::Pass, None)
+            } else {
+                (
+                    CheckStatus::Fail,
+                    Some(format!(
+                        "expected rows {} {count}, the query returned {row_count}",
+                        op.symbol()
+                    )),
+                )
+            }
+        }
+        (Expectation::ColumnEquals { .. }, Some((column, value))) => {
+            judge_column(&rows, column, &value)?
+        }
+        (Expectation::ColumnEquals { .. }, None) => {
+            return Err("internal: expectation without a value".to_owned())
+        }
+    };
+    let mut rows = rows;
+    let rows_truncated = rows.len() > settings.max_rows;
+    rows.truncate(settings.max_rows);
+    Ok(CheckResult {
+        name: check.name.clone(),
+        status,
+        rows,
+        row_count,
+        rows_truncated,
+        message,
+        duration_ms: 0,
+    })
+}
+
+fn judge_column(
+    rows: &[Row],
+    column: &str,
+    value: &str,
+) -> Result<(CheckStatus, Option<String>), String> {
+    if rows.is_empty() {
+        return Ok((
+            CheckStatus::Fail,
+            Some(format!(
+                "expected {column} == {value:?}, the query returned no rows"
+            )),
+        ));
+    }
+    for row in rows {
+        let found = row.get(column).ok_or_else(|| {
+            format!("the result has no column {column:?}; select it in the check's SQL")
+        })?;
+        if found != value {
+            return Ok((
+                CheckStatus::Fail,
+                Some(format!("expected {column} == {value:?}, found {found:?}")),
+            ));
+        }
+    }
+    Ok((CheckStatus::Pass, None))
+}
+
+/// The rows of a finished osquery run, or why it could not run.
+fn osquery_rows(outcome: &ExecOutcome, timeout: Duration, cap: usize) -> Result<Vec<Row>, String> {
+    let stderr = outcome.stderr.text();
+    let error_line = stderr
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("Error:") || l.starts_with("ERROR:"))
+        .map(|l| l.chars().take(300).collect::<String>());
+    match outcome.exit {
+        GuestExit::TimedOut => {
+            return Err(format!(
+                "osquery did not answer within {}s and was killed",
+                timeout.as_secs()
+            ))
+        }
+        GuestExit::Signaled(sig) => return Err(format!("osquery was killed by signal {sig}")),
+        GuestExit::Exited(code @ (126 | 127)) => {
+            return Err(format!(
+                "osquery could not be started (exit status {code}): {}",
+                outcome.summary()
+            ))
+        }
+        GuestExit::Exited(0) => {}
+        GuestExit::Exited(code) => {
+            return Err(match error_line {
+                Some(line) => format!("osquery exited with status {code}: {line}"),
+                None => format!("osquery exited with status {code}: {}", outcome.summary()),
+            })
+        }
+    }
+    if let Some(line) = error_line {
+        return Err(format!("osquery reported: {line}"));
+    }
+    if outcome.stdout.truncated {
+        return Err(format!(
+            "osquery printed more than {cap} bytes; narrow the check's query"
+        ));
+    }
+    parse_osquery_json(&outcome.stdout.bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest::exec::Captured;
+
+    #[test]
+    fn expectations_parse_and_print() {
+        let cases = [
+            ("rows >= 1", "rows >= 1"),
+            ("rows==0", "rows == 0"),
+            ("  rows  <  3 ", "rows < 3"),
+            ("rows != 2", "rows != 2"),
+            ("hostname == '{hostname}'", "hostname == '{hostname}'"),
+            ("version == \"5.23.1\"", "version == '5.23.1'"),
+            ("name == 'ct-{vmid}.{node}'", "name == 'ct-{vmid}.{node}'"),
+            ("v == 'a{{b}}'", "v == 'a{{b}}'"),
+        ];
+        for (text, shown) in cases {
+            let e: Expectation = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(e.to_string(), shown);
+        }
+        assert_eq!(
+            "name == 'ct-{vmid}'".parse::<Expectation>().unwrap(),
+            Expectation::ColumnEquals {
+                column: "name".into(),
+                value: vec![
+                    ValuePart::Text("ct-".into()),
+                    ValuePart::Placeholder("vmid".into())
+                ]
+            }
+        );
+    }
+
+    #[test]
+    fn bad_expectations_are_refused() {
+        for bad in [
+            "",
+            "rows",
+            "rows >= x",
+            "rows >= -1",
+            "rows => 1",
+            "== 1",
+            "hostname == web1",
+            "hostname >= 'a'",
+            "hostname == '{nope}'",
+            "hostname == '{hostname'",
+            "hostname == 'a}b'",
+            "hostname == 'it's'",
+        ] {
+            assert!(bad.parse::<Expectation>().is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn packs_parse_with_defaults_and_refuse_mistakes() {
+        let pack = r#"
+            [[check]]
+            name = "os"
+            sql = "SELECT name FROM os_version"
+
+            [[check]]
+            name = "no-failed-units"
+            sql = "SELECT id FROM systemd_units WHERE active_state = 'failed'"
+            expect = "rows == 0"
+            timeout_secs = 5
+        "#;
+        let checks = parse_pack(pack, Path::new("p.toml")).unwrap();
+        assert_eq!(checks.len(), 2);
+        assert_eq!(checks[0].expect, Expectation::default());
+        assert_eq!(checks[0].timeout, DEFAULT_CHECK_TIMEOUT);
+        assert_eq!(checks[1].timeout, Duration::from_secs(5));
+
+        for bad in [
+            "[[check]]\nname = \"a\"\nsql = \"SELECT 1\"\nbogus = 1\n",
+            "[[check]]\nname = \"a b\"\nsql = \"SELECT 1\"\n",
+            "[[check]]\nname = \"a\"\nsql = \"  \"\n",
+            "[[check]]\nname = \"a\"\nsql = \"--help\"\n",
+            "[[check]]\nname = \"a\"\nsql = \"SELECT 1\"\ntimeout_secs = 0\n",
+            "[[check]]\nname = \"a\"\nsql = \"SELECT 1\"\n[[check]]\nname = \"a\"\nsql = \"SELECT 2\"\n",
+            "[[check]]\nname = \"a\"\nsql = \"SELECT 1\"\nexpect = \"rows ~ 1\"\n",
+        ] {
+            let err = parse_pack(bad, Path::new("bad.toml")).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::ConfigInvalid);
+            assert!(err.to_string().contains("bad.toml"), "{err}");
+        }
+    }
+
+    #[test]
+    fn packs_in_a_folder_load_in_order_and_names_stay_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("b.toml"),
+            "[[check]]\nname = \"two\"\nsql = \"SELECT 2\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("a.toml"),
+            "[[check]]\nname = \"one\"\nsql = \"SELECT 1\"\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "ignored").unwrap();
+        let names: Vec<_> = load_packs(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(names, ["one", "two"]);
+        std::fs::write(
+            dir.path().join("c.toml"),
+            "[[check]]\nname = \"one\"\nsql = \"SELECT 3\"\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            load_packs(dir.path()),
+            Err(CheckError::Duplicate { .. })
+        ));
+        let empty = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            load_packs(empty.path()),
+            Err(CheckError::NoPacks { .. })
+        ));
+    }
+
+    #[test]
+    fn osquery_json_is_parsed_exactly() {
+        let rows =
+            parse_osquery_json(b"[\n  {\"a\":\"1\",\"b\":\"\"},\n  {\"a\":\"2\",\"b\":\"x\"}\n]\n")
+                .unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1]["b"], "x");
+        assert!(parse_osquery_json(b"[\n\n]\n").unwrap().is_empty());
+        // Values are always strings in osquery's output; anything else is not osquery's format.
+        assert!(parse_osquery_json(b"[{\"a\":1}]").is_err());
+        assert!(parse_osquery_json(b"[{\"a\":null}]").is_err());
+        assert!(parse_osquery_json(b"{\"a\":\"1\"}").is_err());
+        assert!(parse_osquery_json(b"").is_err());
+        // Invalid UTF-8 inside a value is tolerated.
+        let rows = parse_osquery_json(b"[{\"a\":\"\xff\"}]").unwrap();
+        assert_eq!(rows[0]["a"], "\u{fffd}");
+    }
+
+    fn ran(code: i32, stdout: &str, stderr: &str) -> ExecOutcome {
+        ExecOutcome {
+            exit: GuestExit::Exited(code),
+            stdout: Captured::capped(stdout.as_bytes().to_vec(), 1 << 20, false),
+            stderr: Captured::capped(stderr.as_bytes().to_vec(), 1 << 20, false),
+            duration: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn osquery_errors_are_recognised() {
+        let t = Duration::from_secs(30);
+        let e =
+            osquery_rows(&ran(1, "[\n\n]\n", "Error: no such table: nope\n"), t, 100).unwrap_err();
+        assert!(e.contains("no such table: nope"), "{e}");
+        // Exit 0 with an error line (old osquery's stdin form) is still an error.
+        let e = osquery_rows(&ran(0, "", "Error: incomplete SQL: SELECT 1\n"), t, 100).unwrap_err();
+        assert!(e.contains("incomplete SQL"), "{e}");
+        let e = osquery_rows(&ran(127, "", "env: can't execute\n"), t, 100).unwrap_err();
+        assert!(e.contains("could not be started"), "{e}");
+        let mut timed_out = ran(0, "", "");
+        timed_out.exit = GuestExit::TimedOut;
+        assert!(osquery_rows(&timed_out, t, 100)
+            .unwrap_err()
+            .contains("30s"));
+        let mut big = ran(0, "[", "");
+        big.stdout.truncated = true;
+        assert!(osquery_rows(&big, t, 100).unwrap_err().contains("narrow"));
+        // Warnings alone do not make an error.
+        let rows = osquery_rows(
+            &ran(
+                0,
+                "[\n  {\"a\":\"b\"}\n]\n",
+                "W0101 00:00:00.000000 1 virtual_table.cpp:1] warn\n",
+            ),
+            t,
+            100,
+        )
+        .unwrap();
+        assert_eq!(rows.len(), 1);
+    }
+
+    #[test]
+    fn column_expectations_need_rows_and_every_row_to_match() {
+        let row = |v: &str| Row::from([("hostname".to_owned(), v.to_owned())]);
+        assert_eq!(
+            judge_column(&[row("web1")], "hostname", "web1").unwrap().0,
+            CheckStatus::Pass
+        );
+        assert_eq!(
+            judge_column(&[row("web1"), row("web2")], "hostname", "web1")
+                .unwrap()
+                .0,
+            CheckStatus::Fail
+        );
+        assert_eq!(
+            judge_column(&[], "hostname", "web1").unwrap().0,
+            CheckStatus::Fail
+        );
+        assert!(judge_column(&[row("web1")], "other", "web1").is_err());
+    }
+
+    #[test]
+    fn placeholders_render_from_the_context_only() {
+        let ctx = CheckContext::new()
+            .with("hostname", "web1")
+            .with("vmid", "120");
+        let e: Expectation = "h == '{hostname}-{vmid}'".parse().unwrap();
+        let Expectation::ColumnEquals { value, .. } = e else {
+            panic!("not a column expectation")
+        };
+        assert_eq!(ctx.render(&value).unwrap(), "web1-120");
+        assert!(CheckContext::new().render(&value).is_err());
+    }
+
+    #[test]
+    fn results_serialize_as_the_report_expects() {
+        let r = CheckResult {
+            name: "os".into(),
+            status: CheckStatus::Fail,
+            rows: vec![Row::from([("name".to_owned(), "Debian".to_owned())])],
+            row_count: 1,
+            rows_truncated: false,
+            message: Some("m".into()),
+            duration_ms: 3,
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["name"], "os");
+        assert_eq!(v["status"], "fail");
+        assert_eq!(v["rows"][0]["name"], "Debian");
+        let guest = GuestRef {
+            kind: crate::pve::GuestKind::Lxc,
+            vmid: 120,
+        };
+        let err = verdict(guest, &[r]).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::CheckFailed);
+        assert!(err.to_string().contains("CT 120") && err.to_string().contains("failed: os"));
+    }
+
+    #[test]
+    fn the_osquery_command_uses_absolute_paths_and_one_shot_flags() {
+        let argv = OsqueryCommand::OsquerydShell.argv("SELECT 1");
+        assert_eq!(argv[0], "/opt/osquery/bin/osqueryd");
+        assert_eq!(argv[1], "-S");
+        assert!(argv.contains(&"--json".to_owned()));
+        assert_eq!(argv.last().map(String::as_str), Some("SELECT 1"));
+        assert_eq!(OsqueryCommand::Osqueryi.argv("x")[0], "/usr/bin/osqueryi");
+    }
+}

@@ -1,0 +1,582 @@
+//! LXC containers: commands through `pct exec <vmid> --keep-env 0 -- …` and files through
+//! `pct push`, run locally as root (PVE has no API for either).
+//!
+//! `pct` runs with a cleared environment (only `PATH`), in its own process group, with stdin,
+//! stdout and stderr as pipes (a TTY would make lxc-attach allocate a pty). The command inside
+//! gets only the controlled environment of [`ExecRequest`]. Output is capped while it is read.
+//! On timeout the whole process group gets SIGTERM, then SIGKILL after a grace period, and a
+//! sweep inside the container kills whatever still carries the exec's tag (killing `pct` is not
+//! guaranteed to stop the attached process). `pct push` can exit 0 when the copy failed, so
+//! every push is read back and verified.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::exec::{
+    check_guest_path, guest_argv, hash_local_file, sha256_hex, sweep_request, verify_pushed,
+    Captured, ExecError, ExecIds, ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef,
+    PushReceipt, PushSource,
+};
+use crate::pve::GuestKind;
+
+/// `PATH` given to the `pct` process (what PVE's CLI handler sets itself).
+const PCT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// How `pct` is run.
+#[derive(Debug, Clone)]
+pub struct PctConfig {
+    /// The `pct` program: a path, or a name looked up on the agent's `PATH` (default `pct`).
+    pub program: PathBuf,
+    /// Time between SIGTERM and SIGKILL when a command times out.
+    pub kill_grace: Duration,
+    /// Time to wait for the output pipes to close after `pct` ended.
+    pub drain_grace: Duration,
+    /// Time allowed for the in-guest sweep after a timeout.
+    pub sweep_timeout: Duration,
+    /// Time allowed for one `pct push`.
+    pub push_timeout: Duration,
+    /// Where pushed bytes are staged on the node (mode 0600 files, removed after the push).
+    pub scratch_dir: PathBuf,
+}
+
+impl Default for PctConfig {
+    fn default() -> Self {
+        Self {
+            program: PathBuf::from("pct"),
+            kill_grace: Duration::from_secs(3),
+            drain_grace: Duration::from_secs(1),
+            sweep_timeout: Duration::from_secs(15),
+            push_timeout: Duration::from_secs(300),
+            scratch_dir: std::env::temp_dir(),
+        }
+    }
+}
+
+/// Exec into one LXC container through `pct`.
+#[derive(Debug)]
+pub struct LxcExec {
+    vmid: u32,
+    config: PctConfig,
+    ids: ExecIds,
+}
+
+impl LxcExec {
+    /// Exec into container `vmid` with this configuration.
+    pub fn new(vmid: u32, config: PctConfig) -> Self {
+        Self {
+            vmid,
+            config,
+            ids: ExecIds::random(),
+        }
+    }
+
+    /// Use these exec ids (tests that need predictable argv).
+    pub fn with_exec_ids(mut self, ids: ExecIds) -> Self {
+        self.ids = ids;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PctConfig {
+        &self.config
+    }
+
+    fn guest_ref(&self) -> GuestRef {
+        GuestRef {
+            kind: GuestKind::Lxc,
+            vmid: self.vmid,
+        }
+    }
+
+    /// The program to spawn: a path as given, a bare name resolved on the agent's `PATH` (not
+    /// on the cleared `PATH` given to `pct`).
+    fn resolve_program(&self) -> PathBuf {
+        let program = &self.config.program;
+        if program.as_os_str().as_bytes().contains(&b'/') {
+            return program.clone();
+        }
+        if let Some(path) = std::env::var_os("PATH") {
+            for dir in std::env::split_paths(&path) {
+                let candidate = dir.join(program);
+                if is_executable(&candidate) {
+                    return candidate;
+                }
+            }
+        }
+        program.clone()
+    }
+
+    /// Run `request` through `pct exec` under a fresh exec id; returns the outcome and the id.
+    async fn run_tagged(&self, request: &ExecRequest) -> Result<(ExecOutcome, String), ExecError> {
+        let guest = self.guest_ref();
+        let exec_id = self.ids.next_id();
+        let inner = guest_argv(request, &exec_id)
+            .map_err(|reason| ExecError::InvalidRequest { guest, reason })?;
+        let mut args: Vec<OsString> = vec![
+            "exec".into(),
+            self.vmid.to_string().into(),
+            "--keep-env".into(),
+            "0".into(),
+            "--".into(),
+        ];
+        args.extend(inner.into_iter().map(OsString::from));
+        let outcome = self
+            .run_pct(
+                args,
+                request.stdin.as_deref(),
+                request.timeout,
+                request.output_cap,
+            )
+            .await?;
+        if let Some(err) = classify_pct_failure(guest, &outcome) {
+            return Err(err);
+        }
+        Ok((outcome, exec_id))
+    }
+
+    /// Kill, inside the container, whatever still carries `exec_id` after a timeout.
+    async fn sweep(&self, exec_id: &str) {
+        let request = sweep_request(exec_id, Duration::ZERO, self.config.sweep_timeout);
+        match self.run_tagged(&request).await {
+            Ok((o, _)) if o.success() => {
+                let killed = o.stdout.text().split_whitespace().count();
+                if killed > 0 {
+                    tracing::warn!(
+                        vmid = self.vmid,
+                        killed,
+                        "killed processes left by a timed-out command inside the container"
+                    );
+                }
+            }
+            Ok((o, _)) => {
+                tracing::warn!(vmid = self.vmid, outcome = %o.summary(), "in-container sweep after a timeout did not finish cleanly");
+            }
+            Err(e) => {
+                tracing::warn!(vmid = self.vmid, error = %e, "in-container sweep after a timeout could not run");
+            }
+        }
+    }
+
+    /// Spawn `pct` with `args` in its own process group and wait for it, its timeout, or both.
+    async fn run_pct(
+        &self,
+        args: Vec<OsString>,
+        stdin: Option<&[u8]>,
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<ExecOutcome, ExecError> {
+        let guest = self.guest_ref();
+        let program = self.resolve_program();
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.args(&args)
+            .env_clear()
+            .env("PATH", PCT_PATH)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let started = Instant::now();
+        let mut child = cmd.spawn().map_err(|source| ExecError::Spawn {
+            guest,
+            program: program.display().to_string(),
+            source,
+        })?;
+        let mut group = GroupGuard::new(child.id());
+
+        let stdin_task = match (stdin, child.stdin.take()) {
+            (Some(bytes), Some(mut pipe)) => {
+                let bytes = bytes.to_vec();
+                Some(tokio::spawn(async move {
+                    // A command that does not read its stdin closes the pipe: not an error.
+                    let _ = pipe.write_all(&bytes).await;
+                    let _ = pipe.shutdown().await;
+                }))
+            }
+            _ => None,
+        };
+        let stdout_buf = Arc::new(Mutex::new(Captured::default()));
+        let stderr_buf = Arc::new(Mutex::new(Captured::default()));
+        let stdout_task = child
+            .stdout
+            .take()
+            .map(|r| tokio::spawn(read_capped(r, Arc::clone(&stdout_buf), cap)));
+        let stderr_task = child
+            .stderr
+            .take()
+            .map(|r| tokio::spawn(read_capped(r, Arc::clone(&stderr_buf), cap)));
+
+        let exit = match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(Ok(status)) => {
+                group.disarm();
+                match (status.code(), status.signal()) {
+                    (Some(code), _) => GuestExit::Exited(code),
+                    (None, Some(sig)) => GuestExit::Signaled(sig),
+                    (None, None) => GuestExit::Exited(-1),
+                }
+            }
+            Ok(Err(source)) => {
+                group.kill();
+                return Err(ExecError::Wait { guest, source });
+            }
+            Err(_elapsed) => {
+                group.signal(Signal::SIGTERM);
+                let _ = tokio::time::timeout(self.config.kill_grace, child.wait()).await;
+                // Also after the leader ended: members that ignored SIGTERM are still there.
+                group.kill();
+                if let Err(source) = child.wait().await {
+                    return Err(ExecError::Wait { guest, source });
+                }
+                GuestExit::TimedOut
+            }
+        };
+
+        // Output still buffered in the pipes arrives now; a process that escaped the group may
+        // hold a pipe open, so do not wait for it forever.
+        let readers = async {
+            if let Some(t) = stdout_task {
+                let _ = t.await;
+            }
+            if let Some(t) = stderr_task {
+                let _ = t.await;
+            }
+        };
+        let _ = tokio::time::timeout(self.config.drain_grace, readers).await;
+        if let Some(t) = stdin_task {
+            t.abort();
+        }
+        let take = |buf: &Arc<Mutex<Captured>>| {
+            std::mem::take(&mut *buf.lock().unwrap_or_else(|e| e.into_inner()))
+        };
+        Ok(ExecOutcome {
+            exit,
+            stdout: take(&stdout_buf),
+            stderr: take(&stderr_buf),
+            duration: started.elapsed(),
+        })
+    }
+
+    async fn push_staged(
+        &self,
+        local: &Path,
+        guest_path: &str,
+        mode: u32,
+        size: u64,
+        sha256: &str,
+    ) -> Result<PushReceipt, ExecError> {
+        let guest = self.guest_ref();
+        let args: Vec<OsString> = vec![
+            "push".into(),
+            self.vmid.to_string().into(),
+            local.as_os_str().to_owned(),
+            guest_path.into(),
+            "--perms".into(),
+            format!("{:o}", mode & 0o7777).into(),
+        ];
+        let outcome = self
+            .run_pct(args, None, self.config.push_timeout, 64 * 1024)
+            .await?;
+        let stderr = outcome.stderr.text().trim().to_owned();
+        match outcome.exit {
+            GuestExit::Exited(0) => {}
+            GuestExit::Exited(_) => {
+                if stderr.starts_with("can only push files to a running CT") {
+                    return Err(ExecError::NotRunning { guest });
+                }
+                if let Some(err) = classify_missing_config(guest, &stderr) {
+                    return Err(err);
+                }
+                return Err(ExecError::PushFailed {
+                    guest,
+                    path: guest_path.to_owned(),
+                    detail: format!("pct push ended with {}", outcome.summary()),
+                });
+            }
+            GuestExit::Signaled(_) | GuestExit::TimedOut => {
+                return Err(ExecError::PushFailed {
+                    guest,
+                    path: guest_path.to_owned(),
+                    detail: format!("pct push {}", outcome.summary()),
+                });
+            }
+        }
+        // pct may exit 0 although its worker failed: what arrived decides.
+        let context = super::exec::last_line(&stderr).unwrap_or_default();
+        verify_pushed(self, guest_path, size, sha256, mode, &context).await
+    }
+}
+
+impl GuestExec for LxcExec {
+    fn guest(&self) -> GuestRef {
+        self.guest_ref()
+    }
+
+    async fn exec(&self, request: &ExecRequest) -> Result<ExecOutcome, ExecError> {
+        let (outcome, exec_id) = self.run_tagged(request).await?;
+        if outcome.exit == GuestExit::TimedOut {
+            self.sweep(&exec_id).await;
+        }
+        Ok(outcome)
+    }
+
+    async fn push_file(
+        &self,
+        source: &PushSource,
+        guest_path: &str,
+        mode: u32,
+    ) -> Result<PushReceipt, ExecError> {
+        let guest = self.guest_ref();
+        check_guest_path(guest, guest_path)?;
+        match source {
+            PushSource::Path(path) => {
+                let p = path.clone();
+                let hashed = tokio::task::spawn_blocking(move || hash_local_file(&p))
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|r| r);
+                let (size, sha) = hashed.map_err(|source| ExecError::LocalFile {
+                    guest,
+                    path: path.clone(),
+                    source,
+                })?;
+                self.push_staged(path, guest_path, mode, size, &sha).await
+            }
+            PushSource::Bytes(bytes) => {
+                let staged = StagedFile::write(&self.config.scratch_dir, bytes).map_err(
+                    |(path, source)| ExecError::LocalFile {
+                        guest,
+                        path,
+                        source,
+                    },
+                )?;
+                let sha = sha256_hex(bytes);
+                self.push_staged(staged.path(), guest_path, mode, bytes.len() as u64, &sha)
+                    .await
+            }
+        }
+    }
+}
+
+/// Turn `pct`'s own refusals (before it ran anything) into errors. Only an exact match counts:
+/// a non-zero exit, nothing on stdout, and stderr that is just pct's message.
+fn classify_pct_failure(guest: GuestRef, outcome: &ExecOutcome) -> Option<ExecError> {
+    match outcome.exit {
+        GuestExit::Exited(code) if code != 0 => {}
+        _ => return None,
+    }
+    if !outcome.stdout.bytes.is_empty() {
+        return None;
+    }
+    let stderr = outcome.stderr.text();
+    let stderr = stderr.trim();
+    if stderr.lines().count() != 1 {
+        return None;
+    }
+    if stderr.starts_with(&format!("container '{}' not running!", guest.vmid)) {
+        return Some(ExecError::NotRunning { guest });
+    }
+    classify_missing_config(guest, stderr)
+}
+
+fn classify_missing_config(guest: GuestRef, stderr: &str) -> Option<ExecError> {
+    let line = stderr.lines().next()?.trim();
+    (line.starts_with("Configuration file 'nodes/")
+        && line.contains(&format!("/lxc/{}.conf' does not exist", guest.vmid)))
+    .then(|| ExecError::NoSuchGuest {
+        guest,
+        detail: line.to_owned(),
+    })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Read a stream to its end, keeping at most `cap` bytes in `buf` and dropping the rest (so
+/// the writer never blocks on a full pipe).
+async fn read_capped<R: AsyncRead + Unpin>(mut reader: R, buf: Arc<Mutex<Captured>>, cap: usize) {
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        match reader.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_capped(&chunk[..n], cap),
+        }
+    }
+}
+
+/// The process group of a spawned `pct`. Dropped while armed (the exec was cancelled or failed
+/// half-way), it kills the whole group, so nothing outlives the agent's interest in it.
+struct GroupGuard {
+    pgid: Option<Pid>,
+}
+
+impl GroupGuard {
+    fn new(pid: Option<u32>) -> Self {
+        Self {
+            pgid: pid.and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw),
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(pgid) = self.pgid {
+            // ESRCH: the group is already gone.
+            let _ = killpg(pgid, signal);
+        }
+    }
+
+    fn kill(&mut self) {
+        self.signal(Signal::SIGKILL);
+        self.pgid = None;
+    }
+
+    fn disarm(&mut self) {
+        self.pgid = None;
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.signal(Signal::SIGKILL);
+    }
+}
+
+/// Bytes staged in a private file on the node for `pct push`; removed when dropped.
+struct StagedFile {
+    path: PathBuf,
+}
+
+impl StagedFile {
+    fn write(dir: &Path, bytes: &[u8]) -> Result<Self, (PathBuf, std::io::Error)> {
+        use std::io::Write;
+        let path = dir.join(format!("felhom-push-{}", ulid::Ulid::new()));
+        let staged = Self { path: path.clone() };
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| (path.clone(), e))?;
+        file.write_all(bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| (path.clone(), e))?;
+        Ok(staged)
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for StagedFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(code: i32, stdout: &str, stderr: &str) -> ExecOutcome {
+        ExecOutcome {
+            exit: GuestExit::Exited(code),
+            stdout: Captured::capped(stdout.as_bytes().to_vec(), 1000, false),
+            stderr: Captured::capped(stderr.as_bytes().to_vec(), 1000, false),
+            duration: Duration::ZERO,
+        }
+    }
+
+    const CT: GuestRef = GuestRef {
+        kind: GuestKind::Lxc,
+        vmid: 120,
+    };
+
+    #[test]
+    fn pct_refusals_become_errors() {
+        let e = classify_pct_failure(CT, &outcome(255, "", "container '120' not running!\n"));
+        assert!(matches!(e, Some(ExecError::NotRunning { .. })), "{e:?}");
+        let e = classify_pct_failure(
+            CT,
+            &outcome(
+                2,
+                "",
+                "Configuration file 'nodes/pve1/lxc/120.conf' does not exist\n",
+            ),
+        );
+        assert!(matches!(e, Some(ExecError::NoSuchGuest { .. })), "{e:?}");
+    }
+
+    #[test]
+    fn command_output_is_never_mistaken_for_a_pct_refusal() {
+        // The command printed it, with other output: an ordinary outcome.
+        assert!(
+            classify_pct_failure(CT, &outcome(1, "x", "container '120' not running!\n")).is_none()
+        );
+        assert!(
+            classify_pct_failure(CT, &outcome(1, "", "log\ncontainer '120' not running!\n"))
+                .is_none()
+        );
+        // Another vmid's message.
+        assert!(
+            classify_pct_failure(CT, &outcome(255, "", "container '121' not running!")).is_none()
+        );
+        // Exit 0 is never a refusal.
+        assert!(
+            classify_pct_failure(CT, &outcome(0, "", "container '120' not running!")).is_none()
+        );
+    }
+
+    #[test]
+    fn staged_files_are_private_and_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = {
+            let staged = StagedFile::write(dir.path(), b"payload").unwrap();
+            let meta = std::fs::metadata(staged.path()).unwrap();
+            assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+            assert_eq!(std::fs::read(staged.path()).unwrap(), b"payload");
+            staged.path().to_owned()
+        };
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_bare_program_name_is_resolved_on_the_agents_path() {
+        let exec = LxcExec::new(
+            101,
+            PctConfig {
+                program: PathBuf::from("sh"),
+                ..PctConfig::default()
+            },
+        );
+        let resolved = exec.resolve_program();
+        assert!(resolved.is_absolute(), "{resolved:?}");
+        let exec = LxcExec::new(
+            101,
+            PctConfig {
+                program: PathBuf::from("./relative/pct"),
+                ..PctConfig::default()
+            },
+        );
+        assert_eq!(exec.resolve_program(), PathBuf::from("./relative/pct"));
+    }
+}

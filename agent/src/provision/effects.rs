@@ -1,0 +1,839 @@
+//! The one executor of the provision machine's effects.
+//!
+//! It drives a [`State`] with [`step`] (or [`recover`]) and performs every [`Effect`] through
+//! the PVE client, the full guest list and the guest exec seam, in order: the journal record
+//! first (fsynced), then the PVE write it announces (write-ahead). It holds no decision of its
+//! own about ownership: whether a destroy may happen is the machine's, and this module only
+//! reports what it observed.
+//!
+//! A test-only kill switch (`FELHOM_AGENT_KILL_AT`, see [`KILL_AT_ENV`]) lets the crash tests
+//! SIGKILL the process at a phase boundary: just before or just after the N-th journal record.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::journal::Journal;
+use super::machine::{
+    recover, step, Effect, Event, GuestView, Marker, PlanStep, RecoveryObservation, State,
+    TaskExit, TaskObservation,
+};
+use crate::config::Config;
+use crate::error::{ErrorCode, Failure};
+use crate::guest::bootstrap::{load_profile, run_bootstrap, BootstrapSettings};
+use crate::guest::checks::{
+    load_packs, run_checks, CheckContext, CheckResult, CheckSettings, CheckStatus,
+};
+use crate::guest::exec::{ExecRequest, GuestExec, GuestRef};
+use crate::guest::lxc::{LxcExec, PctConfig};
+use crate::guest::qemu::{QemuConfig, QemuExec};
+use crate::inventory::{read_full_list, GuestType, SystemListCommands};
+use crate::pve::request::{LxcRestore, QemuRestore};
+use crate::pve::{wait_task, GuestKind, PveClient, PveError, Upid, WaitOptions};
+
+/// How long a restore task may run.
+pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
+/// How long a start, stop or destroy task may run.
+pub const POWER_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long the guest may take to answer its first exec after the start.
+pub const LAUNCH_PROOF_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long a destroyed guest may take to leave the full guest list.
+pub const CONFIRM_GONE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The bootstrap profile a provision runs.
+pub const DEFAULT_PROFILE: &str = "default";
+/// Test hook: `before-journal:N` or `after-journal:N` SIGKILLs the process at that journal
+/// record (1-based, counted per process). Never set in production.
+pub const KILL_AT_ENV: &str = "FELHOM_AGENT_KILL_AT";
+
+/// Where the executor reports phase changes and the final result (the outbox for the hub).
+pub trait Reporter: Send + Sync {
+    /// A transaction's state was journaled (a phase change, or a step within a phase).
+    fn phase(&self, state: &State);
+    /// The result of a transaction is final; queue it for the hub. `Err` says why it could not
+    /// be stored.
+    fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String>;
+}
+
+/// A reporter that only logs (no outbox).
+#[derive(Debug, Default)]
+pub struct LogReporter;
+
+impl Reporter for LogReporter {
+    fn phase(&self, _state: &State) {}
+    fn result(&self, _state: &State, _checks: &[CheckResult]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Timeouts of one executor (tests shorten them).
+#[derive(Debug, Clone)]
+pub struct Timeouts {
+    /// Restore task.
+    pub restore: Duration,
+    /// Start, stop, destroy tasks.
+    pub power: Duration,
+    /// First exec answer after the start.
+    pub launch_proof: Duration,
+    /// A destroyed guest leaving the list.
+    pub confirm_gone: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            restore: RESTORE_TIMEOUT,
+            power: POWER_TIMEOUT,
+            launch_proof: LAUNCH_PROOF_TIMEOUT,
+            confirm_gone: CONFIRM_GONE_TIMEOUT,
+        }
+    }
+}
+
+/// Performs effects for one transaction at a time.
+pub struct Executor<'a> {
+    cfg: &'a Config,
+    pve: &'a PveClient,
+    journal: &'a Journal,
+    reporter: &'a dyn Reporter,
+    cancel: CancellationToken,
+    timeouts: Timeouts,
+    pct: PctConfig,
+    /// Check results of the transaction being driven.
+    checks: Vec<CheckResult>,
+    /// The dry-run plan of the transaction being driven.
+    plan: Option<Vec<PlanStep>>,
+    /// Set when the drive stopped before the transaction settled (interrupt, journal failure).
+    halted: Option<Failure>,
+    started: Instant,
+    journal_count: u32,
+    kill_at: Option<(bool, u32)>,
+}
+
+/// What driving a transaction left behind.
+#[derive(Debug, Clone)]
+pub struct Driven {
+    /// The last state (journaled unless `halted` says otherwise).
+    pub state: State,
+    /// The check results, if checks ran.
+    pub checks: Vec<CheckResult>,
+    /// The plan, for a dry run.
+    pub plan: Option<Vec<PlanStep>>,
+    /// Why the drive stopped before the transaction settled.
+    pub halted: Option<Failure>,
+}
+
+fn parse_kill_at() -> Option<(bool, u32)> {
+    let v = std::env::var(KILL_AT_ENV).ok()?;
+    let (when, n) = v.split_once(':')?;
+    let n: u32 = n.parse().ok()?;
+    match when {
+        "before-journal" => Some((true, n)),
+        "after-journal" => Some((false, n)),
+        _ => None,
+    }
+}
+
+fn kill_self(point: &str) {
+    tracing::warn!(point, "test kill switch: SIGKILL now");
+    let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
+    // SIGKILL cannot be caught; wait for it to land.
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+impl<'a> Executor<'a> {
+    /// An executor for this node.
+    pub fn new(
+        cfg: &'a Config,
+        pve: &'a PveClient,
+        journal: &'a Journal,
+        reporter: &'a dyn Reporter,
+        cancel: CancellationToken,
+    ) -> Self {
+        let scratch = scratch_dir(cfg);
+        if let Err(e) = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&scratch)
+        {
+            tracing::warn!(path = %scratch.display(), error = %e, "cannot create the scratch dir for files pushed into guests");
+        }
+        let pct = PctConfig {
+            scratch_dir: scratch,
+            ..PctConfig::default()
+        };
+        Self {
+            cfg,
+            pve,
+            journal,
+            reporter,
+            cancel,
+            timeouts: Timeouts::default(),
+            pct,
+            checks: Vec::new(),
+            plan: None,
+            halted: None,
+            started: Instant::now(),
+            journal_count: 0,
+            kill_at: parse_kill_at(),
+        }
+    }
+
+    /// Replace the timeouts.
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// Drive `state` from `first` until it settles or the drive halts.
+    pub async fn drive(&mut self, state: State, first: Event) -> Driven {
+        self.reset();
+        match step(&state, first) {
+            Ok((next, effects)) => self.run(next, effects).await,
+            Err(d) => self.finish(state, Some(Failure::new(d.code(), d.to_string()))),
+        }
+    }
+
+    /// Drive `state` from effects already decided (a gated destroy's first re-check).
+    pub async fn drive_effects(&mut self, state: State, effects: Vec<Effect>) -> Driven {
+        self.reset();
+        self.run(state, effects).await
+    }
+
+    /// Settle a transaction a crashed run left open: observe the recorded task and the guest,
+    /// let the machine decide, and drive the result.
+    pub async fn settle(&mut self, state: State) -> Driven {
+        self.reset();
+        let task = match state.upid() {
+            None => TaskObservation::Unknown {
+                message: "no task was recorded".to_string(),
+            },
+            Some(u) => match u.parse::<Upid>() {
+                Err(e) => TaskObservation::Unknown {
+                    message: e.to_string(),
+                },
+                Ok(upid) => match self.pve.task_status(&upid).await {
+                    Ok(s) if s.status != "stopped" => TaskObservation::Running,
+                    Ok(s) => {
+                        let exit = s
+                            .exitstatus
+                            .unwrap_or_else(|| "unexpected status".to_string());
+                        if exit == "OK" || exit.starts_with("WARNINGS: ") {
+                            TaskObservation::Ok
+                        } else {
+                            TaskObservation::Error { message: exit }
+                        }
+                    }
+                    Err(e) => TaskObservation::Unknown {
+                        message: e.to_string(),
+                    },
+                },
+            },
+        };
+        let vmid = state.vmid();
+        let guest = match vmid {
+            Some(v) => self.observe(v, state.request().guest).await,
+            None => GuestView::Absent,
+        };
+        let (next, effects) = recover(&state, &RecoveryObservation { task, guest });
+        self.run(next, effects).await
+    }
+
+    fn reset(&mut self) {
+        self.checks.clear();
+        self.plan = None;
+        self.halted = None;
+        self.started = Instant::now();
+    }
+
+    fn finish(&mut self, state: State, halted: Option<Failure>) -> Driven {
+        Driven {
+            state,
+            checks: std::mem::take(&mut self.checks),
+            plan: self.plan.take(),
+            halted: halted.or_else(|| self.halted.take()),
+        }
+    }
+
+    async fn run(&mut self, mut state: State, mut effects: Vec<Effect>) -> Driven {
+        loop {
+            let answer = match self.perform_all(&state, effects).await {
+                Ok(a) => a,
+                Err(f) => return self.finish(state, Some(f)),
+            };
+            let Some(event) = answer else {
+                return self.finish(state, None);
+            };
+            match step(&state, event) {
+                Ok((next, more)) => {
+                    state = next;
+                    effects = more;
+                }
+                Err(d) => {
+                    tracing::error!(error = %d, "the executor produced an event the machine refuses");
+                    return self.finish(state, Some(Failure::new(d.code(), d.to_string())));
+                }
+            }
+        }
+    }
+
+    /// Perform the effects in order; the answer of the last answering effect comes back.
+    async fn perform_all(
+        &mut self,
+        state: &State,
+        effects: Vec<Effect>,
+    ) -> Result<Option<Event>, Failure> {
+        let mut answer = None;
+        for effect in effects {
+            if let Effect::Journal(s) = &effect {
+                self.record(s)?;
+                continue;
+            }
+            if self.cancel.is_cancelled() {
+                return Err(Failure::new(
+                    ErrorCode::TaskTimeout,
+                    format!(
+                        "interrupted before {} of transaction {}; the journal holds its state and the next agent command settles it",
+                        effect.name(),
+                        state.txn()
+                    ),
+                ));
+            }
+            tracing::debug!(txn = %state.txn(), effect = effect.name(), "performing");
+            if let Some(ev) = self.perform(state, effect).await? {
+                answer = Some(ev);
+            }
+        }
+        Ok(answer)
+    }
+
+    fn record(&mut self, s: &State) -> Result<(), Failure> {
+        self.journal_count += 1;
+        if self.kill_at == Some((true, self.journal_count)) {
+            kill_self("before-journal");
+        }
+        self.journal
+            .record(s)
+            .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+        if self.kill_at == Some((false, self.journal_count)) {
+            kill_self("after-journal");
+        }
+        let elapsed = self.started.elapsed().as_secs_f64();
+        tracing::info!(
+            txn = %s.txn(),
+            vmid = s.vmid(),
+            phase = s.phase().as_str(),
+            step = s.step().as_str(),
+            destroy_armed = s.destroy_armed(),
+            elapsed_s = format!("{elapsed:.2}"),
+            "phase {} ({})",
+            s.phase(),
+            s.step()
+        );
+        self.reporter.phase(s);
+        Ok(())
+    }
+
+    async fn perform(&mut self, state: &State, effect: Effect) -> Result<Option<Event>, Failure> {
+        let node = self.cfg.node.clone();
+        Ok(match effect {
+            Effect::Journal(_) => None,
+            Effect::Plan { steps } => {
+                self.plan = Some(steps);
+                None
+            }
+            Effect::SubmitRestore {
+                vmid,
+                guest,
+                volid,
+                storage,
+                pool,
+                unique,
+                isolate_network: _,
+            } => {
+                let res = match guest {
+                    GuestKind::Lxc => {
+                        self.pve
+                            .lxc_restore(
+                                &node,
+                                &LxcRestore {
+                                    vmid,
+                                    archive: volid,
+                                    storage,
+                                    pool,
+                                    unique,
+                                    extra: vec![],
+                                },
+                            )
+                            .await
+                    }
+                    GuestKind::Qemu => {
+                        self.pve
+                            .qemu_restore(
+                                &node,
+                                &QemuRestore {
+                                    vmid,
+                                    archive: volid,
+                                    storage,
+                                    pool,
+                                    unique,
+                                    extra: vec![],
+                                },
+                            )
+                            .await
+                    }
+                };
+                Some(match res {
+                    Ok(upid) => Event::Submitted { upid: upid.to_string() },
+                    Err(e @ (PveError::Unreachable { .. } | PveError::Decode { .. })) => {
+                        Event::SubmitUnknown(Failure::new(e.code(), format!("the restore of vmid {vmid} on node {node} may or may not have reached PVE: {e}")))
+                    }
+                    Err(e) => Event::SubmitRefused(submit_refusal(&e, vmid, &node)),
+                })
+            }
+            Effect::WaitTask { upid } => Some(self.wait(&upid, self.timeouts.restore).await?),
+            Effect::StopTask { upid } => {
+                if let Ok(u) = upid.parse::<Upid>() {
+                    if let Err(e) = self.pve.task_stop(&u).await {
+                        tracing::warn!(upid, error = %e, "could not ask PVE to stop the task");
+                    }
+                }
+                None
+            }
+            Effect::ProbeGuest { vmid } => Some(Event::GuestObserved(
+                self.observe(vmid, state.request().guest).await,
+            )),
+            Effect::VerifyMarker { vmid, guest } | Effect::RecheckOwnership { vmid, guest } => {
+                Some(Event::GuestObserved(self.observe(vmid, guest).await))
+            }
+            Effect::ConfirmDestroyed { vmid, guest } => {
+                let deadline = Instant::now() + self.timeouts.confirm_gone;
+                loop {
+                    let seen = self.observe(vmid, guest).await;
+                    if seen == GuestView::Absent
+                        || Instant::now() >= deadline
+                        || !seen.carries(&state.marker())
+                    {
+                        break Some(Event::GuestObserved(seen));
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            Effect::WriteMarker {
+                vmid,
+                guest,
+                marker,
+            } => Some(
+                match self
+                    .write_marker(vmid, guest, marker, state.request().isolate_network)
+                    .await
+                {
+                    Ok(()) => Event::MarkerWritten,
+                    Err(f) => Event::MarkerWriteFailed(f),
+                },
+            ),
+            Effect::Start { vmid, guest } => Some(match self.pve.start(&node, guest, vmid).await {
+                Err(e) => Event::StartFailed {
+                    message: format!(
+                        "start of {} {vmid} on node {node} refused: {e}",
+                        guest.pve_word()
+                    ),
+                },
+                Ok(upid) => match self.wait(upid.as_str(), self.timeouts.power).await? {
+                    Event::TaskEnded {
+                        exit: TaskExit::Ok, ..
+                    } => Event::Started,
+                    Event::TaskEnded {
+                        exit: TaskExit::Error { message },
+                        ..
+                    } => Event::StartFailed {
+                        message: format!("start task {upid} failed: {message}"),
+                    },
+                    _ => Event::StartFailed {
+                        message: format!("start task {upid} did not end in time"),
+                    },
+                },
+            }),
+            Effect::ProveLaunch { vmid, guest } => {
+                Some(match self.prove_launch(vmid, guest).await {
+                    Ok(()) => Event::LaunchProven,
+                    Err(message) => Event::LaunchUnproven { message },
+                })
+            }
+            Effect::Bootstrap { vmid, guest } => {
+                Some(match self.bootstrap(state, vmid, guest).await {
+                    Ok(()) => Event::Bootstrapped,
+                    Err(message) => Event::BootstrapFailed { message },
+                })
+            }
+            Effect::RunChecks { vmid, guest } => Some(match self.run_checks(vmid, guest).await {
+                Ok(()) => Event::ChecksPassed,
+                Err(message) => Event::ChecksFailed { message },
+            }),
+            Effect::Report => {
+                if let Err(e) = self.reporter.result(state, &self.checks) {
+                    tracing::error!(txn = %state.txn(), error = %e, "the result could not be stored for the hub");
+                }
+                Some(Event::ReportQueued)
+            }
+            Effect::Destroy { vmid, guest } => {
+                Some(Event::DestroyEnded(self.destroy(vmid, guest).await?))
+            }
+        })
+    }
+
+    async fn wait(&mut self, upid: &str, timeout: Duration) -> Result<Event, Failure> {
+        let parsed: Upid = match upid.parse() {
+            Ok(u) => u,
+            Err(e) => {
+                return Ok(Event::TaskEnded {
+                    upid: upid.to_string(),
+                    exit: TaskExit::Error {
+                        message: e.to_string(),
+                    },
+                });
+            }
+        };
+        let opts = WaitOptions {
+            timeout,
+            cancel: self.cancel.clone(),
+        };
+        match wait_task(self.pve, &parsed, &opts).await {
+            Ok(o) => {
+                if let Some(n) = o.warnings {
+                    tracing::warn!(upid, warnings = n, lines = ?o.warning_lines, "task ended with warnings (counted as success)");
+                }
+                Ok(Event::TaskEnded {
+                    upid: upid.to_string(),
+                    exit: TaskExit::Ok,
+                })
+            }
+            Err(PveError::TaskFailed { exitstatus, .. }) => Ok(Event::TaskEnded {
+                upid: upid.to_string(),
+                exit: TaskExit::Error {
+                    message: exitstatus,
+                },
+            }),
+            Err(e @ PveError::Interrupted { .. }) => Err(Failure::new(
+                ErrorCode::TaskTimeout,
+                format!(
+                    "{e}; the journal holds the transaction and the next agent command settles it"
+                ),
+            )),
+            Err(e) => {
+                tracing::warn!(upid, error = %e, "lost track of the task");
+                Ok(Event::TaskWaitTimedOut {
+                    upid: upid.to_string(),
+                })
+            }
+        }
+    }
+
+    /// Presence from the full guest list; tags, description and lock from the API config.
+    pub async fn observe(&self, vmid: u32, guest: GuestKind) -> GuestView {
+        let list = match read_full_list(
+            &self.cfg.vmlist_path,
+            &self.cfg.node,
+            &SystemListCommands::default(),
+        ) {
+            Ok(l) => l,
+            Err(e) => {
+                return GuestView::Unreadable {
+                    reason: e.to_string(),
+                }
+            }
+        };
+        let Some(entry) = list.lookup(vmid) else {
+            return GuestView::Absent;
+        };
+        let kind = match entry.kind {
+            GuestType::Qemu => GuestKind::Qemu,
+            GuestType::Lxc => GuestKind::Lxc,
+            _ => guest,
+        };
+        match self.pve.config_get(&entry.node, kind, vmid).await {
+            Ok(cfg) => {
+                let text = |k: &str| {
+                    cfg.get(k)
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let lock = cfg.get("lock").and_then(|v| v.as_str()).map(str::to_string);
+                GuestView::Present {
+                    tags: text("tags"),
+                    description: text("description"),
+                    lock,
+                }
+            }
+            Err(e) => GuestView::Unreadable {
+                reason: e.to_string(),
+            },
+        }
+    }
+
+    async fn write_marker(
+        &self,
+        vmid: u32,
+        guest: GuestKind,
+        marker: Marker,
+        isolate: bool,
+    ) -> Result<(), Failure> {
+        let node = &self.cfg.node;
+        let cfg = self
+            .pve
+            .config_get(node, guest, vmid)
+            .await
+            .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+        let text = |k: &str| {
+            cfg.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        let set = vec![
+            ("tags".to_string(), marker.merged_tags(&text("tags"))),
+            (
+                "description".to_string(),
+                marker.merged_description(&text("description")),
+            ),
+        ];
+        // The restore-test copy must never meet the network as a twin of the original: its
+        // network devices are removed before it is ever started.
+        let delete: Vec<String> = if isolate {
+            cfg.keys().filter(|k| is_net_key(k)).cloned().collect()
+        } else {
+            Vec::new()
+        };
+        self.pve
+            .config_put(node, guest, vmid, &set, &delete)
+            .await
+            .map_err(|e| {
+                Failure::new(
+                    e.code(),
+                    format!(
+                        "marking {} {vmid} on node {node} failed: {e}",
+                        guest.pve_word()
+                    ),
+                )
+            })
+    }
+
+    fn exec_for(&self, vmid: u32, guest: GuestKind) -> AnyExec<'_> {
+        match guest {
+            GuestKind::Lxc => AnyExec::Lxc(LxcExec::new(vmid, self.pct.clone())),
+            GuestKind::Qemu => AnyExec::Qemu(QemuExec::new(
+                self.pve,
+                self.cfg.node.clone(),
+                vmid,
+                QemuConfig::default(),
+            )),
+        }
+    }
+
+    async fn prove_launch(&self, vmid: u32, guest: GuestKind) -> Result<(), String> {
+        let node = &self.cfg.node;
+        let deadline = Instant::now() + self.timeouts.launch_proof;
+        let exec = self.exec_for(vmid, guest);
+        let mut last: String;
+        loop {
+            match self.pve.status_current(node, guest, vmid).await {
+                Ok(st) if st.is_running() => {
+                    let req = ExecRequest::new(["/bin/sh", "-c", "echo felhom-launch-ok"])
+                        .timeout(Duration::from_secs(30));
+                    match exec.exec(&req).await {
+                        Ok(out)
+                            if out.success() && out.stdout.text().contains("felhom-launch-ok") =>
+                        {
+                            return Ok(())
+                        }
+                        Ok(out) => last = format!("the exec answered {}", out.summary()),
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+                Ok(st) => last = format!("{} {vmid} is {}", guest.pve_word(), st.status),
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() >= deadline || self.cancel.is_cancelled() {
+                return Err(format!(
+                    "{} {vmid} on node {node} did not prove its launch within {}s: {last}",
+                    guest.pve_word(),
+                    self.timeouts.launch_proof.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn bootstrap(&self, state: &State, vmid: u32, guest: GuestKind) -> Result<(), String> {
+        let profile = load_profile(&self.cfg.provision.bootstrap_dir, DEFAULT_PROFILE)
+            .map_err(|e| e.to_string())?;
+        let exec = self.exec_for(vmid, guest);
+        let report = run_bootstrap(
+            &exec,
+            &profile,
+            &state.txn().to_string(),
+            &BootstrapSettings::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        report.into_result().map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    async fn run_checks(&mut self, vmid: u32, guest: GuestKind) -> Result<(), String> {
+        let checks = load_packs(&self.cfg.provision.checks_dir).map_err(|e| e.to_string())?;
+        if checks.is_empty() {
+            return Err(format!(
+                "no checks in {}: a guest is only green when checked; install the default pack (checks.d/default.toml)",
+                self.cfg.provision.checks_dir.display()
+            ));
+        }
+        let hostname = match self.pve.config_get(&self.cfg.node, guest, vmid).await {
+            Ok(c) => c
+                .get(if guest == GuestKind::Lxc {
+                    "hostname"
+                } else {
+                    "name"
+                })
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string(),
+            Err(_) => String::new(),
+        };
+        let ctx = CheckContext::new()
+            .with("hostname", hostname)
+            .with("vmid", vmid.to_string());
+        let exec = self.exec_for(vmid, guest);
+        self.checks = run_checks(&exec, &checks, &ctx, &CheckSettings::default()).await;
+        let bad: Vec<String> = self
+            .checks
+            .iter()
+            .filter(|c| c.status != CheckStatus::Pass)
+            .map(|c| {
+                format!(
+                    "{} ({:?}: {})",
+                    c.name,
+                    c.status,
+                    c.message.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "checks did not pass in {} {vmid}: {}",
+                guest.pve_word(),
+                bad.join("; ")
+            ))
+        }
+    }
+
+    async fn destroy(&mut self, vmid: u32, guest: GuestKind) -> Result<TaskExit, Failure> {
+        let node = self.cfg.node.clone();
+        if let Ok(st) = self.pve.status_current(&node, guest, vmid).await {
+            if st.status == "running" {
+                match self.pve.stop(&node, guest, vmid).await {
+                    Ok(upid) => {
+                        if let Event::TaskEnded {
+                            exit: TaskExit::Error { message },
+                            ..
+                        } = self.wait(upid.as_str(), self.timeouts.power).await?
+                        {
+                            return Ok(TaskExit::Error {
+                                message: format!(
+                                    "stopping {} {vmid} before the destroy failed: {message}",
+                                    guest.pve_word()
+                                ),
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        return Ok(TaskExit::Error {
+                            message: format!(
+                                "stopping {} {vmid} before the destroy was refused: {e}",
+                                guest.pve_word()
+                            ),
+                        })
+                    }
+                }
+            }
+        }
+        match self.pve.destroy(&node, guest, vmid).await {
+            Err(e) => Ok(TaskExit::Error {
+                message: e.to_string(),
+            }),
+            Ok(upid) => Ok(match self.wait(upid.as_str(), self.timeouts.power).await? {
+                Event::TaskEnded { exit, .. } => exit,
+                _ => TaskExit::Error {
+                    message: format!("destroy task {upid} did not end in time"),
+                },
+            }),
+        }
+    }
+}
+
+fn is_net_key(k: &str) -> bool {
+    k.strip_prefix("net")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The failure of a synchronous refusal of the restore, with what the operator can do.
+fn submit_refusal(e: &PveError, vmid: u32, node: &str) -> Failure {
+    if let Some((holder, v, on)) = e.already_exists() {
+        return Failure::new(
+            ErrorCode::PveRefused,
+            format!(
+                "PVE refused the restore: {} {v} already exists on node '{on}'. The guest at vmid {vmid} was not touched; it was not in this node's guest list when the provision was validated (created since, or on a node the list did not show). Pick a free vmid with `felhom-agent guests` and retry",
+                holder.pve_word()
+            ),
+        );
+    }
+    Failure::new(
+        e.code(),
+        format!("PVE refused the restore into vmid {vmid} on node {node}: {e}"),
+    )
+}
+
+/// Either guest exec, so the effects can run the same code for both kinds.
+enum AnyExec<'a> {
+    Lxc(LxcExec),
+    Qemu(QemuExec<&'a PveClient>),
+}
+
+impl GuestExec for AnyExec<'_> {
+    fn guest(&self) -> GuestRef {
+        match self {
+            AnyExec::Lxc(e) => e.guest(),
+            AnyExec::Qemu(e) => e.guest(),
+        }
+    }
+
+    async fn exec(
+        &self,
+        request: &ExecRequest,
+    ) -> Result<crate::guest::exec::ExecOutcome, crate::guest::exec::ExecError> {
+        match self {
+            AnyExec::Lxc(e) => e.exec(request).await,
+            AnyExec::Qemu(e) => e.exec(request).await,
+        }
+    }
+
+    async fn push_file(
+        &self,
+        source: &crate::guest::exec::PushSource,
+        guest_path: &str,
+        mode: u32,
+    ) -> Result<crate::guest::exec::PushReceipt, crate::guest::exec::ExecError> {
+        match self {
+            AnyExec::Lxc(e) => e.push_file(source, guest_path, mode).await,
+            AnyExec::Qemu(e) => e.push_file(source, guest_path, mode).await,
+        }
+    }
+}
+
+/// Where a transaction's scratch files go.
+pub fn scratch_dir(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("scratch")
+}

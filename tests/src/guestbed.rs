@@ -1,0 +1,321 @@
+//! The guest test bed: containers that are real root filesystems driven by the `pct` stand-in
+//! (`tests/pct/pct`), so guest commands really run (busybox under unshare + chroot).
+//!
+//! - [`template_rootfs`] builds `<repo>/.testbed/rootfs` once (`tests/testbed/build-rootfs.sh`,
+//!   under a lock; needs root and Debian's busybox-static, which `tests/run.sh` installs).
+//! - [`GuestBed`] is one test's private `pct` world: a state folder (`FELHOM_PCT_STATE`), and a
+//!   `pct` wrapper in `bin/` that points the stand-in at it. The wrapper is needed because the
+//!   agent runs `pct` with a cleared environment.
+//! - [`processes_with_marker`] lists live processes whose command line holds a marker, to prove
+//!   nothing was left behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use felhom_agent::guest::{LxcExec, PctConfig};
+
+/// The repository root (the folder holding `tests/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+/// A file of the shared reference material: `$FELHOM_SHARED_DIR/reference/<name>`, by default
+/// `<repo>/../shared/reference/<name>` (where CI puts `shared/`).
+pub fn shared_reference(name: &str) -> PathBuf {
+    let shared = std::env::var_os("FELHOM_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("..").join("shared"));
+    shared.join("reference").join(name)
+}
+
+/// The `pct` stand-in.
+pub fn pct_stand_in() -> PathBuf {
+    repo_root().join("tests/pct/pct")
+}
+
+/// The template root filesystem, built on first use (once per test process; the build script
+/// itself locks against other processes and is a no-op when the template is up to date).
+///
+/// Panics with the build's output when it cannot be built: the guest tests cannot run without
+/// it, and `tests/run.sh` installs what it needs.
+pub fn template_rootfs() -> &'static Path {
+    static TEMPLATE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = TEMPLATE.get_or_init(|| {
+        let target = repo_root().join(".testbed/rootfs");
+        let out = Command::new("bash")
+            .arg(repo_root().join("tests/testbed/build-rootfs.sh"))
+            .arg(&target)
+            .output()
+            .map_err(|e| format!("could not run build-rootfs.sh: {e}"))?;
+        if out.status.success() {
+            Ok(target)
+        } else {
+            Err(format!(
+                "tests/testbed/build-rootfs.sh failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    });
+    match built {
+        Ok(p) => p,
+        Err(e) => panic!("{e}\n(run tests/run.sh once to install busybox-static)"),
+    }
+}
+
+/// Ways to make the stand-in misbehave for one container (see `tests/pct/pct`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PctFault {
+    /// `pct push` exits 0 and copies nothing.
+    PushNoop,
+    /// `pct push` exits 0 and copies all but the last byte.
+    PushTruncate,
+    /// The command escapes pct's process group and PID namespace.
+    ExecEscape,
+    /// The root filesystem is mounted read-only.
+    RootfsReadOnly,
+}
+
+impl PctFault {
+    fn word(self) -> &'static str {
+        match self {
+            Self::PushNoop => "push-noop",
+            Self::PushTruncate => "push-truncate",
+            Self::ExecEscape => "exec-escape",
+            Self::RootfsReadOnly => "rootfs-ro",
+        }
+    }
+}
+
+/// One test's containers.
+#[derive(Debug)]
+pub struct GuestBed {
+    dir: tempfile::TempDir,
+}
+
+impl GuestBed {
+    /// A bed with no containers yet (builds the template if needed).
+    pub fn new() -> Self {
+        Self::make(false)
+    }
+
+    /// A bed where any container the stand-in is asked about appears on first use, running,
+    /// copied from the template with hostname `CT<vmid>` (what the fake PVE's restore gives):
+    /// for end-to-end runs where the fake PVE restores the guests.
+    pub fn autocreate() -> Self {
+        Self::make(true)
+    }
+
+    fn make(autocreate: bool) -> Self {
+        template_rootfs();
+        let dir = tempfile::Builder::new()
+            .prefix("felhom-guestbed-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary folder: {e}"));
+        std::fs::create_dir_all(dir.path().join("state"))
+            .and_then(|()| std::fs::create_dir_all(dir.path().join("bin")))
+            .and_then(|()| std::fs::create_dir_all(dir.path().join("scratch")))
+            .unwrap_or_else(|e| panic!("cannot lay out the guest bed: {e}"));
+        let wrapper = dir.path().join("bin/pct");
+        // The wrapper records the environment pct was started with (pct-env.last), so tests can
+        // prove what reached pct itself.
+        let template = if autocreate {
+            format!("FELHOM_PCT_TEMPLATE='{}' ", template_rootfs().display())
+        } else {
+            String::new()
+        };
+        let script = format!(
+            "#!/bin/sh\nenv > '{}'\n{template}FELHOM_PCT_STATE='{}' exec '{}' \"$@\"\n",
+            dir.path().join("pct-env.last").display(),
+            dir.path().join("state").display(),
+            pct_stand_in().display()
+        );
+        std::fs::write(&wrapper, script)
+            .and_then(|()| set_mode(&wrapper, 0o755))
+            .unwrap_or_else(|e| panic!("cannot write the pct wrapper: {e}"));
+        Self { dir }
+    }
+
+    /// The state folder (`FELHOM_PCT_STATE`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// The environment the last `pct` of this bed was started with (`KEY=value` lines).
+    pub fn last_pct_env(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("pct-env.last")).unwrap_or_default()
+    }
+
+    /// A folder holding `pct` (the wrapper), to put on an agent's `PATH`.
+    pub fn bin_dir(&self) -> PathBuf {
+        self.dir.path().join("bin")
+    }
+
+    /// The `pct` wrapper.
+    pub fn pct(&self) -> PathBuf {
+        self.bin_dir().join("pct")
+    }
+
+    /// Create a running container `vmid` from the template; returns its root filesystem.
+    pub fn add_ct(&self, vmid: u32) -> PathBuf {
+        let ct = self.state_dir().join(vmid.to_string());
+        std::fs::create_dir_all(&ct).unwrap_or_else(|e| panic!("cannot create {ct:?}: {e}"));
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(template_rootfs())
+            .arg(ct.join("rootfs"))
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run cp: {e}"));
+        assert!(status.success(), "copying the template rootfs failed");
+        self.set_running(vmid, true);
+        ct.join("rootfs")
+    }
+
+    /// A container's root filesystem.
+    pub fn rootfs(&self, vmid: u32) -> PathBuf {
+        self.state_dir().join(vmid.to_string()).join("rootfs")
+    }
+
+    /// A path inside a container's root filesystem (`guest_path` is absolute in the guest).
+    pub fn guest_path(&self, vmid: u32, guest_path: &str) -> PathBuf {
+        self.rootfs(vmid).join(guest_path.trim_start_matches('/'))
+    }
+
+    /// Start or stop a container (what `pct status` reports).
+    pub fn set_running(&self, vmid: u32, running: bool) {
+        let path = self.state_dir().join(vmid.to_string()).join("status");
+        std::fs::write(&path, if running { "running\n" } else { "stopped\n" })
+            .unwrap_or_else(|e| panic!("cannot write {path:?}: {e}"));
+    }
+
+    /// Make the stand-in misbehave for a container.
+    pub fn add_fault(&self, vmid: u32, fault: PctFault) {
+        use std::io::Write;
+        let path = self.state_dir().join(vmid.to_string()).join("faults");
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| writeln!(f, "{}", fault.word()))
+            .unwrap_or_else(|e| panic!("cannot write {path:?}: {e}"));
+    }
+
+    /// A `pct` configuration for this bed: the wrapper, short grace periods, a private scratch
+    /// folder.
+    pub fn pct_config(&self) -> PctConfig {
+        PctConfig {
+            program: self.pct(),
+            kill_grace: Duration::from_millis(500),
+            drain_grace: Duration::from_millis(500),
+            sweep_timeout: Duration::from_secs(10),
+            push_timeout: Duration::from_secs(30),
+            scratch_dir: self.dir.path().join("scratch"),
+        }
+    }
+
+    /// Exec into container `vmid` through this bed's `pct`.
+    pub fn lxc(&self, vmid: u32) -> LxcExec {
+        LxcExec::new(vmid, self.pct_config())
+    }
+
+    /// The scratch folder where pushed bytes are staged.
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.dir.path().join("scratch")
+    }
+}
+
+impl Default for GuestBed {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Live processes (pid, command line) whose command line contains `marker`, zombies excluded.
+pub fn processes_with_marker(marker: &str) -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !cmdline.contains(marker) {
+            continue;
+        }
+        let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = state
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false);
+        if !zombie {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// Wait up to `timeout` for every process with `marker` to be gone; returns the ones left.
+pub fn wait_processes_gone(marker: &str, timeout: Duration) -> Vec<(u32, String)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = processes_with_marker(marker);
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A marker unique to this call, for command lines.
+pub fn unique_marker(label: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!(
+        "felhom-{label}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+    )
+}
+
+/// Kill (SIGKILL) every process whose command line holds `marker`; returns how many. For
+/// cleaning up after a test that found leftovers, before it fails.
+pub fn kill_processes_with_marker(marker: &str) -> usize {
+    let left = processes_with_marker(marker);
+    for (pid, _) in &left {
+        if let Ok(pid) = i32::try_from(*pid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    left.len()
+}
