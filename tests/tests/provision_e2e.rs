@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 /// One provision world: the fake PVE, the guest bed, the agent's files with the package's
 /// default bootstrap profile and check pack.
-struct World {
+pub struct World {
     pve: FakePve,
     bed: GuestBed,
     files: AgentFiles,
@@ -92,4 +92,213 @@ fn happy_path_is_ok_and_cleans_up() {
         deletes.iter().all(|r| r.targets_vmid(120)),
         "only vmid 120 was deleted: {deletes:?}"
     );
+}
+
+fn writes(w: &World) -> Vec<felhom_tests::fakepve::RecordedRequest> {
+    w.pve.writes()
+}
+
+#[test]
+fn foreign_guest_only_in_the_local_list_is_refused_with_zero_writes() {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    scenario["vmlist_extra"] = json!([{"vmid": 4100, "node": "pve2", "type": "lxc"}]);
+    let w = World::new(scenario);
+    let run = w.agent(&["--selftest=provision", "-vmid", "4100", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "refused");
+    assert_eq!(doc["error"]["code"], "vmid_in_use");
+    let msg = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("4100") && msg.contains("pve2"), "{msg}");
+    assert!(writes(&w).is_empty(), "writes: {:?}", writes(&w));
+}
+
+#[test]
+fn reserved_vmids_are_refused_with_zero_writes() {
+    let w = World::demo();
+    for vmid in ["9999", "990003", "990000"] {
+        let run = w.agent(&["--selftest=provision", "-vmid", vmid, "--json"]);
+        let doc = run.json();
+        assert_eq!(run.code, Some(3), "{vmid}: {doc:#}");
+        assert_eq!(doc["error"]["code"], "vmid_reserved", "{vmid}: {doc:#}");
+    }
+    let run = w.agent(&["--selftest=provision", "-vmid", "0120", "--json"]);
+    assert_eq!(run.code, Some(3));
+    assert_eq!(run.json()["error"]["code"], "vmid_invalid");
+    assert!(writes(&w).is_empty(), "writes: {:?}", writes(&w));
+}
+
+#[test]
+fn guest_created_after_the_list_was_read_fails_with_4_and_no_delete() {
+    let w = World::demo();
+    // The list is frozen, then someone else creates CT 130 (not in our pool).
+    w.pve.set(json!({"vmlist_frozen": true}));
+    w.pve.call(
+        "add_ct",
+        json!([130, "someone-new"]),
+        json!({"status": "running"}),
+    );
+    let run = w.agent(&["--selftest=provision", "-vmid", "130", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(4), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "failed");
+    assert_eq!(doc["error"]["code"], "pve_refused");
+    assert_eq!(doc["destroy_armed"], json!(false));
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("CT 130 already exists on node 'pve1'"),
+        "{doc:#}"
+    );
+    assert!(w.pve.deletes_for(130).is_empty());
+    assert!(
+        w.pve.requests().iter().all(|r| r.method != "DELETE"),
+        "no DELETE at all"
+    );
+    let guest = w.pve.guest(130).expect("the foreign guest is intact");
+    assert_eq!(guest["status"], "running");
+}
+
+#[test]
+fn failing_check_destroys_only_our_guest_and_exits_5() {
+    let w = World::demo();
+    std::fs::write(
+        w.files.checks_dir.join("zz-impossible.toml"),
+        "[[check]]\nname = \"impossible\"\nsql = \"SELECT name FROM os_version\"\nexpect = \"rows == 0\"\n",
+    )
+    .expect("write pack");
+    let run = w.agent(&["--selftest=provision", "-vmid", "121", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "check_failed");
+    assert_eq!(doc["destroyed"], json!(true));
+    let failed: Vec<&Value> = doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["status"] != "pass")
+        .collect();
+    assert_eq!(failed.len(), 1, "{doc:#}");
+    assert_eq!(failed[0]["name"], "impossible");
+    let deletes: Vec<_> = w
+        .pve
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE" && !r.path.contains("/tasks/"))
+        .collect();
+    assert_eq!(deletes.len(), 1);
+    assert!(deletes[0].targets_vmid(121));
+    assert!(w.pve.guest(121).is_none());
+    assert!(w.pve.guest(101).is_some() && w.pve.guest(200).is_some());
+}
+
+#[test]
+fn keep_keeps_and_destroy_then_removes_it_through_the_gate() {
+    let w = World::demo();
+    let run = w.agent(&["--selftest=provision", "-vmid", "122", "--keep", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["destroyed"], json!(false));
+    assert_eq!(doc["destroy_armed"], json!(true));
+    let guest = w.pve.guest(122).expect("kept");
+    let tags = guest["config"]["tags"].as_str().unwrap_or("");
+    assert!(
+        tags.contains("felhom"),
+        "marker tags on the kept guest: {guest}"
+    );
+    assert!(w.pve.deletes_for(122).is_empty());
+
+    let run = w.agent(&["destroy", "-vmid", "122", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["destroyed"], json!(true));
+    assert_eq!(w.pve.deletes_for(122).len(), 1);
+    assert!(w.pve.guest(122).is_none());
+}
+
+#[test]
+fn destroy_of_a_pool_guest_this_agent_did_not_create_exits_7_without_delete() {
+    let w = World::demo();
+    let run = w.agent(&["destroy", "-vmid", "200", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(7), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "ownership_unproven");
+    assert!(w.pve.requests().iter().all(|r| r.method != "DELETE"));
+    assert!(w.pve.writes().is_empty());
+    assert!(w.pve.guest(200).is_some());
+}
+
+#[test]
+fn dry_run_prints_the_plan_and_writes_nothing() {
+    let w = World::demo();
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "123",
+        "--dry-run",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    let plan = doc["plan"].as_array().expect("plan");
+    assert!(
+        plan.iter()
+            .any(|s| s["call"] == "restore" && s["unique"] == json!(true)),
+        "{doc:#}"
+    );
+    assert!(w.pve.writes().is_empty());
+    let journal = w.agent(&["journal", "--json"]).json();
+    assert_eq!(
+        journal["transactions"],
+        json!([]),
+        "a dry run journals nothing"
+    );
+}
+
+#[test]
+fn two_selftests_on_one_vmid_one_runs_the_other_is_refused() {
+    let w = World::demo();
+    // Slow restores, so the first run holds the vmid while the second starts.
+    w.pve
+        .set(json!({"time_scale": 0.02, "ct_secs": {"create": 100}}));
+    let path = format!(
+        "{}:{}",
+        w.bed.bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let first = agent_command(&w.files.config_path)
+        .env("PATH", &path)
+        .args(["--selftest=provision", "-vmid", "124", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Wait until the first one has submitted its restore.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !w
+        .pve
+        .requests()
+        .iter()
+        .any(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first selftest never submitted"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let second = w.agent(&["--selftest=provision", "-vmid", "124", "--json"]);
+    let doc = second.json();
+    assert_eq!(second.code, Some(3), "{doc:#}");
+    assert_eq!(doc["error"]["code"], "vmid_in_use");
+    let first: AgentRun = first.wait_with_output().expect("first").into();
+    assert_eq!(first.code, Some(0), "{}\n{}", first.stdout, first.stderr);
+    let posts = w
+        .pve
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
+        .count();
+    assert_eq!(posts, 1, "only one restore was sent");
 }
