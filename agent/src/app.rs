@@ -139,7 +139,12 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 SelftestKind::Provision => {
                     crate::selftest::provision(&cfg, &cli.selftest_opts, &reporter, shutdown_token()).await
                 }
-                SelftestKind::Restore => usage("--selftest=restore is not available in this build yet"),
+                SelftestKind::Restore => {
+                    if cli.selftest_opts.vmid.is_some() || cli.selftest_opts.from.is_some() || cli.selftest_opts.keep {
+                        return usage("--selftest=restore picks its own vmid in the restore-test band and its backup from the rotation; it takes only --dry-run (and --storage is set in [restore_test])");
+                    }
+                    crate::restore_test::run(&cfg, cli.selftest_opts.dry_run, &reporter, shutdown_token()).await
+                }
             }
         }
         (None, Some(cmd)) => {

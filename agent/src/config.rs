@@ -65,6 +65,25 @@ pub struct Config {
     pub hub: Option<HubConfig>,
     /// Provision defaults.
     pub provision: ProvisionConfig,
+    /// The self-restore-test.
+    pub restore_test: RestoreTestConfig,
+}
+
+/// `[restore_test]`.
+#[derive(Debug, Clone)]
+pub struct RestoreTestConfig {
+    /// Storages whose backups are tested (default: the storage of `provision.selftest_source`,
+    /// else `local`).
+    pub backup_storages: Vec<String>,
+    /// A fixed list of backup volids to test in rotation, instead of the newest backup of each
+    /// pool guest.
+    pub sources: Vec<String>,
+    /// Target storage of the restored copy (default: `provision.storage`).
+    pub storage: String,
+    /// The check pack folder for restored copies (default: `provision.checks_dir`).
+    pub checks_dir: PathBuf,
+    /// node_exporter textfile collector folder.
+    pub metrics_dir: PathBuf,
 }
 
 /// `[pve]`.
@@ -119,6 +138,17 @@ struct RawConfig {
     pve: RawPve,
     hub: Option<RawHub>,
     provision: Option<RawProvision>,
+    restore_test: Option<RawRestoreTest>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRestoreTest {
+    backup_storages: Option<Vec<String>>,
+    sources: Option<Vec<String>>,
+    storage: Option<String>,
+    checks_dir: Option<PathBuf>,
+    metrics_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -250,6 +280,35 @@ impl Config {
             }
         };
         let p = raw.provision.unwrap_or_default();
+        let rt = raw.restore_test.unwrap_or_default();
+        let provision = ProvisionConfig {
+            storage: p.storage.unwrap_or_else(|| "local-lvm".to_string()),
+            selftest_source: p.selftest_source,
+            bootstrap_dir: p
+                .bootstrap_dir
+                .unwrap_or_else(|| PathBuf::from("/etc/felhom-agent/bootstrap.d")),
+            checks_dir: p
+                .checks_dir
+                .unwrap_or_else(|| PathBuf::from("/etc/felhom-agent/checks.d")),
+        };
+        let restore_test = RestoreTestConfig {
+            backup_storages: rt.backup_storages.unwrap_or_else(|| {
+                vec![provision
+                    .selftest_source
+                    .as_deref()
+                    .and_then(|s| s.split_once(':'))
+                    .map_or("local", |(sid, _)| sid)
+                    .to_string()]
+            }),
+            sources: rt.sources.unwrap_or_default(),
+            storage: rt.storage.unwrap_or_else(|| provision.storage.clone()),
+            checks_dir: rt
+                .checks_dir
+                .unwrap_or_else(|| provision.checks_dir.clone()),
+            metrics_dir: rt
+                .metrics_dir
+                .unwrap_or_else(|| PathBuf::from("/var/lib/prometheus/node-exporter")),
+        };
         Ok(Config {
             path: path.to_path_buf(),
             node,
@@ -265,16 +324,8 @@ impl Config {
                 .unwrap_or_else(|| PathBuf::from("/etc/pve/datacenter.cfg")),
             pve,
             hub,
-            provision: ProvisionConfig {
-                storage: p.storage.unwrap_or_else(|| "local-lvm".to_string()),
-                selftest_source: p.selftest_source,
-                bootstrap_dir: p
-                    .bootstrap_dir
-                    .unwrap_or_else(|| PathBuf::from("/etc/felhom-agent/bootstrap.d")),
-                checks_dir: p
-                    .checks_dir
-                    .unwrap_or_else(|| PathBuf::from("/etc/felhom-agent/checks.d")),
-            },
+            provision,
+            restore_test,
         })
     }
 }

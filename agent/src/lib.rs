@@ -15,6 +15,7 @@ pub mod guest;
 pub mod inventory;
 pub mod provision;
 pub mod pve;
+pub mod restore_test;
 pub mod selftest;
 pub mod timefmt;
 pub mod tls;

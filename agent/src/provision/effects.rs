@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::journal::Journal;
 use super::machine::{
     recover, step, Effect, Event, GuestView, Marker, PlanStep, RecoveryObservation, State,
-    TaskExit, TaskObservation,
+    TaskExit, TaskObservation, TxnKind,
 };
 use crate::config::Config;
 use crate::error::{ErrorCode, Failure};
@@ -350,8 +350,13 @@ impl<'a> Executor<'a> {
                 storage,
                 pool,
                 unique,
-                isolate_network: _,
+                isolate_network,
             } => {
+                let extra = if isolate_network {
+                    isolated_net(guest)
+                } else {
+                    Vec::new()
+                };
                 let res = match guest {
                     GuestKind::Lxc => {
                         self.pve
@@ -363,7 +368,7 @@ impl<'a> Executor<'a> {
                                     storage,
                                     pool,
                                     unique,
-                                    extra: vec![],
+                                    extra: extra.clone(),
                                 },
                             )
                             .await
@@ -378,7 +383,7 @@ impl<'a> Executor<'a> {
                                     storage,
                                     pool,
                                     unique,
-                                    extra: vec![],
+                                    extra: extra.clone(),
                                 },
                             )
                             .await
@@ -467,10 +472,15 @@ impl<'a> Executor<'a> {
                     Err(message) => Event::BootstrapFailed { message },
                 })
             }
-            Effect::RunChecks { vmid, guest } => Some(match self.run_checks(vmid, guest).await {
-                Ok(()) => Event::ChecksPassed,
-                Err(message) => Event::ChecksFailed { message },
-            }),
+            Effect::RunChecks { vmid, guest } => Some(
+                match self
+                    .run_checks(vmid, guest, state.kind() == TxnKind::SelftestRestore)
+                    .await
+                {
+                    Ok(()) => Event::ChecksPassed,
+                    Err(message) => Event::ChecksFailed { message },
+                },
+            ),
             Effect::Report => {
                 if let Err(e) = self.reporter.result(state, &self.checks) {
                     tracing::error!(txn = %state.txn(), error = %e, "the result could not be stored for the hub");
@@ -600,9 +610,13 @@ impl<'a> Executor<'a> {
             ),
         ];
         // The restore-test copy must never meet the network as a twin of the original: its
-        // network devices are removed before it is ever started.
+        // first NIC was restored with no bridge and the link down, and every other NIC is
+        // removed here, before it is ever started.
         let delete: Vec<String> = if isolate {
-            cfg.keys().filter(|k| is_net_key(k)).cloned().collect()
+            cfg.keys()
+                .filter(|k| is_net_key(k) && k.as_str() != "net0")
+                .cloned()
+                .collect()
         } else {
             Vec::new()
         };
@@ -667,6 +681,14 @@ impl<'a> Executor<'a> {
     }
 
     async fn bootstrap(&self, state: &State, vmid: u32, guest: GuestKind) -> Result<(), String> {
+        if state.kind() == TxnKind::SelftestRestore {
+            // A restored copy of a production guest is checked, never changed.
+            tracing::info!(
+                vmid,
+                "restore test: no bootstrap inside a copy of a production guest"
+            );
+            return Ok(());
+        }
         let profile = load_profile(&self.cfg.provision.bootstrap_dir, DEFAULT_PROFILE)
             .map_err(|e| e.to_string())?;
         let exec = self.exec_for(vmid, guest);
@@ -681,12 +703,22 @@ impl<'a> Executor<'a> {
         report.into_result().map(|_| ()).map_err(|e| e.to_string())
     }
 
-    async fn run_checks(&mut self, vmid: u32, guest: GuestKind) -> Result<(), String> {
-        let checks = load_packs(&self.cfg.provision.checks_dir).map_err(|e| e.to_string())?;
+    async fn run_checks(
+        &mut self,
+        vmid: u32,
+        guest: GuestKind,
+        restore: bool,
+    ) -> Result<(), String> {
+        let dir = if restore {
+            &self.cfg.restore_test.checks_dir
+        } else {
+            &self.cfg.provision.checks_dir
+        };
+        let checks = load_packs(dir).map_err(|e| e.to_string())?;
         if checks.is_empty() {
             return Err(format!(
                 "no checks in {}: a guest is only green when checked; install the default pack (checks.d/default.toml)",
-                self.cfg.provision.checks_dir.display()
+                dir.display()
             ));
         }
         let hostname = match self.pve.config_get(&self.cfg.node, guest, vmid).await {
@@ -772,6 +804,16 @@ impl<'a> Executor<'a> {
             }),
         }
     }
+}
+
+/// The network of an isolated restore: the first NIC replaced by one on no bridge with its
+/// link down (the others are removed with the marker write, before the first start).
+pub fn isolated_net(guest: GuestKind) -> Vec<(String, String)> {
+    let net0 = match guest {
+        GuestKind::Lxc => "name=eth0,link_down=1",
+        GuestKind::Qemu => "virtio,link_down=1",
+    };
+    vec![("net0".to_string(), net0.to_string())]
 }
 
 fn is_net_key(k: &str) -> bool {

@@ -1,0 +1,472 @@
+//! `--selftest=restore`: prove that this node's backups really restore and boot.
+//!
+//! One run picks one backup (the newest backup of each pool guest, in a rotation remembered in
+//! the state dir, or the configured `restore_test.sources`), picks the first vmid of the
+//! restore-test band 990000..=990009 that is free in the FULL guest list (walking around any
+//! foreign guest parked there), restores it with new MACs and its network isolated, starts it,
+//! proves the launch, runs the restore-test checks, reports, and destroys the copy through the
+//! ownership gate. A full band skips the run (reported, exit 0). Metrics for node_exporter's
+//! textfile collector are written atomically after every run.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use ulid::Ulid;
+
+use crate::app::CommandOutput;
+use crate::commands::{full_list, open_journal, pool_view};
+use crate::config::Config;
+use crate::error::{ErrorCode, ExitStatus, Failure};
+use crate::inventory::join;
+use crate::provision::effects::{Driven, Executor, Reporter};
+use crate::provision::machine::{Event, OutcomeKind, Request, State, TxnKind};
+use crate::provision::VmidLock;
+use crate::pve::types::{backup_kind_from_volid, BackupVolume};
+use crate::pve::PveClient;
+use crate::selftest::{prepare, result_json};
+use crate::vmid::{restore_band_pick, RESTORE_TEST_BAND};
+
+/// The rotation state file in the state dir.
+pub const ROTATION_FILE: &str = "restore-test.json";
+/// The metrics file in the textfile collector folder.
+pub const METRICS_FILE: &str = "felhom_restore_test.prom";
+
+/// What the rotation remembers between runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RotationState {
+    /// The owner vmid (or source volid) tested last.
+    pub last: Option<String>,
+    /// Unix time of the last successful run.
+    pub last_success: Option<u64>,
+    /// Runs skipped because the band was full, since the state was created.
+    pub skipped_total: u64,
+    /// Runs, since the state was created.
+    pub runs_total: u64,
+}
+
+/// One candidate backup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The rotation key (owner vmid, or the volid of a configured source).
+    pub key: String,
+    /// The backup volid.
+    pub volid: String,
+}
+
+/// The newest backup of each pool guest, by owner vmid.
+pub fn newest_per_guest(volumes: &[BackupVolume], pool_vmids: &[u32]) -> Vec<Candidate> {
+    let mut newest: BTreeMap<u32, &BackupVolume> = BTreeMap::new();
+    for v in volumes {
+        let Some(owner) = v.vmid.and_then(|o| u32::try_from(o).ok()) else {
+            continue;
+        };
+        if !pool_vmids.contains(&owner) || backup_kind_from_volid(&v.volid).is_none() {
+            continue;
+        }
+        let better = newest
+            .get(&owner)
+            .is_none_or(|cur| (v.ctime, &v.volid) > (cur.ctime, &cur.volid));
+        if better {
+            newest.insert(owner, v);
+        }
+    }
+    newest
+        .into_iter()
+        .map(|(owner, v)| Candidate {
+            key: owner.to_string(),
+            volid: v.volid.clone(),
+        })
+        .collect()
+}
+
+/// The candidate after `last` in the rotation (the first when `last` is unknown or gone).
+pub fn next_in_rotation<'a>(
+    candidates: &'a [Candidate],
+    last: Option<&str>,
+) -> Option<&'a Candidate> {
+    let pos = last.and_then(|l| candidates.iter().position(|c| c.key == l));
+    match pos {
+        Some(i) => candidates.get((i + 1) % candidates.len()),
+        None => candidates.first(),
+    }
+}
+
+fn read_rotation(path: &Path) -> RotationState {
+    fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The Prometheus text exposition of one run.
+pub fn metrics_text(outcome: &str, duration_s: f64, now: u64, rot: &RotationState) -> String {
+    let mut s = String::new();
+    s.push_str("# HELP felhom_restore_test_last_run_timestamp_seconds When the last self-restore-test run ended.\n");
+    s.push_str("# TYPE felhom_restore_test_last_run_timestamp_seconds gauge\n");
+    s.push_str(&format!(
+        "felhom_restore_test_last_run_timestamp_seconds {now}\n"
+    ));
+    s.push_str("# HELP felhom_restore_test_last_success_timestamp_seconds When a self-restore-test last succeeded (0: never).\n");
+    s.push_str("# TYPE felhom_restore_test_last_success_timestamp_seconds gauge\n");
+    s.push_str(&format!(
+        "felhom_restore_test_last_success_timestamp_seconds {}\n",
+        rot.last_success.unwrap_or(0)
+    ));
+    s.push_str("# HELP felhom_restore_test_duration_seconds How long the last run took.\n");
+    s.push_str("# TYPE felhom_restore_test_duration_seconds gauge\n");
+    s.push_str(&format!(
+        "felhom_restore_test_duration_seconds {duration_s:.3}\n"
+    ));
+    s.push_str("# HELP felhom_restore_test_outcome The outcome of the last run (1 for the outcome it had).\n");
+    s.push_str("# TYPE felhom_restore_test_outcome gauge\n");
+    for o in ["ok", "failed", "skipped", "needs_human", "refused"] {
+        s.push_str(&format!(
+            "felhom_restore_test_outcome{{outcome=\"{o}\"}} {}\n",
+            u8::from(o == outcome)
+        ));
+    }
+    s.push_str("# HELP felhom_restore_test_skipped_total Runs skipped because the restore-test band was full.\n");
+    s.push_str("# TYPE felhom_restore_test_skipped_total counter\n");
+    s.push_str(&format!(
+        "felhom_restore_test_skipped_total {}\n",
+        rot.skipped_total
+    ));
+    s.push_str("# HELP felhom_restore_test_runs_total Self-restore-test runs.\n");
+    s.push_str("# TYPE felhom_restore_test_runs_total counter\n");
+    s.push_str(&format!(
+        "felhom_restore_test_runs_total {}\n",
+        rot.runs_total
+    ));
+    s
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn candidates(
+    cfg: &Config,
+    pve: &PveClient,
+    pool_vmids: &[u32],
+) -> Result<Vec<Candidate>, Failure> {
+    if !cfg.restore_test.sources.is_empty() {
+        return Ok(cfg
+            .restore_test
+            .sources
+            .iter()
+            .map(|v| Candidate {
+                key: v.clone(),
+                volid: v.clone(),
+            })
+            .collect());
+    }
+    let mut volumes = Vec::new();
+    for sid in &cfg.restore_test.backup_storages {
+        let mut v = pve.backups(&cfg.node, sid, None).await.map_err(|e| {
+            Failure::new(
+                e.code(),
+                format!("cannot list the backups on storage {sid}: {e}"),
+            )
+        })?;
+        volumes.append(&mut v);
+    }
+    Ok(newest_per_guest(&volumes, pool_vmids))
+}
+
+/// `--selftest=restore [--dry-run]`.
+pub async fn run(
+    cfg: &Config,
+    dry_run: bool,
+    reporter: &dyn Reporter,
+    cancel: CancellationToken,
+) -> CommandOutput {
+    let started = std::time::Instant::now();
+    let prepared = if dry_run {
+        match (PveClient::new(&cfg.pve), open_journal(cfg)) {
+            (Ok(pve), Ok(journal)) => crate::selftest::Prepared { pve, journal },
+            (Err(e), _) => return CommandOutput::failure(&Failure::new(e.code(), e.to_string())),
+            (_, Err(f)) => return CommandOutput::failure(&f),
+        }
+    } else {
+        match prepare(cfg, reporter, &cancel).await {
+            Ok(p) => p,
+            Err(f) => return CommandOutput::failure(&f),
+        }
+    };
+    let pve = &prepared.pve;
+    let full = match full_list(cfg) {
+        Ok(f) => f,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let pool = match pool_view(cfg, pve).await {
+        Ok(p) => p,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let pool_vmids: Vec<u32> = pool.guests().map(|g| g.vmid).collect();
+    let inventory = join(&full, &pool);
+    let rotation_path = cfg.state_dir.join(ROTATION_FILE);
+    let mut rot = read_rotation(&rotation_path);
+
+    let cands = match candidates(cfg, pve, &pool_vmids).await {
+        Ok(c) => c,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let Some(chosen) = next_in_rotation(&cands, rot.last.as_deref()).cloned() else {
+        return CommandOutput::failure(&Failure::new(
+            ErrorCode::ConfigInvalid,
+            format!(
+                "no backup of a pool guest is visible on storage(s) {}; set restore_test.backup_storages or restore_test.sources in {}",
+                cfg.restore_test.backup_storages.join(", "),
+                cfg.path.display()
+            ),
+        ));
+    };
+    let Some(guest) = backup_kind_from_volid(&chosen.volid) else {
+        return CommandOutput::failure(&Failure::new(
+            ErrorCode::ConfigInvalid,
+            format!(
+                "cannot tell whether {} is a container or a VM backup",
+                chosen.volid
+            ),
+        ));
+    };
+    let picked = restore_band_pick(&inventory);
+    let txn = Ulid::new();
+    let request = Request {
+        txn,
+        kind: TxnKind::SelftestRestore,
+        vmid: picked,
+        guest,
+        volid: chosen.volid.clone(),
+        storage: cfg.restore_test.storage.clone(),
+        pool: cfg.pool.clone(),
+        isolate_network: true,
+        keep: false,
+        dry_run,
+    };
+    let band = format!("{}-{}", RESTORE_TEST_BAND.start(), RESTORE_TEST_BAND.end());
+    let first = match picked {
+        Some(_) => Event::VmidAccepted,
+        None => Event::BandFull {
+            message: format!(
+                "every vmid of the restore-test band {band} is held in the full guest list; the run is skipped. Free one (`felhom-agent guests`) if a stale copy sits there"
+            ),
+        },
+    };
+    let _lock = match (picked, dry_run) {
+        (Some(v), false) => match VmidLock::try_acquire(&cfg.state_dir, v, Some(txn)) {
+            Ok(l) => Some(l),
+            Err(e) => return CommandOutput::failure(&Failure::new(e.code(), e.to_string())),
+        },
+        _ => None,
+    };
+    let mut exec = Executor::new(cfg, pve, &prepared.journal, reporter, cancel);
+    let driven: Driven = exec.drive(State::new(request), first).await;
+    if driven.state.outcome_kind() == Some(OutcomeKind::Skipped) && !dry_run {
+        // A skip is not journaled by the machine; the hub still learns of it.
+        if let Err(e) = reporter.result(&driven.state, &[]) {
+            tracing::error!(error = %e, "the skipped run could not be stored for the hub");
+        }
+    }
+
+    let outcome = driven
+        .state
+        .outcome_kind()
+        .map_or("needs_human", |o| o.as_str());
+    let mut metrics_error = None;
+    if !dry_run {
+        rot.runs_total += 1;
+        if outcome == "skipped" {
+            rot.skipped_total += 1;
+        } else {
+            rot.last = Some(chosen.key.clone());
+        }
+        let now = unix_now();
+        if outcome == "ok" {
+            rot.last_success = Some(now);
+        }
+        if let Ok(bytes) = serde_json::to_vec_pretty(&rot) {
+            if let Err(e) = write_atomic(&rotation_path, &bytes, 0o600) {
+                tracing::error!(path = %rotation_path.display(), error = %e, "cannot store the rotation");
+            }
+        }
+        let text = metrics_text(outcome, started.elapsed().as_secs_f64(), now, &rot);
+        let path: PathBuf = cfg.restore_test.metrics_dir.join(METRICS_FILE);
+        if let Err(e) = fs::create_dir_all(&cfg.restore_test.metrics_dir)
+            .and_then(|()| write_atomic(&path, text.as_bytes(), 0o644))
+        {
+            metrics_error = Some(format!(
+                "cannot write the metrics file {}: {e}",
+                path.display()
+            ));
+        }
+    }
+
+    let plan = driven
+        .plan
+        .as_ref()
+        .map(|p| serde_json::to_value(p).unwrap_or_default());
+    let mut doc = result_json(&driven.state, &driven.checks, plan.as_ref());
+    if let Some(obj) = doc.as_object_mut() {
+        obj.insert("backup".into(), json!(chosen.volid));
+        obj.insert("band".into(), json!(band));
+        if let Some(m) = &metrics_error {
+            obj.insert("metrics_error".into(), json!(m));
+        }
+    }
+    let mut human = String::new();
+    match (picked, dry_run) {
+        (Some(v), true) => human.push_str(&format!("dry run: would restore {} into vmid {v} (band {band}), isolated; nothing was written\n", chosen.volid)),
+        (None, _) => human.push_str(&format!("skipped: the restore-test band {band} is full\n")),
+        (Some(v), false) => human.push_str(&format!("restore test of {} in vmid {v}: {outcome}\n", chosen.volid)),
+    }
+    if let Some(f) = driven.state.failure() {
+        human.push_str(&format!("error [{}]: {}\n", f.code, f.message));
+    }
+    if let Some(m) = &metrics_error {
+        human.push_str(&format!("warning: {m}\n"));
+    }
+    let status = match (&driven.halted, driven.state.outcome()) {
+        (Some(h), _) => {
+            human.push_str(&format!("halted [{}]: {}\n", h.code, h.message));
+            ExitStatus::NeedsHuman
+        }
+        (None, Some(o)) => o.exit_status(),
+        (None, None) => ExitStatus::NeedsHuman,
+    };
+    CommandOutput {
+        json: doc,
+        human,
+        status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vol(volid: &str, vmid: u64, ctime: u64) -> BackupVolume {
+        BackupVolume {
+            volid: volid.into(),
+            vmid: Some(vmid),
+            ctime: Some(ctime),
+            size: None,
+            subtype: None,
+            format: None,
+        }
+    }
+
+    #[test]
+    fn newest_backup_of_each_pool_guest_only() {
+        let vols = vec![
+            vol(
+                "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst",
+                200,
+                10,
+            ),
+            vol(
+                "local:backup/vzdump-lxc-200-2026_02_01-00_00_00.tar.zst",
+                200,
+                20,
+            ),
+            vol(
+                "local:backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst",
+                300,
+                5,
+            ),
+            vol(
+                "local:backup/vzdump-lxc-101-2026_03_01-00_00_00.tar.zst",
+                101,
+                30,
+            ),
+        ];
+        let c = newest_per_guest(&vols, &[200, 300]);
+        assert_eq!(c.len(), 2);
+        assert_eq!(
+            c[0].volid,
+            "local:backup/vzdump-lxc-200-2026_02_01-00_00_00.tar.zst"
+        );
+        assert_eq!(c[1].key, "300");
+    }
+
+    #[test]
+    fn rotation_walks_and_wraps() {
+        let c: Vec<Candidate> = ["200", "300", "400"]
+            .iter()
+            .map(|k| Candidate {
+                key: k.to_string(),
+                volid: format!("v{k}"),
+            })
+            .collect();
+        assert_eq!(
+            next_in_rotation(&c, None).map(|c| c.key.as_str()),
+            Some("200")
+        );
+        assert_eq!(
+            next_in_rotation(&c, Some("200")).map(|c| c.key.as_str()),
+            Some("300")
+        );
+        assert_eq!(
+            next_in_rotation(&c, Some("400")).map(|c| c.key.as_str()),
+            Some("200")
+        );
+        assert_eq!(
+            next_in_rotation(&c, Some("gone")).map(|c| c.key.as_str()),
+            Some("200")
+        );
+        assert!(next_in_rotation(&[], None).is_none());
+    }
+
+    #[test]
+    fn metrics_are_prometheus_text() {
+        let rot = RotationState {
+            last: None,
+            last_success: Some(1_700_000_000),
+            skipped_total: 2,
+            runs_total: 5,
+        };
+        let t = metrics_text("skipped", 1.5, 1_700_000_100, &rot);
+        for line in t.lines() {
+            if line.starts_with('#') {
+                assert!(
+                    line.starts_with("# HELP ") || line.starts_with("# TYPE "),
+                    "{line}"
+                );
+                continue;
+            }
+            let (name, value) = line.rsplit_once(' ').unwrap_or(("", ""));
+            assert!(name.starts_with("felhom_restore_test_"), "{line}");
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+        assert!(t.contains("felhom_restore_test_outcome{outcome=\"skipped\"} 1"));
+        assert!(t.contains("felhom_restore_test_outcome{outcome=\"ok\"} 0"));
+        assert!(t.contains("felhom_restore_test_skipped_total 2"));
+    }
+}

@@ -1,0 +1,235 @@
+//! `--selftest=restore` against fakepve and the pct stand-in: band choice around foreign
+//! guests (also one only the local list knows), a full band skips with zero writes, the restore
+//! carries `unique=1` and the network isolation, only the agent's own copy is destroyed, and the
+//! metrics file is Prometheus text.
+
+use std::path::Path;
+
+use felhom_tests::agent::{agent_command, AgentRun};
+use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
+use felhom_tests::guestbed::GuestBed;
+use serde_json::{json, Value};
+
+struct World {
+    pve: FakePve,
+    bed: GuestBed,
+    files: AgentFiles,
+    metrics: tempfile::TempDir,
+}
+
+fn copy(from: &Path, to: &Path) {
+    assert!(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp")
+        .success());
+}
+
+impl World {
+    fn new(scenario: Value) -> World {
+        let pve = FakePve::start(scenario);
+        let bed = GuestBed::autocreate();
+        let metrics = tempfile::tempdir().expect("tmp");
+        let opts = AgentOptions {
+            extra_toml: format!(
+                "[restore_test]\nmetrics_dir = \"{}\"\n",
+                metrics.path().display()
+            ),
+            ..AgentOptions::default()
+        };
+        let files = AgentFiles::write(&pve, &opts);
+        let root = felhom_tests::fakepve::workspace_root();
+        copy(
+            &root.join("packaging/checks.d/default.toml"),
+            &files.checks_dir.join("default.toml"),
+        );
+        World {
+            pve,
+            bed,
+            files,
+            metrics,
+        }
+    }
+
+    fn agent(&self, args: &[&str]) -> AgentRun {
+        let path = format!(
+            "{}:{}",
+            self.bed.bin_dir().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        agent_command(&self.files.config_path)
+            .env("PATH", path)
+            .args(args)
+            .output()
+            .expect("run")
+            .into()
+    }
+
+    fn metrics(&self) -> String {
+        std::fs::read_to_string(self.metrics.path().join("felhom_restore_test.prom"))
+            .expect("metrics file")
+    }
+}
+
+/// A strict reading of the Prometheus text format: HELP/TYPE comments, then
+/// `name{labels} value` samples of declared metrics.
+fn parse_prometheus(text: &str) -> Vec<(String, f64)> {
+    let mut declared = std::collections::BTreeSet::new();
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split(' ');
+            let name = it.next().expect("name");
+            let kind = it.next().expect("kind");
+            assert!(["gauge", "counter"].contains(&kind), "{line}");
+            declared.insert(name.to_string());
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            continue;
+        }
+        assert!(
+            !line.starts_with('#') && !line.is_empty(),
+            "stray line {line:?}"
+        );
+        let (series, value) = line.rsplit_once(' ').expect("sample");
+        let name = series.split('{').next().expect("name");
+        assert!(declared.contains(name), "{name} sampled before its TYPE");
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "{name}"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            if !labels.is_empty() {
+                assert!(labels.starts_with('{') && labels.ends_with('}'), "{series}");
+            }
+        }
+        samples.push((series.to_string(), value.parse::<f64>().expect("value")));
+    }
+    samples
+}
+
+fn sample(samples: &[(String, f64)], series: &str) -> f64 {
+    samples
+        .iter()
+        .find(|(s, _)| s == series)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no {series}"))
+}
+
+#[test]
+fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    // 990000 and 990001 are foreign guests the fake has; 990002 sits on another node and only
+    // the local list knows it.
+    scenario["vmlist_extra"] = json!([{"vmid": 990002, "node": "pve2", "type": "lxc"}]);
+    let w = World::new(scenario);
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["vmid"], json!(990003));
+    assert_eq!(doc["outcome"], "ok");
+    assert_eq!(doc["destroyed"], json!(true));
+    assert_eq!(doc["kind"], "selftest-restore");
+
+    let post = w
+        .pve
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
+        .expect("the restore");
+    assert_eq!(post.param("unique"), Some("1"));
+    assert_eq!(post.param("vmid"), Some("990003"));
+    let net0 = post.param("net0").unwrap_or("");
+    assert!(
+        net0.contains("link_down%3D1") || net0.contains("link_down=1"),
+        "isolation in the request: {post:?}"
+    );
+    assert!(!net0.contains("bridge"), "no bridge: {net0}");
+
+    let deletes: Vec<_> = w
+        .pve
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE" && !r.path.contains("/tasks/"))
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert!(deletes[0].targets_vmid(990003));
+    for vmid in [990000, 990001, 101, 200] {
+        assert!(w.pve.writes_for(vmid).is_empty(), "{vmid} was written");
+    }
+    let samples = parse_prometheus(&w.metrics());
+    assert_eq!(
+        sample(&samples, "felhom_restore_test_outcome{outcome=\"ok\"}"),
+        1.0
+    );
+    assert!(
+        sample(
+            &samples,
+            "felhom_restore_test_last_success_timestamp_seconds"
+        ) > 1.7e9
+    );
+}
+
+#[test]
+fn a_full_band_skips_with_zero_writes() {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    scenario["vmlist_extra"] = json!((990002..=990009)
+        .map(|v| json!({"vmid": v, "node": "pve2", "type": "qemu"}))
+        .collect::<Vec<_>>());
+    let w = World::new(scenario);
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "skipped");
+    assert_eq!(doc["vmid"], Value::Null);
+    assert!(w.pve.writes().is_empty(), "writes: {:?}", w.pve.writes());
+    let samples = parse_prometheus(&w.metrics());
+    assert_eq!(
+        sample(&samples, "felhom_restore_test_outcome{outcome=\"skipped\"}"),
+        1.0
+    );
+    assert_eq!(sample(&samples, "felhom_restore_test_skipped_total"), 1.0);
+}
+
+#[test]
+fn dry_run_names_backup_and_vmid_and_writes_nothing() {
+    let w = World::new(felhom_tests::fakepve::demo_scenario());
+    let run = w.agent(&["--selftest=restore", "--dry-run", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["vmid"], json!(990002));
+    assert_eq!(
+        doc["backup"],
+        "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"
+    );
+    assert!(w.pve.writes().is_empty());
+    assert!(
+        !w.metrics.path().join("felhom_restore_test.prom").exists(),
+        "a dry run writes no metrics"
+    );
+}
+
+#[test]
+fn rotation_tests_each_pool_guest_in_turn() {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    scenario["guests"].as_array_mut().expect("guests").push(json!({"vmid": 210, "type": "lxc", "name": "felhom-ct2", "node": "pve1", "status": "running", "pool": "felhom"}));
+    scenario["volumes"]["local"]
+        .as_array_mut()
+        .expect("volumes")
+        .push(json!({"volname": "backup/vzdump-lxc-210-2026_01_02-00_00_00.tar.zst", "vmid": 210}));
+    let w = World::new(scenario);
+    let mut tested = Vec::new();
+    for _ in 0..3 {
+        let run = w.agent(&["--selftest=restore", "--json"]);
+        let doc = run.json();
+        assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+        tested.push(doc["backup"].as_str().expect("backup").to_string());
+    }
+    assert!(
+        tested[0].contains("-200-") && tested[1].contains("-210-") && tested[2].contains("-200-"),
+        "{tested:?}"
+    );
+}
