@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The demo: a fake Proxmox VE (fakepve) on loopback with pool guests, foreign guests and a
-# backup; the agent configured for it with a pinned certificate and a pool-scoped token; then
-# the operator's commands against it. Nothing outside 127.0.0.0/8 is touched.
+# backup; containers as real root filesystems behind the `pct` stand-in; the agent configured
+# with a pinned certificate and a pool-scoped token. Then the operator's commands: doctor, the
+# full guest list, vmid verdicts, a full `--selftest=provision` with its phases, a refused
+# foreign vmid, a refused reserved vmid, a self-restore-test, and the journal.
+# Nothing outside 127.0.0.0/8 is touched.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -20,7 +23,19 @@ cleanup() {
 trap cleanup EXIT
 
 host=127.0.0.77
-mkdir -p "$work/certs" "$work/state" "$work/bootstrap.d" "$work/checks.d"
+mkdir -p "$work/certs" "$work/state" "$work/bootstrap.d" "$work/checks.d" "$work/bin" "$work/pct-state" "$work/metrics"
+cp -a packaging/bootstrap.d/default "$work/bootstrap.d/"
+cp -a packaging/checks.d/default.toml "$work/checks.d/"
+
+printf '\n== building the guest root filesystem template\n' >&2
+tests/testbed/build-rootfs.sh >&2
+# The agent runs `pct` with a cleared environment, so the stand-in's settings live in a wrapper.
+cat >"$work/bin/pct" <<WRAP
+#!/bin/sh
+FELHOM_PCT_STATE='$work/pct-state' FELHOM_PCT_TEMPLATE='$root/.testbed/rootfs' exec '$root/tests/pct/pct' "\$@"
+WRAP
+chmod 755 "$work/bin/pct"
+export PATH="$work/bin:$PATH"
 "$FELHOM_FAKEPVE_PYTHON" - "$root/tests/fakepve/scenarios/demo.json" "$work" "$host" <<'PY'
 import json, sys
 scenario, work, host = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
@@ -28,13 +43,9 @@ scenario.update(host=host, port=0, certdir=work + "/certs")
 json.dump(scenario, open(work + "/scenario.json", "w"))
 # The node's full guest list: every scenario guest, plus one on another cluster node that
 # only the local list knows about.
-ids = {str(g["vmid"]): {"node": g.get("node", "pve1"), "type": g["type"], "version": 1}
-       for g in scenario["guests"]}
-ids["4100"] = {"node": "pve2", "type": "lxc", "version": 1}
-with open(work + "/vmlist", "w") as f:
-    f.write('{\n"version": 42,\n"ids": {\n')
-    f.write(",\n".join('"%s": { "node": "%s", "type": "%s", "version": %d }' % (k, v["node"], v["type"], v["version"]) for k, v in ids.items()))
-    f.write("}\n\n}\n")
+# fakepve keeps it live, as pmxcfs does on a node.
+scenario["vmlist"] = {"path": work + "/vmlist", "extra": [{"vmid": 4100, "node": "pve2", "type": "lxc"}]}
+json.dump(scenario, open(work + "/scenario.json", "w"))
 tokens = scenario["tokens"]
 token_id, secret = next(iter(tokens.items()))
 with open(work + "/token-id", "w") as f:
@@ -72,6 +83,9 @@ storage = "local-lvm"
 selftest_source = "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"
 bootstrap_dir = "$work/bootstrap.d"
 checks_dir = "$work/checks.d"
+
+[restore_test]
+metrics_dir = "$work/metrics"
 TOML
 printf 'next-id: lower=100,upper=1000000\n' >"$work/datacenter.cfg"
 
@@ -87,9 +101,13 @@ run() {
 run doctor
 run guests
 run vmid-check 120
-run vmid-check 101
 run vmid-check 4100
-run vmid-check 9999
-run vmid-check 990003
 run vmid-check 0120
 run vmid-check 120 --json
+run --selftest=provision -vmid 120
+run --selftest=provision -vmid 101
+run --selftest=provision -vmid 990003
+run --selftest=restore
+printf '\n$ cat %s\n' "metrics/felhom_restore_test.prom"
+cat "$work/metrics/felhom_restore_test.prom"
+run journal

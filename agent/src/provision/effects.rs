@@ -323,13 +323,10 @@ impl<'a> Executor<'a> {
         tracing::info!(
             txn = %s.txn(),
             vmid = s.vmid(),
-            phase = s.phase().as_str(),
-            step = s.step().as_str(),
             destroy_armed = s.destroy_armed(),
-            elapsed_s = format!("{elapsed:.2}"),
-            "phase {} ({})",
-            s.phase(),
-            s.step()
+            "phase {:<12} step {:<17} +{elapsed:.2}s",
+            s.phase().as_str(),
+            s.step().as_str(),
         );
         self.reporter.phase(s);
         Ok(())
