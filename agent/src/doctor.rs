@@ -295,14 +295,44 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
 
 fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
     match std::fs::read(&cfg.vmlist_path) {
-        Ok(bytes) => match serde_json::from_slice::<serde_json::Value>(&bytes) {
-            Ok(v) => {
-                let n = v.get("ids").and_then(|i| i.as_object()).map_or(0, |m| m.len());
-                r.pass("vmlist", format!("{} is readable: {n} guests cluster-wide", cfg.vmlist_path.display()));
-            }
-            Err(e) => r.fail("vmlist", ErrorCode::ConfigInvalid, format!("{} is not valid JSON ({e}); is pmxcfs healthy? (`systemctl status pve-cluster`)", cfg.vmlist_path.display())),
+        Ok(bytes) => match crate::inventory::parse_vmlist(&bytes) {
+            Ok(entries) => r.pass(
+                "vmlist",
+                format!("{} is readable: {} guests cluster-wide", cfg.vmlist_path.display(), entries.len()),
+            ),
+            Err(e) => r.fail(
+                "vmlist",
+                ErrorCode::ConfigInvalid,
+                format!("{} cannot be read as a guest list ({e}); is pmxcfs healthy? (`systemctl status pve-cluster`)", cfg.vmlist_path.display()),
+            ),
         },
         Err(e) => r.warn("vmlist", format!("{} is unreadable ({e}); vmids will be checked against `pct list` + `qm list`, which see only this node: run as root on a cluster node or fix vmlist_path", cfg.vmlist_path.display())),
+    }
+    let dc_text = match std::fs::read_to_string(&cfg.datacenter_cfg) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(String::new()),
+        Err(e) => {
+            r.warn(
+                "next_id",
+                format!(
+                    "cannot read {} ({e}); the next-id range was not checked",
+                    cfg.datacenter_cfg.display()
+                ),
+            );
+            None
+        }
+    };
+    if let Some(text) = dc_text {
+        match crate::inventory::next_id_lint(&cfg.datacenter_cfg, &text) {
+            Some(warning) => r.warn("next_id", warning),
+            None => r.pass(
+                "next_id",
+                format!(
+                    "the next-id range in {} leaves out 9999 and the restore-test band",
+                    cfg.datacenter_cfg.display()
+                ),
+            ),
+        }
     }
     match std::fs::metadata(&cfg.state_dir) {
         Ok(m) if m.is_dir() => r.pass("state_dir", format!("{} exists", cfg.state_dir.display())),

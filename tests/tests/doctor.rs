@@ -131,3 +131,26 @@ fn human_output_names_each_check() {
     assert!(run.stdout.contains("[ok  ] pve_token"), "{}", run.stdout);
     assert!(run.stdout.contains("doctor: all checks passed"));
 }
+
+#[test]
+fn next_id_range_that_covers_reserved_vmids_warns() {
+    let pve = FakePve::demo();
+    let opts = felhom_tests::fakepve::AgentOptions {
+        datacenter_cfg: Some("keyboard: en-us\nnext-id: lower=100,upper=1000000\n".to_string()),
+        ..Default::default()
+    };
+    let files = AgentFiles::write(&pve, &opts);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "a warning does not fail doctor: {doc:#}");
+    let lint = check(&doc, "next_id");
+    assert_eq!(lint["status"], "warn", "{lint}");
+    assert!(
+        lint["message"].as_str().unwrap_or("").contains("9999"),
+        "{lint}"
+    );
+
+    std::fs::write(&files.datacenter_cfg, "next-id: lower=10000,upper=990000\n").expect("write");
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    assert_eq!(check(&doc, "next_id")["status"], "pass", "{doc:#}");
+}
