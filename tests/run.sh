@@ -20,6 +20,9 @@ step "cargo build (the binary the end-to-end tests run)"
 cargo build --workspace --locked
 export FELHOM_AGENT_BIN="$here/target/debug/felhom-agent"
 
+step "Debian package: build and check (tests/package.sh)"
+tests/package.sh
+
 step "cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

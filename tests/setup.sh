@@ -28,3 +28,4 @@ if ! "$_venv/bin/python" -c "import fakepve, sys; sys.exit(0 if fakepve.__versio
   "$_venv/bin/pip" install --quiet --no-cache-dir "fakepve[crypto]==$FAKEPVE_VERSION"
 fi
 export FELHOM_FAKEPVE_PYTHON="$_venv/bin/python"
+source "$_root/tests/setup-package.sh"

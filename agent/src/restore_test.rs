@@ -104,7 +104,7 @@ fn read_rotation(path: &Path) -> RotationState {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let tmp = path.with_extension("tmp");
     {
         let mut f = fs::OpenOptions::new()
@@ -114,6 +114,8 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
             .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
+        // Explicit, whatever the umask: node_exporter reads the metrics as another user.
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
         f.sync_all()?;
     }
     fs::rename(&tmp, path)?;

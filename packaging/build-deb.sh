@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Builds the Debian package of felhom-agent with cargo-deb (metadata: [package.metadata.deb] in
+# agent/Cargo.toml). See packaging/README.md.
+#
+#   packaging/build-deb.sh [--out DIR]               release build: the package to ship
+#   packaging/build-deb.sh --from-debug [--out DIR]  packages target/debug/felhom-agent as it
+#                                                    is: quick, for checking the package's
+#                                                    contents (tests/package.sh), not to ship
+#
+# Both generate the man page and the shell completions from the clap definitions
+# (agent/examples/gen-docs.rs) into <target>/release/felhom-docs/, where the cargo-deb assets
+# expect them, then run `cargo deb --no-build`. Prints the path of the .deb on stdout.
+# Needs cargo-deb (`cargo install cargo-deb --locked`) and dpkg-dev (dpkg-shlibdeps computes
+# the libc dependency).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+from_debug=false
+out="$root/target/debian"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --from-debug) from_debug=true ;;
+    --out) out=${2:?--out needs a folder}; shift ;;
+    --out=*) out=${1#--out=} ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "build-deb.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if ! cargo deb --version >/dev/null 2>&1; then
+  echo "build-deb.sh: cargo-deb is missing: cargo install cargo-deb --locked" >&2
+  exit 1
+fi
+
+target=${CARGO_TARGET_DIR:-$root/target}
+mkdir -p "$out"
+
+if $from_debug; then
+  # A target folder of our own whose release/ holds the debug binary: cargo-deb resolves its
+  # "target/release/" asset paths there, and the shared target folder keeps its real release
+  # build (if any) untouched.
+  # The same command as tests/run.sh: another selection of packages would resolve other
+  # features and swap a different build of the binary into target/debug.
+  cargo build --locked -q --workspace >&2
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' EXIT
+  mkdir -p "$stage/release"
+  cp "$target/debug/felhom-agent" "$stage/release/felhom-agent"
+  docs=$stage/release/felhom-docs
+  deb_target=$stage
+  compress=(--fast)
+else
+  cargo build --locked --release -p felhom-agent --bin felhom-agent >&2
+  docs=$target/release/felhom-docs
+  deb_target=$target
+  compress=()
+fi
+
+cargo run --locked -q -p felhom-agent --example gen-docs -- "$docs" >/dev/null
+# cargo-deb compresses man pages only when they are not under target/: do it here, as Debian
+# policy wants (gzip -9, no name and no time stamp in the header, so the bytes are reproducible).
+gzip -9nf "$docs/felhom-agent.1"
+
+# Only this run's package in the output folder's listing: cargo-deb prints the path it wrote.
+deb=$(CARGO_TARGET_DIR=$deb_target cargo deb --locked -q --no-build -p felhom-agent \
+  "${compress[@]}" -o "$out")
+deb=$(printf '%s\n' "$deb" | tail -n 1)
+if [ ! -f "$deb" ]; then
+  echo "build-deb.sh: cargo deb did not report the package it wrote (got: $deb)" >&2
+  exit 1
+fi
+printf '%s\n' "$deb"

@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# Builds the Debian package and checks it: tests/run.sh calls it after `cargo build`; it also
+# runs alone (tests/setup.sh installs what it needs: cargo-deb, dpkg-dev, systemd for
+# systemd-analyze, lintian).
+#
+# 1. packaging/build-deb.sh --from-debug: the package from the debug binary the tests ran
+#    (a release build takes minutes on two cores; the package's contents do not depend on it).
+# 2. dpkg-deb/dpkg -x: every expected file with its mode and nothing else, the conffiles, the
+#    control fields, the maintainer scripts (and the postinst run against stubs), the
+#    man page renders without warnings, the completions load, the binary runs, the tmpfiles
+#    snippet creates the state directory 0700.
+# 3. systemd-analyze verify on the unpacked units (any message fails), and
+#    systemd-analyze security --offline=true: the exposure of each service, which must not
+#    rise above the figure documented in systemd/README.md.
+# 4. lintian: errors and warnings fail (deliberate exceptions are overridden in the package,
+#    packaging/lintian-overrides); info tags are printed.
+#
+# Exits non-zero on the first failed check; prints one "ok:" line per passed check.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+# The highest accepted exposure (systemd-analyze security) per service: systemd/README.md.
+MAX_EXPOSURE_AGENT=5.5
+MAX_EXPOSURE_RESTORE=5.1
+
+step() { printf '\n== package: %s\n' "$*" >&2; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+ok() { echo "ok: $*"; }
+
+for tool in dpkg-deb dpkg systemd-analyze gzip man; do
+  command -v "$tool" >/dev/null 2>&1 || fail "$tool is missing (tests/setup.sh installs it)"
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+step "build the package (packaging/build-deb.sh --from-debug)"
+started=$SECONDS
+deb=$(packaging/build-deb.sh --from-debug --out "$work/out")
+[ -f "$deb" ] || fail "build-deb.sh reported no package"
+ok "built $(basename "$deb") in $((SECONDS - started)) s"
+
+version=$(cargo metadata --format-version 1 --no-deps --locked |
+  python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"]=="felhom-agent"))')
+
+step "control fields"
+dpkg-deb --field "$deb" >"$work/control"
+field() { dpkg-deb --field "$deb" "$1"; }
+[ "$(field Package)" = felhom-agent ] || fail "Package is $(field Package)"
+[ "$(field Version)" = "$version-1" ] || fail "Version is $(field Version), want $version-1"
+[ "$(field Section)" = admin ] || fail "Section is $(field Section), want admin"
+[ "$(field Architecture)" = "$(dpkg --print-architecture)" ] || fail "Architecture is $(field Architecture)"
+depends=$(field Depends)
+for dep in libc6 init-system-helpers pve-container qemu-server; do
+  grep -qw -- "$dep" <<<"$depends" || fail "Depends lacks $dep: $depends"
+done
+grep -q '^Maintainer: .\+ <.\+@.\+>$' "$work/control" || fail "Maintainer is not 'Name <address>'"
+head -1 packaging/changelog | grep -qF "felhom-agent ($version-1)" ||
+  fail "packaging/changelog's first entry is not for $version-1: $(head -1 packaging/changelog)"
+ok "control: felhom-agent $version-1, section admin, depends: $depends"
+
+step "contents: files, modes, owners"
+dpkg-deb --contents "$deb" >"$work/listing"
+# Everything belongs to root.
+if awk '$2 != "0/0" { bad = 1; print } END { exit !bad }' "$work/listing" >&2; then
+  fail "files not owned by root/root (above)"
+fi
+# The regular files, exactly, with their modes.
+expected_files="\
+-rwxr-xr-x ./usr/bin/felhom-agent
+-rw-r--r-- ./lib/systemd/system/felhom-agent.service
+-rw-r--r-- ./lib/systemd/system/felhom-restore-test.service
+-rw-r--r-- ./lib/systemd/system/felhom-restore-test.timer
+-rw-r--r-- ./usr/lib/tmpfiles.d/felhom-agent.conf
+-rw-r--r-- ./etc/felhom-agent/agent.toml.example
+-rw-r--r-- ./etc/felhom-agent/checks.d/default.toml
+-rwxr-xr-x ./etc/felhom-agent/bootstrap.d/default/run
+-rw-r--r-- ./usr/share/man/man1/felhom-agent.1.gz
+-rw-r--r-- ./usr/share/bash-completion/completions/felhom-agent
+-rw-r--r-- ./usr/share/zsh/vendor-completions/_felhom-agent
+-rw-r--r-- ./usr/share/fish/vendor_completions.d/felhom-agent.fish
+-rw-r--r-- ./usr/share/doc/felhom-agent/README.md
+-rw-r--r-- ./usr/share/doc/felhom-agent/README.systemd.md
+-rw-r--r-- ./usr/share/doc/felhom-agent/README.Debian
+-rw-r--r-- ./usr/share/doc/felhom-agent/agent.toml.example
+-rw-r--r-- ./usr/share/doc/felhom-agent/copyright
+-rw-r--r-- ./usr/share/doc/felhom-agent/changelog.Debian.gz
+-rw-r--r-- ./usr/share/lintian/overrides/felhom-agent"
+awk '$1 !~ /^d/ { print $1, $6 }' "$work/listing" | sort >"$work/files.got"
+sort <<<"$expected_files" >"$work/files.want"
+if ! diff -u "$work/files.want" "$work/files.got" >&2; then
+  fail "the package's files or modes differ from the expected list (- expected, + packaged)"
+fi
+ok "$(wc -l <"$work/files.got") files with the expected modes, nothing else"
+grep -q ' \./etc/felhom-agent/agent\.toml$' "$work/listing" && fail "a live agent.toml is shipped"
+
+mkdir "$work/root" "$work/DEBIAN"
+dpkg -x "$deb" "$work/root"
+dpkg-deb --control "$deb" "$work/DEBIAN"
+r=$work/root
+
+# Shipped files are byte for byte the sources.
+for pair in \
+  systemd/felhom-agent.service:lib/systemd/system/felhom-agent.service \
+  systemd/felhom-restore-test.service:lib/systemd/system/felhom-restore-test.service \
+  systemd/felhom-restore-test.timer:lib/systemd/system/felhom-restore-test.timer \
+  packaging/agent.toml.example:etc/felhom-agent/agent.toml.example \
+  packaging/checks.d/default.toml:etc/felhom-agent/checks.d/default.toml \
+  packaging/bootstrap.d/default/run:etc/felhom-agent/bootstrap.d/default/run \
+  packaging/felhom-agent.tmpfiles:usr/lib/tmpfiles.d/felhom-agent.conf \
+  systemd/README.md:usr/share/doc/felhom-agent/README.systemd.md \
+  packaging/README.md:usr/share/doc/felhom-agent/README.Debian; do
+  cmp -s "${pair%%:*}" "$r/${pair#*:}" || fail "/${pair#*:} differs from ${pair%%:*}"
+done
+ok "units, example config, check pack, bootstrap profile, tmpfiles, READMEs are the sources"
+
+step "conffiles"
+printf '%s\n' /etc/felhom-agent/agent.toml.example /etc/felhom-agent/bootstrap.d/default/run \
+  /etc/felhom-agent/checks.d/default.toml >"$work/conffiles.want"
+[ -f "$work/DEBIAN/conffiles" ] || fail "DEBIAN/conffiles is missing"
+sort "$work/DEBIAN/conffiles" | diff -u "$work/conffiles.want" - >&2 ||
+  fail "DEBIAN/conffiles is not exactly the three files under /etc"
+ok "conffiles: $(tr '\n' ' ' <"$work/DEBIAN/conffiles")"
+
+step "the binary"
+"$r/usr/bin/felhom-agent" --version | grep -qx "felhom-agent $version" ||
+  fail "the packaged binary does not report version $version"
+ok "usr/bin/felhom-agent runs: $("$r/usr/bin/felhom-agent" --version)"
+
+step "man page and completions"
+gzip -t "$r/usr/share/man/man1/felhom-agent.1.gz" || fail "the man page is not valid gzip"
+# As lintian's manpage check: any warning of man/groff fails.
+man_warnings=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -E UTF-8 -l -Tutf8 -Z \
+  "$r/usr/share/man/man1/felhom-agent.1.gz" 2>&1 >/dev/null || true)
+[ -z "$man_warnings" ] || fail "man reports: $man_warnings"
+man_text=$(MANWIDTH=100 man -l "$r/usr/share/man/man1/felhom-agent.1.gz" 2>/dev/null | col -b)
+for want in "--selftest" "--config" "vmid-check" "doctor" "destroy --vmid N" "EXIT STATUS" \
+  "/etc/felhom-agent/agent.toml" "felhom-restore-test.timer"; do
+  grep -qF -- "$want" <<<"$man_text" || fail "the man page does not mention $want"
+done
+ok "man page: renders without warnings, documents the options, commands, exit codes and files"
+# bash: the script loads and registers the completion function.
+bash -c 'set -e; source "$1"; complete -p felhom-agent' _ \
+  "$r/usr/share/bash-completion/completions/felhom-agent" >"$work/bash-complete" ||
+  fail "the bash completion does not load"
+grep -q 'felhom-agent$' "$work/bash-complete" || fail "bash completion not registered: $(cat "$work/bash-complete")"
+head -1 "$r/usr/share/zsh/vendor-completions/_felhom-agent" | grep -qx '#compdef felhom-agent' ||
+  fail "the zsh completion does not start with #compdef felhom-agent"
+grep -q '^complete -c felhom-agent .*-l selftest' "$r/usr/share/fish/vendor_completions.d/felhom-agent.fish" ||
+  fail "the fish completion does not complete --selftest"
+ok "completions: bash loads, zsh #compdef, fish completes --selftest"
+
+step "tmpfiles: the state directory"
+mkdir -p "$work/tmpfiles-root"
+systemd-tmpfiles --root="$work/tmpfiles-root" --create "$r/usr/lib/tmpfiles.d/felhom-agent.conf"
+mode=$(stat -c '%a %U %G' "$work/tmpfiles-root/var/lib/felhom-agent")
+[ "$mode" = "700 root root" ] || fail "tmpfiles made /var/lib/felhom-agent $mode, want 700 root root"
+ok "tmpfiles creates /var/lib/felhom-agent 0700 root:root"
+
+step "maintainer scripts"
+for s in postinst prerm postrm; do
+  f=$work/DEBIAN/$s
+  [ -x "$f" ] || fail "DEBIAN/$s is missing or not executable"
+  sh -n "$f" || fail "DEBIAN/$s has a syntax error"
+  grep -q '#DEBHELPER#' "$f" && fail "DEBIAN/$s still holds #DEBHELPER#"
+done
+# postinst against stubs, installing into a scratch DPKG_ROOT: it enables the daemon and the
+# timer, creates the state directory 0700 and exits 0.
+stubs=$work/stubs
+mkdir -p "$stubs" "$work/dpkg-root"
+for cmd in deb-systemd-helper deb-systemd-invoke systemctl systemd-tmpfiles; do
+  printf '#!/bin/sh\necho "%s $*" >>"%s"\n' "$cmd" "$work/calls" >"$stubs/$cmd"
+  chmod 755 "$stubs/$cmd"
+done
+: >"$work/calls"
+DPKG_ROOT=$work/dpkg-root PATH="$stubs:$PATH" sh "$work/DEBIAN/postinst" configure "" ||
+  fail "postinst configure failed"
+for want in "deb-systemd-helper enable felhom-agent.service" \
+  "deb-systemd-helper enable felhom-restore-test.timer" \
+  "systemd-tmpfiles --root=$work/dpkg-root --create felhom-agent.conf"; do
+  grep -qxF "$want" "$work/calls" || fail "postinst did not run: $want (ran: $(tr '\n' ';' <"$work/calls"))"
+done
+grep -q 'start felhom-agent.service\|restart felhom-agent.service' "$work/calls" &&
+  fail "postinst into a DPKG_ROOT started the daemon: $(cat "$work/calls")"
+[ "$(stat -c %a "$work/dpkg-root/var/lib/felhom-agent")" = 700 ] ||
+  fail "postinst did not create the state directory 0700"
+: >"$work/calls"
+PATH="$stubs:$PATH" sh "$work/DEBIAN/postrm" purge || fail "postrm purge failed"
+grep -qxF "deb-systemd-helper purge felhom-agent.service felhom-restore-test.timer" "$work/calls" ||
+  fail "postrm purge did not purge the units' state: $(cat "$work/calls")"
+ok "postinst enables felhom-agent.service and felhom-restore-test.timer, makes the state dir 0700; postrm purges"
+
+step "units: not before agent.toml exists"
+for u in felhom-agent.service felhom-restore-test.service; do
+  grep -qx 'ConditionPathExists=/etc/felhom-agent/agent.toml' "$r/lib/systemd/system/$u" ||
+    fail "$u does not wait for /etc/felhom-agent/agent.toml"
+done
+ok "both services carry ConditionPathExists=/etc/felhom-agent/agent.toml"
+
+step "systemd-analyze verify"
+# A root with the host's units (for the targets they refer to) and the unpacked package on top.
+vroot=$work/vroot
+mkdir -p "$vroot/lib/systemd/system"
+cp -a /lib/systemd/system/. "$vroot/lib/systemd/system/"
+cp -a "$r/." "$vroot/"
+units=(felhom-agent.service felhom-restore-test.service felhom-restore-test.timer)
+paths=()
+for u in "${units[@]}"; do paths+=("$vroot/lib/systemd/system/$u"); done
+set +e
+verify_out=$(systemd-analyze verify --man=no --root="$vroot" "${paths[@]}" 2>&1)
+verify_rc=$?
+set -e
+if [ "$verify_rc" -ne 0 ] || [ -n "$verify_out" ]; then
+  printf '%s\n' "$verify_out" >&2
+  fail "systemd-analyze verify: exit $verify_rc, messages above (unknown keys are only warnings, so any message fails)"
+fi
+ok "systemd-analyze verify: ${units[*]}: no message"
+
+step "systemd-analyze security --offline=true"
+exposure() {
+  local unit=$1 max=$2 out level
+  out=$(systemd-analyze security --offline=true --root="$vroot" --no-pager \
+    "$vroot/lib/systemd/system/$unit" 2>&1) || { printf '%s\n' "$out" >&2; fail "security of $unit"; }
+  # The options that count against the unit (a weight at the end of the line) and the total.
+  printf '%s\n' "$out" | grep -E ' [0-9]+\.[0-9]+ *$|Overall exposure' || true
+  level=$(printf '%s\n' "$out" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+  [ -n "$level" ] || fail "no exposure level for $unit"
+  awk -v l="$level" -v m="$max" 'BEGIN { exit !(l <= m) }' ||
+    fail "$unit exposure $level is above $max (systemd/README.md): a hardening option was lost?"
+  ok "$unit exposure $level (at most $max)"
+}
+exposure felhom-agent.service "$MAX_EXPOSURE_AGENT"
+exposure felhom-restore-test.service "$MAX_EXPOSURE_RESTORE"
+
+step "lintian"
+if command -v lintian >/dev/null 2>&1; then
+  # Errors and warnings fail; deliberate exceptions are overrides shipped in the package.
+  set +e
+  lintian --fail-on error,warning --display-level '>=info' --tag-display-limit 0 "$deb" 2>&1 |
+    grep -v '^running with root privileges is not recommended!$'
+  lintian_rc=${PIPESTATUS[0]}
+  set -e
+  [ "$lintian_rc" -eq 0 ] || fail "lintian found errors or warnings (above), exit $lintian_rc"
+  ok "lintian: no error, no warning (info tags above, if any)"
+else
+  echo "note: lintian is not installed; tests/setup.sh installs it" >&2
+fi
+
+echo "ok: package $(basename "$deb") checked in $SECONDS s"
