@@ -32,6 +32,9 @@ status=${PIPESTATUS[0]}
 set -e
 [ "$status" -eq 0 ] || exit "$status"
 
+step "fuzz targets: build and run briefly (tests/fuzz.sh)"
+tests/fuzz.sh
+
 step "no secret in the test output"
 # The token secrets of the test scenarios must never be printed by the agent or a test.
 if grep -q -e '11111111-2222-4333-8444-555555555555' -e '99999999-2222-4333-8444-555555555555' "$log"; then

@@ -426,7 +426,7 @@ struct NodeNames(Vec<Arc<str>>);
 
 impl NodeNames {
     fn get(&mut self, name: &str) -> Arc<str> {
-        if let Some(known) = self.0.iter().find(|n| &***n == name) {
+        if let Some(known) = self.0.iter().rev().find(|n| &***n == name) {
             return Arc::clone(known);
         }
         let new: Arc<str> = Arc::from(name);
@@ -530,8 +530,21 @@ impl<'de> Deserialize<'de> for VmlistDoc {
 /// keys are ignored; anything else (no `version`, a key that is not a vmid, an unknown type, a
 /// vmid listed twice, trailing data) is an error, because a guest list that cannot be trusted
 /// must not clear a vmid.
+///
+/// Text laid out exactly as pmxcfs writes it is read by a direct scanner (a 100,000-guest list
+/// is parsed on every `vmid-check`); anything else goes through the JSON decoder
+/// [`parse_vmlist_reference`]. Both give the same result for every input.
 pub fn parse_vmlist(bytes: &[u8]) -> Result<Vec<GuestEntry>, InventoryError> {
-    let entries = decode_vmlist(bytes)?;
+    reject_duplicates(decode_vmlist(bytes)?)
+}
+
+/// [`parse_vmlist`] through the JSON decoder only. It defines what `parse_vmlist` must return;
+/// the fuzz target checks the two against each other.
+pub fn parse_vmlist_reference(bytes: &[u8]) -> Result<Vec<GuestEntry>, InventoryError> {
+    reject_duplicates(decode_vmlist_json(bytes)?)
+}
+
+fn reject_duplicates(entries: Vec<GuestEntry>) -> Result<Vec<GuestEntry>, InventoryError> {
     let mut vmids: Vec<u32> = entries.iter().map(|e| e.vmid).collect();
     vmids.sort_unstable();
     if let Some(w) = vmids.windows(2).find(|w| w[0] == w[1]) {
@@ -544,11 +557,122 @@ pub fn parse_vmlist(bytes: &[u8]) -> Result<Vec<GuestEntry>, InventoryError> {
 
 /// [`parse_vmlist`] without the duplicate check, for callers that sort anyway.
 fn decode_vmlist(bytes: &[u8]) -> Result<Vec<GuestEntry>, InventoryError> {
+    match scan_pmxcfs_vmlist(bytes) {
+        Some(entries) => Ok(entries),
+        None => decode_vmlist_json(bytes),
+    }
+}
+
+fn decode_vmlist_json(bytes: &[u8]) -> Result<Vec<GuestEntry>, InventoryError> {
     let VmlistDoc(entries) =
         serde_json::from_slice(bytes).map_err(|e| InventoryError::VmlistSyntax {
             detail: e.to_string(),
         })?;
     Ok(entries)
+}
+
+/// A cursor over bytes for [`scan_pmxcfs_vmlist`]. Every step returns `None` on anything
+/// unexpected; it never indexes out of bounds.
+struct Scan<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Scan<'a> {
+    fn literal(&mut self, lit: &[u8]) -> Option<()> {
+        let end = self.at.checked_add(lit.len())?;
+        (self.bytes.get(self.at..end)? == lit).then(|| self.at = end)
+    }
+
+    /// One or more ASCII digits.
+    fn digits(&mut self) -> Option<&'a [u8]> {
+        let start = self.at;
+        while self.bytes.get(self.at).is_some_and(u8::is_ascii_digit) {
+            self.at += 1;
+        }
+        self.bytes.get(start..self.at).filter(|d| !d.is_empty())
+    }
+
+    /// A JSON integer as serde_json reads it into a u64: no leading zero, no overflow.
+    fn json_u64(&mut self) -> Option<u64> {
+        let d = self.digits()?;
+        if d.len() > 1 && d.first() == Some(&b'0') {
+            return None;
+        }
+        d.iter().try_fold(0u64, |acc, &b| {
+            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        })
+    }
+
+    /// A vmid key as pmxcfs writes it (see [`parse_pmxcfs_vmid`]), then its closing `"`.
+    fn vmid_key(&mut self) -> Option<u32> {
+        let d = self.digits()?;
+        if d.first() == Some(&b'0') {
+            return None;
+        }
+        self.literal(b"\"")?;
+        let n = d.iter().try_fold(0u64, |acc, &b| {
+            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        })?;
+        u32::try_from(n).ok()
+    }
+
+    /// The bytes up to the next `"`, which is consumed.
+    fn until_quote(&mut self) -> Option<&'a [u8]> {
+        let rest = self.bytes.get(self.at..)?;
+        let len = rest.iter().position(|&b| b == b'"')?;
+        self.at += len + 1;
+        rest.get(..len)
+    }
+
+    fn at_end(&self) -> bool {
+        self.at == self.bytes.len()
+    }
+}
+
+/// Read `.vmlist` bytes laid out exactly as pmxcfs writes them (`status.c`
+/// `cfs_create_vmlist_msg`), or `None` for anything else, which the JSON decoder then reads.
+/// Only node names of letters, digits, `.`, `-` and `_` are taken (nothing a JSON string would
+/// escape), so the result is what the JSON decoder would give.
+fn scan_pmxcfs_vmlist(bytes: &[u8]) -> Option<Vec<GuestEntry>> {
+    let mut s = Scan { bytes, at: 0 };
+    s.literal(b"{\n\"version\": ")?;
+    s.json_u64()?;
+    if s.literal(b"\n\n}\n").is_some() {
+        return s.at_end().then(Vec::new);
+    }
+    s.literal(b",\n\"ids\": {\n")?;
+    let mut out = Vec::with_capacity(bytes.len() / 56);
+    let mut nodes = NodeNames::default();
+    loop {
+        s.literal(b"\"")?;
+        let vmid = s.vmid_key()?;
+        s.literal(b": { \"node\": \"")?;
+        let node = s.until_quote()?;
+        if node.is_empty()
+            || !node
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+        {
+            return None;
+        }
+        s.literal(b", \"type\": \"")?;
+        let kind = GuestType::from_pve(std::str::from_utf8(s.until_quote()?).ok()?)?;
+        s.literal(b", \"version\": ")?;
+        let version = s.json_u64()?;
+        s.literal(b" }")?;
+        out.push(GuestEntry {
+            vmid,
+            kind,
+            node: nodes.get(std::str::from_utf8(node).ok()?),
+            version: Some(version),
+        });
+        if s.literal(b",\n").is_some() {
+            continue;
+        }
+        s.literal(b"}\n\n}\n")?;
+        return s.at_end().then_some(out);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1955,6 +2079,24 @@ VMID       Status     Lock         Name
 
     proptest::proptest! {
         #[test]
+        fn scanner_and_json_decoder_agree_on_damaged_lists(
+            rows in proptest::collection::vec((100u32..100_000, "[a-z0-9]{1,6}"), 0..6),
+            edits in proptest::collection::vec((proptest::num::usize::ANY, proptest::num::u8::ANY, 0u8..3), 0..4),
+        ) {
+            let mut bytes = vmlist_text(7, rows.iter().map(|(v, n)| (*v, "lxc", n.as_str(), 1))).into_bytes();
+            for (at, byte, op) in edits {
+                if bytes.is_empty() { break; }
+                let at = at % bytes.len();
+                match op {
+                    0 => bytes[at] = byte,
+                    1 => bytes.insert(at, byte),
+                    _ => { bytes.remove(at); }
+                }
+            }
+            proptest::prop_assert_eq!(parse_vmlist(&bytes), parse_vmlist_reference(&bytes));
+        }
+
+        #[test]
         fn parsers_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
             let _ = parse_vmlist(&bytes);
             let text = String::from_utf8_lossy(&bytes);
@@ -2016,6 +2158,7 @@ VMID       Status     Lock         Name
             version in 0u32..=u32::MAX,
         ) {
             let text = vmlist_text(version, rows.iter().map(|(v, (t, n, ver))| (*v, *t, n.as_str(), *ver)));
+            proptest::prop_assert!(scan_pmxcfs_vmlist(text.as_bytes()).is_some());
             let mut got = parse_vmlist(text.as_bytes()).unwrap();
             got.sort_by_key(|e| e.vmid);
             let want: Vec<GuestEntry> = rows.iter().map(|(v, (t, n, ver))| GuestEntry {
@@ -2046,6 +2189,41 @@ VMID       Status     Lock         Name
                 rows.join(",\n")
             )
         }
+    }
+
+    #[test]
+    fn the_scanner_reads_pmxcfs_layout_and_leaves_the_rest_to_json() {
+        // The reference bytes take the direct path...
+        assert_eq!(
+            scan_pmxcfs_vmlist(VMLIST_MULTI.as_bytes()),
+            Some(parse_vmlist_reference(VMLIST_MULTI.as_bytes()).unwrap())
+        );
+        assert_eq!(scan_pmxcfs_vmlist(VMLIST_EMPTY.as_bytes()), Some(vec![]));
+        // ...anything else the JSON decoder, with the same answer.
+        let cases = [
+            // Escaped node name.
+            "{\n\"version\": 1,\n\"ids\": {\n\"100\": { \"node\": \"pve\\u0031\", \"type\": \"lxc\", \"version\": 1 }}\n\n}\n",
+            // Other whitespace.
+            "{\"version\": 1, \"ids\": {\"100\": {\"node\": \"pve1\", \"type\": \"lxc\", \"version\": 1}}}",
+            // Leading zero in a number: JSON refuses it.
+            "{\n\"version\": 01\n\n}\n",
+            // Version too large for u64.
+            "{\n\"version\": 1,\n\"ids\": {\n\"100\": { \"node\": \"a\", \"type\": \"lxc\", \"version\": 99999999999999999999 }}\n\n}\n",
+            // Trailing bytes.
+            "{\n\"version\": 3\n\n}\nx",
+        ];
+        for text in cases {
+            assert_eq!(scan_pmxcfs_vmlist(text.as_bytes()), None, "{text:?}");
+            assert_eq!(
+                parse_vmlist(text.as_bytes()),
+                parse_vmlist_reference(text.as_bytes()),
+                "{text:?}"
+            );
+        }
+        assert_eq!(
+            parse_vmlist(cases[0].as_bytes()).unwrap(),
+            vec![entry(100, GuestType::Lxc, "pve1", Some(1))]
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
         for e in &entries {
             assert!(e.vmid != 0);
             assert_eq!(e.kind, GuestType::Lxc);
-            assert_eq!(e.node, "pve1");
+            assert_eq!(&*e.node, "pve1");
         }
     }
 });

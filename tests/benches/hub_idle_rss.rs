@@ -1,0 +1,81 @@
+//! The daemon's idle memory: `felhom-agent run` connected to the development hub (and
+//! fakepve for its inventory polls) for 30 s, then its resident set size from
+//! `/proc/<pid>/status`. The goal is under 10 MiB.
+//!
+//! `cargo build --release -p felhom-agent && cargo bench -p felhom-tests --bench hub_idle_rss`
+//! measures the release binary (`target/release/felhom-agent`, or `$FELHOM_AGENT_BIN`);
+//! without a release build it measures the debug one and says so.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions};
+use felhom_tests::fakepve::{workspace_root, AgentFiles, AgentOptions, FakePve, HubOptions};
+
+const IDLE: Duration = Duration::from_secs(30);
+
+fn status_field(pid: u32, field: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| format!("({field} missing)"))
+}
+
+fn main() {
+    let release = workspace_root().join("target/release/felhom-agent");
+    let binary: PathBuf = match std::env::var_os("FELHOM_AGENT_BIN") {
+        Some(p) => PathBuf::from(p),
+        None if release.exists() => release,
+        None => felhom_tests::agent::agent_bin(),
+    };
+    // AgentDaemon runs whatever FELHOM_AGENT_BIN names.
+    std::env::set_var("FELHOM_AGENT_BIN", &binary);
+
+    let pve = FakePve::demo();
+    let hub = DevHub::start(DevHubOptions {
+        heartbeat_interval_secs: 5,
+        ..DevHubOptions::default()
+    });
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            hub: Some(HubOptions {
+                url: hub.url(),
+                token: hub.token().to_string(),
+                tls_fingerprint: None,
+                ca_file: None,
+            }),
+            ..AgentOptions::default()
+        },
+    );
+    // Default timing except a 10 s inventory poll, so the idle time includes polls.
+    let agent = AgentDaemon::spawn(&files.config_path, "inventory_poll_ms=10000", &[]);
+    hub.wait_for("the session", Duration::from_secs(30), |s| {
+        s.sessions == 1 && !s.inventories.is_empty()
+    });
+    std::thread::sleep(IDLE);
+    let pid = agent.pid();
+    let rss = status_field(pid, "VmRSS");
+    let hwm = status_field(pid, "VmHWM");
+    let anon = status_field(pid, "RssAnon");
+    let file = status_field(pid, "RssFile");
+    let threads = status_field(pid, "Threads");
+    let state = hub.snapshot();
+    let (status, log) = agent.terminate(Duration::from_secs(30));
+    assert!(status.success(), "run exited {status}:\n{log}");
+    assert_eq!(state.sessions, 1, "the session dropped while idle");
+    println!(
+        "felhom-agent run, idle {} s connected to the dev hub ({})",
+        IDLE.as_secs(),
+        binary.display()
+    );
+    println!("  VmRSS {rss} (RssAnon {anon}, RssFile {file}), VmHWM {hwm}, threads {threads}");
+    println!(
+        "  heard by the hub: {} heartbeats, {} inventories",
+        state.heartbeats,
+        state.inventories.len()
+    );
+}

@@ -1,0 +1,107 @@
+//! Provision benchmark (prints figures; not a timed test): a full `--selftest=provision`
+//! against fakepve with tasks that take real time, and the same with instant tasks.
+//!
+//! - wall: the agent's whole run;
+//! - tasks: the nominal duration of the PVE tasks it waits for (restore + destroy);
+//! - fixed: the wall time of the same provision with instant tasks (in-guest work: launch
+//!   proof, bootstrap, checks; local reads);
+//! - task overhead: (wall - fixed - tasks) / tasks, the cost of following the tasks;
+//! - API calls per provision.
+//!
+//! Run: `cargo bench -p felhom-tests --bench provision` (after `cargo build -p felhom-agent`).
+
+use std::path::Path;
+use std::time::Instant;
+
+use felhom_tests::agent::agent_command;
+use felhom_tests::fakepve::{AgentFiles, FakePve};
+use felhom_tests::guestbed::GuestBed;
+use serde_json::json;
+
+const RUNS: u32 = 3;
+/// PVE seconds → real seconds.
+const TIME_SCALE: f64 = 0.02;
+/// Restore and destroy durations, in PVE seconds.
+const RESTORE_SECS: f64 = 400.0;
+const DESTROY_SECS: f64 = 100.0;
+
+fn copy(from: &Path, to: &Path) {
+    assert!(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp")
+        .success());
+}
+
+fn one(slow: bool, vmid: u32) -> (f64, usize) {
+    let pve = FakePve::demo();
+    if slow {
+        pve.set(json!({"time_scale": TIME_SCALE, "ct_secs": {"create": RESTORE_SECS, "destroy": DESTROY_SECS}}));
+    }
+    let bed = GuestBed::autocreate();
+    let files = AgentFiles::for_fake(&pve);
+    let root = felhom_tests::fakepve::workspace_root();
+    copy(
+        &root.join("packaging/bootstrap.d/default"),
+        &files.bootstrap_dir.join("default"),
+    );
+    copy(
+        &root.join("packaging/checks.d/default.toml"),
+        &files.checks_dir.join("default.toml"),
+    );
+    let before = pve.requests().len();
+    let path = format!(
+        "{}:{}",
+        bed.bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let started = Instant::now();
+    let out = agent_command(&files.config_path)
+        .env("PATH", path)
+        .args(["--selftest=provision", "-vmid", &vmid.to_string(), "--json"])
+        .output()
+        .expect("run agent");
+    let wall = started.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "provision failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    (wall, pve.requests().len() - before)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let tasks = (RESTORE_SECS + DESTROY_SECS) * TIME_SCALE;
+    let mut fixed = Vec::new();
+    let mut wall = Vec::new();
+    let mut calls = Vec::new();
+    for i in 0..RUNS {
+        let (w, _) = one(false, 150 + i);
+        fixed.push(w);
+        let (w, c) = one(true, 160 + i);
+        wall.push(w);
+        calls.push(c);
+    }
+    let (fixed, wall) = (median(fixed), median(wall));
+    let overhead = (wall - fixed - tasks) / tasks * 100.0;
+    println!("provision benchmark ({RUNS} runs each, medians)");
+    println!("  PVE task time (restore + destroy): {tasks:.2} s");
+    println!("  wall time with those tasks:        {wall:.2} s");
+    println!("  wall time with instant tasks:      {fixed:.2} s (in-guest work and local reads)");
+    println!(
+        "  overhead of following the tasks:   {overhead:.1} % of the task time (goal: within 5 %)"
+    );
+    println!(
+        "  API calls per provision:           {} (min {}, max {})",
+        calls[calls.len() / 2],
+        calls.iter().min().unwrap_or(&0),
+        calls.iter().max().unwrap_or(&0)
+    );
+}
