@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds every cargo-fuzz target in agent/fuzz and runs each one briefly: the parsers of
-# /etc/pve/.vmlist, `pct list` and `qm list`, and the vmid policy.
+# /etc/pve/.vmlist, `pct list` and `qm list`, and the vmid policy; then the hub protocol's
+# frame decoder (hub-protocol/fuzz).
 #
 # cargo-fuzz passes nightly-only flags to rustc (-Zsanitizer=address and the sanitizer-coverage
 # options). Only the stable toolchain is on these machines, so RUSTC_BOOTSTRAP=1 lets the stable
@@ -46,4 +47,13 @@ for target in $(cargo fuzz list); do
     tail -n 40 "$logs/$target.log" >&2
   fi
 done
+
+step "hub-protocol: cargo fuzz run decode (${seconds}s)"
+if ! "$here/hub-protocol/fuzz/run.sh" "$seconds" >"$logs/hub-decode.log" 2>&1; then
+  failed=1
+  echo "fuzz target hub-protocol/decode failed; its output ends with:" >&2
+  tail -n 40 "$logs/hub-decode.log" >&2
+else
+  grep -E '^Done [0-9]+ runs' "$logs/hub-decode.log" >&2 || true
+fi
 exit "$failed"
