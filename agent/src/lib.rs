@@ -12,6 +12,7 @@ pub mod config;
 pub mod doctor;
 pub mod error;
 pub mod guest;
+pub mod hub;
 pub mod inventory;
 pub mod provision;
 pub mod pve;

@@ -5,5 +5,6 @@
 //! fakepve venv that `tests/run.sh` installs.
 
 pub mod agent;
+pub mod devhub;
 pub mod fakepve;
 pub mod guestbed;

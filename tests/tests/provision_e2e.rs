@@ -86,10 +86,11 @@ fn happy_path_is_ok_and_cleans_up() {
         .pve
         .requests()
         .into_iter()
-        .filter(|r| r.method == "DELETE" && r.targets_vmid(0) == false && r.path.contains("/lxc/"))
+        .filter(|r| r.method == "DELETE" && !r.path.contains("/tasks/"))
         .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
     assert!(
-        deletes.iter().all(|r| r.targets_vmid(120)),
+        deletes[0].targets_vmid(120),
         "only vmid 120 was deleted: {deletes:?}"
     );
 }

@@ -1,0 +1,488 @@
+//! `felhom-agent run`: the daemon that keeps the hub session, runs dispatches and reports every
+//! event and result through a durable outbox (DESIGN sections 2 rule 8 and 6).
+//!
+//! The parts:
+//! - [`store`]: a checksummed append-only record log with completion marks (crash-safe,
+//!   size-capped, group-committed);
+//! - [`outbox`]: the outbox (messages until the hub acks them) and the inbox (dispatches until
+//!   they are finished) in `<state_dir>/outbox/`, behind one writer thread;
+//! - [`dispatch`]: the [`DispatchRunner`] seam, the [`EventSink`] a runner reports through,
+//!   and the dispatcher (bounded concurrency, per-vmid exclusion, idempotent by transaction);
+//! - [`session`]: connecting to the hub (bearer credential, rustls, pin or CA or system roots)
+//!   and one hello/welcome session;
+//! - [`backoff`]: reconnect delays (capped exponential, full jitter);
+//! - [`notify`]: systemd `READY=1`, `WATCHDOG=1`, `STOPPING=1`;
+//! - [`inventory`]: the inventory the hub may see, from PVE and the full guest list;
+//! - [`facts`]: host facts for the hello.
+//!
+//! Other commands report through [`outbox::spool`]; the daemon moves what they spooled into
+//! the outbox.
+//!
+//! [`run_daemon`] ties them together: open the outbox, resume open dispatches, then either
+//! idle until SIGTERM (no `[hub]`: reports wait in the outbox) or keep a session with the hub,
+//! reconnecting with backoff. SIGTERM stops new work, lets running transactions reach a
+//! journaled step (up to [`session::SHUTDOWN_GRACE`]), flushes the outbox to the hub if a
+//! session is up, and closes the outbox.
+//!
+//! Nothing here ever logs or returns the hub credential.
+
+pub mod backoff;
+pub mod dispatch;
+pub mod facts;
+pub mod inventory;
+pub mod notify;
+pub mod outbox;
+pub mod session;
+pub mod store;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+pub use dispatch::{
+    DispatchRunner, Dispatcher, EventSink, InventoryRead, RefusingRunner, RunEnd,
+    MAX_CONCURRENT_TRANSACTIONS,
+};
+pub use inventory::PveInventory;
+pub use notify::{Notifier, WatchdogPolicy};
+pub use outbox::{derived_message_id, spool, Outbox, OutboxError};
+pub use session::{HubEndpoint, SessionEnd, Timing};
+
+use crate::app::CommandOutput;
+use crate::config::{Config, HubConfig};
+use crate::error::{ErrorCode, ExitStatus, Failure};
+use backoff::Backoff;
+use session::SessionContext;
+
+/// What the daemon needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct DaemonSettings {
+    /// This node.
+    pub node: String,
+    /// The fleet's pool.
+    pub pool: String,
+    /// The state dir (the outbox lives in `<state_dir>/outbox/`).
+    pub state_dir: PathBuf,
+    /// The hub, if configured.
+    pub hub: Option<HubConfig>,
+    /// The session timing.
+    pub timing: Timing,
+}
+
+/// How the daemon ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonReport {
+    /// Sessions that reached the welcome.
+    pub sessions: u64,
+    /// Messages still waiting for the hub at exit.
+    pub outbox_depth: u64,
+    /// Dispatches still open at exit (resumed at the next start).
+    pub open_dispatches: u64,
+}
+
+/// `felhom-agent run`.
+pub async fn run_command(cfg: &Config) -> CommandOutput {
+    let timing = match Timing::from_env() {
+        Ok(t) => t,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let client = match crate::pve::PveClient::new(&cfg.pve) {
+        Ok(c) => c,
+        Err(e) => return CommandOutput::failure(&Failure::new(e.code(), e.to_string())),
+    };
+    let inventory = Arc::new(PveInventory::new(
+        client,
+        cfg.vmlist_path.clone(),
+        cfg.node.clone(),
+        cfg.pool.clone(),
+    ));
+    let settings = DaemonSettings {
+        node: cfg.node.clone(),
+        pool: cfg.pool.clone(),
+        state_dir: cfg.state_dir.clone(),
+        hub: cfg.hub.clone(),
+        timing,
+    };
+    // The provision executor replaces this runner once it implements `DispatchRunner`.
+    let runner = Arc::new(RefusingRunner);
+    let shutdown = crate::app::shutdown_token();
+    match run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await {
+        Ok(report) => CommandOutput {
+            json: json!({
+                "stopped": true,
+                "sessions": report.sessions,
+                "outbox_depth": report.outbox_depth,
+                "open_dispatches": report.open_dispatches,
+            }),
+            human: format!(
+                "stopped: {} messages wait in the outbox, {} dispatches resume at the next start",
+                report.outbox_depth, report.open_dispatches
+            ),
+            status: ExitStatus::Ok,
+        },
+        Err(f) => CommandOutput::failure(&f),
+    }
+}
+
+/// The daemon: see the module docs. Returns when `shutdown` fired and everything stopped, or
+/// at once with a failure when the hub settings or the outbox cannot be used.
+pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
+    settings: DaemonSettings,
+    runner: Arc<R>,
+    inventory: Arc<I>,
+    notifier: Notifier,
+    shutdown: CancellationToken,
+) -> Result<DaemonReport, Failure> {
+    let started = Instant::now();
+    let endpoint = settings.hub.as_ref().map(HubEndpoint::new).transpose()?;
+    let (outbox, summary) = Outbox::open(&settings.state_dir)
+        .map_err(|e| Failure::new(ErrorCode::ConfigInvalid, e.to_string()))?;
+    tracing::info!(
+        "outbox {}: {} messages wait for the hub, {} dispatches are open",
+        outbox.dir().display(),
+        summary.pending_messages,
+        summary.open_dispatches
+    );
+    if let Err(f) = runner.prepare().await {
+        outbox.close().await;
+        return Err(f);
+    }
+    let (acks_tx, mut acks_rx) = mpsc::unbounded_channel();
+    let dispatcher = Dispatcher::new(runner, inventory.clone(), outbox.clone(), acks_tx);
+    if let Err(e) = dispatcher.resume().await {
+        tracing::error!("cannot read the open dispatches: {e}");
+    }
+    let notifier = Arc::new(notifier);
+    let health = Arc::new(Mutex::new(WatchdogPolicy::new(
+        endpoint.is_some(),
+        Duration::from_secs(30),
+    )));
+    let background = CancellationToken::new();
+    if let Some(every) = notifier.watchdog_interval() {
+        tokio::spawn(watchdog_loop(
+            every,
+            notifier.clone(),
+            health.clone(),
+            background.clone(),
+        ));
+    }
+    tokio::spawn(spool_ingester(outbox.clone(), background.clone()));
+    let mut sessions = 0u64;
+    match endpoint {
+        None => {
+            notifier.ready("no hub configured: reports wait in the outbox");
+            tracing::info!(
+                "no [hub] configured: reports wait in the outbox until a hub is configured"
+            );
+            shutdown.cancelled().await;
+            notifier.stopping("stopping");
+            dispatcher.shutdown(settings.timing.shutdown_grace).await;
+        }
+        Some(endpoint) => {
+            let inventory_now = Arc::new(Notify::new());
+            tokio::spawn(inventory_poller(
+                inventory,
+                outbox.clone(),
+                settings.timing.inventory_poll,
+                inventory_now.clone(),
+                background.clone(),
+            ));
+            // SIGTERM: stop taking work, let running work reach a journaled step while the
+            // session goes on (so its results still reach the hub), then end the session.
+            let stop_session = CancellationToken::new();
+            {
+                let (shutdown, stop_session, dispatcher, notifier) = (
+                    shutdown.clone(),
+                    stop_session.clone(),
+                    dispatcher.clone(),
+                    notifier.clone(),
+                );
+                let grace = settings.timing.shutdown_grace;
+                tokio::spawn(async move {
+                    shutdown.cancelled().await;
+                    notifier
+                        .stopping("stopping: letting running transactions reach a journaled step");
+                    dispatcher.shutdown(grace).await;
+                    stop_session.cancel();
+                });
+            }
+            let ready_sent = AtomicBool::new(false);
+            let ctx = SessionContext {
+                endpoint: &endpoint,
+                timing: &settings.timing,
+                node: &settings.node,
+                pool: &settings.pool,
+                outbox: &outbox,
+                dispatcher: &dispatcher,
+                health: &health,
+                notifier: &notifier,
+                ready_sent: &ready_sent,
+                inventory_now: &inventory_now,
+                started,
+            };
+            let mut backoff =
+                Backoff::new(settings.timing.backoff_initial, settings.timing.backoff_cap);
+            let mut last_status: Option<String> = None;
+            loop {
+                let outcome = ctx.run(&mut acks_rx, &stop_session).await;
+                if outcome.welcomed {
+                    sessions += 1;
+                    backoff.reset();
+                    last_status = None;
+                }
+                if outcome.end == SessionEnd::Stopped
+                    || stop_session.is_cancelled()
+                    || shutdown.is_cancelled()
+                {
+                    break;
+                }
+                let delay = backoff.next_delay();
+                tracing::warn!(
+                    "hub session ended: {}; reconnecting in {:.1} s (attempt {})",
+                    outcome.end,
+                    delay.as_secs_f32(),
+                    backoff.attempts()
+                );
+                let status = format!("hub unreachable ({}); reconnecting", outcome.end);
+                if last_status.as_deref() != Some(status.as_str()) {
+                    notifier.status(&status);
+                    last_status = Some(status);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop_session.cancelled() => break,
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+            // Whatever way the loop ended, work must have stopped before the outbox closes.
+            notifier.stopping("stopping");
+            dispatcher.shutdown(settings.timing.shutdown_grace).await;
+        }
+    }
+    background.cancel();
+    let report = DaemonReport {
+        sessions,
+        outbox_depth: outbox.depth(),
+        open_dispatches: outbox.open_dispatch_count(),
+    };
+    outbox.close().await;
+    tracing::info!(
+        "stopped: {} messages wait in the outbox, {} dispatches are open",
+        report.outbox_depth,
+        report.open_dispatches
+    );
+    Ok(report)
+}
+
+/// Moves messages other commands spooled into the outbox, at start and every
+/// [`outbox::SPOOL_POLL_INTERVAL`].
+async fn spool_ingester(outbox: Outbox, stop: CancellationToken) {
+    loop {
+        match outbox.ingest_spool().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("moved {n} spooled reports into the outbox"),
+            Err(OutboxError::Closed) => return,
+            Err(e) => tracing::warn!("cannot move spooled reports into the outbox: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(outbox::SPOOL_POLL_INTERVAL) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn watchdog_loop(
+    every: Duration,
+    notifier: Arc<Notifier>,
+    health: Arc<Mutex<WatchdogPolicy>>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+        let healthy = health
+            .lock()
+            .map(|h| h.healthy(Instant::now()))
+            .unwrap_or(false);
+        if healthy {
+            notifier.watchdog();
+        }
+    }
+}
+
+/// Reads the inventory every `every` (and at once when `now` is notified, on each new
+/// session) and stores it in the outbox when it changed, or when a new session asked for it.
+async fn inventory_poller<I: InventoryRead>(
+    inventory: Arc<I>,
+    outbox: Outbox,
+    every: Duration,
+    now: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    let mut last_sent: Option<hub_protocol::Inventory> = None;
+    let mut last_error: Option<String> = None;
+    loop {
+        let forced = tokio::select! {
+            _ = tokio::time::sleep(every) => false,
+            _ = now.notified() => true,
+            _ = stop.cancelled() => return,
+        };
+        match inventory.read().await {
+            Ok(current) => {
+                last_error = None;
+                if forced || last_sent.as_ref() != Some(&current) {
+                    match outbox
+                        .push(hub_protocol::AgentMessage::Inventory(current.clone()))
+                        .await
+                    {
+                        Ok(_) => last_sent = Some(current),
+                        Err(e) => tracing::warn!("cannot store the inventory: {e}"),
+                    }
+                }
+            }
+            Err(f) => {
+                // Logged once per distinct error, not on every poll.
+                if last_error.as_deref() != Some(f.message.as_str()) {
+                    tracing::warn!("cannot read the inventory: [{}] {}", f.code, f.message);
+                    last_error = Some(f.message);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hub_protocol::{Dispatch, Inventory, TxnId, TxnResult};
+
+    use super::*;
+
+    struct NoInventory;
+
+    impl InventoryRead for NoInventory {
+        async fn read(&self) -> Result<Inventory, Failure> {
+            Err(Failure::new(
+                ErrorCode::PveUnreachable,
+                "no PVE in this test",
+            ))
+        }
+    }
+
+    struct FailingPrepare;
+
+    impl DispatchRunner for FailingPrepare {
+        fn capabilities(&self) -> Vec<&'static str> {
+            Vec::new()
+        }
+
+        async fn prepare(&self) -> Result<(), Failure> {
+            Err(Failure::new(
+                ErrorCode::PveUnreachable,
+                "cannot settle open transactions",
+            ))
+        }
+
+        async fn run(
+            &self,
+            dispatch: Dispatch,
+            _events: EventSink,
+            _cancel: CancellationToken,
+        ) -> RunEnd {
+            RunEnd::Finished(RefusingRunner::refusal(&dispatch))
+        }
+
+        fn state_of(&self, _txn: TxnId) -> Option<TxnResult> {
+            None
+        }
+    }
+
+    fn settings(dir: &std::path::Path) -> DaemonSettings {
+        DaemonSettings {
+            node: "pve1".into(),
+            pool: "felhom".into(),
+            state_dir: dir.to_path_buf(),
+            hub: None,
+            timing: Timing::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_hub_it_idles_until_shutdown_and_keeps_reports() {
+        let dir = tempfile::tempdir().expect("tmp");
+        spool(
+            dir.path(),
+            hub_protocol::AgentMessage::Inventory(Inventory {
+                request: None,
+                guests: vec![],
+                foreign_vmids: vec![101],
+            }),
+        )
+        .expect("spool");
+        let shutdown = CancellationToken::new();
+        let stopper = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stopper.cancel();
+        });
+        let report = run_daemon(
+            settings(dir.path()),
+            Arc::new(RefusingRunner),
+            Arc::new(NoInventory),
+            Notifier::disabled(),
+            shutdown,
+        )
+        .await
+        .expect("run");
+        assert_eq!(report.sessions, 0);
+        assert_eq!(
+            report.outbox_depth, 1,
+            "the spooled report waits in the outbox"
+        );
+        // The outbox was closed and its lock released.
+        let (outbox, summary) = Outbox::open(dir.path()).expect("reopen");
+        assert_eq!(summary.pending_messages, 1);
+        outbox.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_failed_prepare_stops_run_and_releases_the_outbox() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let err = run_daemon(
+            settings(dir.path()),
+            Arc::new(FailingPrepare),
+            Arc::new(NoInventory),
+            Notifier::disabled(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::PveUnreachable);
+        let (outbox, _) = Outbox::open(dir.path()).expect("the lock was released");
+        outbox.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_second_run_on_the_same_state_dir_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (outbox, _) = Outbox::open(dir.path()).expect("open");
+        let err = run_daemon(
+            settings(dir.path()),
+            Arc::new(RefusingRunner),
+            Arc::new(NoInventory),
+            Notifier::disabled(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::ConfigInvalid);
+        assert!(err.message.contains("already running"), "{}", err.message);
+        outbox.close().await;
+    }
+}

@@ -1,0 +1,263 @@
+//! systemd notifications from `felhom-agent run`, read from a real datagram socket named by
+//! `NOTIFY_SOCKET`: READY=1 only once the hub session is up (at once without a hub),
+//! WATCHDOG=1 only while the hub was heard from recently, STOPPING=1 at SIGTERM. Without a hub,
+//! reports wait in the outbox.
+
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use felhom_agent::hub::outbox::Outbox;
+use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
+use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve, HubOptions};
+use hub_protocol::{AgentMessage, Outcome, Phase, TxnId, TxnKind, TxnResult};
+
+const WAIT: Duration = Duration::from_secs(20);
+/// WATCHDOG_USEC for the agent: it pings every half of it.
+const WATCHDOG_USEC: &str = "400000";
+
+/// The socket systemd would listen on, read by a thread that keeps every datagram with the
+/// time it arrived (so the agent's queue never fills).
+struct NotifySocket {
+    path: String,
+    received: Arc<Mutex<Vec<(Instant, String)>>>,
+    stop: Arc<AtomicBool>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl NotifySocket {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("notify");
+        let socket = UnixDatagram::bind(&path).expect("bind");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .expect("timeout");
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (received, stop) = (received.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while !stop.load(Ordering::SeqCst) {
+                    if let Ok(n) = socket.recv(&mut buf) {
+                        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                        received.lock().expect("lock").push((Instant::now(), text));
+                    }
+                }
+            })
+        };
+        Self {
+            path: path.to_string_lossy().into_owned(),
+            received,
+            stop,
+            reader: Some(reader),
+            _dir: dir,
+        }
+    }
+
+    /// The datagrams that arrived in `[from, to)`.
+    fn between(&self, from: Instant, to: Instant) -> Vec<String> {
+        self.received
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(at, _)| *at >= from && *at < to)
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+
+    /// The datagrams that arrived since `from`.
+    fn since(&self, from: Instant) -> Vec<String> {
+        self.between(from, Instant::now() + Duration::from_secs(3600))
+    }
+
+    /// Wait until a datagram starting with `prefix` arrived after `from`; returns those since
+    /// `from`.
+    fn wait_for(&self, prefix: &str, from: Instant, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self.since(from);
+            if seen.iter().any(|m| m.starts_with(prefix)) {
+                return seen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {prefix} within {timeout:?}; got {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NotifySocket {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+fn count(messages: &[String], prefix: &str) -> usize {
+    messages.iter().filter(|m| m.starts_with(prefix)).count()
+}
+
+#[test]
+fn ready_waits_for_the_session_and_the_watchdog_follows_the_hub() {
+    let pve = FakePve::demo();
+    let mut hub = DevHub::start(DevHubOptions::default());
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            hub: Some(HubOptions {
+                url: hub.url(),
+                token: hub.token().to_string(),
+                tls_fingerprint: None,
+                ca_file: None,
+            }),
+            ..AgentOptions::default()
+        },
+    );
+    hub.stop();
+    let notify = NotifySocket::new();
+    let t0 = Instant::now();
+    let agent = AgentDaemon::spawn(
+        &files.config_path,
+        FAST_TIMING,
+        &[
+            ("NOTIFY_SOCKET", notify.path.as_str()),
+            ("WATCHDOG_USEC", WATCHDOG_USEC),
+        ],
+    );
+    // The hub is down: not ready, and no watchdog pings.
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = notify.since(t0);
+    assert_eq!(
+        count(&before, "READY=1"),
+        0,
+        "READY before the session: {before:?}"
+    );
+    assert_eq!(
+        count(&before, "WATCHDOG=1"),
+        0,
+        "pinged while the hub was never heard: {before:?}"
+    );
+
+    let t1 = Instant::now();
+    hub.restart();
+    let seen = notify.wait_for("READY=1", t1, WAIT);
+    assert!(
+        seen.iter()
+            .any(|m| m.contains("STATUS=connected to the hub")),
+        "{seen:?}"
+    );
+    hub.wait_for("the session", WAIT, |s| s.sessions == 1);
+    let t2 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200));
+    let up = notify.since(t2);
+    assert!(
+        count(&up, "WATCHDOG=1") >= 3,
+        "no pings while connected: {up:?}"
+    );
+
+    // The hub goes silent: within two heartbeats (1 s each) the pings stop.
+    hub.stop();
+    let stopped = Instant::now();
+    std::thread::sleep(Duration::from_millis(4200));
+    let down = notify.between(
+        stopped + Duration::from_millis(2500),
+        stopped + Duration::from_millis(4200),
+    );
+    assert_eq!(
+        count(&down, "WATCHDOG=1"),
+        0,
+        "pinged while the hub was gone: {down:?}"
+    );
+    // One status line for the outage, not one per reconnect attempt.
+    let outage = notify.since(stopped);
+    assert!(count(&outage, "STATUS=hub unreachable") <= 2, "{outage:?}");
+
+    // And they come back with the hub.
+    let t3 = Instant::now();
+    hub.restart();
+    hub.wait_for("the second session", WAIT, |s| s.sessions == 2);
+    notify.wait_for("WATCHDOG=1", t3, WAIT);
+
+    let t4 = Instant::now();
+    let (status, log) = agent.terminate(WAIT);
+    assert!(status.success(), "run exited {status}:\n{log}");
+    std::thread::sleep(Duration::from_millis(100));
+    let all = notify.since(t0);
+    let end = notify.since(t4);
+    assert_eq!(count(&end, "STOPPING=1"), 1, "{end:?}");
+    assert_eq!(
+        count(&all, "READY=1"),
+        1,
+        "READY sent more than once: {all:?}"
+    );
+}
+
+fn seed_result(state_dir: &Path) -> TxnId {
+    let txn = TxnId::from_ulid(ulid::Ulid::new());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let (outbox, _) = Outbox::open(state_dir).expect("open");
+        outbox
+            .push(AgentMessage::Result(TxnResult {
+                txn,
+                kind: TxnKind::SelftestRestore,
+                vmid: None,
+                outcome: Outcome::Skipped,
+                phase: Phase::Skipped,
+                destroy_armed: false,
+                destroyed: false,
+                checks: vec![],
+                error: None,
+            }))
+            .await
+            .expect("push");
+        outbox.close().await;
+    });
+    txn
+}
+
+#[test]
+fn without_a_hub_it_is_ready_at_once_and_reports_wait_in_the_outbox() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let txn = seed_result(&files.state_dir);
+    let log_path = files.state_dir.join("outbox").join("outbox.log");
+    let before = std::fs::read_to_string(&log_path).expect("outbox.log");
+    assert!(before.contains(&txn.to_string()));
+
+    let notify = NotifySocket::new();
+    let t0 = Instant::now();
+    let agent = AgentDaemon::spawn(
+        &files.config_path,
+        FAST_TIMING,
+        &[
+            ("NOTIFY_SOCKET", notify.path.as_str()),
+            ("WATCHDOG_USEC", WATCHDOG_USEC),
+        ],
+    );
+    let seen = notify.wait_for("READY=1", t0, WAIT);
+    assert!(
+        seen.iter().any(|m| m.contains("no hub configured")),
+        "{seen:?}"
+    );
+    notify.wait_for("WATCHDOG=1", t0, WAIT);
+    let (status, log) = agent.terminate(WAIT);
+    assert!(status.success(), "run exited {status}:\n{log}");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(count(&notify.since(t0), "STOPPING=1"), 1);
+    assert!(log.contains("1 messages wait"), "{log}");
+    let after = std::fs::read_to_string(&log_path).expect("outbox.log");
+    assert_eq!(after, before, "the waiting report changed without a hub");
+}
