@@ -134,7 +134,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Ok(c) => c,
                 Err(out) => return out,
             };
-            let reporter = crate::provision::effects::LogReporter;
+            let reporter = crate::hub::runner::SpoolReporter::new(cfg.state_dir.clone());
             match kind {
                 SelftestKind::Provision => {
                     crate::selftest::provision(&cfg, &cli.selftest_opts, &reporter, shutdown_token()).await
@@ -155,7 +155,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Ok(c) => c,
                 Err(out) => return out,
             };
-            let reporter = crate::provision::effects::LogReporter;
+            let reporter = crate::hub::runner::SpoolReporter::new(cfg.state_dir.clone());
             match cmd {
                 Command::Doctor => crate::doctor::run(&cli.global).await,
                 Command::Guests => crate::commands::guests(&cfg).await,

@@ -209,6 +209,17 @@ pub async fn run(
     reporter: &dyn Reporter,
     cancel: CancellationToken,
 ) -> CommandOutput {
+    run_txn(cfg, dry_run, Ulid::new(), reporter, cancel).await
+}
+
+/// One run under a given transaction id (a hub dispatch's).
+pub async fn run_txn(
+    cfg: &Config,
+    dry_run: bool,
+    txn: Ulid,
+    reporter: &dyn Reporter,
+    cancel: CancellationToken,
+) -> CommandOutput {
     let started = std::time::Instant::now();
     let prepared = if dry_run {
         match (PveClient::new(&cfg.pve), open_journal(cfg)) {
@@ -260,7 +271,6 @@ pub async fn run(
         ));
     };
     let picked = restore_band_pick(&inventory);
-    let txn = Ulid::new();
     let request = Request {
         txn,
         kind: TxnKind::SelftestRestore,

@@ -268,6 +268,17 @@ pub async fn destroy(
     reporter: &dyn Reporter,
     cancel: CancellationToken,
 ) -> CommandOutput {
+    destroy_txn(cfg, input, Ulid::new(), reporter, cancel).await
+}
+
+/// A gated destroy under a given transaction id (a hub dispatch's).
+pub async fn destroy_txn(
+    cfg: &Config,
+    input: &str,
+    txn: Ulid,
+    reporter: &dyn Reporter,
+    cancel: CancellationToken,
+) -> CommandOutput {
     let vmid_num = match vmid::parse_vmid(input) {
         Ok(v) => v,
         Err(e) => return CommandOutput::failure(&Failure::from(e)),
@@ -276,7 +287,6 @@ pub async fn destroy(
         Ok(p) => p,
         Err(f) => return CommandOutput::failure(&f),
     };
-    let txn = Ulid::new();
     let _lock = match VmidLock::try_acquire(&cfg.state_dir, vmid_num, Some(txn)) {
         Ok(l) => l,
         Err(e) => return CommandOutput::failure(&Failure::new(e.code(), e.to_string())),

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
 use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve, HubOptions};
+use felhom_tests::guestbed::GuestBed;
 use hub_protocol::{DispatchAction, TxnId};
 
 const RESTARTS: usize = 20;
@@ -58,7 +59,34 @@ fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
             ..AgentOptions::default()
         },
     );
-    let mut agent = AgentDaemon::spawn(&files.config_path, FAST_TIMING, &[]);
+    // Real provisions: containers as root filesystems behind the `pct` stand-in, the package's
+    // bootstrap profile and check pack.
+    let bed = GuestBed::autocreate();
+    let root = felhom_tests::fakepve::workspace_root();
+    for (from, to) in [
+        (
+            root.join("packaging/bootstrap.d/default"),
+            files.bootstrap_dir.join("default"),
+        ),
+        (
+            root.join("packaging/checks.d/default.toml"),
+            files.checks_dir.join("default.toml"),
+        ),
+    ] {
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .expect("cp")
+            .success());
+    }
+    let path = format!(
+        "{}:{}",
+        bed.bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut agent = AgentDaemon::spawn(&files.config_path, FAST_TIMING, &[("PATH", path.as_str())]);
     hub.wait_for("the first session", SETTLE, |s| s.sessions >= 1);
 
     let mut transactions: Vec<TxnId> = Vec::new();
@@ -154,6 +182,30 @@ fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
     );
 
     assert_eq!(lost, 0, "answers lost");
+    // Every provision really ran once, went green and cleaned up its own guest only.
+    let not_ok: Vec<_> = state
+        .results
+        .iter()
+        .filter(|(t, _)| transactions.contains(t))
+        .filter(|(_, r)| {
+            r.iter()
+                .any(|(_, res)| res.outcome != hub_protocol::Outcome::Ok || !res.destroyed)
+        })
+        .collect();
+    assert!(not_ok.is_empty(), "provisions not ok: {not_ok:?}");
+    let restores = pve
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
+        .count();
+    assert_eq!(
+        restores,
+        transactions.len(),
+        "each dispatched provision restored exactly once"
+    );
+    for vmid in [101, 200, 300, 990000, 990001] {
+        assert!(pve.writes_for(vmid).is_empty(), "{vmid} was written");
+    }
     // The run really exercised re-sending both ways.
     assert!(state.duplicates > 0, "no message was delivered twice");
     assert!(dispatch_resends > 0, "no dispatch was sent twice");

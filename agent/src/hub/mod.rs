@@ -32,6 +32,7 @@ pub mod facts;
 pub mod inventory;
 pub mod notify;
 pub mod outbox;
+pub mod runner;
 pub mod session;
 pub mod store;
 
@@ -108,8 +109,7 @@ pub async fn run_command(cfg: &Config) -> CommandOutput {
         hub: cfg.hub.clone(),
         timing,
     };
-    // The provision executor replaces this runner once it implements `DispatchRunner`.
-    let runner = Arc::new(RefusingRunner);
+    let runner = Arc::new(runner::ProvisionRunner::new(Arc::new(cfg.clone())));
     let shutdown = crate::app::shutdown_token();
     match run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await {
         Ok(report) => CommandOutput {

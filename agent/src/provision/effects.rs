@@ -26,7 +26,7 @@ use crate::guest::bootstrap::{load_profile, run_bootstrap, BootstrapSettings};
 use crate::guest::checks::{
     load_packs, run_checks, CheckContext, CheckResult, CheckSettings, CheckStatus,
 };
-use crate::guest::exec::{ExecRequest, GuestExec, GuestRef};
+use crate::guest::exec::{ExecError, ExecRequest, GuestExec, GuestRef};
 use crate::guest::lxc::{LxcExec, PctConfig};
 use crate::guest::qemu::{QemuConfig, QemuExec};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
@@ -660,7 +660,17 @@ impl<'a> Executor<'a> {
                             return Ok(())
                         }
                         Ok(out) => last = format!("the exec answered {}", out.summary()),
-                        Err(e) => last = e.to_string(),
+                        // Only a guest that is still coming up is worth waiting for; a missing
+                        // `pct`, a bad request or a vanished guest will not get better.
+                        Err(
+                            e @ (ExecError::NotRunning { .. } | ExecError::AgentNotRunning { .. }),
+                        ) => last = e.to_string(),
+                        Err(e) => {
+                            return Err(format!(
+                                "{} {vmid} on node {node} did not answer an exec: {e}",
+                                guest.pve_word()
+                            ))
+                        }
                     }
                 }
                 Ok(st) => last = format!("{} {vmid} is {}", guest.pve_word(), st.status),
