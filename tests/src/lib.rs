@@ -8,3 +8,10 @@ pub mod agent;
 pub mod devhub;
 pub mod fakepve;
 pub mod guestbed;
+
+/// Print a figure a test measured so that it shows in the test command's output even when the
+/// test passes (cargo's test harness captures `print!`, not writes to the stderr handle).
+pub fn report(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}

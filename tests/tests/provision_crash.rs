@@ -150,6 +150,8 @@ fn sigkill_at_every_phase_boundary_settles_safely() {
             }
         }
     }
-    println!("kill points covered: {covered}; settled by a gated destroy: {destroyed_with_proof}; left for a human: {needs_human}");
+    felhom_tests::report(&format!(
+        "crash test: kill points covered: {covered}; settled by a gated destroy: {destroyed_with_proof}; left for a human: {needs_human}"
+    ));
     assert!(covered >= 20, "only {covered} kill points were reached");
 }
