@@ -10,7 +10,6 @@
 //!
 //! Run: `cargo bench -p felhom-tests --bench provision` (after `cargo build -p felhom-agent`).
 
-use std::path::Path;
 use std::time::Instant;
 
 use felhom_tests::agent::agent_command;
@@ -25,16 +24,6 @@ const TIME_SCALE: f64 = 0.02;
 const RESTORE_SECS: f64 = 400.0;
 const DESTROY_SECS: f64 = 100.0;
 
-fn copy(from: &Path, to: &Path) {
-    assert!(std::process::Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .expect("cp")
-        .success());
-}
-
 fn one(slow: bool, vmid: u32) -> (f64, usize) {
     let pve = FakePve::demo();
     if slow {
@@ -42,15 +31,7 @@ fn one(slow: bool, vmid: u32) -> (f64, usize) {
     }
     let bed = GuestBed::autocreate();
     let files = AgentFiles::for_fake(&pve);
-    let root = felhom_tests::fakepve::workspace_root();
-    copy(
-        &root.join("packaging/bootstrap.d/default"),
-        &files.bootstrap_dir.join("default"),
-    );
-    copy(
-        &root.join("packaging/checks.d/default.toml"),
-        &files.checks_dir.join("default.toml"),
-    );
+    felhom_tests::world::install_default_profile_and_checks(&files);
     let before = pve.requests().len();
     let path = format!(
         "{}:{}",

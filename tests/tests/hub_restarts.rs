@@ -62,25 +62,7 @@ fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
     // Real provisions: containers as root filesystems behind the `pct` stand-in, the package's
     // bootstrap profile and check pack.
     let bed = GuestBed::autocreate();
-    let root = felhom_tests::fakepve::workspace_root();
-    for (from, to) in [
-        (
-            root.join("packaging/bootstrap.d/default"),
-            files.bootstrap_dir.join("default"),
-        ),
-        (
-            root.join("packaging/checks.d/default.toml"),
-            files.checks_dir.join("default.toml"),
-        ),
-    ] {
-        assert!(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(from)
-            .arg(to)
-            .status()
-            .expect("cp")
-            .success());
-    }
+    felhom_tests::world::install_default_profile_and_checks(&files);
     let path = format!(
         "{}:{}",
         bed.bin_dir().display(),

@@ -3,32 +3,13 @@
 //! transaction must settle; a guest is destroyed only with proof of ownership; no foreign guest
 //! is ever touched.
 
-use std::path::Path;
-
-use felhom_tests::agent::{agent_command, AgentRun};
-use felhom_tests::fakepve::{AgentFiles, FakePve};
-use felhom_tests::guestbed::GuestBed;
+use felhom_tests::agent::AgentRun;
+use felhom_tests::world::World;
 use serde_json::Value;
 
-fn copy(from: &Path, to: &Path) {
-    let ok = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .expect("cp")
-        .success();
-    assert!(ok);
-}
-
-fn run(files: &AgentFiles, bed: &GuestBed, args: &[&str], kill_at: Option<&str>) -> AgentRun {
-    let path = format!(
-        "{}:{}",
-        bed.bin_dir().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut cmd = agent_command(&files.config_path);
-    cmd.env("PATH", path).args(args);
+fn run(w: &World, args: &[&str], kill_at: Option<&str>) -> AgentRun {
+    let mut cmd = w.command();
+    cmd.args(args);
     if let Some(k) = kill_at {
         cmd.env("FELHOM_AGENT_KILL_AT", k);
     }
@@ -44,23 +25,12 @@ fn sigkill_at_every_phase_boundary_settles_safely() {
     let mut needs_human = 0;
     for when in ["before-journal", "after-journal"] {
         for k in 1..=30u32 {
-            let pve = FakePve::demo();
-            let bed = GuestBed::autocreate();
-            let files = AgentFiles::for_fake(&pve);
-            let root = felhom_tests::fakepve::workspace_root();
-            copy(
-                &root.join("packaging/bootstrap.d/default"),
-                &files.bootstrap_dir.join("default"),
-            );
-            copy(
-                &root.join("packaging/checks.d/default.toml"),
-                &files.checks_dir.join("default.toml"),
-            );
+            let w = World::demo();
+            let pve = &w.pve;
 
             let point = format!("{when}:{k}");
             let first = run(
-                &files,
-                &bed,
+                &w,
                 &["--selftest=provision", "-vmid", "140", "--json"],
                 Some(&point),
             );
@@ -80,8 +50,7 @@ fn sigkill_at_every_phase_boundary_settles_safely() {
             // Any writing command settles the open transaction first; a dry run of another
             // vmid does not, so use a real (kept) provision of another vmid.
             let second = run(
-                &files,
-                &bed,
+                &w,
                 &["--selftest=provision", "-vmid", "141", "--keep", "--json"],
                 None,
             );
@@ -93,7 +62,7 @@ fn sigkill_at_every_phase_boundary_settles_safely() {
                 second.stderr
             );
 
-            let journal = run(&files, &bed, &["journal", "--json"], None).json();
+            let journal = run(&w, &["journal", "--json"], None).json();
             let txns = journal["transactions"]
                 .as_array()
                 .expect("transactions")

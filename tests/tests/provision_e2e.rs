@@ -1,71 +1,9 @@
 //! `--selftest=provision` end to end: fakepve over HTTPS for PVE, the `pct` stand-in with a real
 //! root filesystem for the guest, the real agent binary.
 
-use std::path::Path;
-
-use felhom_tests::agent::{agent_command, AgentRun};
-use felhom_tests::fakepve::{AgentFiles, FakePve};
-use felhom_tests::guestbed::GuestBed;
+use felhom_tests::agent::AgentRun;
+use felhom_tests::world::World;
 use serde_json::{json, Value};
-
-/// One provision world: the fake PVE, the guest bed, the agent's files with the package's
-/// default bootstrap profile and check pack.
-pub struct World {
-    pve: FakePve,
-    bed: GuestBed,
-    files: AgentFiles,
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .expect("cp");
-    assert!(
-        status.success(),
-        "cp -a {} {}",
-        from.display(),
-        to.display()
-    );
-}
-
-impl World {
-    fn new(scenario: Value) -> World {
-        let pve = FakePve::start(scenario);
-        let bed = GuestBed::autocreate();
-        let files = AgentFiles::for_fake(&pve);
-        let root = felhom_tests::fakepve::workspace_root();
-        copy_dir(
-            &root.join("packaging/bootstrap.d/default"),
-            &files.bootstrap_dir.join("default"),
-        );
-        copy_dir(
-            &root.join("packaging/checks.d/default.toml"),
-            &files.checks_dir.join("default.toml"),
-        );
-        World { pve, bed, files }
-    }
-
-    fn demo() -> World {
-        World::new(felhom_tests::fakepve::demo_scenario())
-    }
-
-    fn agent(&self, args: &[&str]) -> AgentRun {
-        let path = format!(
-            "{}:{}",
-            self.bed.bin_dir().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        agent_command(&self.files.config_path)
-            .env("PATH", path)
-            .args(args)
-            .output()
-            .expect("run agent")
-            .into()
-    }
-}
 
 #[test]
 fn happy_path_is_ok_and_cleans_up() {
@@ -263,13 +201,8 @@ fn two_selftests_on_one_vmid_one_runs_the_other_is_refused() {
     // Slow restores, so the first run holds the vmid while the second starts.
     w.pve
         .set(json!({"time_scale": 0.02, "ct_secs": {"create": 100}}));
-    let path = format!(
-        "{}:{}",
-        w.bed.bin_dir().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let first = agent_command(&w.files.config_path)
-        .env("PATH", &path)
+    let first = w
+        .command()
         .args(["--selftest=provision", "-vmid", "124", "--json"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

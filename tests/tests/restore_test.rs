@@ -3,34 +3,18 @@
 //! carries `unique=1` and the network isolation, only the agent's own copy is destroyed, and the
 //! metrics file is Prometheus text.
 
-use std::path::Path;
-
-use felhom_tests::agent::{agent_command, AgentRun};
-use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
-use felhom_tests::guestbed::GuestBed;
+use felhom_tests::agent::AgentRun;
+use felhom_tests::fakepve::AgentOptions;
+use felhom_tests::world::World;
 use serde_json::{json, Value};
 
-struct World {
-    pve: FakePve,
-    bed: GuestBed,
-    files: AgentFiles,
+struct RestoreWorld {
+    world: World,
     metrics: tempfile::TempDir,
 }
 
-fn copy(from: &Path, to: &Path) {
-    assert!(std::process::Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .expect("cp")
-        .success());
-}
-
-impl World {
-    fn new(scenario: Value) -> World {
-        let pve = FakePve::start(scenario);
-        let bed = GuestBed::autocreate();
+impl RestoreWorld {
+    fn new(scenario: Value) -> RestoreWorld {
         let metrics = tempfile::tempdir().expect("tmp");
         let opts = AgentOptions {
             extra_toml: format!(
@@ -39,32 +23,14 @@ impl World {
             ),
             ..AgentOptions::default()
         };
-        let files = AgentFiles::write(&pve, &opts);
-        let root = felhom_tests::fakepve::workspace_root();
-        copy(
-            &root.join("packaging/checks.d/default.toml"),
-            &files.checks_dir.join("default.toml"),
-        );
-        World {
-            pve,
-            bed,
-            files,
+        RestoreWorld {
+            world: World::with_options(scenario, &opts),
             metrics,
         }
     }
 
     fn agent(&self, args: &[&str]) -> AgentRun {
-        let path = format!(
-            "{}:{}",
-            self.bed.bin_dir().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        agent_command(&self.files.config_path)
-            .env("PATH", path)
-            .args(args)
-            .output()
-            .expect("run")
-            .into()
+        self.world.agent(args)
     }
 
     fn metrics(&self) -> String {
@@ -125,7 +91,7 @@ fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
     // 990000 and 990001 are foreign guests the fake has; 990002 sits on another node and only
     // the local list knows it.
     scenario["vmlist_extra"] = json!([{"vmid": 990002, "node": "pve2", "type": "lxc"}]);
-    let w = World::new(scenario);
+    let w = RestoreWorld::new(scenario);
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
@@ -135,6 +101,7 @@ fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
     assert_eq!(doc["kind"], "selftest-restore");
 
     let post = w
+        .world
         .pve
         .requests()
         .into_iter()
@@ -150,6 +117,7 @@ fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
     assert!(!net0.contains("bridge"), "no bridge: {net0}");
 
     let deletes: Vec<_> = w
+        .world
         .pve
         .requests()
         .into_iter()
@@ -158,7 +126,10 @@ fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
     assert_eq!(deletes.len(), 1, "{deletes:?}");
     assert!(deletes[0].targets_vmid(990003));
     for vmid in [990000, 990001, 101, 200] {
-        assert!(w.pve.writes_for(vmid).is_empty(), "{vmid} was written");
+        assert!(
+            w.world.pve.writes_for(vmid).is_empty(),
+            "{vmid} was written"
+        );
     }
     let samples = parse_prometheus(&w.metrics());
     assert_eq!(
@@ -179,13 +150,17 @@ fn a_full_band_skips_with_zero_writes() {
     scenario["vmlist_extra"] = json!((990002..=990009)
         .map(|v| json!({"vmid": v, "node": "pve2", "type": "qemu"}))
         .collect::<Vec<_>>());
-    let w = World::new(scenario);
+    let w = RestoreWorld::new(scenario);
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["outcome"], "skipped");
     assert_eq!(doc["vmid"], Value::Null);
-    assert!(w.pve.writes().is_empty(), "writes: {:?}", w.pve.writes());
+    assert!(
+        w.world.pve.writes().is_empty(),
+        "writes: {:?}",
+        w.world.pve.writes()
+    );
     let samples = parse_prometheus(&w.metrics());
     assert_eq!(
         sample(&samples, "felhom_restore_test_outcome{outcome=\"skipped\"}"),
@@ -196,7 +171,7 @@ fn a_full_band_skips_with_zero_writes() {
 
 #[test]
 fn dry_run_names_backup_and_vmid_and_writes_nothing() {
-    let w = World::new(felhom_tests::fakepve::demo_scenario());
+    let w = RestoreWorld::new(felhom_tests::fakepve::demo_scenario());
     let run = w.agent(&["--selftest=restore", "--dry-run", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
@@ -205,7 +180,7 @@ fn dry_run_names_backup_and_vmid_and_writes_nothing() {
         doc["backup"],
         "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"
     );
-    assert!(w.pve.writes().is_empty());
+    assert!(w.world.pve.writes().is_empty());
     assert!(
         !w.metrics.path().join("felhom_restore_test.prom").exists(),
         "a dry run writes no metrics"
@@ -220,7 +195,7 @@ fn rotation_tests_each_pool_guest_in_turn() {
         .as_array_mut()
         .expect("volumes")
         .push(json!({"volname": "backup/vzdump-lxc-210-2026_01_02-00_00_00.tar.zst", "vmid": 210}));
-    let w = World::new(scenario);
+    let w = RestoreWorld::new(scenario);
     let mut tested = Vec::new();
     for _ in 0..3 {
         let run = w.agent(&["--selftest=restore", "--json"]);

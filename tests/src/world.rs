@@ -1,0 +1,97 @@
+//! A whole provisioning world for end-to-end tests and benchmarks: a fake PVE, the guest bed
+//! (containers as real root filesystems behind the `pct` stand-in, created as the fake restores
+//! them), and the agent's files with the package's default bootstrap profile and check pack.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::agent::{agent_command, AgentRun};
+use crate::fakepve::{workspace_root, AgentFiles, AgentOptions, FakePve};
+use crate::guestbed::GuestBed;
+
+/// Copy a file or a folder tree (`cp -a`).
+pub fn copy_tree(from: &Path, to: &Path) {
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cp: {e}"))
+        .success();
+    assert!(ok, "cp -a {} {} failed", from.display(), to.display());
+}
+
+/// Put the package's default bootstrap profile and check pack into an agent's folders.
+pub fn install_default_profile_and_checks(files: &AgentFiles) {
+    let root = workspace_root();
+    copy_tree(
+        &root.join("packaging/bootstrap.d/default"),
+        &files.bootstrap_dir.join("default"),
+    );
+    copy_tree(
+        &root.join("packaging/checks.d/default.toml"),
+        &files.checks_dir.join("default.toml"),
+    );
+}
+
+/// The fake PVE, the guest bed and the agent's files.
+pub struct World {
+    /// The fake PVE.
+    pub pve: FakePve,
+    /// The guest bed (its `pct` wrapper goes first on the agent's `PATH`).
+    pub bed: GuestBed,
+    /// The agent's configuration and folders.
+    pub files: AgentFiles,
+}
+
+impl World {
+    /// A world for `scenario` with these agent options.
+    pub fn with_options(scenario: Value, opts: &AgentOptions) -> World {
+        let pve = FakePve::start(scenario);
+        let bed = GuestBed::autocreate();
+        let files = AgentFiles::write(&pve, opts);
+        install_default_profile_and_checks(&files);
+        World { pve, bed, files }
+    }
+
+    /// A world for `scenario` with the default agent options.
+    pub fn new(scenario: Value) -> World {
+        World::with_options(scenario, &AgentOptions::default())
+    }
+
+    /// The demo scenario's world.
+    pub fn demo() -> World {
+        World::new(crate::fakepve::demo_scenario())
+    }
+
+    /// `PATH` for the agent: the bed's `pct` first.
+    pub fn path(&self) -> String {
+        format!(
+            "{}:{}",
+            self.bed.bin_dir().display(),
+            std::env::var("PATH").unwrap_or_default()
+        )
+    }
+
+    /// The agent command for this world (config and `PATH` set).
+    pub fn command(&self) -> std::process::Command {
+        let mut cmd = agent_command(&self.files.config_path);
+        cmd.env("PATH", self.path());
+        cmd
+    }
+
+    /// Run the agent with `args` and wait for it.
+    pub fn agent(&self, args: &[&str]) -> AgentRun {
+        self.command()
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run the agent: {e}"))
+            .into()
+    }
+
+    /// The agent's state folder.
+    pub fn state_dir(&self) -> PathBuf {
+        self.files.state_dir.clone()
+    }
+}
