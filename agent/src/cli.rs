@@ -110,7 +110,7 @@ pub enum SelftestKind {
 /// Format of stderr lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
-    /// Human lines on a terminal, JSON lines otherwise.
+    /// Human lines, coloured only on a terminal (the default).
     Auto,
     /// Human-readable lines.
     Human,

@@ -282,6 +282,7 @@ pub async fn run_txn(
         isolate_network: true,
         keep: false,
         dry_run,
+        profile: None,
     };
     let band = format!("{}-{}", RESTORE_TEST_BAND.start(), RESTORE_TEST_BAND.end());
     let first = match picked {

@@ -164,6 +164,7 @@ pub async fn provision(
         opts,
         TxnKind::SelftestProvision,
         Ulid::new(),
+        None,
         reporter,
         cancel,
     )
@@ -176,6 +177,7 @@ pub async fn provision_txn(
     opts: &SelftestOpts,
     kind: TxnKind,
     txn: Ulid,
+    profile: Option<String>,
     reporter: &dyn Reporter,
     cancel: CancellationToken,
 ) -> CommandOutput {
@@ -246,6 +248,7 @@ pub async fn provision_txn(
         isolate_network: kind == TxnKind::SelftestRestore,
         keep: opts.keep,
         dry_run: opts.dry_run,
+        profile,
     };
     let first = match verdict(cfg, &prepared.pve, input).await {
         Ok((VmidVerdict::Free { .. }, _)) => Event::VmidAccepted,

@@ -47,7 +47,7 @@ pub enum DispatchAction {
         storage: String,
         /// Keep the guest after the checks instead of the gated destroy.
         keep: bool,
-        /// The bootstrap profile to run; `None` runs none.
+        /// The bootstrap profile to run; `None` runs the agent's `default` profile.
         #[serde(default)]
         profile: Option<String>,
     },

@@ -213,7 +213,7 @@ impl DispatchRunner for ProvisionRunner {
                         from,
                         storage,
                         keep,
-                        profile: _,
+                        profile,
                     } => {
                         let opts = SelftestOpts {
                             vmid: Some(vmid.to_string()),
@@ -227,6 +227,7 @@ impl DispatchRunner for ProvisionRunner {
                             &opts,
                             TxnKind::Provision,
                             txn,
+                            profile.clone(),
                             &reporter,
                             cancel.clone(),
                         )

@@ -696,8 +696,13 @@ impl<'a> Executor<'a> {
             );
             return Ok(());
         }
-        let profile = load_profile(&self.cfg.provision.bootstrap_dir, DEFAULT_PROFILE)
-            .map_err(|e| e.to_string())?;
+        let name = state
+            .request()
+            .profile
+            .as_deref()
+            .unwrap_or(DEFAULT_PROFILE);
+        let profile =
+            load_profile(&self.cfg.provision.bootstrap_dir, name).map_err(|e| e.to_string())?;
         let exec = self.exec_for(vmid, guest);
         let report = run_bootstrap(
             &exec,

@@ -970,6 +970,9 @@ pub struct Request {
     pub keep: bool,
     /// Print the plan, write nothing.
     pub dry_run: bool,
+    /// The bootstrap profile to run (`None`: the agent's `default` profile).
+    #[serde(default)]
+    pub profile: Option<String>,
 }
 
 /// The state of one transaction; what the journal stores after every transition.
@@ -1038,6 +1041,7 @@ impl State {
             isolate_network: false,
             keep: false,
             dry_run: false,
+            profile: None,
         };
         let mut s = State::new(request);
         let refusal = match origin {

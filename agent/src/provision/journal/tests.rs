@@ -18,6 +18,7 @@ fn request(txn: Ulid, vmid: u32) -> Request {
         isolate_network: false,
         keep: false,
         dry_run: false,
+        profile: None,
     }
 }
 

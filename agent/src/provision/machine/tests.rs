@@ -28,6 +28,7 @@ fn request(guest: GuestKind, keep: bool, dry_run: bool) -> Request {
         isolate_network: false,
         keep,
         dry_run,
+        profile: None,
     }
 }
 
