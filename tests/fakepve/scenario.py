@@ -118,6 +118,14 @@ class ScenarioPve(fake_server.FakePve):
             fh.write(text)
         os.replace(tmp, self.vmlist_path)
 
+    async def _answer(self, request, handler, generic, path_node):
+        # pmxcfs has the new config (the `lock: create` placeholder) in .vmlist before PVE
+        # answers the create with its UPID: keep the file in step before every answer.
+        try:
+            return await super()._answer(request, handler, generic, path_node)
+        finally:
+            self.write_vmlist()
+
     def _record(self, request, body):
         self.write_vmlist()
         query = request.query_string.encode()
