@@ -243,3 +243,87 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
     let (status, log) = agent.terminate(WAIT);
     assert!(status.success(), "run exited {status}:\n{log}");
 }
+
+#[test]
+fn killed_mid_provision_the_dispatch_resumes_and_its_result_arrives_once() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let scenario = felhom_tests::fakepve::demo_scenario();
+    let opts = AgentOptions {
+        hub: Some(HubOptions {
+            url: hub.url(),
+            token: hub.token().to_string(),
+            tls_fingerprint: None,
+            ca_file: None,
+        }),
+        ..AgentOptions::default()
+    };
+    let w = felhom_tests::world::World::with_options(scenario, &opts);
+    // A restore that takes a few real seconds, so the kill lands inside it.
+    w.pve
+        .set(serde_json::json!({"time_scale": 0.02, "ct_secs": {"create": 150}}));
+    let path = w.path();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    hub.wait_for("the session", WAIT, |s| s.sessions == 1);
+
+    let txn = hub.dispatch(provision(6100));
+    // Wait until PVE has the restore request, then kill the agent mid-provision.
+    let deadline = Instant::now() + WAIT;
+    while !w
+        .pve
+        .requests()
+        .iter()
+        .any(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
+    {
+        assert!(Instant::now() < deadline, "the provision never reached PVE");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let log = agent.kill();
+    assert!(!log.contains(hub.token()));
+
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    let state = hub.wait_for(
+        "the resumed provision's result",
+        Duration::from_secs(60),
+        |s| s.results.contains_key(&txn),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let state = {
+        let later = hub.snapshot();
+        assert!(later.frames.len() >= state.frames.len());
+        later
+    };
+    assert_eq!(state.results[&txn].len(), 1, "the result was applied once");
+    let result = &state.results[&txn][0].1;
+    // The restore was not sent again: the journal held its UPID and the run resumed it.
+    let restores = w
+        .pve
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
+        .count();
+    assert_eq!(restores, 1, "the restore was sent again after the kill");
+    assert_eq!(result.vmid, Some(6100));
+    assert!(
+        matches!(result.outcome, Outcome::Ok | Outcome::Failed),
+        "{result:?}"
+    );
+    assert!(
+        result.destroyed,
+        "the resumed transaction cleaned up its own guest: {result:?}"
+    );
+    assert!(w.pve.guest(6100).is_none());
+    for vmid in [101, 200, 300, 990000, 990001] {
+        assert!(w.pve.writes_for(vmid).is_empty(), "{vmid} was written");
+    }
+    let (status, log) = agent.terminate(WAIT);
+    assert!(status.success(), "run exited {status}:\n{log}");
+}
