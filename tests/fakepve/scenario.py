@@ -42,6 +42,7 @@ try:
     import fakepve
     from aiohttp import web
     from fakepve import errors as fake_errors
+    from fakepve import model as fake_model
     from fakepve import server as fake_server
     from fakepve import shapes
     from fakepve.certs import make_cert
@@ -117,6 +118,35 @@ class ScenarioPve(fake_server.FakePve):
         with open(tmp, 'w', encoding='utf-8') as fh:
             fh.write(text)
         os.replace(tmp, self.vmlist_path)
+
+    # How a QEMU restore (`archive=`) behaves: None, fakepve's own refusal ("restoring an
+    # archive is not supported"); "leftover", PVE's failure mode: the task fails and the VM's
+    # config stays behind, outside the pool, where a pool token cannot delete it.
+    qemu_restore = None
+
+    async def _qm_create(self, v, user):
+        if not (v.get('archive') and self.qemu_restore == 'leftover'):
+            return await super()._qm_create(v, user)
+        node, vmid = v['node'], int(v['vmid'])
+        pool = v.get('pool')
+        self._qm_check_pool(pool)
+        if not (self.allowed(user, '/vms/{0}'.format(vmid), 'VM.Allocate')
+                or (pool and self.allowed(user, '/pool/' + pool, 'VM.Allocate'))):
+            raise fake_model.PveError(403, 'Permission check failed')
+        if self._qm_taken(vmid):
+            other = self.guest(vmid)
+            kind = 'VM' if self.vm(vmid) else 'CT'
+            raise fake_model.PveError(500, "unable to restore VM {0} - {1} {0} already exists on node '{2}'".format(
+                vmid, kind, other.node))
+        vm = fake_model.FakeVm(vmid, 'VM {0}'.format(vmid), node=node)
+        self.vms.append(vm)
+        self.nodes.setdefault(node, {'online': True})
+
+        async def body():
+            raise fake_model.TaskError(
+                'unable to restore VM {0} - error before or during data restore, some or all disks were '
+                'not completely restored. VM {0} state is NOT cleaned up.'.format(vmid))
+        return await self.task(node, 'qmrestore', vmid, user, body, vm=vm)
 
     async def _answer(self, request, handler, generic, path_node):
         # pmxcfs has the new config (the `lock: create` placeholder) in .vmlist before PVE
@@ -271,6 +301,7 @@ def build(sc):
     live = sc.get('vmlist') or {}
     pve.vmlist_path = live.get('path')
     pve.vmlist_extra = list(live.get('extra', []))
+    pve.qemu_restore = sc.get('qemu_restore')
 
     for node in sc.get('nodes', []):
         if isinstance(node, str):

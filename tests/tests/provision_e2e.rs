@@ -236,3 +236,41 @@ fn two_selftests_on_one_vmid_one_runs_the_other_is_refused() {
         .count();
     assert_eq!(posts, 1, "only one restore was sent");
 }
+
+#[test]
+fn failed_qemu_restore_leftover_needs_a_human_with_the_command() {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    scenario["qemu_restore"] = json!("leftover");
+    scenario["volumes"]["local"]
+        .as_array_mut()
+        .expect("volumes")
+        .push(
+            json!({"volname": "backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst", "vmid": 300}),
+        );
+    let w = World::new(scenario);
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "310",
+        "--from",
+        "local:backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(7), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "needs_human");
+    assert_eq!(doc["destroy_armed"], json!(false));
+    let msg = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("qm destroy 310"),
+        "the exact command for the operator: {msg}"
+    );
+    assert!(
+        w.pve.requests().iter().all(|r| r.method != "DELETE"),
+        "nothing deleted"
+    );
+    assert!(
+        w.pve.guest(310).is_some(),
+        "the leftover stays for the human"
+    );
+}
