@@ -243,12 +243,12 @@ mod tests {
     fn the_kernel_releases_the_lock_of_a_killed_holder() {
         let dir = tempfile::tempdir().expect("tempdir");
         // Create the lock folder and file the way the agent does, then let a child process
-        // take the lock on it (util-linux flock on an inherited descriptor), record its pid,
-        // and stay alive holding it.
+        // take the lock on it (util-linux flock on an inherited descriptor, waiting while this
+        // test's own probes hold it for a moment), record its pid, and stay alive holding it.
         drop(VmidLock::try_acquire(dir.path(), 140, None).expect("create the lock file"));
         let path = lock_path(dir.path(), 140);
         let script = format!(
-            "exec 9<>'{}' && flock -x -n 9 && printf 'pid %s\\n' $$ >&9 && exec sleep 600",
+            "exec 9<>'{}' && flock -x -w 10 9 && printf 'pid %s\\n' $$ >&9 && exec sleep 600",
             path.display()
         );
         let mut child = Command::new("sh")
