@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::error::{ErrorCode, ExitStatus, Failure};
 use crate::inventory::join;
 use crate::provision::effects::{Driven, Executor, Reporter};
-use crate::provision::machine::{Event, OutcomeKind, Request, State, TxnKind};
+use crate::provision::machine::{Event, Request, State, TxnKind};
 use crate::provision::VmidLock;
 use crate::pve::types::{backup_kind_from_volid, BackupVolume};
 use crate::pve::PveClient;
@@ -302,12 +302,6 @@ pub async fn run_txn(
     };
     let mut exec = Executor::new(cfg, pve, &prepared.journal, reporter, cancel);
     let driven: Driven = exec.drive(State::new(request), first).await;
-    if driven.state.outcome_kind() == Some(OutcomeKind::Skipped) && !dry_run {
-        // A skip is not journaled by the machine; the hub still learns of it.
-        if let Err(e) = reporter.result(&driven.state, &[]) {
-            tracing::error!(error = %e, "the skipped run could not be stored for the hub");
-        }
-    }
 
     let outcome = driven
         .state

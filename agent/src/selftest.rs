@@ -305,6 +305,8 @@ pub async fn destroy_txn(
         origin.as_ref().map(|t| &t.state),
     );
     if effects.is_empty() {
+        // Refused without proof: nothing was sent; the hub learns of the refusal all the same.
+        crate::provision::effects::report_final(reporter, &state, &[]);
         return output_of(&Driven {
             state,
             checks: vec![],

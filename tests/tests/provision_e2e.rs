@@ -274,3 +274,60 @@ fn failed_qemu_restore_leftover_needs_a_human_with_the_command() {
         "the leftover stays for the human"
     );
 }
+
+/// The spooled messages waiting for the daemon to carry them to the hub.
+fn spooled(w: &World) -> Vec<String> {
+    let dir = w.state_dir().join("outbox").join("spool");
+    let mut out: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "msg"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| std::fs::read_to_string(p).expect("read spooled message"))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn every_settled_selftest_leaves_its_final_result_for_the_hub() {
+    let w = World::demo();
+    std::fs::write(
+        w.files.checks_dir.join("zz-impossible.toml"),
+        "[[check]]\nname = \"impossible\"\nsql = \"SELECT name FROM os_version\"\nexpect = \"rows == 0\"\n",
+    )
+    .expect("write pack");
+    let failed = w
+        .agent(&["--selftest=provision", "-vmid", "125", "--json"])
+        .json();
+    let refused = w.agent(&["destroy", "-vmid", "200", "--json"]).json();
+    let dry = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "126",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(dry.code, Some(0));
+    let messages = spooled(&w);
+    assert_eq!(messages.len(), 2, "one final result each for the failed provision and the refused destroy, none for the dry run: {messages:#?}");
+    let failed_msg = messages
+        .iter()
+        .find(|m| m.contains(failed["txn"].as_str().expect("txn")))
+        .expect("the failed provision's result");
+    assert!(
+        failed_msg.contains("\"type\":\"result\"")
+            && failed_msg.contains("check_failed")
+            && failed_msg.contains("\"destroyed\":true"),
+        "{failed_msg}"
+    );
+    let refused_msg = messages
+        .iter()
+        .find(|m| m.contains(refused["txn"].as_str().expect("txn")))
+        .expect("the refused destroy's result");
+    assert!(refused_msg.contains("ownership_unproven"), "{refused_msg}");
+}

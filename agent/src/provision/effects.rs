@@ -51,9 +51,20 @@ pub const KILL_AT_ENV: &str = "FELHOM_AGENT_KILL_AT";
 pub trait Reporter: Send + Sync {
     /// A transaction's state was journaled (a phase change, or a step within a phase).
     fn phase(&self, state: &State);
-    /// The result of a transaction is final; queue it for the hub. `Err` says why it could not
-    /// be stored.
+    /// The result of a transaction is final (settled, whatever the outcome); queue it for the
+    /// hub. Called once per settled transaction, never for a dry run. `Err` says why it could
+    /// not be stored.
     fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String>;
+}
+
+/// Hand a settled transaction's result to the reporter (nothing for an open one or a dry run).
+pub fn report_final(reporter: &dyn Reporter, state: &State, checks: &[CheckResult]) {
+    if !state.is_terminal() || state.request().dry_run {
+        return;
+    }
+    if let Err(e) = reporter.result(state, checks) {
+        tracing::error!(txn = %state.txn(), error = %e, "the result could not be stored for the hub; it is in the journal");
+    }
 }
 
 /// A reporter that only logs (no outbox).
@@ -248,6 +259,9 @@ impl<'a> Executor<'a> {
     }
 
     fn finish(&mut self, state: State, halted: Option<Failure>) -> Driven {
+        if halted.is_none() && self.halted.is_none() {
+            report_final(self.reporter, &state, &self.checks);
+        }
         Driven {
             state,
             checks: std::mem::take(&mut self.checks),
@@ -478,12 +492,9 @@ impl<'a> Executor<'a> {
                     Err(message) => Event::ChecksFailed { message },
                 },
             ),
-            Effect::Report => {
-                if let Err(e) = self.reporter.result(state, &self.checks) {
-                    tracing::error!(txn = %state.txn(), error = %e, "the result could not be stored for the hub");
-                }
-                Some(Event::ReportQueued)
-            }
+            // The phase is already with the reporter (journaled just before); the final result
+            // follows once the transaction settles, cleanup included (see `finish`).
+            Effect::Report => Some(Event::ReportQueued),
             Effect::Destroy { vmid, guest } => {
                 Some(Event::DestroyEnded(self.destroy(vmid, guest).await?))
             }
