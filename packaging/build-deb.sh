@@ -3,9 +3,10 @@
 # agent/Cargo.toml). See packaging/README.md.
 #
 #   packaging/build-deb.sh [--out DIR]               release build: the package to ship
-#   packaging/build-deb.sh --from-debug [--out DIR]  packages target/debug/felhom-agent as it
-#                                                    is: quick, for checking the package's
-#                                                    contents (tests/package.sh), not to ship
+#   packaging/build-deb.sh --from-debug [--out DIR]  packages a debug build of the agent
+#                                                    (without test hooks): quick, for checking
+#                                                    the package's contents (tests/package.sh),
+#                                                    not to ship
 #
 # Both generate the man page and the shell completions from the clap definitions
 # (agent/examples/gen-docs.rs) into <target>/release/felhom-docs/, where the cargo-deb assets
@@ -41,13 +42,16 @@ if $from_debug; then
   # A target folder of our own whose release/ holds the debug binary: cargo-deb resolves its
   # "target/release/" asset paths there, and the shared target folder keeps its real release
   # build (if any) untouched.
-  # The same command as tests/run.sh: another selection of packages would resolve other
-  # features and swap a different build of the binary into target/debug.
-  cargo build --locked -q --workspace >&2
+  # The agent alone, so the tests crate's `test-hooks` feature is not unified in: the package
+  # never carries the test hooks. That build swaps a hook-free binary into target/debug; the
+  # workspace build after it (tests/run.sh's command) swaps the test build back. Both builds
+  # stay cached, so each swap is a copy.
+  cargo build --locked -q -p felhom-agent --bin felhom-agent >&2
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/release"
   cp "$target/debug/felhom-agent" "$stage/release/felhom-agent"
+  cargo build --locked -q --workspace >&2
   docs=$stage/release/felhom-docs
   deb_target=$stage
   compress=(--fast)

@@ -3,8 +3,9 @@
 # runs alone (tests/setup.sh installs what it needs: cargo-deb, dpkg-dev, systemd for
 # systemd-analyze, lintian).
 #
-# 1. packaging/build-deb.sh --from-debug: the package from the debug binary the tests ran
-#    (a release build takes minutes on two cores; the package's contents do not depend on it).
+# 1. packaging/build-deb.sh --from-debug: the package from a debug build of the agent without
+#    the test hooks (a release build takes minutes on two cores; the package's contents do not
+#    depend on it). The packaged binary must not carry the test hooks' variable names.
 # 2. dpkg-deb/dpkg -x: every expected file with its mode and nothing else, the conffiles, the
 #    control fields, the maintainer scripts (and the postinst run against stubs), the
 #    man page renders without warnings, the completions load, the binary runs, the tmpfiles
@@ -127,6 +128,18 @@ step "the binary"
 "$r/usr/bin/felhom-agent" --version | grep -qx "felhom-agent $version" ||
   fail "the packaged binary does not report version $version"
 ok "usr/bin/felhom-agent runs: $("$r/usr/bin/felhom-agent" --version)"
+
+step "no test hooks in the packaged binary"
+# The kill switch and the hub timing override exist only with the `test-hooks` feature. The
+# test build (target/debug/felhom-agent after build-deb.sh) must carry both names, which shows
+# that the search finds them where they are.
+hooks="FELHOM_AGENT_KILL_AT FELHOM_AGENT_HUB_TIMING"
+for name in $hooks; do
+  grep -qaF "$name" "$r/usr/bin/felhom-agent" && fail "the packaged binary carries the test hook $name"
+  grep -qaF "$name" "${CARGO_TARGET_DIR:-$root/target}/debug/felhom-agent" ||
+    fail "the test build lacks $name: the search for test hooks proves nothing"
+done
+ok "the packaged binary carries neither $hooks (the test build carries both)"
 
 step "man page and completions"
 gzip -t "$r/usr/share/man/man1/felhom-agent.1.gz" || fail "the man page is not valid gzip"

@@ -24,13 +24,10 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".."))
 }
 
-/// A file of the shared reference material: `$FELHOM_SHARED_DIR/reference/<name>`, by default
-/// `<repo>/../shared/reference/<name>` (where CI puts `shared/`).
-pub fn shared_reference(name: &str) -> PathBuf {
-    let shared = std::env::var_os("FELHOM_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("..").join("shared"));
-    shared.join("reference").join(name)
+/// A file of the tests' own data (`tests/data/<name>`; `tests/data/README.md` names each
+/// file's source and version).
+pub fn test_data(name: &str) -> PathBuf {
+    repo_root().join("tests").join("data").join(name)
 }
 
 /// The `pct` stand-in.

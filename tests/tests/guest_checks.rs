@@ -248,8 +248,10 @@ async fn osquery_that_does_not_answer_in_time_is_an_error_and_is_killed() {
         &CheckSettings::default(),
     )
     .await;
+    // The stand-in would sleep for ten minutes: ending well before that shows the timeout
+    // worked, with room for a loaded machine.
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        started.elapsed() < Duration::from_secs(120),
         "{:?}",
         started.elapsed()
     );

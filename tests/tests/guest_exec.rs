@@ -120,7 +120,9 @@ async fn a_timeout_kills_the_command_and_leaves_no_process() {
     let took = started.elapsed();
     assert_eq!(outcome.exit, GuestExit::TimedOut);
     assert!(took >= Duration::from_secs(1), "{took:?}");
-    assert!(took < Duration::from_secs(8), "{took:?}");
+    // The command never ends by itself: any end well inside this generous bound is the
+    // timeout's doing, on a loaded machine too.
+    assert!(took < Duration::from_secs(120), "{took:?}");
     assert_no_leftovers(&marker);
 }
 

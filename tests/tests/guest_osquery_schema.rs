@@ -1,5 +1,5 @@
 //! The default check pack against osquery 5.23.1's real table schema
-//! (`../shared/reference/osquery-schema.json`), and the `osqueryi` stand-in against the same
+//! (`tests/data/osquery-schema.json`), and the `osqueryi` stand-in against the same
 //! schema and osquery's documented output format.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use felhom_agent::guest::checks::Expectation;
 use felhom_agent::guest::{load_packs, ExecRequest, GuestExec, GuestExit};
-use felhom_tests::guestbed::{repo_root, shared_reference, GuestBed};
+use felhom_tests::guestbed::{repo_root, test_data, GuestBed};
 
 /// One table of the schema: its Linux columns (name -> hidden) and flags.
 struct Table {
@@ -18,13 +18,9 @@ struct Table {
 }
 
 fn schema() -> BTreeMap<String, Table> {
-    let path = shared_reference("osquery-schema.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (CI puts shared/ beside the clone; set FELHOM_SHARED_DIR elsewhere)",
-            path.display()
-        )
-    });
+    let path = test_data("osquery-schema.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (see tests/data/README.md)", path.display()));
     let doc: serde_json::Value = serde_json::from_str(&text).expect("the schema is JSON");
     assert_eq!(doc["osquery_version"], "5.23.1");
     let mut tables = BTreeMap::new();

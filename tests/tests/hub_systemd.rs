@@ -78,15 +78,59 @@ impl NotifySocket {
     /// Wait until a datagram starting with `prefix` arrived after `from`; returns those since
     /// `from`.
     fn wait_for(&self, prefix: &str, from: Instant, timeout: Duration) -> Vec<String> {
+        self.wait_for_count(prefix, 1, from, timeout)
+    }
+
+    /// Wait until `n` datagrams starting with `prefix` arrived after `from`; returns those
+    /// since `from`.
+    fn wait_for_count(
+        &self,
+        prefix: &str,
+        n: usize,
+        from: Instant,
+        timeout: Duration,
+    ) -> Vec<String> {
         let deadline = Instant::now() + timeout;
         loop {
             let seen = self.since(from);
-            if seen.iter().any(|m| m.starts_with(prefix)) {
+            if count(&seen, prefix) >= n {
                 return seen;
             }
             assert!(
                 Instant::now() < deadline,
-                "no {prefix} within {timeout:?}; got {seen:?}"
+                "not {n} {prefix} within {timeout:?}; got {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Wait until no datagram starting with `prefix` arrived for `quiet`, counting from
+    /// `from`; returns when the quiet began.
+    fn wait_for_quiet(
+        &self,
+        prefix: &str,
+        quiet: Duration,
+        from: Instant,
+        timeout: Duration,
+    ) -> Instant {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let last = self
+                .received
+                .lock()
+                .expect("lock")
+                .iter()
+                .filter(|(at, m)| *at >= from && m.starts_with(prefix))
+                .map(|(at, _)| *at)
+                .max()
+                .unwrap_or(from);
+            if last.elapsed() >= quiet {
+                return last;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{prefix} still arriving {timeout:?} after {from:?}: {:?}",
+                self.since(from)
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -157,21 +201,16 @@ fn ready_waits_for_the_session_and_the_watchdog_follows_the_hub() {
     );
     hub.wait_for("the session", WAIT, |s| s.sessions == 1);
     let t2 = Instant::now();
-    std::thread::sleep(Duration::from_millis(1200));
-    let up = notify.since(t2);
-    assert!(
-        count(&up, "WATCHDOG=1") >= 3,
-        "no pings while connected: {up:?}"
-    );
+    notify.wait_for_count("WATCHDOG=1", 3, t2, WAIT);
 
-    // The hub goes silent: within two heartbeats (1 s each) the pings stop.
+    // The hub goes silent: the pings stop (after a few heartbeats of silence, 1 s each) and
+    // stay stopped while it is gone. Pings come every 200 ms while the hub is heard, so a
+    // quiet of 2 s is ten missed pings.
     hub.stop();
     let stopped = Instant::now();
-    std::thread::sleep(Duration::from_millis(4200));
-    let down = notify.between(
-        stopped + Duration::from_millis(2500),
-        stopped + Duration::from_millis(4200),
-    );
+    let quiet_from = notify.wait_for_quiet("WATCHDOG=1", Duration::from_secs(2), stopped, WAIT);
+    std::thread::sleep(Duration::from_secs(1));
+    let down = notify.since(quiet_from + Duration::from_millis(1));
     assert_eq!(
         count(&down, "WATCHDOG=1"),
         0,
@@ -190,7 +229,7 @@ fn ready_waits_for_the_session_and_the_watchdog_follows_the_hub() {
     let t4 = Instant::now();
     let (status, log) = agent.terminate(WAIT);
     assert!(status.success(), "run exited {status}:\n{log}");
-    std::thread::sleep(Duration::from_millis(100));
+    notify.wait_for("STOPPING=1", t4, WAIT);
     let all = notify.since(t0);
     let end = notify.since(t4);
     assert_eq!(count(&end, "STOPPING=1"), 1, "{end:?}");
@@ -255,7 +294,7 @@ fn without_a_hub_it_is_ready_at_once_and_reports_wait_in_the_outbox() {
     notify.wait_for("WATCHDOG=1", t0, WAIT);
     let (status, log) = agent.terminate(WAIT);
     assert!(status.success(), "run exited {status}:\n{log}");
-    std::thread::sleep(Duration::from_millis(100));
+    notify.wait_for("STOPPING=1", t0, WAIT);
     assert_eq!(count(&notify.since(t0), "STOPPING=1"), 1);
     assert!(log.contains("1 messages wait"), "{log}");
     let after = std::fs::read_to_string(&log_path).expect("outbox.log");

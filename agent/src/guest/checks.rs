@@ -37,7 +37,7 @@ use crate::error::ErrorCode;
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// The placeholders an expectation value may use.
 pub const PLACEHOLDERS: [&str; 4] = ["hostname", "vmid", "node", "txn"];
-/// The flags every osquery run gets (shared reference osquery-facts.md, section 2.4): no
+/// The flags every osquery run gets (osquery's shell flags, as of 5.23.1): no
 /// guest-local config or flag file, no extensions, no events.
 pub const OSQUERY_FLAGS: [&str; 5] = [
     "--json",

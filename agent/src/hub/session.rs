@@ -73,13 +73,15 @@ pub const MAX_BAD_FRAMES_PER_SESSION: u32 = 100;
 pub const WS_MAX_MESSAGE_BYTES: usize = 4 * MAX_FRAME_BYTES;
 /// The most ids in one `ack` frame.
 pub const MAX_ACK_IDS: usize = 1000;
-/// The environment variable that shortens the timing for development and tests:
+/// The environment variable that shortens the timing for development and tests (only in a
+/// build with the `test-hooks` feature; the package is built without it):
 /// `backoff_initial_ms=…,backoff_cap_ms=…,inventory_poll_ms=…,connect_timeout_ms=…,
 /// handshake_timeout_ms=…,shutdown_grace_ms=…`.
+#[cfg(feature = "test-hooks")]
 pub const TIMING_ENV: &str = "FELHOM_AGENT_HUB_TIMING";
 
-/// The timing of the hub session. [`Timing::default`] holds the named constants; the
-/// [`TIMING_ENV`] variable can shorten them for development and tests.
+/// The timing of the hub session. [`Timing::default`] holds the named constants; a test build
+/// can shorten them through its environment (see [`Timing::from_env`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timing {
     /// First reconnect window.
@@ -110,7 +112,14 @@ impl Default for Timing {
 }
 
 impl Timing {
-    /// The default timing, changed by [`TIMING_ENV`] when it is set.
+    /// The default timing. A build without the `test-hooks` feature reads no environment.
+    #[cfg(not(feature = "test-hooks"))]
+    pub fn from_env() -> Result<Self, Failure> {
+        Ok(Self::default())
+    }
+
+    /// The default timing, changed by `TIMING_ENV` when it is set (test builds only).
+    #[cfg(feature = "test-hooks")]
     pub fn from_env() -> Result<Self, Failure> {
         match std::env::var(TIMING_ENV) {
             Ok(text) => Self::parse(&text).map_err(|why| {

@@ -6,8 +6,9 @@
 //! own about ownership: whether a destroy may happen is the machine's, and this module only
 //! reports what it observed.
 //!
-//! A test-only kill switch (`FELHOM_AGENT_KILL_AT`, see [`KILL_AT_ENV`]) lets the crash tests
-//! SIGKILL the process at a phase boundary: just before or just after the N-th journal record.
+//! With the `test-hooks` feature (test builds only; the package is built without it) a kill
+//! switch in the environment (see `KILL_AT_ENV`) lets the crash tests SIGKILL the process at a
+//! phase boundary: just before or just after the N-th journal record.
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
@@ -43,8 +44,9 @@ pub const LAUNCH_PROOF_TIMEOUT: Duration = Duration::from_secs(180);
 pub const CONFIRM_GONE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The bootstrap profile a provision runs.
 pub const DEFAULT_PROFILE: &str = "default";
-/// Test hook: `before-journal:N` or `after-journal:N` SIGKILLs the process at that journal
-/// record (1-based, counted per process). Never set in production.
+/// Test hook (only with the `test-hooks` feature): `before-journal:N` or `after-journal:N`
+/// SIGKILLs the process at that journal record (1-based, counted per process).
+#[cfg(feature = "test-hooks")]
 pub const KILL_AT_ENV: &str = "FELHOM_AGENT_KILL_AT";
 
 /// Where the executor reports phase changes and the final result (the outbox for the hub).
@@ -135,6 +137,13 @@ pub struct Driven {
     pub halted: Option<Failure>,
 }
 
+/// A build without the `test-hooks` feature has no kill switch at all.
+#[cfg(not(feature = "test-hooks"))]
+fn parse_kill_at() -> Option<(bool, u32)> {
+    None
+}
+
+#[cfg(feature = "test-hooks")]
 fn parse_kill_at() -> Option<(bool, u32)> {
     let v = std::env::var(KILL_AT_ENV).ok()?;
     let (when, n) = v.split_once(':')?;
