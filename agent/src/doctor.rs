@@ -5,17 +5,18 @@
 //! token's effective privileges on the pool and storages, the pool, `.vmlist`, the `next-id`
 //! range, the state dir and the hub. Each check passes, warns or fails with a message saying
 //! what to fix; the command exits 0 when nothing failed and 6 otherwise.
+//!
+//! It returns a [`DoctorReport`]; the command line prints it. It may use `config`, `pve`,
+//! `inventory`, `vmid` and `error`, never a front end.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::json;
 
-use crate::app::CommandOutput;
-use crate::cli::GlobalOpts;
 use crate::config::{Config, TlsTrust};
-use crate::error::{ErrorCode, ExitStatus};
+use crate::error::ErrorCode;
 use crate::pve::types::Permissions;
 use crate::pve::{PveClient, PveError};
 
@@ -92,49 +93,15 @@ impl DoctorReport {
     fn fail(&mut self, name: &'static str, code: ErrorCode, message: impl Into<String>) {
         self.push(name, CheckStatus::Fail, Some(code), message);
     }
-
-    /// The human rendering.
-    pub fn render(&self) -> String {
-        let mut s = String::new();
-        for c in &self.checks {
-            let tag = match c.status {
-                CheckStatus::Pass => "ok  ",
-                CheckStatus::Warn => "warn",
-                CheckStatus::Fail => "FAIL",
-            };
-            s.push_str(&format!("[{tag}] {:<12} {}\n", c.name, c.message));
-        }
-        s.push_str(if self.ok {
-            "doctor: all checks passed\n"
-        } else {
-            "doctor: some checks failed, fix them and run `felhom-agent doctor` again\n"
-        });
-        s
-    }
-}
-
-/// Run every check.
-pub async fn run(global: &GlobalOpts) -> CommandOutput {
-    let report = check_all(global).await;
-    let status = if report.ok {
-        ExitStatus::Ok
-    } else {
-        ExitStatus::Environment
-    };
-    CommandOutput {
-        json: serde_json::to_value(&report).unwrap_or_else(|_| json!({"ok": false})),
-        human: report.render(),
-        status,
-    }
 }
 
 /// The checks, as a report.
-pub async fn check_all(global: &GlobalOpts) -> DoctorReport {
+pub async fn check_all(config_path: &Path) -> DoctorReport {
     let mut r = DoctorReport {
         ok: true,
         checks: Vec::new(),
     };
-    let cfg = match Config::load(&global.config) {
+    let cfg = match Config::load(config_path) {
         Ok(c) => {
             r.pass(
                 "config",
@@ -425,7 +392,7 @@ mod tests {
                     p.to_string(),
                     privs
                         .iter()
-                        .map(|x| (x.to_string(), json!(1)))
+                        .map(|x| (x.to_string(), serde_json::json!(1)))
                         .collect::<BTreeMap<_, _>>(),
                 )
             })

@@ -1,95 +1,36 @@
 //! Stable error codes and process exit codes (DESIGN section 3).
 //!
 //! Every error an operator can see carries one of these codes beside its message. Module error
-//! enums map themselves to a code with a `code()` method; `main.rs` maps the code to an exit
-//! status. Nothing here ever formats a secret.
+//! enums map themselves to a code with a `code()` method; [`exit_status`] maps the code to an
+//! exit status. Nothing here ever formats a secret.
 
 use serde::{Deserialize, Serialize};
 
-/// The stable, machine-readable code of an operator-visible error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    /// The vmid is outside PVE's range or not in PVE's format.
-    VmidInvalid,
-    /// The vmid is in a reserved band (9999, 990000..=990009).
-    VmidReserved,
-    /// The vmid is held by a guest in the full guest list.
-    VmidInUse,
-    /// PVE refused a request (permission, already exists, bad parameter).
-    PveRefused,
-    /// PVE could not be reached (connection refused, reset, timeout, proxy error).
-    PveUnreachable,
-    /// PVE did not accept the API token.
-    PveAuth,
-    /// The server certificate does not match the configured SHA-256 pin.
-    TlsPinMismatch,
-    /// A PVE task ended with an error.
-    TaskFailed,
-    /// A PVE task did not end in time.
-    TaskTimeout,
-    /// The guest is locked (backup, create, migrate, ...).
-    GuestLocked,
-    /// The guest did not prove it launched (not running or no exec answer).
-    LaunchUnproven,
-    /// The bootstrap profile failed inside the guest.
-    BootstrapFailed,
-    /// An osquery check failed or could not run.
-    CheckFailed,
-    /// The restore-test band is full.
-    BandFull,
-    /// The configuration or a file it names is invalid.
-    ConfigInvalid,
-    /// The agent cannot prove it created the guest, so it will not destroy it.
-    OwnershipUnproven,
-}
+/// The stable, machine-readable code of an operator-visible error: the wire protocol's own
+/// enum, so a code added on one side is a code on both.
+pub use hub_protocol::ErrorCode;
 
-impl ErrorCode {
-    /// The code as it appears in JSON output and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::VmidInvalid => "vmid_invalid",
-            Self::VmidReserved => "vmid_reserved",
-            Self::VmidInUse => "vmid_in_use",
-            Self::PveRefused => "pve_refused",
-            Self::PveUnreachable => "pve_unreachable",
-            Self::PveAuth => "pve_auth",
-            Self::TlsPinMismatch => "tls_pin_mismatch",
-            Self::TaskFailed => "task_failed",
-            Self::TaskTimeout => "task_timeout",
-            Self::GuestLocked => "guest_locked",
-            Self::LaunchUnproven => "launch_unproven",
-            Self::BootstrapFailed => "bootstrap_failed",
-            Self::CheckFailed => "check_failed",
-            Self::BandFull => "band_full",
-            Self::ConfigInvalid => "config_invalid",
-            Self::OwnershipUnproven => "ownership_unproven",
+/// The exit status a command ends with when an error with this code ends it (DESIGN section
+/// 3). The mapping is the agent's: the hub sees codes, never exit statuses.
+pub fn exit_status(code: ErrorCode) -> ExitStatus {
+    match code {
+        ErrorCode::VmidInvalid | ErrorCode::VmidReserved | ErrorCode::VmidInUse => {
+            ExitStatus::Refused
         }
-    }
-
-    /// The exit status a command ends with when this error ends it.
-    pub fn exit_status(self) -> ExitStatus {
-        match self {
-            Self::VmidInvalid | Self::VmidReserved | Self::VmidInUse => ExitStatus::Refused,
-            Self::PveRefused | Self::TaskFailed | Self::TaskTimeout | Self::GuestLocked => {
-                ExitStatus::PveFailed
-            }
-            Self::LaunchUnproven | Self::BootstrapFailed | Self::CheckFailed => {
-                ExitStatus::GuestFailed
-            }
-            Self::PveUnreachable | Self::PveAuth | Self::TlsPinMismatch | Self::ConfigInvalid => {
-                ExitStatus::Environment
-            }
-            Self::OwnershipUnproven => ExitStatus::NeedsHuman,
-            // A full band is a skip, not a failure.
-            Self::BandFull => ExitStatus::Ok,
+        ErrorCode::PveRefused
+        | ErrorCode::TaskFailed
+        | ErrorCode::TaskTimeout
+        | ErrorCode::GuestLocked => ExitStatus::PveFailed,
+        ErrorCode::LaunchUnproven | ErrorCode::BootstrapFailed | ErrorCode::CheckFailed => {
+            ExitStatus::GuestFailed
         }
-    }
-}
-
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        ErrorCode::PveUnreachable
+        | ErrorCode::PveAuth
+        | ErrorCode::TlsPinMismatch
+        | ErrorCode::ConfigInvalid => ExitStatus::Environment,
+        ErrorCode::OwnershipUnproven => ExitStatus::NeedsHuman,
+        // A full band is a skip, not a failure.
+        ErrorCode::BandFull => ExitStatus::Ok,
     }
 }
 
@@ -147,13 +88,26 @@ mod tests {
 
     #[test]
     fn codes_map_to_design_exit_statuses() {
-        assert_eq!(ErrorCode::VmidReserved.exit_status().code(), 3);
-        assert_eq!(ErrorCode::PveRefused.exit_status().code(), 4);
-        assert_eq!(ErrorCode::CheckFailed.exit_status().code(), 5);
-        assert_eq!(ErrorCode::TlsPinMismatch.exit_status().code(), 6);
-        assert_eq!(ErrorCode::ConfigInvalid.exit_status().code(), 6);
-        assert_eq!(ErrorCode::OwnershipUnproven.exit_status().code(), 7);
-        assert_eq!(ErrorCode::BandFull.exit_status().code(), 0);
+        assert_eq!(exit_status(ErrorCode::VmidReserved).code(), 3);
+        assert_eq!(exit_status(ErrorCode::PveRefused).code(), 4);
+        assert_eq!(exit_status(ErrorCode::CheckFailed).code(), 5);
+        assert_eq!(exit_status(ErrorCode::TlsPinMismatch).code(), 6);
+        assert_eq!(exit_status(ErrorCode::ConfigInvalid).code(), 6);
+        assert_eq!(exit_status(ErrorCode::OwnershipUnproven).code(), 7);
+        assert_eq!(exit_status(ErrorCode::BandFull).code(), 0);
+    }
+
+    #[test]
+    fn every_code_has_an_exit_status_and_only_a_full_band_exits_0() {
+        for code in ErrorCode::ALL {
+            let status = exit_status(code);
+            assert_eq!(
+                status == ExitStatus::Ok,
+                code == ErrorCode::BandFull,
+                "{code}"
+            );
+            assert_ne!(status, ExitStatus::Usage, "{code}");
+        }
     }
 
     #[test]

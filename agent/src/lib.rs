@@ -5,9 +5,7 @@
 //! The binary (`src/main.rs`) only parses, runs and maps errors to exit codes; everything
 //! else lives in this library so the test crate can drive it directly.
 
-pub mod app;
 pub mod cli;
-pub mod commands;
 pub mod config;
 pub mod doctor;
 pub mod error;
@@ -16,8 +14,7 @@ pub mod hub;
 pub mod inventory;
 pub mod provision;
 pub mod pve;
-pub mod restore_test;
-pub mod selftest;
+pub mod service;
 pub mod timefmt;
 pub mod tls;
 pub mod vmid;

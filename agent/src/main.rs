@@ -11,7 +11,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    felhom_agent::app::init_tracing(&cli.global);
-    let status = felhom_agent::app::run(cli);
+    felhom_agent::cli::init_tracing(&cli.global);
+    let status = felhom_agent::cli::run(cli);
     ExitCode::from(status.code())
 }

@@ -26,8 +26,26 @@ pub enum TxnKind {
     SelftestRestore,
 }
 
+impl TxnKind {
+    /// The value as it appears on the wire, in the journal and in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TxnKind::Provision => "provision",
+            TxnKind::Destroy => "destroy",
+            TxnKind::SelftestProvision => "selftest-provision",
+            TxnKind::SelftestRestore => "selftest-restore",
+        }
+    }
+}
+
+impl std::fmt::Display for TxnKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A journaled phase of a transaction (DESIGN section 5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Accepted but not yet validated (a transaction refused at once reports this phase).
@@ -59,6 +77,50 @@ pub enum Phase {
     NeedsHuman,
 }
 
+impl Phase {
+    /// Every phase: the forward path in order, then the other outcomes.
+    pub const ALL: [Phase; 13] = [
+        Phase::Planned,
+        Phase::Validated,
+        Phase::Submitted,
+        Phase::Created,
+        Phase::Started,
+        Phase::Launched,
+        Phase::Bootstrapped,
+        Phase::Verified,
+        Phase::Reported,
+        Phase::Failed,
+        Phase::Destroyed,
+        Phase::Skipped,
+        Phase::NeedsHuman,
+    ];
+
+    /// The value as it appears on the wire, in the journal and in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Planned => "planned",
+            Phase::Validated => "validated",
+            Phase::Submitted => "submitted",
+            Phase::Created => "created",
+            Phase::Started => "started",
+            Phase::Launched => "launched",
+            Phase::Bootstrapped => "bootstrapped",
+            Phase::Verified => "verified",
+            Phase::Reported => "reported",
+            Phase::Failed => "failed",
+            Phase::Destroyed => "destroyed",
+            Phase::Skipped => "skipped",
+            Phase::NeedsHuman => "needs_human",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// How a transaction ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -73,6 +135,25 @@ pub enum Outcome {
     Skipped,
     /// Ownership could not be proven or another condition needs an operator.
     NeedsHuman,
+}
+
+impl Outcome {
+    /// The value as it appears on the wire, in the journal and in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Refused => "refused",
+            Outcome::Failed => "failed",
+            Outcome::Skipped => "skipped",
+            Outcome::NeedsHuman => "needs_human",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The stable code of a transaction error (DESIGN section 3).
@@ -113,6 +194,56 @@ pub enum ErrorCode {
     OwnershipUnproven,
 }
 
+impl ErrorCode {
+    /// Every code.
+    pub const ALL: [ErrorCode; 16] = [
+        ErrorCode::VmidInvalid,
+        ErrorCode::VmidReserved,
+        ErrorCode::VmidInUse,
+        ErrorCode::PveRefused,
+        ErrorCode::PveUnreachable,
+        ErrorCode::PveAuth,
+        ErrorCode::TlsPinMismatch,
+        ErrorCode::TaskFailed,
+        ErrorCode::TaskTimeout,
+        ErrorCode::GuestLocked,
+        ErrorCode::LaunchUnproven,
+        ErrorCode::BootstrapFailed,
+        ErrorCode::CheckFailed,
+        ErrorCode::BandFull,
+        ErrorCode::ConfigInvalid,
+        ErrorCode::OwnershipUnproven,
+    ];
+
+    /// The value as it appears on the wire, in the journal and in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::VmidInvalid => "vmid_invalid",
+            ErrorCode::VmidReserved => "vmid_reserved",
+            ErrorCode::VmidInUse => "vmid_in_use",
+            ErrorCode::PveRefused => "pve_refused",
+            ErrorCode::PveUnreachable => "pve_unreachable",
+            ErrorCode::PveAuth => "pve_auth",
+            ErrorCode::TlsPinMismatch => "tls_pin_mismatch",
+            ErrorCode::TaskFailed => "task_failed",
+            ErrorCode::TaskTimeout => "task_timeout",
+            ErrorCode::GuestLocked => "guest_locked",
+            ErrorCode::LaunchUnproven => "launch_unproven",
+            ErrorCode::BootstrapFailed => "bootstrap_failed",
+            ErrorCode::CheckFailed => "check_failed",
+            ErrorCode::BandFull => "band_full",
+            ErrorCode::ConfigInvalid => "config_invalid",
+            ErrorCode::OwnershipUnproven => "ownership_unproven",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// An error with its stable code and a message for an operator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorInfo {
@@ -132,6 +263,23 @@ pub enum CheckStatus {
     Fail,
     /// The query could not run (osqueryi missing, timeout, SQL error).
     Error,
+}
+
+impl CheckStatus {
+    /// The value as it appears on the wire, in the journal and in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckStatus::Pass => "pass",
+            CheckStatus::Fail => "fail",
+            CheckStatus::Error => "error",
+        }
+    }
+}
+
+impl std::fmt::Display for CheckStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One row printed by `osqueryi --json`: column name to value. osqueryi renders every value as
@@ -167,10 +315,15 @@ mod tests {
     /// Every value's wire text, both ways: these strings are part of the protocol.
     fn pins<T>(table: &[(T, &str)])
     where
-        T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
+        T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug + std::fmt::Display,
     {
         for (value, text) in table {
             assert_eq!(serde_json::to_value(value).unwrap(), json!(text));
+            assert_eq!(
+                &value.to_string(),
+                text,
+                "as_str differs from the wire text"
+            );
             assert_eq!(&serde_json::from_value::<T>(json!(text)).unwrap(), value);
         }
     }

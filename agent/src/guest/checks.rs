@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::exec::{ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef};
 use crate::error::ErrorCode;
@@ -430,39 +430,13 @@ impl CheckContext {
     }
 }
 
-/// A check's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CheckStatus {
-    /// It ran and the expectation holds.
-    Pass,
-    /// It ran and the expectation is false.
-    Fail,
-    /// It could not run or its result could not be read.
-    Error,
-}
-
+/// A check's result, as reported (`{"name", "status", "rows", …}`): the wire protocol's own
+/// record, so the hub receives exactly what the operator sees.
+pub use hub_protocol::CheckReport as CheckResult;
 /// One row of osquery's output: column to value (osquery prints every value as a string).
-pub type Row = BTreeMap<String, String>;
-
-/// A check's result, as reported (`{"name", "status", "rows", …}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckResult {
-    /// The check's name.
-    pub name: String,
-    /// pass, fail or error.
-    pub status: CheckStatus,
-    /// The rows seen (at most [`CheckSettings::max_rows`]).
-    pub rows: Vec<Row>,
-    /// How many rows the query returned.
-    pub row_count: usize,
-    /// True when `rows` holds fewer rows than the query returned.
-    pub rows_truncated: bool,
-    /// Why it failed or errored (none when it passed).
-    pub message: Option<String>,
-    /// How long it took, in milliseconds.
-    pub duration_ms: u64,
-}
+pub use hub_protocol::CheckRow as Row;
+/// A check's verdict (pass, fail, error): the wire protocol's own enum.
+pub use hub_protocol::CheckStatus;
 
 /// Limits for running checks.
 #[derive(Debug, Clone)]
@@ -718,10 +692,10 @@ async fn run_one<E: GuestExec>(
         .output_cap(settings.output_cap);
     let outcome = exec.exec(&request).await.map_err(|e| e.to_string())?;
     let rows = osquery_rows(&outcome, check.timeout, settings.output_cap)?;
-    let row_count = rows.len();
+    let row_count = rows.len() as u64;
     let (status, message) = match (&check.expect, expected) {
         (Expectation::Rows { op, count }, _) => {
-            if op.holds(row_count as u64, *count) {
+            if op.holds(row_count, *count) {
                 (CheckStatus::Pass, None)
             } else {
                 (

@@ -16,6 +16,7 @@ pub mod checks;
 pub mod exec;
 pub mod lxc;
 pub mod qemu;
+pub mod qemu_pve;
 
 pub use bootstrap::{
     load_profile, run_bootstrap, BootstrapError, BootstrapMarker, BootstrapOutcome,

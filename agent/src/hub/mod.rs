@@ -25,6 +25,9 @@
 //! session is up, and closes the outbox.
 //!
 //! Nothing here ever logs or returns the hub credential.
+//!
+//! The hub is a front end, like the command line: it calls the transaction service
+//! (`crate::service`) and never a command-line module.
 
 pub mod backoff;
 pub mod dispatch;
@@ -41,7 +44,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -54,9 +56,8 @@ pub use notify::{Notifier, WatchdogPolicy};
 pub use outbox::{derived_message_id, spool, Outbox, OutboxError};
 pub use session::{HubEndpoint, SessionEnd, Timing};
 
-use crate::app::CommandOutput;
 use crate::config::{Config, HubConfig};
-use crate::error::{ErrorCode, ExitStatus, Failure};
+use crate::error::{ErrorCode, Failure};
 use backoff::Backoff;
 use session::SessionContext;
 
@@ -86,16 +87,10 @@ pub struct DaemonReport {
     pub open_dispatches: u64,
 }
 
-/// `felhom-agent run`.
-pub async fn run_command(cfg: &Config) -> CommandOutput {
-    let timing = match Timing::from_env() {
-        Ok(t) => t,
-        Err(f) => return CommandOutput::failure(&f),
-    };
-    let client = match crate::pve::PveClient::new(&cfg.pve) {
-        Ok(c) => c,
-        Err(e) => return CommandOutput::failure(&Failure::new(e.code(), e.to_string())),
-    };
+/// `felhom-agent run`: the daemon until `shutdown` is cancelled.
+pub async fn run(cfg: &Config, shutdown: CancellationToken) -> Result<DaemonReport, Failure> {
+    let timing = Timing::from_env()?;
+    let client = crate::service::pve_client(cfg)?;
     let inventory = Arc::new(PveInventory::new(
         client,
         cfg.vmlist_path.clone(),
@@ -110,23 +105,7 @@ pub async fn run_command(cfg: &Config) -> CommandOutput {
         timing,
     };
     let runner = Arc::new(runner::ProvisionRunner::new(Arc::new(cfg.clone())));
-    let shutdown = crate::app::shutdown_token();
-    match run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await {
-        Ok(report) => CommandOutput {
-            json: json!({
-                "stopped": true,
-                "sessions": report.sessions,
-                "outbox_depth": report.outbox_depth,
-                "open_dispatches": report.open_dispatches,
-            }),
-            human: format!(
-                "stopped: {} messages wait in the outbox, {} dispatches resume at the next start",
-                report.outbox_depth, report.open_dispatches
-            ),
-            status: ExitStatus::Ok,
-        },
-        Err(f) => CommandOutput::failure(&f),
-    }
+    run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await
 }
 
 /// The daemon: see the module docs. Returns when `shutdown` fired and everything stopped, or

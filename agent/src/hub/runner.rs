@@ -10,64 +10,38 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use hub_protocol::{capability, AgentMessage, Dispatch, DispatchAction, TxnId, TxnResult};
-use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
 use super::dispatch::{DispatchRunner, EventSink, RunEnd};
 use super::outbox::spool;
-use crate::app::CommandOutput;
-use crate::cli::SelftestOpts;
-use crate::commands::open_journal;
 use crate::config::Config;
-use crate::error::Failure;
+use crate::error::{exit_status, ExitStatus, Failure};
 use crate::guest::checks::CheckResult;
-use crate::provision::effects::{Executor, Reporter};
-use crate::provision::machine::{State, TxnKind};
-use crate::provision::VmidLock;
-use crate::pve::PveClient;
-use crate::selftest::result_json;
+use crate::provision::effects::Reporter;
+use crate::provision::machine::{Phase, State, TxnKind};
+use crate::service::{self, error_info, wire_result, Driven, ProvisionRequest};
 
-/// The wire result of a transaction's final JSON (the same fields, same words).
-pub fn wire_result(doc: &Value) -> Option<TxnResult> {
-    serde_json::from_value(doc.clone()).ok()
-}
-
-/// The wire result of a command that ended before a transaction existed (a refusal of the
+/// The wire result of a dispatch that ended before a transaction existed (a refusal of the
 /// dispatch itself, e.g. an invalid vmid or a config error).
-fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, out: &CommandOutput) -> TxnResult {
-    let error = out.json.get("error").cloned().unwrap_or(Value::Null);
-    let code = error
-        .get("code")
-        .cloned()
-        .unwrap_or(Value::String("config_invalid".into()));
-    let refused = out.status.code() == 3;
-    let doc = serde_json::json!({
-        "txn": txn.to_string(),
-        "kind": kind.as_str(),
-        "vmid": vmid,
-        "outcome": if refused { "refused" } else { "failed" },
-        "phase": "planned",
-        "destroy_armed": false,
-        "destroyed": false,
-        "checks": [],
-        "error": {"code": code, "message": error.get("message").cloned().unwrap_or(Value::String(String::new()))},
-    });
-    wire_result(&doc).unwrap_or_else(|| TxnResult {
+fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure) -> TxnResult {
+    let outcome = if exit_status(failure.code) == ExitStatus::Refused {
+        hub_protocol::Outcome::Refused
+    } else {
+        hub_protocol::Outcome::Failed
+    };
+    TxnResult {
         txn,
-        kind: hub_protocol::TxnKind::Provision,
+        kind,
         vmid,
-        outcome: hub_protocol::Outcome::Failed,
-        phase: hub_protocol::Phase::Planned,
+        outcome,
+        phase: Phase::Planned,
         destroy_armed: false,
         destroyed: false,
         checks: vec![],
-        error: Some(hub_protocol::ErrorInfo {
-            code: hub_protocol::ErrorCode::ConfigInvalid,
-            message: "the transaction could not be started".to_string(),
-        }),
-    })
+        error: Some(error_info(failure)),
+    }
 }
 
 /// Reports to the daemon's outbox through a dispatch's [`EventSink`]: phase changes as
@@ -85,15 +59,10 @@ impl SinkReporter {
             let mut sink = sink;
             while let Some(state) = rx.recv().await {
                 sink.set_vmid(state.vmid());
-                let phase =
-                    serde_json::from_value(Value::String(state.phase().as_str().to_string()));
-                let Ok(phase) = phase else { continue };
-                let error = state
-                    .failure()
-                    .and_then(|f| serde_json::from_value(serde_json::to_value(f).ok()?).ok());
+                let error = state.failure().map(error_info);
                 let detail =
                     Some(format!("step {}", state.step())).filter(|_| !state.is_terminal());
-                if let Err(e) = sink.phase(phase, detail, error).await {
+                if let Err(e) = sink.phase(state.phase(), detail, error).await {
                     tracing::error!(error = %e, "a phase event could not be stored for the hub");
                 }
             }
@@ -127,9 +96,8 @@ impl SpoolReporter {
 impl Reporter for SpoolReporter {
     fn phase(&self, _state: &State) {}
     fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {
-        let doc = result_json(state, checks, None);
-        let result = wire_result(&doc)
-            .ok_or_else(|| format!("transaction {} has no wire form", state.txn()))?;
+        let result = wire_result(state, checks)
+            .ok_or_else(|| format!("transaction {} is still open", state.txn()))?;
         spool(&self.state_dir, AgentMessage::Result(result))
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -146,26 +114,6 @@ impl ProvisionRunner {
     pub fn new(cfg: Arc<Config>) -> Self {
         Self { cfg }
     }
-
-    fn known(&self, txn: Ulid) -> Option<State> {
-        let journal = open_journal(&self.cfg).ok()?;
-        journal.get(txn).ok().flatten().map(|t| t.state)
-    }
-
-    async fn resume(
-        &self,
-        state: State,
-        reporter: &dyn Reporter,
-        cancel: CancellationToken,
-    ) -> Option<Value> {
-        let vmid = state.vmid()?;
-        let pve = PveClient::new(&self.cfg.pve).ok()?;
-        let journal = open_journal(&self.cfg).ok()?;
-        let _lock = VmidLock::try_acquire(&self.cfg.state_dir, vmid, Some(state.txn())).ok()?;
-        let mut exec = Executor::new(&self.cfg, &pve, &journal, reporter, cancel);
-        let driven = exec.settle(state).await;
-        Some(result_json(&driven.state, &driven.checks, None))
-    }
 }
 
 impl DispatchRunner for ProvisionRunner {
@@ -179,7 +127,7 @@ impl DispatchRunner for ProvisionRunner {
 
     async fn prepare(&self) -> Result<(), Failure> {
         let reporter = SpoolReporter::new(self.cfg.state_dir.clone());
-        crate::selftest::prepare(&self.cfg, &reporter, &CancellationToken::new())
+        service::prepare(&self.cfg, &reporter, &CancellationToken::new())
             .await
             .map(|_| ())
     }
@@ -199,98 +147,82 @@ impl DispatchRunner for ProvisionRunner {
             DispatchAction::InventoryRequest => (TxnKind::Provision, None),
         };
         // A transaction this agent already journaled is settled, never started over.
-        let out_doc = if let Some(state) = self.known(txn) {
+        let driven: Option<Driven> = if let Some(state) = service::known(&self.cfg, txn) {
             if state.is_terminal() {
-                Some(result_json(&state, &[], None))
+                Some(Driven {
+                    state,
+                    checks: vec![],
+                    plan: None,
+                    halted: None,
+                })
             } else {
-                self.resume(state, &reporter, cancel.clone()).await
+                service::resume(&self.cfg, state, &reporter, cancel.clone()).await
             }
         } else {
-            let out =
-                match &dispatch.action {
-                    DispatchAction::Provision {
-                        vmid,
-                        from,
-                        storage,
-                        keep,
-                        profile,
-                    } => {
-                        let opts = SelftestOpts {
-                            vmid: Some(vmid.to_string()),
-                            from: Some(from.clone()),
-                            storage: Some(storage.clone()),
-                            keep: *keep,
-                            dry_run: false,
-                        };
-                        crate::selftest::provision_txn(
-                            &self.cfg,
-                            &opts,
-                            TxnKind::Provision,
-                            txn,
-                            profile.clone(),
-                            &reporter,
-                            cancel.clone(),
-                        )
+            let ran = match &dispatch.action {
+                DispatchAction::Provision {
+                    vmid,
+                    from,
+                    storage,
+                    keep,
+                    profile,
+                } => {
+                    let req = ProvisionRequest {
+                        vmid: Some(vmid.to_string()),
+                        from: Some(from.clone()),
+                        storage: Some(storage.clone()),
+                        keep: *keep,
+                        dry_run: false,
+                        profile: profile.clone(),
+                    };
+                    service::provision(
+                        &self.cfg,
+                        &req,
+                        TxnKind::Provision,
+                        txn,
+                        &reporter,
+                        cancel.clone(),
+                    )
+                    .await
+                }
+                DispatchAction::Destroy { vmid } => {
+                    service::destroy(&self.cfg, &vmid.to_string(), txn, &reporter, cancel.clone())
                         .await
-                    }
-                    DispatchAction::Destroy { vmid } => {
-                        crate::selftest::destroy_txn(
-                            &self.cfg,
-                            &vmid.to_string(),
-                            txn,
-                            &reporter,
-                            cancel.clone(),
-                        )
+                }
+                DispatchAction::RestoreTest { dry_run } => {
+                    service::restore_test::run(&self.cfg, *dry_run, txn, &reporter, cancel.clone())
                         .await
-                    }
-                    DispatchAction::RestoreTest { dry_run } => {
-                        crate::restore_test::run_txn(
-                            &self.cfg,
-                            *dry_run,
-                            txn,
-                            &reporter,
-                            cancel.clone(),
-                        )
-                        .await
-                    }
-                    DispatchAction::InventoryRequest => return RunEnd::Finished(early_result(
-                        dispatch.txn,
-                        kind,
-                        None,
-                        &CommandOutput::failure(&Failure::new(
-                            crate::error::ErrorCode::ConfigInvalid,
-                            "inventory requests are answered by the session, not as a transaction",
-                        )),
-                    )),
-                };
-            if out.json.get("txn").is_some() {
-                Some(out.json)
-            } else {
-                drop(reporter);
-                let _ = forward.await;
-                return RunEnd::Finished(early_result(dispatch.txn, kind, vmid, &out));
+                        .map(|run| run.driven)
+                }
+                DispatchAction::InventoryRequest => Err(Failure::new(
+                    crate::error::ErrorCode::ConfigInvalid,
+                    "inventory requests are answered by the session, not as a transaction",
+                )),
+            };
+            match ran {
+                Ok(d) => Some(d),
+                Err(f) => {
+                    drop(reporter);
+                    let _ = forward.await;
+                    return RunEnd::Finished(early_result(dispatch.txn, kind, vmid, &f));
+                }
             }
         };
         drop(reporter);
         let _ = forward.await;
-        match out_doc {
-            Some(doc) if doc.get("halted").is_none() || !cancel.is_cancelled() => {
-                match wire_result(&doc) {
-                    Some(r) if doc.get("outcome").is_some_and(|o| !o.is_null()) => {
-                        RunEnd::Finished(r)
-                    }
-                    _ => RunEnd::Interrupted,
-                }
-            }
-            _ => RunEnd::Interrupted,
+        match driven {
+            // Stopped by the shutdown half-way: the next start takes it up from the journal.
+            Some(d) if d.halted.is_some() && cancel.is_cancelled() => RunEnd::Interrupted,
+            Some(d) => match wire_result(&d.state, &d.checks) {
+                Some(r) => RunEnd::Finished(r),
+                None => RunEnd::Interrupted,
+            },
+            None => RunEnd::Interrupted,
         }
     }
 
     fn state_of(&self, txn: TxnId) -> Option<TxnResult> {
-        let state = self.known(txn.ulid())?;
-        if !state.is_terminal() {
-            return None;
-        }
-        wire_result(&result_json(&state, &[], None))
+        let state = service::known(&self.cfg, txn.ulid())?;
+        wire_result(&state, &[])
     }
 }

@@ -24,85 +24,17 @@ use ulid::Ulid;
 use crate::error::{ErrorCode, ExitStatus, Failure};
 use crate::pve::GuestKind;
 
+/// How a transaction ended (`ok`, `refused`, `failed`, `skipped`, `needs_human`). The wire
+/// protocol's own enum (`hub_protocol::Outcome`); [`Outcome`] here is the whole final record.
+pub use hub_protocol::Outcome as OutcomeKind;
+/// The operator-visible phase of a transaction (DESIGN section 5), as journaled and reported;
+/// ordered along the forward path. The wire protocol's own enum.
+pub use hub_protocol::Phase;
+/// What started the transaction (the `kind` of the final JSON). The wire protocol's own enum.
+pub use hub_protocol::TxnKind;
+
 /// PVE's limit on a guest description, in characters.
 pub const DESCRIPTION_MAX_CHARS: usize = 8192;
-
-/// The operator-visible phase of a transaction (DESIGN section 5), as journaled and reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Created in memory, the vmid not yet validated. Never journaled.
-    Planned,
-    /// The vmid passed the full-list, reserved-band and range checks; the restore is about to be
-    /// (or is being) submitted.
-    Validated,
-    /// PVE accepted the restore request; its UPID is recorded.
-    Submitted,
-    /// The restore task ended OK and the marker was read back: destroy is armed.
-    Created,
-    /// The guest was started.
-    Started,
-    /// The guest is running and answers an exec.
-    Launched,
-    /// The bootstrap profile ran successfully inside the guest.
-    Bootstrapped,
-    /// The osquery checks passed.
-    Verified,
-    /// The result is in the outbox for the hub.
-    Reported,
-    /// The transaction failed (possibly with a cleanup still to run while it is open).
-    Failed,
-    /// The guest this transaction created is gone, confirmed by re-reading it.
-    Destroyed,
-    /// Nothing to do (the restore-test band is full).
-    Skipped,
-    /// A condition only a human can settle; nothing more is done automatically.
-    NeedsHuman,
-}
-
-impl Phase {
-    /// Every phase, in the order of the forward path then the other outcomes.
-    pub const ALL: [Phase; 13] = [
-        Phase::Planned,
-        Phase::Validated,
-        Phase::Submitted,
-        Phase::Created,
-        Phase::Started,
-        Phase::Launched,
-        Phase::Bootstrapped,
-        Phase::Verified,
-        Phase::Reported,
-        Phase::Failed,
-        Phase::Destroyed,
-        Phase::Skipped,
-        Phase::NeedsHuman,
-    ];
-
-    /// The phase as it appears in the journal and in JSON output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Planned => "planned",
-            Phase::Validated => "validated",
-            Phase::Submitted => "submitted",
-            Phase::Created => "created",
-            Phase::Started => "started",
-            Phase::Launched => "launched",
-            Phase::Bootstrapped => "bootstrapped",
-            Phase::Verified => "verified",
-            Phase::Reported => "reported",
-            Phase::Failed => "failed",
-            Phase::Destroyed => "destroyed",
-            Phase::Skipped => "skipped",
-            Phase::NeedsHuman => "needs_human",
-        }
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// What the machine waits for next. The transition table is keyed by (step, event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -215,39 +147,6 @@ impl Step {
 }
 
 impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What started the transaction (the `kind` of the final JSON).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TxnKind {
-    /// `--selftest=provision`.
-    SelftestProvision,
-    /// `--selftest=restore` (network isolated, scratch band).
-    SelftestRestore,
-    /// A provision dispatched by the hub.
-    Provision,
-    /// `destroy -vmid N` (or a hub destroy): the gated destroy of a guest an earlier
-    /// transaction created.
-    Destroy,
-}
-
-impl TxnKind {
-    /// The kind as it appears in JSON output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TxnKind::SelftestProvision => "selftest-provision",
-            TxnKind::SelftestRestore => "selftest-restore",
-            TxnKind::Provision => "provision",
-            TxnKind::Destroy => "destroy",
-        }
-    }
-}
-
-impl fmt::Display for TxnKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -844,41 +743,6 @@ impl Effect {
     }
 }
 
-/// The final outcome of a transaction (DESIGN section 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeKind {
-    /// Done as asked (a dry run that validated counts too).
-    Ok,
-    /// Refused before any write.
-    Refused,
-    /// Failed; see the error.
-    Failed,
-    /// Nothing to do (restore-test band full).
-    Skipped,
-    /// Needs a human; see the error for what and how.
-    NeedsHuman,
-}
-
-impl OutcomeKind {
-    /// The outcome as it appears in JSON output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutcomeKind::Ok => "ok",
-            OutcomeKind::Refused => "refused",
-            OutcomeKind::Failed => "failed",
-            OutcomeKind::Skipped => "skipped",
-            OutcomeKind::NeedsHuman => "needs_human",
-        }
-    }
-}
-
-impl fmt::Display for OutcomeKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The fields of the final JSON that come from the transaction (DESIGN section 3); the
 /// executor adds `checks`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -912,7 +776,7 @@ impl Outcome {
             OutcomeKind::Ok | OutcomeKind::Skipped => ExitStatus::Ok,
             OutcomeKind::NeedsHuman => ExitStatus::NeedsHuman,
             OutcomeKind::Refused | OutcomeKind::Failed => match &self.error {
-                Some(e) => e.code.exit_status(),
+                Some(e) => crate::error::exit_status(e.code),
                 None => ExitStatus::NeedsHuman,
             },
         }

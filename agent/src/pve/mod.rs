@@ -11,7 +11,6 @@
 
 pub mod client;
 pub mod error;
-pub mod guest_agent;
 pub mod request;
 pub mod task;
 pub mod types;

@@ -1,16 +1,27 @@
-//! Command dispatch: turns a parsed [`Cli`] into work and an [`ExitStatus`].
+//! The operator's door: the clap definitions ([`args`]), the dispatch of a parsed [`Cli`] to
+//! the transaction service, the daemon or a read command, and the output of each ([`output`]):
+//! a JSON document (printed with `--json`), the human text (printed otherwise) and the exit
+//! status. Progress goes to stderr through tracing.
 //!
-//! Each command returns a [`CommandOutput`]: a JSON document (printed with `--json`), the
-//! human text (printed otherwise) and the exit status. Progress goes to stderr through tracing.
+//! It may use every module below it (`service`, `hub`, `doctor`, …); nothing imports it but
+//! `main.rs`.
+
+mod args;
+pub mod output;
+
+pub use args::*;
 
 use std::io::IsTerminal;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Cli, Command, GlobalOpts, LogFormat, SelftestKind};
 use crate::config::Config;
-use crate::error::{ExitStatus, Failure};
+use crate::error::{exit_status, ExitStatus, Failure};
+use crate::hub::runner::SpoolReporter;
+use crate::provision::machine::TxnKind;
+use crate::service::{self, ProvisionRequest};
+use ulid::Ulid;
 
 /// What a command produced.
 #[derive(Debug)]
@@ -29,7 +40,7 @@ impl CommandOutput {
         Self {
             json: json!({"error": {"code": f.code.as_str(), "message": f.message}}),
             human: format!("error [{}]: {}", f.code, f.message),
-            status: f.code.exit_status(),
+            status: exit_status(f.code),
         }
     }
 }
@@ -134,35 +145,65 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Ok(c) => c,
                 Err(out) => return out,
             };
-            let reporter = crate::hub::runner::SpoolReporter::new(cfg.state_dir.clone());
+            let reporter = SpoolReporter::new(cfg.state_dir.clone());
+            let opts = &cli.selftest_opts;
             match kind {
                 SelftestKind::Provision => {
-                    crate::selftest::provision(&cfg, &cli.selftest_opts, &reporter, shutdown_token()).await
+                    let req = ProvisionRequest {
+                        vmid: opts.vmid.clone(),
+                        from: opts.from.clone(),
+                        storage: opts.storage.clone(),
+                        keep: opts.keep,
+                        dry_run: opts.dry_run,
+                        profile: None,
+                    };
+                    let ran = service::provision(
+                        &cfg,
+                        &req,
+                        TxnKind::SelftestProvision,
+                        Ulid::new(),
+                        &reporter,
+                        shutdown_token(),
+                    )
+                    .await;
+                    output::transaction(ran)
                 }
                 SelftestKind::Restore => {
-                    if cli.selftest_opts.vmid.is_some() || cli.selftest_opts.from.is_some() || cli.selftest_opts.keep {
+                    if opts.vmid.is_some() || opts.from.is_some() || opts.keep {
                         return usage("--selftest=restore picks its own vmid in the restore-test band and its backup from the rotation; it takes only --dry-run (and --storage is set in [restore_test])");
                     }
-                    crate::restore_test::run(&cfg, cli.selftest_opts.dry_run, &reporter, shutdown_token()).await
+                    let ran = service::restore_test::run(
+                        &cfg,
+                        opts.dry_run,
+                        Ulid::new(),
+                        &reporter,
+                        shutdown_token(),
+                    )
+                    .await;
+                    output::restore_test(ran, opts.dry_run)
                 }
             }
         }
         (None, Some(cmd)) => {
             if let Command::Doctor = cmd {
-                return crate::doctor::run(&cli.global).await;
+                return output::doctor(&crate::doctor::check_all(&cli.global.config).await);
             }
             let cfg = match load_config(&cli.global) {
                 Ok(c) => c,
                 Err(out) => return out,
             };
-            let reporter = crate::hub::runner::SpoolReporter::new(cfg.state_dir.clone());
             match cmd {
-                Command::Doctor => crate::doctor::run(&cli.global).await,
-                Command::Guests => crate::commands::guests(&cfg).await,
-                Command::VmidCheck { vmid } => crate::commands::vmid_check(&cfg, &vmid).await,
-                Command::Journal => crate::commands::journal(&cfg),
-                Command::Destroy { vmid } => crate::selftest::destroy(&cfg, &vmid, &reporter, shutdown_token()).await,
-                Command::Run => crate::hub::run_command(&cfg).await,
+                Command::Doctor => output::doctor(&crate::doctor::check_all(&cli.global.config).await),
+                Command::Guests => output::guests(service::guests(&cfg).await),
+                Command::VmidCheck { vmid } => output::vmid_check(service::vmid_check(&cfg, &vmid).await),
+                Command::Journal => output::journal(service::journal_rows(&cfg)),
+                Command::Destroy { vmid } => {
+                    let reporter = SpoolReporter::new(cfg.state_dir.clone());
+                    output::transaction(
+                        service::destroy(&cfg, &vmid, Ulid::new(), &reporter, shutdown_token()).await,
+                    )
+                }
+                Command::Run => output::daemon(crate::hub::run(&cfg, shutdown_token()).await),
             }
         }
     }

@@ -1,8 +1,9 @@
-//! The guest exec seam's QEMU side ([`GuestAgentApi`]) implemented by the PVE client.
+//! The guest exec seam's QEMU side ([`GuestAgentApi`]) implemented by the PVE client: the
+//! guest layer uses the PVE client, never the other way round.
 
-use super::client::PveClient;
-use super::error::PveError;
-use crate::guest::qemu::{AgentApiError, AgentExecStatus, GuestAgentApi};
+use super::qemu::{AgentApiError, AgentExecStatus, GuestAgentApi};
+use crate::pve::request::build;
+use crate::pve::{PveClient, PveError};
 
 fn agent_error(e: PveError) -> AgentApiError {
     match e {
@@ -35,7 +36,7 @@ impl GuestAgentApi for PveClient {
         pid: u64,
     ) -> Result<AgentExecStatus, AgentApiError> {
         // One request, never retried: qemu-ga forgets a pid once it reported its exit.
-        let req = super::request::build::agent_exec_status(node, vmid, pid);
+        let req = build::agent_exec_status(node, vmid, pid);
         let data = self.call_once(&req).await.map_err(agent_error)?;
         AgentExecStatus::from_json(&data).map_err(|message| AgentApiError::Other {
             status: 200,

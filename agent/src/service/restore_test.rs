@@ -7,6 +7,8 @@
 //! proves the launch, runs the restore-test checks, reports, and destroys the copy through the
 //! ownership gate. A full band skips the run (reported, exit 0). Metrics for node_exporter's
 //! textfile collector are written atomically after every run.
+//!
+//! Part of the transaction service: it returns a [`RestoreTestRun`], never printed output.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -14,21 +16,18 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
-use crate::app::CommandOutput;
-use crate::commands::{full_list, open_journal, pool_view};
+use super::{full_list, pool_view, prepare, prepare_read_only};
 use crate::config::Config;
-use crate::error::{ErrorCode, ExitStatus, Failure};
+use crate::error::{ErrorCode, Failure};
 use crate::inventory::join;
 use crate::provision::effects::{Driven, Executor, Reporter};
-use crate::provision::machine::{Event, Request, State, TxnKind};
+use crate::provision::machine::{Event, OutcomeKind, Request, State, TxnKind};
 use crate::provision::VmidLock;
 use crate::pve::types::{backup_kind_from_volid, BackupVolume};
 use crate::pve::PveClient;
-use crate::selftest::{prepare, result_json};
 use crate::vmid::{restore_band_pick, RESTORE_TEST_BAND};
 
 /// The rotation state file in the state dir.
@@ -202,57 +201,47 @@ async fn candidates(
     Ok(newest_per_guest(&volumes, pool_vmids))
 }
 
-/// `--selftest=restore [--dry-run]`.
-pub async fn run(
-    cfg: &Config,
-    dry_run: bool,
-    reporter: &dyn Reporter,
-    cancel: CancellationToken,
-) -> CommandOutput {
-    run_txn(cfg, dry_run, Ulid::new(), reporter, cancel).await
+/// What one restore-test run did.
+#[derive(Debug, Clone)]
+pub struct RestoreTestRun {
+    /// The transaction.
+    pub driven: Driven,
+    /// The backup chosen by the rotation.
+    pub backup: String,
+    /// The band, as `990000-990009`.
+    pub band: String,
+    /// The vmid picked in the band (`None`: the band was full and the run skipped).
+    pub vmid: Option<u32>,
+    /// Why the metrics file could not be written, if it could not.
+    pub metrics_error: Option<String>,
 }
 
-/// One run under a given transaction id (a hub dispatch's).
-pub async fn run_txn(
+/// One restore-test run under `txn` (`--selftest=restore`, the timer, or a hub dispatch).
+/// `Err` when it ended before a transaction existed.
+pub async fn run(
     cfg: &Config,
     dry_run: bool,
     txn: Ulid,
     reporter: &dyn Reporter,
     cancel: CancellationToken,
-) -> CommandOutput {
+) -> Result<RestoreTestRun, Failure> {
     let started = std::time::Instant::now();
     let prepared = if dry_run {
-        match (PveClient::new(&cfg.pve), open_journal(cfg)) {
-            (Ok(pve), Ok(journal)) => crate::selftest::Prepared { pve, journal },
-            (Err(e), _) => return CommandOutput::failure(&Failure::new(e.code(), e.to_string())),
-            (_, Err(f)) => return CommandOutput::failure(&f),
-        }
+        prepare_read_only(cfg)?
     } else {
-        match prepare(cfg, reporter, &cancel).await {
-            Ok(p) => p,
-            Err(f) => return CommandOutput::failure(&f),
-        }
+        prepare(cfg, reporter, &cancel).await?
     };
     let pve = &prepared.pve;
-    let full = match full_list(cfg) {
-        Ok(f) => f,
-        Err(f) => return CommandOutput::failure(&f),
-    };
-    let pool = match pool_view(cfg, pve).await {
-        Ok(p) => p,
-        Err(f) => return CommandOutput::failure(&f),
-    };
+    let full = full_list(cfg)?;
+    let pool = pool_view(cfg, pve).await?;
     let pool_vmids: Vec<u32> = pool.guests().map(|g| g.vmid).collect();
     let inventory = join(&full, &pool);
     let rotation_path = cfg.state_dir.join(ROTATION_FILE);
     let mut rot = read_rotation(&rotation_path);
 
-    let cands = match candidates(cfg, pve, &pool_vmids).await {
-        Ok(c) => c,
-        Err(f) => return CommandOutput::failure(&f),
-    };
+    let cands = candidates(cfg, pve, &pool_vmids).await?;
     let Some(chosen) = next_in_rotation(&cands, rot.last.as_deref()).cloned() else {
-        return CommandOutput::failure(&Failure::new(
+        return Err(Failure::new(
             ErrorCode::ConfigInvalid,
             format!(
                 "no backup of a pool guest is visible on storage(s) {}; set restore_test.backup_storages or restore_test.sources in {}",
@@ -262,7 +251,7 @@ pub async fn run_txn(
         ));
     };
     let Some(guest) = backup_kind_from_volid(&chosen.volid) else {
-        return CommandOutput::failure(&Failure::new(
+        return Err(Failure::new(
             ErrorCode::ConfigInvalid,
             format!(
                 "cannot tell whether {} is a container or a VM backup",
@@ -294,29 +283,26 @@ pub async fn run_txn(
         },
     };
     let _lock = match (picked, dry_run) {
-        (Some(v), false) => match VmidLock::try_acquire(&cfg.state_dir, v, Some(txn)) {
-            Ok(l) => Some(l),
-            Err(e) => return CommandOutput::failure(&Failure::new(e.code(), e.to_string())),
-        },
+        (Some(v), false) => Some(
+            VmidLock::try_acquire(&cfg.state_dir, v, Some(txn))
+                .map_err(|e| Failure::new(e.code(), e.to_string()))?,
+        ),
         _ => None,
     };
     let mut exec = Executor::new(cfg, pve, &prepared.journal, reporter, cancel);
     let driven: Driven = exec.drive(State::new(request), first).await;
 
-    let outcome = driven
-        .state
-        .outcome_kind()
-        .map_or("needs_human", |o| o.as_str());
+    let outcome = driven.state.outcome_kind();
     let mut metrics_error = None;
     if !dry_run {
         rot.runs_total += 1;
-        if outcome == "skipped" {
+        if outcome == Some(OutcomeKind::Skipped) {
             rot.skipped_total += 1;
         } else {
             rot.last = Some(chosen.key.clone());
         }
         let now = unix_now();
-        if outcome == "ok" {
+        if outcome == Some(OutcomeKind::Ok) {
             rot.last_success = Some(now);
         }
         if let Ok(bytes) = serde_json::to_vec_pretty(&rot) {
@@ -324,7 +310,8 @@ pub async fn run_txn(
                 tracing::error!(path = %rotation_path.display(), error = %e, "cannot store the rotation");
             }
         }
-        let text = metrics_text(outcome, started.elapsed().as_secs_f64(), now, &rot);
+        let label = outcome.map_or("needs_human", OutcomeKind::as_str);
+        let text = metrics_text(label, started.elapsed().as_secs_f64(), now, &rot);
         let path: PathBuf = cfg.restore_test.metrics_dir.join(METRICS_FILE);
         if let Err(e) = fs::create_dir_all(&cfg.restore_test.metrics_dir)
             .and_then(|()| write_atomic(&path, text.as_bytes(), 0o644))
@@ -335,44 +322,13 @@ pub async fn run_txn(
             ));
         }
     }
-
-    let plan = driven
-        .plan
-        .as_ref()
-        .map(|p| serde_json::to_value(p).unwrap_or_default());
-    let mut doc = result_json(&driven.state, &driven.checks, plan.as_ref());
-    if let Some(obj) = doc.as_object_mut() {
-        obj.insert("backup".into(), json!(chosen.volid));
-        obj.insert("band".into(), json!(band));
-        if let Some(m) = &metrics_error {
-            obj.insert("metrics_error".into(), json!(m));
-        }
-    }
-    let mut human = String::new();
-    match (picked, dry_run) {
-        (Some(v), true) => human.push_str(&format!("dry run: would restore {} into vmid {v} (band {band}), isolated; nothing was written\n", chosen.volid)),
-        (None, _) => human.push_str(&format!("skipped: the restore-test band {band} is full\n")),
-        (Some(v), false) => human.push_str(&format!("restore test of {} in vmid {v}: {outcome}\n", chosen.volid)),
-    }
-    if let Some(f) = driven.state.failure() {
-        human.push_str(&format!("error [{}]: {}\n", f.code, f.message));
-    }
-    if let Some(m) = &metrics_error {
-        human.push_str(&format!("warning: {m}\n"));
-    }
-    let status = match (&driven.halted, driven.state.outcome()) {
-        (Some(h), _) => {
-            human.push_str(&format!("halted [{}]: {}\n", h.code, h.message));
-            ExitStatus::NeedsHuman
-        }
-        (None, Some(o)) => o.exit_status(),
-        (None, None) => ExitStatus::NeedsHuman,
-    };
-    CommandOutput {
-        json: doc,
-        human,
-        status,
-    }
+    Ok(RestoreTestRun {
+        driven,
+        backup: chosen.volid,
+        band,
+        vmid: picked,
+        metrics_error,
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,320 @@
+//! What each command prints: the `--json` document (DESIGN section 3), the human text and the
+//! exit status, built from the values the service, the doctor and the daemon return.
+
+use serde_json::{json, Value};
+
+use super::CommandOutput;
+use crate::doctor::{CheckStatus as DoctorStatus, DoctorReport};
+use crate::error::{exit_status, ExitStatus, Failure};
+use crate::guest::checks::CheckResult;
+use crate::hub::DaemonReport;
+use crate::inventory::{FullGuestList, GuestsReport};
+use crate::provision::journal::JournalRow;
+use crate::provision::machine::State;
+use crate::service::restore_test::RestoreTestRun;
+use crate::service::Driven;
+use crate::vmid::{VmidCheckReport, VmidVerdict};
+
+/// The final JSON of a transaction: DESIGN section 3's fields, plus `plan` for a dry run.
+pub fn result_json(state: &State, checks: &[CheckResult], plan: Option<&Value>) -> Value {
+    let outcome = state.outcome();
+    let mut v = json!({
+        "txn": state.txn().to_string(),
+        "kind": state.kind().as_str(),
+        "vmid": state.vmid(),
+        "outcome": outcome.as_ref().map(|o| o.outcome.as_str()),
+        "phase": state.phase().as_str(),
+        "reached": state.reached().as_str(),
+        "destroy_armed": state.destroy_armed(),
+        "destroyed": state.destroyed(),
+        "upid": state.upid(),
+        "checks": checks,
+        "error": state.failure(),
+    });
+    if let (Some(p), Some(obj)) = (plan, v.as_object_mut()) {
+        obj.insert("plan".to_string(), p.clone());
+    }
+    v
+}
+
+fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>) -> String {
+    let mut s = String::new();
+    if let Some(Value::Array(steps)) = plan {
+        s.push_str(&format!(
+            "dry run of transaction {} (nothing was written):\n",
+            state.txn()
+        ));
+        for (i, step) in steps.iter().enumerate() {
+            s.push_str(&format!("  {}. {}\n", i + 1, step));
+        }
+    }
+    for c in checks {
+        s.push_str(&format!(
+            "check {:<28} {:?}{}\n",
+            c.name,
+            c.status,
+            c.message
+                .as_deref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        ));
+    }
+    let outcome = state.outcome();
+    s.push_str(&format!(
+        "transaction {} ({}) vmid {}: {} in phase {}; destroy armed: {}, destroyed: {}\n",
+        state.txn(),
+        state.kind(),
+        state
+            .vmid()
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "-".into()),
+        outcome
+            .as_ref()
+            .map(|o| o.outcome.as_str())
+            .unwrap_or("open"),
+        state.phase(),
+        state.destroy_armed(),
+        state.destroyed(),
+    ));
+    if let Some(f) = state.failure() {
+        s.push_str(&format!("error [{}]: {}\n", f.code, f.message));
+    }
+    s
+}
+
+/// The exit status of a driven transaction: a halted one is open, so never "done".
+fn status_of(driven: &Driven) -> ExitStatus {
+    match (&driven.halted, driven.state.outcome()) {
+        (Some(h), _) => match exit_status(h.code) {
+            ExitStatus::Ok => ExitStatus::NeedsHuman,
+            other => other,
+        },
+        (None, Some(o)) => o.exit_status(),
+        (None, None) => ExitStatus::NeedsHuman,
+    }
+}
+
+fn driven_output(driven: &Driven) -> CommandOutput {
+    let plan = driven
+        .plan
+        .as_ref()
+        .map(|p| serde_json::to_value(p).unwrap_or(Value::Null));
+    let mut json = result_json(&driven.state, &driven.checks, plan.as_ref());
+    let mut text = human(&driven.state, &driven.checks, plan.as_ref());
+    if let Some(h) = &driven.halted {
+        if let Some(obj) = json.as_object_mut() {
+            obj.insert(
+                "halted".into(),
+                json!({"code": h.code.as_str(), "message": h.message}),
+            );
+        }
+        text.push_str(&format!("halted [{}]: {}\n", h.code, h.message));
+    }
+    CommandOutput {
+        json,
+        human: text,
+        status: status_of(driven),
+    }
+}
+
+/// `--selftest=provision` and `destroy`.
+pub fn transaction(ran: Result<Driven, Failure>) -> CommandOutput {
+    match ran {
+        Ok(driven) => driven_output(&driven),
+        Err(f) => CommandOutput::failure(&f),
+    }
+}
+
+/// `--selftest=restore`.
+pub fn restore_test(ran: Result<RestoreTestRun, Failure>, dry_run: bool) -> CommandOutput {
+    let run = match ran {
+        Ok(r) => r,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let driven = &run.driven;
+    let plan = driven
+        .plan
+        .as_ref()
+        .map(|p| serde_json::to_value(p).unwrap_or_default());
+    let mut doc = result_json(&driven.state, &driven.checks, plan.as_ref());
+    if let Some(obj) = doc.as_object_mut() {
+        obj.insert("backup".into(), json!(run.backup));
+        obj.insert("band".into(), json!(run.band));
+        if let Some(m) = &run.metrics_error {
+            obj.insert("metrics_error".into(), json!(m));
+        }
+    }
+    let outcome = driven
+        .state
+        .outcome_kind()
+        .map_or("needs_human", |o| o.as_str());
+    let band = &run.band;
+    let mut human = String::new();
+    match (run.vmid, dry_run) {
+        (Some(v), true) => human.push_str(&format!(
+            "dry run: would restore {} into vmid {v} (band {band}), isolated; nothing was written\n",
+            run.backup
+        )),
+        (None, _) => human.push_str(&format!("skipped: the restore-test band {band} is full\n")),
+        (Some(v), false) => human.push_str(&format!(
+            "restore test of {} in vmid {v}: {outcome}\n",
+            run.backup
+        )),
+    }
+    if let Some(f) = driven.state.failure() {
+        human.push_str(&format!("error [{}]: {}\n", f.code, f.message));
+    }
+    if let Some(m) = &run.metrics_error {
+        human.push_str(&format!("warning: {m}\n"));
+    }
+    let status = match (&driven.halted, driven.state.outcome()) {
+        (Some(h), _) => {
+            human.push_str(&format!("halted [{}]: {}\n", h.code, h.message));
+            ExitStatus::NeedsHuman
+        }
+        (None, Some(o)) => o.exit_status(),
+        (None, None) => ExitStatus::NeedsHuman,
+    };
+    CommandOutput {
+        json: doc,
+        human,
+        status,
+    }
+}
+
+/// `guests`.
+pub fn guests(report: Result<GuestsReport, Failure>) -> CommandOutput {
+    let report = match report {
+        Ok(r) => r,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut human = format!(
+        "{:>10}  {:<5} {:<12} {:<8} NAME\n",
+        "VMID", "TYPE", "NODE", "POOL"
+    );
+    for g in &report.guests {
+        human.push_str(&format!(
+            "{:>10}  {:<5} {:<12} {:<8} {}\n",
+            g.vmid,
+            g.kind.as_str(),
+            g.node,
+            if g.in_pool { "pool" } else { "foreign" },
+            g.name.as_deref().unwrap_or(if g.in_pool {
+                ""
+            } else {
+                "(not visible to the token)"
+            }),
+        ));
+    }
+    human.push_str(&format!("source: {}\n", report.source_description));
+    CommandOutput {
+        json: serde_json::to_value(&report).unwrap_or_else(|_| json!({})),
+        human,
+        status: ExitStatus::Ok,
+    }
+}
+
+/// `vmid-check N`: exit 0 when free, 3 when refused.
+pub fn vmid_check(verdict: Result<(VmidVerdict, FullGuestList), Failure>) -> CommandOutput {
+    let (verdict, full) = match verdict {
+        Ok(v) => v,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let report = VmidCheckReport::from_verdict(&verdict).with_source(full.source());
+    let status = if verdict.is_free() {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::Refused
+    };
+    let human = match report.code {
+        None => format!("free: {}", report.message),
+        Some(code) => format!("refused [{code}]: {}", report.message),
+    };
+    CommandOutput {
+        json: serde_json::to_value(&report).unwrap_or_else(|_| json!({})),
+        human,
+        status,
+    }
+}
+
+/// `journal`.
+pub fn journal(rows: Result<Vec<JournalRow>, Failure>) -> CommandOutput {
+    let rows = match rows {
+        Ok(r) => r,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut human = format!(
+        "{:<26}  {:<18} {:>10}  {:<12} {:<6} {:<9} {}\n",
+        "TXN", "KIND", "VMID", "PHASE", "ARMED", "DESTROYED", "UPDATED"
+    );
+    for r in &rows {
+        human.push_str(&format!(
+            "{:<26}  {:<18} {:>10}  {:<12} {:<6} {:<9} {}\n",
+            r.txn.to_string(),
+            r.kind.as_str(),
+            r.vmid.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+            r.phase.as_str(),
+            if r.destroy_armed { "yes" } else { "no" },
+            if r.destroyed { "yes" } else { "no" },
+            r.updated_at,
+        ));
+        if let Some(e) = &r.error {
+            human.push_str(&format!("{:<28}[{}] {}\n", "", e.code, e.message));
+        }
+    }
+    if rows.is_empty() {
+        human.push_str("(no transactions yet)\n");
+    }
+    CommandOutput {
+        json: json!({"transactions": rows}),
+        human,
+        status: ExitStatus::Ok,
+    }
+}
+
+/// `doctor`: exit 0 when nothing failed, 6 otherwise.
+pub fn doctor(report: &DoctorReport) -> CommandOutput {
+    let mut human = String::new();
+    for c in &report.checks {
+        let tag = match c.status {
+            DoctorStatus::Pass => "ok  ",
+            DoctorStatus::Warn => "warn",
+            DoctorStatus::Fail => "FAIL",
+        };
+        human.push_str(&format!("[{tag}] {:<12} {}\n", c.name, c.message));
+    }
+    human.push_str(if report.ok {
+        "doctor: all checks passed\n"
+    } else {
+        "doctor: some checks failed, fix them and run `felhom-agent doctor` again\n"
+    });
+    CommandOutput {
+        json: serde_json::to_value(report).unwrap_or_else(|_| json!({"ok": false})),
+        human,
+        status: if report.ok {
+            ExitStatus::Ok
+        } else {
+            ExitStatus::Environment
+        },
+    }
+}
+
+/// `run`: how the daemon ended.
+pub fn daemon(ended: Result<DaemonReport, Failure>) -> CommandOutput {
+    match ended {
+        Ok(report) => CommandOutput {
+            json: json!({
+                "stopped": true,
+                "sessions": report.sessions,
+                "outbox_depth": report.outbox_depth,
+                "open_dispatches": report.open_dispatches,
+            }),
+            human: format!(
+                "stopped: {} messages wait in the outbox, {} dispatches resume at the next start",
+                report.outbox_depth, report.open_dispatches
+            ),
+            status: ExitStatus::Ok,
+        },
+        Err(f) => CommandOutput::failure(&f),
+    }
+}

@@ -1,0 +1,406 @@
+//! The transaction service: the one place where provisions, gated destroys and restore tests
+//! are started, resumed and settled. Both front ends call it: the operator's command line
+//! (`crate::cli`) and the hub's dispatch (`crate::hub`), and it knows neither of them.
+//!
+//! Every call returns values (a [`Driven`] transaction, a report, a [`Failure`] when the call
+//! ended before a transaction existed); formatting for a person, for `--json` or for the wire
+//! is the front ends' business.
+//!
+//! What it owns: opening the PVE client and the journal, settling what a crashed run left open
+//! (DESIGN rule 6) before anything is written, the vmid verdict against the FULL guest list,
+//! the per-vmid lock, and handing a transaction to the provision executor.
+//!
+//! It may use `provision`, `guest`, `inventory`, `vmid`, `pve`, `config`, `error` and the
+//! hub's wire types (`hub_protocol`), never `cli` or `hub`.
+
+pub mod restore_test;
+
+use std::fs::DirBuilder;
+use std::os::unix::fs::DirBuilderExt;
+
+use hub_protocol::{ErrorInfo, TxnId, TxnResult};
+use tokio_util::sync::CancellationToken;
+use ulid::Ulid;
+
+use crate::config::Config;
+use crate::error::{ErrorCode, Failure};
+use crate::guest::checks::CheckResult;
+use crate::inventory::{
+    join, read_full_list, FullGuestList, GuestType, GuestsReport, Membership, PoolView,
+    ResourceRow, SystemListCommands,
+};
+use crate::provision::effects::{report_final, Executor, Reporter};
+use crate::provision::journal::JournalRow;
+use crate::provision::machine::{Event, Request, State, TxnKind};
+use crate::provision::{Journal, VmidLock};
+use crate::pve::types::backup_kind_from_volid;
+use crate::pve::{GuestKind, PveClient};
+use crate::vmid::{self, GuestLookup, Holder, VmidVerdict};
+
+pub use crate::provision::effects::Driven;
+
+/// What a provision asks for: the operator's flags or a hub dispatch's fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProvisionRequest {
+    /// The vmid as given (validated here; never picked).
+    pub vmid: Option<String>,
+    /// The backup volid (default: `provision.selftest_source`).
+    pub from: Option<String>,
+    /// The target storage (default: `provision.storage`).
+    pub storage: Option<String>,
+    /// Keep the guest instead of destroying it after the checks.
+    pub keep: bool,
+    /// Plan only: write nothing.
+    pub dry_run: bool,
+    /// The bootstrap profile (default: `default`).
+    pub profile: Option<String>,
+}
+
+/// The PVE client and the journal, with the open transactions of a crashed run settled.
+pub struct Prepared {
+    /// The PVE client.
+    pub pve: PveClient,
+    /// The journal.
+    pub journal: Journal,
+}
+
+/// Open the client and the journal, and settle what a crashed run left open.
+pub async fn prepare(
+    cfg: &Config,
+    reporter: &dyn Reporter,
+    cancel: &CancellationToken,
+) -> Result<Prepared, Failure> {
+    let pve = pve_client(cfg)?;
+    let journal = open_journal(cfg)?;
+    settle_open(cfg, &pve, &journal, reporter, cancel).await?;
+    Ok(Prepared { pve, journal })
+}
+
+/// Open the client and the journal for a dry run: nothing is settled, nothing written.
+pub fn prepare_read_only(cfg: &Config) -> Result<Prepared, Failure> {
+    Ok(Prepared {
+        pve: pve_client(cfg)?,
+        journal: open_journal(cfg)?,
+    })
+}
+
+/// The PVE client of this node's configuration.
+pub fn pve_client(cfg: &Config) -> Result<PveClient, Failure> {
+    PveClient::new(&cfg.pve).map_err(|e| Failure::new(e.code(), e.to_string()))
+}
+
+/// Open the journal, creating the state dir (0700) if needed.
+pub fn open_journal(cfg: &Config) -> Result<Journal, Failure> {
+    if !cfg.state_dir.is_dir() {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&cfg.state_dir)
+            .map_err(|e| {
+                Failure::new(
+                    ErrorCode::ConfigInvalid,
+                    format!(
+                        "cannot create the state dir {}: {e}; fix state_dir in {}",
+                        cfg.state_dir.display(),
+                        cfg.path.display()
+                    ),
+                )
+            })?;
+    }
+    Journal::open(&cfg.state_dir).map_err(|e| Failure::new(e.code(), e.to_string()))
+}
+
+/// Read the full guest list of this node's cluster.
+pub fn full_list(cfg: &Config) -> Result<FullGuestList, Failure> {
+    read_full_list(&cfg.vmlist_path, &cfg.node, &SystemListCommands::default())
+        .map_err(|e| Failure::new(e.code(), e.to_string()))
+}
+
+/// The pool view: the guests the pool token sees.
+pub async fn pool_view(cfg: &Config, pve: &PveClient) -> Result<PoolView, Failure> {
+    let rows = pve
+        .cluster_vms()
+        .await
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    Ok(PoolView::from_resources(
+        &cfg.pool,
+        rows.into_iter().map(|r| ResourceRow {
+            vmid: r.vmid,
+            kind: match r.kind {
+                GuestKind::Lxc => GuestType::Lxc,
+                GuestKind::Qemu => GuestType::Qemu,
+            },
+            node: r.node,
+            name: r.name,
+            status: r.status,
+            pool: r.pool,
+        }),
+    ))
+}
+
+/// The full list alone, every guest in it taken as foreign until the pool view says otherwise.
+struct ListOnly<'a>(&'a FullGuestList);
+
+impl GuestLookup for ListOnly<'_> {
+    fn holder(&self, vmid: u32) -> Option<Holder> {
+        self.0.lookup(vmid).map(|e| Holder {
+            kind: e.kind,
+            node: e.node.to_string(),
+            membership: Membership::Foreign,
+        })
+    }
+}
+
+/// The verdict on an operator's vmid against the FULL guest list. The API is asked (for pool
+/// membership) only when a guest holds the vmid.
+pub async fn verdict(
+    cfg: &Config,
+    pve: &PveClient,
+    input: &str,
+) -> Result<(VmidVerdict, FullGuestList), Failure> {
+    let full = full_list(cfg)?;
+    let first = vmid::check(input, &ListOnly(&full));
+    let held = match &first {
+        VmidVerdict::InUse { .. } => true,
+        VmidVerdict::Reserved { holder, .. } => holder.is_some(),
+        _ => false,
+    };
+    if !held {
+        return Ok((first, full));
+    }
+    let refined = match pool_view(cfg, pve).await {
+        Ok(pool) => vmid::check(input, &join(&full, &pool)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the pool view; the holder is reported as foreign");
+            first
+        }
+    };
+    Ok((refined, full))
+}
+
+/// `guests`: the full guest list joined with the pool view.
+pub async fn guests(cfg: &Config) -> Result<GuestsReport, Failure> {
+    let pve = pve_client(cfg)?;
+    let full = full_list(cfg)?;
+    let pool = pool_view(cfg, &pve).await?;
+    Ok(join(&full, &pool).guests_report())
+}
+
+/// `vmid-check`: the verdict and the full list it was judged against. Never writes.
+pub async fn vmid_check(
+    cfg: &Config,
+    input: &str,
+) -> Result<(VmidVerdict, FullGuestList), Failure> {
+    let pve = pve_client(cfg)?;
+    verdict(cfg, &pve, input).await
+}
+
+/// `journal`: every transaction, newest state of each.
+pub fn journal_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
+    open_journal(cfg)?
+        .list()
+        .map_err(|e| Failure::new(e.code(), e.to_string()))
+}
+
+/// Settle every open transaction a crashed run left (DESIGN rule 6): finish an armed cleanup,
+/// or mark it `needs_human`. Transactions whose vmid lock is held belong to a live process and
+/// are left alone. Returns how many were settled.
+pub async fn settle_open(
+    cfg: &Config,
+    pve: &PveClient,
+    journal: &Journal,
+    reporter: &dyn Reporter,
+    cancel: &CancellationToken,
+) -> Result<usize, Failure> {
+    let open = journal
+        .open_transactions()
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    let mut settled = 0;
+    for t in open {
+        let Some(vmid) = t.state.vmid() else { continue };
+        let _lock = match VmidLock::try_acquire(&cfg.state_dir, vmid, Some(t.state.txn())) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::info!(txn = %t.state.txn(), vmid, reason = %e, "open transaction belongs to a running agent; left alone");
+                continue;
+            }
+        };
+        // Re-read under the lock: the other process may have settled it meanwhile.
+        let state = match journal.get(t.state.txn()) {
+            Ok(Some(fresh)) if !fresh.state.is_terminal() => fresh.state,
+            _ => continue,
+        };
+        tracing::warn!(txn = %state.txn(), vmid, phase = state.phase().as_str(), "settling a transaction a previous run left open");
+        let mut exec = Executor::new(cfg, pve, journal, reporter, cancel.clone());
+        let driven = exec.settle(state).await;
+        if let Some(h) = driven.halted {
+            return Err(h);
+        }
+        if let Some(o) = driven.state.outcome() {
+            tracing::warn!(txn = %o.txn, vmid, outcome = o.outcome.as_str(), phase = o.phase.as_str(), destroyed = o.destroyed, "settled");
+        }
+        settled += 1;
+    }
+    Ok(settled)
+}
+
+/// A provision transaction (an operator's selftest or a hub dispatch) under `txn`. `Err` when
+/// it ended before a transaction existed (no vmid, no backup, the journal or PVE client could
+/// not be opened, the vmid is locked by another process).
+pub async fn provision(
+    cfg: &Config,
+    req: &ProvisionRequest,
+    kind: TxnKind,
+    txn: Ulid,
+    reporter: &dyn Reporter,
+    cancel: CancellationToken,
+) -> Result<Driven, Failure> {
+    let Some(input) = req.vmid.as_deref() else {
+        return Err(Failure::new(
+            ErrorCode::VmidInvalid,
+            "--selftest=provision needs -vmid N: the agent never picks a vmid; choose a free one with `felhom-agent guests` / `felhom-agent vmid-check N`",
+        ));
+    };
+    let volid = req
+        .from
+        .clone()
+        .or_else(|| cfg.provision.selftest_source.clone())
+        .ok_or_else(|| {
+            Failure::new(
+                ErrorCode::ConfigInvalid,
+                format!("no backup to restore from: pass --from VOLID or set provision.selftest_source in {}", cfg.path.display()),
+            )
+        })?;
+    let guest = backup_kind_from_volid(&volid).ok_or_else(|| {
+        Failure::new(
+            ErrorCode::ConfigInvalid,
+            format!("cannot tell from {volid:?} whether it is a container or a VM backup (expected vzdump-lxc-… or vzdump-qemu-…)"),
+        )
+    })?;
+    let storage = req
+        .storage
+        .clone()
+        .unwrap_or_else(|| cfg.provision.storage.clone());
+
+    // A vmid that is not even a vmid is refused before anything is opened.
+    let vmid_num = vmid::parse_vmid(input).map_err(Failure::from)?;
+    let prepared = if req.dry_run {
+        prepare_read_only(cfg)?
+    } else {
+        prepare(cfg, reporter, &cancel).await?
+    };
+    let _lock = if req.dry_run {
+        None
+    } else {
+        Some(
+            VmidLock::try_acquire(&cfg.state_dir, vmid_num, Some(txn))
+                .map_err(|e| Failure::new(e.code(), e.to_string()))?,
+        )
+    };
+    let request = Request {
+        txn,
+        kind,
+        vmid: Some(vmid_num),
+        guest,
+        volid,
+        storage,
+        pool: cfg.pool.clone(),
+        isolate_network: kind == TxnKind::SelftestRestore,
+        keep: req.keep,
+        dry_run: req.dry_run,
+        profile: req.profile.clone(),
+    };
+    let first = match verdict(cfg, &prepared.pve, input).await? {
+        (VmidVerdict::Free { .. }, _) => Event::VmidAccepted,
+        (v, _) => Event::VmidRefused(Failure::new(
+            v.code().unwrap_or(ErrorCode::VmidInUse),
+            v.message(),
+        )),
+    };
+    let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
+    Ok(exec.drive(State::new(request), first).await)
+}
+
+/// The gated destroy of a guest an earlier transaction of this agent created, under `txn`.
+/// Without that proof nothing is sent and the transaction ends `needs_human`.
+pub async fn destroy(
+    cfg: &Config,
+    input: &str,
+    txn: Ulid,
+    reporter: &dyn Reporter,
+    cancel: CancellationToken,
+) -> Result<Driven, Failure> {
+    let vmid_num = vmid::parse_vmid(input).map_err(Failure::from)?;
+    let prepared = prepare(cfg, reporter, &cancel).await?;
+    let _lock = VmidLock::try_acquire(&cfg.state_dir, vmid_num, Some(txn))
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    let origin = prepared
+        .journal
+        .last_owner_record(vmid_num)
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    let (state, effects) = State::for_destroy(
+        txn,
+        vmid_num,
+        GuestKind::Lxc,
+        origin.as_ref().map(|t| &t.state),
+    );
+    if effects.is_empty() {
+        // Refused without proof: nothing was sent; the hub learns of the refusal all the same.
+        report_final(reporter, &state, &[]);
+        return Ok(Driven {
+            state,
+            checks: vec![],
+            plan: None,
+            halted: None,
+        });
+    }
+    let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
+    Ok(exec.drive_effects(state, effects).await)
+}
+
+/// The journaled state of a transaction, if this agent knows it.
+pub fn known(cfg: &Config, txn: Ulid) -> Option<State> {
+    let journal = open_journal(cfg).ok()?;
+    journal.get(txn).ok().flatten().map(|t| t.state)
+}
+
+/// Settle a transaction a dispatch finds open in the journal (the agent died while it ran):
+/// follow it from the journal, never start it over. `None` when it cannot be taken up now
+/// (PVE client, journal or lock unavailable).
+pub async fn resume(
+    cfg: &Config,
+    state: State,
+    reporter: &dyn Reporter,
+    cancel: CancellationToken,
+) -> Option<Driven> {
+    let vmid = state.vmid()?;
+    let pve = pve_client(cfg).ok()?;
+    let journal = open_journal(cfg).ok()?;
+    let _lock = VmidLock::try_acquire(&cfg.state_dir, vmid, Some(state.txn())).ok()?;
+    let mut exec = Executor::new(cfg, &pve, &journal, reporter, cancel);
+    Some(exec.settle(state).await)
+}
+
+/// The wire form of a settled transaction's result (`None` while it is open).
+pub fn wire_result(state: &State, checks: &[CheckResult]) -> Option<TxnResult> {
+    let outcome = state.outcome()?;
+    Some(TxnResult {
+        txn: TxnId::from_ulid(state.txn()),
+        kind: state.kind(),
+        vmid: state.vmid(),
+        outcome: outcome.outcome,
+        phase: state.phase(),
+        destroy_armed: state.destroy_armed(),
+        destroyed: state.destroyed(),
+        checks: checks.to_vec(),
+        error: state.failure().map(error_info),
+    })
+}
+
+/// The wire form of a failure.
+pub fn error_info(f: &Failure) -> ErrorInfo {
+    ErrorInfo {
+        code: f.code,
+        message: f.message.clone(),
+    }
+}
