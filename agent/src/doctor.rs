@@ -290,7 +290,7 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
         }
     };
     if let Some(text) = dc_text {
-        match crate::inventory::next_id_lint(&cfg.datacenter_cfg, &text) {
+        match crate::vmid::next_id_lint(&cfg.datacenter_cfg, &text) {
             Some(warning) => r.warn("next_id", warning),
             None => r.pass(
                 "next_id",

@@ -17,15 +17,25 @@
 //!    say so;
 //! 3. [`VmidVerdict::InUse`]: a guest holds the vmid (type, node, pool or foreign);
 //! 4. [`VmidVerdict::Free`].
+//!
+//! It also checks the `next-id` range of `/etc/pve/datacenter.cfg` against the reserved vmids
+//! ([`next_id_lint`]); the caller reads the file and hands its text in.
+//!
+//! It may use the types of [`crate::inventory`] ([`Holder`] and [`GuestLookup`] live there and
+//! are re-exported here); `inventory` never uses this module.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::RangeInclusive;
+use std::path::Path;
 
 use serde::Serialize;
 
 use crate::error::{ErrorCode, Failure};
 use crate::inventory::{GuestType, ListSource, Membership};
+
+/// The guest holding a vmid and the lookup that finds it live with the inventory they are built
+/// from; they are re-exported here because the policy is written in their terms.
+pub use crate::inventory::{GuestLookup, Holder};
 
 /// The smallest vmid PVE accepts (`pve-vmid` minimum).
 pub const VMID_MIN: u32 = 100;
@@ -117,73 +127,6 @@ impl ReservedBand {
             Self::SelftestScratch => "selftest_scratch",
             Self::RestoreTestBand => "restore_test_band",
         }
-    }
-}
-
-/// The guest that holds a vmid, as the vmid policy needs to know it.
-///
-/// A foreign guest's name is not part of it: [`Membership::Foreign`] has no room for one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holder {
-    /// Container, virtual machine or legacy OpenVZ container.
-    pub kind: GuestType,
-    /// The cluster node the guest is on.
-    pub node: String,
-    /// Whether the guest is in the fleet's pool (and then its name, if the API gave one).
-    pub membership: Membership,
-}
-
-impl Holder {
-    /// True when the agent's pool-scoped token cannot see this guest.
-    pub fn foreign(&self) -> bool {
-        matches!(self.membership, Membership::Foreign)
-    }
-
-    /// "a container on node pve2 that this agent's token cannot see", "pool container 'web' on
-    /// node pve1".
-    fn describe(&self) -> String {
-        match &self.membership {
-            Membership::Foreign => format!(
-                "{} on node {} that this agent's token cannot see",
-                self.kind.noun_with_article(),
-                self.node
-            ),
-            Membership::Pool {
-                name: Some(name), ..
-            } => format!(
-                "pool {} '{}' on node {}",
-                self.kind.noun(),
-                name.escape_debug(),
-                self.node
-            ),
-            Membership::Pool { name: None, .. } => {
-                format!("a pool {} on node {}", self.kind.noun(), self.node)
-            }
-        }
-    }
-}
-
-/// Answers "which guest holds this vmid?" for [`check`] and [`restore_band_pick`].
-///
-/// [`crate::inventory::Inventory`] (the full guest list joined with the pool view) is the
-/// implementation the agent uses.
-pub trait GuestLookup {
-    /// The guest holding `vmid`, if any.
-    fn holder(&self, vmid: u32) -> Option<Holder>;
-
-    /// True when some guest holds `vmid`.
-    fn is_held(&self, vmid: u32) -> bool {
-        self.holder(vmid).is_some()
-    }
-}
-
-impl GuestLookup for BTreeMap<u32, Holder> {
-    fn holder(&self, vmid: u32) -> Option<Holder> {
-        self.get(&vmid).cloned()
-    }
-
-    fn is_held(&self, vmid: u32) -> bool {
-        self.contains_key(&vmid)
     }
 }
 
@@ -450,15 +393,38 @@ fn reserved_message(vmid: u32, band: ReservedBand, holder: Option<&Holder>) -> S
         None => format!("vmid {vmid} is {what}; pick another vmid"),
         Some(holder) => format!(
             "vmid {vmid} is {what} (it is held now by {}); pick another vmid",
-            holder.describe()
+            describe_holder(holder)
         ),
+    }
+}
+
+/// How a message names the guest holding a vmid: "a container on node pve2 that this agent's
+/// token cannot see", "pool container 'web' on node pve1".
+fn describe_holder(holder: &Holder) -> String {
+    match &holder.membership {
+        Membership::Foreign => format!(
+            "{} on node {} that this agent's token cannot see",
+            holder.kind.noun_with_article(),
+            holder.node
+        ),
+        Membership::Pool {
+            name: Some(name), ..
+        } => format!(
+            "pool {} '{}' on node {}",
+            holder.kind.noun(),
+            name.escape_debug(),
+            holder.node
+        ),
+        Membership::Pool { name: None, .. } => {
+            format!("a pool {} on node {}", holder.kind.noun(), holder.node)
+        }
     }
 }
 
 fn in_use_message(vmid: u32, holder: &Holder) -> String {
     format!(
         "vmid {vmid} is in use by {}; pick a vmid that `{GUESTS_COMMAND}` does not list",
-        holder.describe()
+        describe_holder(holder)
     )
 }
 
@@ -546,10 +512,106 @@ impl VmidCheckReport {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// datacenter.cfg next-id lint
+
+/// The `next-id` range that leaves out 9999 and the restore-test band.
+const SUGGESTED_NEXT_ID: &str = "next-id: lower=10000,upper=990000";
+
+/// PVE's default `next-id` range when `datacenter.cfg` sets none: `[100, 1000000)`.
+const DEFAULT_NEXT_ID_LOWER: u64 = 100;
+const DEFAULT_NEXT_ID_UPPER: u64 = 1_000_000;
+
+/// The `next-id` value of `datacenter.cfg` text: `Ok(None)` when there is no such line,
+/// `Err` with what is wrong when the line cannot be read.
+fn parse_next_id(text: &str) -> Result<Option<(u64, u64)>, String> {
+    let mut found = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        if key.trim() != "next-id" {
+            continue;
+        }
+        let (mut lower, mut upper) = (DEFAULT_NEXT_ID_LOWER, DEFAULT_NEXT_ID_UPPER);
+        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}` is not key=value"))?;
+            let n: u64 = v
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{}` is not a whole number", v.trim()))?;
+            match k.trim() {
+                "lower" => lower = n,
+                "upper" => upper = n,
+                other => return Err(format!("unknown key `{other}`")),
+            }
+        }
+        found = Some((lower, upper));
+    }
+    Ok(found)
+}
+
+/// A warning when `datacenter.cfg` (its text, and the path it was read from) lets PVE hand
+/// out automatic vmids (`GET /cluster/nextid`, the web UI's default) that are reserved
+/// fleet-wide: 9999 or the restore-test band. `None` when the range leaves both out.
+///
+/// `next-id: lower=N,upper=M` sets the range `[N, M)`; without the line (pass `""` when the
+/// file does not exist) PVE uses `[100, 1000000)`, which includes both, so that warns too.
+/// The suggested fix, `next-id: lower=10000,upper=990000`, excludes both.
+pub fn next_id_lint(path: &Path, text: &str) -> Option<String> {
+    let path = path.display();
+    let (lower, upper, which) = match parse_next_id(text) {
+        Err(detail) => {
+            return Some(format!(
+                "{path}: the next-id line cannot be read ({detail}); PVE expects \
+                 `next-id: lower=N,upper=M`; set `{SUGGESTED_NEXT_ID}` so that automatic \
+                 vmids leave out 9999 and the restore-test band"
+            ))
+        }
+        Ok(Some((lower, upper))) => (lower, upper, format!("sets next-id [{lower}, {upper})")),
+        Ok(None) => (
+            DEFAULT_NEXT_ID_LOWER,
+            DEFAULT_NEXT_ID_UPPER,
+            format!(
+                "sets no next-id range, so PVE's default [{DEFAULT_NEXT_ID_LOWER}, \
+                 {DEFAULT_NEXT_ID_UPPER}) applies"
+            ),
+        ),
+    };
+    let in_range = |v: u32| lower <= u64::from(v) && u64::from(v) < upper;
+    let mut hits = Vec::new();
+    if in_range(SELFTEST_SCRATCH_VMID) {
+        hits.push(format!("{SELFTEST_SCRATCH_VMID} (selftest scratch)"));
+    }
+    let band_lo = u64::from(*RESTORE_TEST_BAND.start());
+    let band_hi = u64::from(*RESTORE_TEST_BAND.end());
+    if lower <= band_hi && upper > band_lo {
+        hits.push(format!("{band_lo}-{band_hi} (restore-test band)",));
+    }
+    if hits.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{path} {which}, which includes {}: guests created with an automatic vmid (web UI, \
+         `pvesh get /cluster/nextid`) can land on vmids reserved fleet-wide; set \
+         `{SUGGESTED_NEXT_ID}` in {path}",
+        hits.join(" and ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inventory::fixtures::sample_parts;
+    use crate::inventory::join;
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     fn foreign(kind: GuestType, node: &str) -> Holder {
         Holder {
@@ -986,5 +1048,71 @@ mod tests {
                 None => prop_assert!(ReservedBand::RestoreTestBand.range().all(|w| guests.contains_key(&w))),
             }
         }
+    }
+
+    #[test]
+    fn verdicts_against_the_joined_inventory() {
+        let (full, pool) = sample_parts();
+        let inv = join(&full, &pool);
+        // In .vmlist, invisible to the token: in use and foreign.
+        match check("101", &inv) {
+            VmidVerdict::InUse { holder, .. } => {
+                assert!(holder.foreign());
+                assert_eq!(holder.node, "pve2");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A pool guest: in use, not foreign.
+        match check("120", &inv) {
+            VmidVerdict::InUse { holder, .. } => assert!(!holder.foreign()),
+            other => panic!("{other:?}"),
+        }
+        // A pool guest the full list had not seen yet: still in use.
+        assert!(matches!(check("121", &inv), VmidVerdict::InUse { .. }));
+        assert!(check("122", &inv).is_free());
+        // The name of a guest outside the pool never reaches a message.
+        assert!(!check("300", &inv).message().contains("secret-name"));
+    }
+
+    #[test]
+    fn next_id_lint_table() {
+        let p = Path::new("/etc/pve/datacenter.cfg");
+        let warns = |text: &str| next_id_lint(p, text);
+        // No line: PVE's default range includes both.
+        let w = warns("keyboard: en-us\n").unwrap();
+        assert!(w.contains("sets no next-id range"), "{w}");
+        assert!(
+            w.contains("9999 (selftest scratch) and 990000-990009"),
+            "{w}"
+        );
+        assert!(w.contains("next-id: lower=10000,upper=990000"), "{w}");
+        assert!(w.contains("/etc/pve/datacenter.cfg"), "{w}");
+        assert!(warns("").is_some());
+        // The suggested range is clean, and so are ranges below 9999 or above the band.
+        assert_eq!(warns("next-id: lower=10000,upper=990000\n"), None);
+        assert_eq!(warns("next-id: lower=100,upper=9999\n"), None);
+        assert_eq!(warns("next-id: lower=990010\n"), None);
+        // upper is exclusive: [10000, 990001) reaches 990000.
+        let w = warns("next-id: lower=10000,upper=990001\n").unwrap();
+        assert!(w.contains("990000-990009") && !w.contains("9999 ("), "{w}");
+        let w = warns("next-id: upper=10000\n").unwrap();
+        assert!(
+            w.contains("9999 (selftest scratch)") && !w.contains("990000-"),
+            "{w}"
+        );
+        assert!(w.contains("[100, 10000)"), "{w}");
+        // A commented-out line does not count.
+        assert!(warns("# next-id: lower=10000,upper=990000\n")
+            .unwrap()
+            .contains("sets no next-id range"));
+        // An unreadable line is a warning naming the file.
+        let w = warns("next-id: lower=abc\n").unwrap();
+        assert!(
+            w.contains("cannot be read") && w.contains("datacenter.cfg"),
+            "{w}"
+        );
+        assert!(warns("next-id: middle=5\n")
+            .unwrap()
+            .contains("unknown key"));
     }
 }
