@@ -31,6 +31,14 @@ fn happy_path_is_ok_and_cleans_up() {
         deletes[0].targets_vmid(120),
         "only vmid 120 was deleted: {deletes:?}"
     );
+    // The destroy frees what the config references and nothing else: no unreferenced disks
+    // of the vmid on other storages, no edits to jobs the agent never wrote.
+    let query: Vec<&str> = deletes[0].query.split('&').collect();
+    assert!(
+        query.contains(&"destroy-unreferenced-disks=0") && query.contains(&"purge=0"),
+        "the DELETE must say destroy-unreferenced-disks=0 and purge=0: {:?}",
+        deletes[0]
+    );
 }
 
 fn writes(w: &World) -> Vec<felhom_tests::fakepve::RecordedRequest> {

@@ -694,8 +694,8 @@ pub enum Effect {
         /// Its type.
         guest: GuestKind,
     },
-    /// Destroy the guest (stop it first if it runs; `purge=1`,
-    /// `destroy-unreferenced-disks=1`) and follow the destroy task; answer
+    /// Destroy the guest (stop it first if it runs; only what its config references: no
+    /// purge, no unreferenced disks) and follow the destroy task; answer
     /// [`Event::DestroyEnded`]. Only ever emitted while armed, right after a re-check
     /// that showed this transaction's marker.
     Destroy {
@@ -1143,8 +1143,8 @@ impl State {
 
     fn cmd_destroy(&self, vmid: u32) -> String {
         match self.guest() {
-            GuestKind::Lxc => format!("pct destroy {vmid} --purge"),
-            GuestKind::Qemu => format!("qm destroy {vmid} --purge"),
+            GuestKind::Lxc => format!("pct destroy {vmid} --destroy-unreferenced-disks 0"),
+            GuestKind::Qemu => format!("qm destroy {vmid} --destroy-unreferenced-disks 0"),
         }
     }
 

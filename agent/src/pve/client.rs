@@ -296,7 +296,8 @@ impl PveClient {
             .map(|_| ())
     }
 
-    /// Destroy with `purge=1&destroy-unreferenced-disks=1`; returns the task's UPID.
+    /// Destroy, freeing only what the config references (`purge=0&destroy-unreferenced-disks=0`,
+    /// see [`build::destroy`]); returns the task's UPID.
     /// Callers must have proven ownership first (see the provision module).
     pub async fn destroy(&self, node: &str, kind: GuestKind, vmid: u32) -> Result<Upid, PveError> {
         self.call_upid(&build::destroy(node, kind, vmid)).await

@@ -122,15 +122,15 @@ pub enum PveError {
         /// How long it was followed.
         waited: Duration,
     },
-    /// Interrupted (Ctrl-C / SIGTERM) while following a task; the task was asked to stop.
+    /// Interrupted (Ctrl-C / SIGTERM) while following a task. The task goes on in PVE: the
+    /// agent never aborts its own task on a shutdown (a stopped QEMU restore leaves a config
+    /// outside the pool), and the next start follows it by its UPID.
     #[error(
-        "interrupted while following task {upid}; asked PVE to stop it (stop sent: {stop_sent})"
+        "interrupted while following task {upid}; the task goes on in PVE and the next agent start follows it to its end"
     )]
     Interrupted {
         /// The task.
         upid: Upid,
-        /// Whether the DELETE on the task was accepted.
-        stop_sent: bool,
     },
 }
 

@@ -302,12 +302,22 @@ pub mod build {
         req
     }
 
-    /// `DELETE /nodes/{node}/{kind}/{vmid}?purge=1&destroy-unreferenced-disks=1`.
+    /// `DELETE /nodes/{node}/{kind}/{vmid}?purge=0&destroy-unreferenced-disks=0`: free what the
+    /// guest's config references and nothing else.
+    ///
+    /// - `destroy-unreferenced-disks=0`, sent explicitly: with 1, PVE also frees every volume
+    ///   named for this vmid on every enabled storage that the config does not reference (an
+    ///   earlier holder's orphans; on storage shared between clusters, another cluster's live
+    ///   disk). The schema gives QEMU a default of 0 and LXC none, so it is never left unset.
+    /// - `purge=0`: with 1, PVE also edits backup jobs, replication jobs and HA resources that
+    ///   name the vmid, none of which the agent wrote. A guest someone put under HA is refused
+    ///   by PVE ("used in HA resources and purge parameter not set") and left to a human.
+    ///
     /// Never `force` (QEMU has no such parameter; a running CT is stopped first instead).
     pub fn destroy(node: &str, kind: GuestKind, vmid: u32) -> ApiRequest {
         ApiRequest::delete(&["nodes", node, kind.path(), &vmid.to_string()])
-            .flag("purge", true)
-            .flag("destroy-unreferenced-disks", true)
+            .flag("purge", false)
+            .flag("destroy-unreferenced-disks", false)
     }
 
     /// `GET /nodes/{node}/storage/{storage}/content?content=backup[&vmid=N]`.
@@ -398,7 +408,7 @@ mod tests {
         let r = destroy("pve1", GuestKind::Lxc, 201);
         assert_eq!(
             r.url(BASE),
-            "https://127.0.0.1:8006/api2/json/nodes/pve1/lxc/201?purge=1&destroy-unreferenced-disks=1"
+            "https://127.0.0.1:8006/api2/json/nodes/pve1/lxc/201?purge=0&destroy-unreferenced-disks=0"
         );
         assert_eq!(r.body(), None);
         assert!(!r.is_idempotent_read());

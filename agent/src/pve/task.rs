@@ -40,7 +40,7 @@ pub struct TaskOutcome {
 pub struct WaitOptions {
     /// Give up after this long (the task keeps running; say so).
     pub timeout: Duration,
-    /// Cancelled → stop the task and return [`PveError::Interrupted`].
+    /// Cancelled → stop following (the task goes on) and return [`PveError::Interrupted`].
     pub cancel: CancellationToken,
 }
 
@@ -123,8 +123,8 @@ pub async fn wait_task(
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = opts.cancel.cancelled() => {
-                let stop_sent = client.task_stop(upid).await.is_ok();
-                return Err(PveError::Interrupted { upid: upid.clone(), stop_sent });
+                // Never a task_stop here: a shutdown stops the waiting, not PVE's work.
+                return Err(PveError::Interrupted { upid: upid.clone() });
             }
         }
     }

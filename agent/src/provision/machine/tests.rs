@@ -1144,7 +1144,10 @@ fn dry_run_plans_every_call_and_writes_nothing() {
 fn needs_human_messages_name_the_vmid_and_the_command() {
     let (s, _) = apply(&at(Step::ProbeLeftover), Event::GuestObserved(unreadable()));
     let msg = s.failure().map(|f| f.message.clone()).unwrap_or_default();
-    assert!(msg.contains("qm destroy 120 --purge"), "{msg}");
+    assert!(
+        msg.contains("qm destroy 120 --destroy-unreferenced-disks 0"),
+        "{msg}"
+    );
     assert!(msg.contains(&txn().to_string()), "{msg}");
     let (s, _) = apply(&at(Step::Recheck), Event::GuestObserved(not_ours()));
     let msg = s.failure().map(|f| f.message.clone()).unwrap_or_default();
