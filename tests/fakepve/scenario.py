@@ -312,6 +312,9 @@ class ScenarioPve(fake_server.FakePve):
             vm.name = conf.get('name') or 'VM {0}'.format(vmid)
             if bed is not None:
                 await self.bed_create(vm, 'qemu', bed)
+                # PVE seconds its start and stop tasks take (the guest's own pace).
+                vm.start_secs = float(bed.get('start_secs', 0) or 0)
+                vm.stop_secs = float(bed.get('stop_secs', 0) or 0)
             fake_qemu.QemuApi._qm_lock(vm, None)
             if pool:
                 self._pool_join(pool, vmid)
@@ -888,7 +891,7 @@ def build(sc):
                     raise ScenarioError('volume {0}: config must be an object of config keys'.format(volid))
                 pve.backup_configs[volid] = dict((k, str(x) if not isinstance(x, str) else x)
                                                  for k, x in v['config'].items())
-            if v.get('guest') is not None:
+            if v.get('guest') not in (None, False):
                 if not pve.guest_bed:
                     raise ScenarioError('volume {0} has a guest, but the scenario has no guest_bed'.format(volid))
                 pve.backup_guests[volid] = v['guest'] if isinstance(v['guest'], dict) else {}

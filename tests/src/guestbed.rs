@@ -224,6 +224,32 @@ impl GuestBed {
         LxcExec::new(vmid, self.pct_config())
     }
 
+    /// Join this bed to a fakepve scenario: the fake makes the guests' root filesystems in this
+    /// bed's state folder as it restores them (`guest_bed`), keeps each container's `status`
+    /// there in step with its own state (so `pct` refuses what PVE says is absent or stopped),
+    /// and runs a VM's guest-agent commands inside its root filesystem. Every backup volume
+    /// without a `guest` key restores a guest of the bed (a VM's guest agent runs).
+    pub fn join_scenario(&self, scenario: &mut serde_json::Value) {
+        scenario["guest_bed"] = serde_json::json!({
+            "state": self.state_dir().display().to_string(),
+            "template": template_rootfs().display().to_string(),
+        });
+        if let Some(stores) = scenario
+            .get_mut("volumes")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            for vols in stores.values_mut() {
+                for vol in vols.as_array_mut().into_iter().flatten() {
+                    if vol.get("guest").is_none()
+                        && vol.get("content").is_none_or(|c| c == "backup")
+                    {
+                        vol["guest"] = serde_json::json!({});
+                    }
+                }
+            }
+        }
+    }
+
     /// The scratch folder where pushed bytes are staged.
     pub fn scratch_dir(&self) -> PathBuf {
         self.dir.path().join("scratch")

@@ -1,6 +1,7 @@
 //! A whole provisioning world for end-to-end tests and benchmarks: a fake PVE, the guest bed
-//! (containers as real root filesystems behind the `pct` stand-in, created as the fake restores
-//! them), and the agent's files with the package's default bootstrap profile and check pack.
+//! (guests as real root filesystems, made by the fake as it restores them: containers behind
+//! the `pct` stand-in, VMs behind the fake's guest agent), and the agent's files with the
+//! package's default bootstrap profile and check pack.
 
 use std::path::{Path, PathBuf};
 
@@ -47,9 +48,15 @@ pub struct World {
 
 impl World {
     /// A world for `scenario` with these agent options.
-    pub fn with_options(scenario: Value, opts: &AgentOptions) -> World {
+    ///
+    /// The fake and the bed are joined ([`GuestBed::join_scenario`]): every backup of the
+    /// scenario restores a guest with a real root filesystem (unless its volume says
+    /// `"guest": false`), the fake keeps each container's state for the `pct` stand-in, and a
+    /// VM's guest agent runs commands in its root filesystem.
+    pub fn with_options(mut scenario: Value, opts: &AgentOptions) -> World {
+        let bed = GuestBed::new();
+        bed.join_scenario(&mut scenario);
         let pve = FakePve::start(scenario);
-        let bed = GuestBed::autocreate();
         let files = AgentFiles::write(&pve, opts);
         install_default_profile_and_checks(&files);
         World { pve, bed, files }
