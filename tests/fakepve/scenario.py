@@ -137,6 +137,7 @@ class ScenarioPve(fake_server.FakePve):
 
     def write_vmlist(self):
         """Rewrite the .vmlist file (atomically) when the guests changed."""
+        self.write_user_cfg()
         if not self.vmlist_path or self.vmlist_frozen:
             return
         ids = {}
@@ -158,6 +159,58 @@ class ScenarioPve(fake_server.FakePve):
         with open(tmp, 'w', encoding='utf-8') as fh:
             fh.write(text)
         os.replace(tmp, self.vmlist_path)
+
+    # ------------------------------------------------------------- user.cfg
+
+    # Where a `/etc/pve/user.cfg` is written (None: nowhere), and the scenario's grants as given
+    # (role or privilege names), for its acl lines.
+    user_cfg_path = None
+    user_cfg_grants = ()
+    _user_cfg_text = None
+
+    def write_user_cfg(self):
+        """Write user.cfg as pmxcfs holds it (pve-api-facts.md §3.4, acl src/PVE/AccessControl.pm
+        write_user_config): users, each followed by its tokens (`token:<id>:<expire>:<privsep>:
+        <comment>:`), pools (members and storages sorted as strings), roles, ACLs
+        (`acl:<propagate>:<path>:<ugid>:<roles>:`). A grant of bare privileges gets a role of its
+        own (`felhom-scenario-<n>`), as an ACL only ever names roles."""
+        if not self.user_cfg_path:
+            return
+        users = {}
+        for who in list(self.apitokens) + [g[0] for g in self.user_cfg_grants] + list(self.users):
+            users.setdefault(who.split('!')[0], set())
+            if '!' in who:
+                users[who.split('!')[0]].add(who)
+        lines = []
+        for user in sorted(users):
+            if user == 'root@pam':
+                continue
+            lines.append('user:{0}:1:0::::::'.format(user))
+            for token in sorted(users[user]):
+                lines.append('token:{0}:0:{1}::'.format(token, int((self.token_privsep or {}).get(token, 1))))
+        lines.append('')
+        for name in sorted(self.pools):
+            storages = sorted(self.pool_info.get(name, {}).get('storage', ()))
+            lines.append('pool:{0}::{1}:{2}:'.format(name, ','.join(sorted(str(v) for v in self.pools[name])),
+                                                      ','.join(storages)))
+        lines.append('')
+        roles, acls = [], []
+        for n, (who, path, names) in enumerate(self.user_cfg_grants):
+            named = [x for x in names if x in ROLES]
+            privs = [x for x in names if x not in ROLES]
+            if privs:
+                role = 'felhom-scenario-{0}'.format(n)
+                roles.append('role:{0}:{1}:'.format(role, ','.join(privs)))
+                named.append(role)
+            acls.append('acl:1:{0}:{1}:{2}:'.format(path, who, ','.join(named)))
+        text = '\n'.join(lines + roles + ([''] if roles else []) + acls) + '\n'
+        if text == self._user_cfg_text:
+            return
+        self._user_cfg_text = text
+        tmp = self.user_cfg_path + '.tmp'
+        with open(tmp, 'w', encoding='utf-8') as fh:
+            fh.write(text)
+        os.replace(tmp, self.user_cfg_path)
 
     # ------------------------------------------------------------- permissions
 
@@ -441,16 +494,16 @@ class ScenarioPve(fake_server.FakePve):
                 self.bed_stop(vmid)
 
     def bed_start(self, vmid):
-        """Boot a bed VM: a PID, mount, UTS and IPC namespace whose init lives chrooted in its root
-        filesystem (/proc mounted for it); every agent exec joins it, as processes of one guest
-        kernel do."""
+        """Boot a bed VM: a PID, mount, UTS and IPC namespace whose init (a shell that reaps the
+        orphans it adopts) lives chrooted in its root filesystem (/proc mounted for it); every
+        agent exec joins it, as processes of one guest kernel do."""
         init = self.bed_inits.get(vmid)
         if init is not None and init['proc'].poll() is None:
             return init
         rootfs = os.path.join(self.bed_dir(vmid), 'rootfs')
         script = ('r=$1; mount --bind "$r" "$r" && mount -t proc proc "$r/proc" && '
                   'exec chroot "$r" /usr/bin/busybox sh -c '
-                  '"/bin/hostname -F /etc/hostname 2>/dev/null; exec /usr/bin/busybox sleep 2147483647"')
+                  '"/bin/hostname -F /etc/hostname 2>/dev/null; while :; do sleep 3600 & wait; done"')
         proc = subprocess.Popen(['unshare', '--fork', '--pid', '--mount', '--uts', '--ipc', '--kill-child', '--',
                                  '/bin/sh', '-c', script, 'felhom-vm-init', rootfs],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -819,6 +872,7 @@ def build(sc):
     pve.backup_configs, pve.backup_guests, pve._restore_hooks = {}, {}, {}
     pve.bed_owned, pve.bed_inits, pve.bed_execs = {}, {}, {}
     pve.token_privsep = dict(sc.get('token_privsep', {}))
+    pve.user_cfg_path = (sc.get('user_cfg') or {}).get('path')
     pve.bed_pending = []
     bed = sc.get('guest_bed')
     if bed:
@@ -904,6 +958,7 @@ def build(sc):
         else:
             who, path, privs = grant
         pve.grant(who, path, *expand_privs(privs))
+        pve.user_cfg_grants = list(pve.user_cfg_grants) + [(who, path, list(privs))]
 
     catalogue = fake_errors.load()['errors']
     for extra in sc.get('extra_errors', []):

@@ -259,6 +259,11 @@ impl FakePve {
             "vmlist".into(),
             json!({"path": vmlist_path, "extra": extra}),
         );
+        // Beside it, the live `user.cfg` (users, tokens, pools, ACLs), as in /etc/pve.
+        obj.insert(
+            "user_cfg".into(),
+            json!({"path": dir.path().join("user.cfg")}),
+        );
         let scenario_path = dir.path().join("scenario.json");
         write_private(
             &scenario_path,
