@@ -100,19 +100,10 @@ pub struct GuestBed {
 }
 
 impl GuestBed {
-    /// A bed with no containers yet (builds the template if needed).
+    /// A bed with no containers yet (builds the template if needed). Containers come from
+    /// [`add_ct`](Self::add_ct), or from the fake PVE once joined to it
+    /// ([`join_scenario`](Self::join_scenario)).
     pub fn new() -> Self {
-        Self::make(false)
-    }
-
-    /// A bed where any container the stand-in is asked about appears on first use, running,
-    /// copied from the template with hostname `CT<vmid>` (what the fake PVE's restore gives):
-    /// for end-to-end runs where the fake PVE restores the guests.
-    pub fn autocreate() -> Self {
-        Self::make(true)
-    }
-
-    fn make(autocreate: bool) -> Self {
         template_rootfs();
         let dir = tempfile::Builder::new()
             .prefix("felhom-guestbed-")
@@ -125,13 +116,8 @@ impl GuestBed {
         let wrapper = dir.path().join("bin/pct");
         // The wrapper records the environment pct was started with (pct-env.last), so tests can
         // prove what reached pct itself.
-        let template = if autocreate {
-            format!("FELHOM_PCT_TEMPLATE='{}' ", template_rootfs().display())
-        } else {
-            String::new()
-        };
         let script = format!(
-            "#!/bin/sh\nenv > '{}'\n{template}FELHOM_PCT_STATE='{}' exec '{}' \"$@\"\n",
+            "#!/bin/sh\nenv > '{}'\nFELHOM_PCT_STATE='{}' exec '{}' \"$@\"\n",
             dir.path().join("pct-env.last").display(),
             dir.path().join("state").display(),
             pct_stand_in().display()
