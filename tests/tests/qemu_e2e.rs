@@ -14,14 +14,14 @@ use felhom_tests::fakepve::{
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
-/// Real seconds per PVE second: a restore takes 40 PVE seconds (0.8 s), the VM's start 10, its
+/// Real seconds per PVE second: a restore takes 60 PVE seconds (1.2 s), the VM's start 10, its
 /// boot (until the guest agent answers) 30.
 const TIME_SCALE: f64 = 0.02;
 
 fn scenario(config: Value, guest: Value) -> Value {
     let mut s = demo_scenario();
     s["time_scale"] = json!(TIME_SCALE);
-    s["attrs"] = json!({"qemu_restore_secs": 40});
+    s["attrs"] = json!({"qemu_restore_secs": 60});
     add_qemu_backup(&mut s, config, guest);
     s
 }
