@@ -608,4 +608,41 @@ mod tests {
         );
         assert_eq!(hub_authority("wss:///x"), None);
     }
+
+    #[test]
+    fn user_cfg_tells_the_token_grant_from_the_user_grant() {
+        let cfg = UserCfg::parse(
+            "user:felhom@pve:1:0::::::\n\
+             token:felhom@pve!agent:0:1::\n\
+             token:felhom@pve!open:0:0::\n\
+             group:ops:felhom@pve,other@pve::\n\
+             pool:felhom::200,300:local-lvm:\n\
+             role:only-audit:VM.Audit:\n\
+             acl:1:/pool/felhom:felhom@pve!agent:PVEVMAdmin,PVEPoolUser:\n\
+             acl:1:/storage:@ops:PVEDatastoreUser:\n\
+             acl:0:/pool:felhom@pve:only-audit:\n",
+        );
+        assert!(cfg.privsep("felhom@pve!agent"));
+        assert!(!cfg.privsep("felhom@pve!open"));
+        assert!(cfg.privsep("unknown@pve!x"), "PVE's default");
+        assert!(cfg.grants("felhom@pve!agent", "/pool/felhom", "VM.Allocate"));
+        assert!(cfg.grants("felhom@pve!agent", "/pool/felhom", "Pool.Audit"));
+        assert!(!cfg.grants("felhom@pve", "/pool/felhom", "VM.Allocate"));
+        // Through a group, propagated from /storage.
+        assert!(cfg.grants(
+            "felhom@pve",
+            "/storage/local-lvm",
+            "Datastore.AllocateSpace"
+        ));
+        assert!(!cfg.grants(
+            "felhom@pve!agent",
+            "/storage/local-lvm",
+            "Datastore.AllocateSpace"
+        ));
+        // Not propagated: only /pool itself.
+        assert!(cfg.grants("felhom@pve", "/pool", "VM.Audit"));
+        assert!(!cfg.grants("felhom@pve", "/pool/felhom", "VM.Audit"));
+        // A path is not an ancestor of a longer name.
+        assert!(!cfg.grants("felhom@pve!agent", "/pool/felhomx", "VM.Allocate"));
+    }
 }
