@@ -285,3 +285,37 @@ fn qemu_guest_without_a_guest_agent_is_unproven_and_cleaned_up_through_the_gate(
     assert!(w.pve.guest(330).is_none());
     assert!(wait_bed_gone(&w, 330));
 }
+
+#[test]
+fn qemu_restore_onto_a_guest_created_after_the_list_was_read_is_refused_with_no_delete() {
+    let w = world(scenario(qemu_backup_config(), booting_guest()), "");
+    // The list is frozen, then someone else creates CT 131 (not in our pool).
+    w.pve.set(json!({"vmlist_frozen": true}));
+    w.pve.call(
+        "add_ct",
+        json!([131, "someone-new"]),
+        json!({"status": "running"}),
+    );
+    let run = w.agent(&["--selftest=provision", "-vmid", "131", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(4), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "pve_refused", "{doc:#}");
+    assert_eq!(doc["destroy_armed"], json!(false));
+    let msg = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("CT 131 already exists on node 'pve1'"),
+        "{msg}"
+    );
+    // PVE refused before any task: one POST, no task, nothing deleted, the CT intact.
+    let posts: Vec<_> = w
+        .pve
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
+        .collect();
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert!(w.pve.tasks().is_empty(), "no task");
+    assert!(guest_deletes(&w).is_empty());
+    assert!(w.pve.writes_for(131).is_empty());
+    assert_eq!(w.pve.guest(131).expect("the CT")["status"], "running");
+}
