@@ -22,6 +22,13 @@ HTTP, same host, its own free port) drives the running fake:
     POST /shutdown stop both servers and exit
 
 SIGTERM and SIGINT stop it cleanly (exit status 0).
+
+Beyond fakepve 0.5.0 the wrapper models, each with the PVE behaviour and its source in a
+comment beside the code: QEMU restores (locked `create` outside the pool during the task, the
+backup's stored config at the end) and LXC restores with their backup's config; vmid collisions
+only as PVE's synchronous refusal; privilege-separated tokens (the intersection of token and
+user ACLs); a live user.cfg; and the guest bed, where restored guests have real root filesystems
+and a VM's guest agent runs commands inside its own namespaces (tests/fakepve/README.md).
 """
 
 import asyncio
