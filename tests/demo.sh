@@ -32,13 +32,20 @@ tests/testbed/build-rootfs.sh >&2
 # The agent runs `pct` with a cleared environment, so the stand-in's settings live in a wrapper.
 cat >"$work/bin/pct" <<WRAP
 #!/bin/sh
-FELHOM_PCT_STATE='$work/pct-state' FELHOM_PCT_TEMPLATE='$root/.testbed/rootfs' exec '$root/tests/pct/pct' "\$@"
+FELHOM_PCT_STATE='$work/pct-state' exec '$root/tests/pct/pct' "\$@"
 WRAP
 chmod 755 "$work/bin/pct"
 export PATH="$work/bin:$PATH"
-"$FELHOM_FAKEPVE_PYTHON" - "$root/tests/fakepve/scenarios/demo.json" "$work" "$host" <<'PY'
+"$FELHOM_FAKEPVE_PYTHON" - "$root/tests/fakepve/scenarios/demo.json" "$work" "$host" "$root" <<'PY'
 import json, sys
-scenario, work, host = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+scenario, work, host, root = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], sys.argv[4]
+# The fake makes each restored guest's root filesystem where the pct stand-in looks for it, and
+# keeps its state in step with PVE's (tests/fakepve/README.md, "Guest bed").
+scenario["guest_bed"] = {"state": work + "/pct-state", "template": root + "/.testbed/rootfs"}
+for vols in scenario.get("volumes", {}).values():
+    for vol in vols:
+        vol.setdefault("guest", {})
+scenario["user_cfg"] = {"path": work + "/user.cfg"}
 scenario.update(host=host, port=0, certdir=work + "/certs")
 json.dump(scenario, open(work + "/scenario.json", "w"))
 # The node's full guest list: every scenario guest, plus one on another cluster node that

@@ -9,7 +9,7 @@
 //! It returns a [`DoctorReport`]; the command line prints it. It may use `config`, `pve`,
 //! `inventory`, `vmid` and `error`, never a front end.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -221,20 +221,21 @@ pub fn held_on(perms: &Permissions, path: &str) -> BTreeSet<String> {
 fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
     let pool_path = format!("/pool/{}", cfg.pool);
     let on_pool = held_on(perms, &pool_path);
-    let mut missing: Vec<String> = Vec::new();
+    // Each need: the privileges of which one is enough, and the path.
+    let mut missing: Vec<(Vec<&str>, String)> = Vec::new();
     for p in POOL_PRIVS {
         if !on_pool.contains(*p) {
-            missing.push(format!("{p} on {pool_path}"));
+            missing.push((vec![*p], pool_path.clone()));
         }
     }
     if !AGENT_PRIVS_ANY.iter().any(|p| on_pool.contains(*p)) {
-        missing.push(format!("{} on {pool_path}", AGENT_PRIVS_ANY.join(" or ")));
+        missing.push((AGENT_PRIVS_ANY.to_vec(), pool_path.clone()));
     }
     let storage_path = format!("/storage/{}", cfg.provision.storage);
     let on_storage = held_on(perms, &storage_path);
     for p in STORAGE_PRIVS {
         if !on_storage.contains(*p) {
-            missing.push(format!("{p} on {storage_path}"));
+            missing.push((vec![*p], storage_path.clone()));
         }
     }
     if let Some(src) = &cfg.provision.selftest_source {
@@ -242,21 +243,169 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
             let path = format!("/storage/{sid}");
             let held = held_on(perms, &path);
             if !BACKUP_STORAGE_PRIVS_ANY.iter().any(|p| held.contains(*p)) {
-                missing.push(format!(
-                    "{} on {path}",
-                    BACKUP_STORAGE_PRIVS_ANY.join(" or ")
-                ));
+                missing.push((BACKUP_STORAGE_PRIVS_ANY.to_vec(), path));
             }
         }
     }
     if missing.is_empty() {
         r.pass("privileges", format!("token {} may restore into {pool_path}, start, configure, destroy and exec in its guests, and allocate on {storage_path}", cfg.pve.token_id));
-    } else {
-        r.fail(
-            "privileges",
-            ErrorCode::PveRefused,
-            format!("token {} lacks {}; grant them, e.g. `pveum acl modify {pool_path} --tokens '{}' --roles PVEVMAdmin,PVEPoolUser` and `pveum acl modify {storage_path} --tokens '{}' --roles PVEDatastoreUser`", cfg.pve.token_id, missing.join(", "), cfg.pve.token_id, cfg.pve.token_id),
-        );
+        return;
+    }
+    let token = &cfg.pve.token_id;
+    let user = token.split('!').next().unwrap_or(token);
+    let describe = |needs: &[&(Vec<&str>, String)]| {
+        needs
+            .iter()
+            .map(|(privs, path)| format!("{} on {path}", privs.join(" or ")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let grant = |who: &str, flag: &str| {
+        format!("`pveum acl modify {pool_path} --{flag} '{who}' --roles PVEVMAdmin,PVEPoolUser` and `pveum acl modify {storage_path} --{flag} '{who}' --roles PVEDatastoreUser`")
+    };
+    let all: Vec<&(Vec<&str>, String)> = missing.iter().collect();
+    // The token holds what PVE computes; for a privilege-separated token (PVE's default) that is
+    // what both it and its user are granted. user.cfg, beside .vmlist in /etc/pve, tells which
+    // of the two lacks the grant.
+    let user_cfg = cfg.vmlist_path.with_file_name("user.cfg");
+    let message = match std::fs::read_to_string(&user_cfg).map(|t| UserCfg::parse(&t)) {
+        Ok(acl) if acl.privsep(token) => {
+            let lacks = |who: &str| -> Vec<&(Vec<&str>, String)> {
+                missing
+                    .iter()
+                    .filter(|(privs, path)| !privs.iter().any(|p| acl.grants(who, path, p)))
+                    .collect()
+            };
+            let (token_lacks, user_lacks) = (lacks(token), lacks(user));
+            let mut parts = Vec::new();
+            if !token_lacks.is_empty() {
+                parts.push(format!(
+                    "token {token} lacks {}; grant them, e.g. {}",
+                    describe(&token_lacks),
+                    grant(token, "tokens")
+                ));
+            }
+            if !user_lacks.is_empty() {
+                parts.push(format!(
+                    "user {user} lacks {}: token {token} is privilege-separated and holds only what its user holds too; grant them to the user, e.g. {}",
+                    describe(&user_lacks),
+                    grant(user, "users")
+                ));
+            }
+            if parts.is_empty() {
+                format!("token {token} lacks {} (user.cfg grants them to both the token and user {user}: check for NoAccess, groups or a pool the storage is not in)", describe(&all))
+            } else {
+                parts.join("; ")
+            }
+        }
+        _ => format!(
+            "token {token} lacks {}; grant them, e.g. {} (a privilege-separated token holds only what its user {user} holds too: grant the same to the user)",
+            describe(&all),
+            grant(token, "tokens")
+        ),
+    };
+    r.fail("privileges", ErrorCode::PveRefused, message);
+}
+
+/// The grants of `/etc/pve/user.cfg` (format: shared pve-api-facts §3.4,
+/// pve-access-control `AccessControl.pm` `parse_user_config`): token privilege separation,
+/// groups, custom roles and ACLs.
+#[derive(Debug, Default)]
+pub struct UserCfg {
+    privsep: BTreeMap<String, bool>,
+    groups: BTreeMap<String, BTreeSet<String>>,
+    roles: BTreeMap<String, BTreeSet<String>>,
+    /// (propagate, path, users/tokens/@groups, roles)
+    acls: Vec<(bool, String, Vec<String>, Vec<String>)>,
+}
+
+impl UserCfg {
+    /// Parse the file's text; lines it does not know are skipped.
+    pub fn parse(text: &str) -> UserCfg {
+        let mut out = UserCfg::default();
+        let list = |s: &str| -> Vec<String> {
+            s.split([',', ';', ' '])
+                .filter(|x| !x.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
+        for line in text.lines() {
+            let f: Vec<&str> = line.split(':').collect();
+            match f.as_slice() {
+                ["token", id, _expire, privsep, ..] => {
+                    out.privsep.insert(id.to_string(), *privsep != "0");
+                }
+                ["group", id, users, ..] => {
+                    out.groups
+                        .insert(id.to_string(), list(users).into_iter().collect());
+                }
+                ["role", id, privs, ..] => {
+                    out.roles
+                        .insert(id.to_string(), list(privs).into_iter().collect());
+                }
+                ["acl", propagate, path, ugids, roles, ..] => out.acls.push((
+                    *propagate != "0",
+                    path.to_string(),
+                    list(ugids),
+                    list(roles),
+                )),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Whether `token` is privilege-separated (PVE's default when the file does not say).
+    pub fn privsep(&self, token: &str) -> bool {
+        self.privsep.get(token).copied().unwrap_or(true)
+    }
+
+    /// Whether an ACL grants `privilege` on `path` to exactly `who` (a user, or a token id),
+    /// directly or through a group, on the path or, propagated, on an ancestor.
+    pub fn grants(&self, who: &str, path: &str, privilege: &str) -> bool {
+        self.acls.iter().any(|(propagate, on, ugids, roles)| {
+            let applies = on == path
+                || (*propagate
+                    && (on == "/"
+                        || (path.starts_with(on.as_str())
+                            && path.as_bytes().get(on.len()) == Some(&b'/'))));
+            let to_who = ugids.iter().any(|u| {
+                u == who
+                    || u.strip_prefix('@')
+                        .is_some_and(|g| self.groups.get(g).is_some_and(|m| m.contains(who)))
+            });
+            applies && to_who && roles.iter().any(|r| self.role_has(r, privilege))
+        })
+    }
+
+    fn role_has(&self, role: &str, p: &str) -> bool {
+        if let Some(privs) = self.roles.get(role) {
+            return privs.contains(p);
+        }
+        // The built-in roles (shared pve-api-facts §2.3).
+        match role {
+            "Administrator" => true,
+            "PVEVMAdmin" => p.starts_with("VM."),
+            "PVEVMUser" => matches!(
+                p,
+                "VM.Audit"
+                    | "VM.Backup"
+                    | "VM.Console"
+                    | "VM.PowerMgmt"
+                    | "VM.Config.CDROM"
+                    | "VM.Config.Cloudinit"
+                    | "VM.GuestAgent.Audit"
+                    | "VM.GuestAgent.FileRead"
+                    | "VM.GuestAgent.FileWrite"
+                    | "VM.GuestAgent.FileSystemMgmt"
+            ),
+            "PVEDatastoreAdmin" => p.starts_with("Datastore."),
+            "PVEDatastoreUser" => matches!(p, "Datastore.AllocateSpace" | "Datastore.Audit"),
+            "PVEPoolAdmin" => matches!(p, "Pool.Allocate" | "Pool.Audit"),
+            "PVEPoolUser" => p == "Pool.Audit",
+            "PVEAuditor" => p.ends_with(".Audit"),
+            _ => false,
+        }
     }
 }
 
@@ -425,5 +574,42 @@ mod tests {
             Some("127.0.0.5:9000")
         );
         assert_eq!(hub_authority("wss:///x"), None);
+    }
+
+    #[test]
+    fn user_cfg_tells_the_token_grant_from_the_user_grant() {
+        let cfg = UserCfg::parse(
+            "user:felhom@pve:1:0::::::\n\
+             token:felhom@pve!agent:0:1::\n\
+             token:felhom@pve!open:0:0::\n\
+             group:ops:felhom@pve,other@pve::\n\
+             pool:felhom::200,300:local-lvm:\n\
+             role:only-audit:VM.Audit:\n\
+             acl:1:/pool/felhom:felhom@pve!agent:PVEVMAdmin,PVEPoolUser:\n\
+             acl:1:/storage:@ops:PVEDatastoreUser:\n\
+             acl:0:/pool:felhom@pve:only-audit:\n",
+        );
+        assert!(cfg.privsep("felhom@pve!agent"));
+        assert!(!cfg.privsep("felhom@pve!open"));
+        assert!(cfg.privsep("unknown@pve!x"), "PVE's default");
+        assert!(cfg.grants("felhom@pve!agent", "/pool/felhom", "VM.Allocate"));
+        assert!(cfg.grants("felhom@pve!agent", "/pool/felhom", "Pool.Audit"));
+        assert!(!cfg.grants("felhom@pve", "/pool/felhom", "VM.Allocate"));
+        // Through a group, propagated from /storage.
+        assert!(cfg.grants(
+            "felhom@pve",
+            "/storage/local-lvm",
+            "Datastore.AllocateSpace"
+        ));
+        assert!(!cfg.grants(
+            "felhom@pve!agent",
+            "/storage/local-lvm",
+            "Datastore.AllocateSpace"
+        ));
+        // Not propagated: only /pool itself.
+        assert!(cfg.grants("felhom@pve", "/pool", "VM.Audit"));
+        assert!(!cfg.grants("felhom@pve", "/pool/felhom", "VM.Audit"));
+        // A path is not an ancestor of a longer name.
+        assert!(!cfg.grants("felhom@pve!agent", "/pool/felhomx", "VM.Allocate"));
     }
 }

@@ -25,11 +25,13 @@ const RESTORE_SECS: f64 = 400.0;
 const DESTROY_SECS: f64 = 100.0;
 
 fn one(slow: bool, vmid: u32) -> (f64, usize) {
-    let pve = FakePve::demo();
+    let bed = GuestBed::new();
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    bed.join_scenario(&mut scenario);
+    let pve = FakePve::start(scenario);
     if slow {
         pve.set(json!({"time_scale": TIME_SCALE, "ct_secs": {"create": RESTORE_SECS, "destroy": DESTROY_SECS}}));
     }
-    let bed = GuestBed::autocreate();
     let files = AgentFiles::for_fake(&pve);
     felhom_tests::world::install_default_profile_and_checks(&files);
     let before = pve.requests().len();

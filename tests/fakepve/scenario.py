@@ -22,16 +22,27 @@ HTTP, same host, its own free port) drives the running fake:
     POST /shutdown stop both servers and exit
 
 SIGTERM and SIGINT stop it cleanly (exit status 0).
+
+Beyond fakepve 0.5.0 the wrapper models, each with the PVE behaviour and its source in a
+comment beside the code: QEMU restores (locked `create` outside the pool during the task, the
+backup's stored config at the end) and LXC restores with their backup's config; vmid collisions
+only as PVE's synchronous refusal; privilege-separated tokens (the intersection of token and
+user ACLs); a live user.cfg; and the guest bed, where restored guests have real root filesystems
+and a VM's guest agent runs commands inside its own namespaces (tests/fakepve/README.md).
 """
 
 import asyncio
+import base64
 import hashlib
 import inspect
 import ipaddress
 import json
 import logging
 import os
+import re
+import shutil
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -41,8 +52,11 @@ REQUIRED_VERSION = '0.5.0'
 try:
     import fakepve
     from aiohttp import web
+    from fakepve import agent as fake_agent
     from fakepve import errors as fake_errors
+    from fakepve import lxc as fake_lxc
     from fakepve import model as fake_model
+    from fakepve import qemu as fake_qemu
     from fakepve import server as fake_server
     from fakepve import shapes
     from fakepve.certs import make_cert
@@ -76,6 +90,39 @@ ROLES = {
 BACKUP_FORMATS = ('tar.zst', 'tar.gz', 'tar.lzo', 'tar', 'vma.zst', 'vma.gz', 'vma.lzo', 'vma')
 # 2026-01-01T00:00:00Z, the date in the demo backup's name.
 DEFAULT_CTIME = 1767225600
+# qemu-ga's environment for guest-exec: no `env` is passed by PVE, so the child has the agent
+# service's PATH (systemd's default) and PATH search applies (guest-exec-facts.md §3.3).
+QGA_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+# QEMU qga/commands.c GUEST_EXEC_MAX_OUTPUT: 16 MiB kept per stream (guest-exec-facts.md §3.4).
+QGA_MAX_OUTPUT = 16 * 1024 * 1024
+SIZE_UNITS = {'K': 1024, 'M': 1024 ** 2, 'G': 1024 ** 3, 'T': 1024 ** 4}
+
+
+def parse_size(text):
+    """Bytes of a PVE disk size ("8G", "512M", "4096"); 0 when absent."""
+    found = re.fullmatch(r'(\d+(?:\.\d+)?)([KMGT]?)', str(text or '').strip())
+    if not found:
+        return 0
+    return int(float(found.group(1)) * SIZE_UNITS.get(found.group(2), 1))
+
+
+def agent_configured(config):
+    """True when a VM config enables the guest agent (`agent: 1` or `agent: enabled=1,…`)."""
+    first = str(config.get('agent', '0')).split(',')[0]
+    return first.split('=')[-1] in ('1', 'yes', 'on', 'true')
+
+
+def os_error_text(stderr):
+    """The errno text of a busybox shell's redirection error ("…: No such file or directory")."""
+    text = stderr.decode('utf-8', 'replace').strip().splitlines()
+    word = text[-1].rsplit(': ', 1)[-1].lower() if text else ''
+    # busybox spells errno texts its own way; qemu-ga reports strerror's.
+    for short, errno_text in (('no such file', 'No such file or directory'), ('permission denied', 'Permission denied'),
+                              ('is a directory', 'Is a directory'), ('not a directory', 'Not a directory'),
+                              ('read-only file system', 'Read-only file system')):
+        if word.startswith(short):
+            return errno_text
+    return 'Input/output error'
 
 
 class ScenarioError(Exception):
@@ -97,6 +144,7 @@ class ScenarioPve(fake_server.FakePve):
 
     def write_vmlist(self):
         """Rewrite the .vmlist file (atomically) when the guests changed."""
+        self.write_user_cfg()
         if not self.vmlist_path or self.vmlist_frozen:
             return
         ids = {}
@@ -119,34 +167,559 @@ class ScenarioPve(fake_server.FakePve):
             fh.write(text)
         os.replace(tmp, self.vmlist_path)
 
-    # How a QEMU restore (`archive=`) behaves: None, fakepve's own refusal ("restoring an
-    # archive is not supported"); "leftover", PVE's failure mode: the task fails and the VM's
-    # config stays behind, outside the pool, where a pool token cannot delete it.
+    # ------------------------------------------------------------- user.cfg
+
+    # Where a `/etc/pve/user.cfg` is written (None: nowhere), and the scenario's grants as given
+    # (role or privilege names), for its acl lines.
+    user_cfg_path = None
+    user_cfg_grants = ()
+    _user_cfg_text = None
+
+    def write_user_cfg(self):
+        """Write user.cfg as pmxcfs holds it (pve-api-facts.md §3.4, acl src/PVE/AccessControl.pm
+        write_user_config): users, each followed by its tokens (`token:<id>:<expire>:<privsep>:
+        <comment>:`), pools (members and storages sorted as strings), roles, ACLs
+        (`acl:<propagate>:<path>:<ugid>:<roles>:`). A grant of bare privileges gets a role of its
+        own (`felhom-scenario-<n>`), as an ACL only ever names roles."""
+        if not self.user_cfg_path:
+            return
+        users = {}
+        for who in list(self.apitokens) + [g[0] for g in self.user_cfg_grants] + list(self.users):
+            users.setdefault(who.split('!')[0], set())
+            if '!' in who:
+                users[who.split('!')[0]].add(who)
+        lines = []
+        for user in sorted(users):
+            if user == 'root@pam':
+                continue
+            lines.append('user:{0}:1:0::::::'.format(user))
+            for token in sorted(users[user]):
+                lines.append('token:{0}:0:{1}::'.format(token, int((self.token_privsep or {}).get(token, 1))))
+        lines.append('')
+        for name in sorted(self.pools):
+            storages = sorted(self.pool_info.get(name, {}).get('storage', ()))
+            lines.append('pool:{0}::{1}:{2}:'.format(name, ','.join(sorted(str(v) for v in self.pools[name])),
+                                                      ','.join(storages)))
+        lines.append('')
+        roles, acls = [], []
+        for n, (who, path, names) in enumerate(self.user_cfg_grants):
+            named = [x for x in names if x in ROLES]
+            privs = [x for x in names if x not in ROLES]
+            if privs:
+                role = 'felhom-scenario-{0}'.format(n)
+                roles.append('role:{0}:{1}:'.format(role, ','.join(privs)))
+                named.append(role)
+            acls.append('acl:1:{0}:{1}:{2}:'.format(path, who, ','.join(named)))
+        text = '\n'.join(lines + roles + ([''] if roles else []) + acls) + '\n'
+        if text == self._user_cfg_text:
+            return
+        self._user_cfg_text = text
+        tmp = self.user_cfg_path + '.tmp'
+        with open(tmp, 'w', encoding='utf-8') as fh:
+            fh.write(text)
+        os.replace(tmp, self.user_cfg_path)
+
+    # ------------------------------------------------------------- permissions
+
+    # token id -> privsep (0 or 1); PVE creates tokens with privsep 1 unless told otherwise.
+    token_privsep = None
+
+    def _held_by(self, who, path, priv):
+        """True if exactly `who` (no owner fallback) holds priv on path, pools included (fakepve's
+        own rule, per principal)."""
+        paths = [path]
+        if path.startswith('/vms/'):
+            vmid = int(path.split('/')[2])
+            paths += ['/vms'] + ['/pool/' + name for name, ids in self.pools.items() if vmid in ids]
+        elif path.startswith('/storage/'):
+            sid = path.split('/')[2]
+            paths += ['/pool/' + name for name, meta in self.pool_info.items() if sid in meta['storage']]
+        for granted, privs in self.acl.get(who, []):
+            if priv in privs and (granted == '/' or any(p == granted or p.startswith(granted + '/') for p in paths)):
+                return True
+        return False
+
+    def allowed(self, user, path, priv):
+        # PVE (pve-api-facts.md §2.2; acl src/PVE/RPCEnvironment.pm `permissions`): a token with
+        # privsep=1 (the default) holds on every path the intersection of its own privileges and
+        # its user's; privsep=0 exactly its user's. fakepve 0.5.0 gives the union.
+        if self.acl is None or '!' not in user or user.split('!')[0] == 'root@pam':
+            return super().allowed(user, path, priv)
+        owner = user.split('!')[0]
+        if not int((self.token_privsep or {}).get(user, 1)):
+            return self._held_by(owner, path, priv)
+        return self._held_by(owner, path, priv) and self._held_by(user, path, priv)
+
+    async def _permissions(self, v, user):
+        # GET /access/permissions for a privilege-separated token: per path, what the token holds
+        # there that its user holds too (same rule as allowed() above).
+        who = v.get('userid') or user
+        if self.acl is None or '!' not in who or who.split('!')[0] == 'root@pam':
+            return await super()._permissions(v, user)
+        owner = who.split('!')[0]
+        privsep = int((self.token_privsep or {}).get(who, 1))
+        held = {}
+        for path, privs in self.acl.get(owner if not privsep else who, []):
+            keep = set(p for p in privs if self._held_by(owner, path, p))
+            if keep:
+                held.setdefault(path, set()).update(keep)
+        if v.get('path') is not None:
+            held = dict((p, ps) for p, ps in held.items()
+                        if v['path'] == p or p == '/' or v['path'].startswith(p + '/'))
+        return dict((path, dict.fromkeys(sorted(privs), 1)) for path, privs in sorted(held.items()))
+
+    # ------------------------------------------------------- backups, restores
+
+    # volid -> the guest config stored with that backup (scenario `volumes[].config`), and
+    # volid -> what the guest bed makes of a guest restored from it (`volumes[].guest`).
+    backup_configs = None
+    backup_guests = None
+    # How a QEMU restore (`archive=`) behaves: None, it succeeds; "leftover", PVE's failure mode:
+    # the task fails and the VM's config stays behind, outside the pool.
     qemu_restore = None
+    # PVE seconds a QEMU restore task takes (scaled by time_scale).
+    qemu_restore_secs = 30
+    # vmid -> a coroutine function run at the end of a successful vzrestore task (the backup's
+    # config merged in, the guest bed's root filesystem made).
+    _restore_hooks = None
+
+    def _archive_access(self, user, vmid, volid):
+        # storage src/PVE/Storage.pm check_volume_access (pve-api-facts.md §2.4): Datastore.Allocate
+        # on the backup's storage, or the backup's owner vmid is the target, or
+        # Datastore.AllocateSpace there plus VM.Backup on the owner.
+        sid = volid.partition(':')[0]
+        found = re.search(r'vzdump-(?:openvz|lxc|qemu)-(\d+)-', volid)
+        owner = int(found.group(1)) if found else None
+        if self.allowed(user, '/storage/' + sid, 'Datastore.Allocate') or owner in (None, vmid):
+            return
+        if not (self.allowed(user, '/storage/' + sid, 'Datastore.AllocateSpace')
+                and self.allowed(user, '/vms/{0}'.format(owner), 'VM.Backup')):
+            raise fake_model.PveError(403, 'Permission check failed (/vms/{0}, VM.Backup)'.format(owner))
 
     async def _qm_create(self, v, user):
-        if not (v.get('archive') and self.qemu_restore == 'leftover'):
+        if not v.get('archive'):
             return await super()._qm_create(v, user)
-        node, vmid = v['node'], int(v['vmid'])
-        pool = v.get('pool')
+        # qemu-server src/PVE/API2/Qemu.pm create_vm with `archive` (pve-api-facts.md §5.2). Before
+        # the task, in this order: quorum, the pool exists, Datastore.AllocateSpace on `storage`,
+        # VM.PowerMgmt for start=1, VM.Allocate (bare 403), archive access, then
+        # create_and_lock_config, whose refusal is a synchronous 500 "unable to restore VM N - VM N
+        # already exists on node 'X'" (never a task). The VM then exists locked `create`, outside
+        # the pool, until the task ends; the pool is joined at the end of a successful restore.
+        node, vmid, archive = v['node'], int(v['vmid']), v['archive']
+        pool, storage = v.get('pool'), v.get('storage')
+        self.need_quorum()
         self._qm_check_pool(pool)
+        if storage:
+            self.require(user, '/storage/' + storage, 'Datastore.AllocateSpace')
+        if v.get('start'):
+            self._qm_perm(user, vmid, pool, 'VM.PowerMgmt')
         if not (self.allowed(user, '/vms/{0}'.format(vmid), 'VM.Allocate')
                 or (pool and self.allowed(user, '/pool/' + pool, 'VM.Allocate'))):
             raise fake_model.PveError(403, 'Permission check failed')
+        self._archive_access(user, vmid, archive)
         if self._qm_taken(vmid):
             other = self.guest(vmid)
             kind = 'VM' if self.vm(vmid) else 'CT'
             raise fake_model.PveError(500, "unable to restore VM {0} - {1} {0} already exists on node '{2}'".format(
                 vmid, kind, other.node))
         vm = fake_model.FakeVm(vmid, 'VM {0}'.format(vmid), node=node)
+        vm.config = {}
+        fake_qemu.QemuApi._qm_lock(vm, 'create')
         self.vms.append(vm)
         self.nodes.setdefault(node, {'online': True})
+        backup = dict((self.backup_configs or {}).get(archive) or {})
+        bed = (self.backup_guests or {}).get(archive)
+        given = dict((k, x) for k, x in v.items() if k not in fake_qemu.CREATE_ONLY)
+        failed = ('unable to restore VM {0} - error before or during data restore, some or all disks were '
+                  'not completely restored. VM {0} state is NOT cleaned up.'.format(vmid))
 
         async def body():
-            raise fake_model.TaskError(
-                'unable to restore VM {0} - error before or during data restore, some or all disks were '
-                'not completely restored. VM {0} state is NOT cleaned up.'.format(vmid))
+            await self.pause(self.qemu_restore_secs)
+            if self.qemu_restore == 'leftover' or self.volume_exists(archive) is False:
+                # PVE does not clean up a failed QEMU restore: only the create lock goes.
+                fake_qemu.QemuApi._qm_lock(vm, None)
+                raise fake_model.TaskError(failed)
+            conf, made = {}, []
+            try:
+                for key in sorted(backup, key=fake_qemu.natural):
+                    value = backup[key]
+                    if key in ('lock', 'parent', 'digest', 'snaptime', 'vmstate') or re.fullmatch(r'unused\d+', key):
+                        continue
+                    if fake_qemu.DRIVE_KEY.match(key):
+                        volume, props = fake_qemu.split_drive(value)
+                        sid = fake_qemu.volume_ref(volume)[0]
+                        if fake_qemu.is_cdrom(volume, props) or sid is None:
+                            conf[key] = value
+                            continue
+                        target = storage or sid
+                        self._qm_image_store(target, user)
+                        volid, _ = self._qm_alloc(target, vmid, None, parse_size(props.get('size')))
+                        made.append(volid)
+                        conf[key] = fake_qemu.join_drive(volid, props)
+                    else:
+                        conf[key] = value
+                conf.update((k, str(x)) for k, x in given.items())
+                for key in list(conf):
+                    if re.fullmatch(r'net\d+', key):
+                        fresh = bool(v.get('unique')) and key not in given
+                        conf[key] = fake_qemu.with_mac(conf[key], fresh=fresh)
+            except (fake_model.PveError, fake_model.TaskError) as e:
+                for volid in made:
+                    self._qm_free(volid)
+                fake_qemu.QemuApi._qm_lock(vm, None)
+                raise fake_model.TaskError('{0} {1}'.format(failed, getattr(e, 'message', None) or e)) from e
+            vm.config = conf
+            vm.name = conf.get('name') or 'VM {0}'.format(vmid)
+            if bed is not None:
+                await self.bed_create(vm, 'qemu', bed)
+                # PVE seconds its start and stop tasks take (the guest's own pace).
+                vm.start_secs = float(bed.get('start_secs', 0) or 0)
+                vm.stop_secs = float(bed.get('stop_secs', 0) or 0)
+            fake_qemu.QemuApi._qm_lock(vm, None)
+            if pool:
+                self._pool_join(pool, vmid)
+            return None
         return await self.task(node, 'qmrestore', vmid, user, body, vm=vm)
+
+    async def _lxc_create(self, user, v):
+        # PVE's LXC restore (pve-api-facts.md §4.3, container src/PVE/LXC/Create.pm recover_config):
+        # the config recovered from the archive, merged with the given parameters (those win),
+        # with new disks. fakepve 0.5.0 writes a synthetic config instead, so the backup's config
+        # (scenario `volumes[].config`) is merged in at the end of the task. Collisions stay
+        # fakepve's synchronous `check_vmid_unused` refusal, as PVE (§4.2).
+        archive = v.get('ostemplate')
+        vmid = int(v['vmid'])
+        if v.get('restore') and (archive in (self.backup_configs or {}) or archive in (self.backup_guests or {})):
+            backup = dict((self.backup_configs or {}).get(archive) or {})
+            bed = (self.backup_guests or {}).get(archive)
+            given = set(k for k in v if k not in fake_lxc.CREATE_ONLY)
+
+            async def hook(ct):
+                merged = dict((k, x) for k, x in backup.items()
+                              if not (fake_lxc.MOUNT_KEY.match(k) or k in ('lock', 'parent', 'digest')))
+                for key, value in ct.config.items():
+                    if key in given or fake_lxc.MOUNT_KEY.match(key) or key not in merged:
+                        merged[key] = value
+                for key in list(merged):
+                    if re.fullmatch(r'net\d+', key) and key not in given:
+                        value = str(merged[key])
+                        if v.get('unique'):
+                            value = ','.join(p for p in value.split(',') if not p.startswith('hwaddr='))
+                        merged[key] = fake_lxc.normalise(key, value)
+                ct.config = merged
+                if bed is not None:
+                    await self.bed_create(ct, 'lxc', bed)
+            self._restore_hooks[vmid] = hook
+        try:
+            return await super()._lxc_create(user, v)
+        finally:
+            self._restore_hooks.pop(vmid, None)
+
+    async def task(self, node, ttype, tid, user, body, vm=None, lock=True, log=()):
+        hook = self._restore_hooks.get(int(tid)) if ttype == 'vzrestore' and str(tid).isdigit() else None
+        if hook is not None:
+            inner = body
+
+            async def body():
+                note = await inner()
+                await hook(vm)
+                return note
+        return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
+
+    # ------------------------------------------------------------ the guest bed
+
+    # {"state": dir, "template": rootfs}: guests with a real root filesystem live in
+    # <state>/<vmid>/rootfs (the `pct` stand-in's layout), copied from the template.
+    guest_bed = None
+    # vmid -> {"kind": lxc|qemu, ...the guest spec}: the guests whose root filesystems this
+    # wrapper made (and removes once PVE no longer has the guest).
+    bed_owned = None
+    # vmid -> the running "VM" (its PID namespace's init, under unshare) of a bed VM.
+    bed_inits = None
+    # vmid -> {pid: exec record} of a bed VM's guest agent.
+    bed_execs = None
+    _bed_pid = 1000
+
+    def bed_dir(self, vmid):
+        return os.path.join(self.guest_bed['state'], str(vmid))
+
+    async def bed_create(self, guest, kind, spec):
+        """Give a guest a root filesystem of its own (its disks, restored): a copy of the template,
+        hostname from its config. A VM's spec says whether a guest agent runs inside (`agent`,
+        default true) and how many PVE seconds it boots before the agent answers (`boot_secs`)."""
+        if not self.guest_bed:
+            raise fake_model.TaskError('the scenario has no guest_bed for a guest with a root filesystem')
+        spec = dict(spec) if isinstance(spec, dict) else {}
+        vmid = int(guest.vmid)
+        d = self.bed_dir(vmid)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        proc = await asyncio.create_subprocess_exec('cp', '-a', self.guest_bed['template'], os.path.join(d, 'rootfs.tmp'))
+        if await proc.wait() != 0:
+            raise fake_model.TaskError('could not copy the guest bed template')
+        name = guest.config.get('hostname' if kind == 'lxc' else 'name') or '{0}{1}'.format(
+            'CT' if kind == 'lxc' else 'vm', vmid)
+        with open(os.path.join(d, 'rootfs.tmp', 'etc', 'hostname'), 'w', encoding='utf-8') as fh:
+            fh.write(str(name) + '\n')
+        os.rename(os.path.join(d, 'rootfs.tmp'), os.path.join(d, 'rootfs'))
+        with open(os.path.join(d, 'kind'), 'w', encoding='utf-8') as fh:
+            fh.write(kind + '\n')
+        spec['kind'] = kind
+        self.bed_owned[vmid] = spec
+        self.bed_sync()
+
+    def bed_sync(self):
+        """Keep the guest bed in step with PVE's state: a container's `status` file for the `pct`
+        stand-in, a VM's namespace running while the VM runs, and a guest's root filesystem removed
+        once PVE no longer has the guest (destroyed: its disks are gone)."""
+        if not self.bed_owned:
+            return
+        for vmid, spec in list(self.bed_owned.items()):
+            guest = self.vm(vmid) if spec['kind'] == 'qemu' else self.ct(vmid)
+            d = self.bed_dir(vmid)
+            if guest is None:
+                self.bed_stop(vmid)
+                shutil.rmtree(d, ignore_errors=True)
+                del self.bed_owned[vmid]
+                continue
+            running = guest.status == 'running'
+            if spec['kind'] == 'lxc':
+                want = 'running\n' if running else 'stopped\n'
+                path = os.path.join(d, 'status')
+                try:
+                    with open(path, encoding='utf-8') as fh:
+                        same = fh.read() == want
+                except OSError:
+                    same = False
+                if not same:
+                    with open(path + '.tmp', 'w', encoding='utf-8') as fh:
+                        fh.write(want)
+                    os.replace(path + '.tmp', path)
+            elif running:
+                self.bed_start(vmid)
+            else:
+                self.bed_stop(vmid)
+
+    def bed_start(self, vmid):
+        """Boot a bed VM: a PID, mount, UTS and IPC namespace whose init (a shell that reaps the
+        orphans it adopts) lives chrooted in its root filesystem (/proc mounted for it); every
+        agent exec joins it, as processes of one guest kernel do."""
+        init = self.bed_inits.get(vmid)
+        if init is not None and init['proc'].poll() is None:
+            return init
+        rootfs = os.path.join(self.bed_dir(vmid), 'rootfs')
+        script = ('r=$1; mount --bind "$r" "$r" && mount -t proc proc "$r/proc" && '
+                  'exec chroot "$r" /usr/bin/busybox sh -c '
+                  '"/bin/hostname -F /etc/hostname 2>/dev/null; while :; do sleep 3600 & wait; done"')
+        proc = subprocess.Popen(['unshare', '--fork', '--pid', '--mount', '--uts', '--ipc', '--kill-child', '--',
+                                 '/bin/sh', '-c', script, 'felhom-vm-init', rootfs],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        init = {'proc': proc, 'rootfs': os.path.realpath(rootfs), 'started': time.time()}
+        self.bed_inits[vmid] = init
+        self.bed_execs.setdefault(vmid, {})
+        return init
+
+    def bed_stop(self, vmid):
+        """Power a bed VM off: its namespace dies with everything in it."""
+        init = self.bed_inits.pop(vmid, None)
+        for rec in (self.bed_execs.pop(vmid, None) or {}).values():
+            if rec['proc'] is not None and rec['proc'].returncode is None:
+                try:
+                    rec['proc'].kill()
+                except ProcessLookupError:
+                    pass
+        if init is None:
+            return
+        try:
+            init['proc'].kill()
+            init['proc'].wait(timeout=5)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+
+    async def bed_init_pid(self, vmid):
+        """The host pid of a bed VM's init once it runs chrooted in the guest (None: it died)."""
+        init = self.bed_start(vmid)
+        deadline = time.time() + 10
+        outer = init['proc'].pid
+        while time.time() < deadline:
+            if init['proc'].poll() is not None:
+                return None
+            try:
+                with open('/proc/{0}/task/{0}/children'.format(outer), encoding='ascii') as fh:
+                    kids = fh.read().split()
+                if kids and os.readlink('/proc/{0}/root'.format(kids[0])) == init['rootfs']:
+                    with open('/proc/{0}/comm'.format(kids[0]), encoding='ascii') as fh:
+                        if fh.read().strip() in ('sleep', 'busybox'):
+                            return int(kids[0])
+            except OSError:
+                pass
+            await asyncio.sleep(0.01)
+        return None
+
+    async def bed_spawn(self, vmid, argv, stdin):
+        """Run argv inside a bed VM (its namespaces and root) as qemu-ga runs a guest-exec: the
+        agent's environment (PATH only), stdin the given bytes or /dev/null."""
+        pid = await self.bed_init_pid(vmid)
+        if pid is None:
+            raise fake_model.PveError(500, 'VM {0} qga command failed - got timeout'.format(vmid))
+        enter = ['nsenter', '-t', str(pid), '-p', '-m', '-u', '-i', '-r', '-w', '--']
+        return await asyncio.create_subprocess_exec(
+            *(enter + ['/usr/bin/env', '-i', 'PATH=' + QGA_PATH] + list(argv)),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+    async def bed_run(self, vmid, argv, stdin=None):
+        """Run argv in a bed VM to its end: (exit status, stdout, stderr)."""
+        proc = await self.bed_spawn(vmid, argv, stdin)
+        out, err = await proc.communicate(stdin)
+        return proc.returncode, out, err
+
+    # ------------------------------------------------ the guest agent of a bed VM
+
+    async def _agent_call(self, match, values):
+        # qemu-server src/PVE/QemuServer/Agent.pm assert_agent_available (guest-exec-facts.md
+        # §3.1), in this order, all HTTP 500: "No QEMU guest agent configured" (no `agent: 1`),
+        # "VM <vmid> is not running", "QEMU guest agent is not running" (a guest-ping with a 3 s
+        # timeout failed). fakepve 0.5.0 answers all three with the last one.
+        vm = self.find(values['node'], values['vmid'])
+        command = match.template.rsplit('/', 1)[1]
+        if not agent_configured(vm.config):
+            raise fake_model.PveError(500, 'No QEMU guest agent configured')
+        if vm.status != 'running':
+            raise fake_model.PveError(500, 'VM {0} is not running'.format(vm.vmid))
+        spec = (self.bed_owned or {}).get(int(vm.vmid))
+        if spec is None or spec['kind'] != 'qemu':
+            return await super()._agent_call(match, values)
+        booted = (time.time() - (vm.started_at or time.time())) >= float(spec.get('boot_secs', 0)) * self.time_scale
+        if not spec.get('agent', True) or not booted:
+            await self.pause(3)
+            raise fake_model.PveError(500, 'QEMU guest agent is not running')
+        fake_agent.record(vm, command, values)
+        if command == 'exec':
+            return await self.bed_exec(vm, values)
+        if command == 'exec-status':
+            return self.bed_exec_status(vm, values)
+        if command == 'file-write':
+            return await self.bed_file_write(vm, values)
+        if command == 'file-read':
+            return await self.bed_file_read(vm, values)
+        if command == 'ping':
+            return {'result': {}}
+        return fake_agent.result(vm, command, values)
+
+    async def bed_exec(self, vm, values):
+        # PVE agent/exec (guest-exec-facts.md §3.3): `command` is the argv (program first, PATH
+        # search, no shell); `input-data` (at most 65536 characters, checked by the schema) is
+        # written to stdin, which is /dev/null without it. A program that cannot be spawned gets
+        # no pid: "Agent error: Guest agent command failed, error was '<glib message>'".
+        argv = values.get('command')
+        if isinstance(argv, str):
+            argv = [argv]
+        argv = [str(a) for a in (argv or [])]
+        data = values.get('input-data')
+        if not argv and data is None:
+            raise fake_model.PveError(500, 'command or input-data (or both) required')
+        if not argv:
+            raise fake_model.PveError(500, "Agent error: Invalid parameter 'path'")
+        found, _, _ = await self.bed_run(vm.vmid, ['/bin/sh', '-c', 'command -v -- "$1" >/dev/null', 'which',
+                                                   argv[0]])
+        if found != 0:
+            raise fake_model.PveError(500, "Agent error: Guest agent command failed, error was 'Failed to execute "
+                                      "child process \"{0}\" (No such file or directory)'".format(argv[0]))
+        stdin = None if data is None else str(data).encode('utf-8')
+        proc = await self.bed_spawn(vm.vmid, argv, stdin)
+        self._bed_pid += 1
+        pid = self._bed_pid
+        rec = {'proc': proc, 'done': False, 'out': bytearray(), 'err': bytearray(),
+               'out_cut': False, 'err_cut': False}
+
+        async def drain(stream, key):
+            while True:
+                chunk = await stream.read(65536)
+                if not chunk:
+                    return
+                room = QGA_MAX_OUTPUT - len(rec[key])
+                if len(chunk) > room:
+                    rec[key + '_cut'] = True
+                rec[key] += chunk[:max(room, 0)]
+
+        async def feed():
+            if stdin is None:
+                return
+            try:
+                proc.stdin.write(stdin)
+                await proc.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                proc.stdin.close()
+
+        async def run():
+            await asyncio.gather(feed(), drain(proc.stdout, 'out'), drain(proc.stderr, 'err'))
+            await proc.wait()
+            rec['done'] = True
+        rec['task'] = asyncio.ensure_future(run())
+        self.bed_execs.setdefault(vm.vmid, {})[pid] = rec
+        return {'pid': pid}
+
+    def bed_exec_status(self, vm, values):
+        # PVE agent/exec-status (guest-exec-facts.md §3.4): {"exited": 0} while the command runs
+        # or a pipe is open; then, once only (qemu-ga forgets the pid), `exited` 1 with `exitcode`
+        # or `signal`, `out-data`/`err-data` when the stream had output (PVE has base64-decoded it
+        # and its JSON encoder writes each byte as one character), `out-truncated`/`err-truncated`
+        # 1 past 16 MiB per stream. Asking again: "Agent error: Invalid parameter 'pid'".
+        try:
+            pid = int(values.get('pid'))
+        except (TypeError, ValueError):
+            pid = None
+        rec = self.bed_execs.get(vm.vmid, {}).get(pid)
+        if rec is None:
+            raise fake_model.PveError(500, "Agent error: Invalid parameter 'pid'")
+        if not rec['done']:
+            return {'exited': 0}
+        del self.bed_execs[vm.vmid][pid]
+        out = {'exited': 1}
+        code = rec['proc'].returncode
+        if code < 0:
+            out['signal'] = -code
+        else:
+            out['exitcode'] = code
+        for key, name in (('out', 'out'), ('err', 'err')):
+            if rec[key]:
+                out[name + '-data'] = bytes(rec[key]).decode('latin-1')
+                if rec[key + '_cut']:
+                    out[name + '-truncated'] = 1
+        return out
+
+    async def bed_file_write(self, vm, values):
+        # PVE agent/file-write (guest-exec-facts.md §3.5): `content` (at most 61440 characters,
+        # checked by the schema), base64-encoded by PVE unless encode=0 (then it already is);
+        # the file is opened "wb" (created or truncated), written once; answers null.
+        content = str(values.get('content', ''))
+        encode = str(values.get('encode', '1')) not in ('0', 'false')
+        try:
+            data = content.encode('utf-8') if encode else base64.b64decode(content, validate=True)
+        except ValueError:
+            raise fake_model.PveError(500, 'Agent error: Guest agent command failed, error was \'invalid base64\'')
+        path = str(values.get('file', ''))
+        code, _, err = await self.bed_run(vm.vmid, ['/bin/sh', '-c', 'cat > "$1"', 'file-write', path], data)
+        if code != 0:
+            raise fake_model.PveError(500, "Agent error: failed to open file '{0}' (mode: 'wb'): {1}".format(
+                path, os_error_text(err)))
+        return None
+
+    async def bed_file_read(self, vm, values):
+        # PVE agent/file-read: {"content", "bytes-read"[, "truncated": 1]}, at most 16 MiB.
+        path = str(values.get('file', ''))
+        code, out, err = await self.bed_run(vm.vmid, ['/bin/sh', '-c', 'cat < "$1"', 'file-read', path])
+        if code != 0:
+            raise fake_model.PveError(500, "Agent error: failed to open file '{0}' (mode: 'r'): {1}".format(
+                path, os_error_text(err)))
+        answer = {'content': out[:QGA_MAX_OUTPUT].decode('latin-1'), 'bytes-read': min(len(out), QGA_MAX_OUTPUT)}
+        if len(out) > QGA_MAX_OUTPUT:
+            answer['truncated'] = 1
+        return answer
 
     async def _answer(self, request, handler, generic, path_node):
         # pmxcfs has the new config (the `lock: create` placeholder) in .vmlist before PVE
@@ -155,6 +728,7 @@ class ScenarioPve(fake_server.FakePve):
             return await super()._answer(request, handler, generic, path_node)
         finally:
             self.write_vmlist()
+            self.bed_sync()
 
     def _record(self, request, body):
         self.write_vmlist()
@@ -302,6 +876,16 @@ def build(sc):
     pve.vmlist_path = live.get('path')
     pve.vmlist_extra = list(live.get('extra', []))
     pve.qemu_restore = sc.get('qemu_restore')
+    pve.backup_configs, pve.backup_guests, pve._restore_hooks = {}, {}, {}
+    pve.bed_owned, pve.bed_inits, pve.bed_execs = {}, {}, {}
+    pve.token_privsep = dict(sc.get('token_privsep', {}))
+    pve.user_cfg_path = (sc.get('user_cfg') or {}).get('path')
+    pve.bed_pending = []
+    bed = sc.get('guest_bed')
+    if bed:
+        if not (bed.get('state') and bed.get('template')):
+            raise ScenarioError('guest_bed needs "state" (the pct stand-in state folder) and "template" (a rootfs)')
+        pve.guest_bed = {'state': bed['state'], 'template': bed['template']}
 
     for node in sc.get('nodes', []):
         if isinstance(node, str):
@@ -344,6 +928,8 @@ def build(sc):
         extra = {'lock': g['lock']} if g.get('lock') else {}
         extra.update(g.get('set', {}))
         set_guest(pve, guest, extra)
+        if g.get('bed'):
+            pve.bed_pending.append((guest, kind, g['bed']))
 
     for sid, vols in sc.get('volumes', {}).items():
         if sid not in pve.storages:
@@ -360,6 +946,16 @@ def build(sc):
                 if key in v:
                     entry[key] = v[key]
             store[volname] = entry
+            volid = '{0}:{1}'.format(sid, volname)
+            if v.get('config') is not None:
+                if not isinstance(v['config'], dict):
+                    raise ScenarioError('volume {0}: config must be an object of config keys'.format(volid))
+                pve.backup_configs[volid] = dict((k, str(x) if not isinstance(x, str) else x)
+                                                 for k, x in v['config'].items())
+            if v.get('guest') not in (None, False):
+                if not pve.guest_bed:
+                    raise ScenarioError('volume {0} has a guest, but the scenario has no guest_bed'.format(volid))
+                pve.backup_guests[volid] = v['guest'] if isinstance(v['guest'], dict) else {}
 
     pve.users.update(sc.get('users', {}))
     pve.apitokens.update(sc.get('tokens', {}))
@@ -369,6 +965,7 @@ def build(sc):
         else:
             who, path, privs = grant
         pve.grant(who, path, *expand_privs(privs))
+        pve.user_cfg_grants = list(pve.user_cfg_grants) + [(who, path, list(privs))]
 
     catalogue = fake_errors.load()['errors']
     for extra in sc.get('extra_errors', []):
@@ -502,6 +1099,10 @@ async def keep_vmlist(pve, stop, every=0.02):
     """Keep the live .vmlist in step with the guests between requests (tasks end in between)."""
     while not stop.is_set():
         pve.write_vmlist()
+        try:
+            pve.bed_sync()
+        except Exception:  # noqa: BLE001 - logged, the loop goes on
+            log.warning('guest bed sync failed', exc_info=True)
         await asyncio.sleep(every)
 
 
@@ -517,6 +1118,8 @@ async def serve(sc, ready_out):
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.ensure_future(watch_parent(stop))
+    for guest, kind, spec in pve.bed_pending:
+        await pve.bed_create(guest, kind, spec)
     pve.write_vmlist()
     vmlist_writer = asyncio.ensure_future(keep_vmlist(pve, stop))
     await pve.start(certfile, keyfile)
@@ -533,6 +1136,8 @@ async def serve(sc, ready_out):
     finally:
         watcher.cancel()
         vmlist_writer.cancel()
+        for vmid in list(pve.bed_inits or {}):
+            pve.bed_stop(vmid)
         for step in (control.cleanup(), pve.stop()):
             try:
                 await asyncio.wait_for(step, 5)

@@ -62,6 +62,39 @@ pub fn demo_scenario() -> Value {
     load_scenario("demo")
 }
 
+/// The QEMU backup [`add_qemu_backup`] puts on `local`: a backup of the pool VM 300.
+pub const QEMU_BACKUP: &str = "local:backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst";
+
+/// The config stored with [`QEMU_BACKUP`] by default: a VM with the guest agent enabled, one
+/// disk, two NICs on bridges, a name, tags and a description.
+pub fn qemu_backup_config() -> Value {
+    json!({
+        "name": "felhom-vm",
+        "agent": "1",
+        "ostype": "l26",
+        "memory": "2048",
+        "scsi0": "local-lvm:vm-300-disk-0,size=8G",
+        "net0": "virtio=BC:24:11:00:03:00,bridge=vmbr0",
+        "net1": "virtio=BC:24:11:00:03:01,bridge=vmbr1,tag=20",
+        "tags": "customer;prod",
+        "description": "customer VM of the demo pool",
+    })
+}
+
+/// Add [`QEMU_BACKUP`] to `scenario` with this stored `config` and guest bed spec (`guest`:
+/// `{"agent": bool, "boot_secs", "start_secs", "stop_secs"}`, PVE seconds; see
+/// tests/fakepve/README.md).
+pub fn add_qemu_backup(scenario: &mut Value, config: Value, guest: Value) {
+    let volname = QEMU_BACKUP
+        .strip_prefix("local:")
+        .unwrap_or(QEMU_BACKUP)
+        .to_string();
+    scenario["volumes"]["local"]
+        .as_array_mut()
+        .unwrap_or_else(|| panic!("the scenario has no volumes on local"))
+        .push(json!({"volname": volname, "vmid": 300, "size": 734003200, "config": config, "guest": guest}));
+}
+
 /// The Python interpreter of the fakepve venv: `$FELHOM_FAKEPVE_PYTHON`, else
 /// `<workspace>/.fakepve-venv/bin/python`. Panics when it does not exist.
 pub fn fakepve_python() -> PathBuf {
@@ -225,6 +258,11 @@ impl FakePve {
         obj.insert(
             "vmlist".into(),
             json!({"path": vmlist_path, "extra": extra}),
+        );
+        // Beside it, the live `user.cfg` (users, tokens, pools, ACLs), as in /etc/pve.
+        obj.insert(
+            "user_cfg".into(),
+            json!({"path": dir.path().join("user.cfg")}),
         );
         let scenario_path = dir.path().join("scenario.json");
         write_private(

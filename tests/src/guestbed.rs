@@ -97,19 +97,10 @@ pub struct GuestBed {
 }
 
 impl GuestBed {
-    /// A bed with no containers yet (builds the template if needed).
+    /// A bed with no containers yet (builds the template if needed). Containers come from
+    /// [`add_ct`](Self::add_ct), or from the fake PVE once joined to it
+    /// ([`join_scenario`](Self::join_scenario)).
     pub fn new() -> Self {
-        Self::make(false)
-    }
-
-    /// A bed where any container the stand-in is asked about appears on first use, running,
-    /// copied from the template with hostname `CT<vmid>` (what the fake PVE's restore gives):
-    /// for end-to-end runs where the fake PVE restores the guests.
-    pub fn autocreate() -> Self {
-        Self::make(true)
-    }
-
-    fn make(autocreate: bool) -> Self {
         template_rootfs();
         let dir = tempfile::Builder::new()
             .prefix("felhom-guestbed-")
@@ -122,13 +113,8 @@ impl GuestBed {
         let wrapper = dir.path().join("bin/pct");
         // The wrapper records the environment pct was started with (pct-env.last), so tests can
         // prove what reached pct itself.
-        let template = if autocreate {
-            format!("FELHOM_PCT_TEMPLATE='{}' ", template_rootfs().display())
-        } else {
-            String::new()
-        };
         let script = format!(
-            "#!/bin/sh\nenv > '{}'\n{template}FELHOM_PCT_STATE='{}' exec '{}' \"$@\"\n",
+            "#!/bin/sh\nenv > '{}'\nFELHOM_PCT_STATE='{}' exec '{}' \"$@\"\n",
             dir.path().join("pct-env.last").display(),
             dir.path().join("state").display(),
             pct_stand_in().display()
@@ -219,6 +205,32 @@ impl GuestBed {
     /// Exec into container `vmid` through this bed's `pct`.
     pub fn lxc(&self, vmid: u32) -> LxcExec {
         LxcExec::new(vmid, self.pct_config())
+    }
+
+    /// Join this bed to a fakepve scenario: the fake makes the guests' root filesystems in this
+    /// bed's state folder as it restores them (`guest_bed`), keeps each container's `status`
+    /// there in step with its own state (so `pct` refuses what PVE says is absent or stopped),
+    /// and runs a VM's guest-agent commands inside its root filesystem. Every backup volume
+    /// without a `guest` key restores a guest of the bed (a VM's guest agent runs).
+    pub fn join_scenario(&self, scenario: &mut serde_json::Value) {
+        scenario["guest_bed"] = serde_json::json!({
+            "state": self.state_dir().display().to_string(),
+            "template": template_rootfs().display().to_string(),
+        });
+        if let Some(stores) = scenario
+            .get_mut("volumes")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            for vols in stores.values_mut() {
+                for vol in vols.as_array_mut().into_iter().flatten() {
+                    if vol.get("guest").is_none()
+                        && vol.get("content").is_none_or(|c| c == "backup")
+                    {
+                        vol["guest"] = serde_json::json!({});
+                    }
+                }
+            }
+        }
     }
 
     /// The scratch folder where pushed bytes are staged.

@@ -1,6 +1,7 @@
 //! A whole provisioning world for end-to-end tests and benchmarks: a fake PVE, the guest bed
-//! (containers as real root filesystems behind the `pct` stand-in, created as the fake restores
-//! them), and the agent's files with the package's default bootstrap profile and check pack.
+//! (guests as real root filesystems, made by the fake as it restores them: containers behind
+//! the `pct` stand-in, VMs behind the fake's guest agent), and the agent's files with the
+//! package's default bootstrap profile and check pack.
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,9 @@ pub fn install_default_profile_and_checks(files: &AgentFiles) {
     );
 }
 
+/// Real seconds per PVE second in a world whose scenario does not set its own.
+pub const TIME_SCALE: f64 = 0.01;
+
 /// The fake PVE, the guest bed and the agent's files.
 pub struct World {
     /// The fake PVE.
@@ -47,9 +51,29 @@ pub struct World {
 
 impl World {
     /// A world for `scenario` with these agent options.
-    pub fn with_options(scenario: Value, opts: &AgentOptions) -> World {
+    ///
+    /// The fake and the bed are joined ([`GuestBed::join_scenario`]): every backup of the
+    /// scenario restores a guest with a real root filesystem (unless its volume says
+    /// `"guest": false`), the fake keeps each container's state for the `pct` stand-in, and a
+    /// VM's guest agent runs commands in its root filesystem.
+    ///
+    /// Tasks take time, as on a node: a scenario that leaves `time_scale` at 0 gets 0.01 real
+    /// seconds per PVE second, a restore of 30 PVE seconds and a destroy of 10, so every task
+    /// is still running when PVE answers the request that started it.
+    pub fn with_options(mut scenario: Value, opts: &AgentOptions) -> World {
+        if scenario["time_scale"].as_f64().unwrap_or(0.0) == 0.0 {
+            scenario["time_scale"] = serde_json::json!(TIME_SCALE);
+            if scenario.get("attrs").is_none_or(Value::is_null) {
+                scenario["attrs"] = serde_json::json!({});
+            }
+            let attrs = &mut scenario["attrs"];
+            if attrs.get("ct_secs").is_none() {
+                attrs["ct_secs"] = serde_json::json!({"create": 30, "destroy": 10});
+            }
+        }
+        let bed = GuestBed::new();
+        bed.join_scenario(&mut scenario);
         let pve = FakePve::start(scenario);
-        let bed = GuestBed::autocreate();
         let files = AgentFiles::write(&pve, opts);
         install_default_profile_and_checks(&files);
         World { pve, bed, files }

@@ -98,7 +98,10 @@ fn missing_privileges_fail_with_what_to_grant() {
             "/pool/felhom",
             ["VM.Audit", "Pool.Audit"]
         ],
-        ["felhom@pve!agent", "/storage/local", ["PVEDatastoreUser"]]
+        ["felhom@pve!agent", "/storage/local", ["PVEDatastoreUser"]],
+        // The token's user holds everything: what is missing is the token's own grant.
+        ["felhom@pve", "/pool/felhom", ["PVEVMAdmin", "Pool.Audit"]],
+        ["felhom@pve", "/storage", ["PVEDatastoreUser"]]
     ]);
     let pve = FakePve::start(scenario);
     let files = AgentFiles::for_fake(&pve);
@@ -117,6 +120,52 @@ fn missing_privileges_fail_with_what_to_grant() {
         !msg.contains("VM.Audit on"),
         "a held privilege is not reported missing: {msg}"
     );
+}
+
+#[test]
+fn a_token_whose_user_lacks_the_pool_grant_names_the_user_grant() {
+    // The token is granted everything, its user only the storages: a privilege-separated token
+    // then holds nothing on the pool (PVE's intersection), and the user's grant is what to add.
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    scenario["grants"] = json!([
+        [
+            "felhom@pve!agent",
+            "/pool/felhom",
+            ["PVEVMAdmin", "Pool.Audit"]
+        ],
+        ["felhom@pve!agent", "/storage/local", ["PVEDatastoreUser"]],
+        [
+            "felhom@pve!agent",
+            "/storage/local-lvm",
+            ["PVEDatastoreUser"]
+        ],
+        ["felhom@pve", "/storage", ["PVEDatastoreUser"]]
+    ]);
+    let pve = FakePve::start(scenario);
+    let files = AgentFiles::for_fake(&pve);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    let privs = check(&doc, "privileges");
+    assert_eq!(privs["status"], "fail");
+    let msg = privs["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("user felhom@pve lacks") && msg.contains("VM.Allocate on /pool/felhom"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("--users 'felhom@pve'") && msg.contains("privilege-separated"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("token felhom@pve!agent lacks"),
+        "the token's own grants are there: {msg}"
+    );
+    assert!(
+        !msg.contains("Datastore.AllocateSpace on"),
+        "the user holds the storage grants: {msg}"
+    );
+    assert!(!run.stdout.contains(&pve.token_secret()));
 }
 
 #[test]

@@ -203,7 +203,7 @@ async fn control_records_requests_and_injects_faults() {
 }
 
 #[tokio::test]
-async fn restore_collision_and_the_extra_catalogue_error() {
+async fn restore_collisions_are_refused_synchronously_as_pve_does() {
     let pve = FakePve::demo();
     let form = [
         ("vmid", "101"),
@@ -215,25 +215,39 @@ async fn restore_collision_and_the_extra_catalogue_error() {
     let (status, body) = send(&pve, reqwest::Method::POST, "/nodes/pve1/lxc", &form).await;
     assert_eq!(status, 500);
     assert_eq!(body["message"], "CT 101 already exists on node 'pve1'\n");
-    assert!(pve.tasks().is_empty(), "no task for a synchronous refusal");
-
-    pve.fail_with("POST", "/nodes/pve1/lxc", "restore_vmid_taken", Some(1));
-    let (status, body) = send(&pve, reqwest::Method::POST, "/nodes/pve1/lxc", &form).await;
-    assert_eq!(status, 200, "{body}");
-    let upid = body["data"].as_str().expect("a UPID");
-    assert!(upid.starts_with("UPID:pve1:"), "{upid}");
-    let tasks = pve.tasks();
-    assert_eq!(tasks.len(), 1);
-    assert_eq!(tasks[0]["upid"], upid);
+    // A QEMU restore onto a taken vmid: create_and_lock_config refuses before any task, with
+    // the restore prefix (pve-api-facts §5.2).
+    let form_qm = [
+        ("vmid", "101"),
+        ("archive", DEMO_BACKUP),
+        ("storage", "local-lvm"),
+        ("pool", "felhom"),
+    ];
+    let (status, body) = send(&pve, reqwest::Method::POST, "/nodes/pve1/qemu", &form_qm).await;
+    assert_eq!(status, 500, "{body}");
     assert_eq!(
-        tasks[0]["exitstatus"],
-        "unable to restore CT 101 - CT 101 already exists on node 'pve1'"
+        body["message"],
+        "unable to restore VM 101 - CT 101 already exists on node 'pve1'\n"
     );
-    // The body is recorded (form fields, nothing secret in it).
+    let form_qm = [
+        ("vmid", "990000"),
+        ("archive", DEMO_BACKUP),
+        ("storage", "local-lvm"),
+        ("pool", "felhom"),
+    ];
+    let (status, body) = send(&pve, reqwest::Method::POST, "/nodes/pve1/qemu", &form_qm).await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(
+        body["message"],
+        "unable to restore VM 990000 - VM 990000 already exists on node 'pve1'\n"
+    );
+    assert!(pve.tasks().is_empty(), "no task for a synchronous refusal");
+    // The bodies are recorded (form fields, nothing secret in them).
     let posts: Vec<_> = pve.writes();
-    assert_eq!(posts.len(), 2);
-    assert_eq!(posts[1].param("vmid"), Some("101"));
-    assert_eq!(posts[1].param("pool"), Some("felhom"));
+    assert_eq!(posts.len(), 3);
+    assert_eq!(posts[0].param("vmid"), Some("101"));
+    assert_eq!(posts[0].param("pool"), Some("felhom"));
+    assert_eq!(pve.guest(101).expect("101")["status"], "running");
 
     // A good restore into a free vmid lands in the pool.
     let form = [

@@ -45,7 +45,12 @@ fn transaction_dispatch(vmid: u32) -> DispatchAction {
 
 #[test]
 fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
-    let pve = FakePve::demo();
+    // Real provisions: guests as root filesystems the fake makes as it restores them, behind
+    // the `pct` stand-in; the package's bootstrap profile and check pack.
+    let bed = GuestBed::new();
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    bed.join_scenario(&mut scenario);
+    let pve = FakePve::start(scenario);
     let mut hub = DevHub::start(DevHubOptions::default());
     let files = AgentFiles::write(
         &pve,
@@ -59,9 +64,6 @@ fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
             ..AgentOptions::default()
         },
     );
-    // Real provisions: containers as root filesystems behind the `pct` stand-in, the package's
-    // bootstrap profile and check pack.
-    let bed = GuestBed::autocreate();
     felhom_tests::world::install_default_profile_and_checks(&files);
     let path = format!(
         "{}:{}",

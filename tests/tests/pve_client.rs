@@ -5,7 +5,8 @@ use std::time::Duration;
 use felhom_agent::config::Config;
 use felhom_agent::error::ErrorCode;
 use felhom_agent::pve::{
-    wait_task, ApiErrorKind, GuestKind, LxcRestore, PveClient, PveError, RetryPolicy, WaitOptions,
+    wait_task, ApiErrorKind, GuestKind, LxcRestore, PveClient, PveError, QemuRestore, RetryPolicy,
+    WaitOptions,
 };
 use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve, PveTrust};
 use serde_json::json;
@@ -163,35 +164,39 @@ async fn collision_with_foreign_guest_is_classified() {
 }
 
 #[tokio::test]
-async fn collision_inside_the_task_is_classified() {
+async fn a_qemu_restore_collision_is_refused_synchronously_and_classified() {
+    // PVE reserves the vmid with create_and_lock_config before any task: a taken vmid is a
+    // synchronous 500 with the restore prefix, never a task (pve-api-facts §4.2, §5.2).
     let pve = FakePve::demo();
     let files = AgentFiles::for_fake(&pve);
     let client = client_for(&files);
-    pve.fail_with("POST", "/nodes/pve1/lxc", "restore_vmid_taken", Some(1));
-    let upid = client
-        .lxc_restore("pve1", &restore(202, BACKUP))
+    let err = client
+        .qemu_restore(
+            "pve1",
+            &QemuRestore {
+                vmid: 101,
+                archive: BACKUP.to_string(),
+                storage: "local-lvm".into(),
+                pool: "felhom".into(),
+                unique: true,
+                extra: vec![],
+            },
+        )
         .await
-        .expect("UPID");
-    let err = wait_task(
-        &client,
-        &upid,
-        &WaitOptions::timeout(Duration::from_secs(30)),
-    )
-    .await
-    .expect_err("task error");
-    match &err {
-        PveError::TaskFailed { exitstatus, .. } => {
-            assert_eq!(
-                exitstatus,
-                "unable to restore CT 202 - CT 202 already exists on node 'pve1'"
-            )
-        }
-        other => panic!("unexpected {other}"),
-    }
-    assert_eq!(
-        err.already_exists().map(|(k, v, _)| (k, v)),
-        Some((GuestKind::Lxc, 202))
+        .expect_err("collision");
+    assert!(
+        err.to_string()
+            .contains("unable to restore VM 101 - CT 101 already exists on node 'pve1'"),
+        "{err}"
     );
+    assert_eq!(
+        err.already_exists(),
+        Some((GuestKind::Lxc, 101, "pve1".to_string()))
+    );
+    assert_eq!(err.code(), ErrorCode::PveRefused);
+    assert!(pve.tasks().is_empty(), "no task");
+    let posts = pve.requests().iter().filter(|r| r.method == "POST").count();
+    assert_eq!(posts, 1, "never retried");
 }
 
 #[tokio::test]

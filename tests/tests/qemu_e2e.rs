@@ -1,0 +1,321 @@
+//! QEMU guests end to end: the real agent binary against fakepve restoring a VM from a backup
+//! that carries its config, with tasks that take time, and a guest agent that runs commands in
+//! the VM's real root filesystem (the guest bed). A green provision (launch proof, bootstrap,
+//! checks, gated destroy), the self-restore-test of a VM with two NICs, and a VM without a
+//! guest agent.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use felhom_tests::agent::AgentRun;
+use felhom_tests::fakepve::{
+    add_qemu_backup, demo_scenario, qemu_backup_config, AgentOptions, RecordedRequest, QEMU_BACKUP,
+};
+use felhom_tests::world::World;
+use serde_json::{json, Value};
+
+/// Real seconds per PVE second: a restore takes 60 PVE seconds (1.2 s), the VM's start 10, its
+/// boot (until the guest agent answers) 30.
+const TIME_SCALE: f64 = 0.02;
+
+fn scenario(config: Value, guest: Value) -> Value {
+    let mut s = demo_scenario();
+    s["time_scale"] = json!(TIME_SCALE);
+    s["attrs"] = json!({"qemu_restore_secs": 60});
+    add_qemu_backup(&mut s, config, guest);
+    s
+}
+
+fn booting_guest() -> Value {
+    json!({"agent": true, "boot_secs": 30, "start_secs": 10, "stop_secs": 5})
+}
+
+fn world(scenario: Value, extra_toml: &str) -> World {
+    let opts = AgentOptions {
+        selftest_source: Some(QEMU_BACKUP.to_string()),
+        extra_toml: extra_toml.to_string(),
+        ..AgentOptions::default()
+    };
+    World::with_options(scenario, &opts)
+}
+
+/// DELETEs of guests (not of tasks).
+fn guest_deletes(w: &World) -> Vec<RecordedRequest> {
+    w.pve
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE" && !r.path.contains("/tasks/"))
+        .collect()
+}
+
+fn agent_calls(w: &World, vmid: u32, endpoint: &str) -> Vec<RecordedRequest> {
+    let suffix = format!("/qemu/{vmid}/agent/{endpoint}");
+    w.pve
+        .requests()
+        .into_iter()
+        .filter(|r| r.api_path().ends_with(&suffix))
+        .collect()
+}
+
+/// Wait until the bed no longer holds the guest's folder (the fake removes it once PVE no
+/// longer has the guest).
+fn wait_bed_gone(w: &World, vmid: u32) -> bool {
+    let dir = w.bed.state_dir().join(vmid.to_string());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    !dir.exists()
+}
+
+#[test]
+fn green_qemu_provision_runs_the_bootstrap_for_real_and_destroys_through_the_gate() {
+    let w = world(scenario(qemu_backup_config(), booting_guest()), "");
+    // The default profile copies its files/ tree over the guest's /: a file only this run
+    // knows, to be read back from the VM's root filesystem.
+    let probe = format!("qemu probe {}\n", std::process::id());
+    let files = w.files.bootstrap_dir.join("default/files/etc");
+    std::fs::create_dir_all(&files).expect("mkdir");
+    std::fs::write(files.join("felhom-qemu-probe"), &probe).expect("write probe");
+
+    let run = w.agent(&["--selftest=provision", "-vmid", "320", "--keep", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["destroyed"], json!(false), "--keep keeps");
+    let checks = doc["checks"].as_array().expect("checks");
+    assert!(
+        !checks.is_empty() && checks.iter().all(|c| c["status"] == "pass"),
+        "{doc:#}"
+    );
+
+    // The restore went to PVE's QEMU endpoint with the backup, into the pool.
+    let reqs = w.pve.requests();
+    let restore = reqs
+        .iter()
+        .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
+        .expect("the QEMU restore");
+    assert_eq!(restore.param("vmid"), Some("320"));
+    assert_eq!(restore.param("pool"), Some("felhom"));
+    assert!(restore.param("archive").is_some(), "{restore:?}");
+    // The VM carries the backup's config, and the agent's marker on top.
+    let vm = w.pve.guest(320).expect("the kept VM");
+    assert_eq!(vm["status"], "running");
+    assert_eq!(vm["pool"], "felhom");
+    assert_eq!(vm["config"]["name"], "felhom-vm");
+    assert!(
+        vm["config"]["net1"]
+            .as_str()
+            .unwrap_or("")
+            .contains("bridge=vmbr1"),
+        "{vm:#}"
+    );
+    let tags = vm["config"]["tags"].as_str().unwrap_or("");
+    assert!(
+        tags.contains("customer") && tags.contains("felhom"),
+        "{tags}"
+    );
+
+    // The bootstrap really ran inside the VM: its files and its record are in the root
+    // filesystem, written through the guest agent.
+    let read = |p: &str| std::fs::read_to_string(w.bed.guest_path(320, p));
+    assert_eq!(
+        read("/etc/felhom-qemu-probe").expect("probe in the VM"),
+        probe
+    );
+    let env = read("/var/lib/felhom/provisioned.env").expect("bootstrap record");
+    let txn = doc["txn"].as_str().expect("txn");
+    assert!(
+        env.contains(&format!("FELHOM_TXN={txn}")) && env.contains("FELHOM_VMID=320"),
+        "{env}"
+    );
+    // Only through the guest agent of this VM; every pid's final status was read once (a
+    // second read would have failed the exec).
+    let execs = agent_calls(&w, 320, "exec");
+    assert!(
+        execs.len() >= 3,
+        "launch proof, bootstrap, checks: {execs:?}"
+    );
+    assert!(reqs
+        .iter()
+        .filter(|r| r.api_path().contains("/agent/"))
+        .all(|r| r.targets_vmid(320)));
+    assert!(guest_deletes(&w).is_empty(), "nothing deleted yet");
+
+    // The gated destroy removes exactly this VM, and its disks (the root filesystem) go.
+    let run = w.agent(&["destroy", "-vmid", "320", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert!(w.pve.guest(320).is_none(), "the VM is gone");
+    let deletes = guest_deletes(&w);
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert!(deletes[0].targets_vmid(320), "{deletes:?}");
+    assert!(wait_bed_gone(&w, 320), "the VM's root filesystem is gone");
+    for vmid in [300, 990000, 200, 101] {
+        assert!(w.pve.writes_for(vmid).is_empty(), "{vmid} was written");
+    }
+}
+
+#[test]
+fn qemu_restore_test_comes_up_isolated_with_only_net0() {
+    let metrics = tempfile::tempdir().expect("tmp");
+    let extra = format!(
+        "[restore_test]\nmetrics_dir = \"{}\"\nsources = [\"{QEMU_BACKUP}\"]\n",
+        metrics.path().display()
+    );
+    let w = world(scenario(qemu_backup_config(), booting_guest()), &extra);
+    let mut child = w
+        .command()
+        .args(["--selftest=restore", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the agent");
+    // Watch the copy from PVE's side while the agent works: whenever it runs, what NICs has it?
+    let mut seen_running: Option<Value> = None;
+    let mut seen_locked_outside_pool = false;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().expect("wait").is_none() && Instant::now() < deadline {
+        if let Some(g) = w.pve.guest(990002) {
+            if g["lock"] == "create" && g["pool"].is_null() {
+                seen_locked_outside_pool = true;
+            }
+            if g["status"] == "running" && seen_running.is_none() {
+                seen_running = Some(g["config"].clone());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    let run: AgentRun = child.wait_with_output().expect("agent output").into();
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["vmid"], json!(990002));
+    assert_eq!(doc["backup"], QEMU_BACKUP);
+    assert_eq!(doc["destroyed"], json!(true));
+    let checks = doc["checks"].as_array().expect("checks");
+    assert!(
+        !checks.is_empty() && checks.iter().all(|c| c["status"] == "pass"),
+        "{doc:#}"
+    );
+    assert!(
+        seen_locked_outside_pool,
+        "the VM was seen locked `create` outside the pool while its restore ran"
+    );
+
+    // It ran with only the isolated net0: no bridge, link down; net1 was removed before.
+    let config = seen_running.expect("the copy was seen running");
+    let nets: Vec<&String> = config
+        .as_object()
+        .expect("config")
+        .keys()
+        .filter(|k| k.starts_with("net"))
+        .collect();
+    assert_eq!(nets, ["net0"], "{config:#}");
+    let net0 = config["net0"].as_str().unwrap_or("");
+    assert!(
+        net0.contains("link_down=1") && !net0.contains("bridge"),
+        "{net0}"
+    );
+
+    let reqs = w.pve.requests();
+    let pos = |pred: &dyn Fn(&RecordedRequest) -> bool| reqs.iter().position(pred);
+    let restore =
+        pos(&|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu").expect("the restore");
+    assert_eq!(reqs[restore].param("unique"), Some("1"));
+    let put = pos(&|r| {
+        r.method == "PUT"
+            && r.api_path() == "/nodes/pve1/qemu/990002/config"
+            && r.param("delete").is_some_and(|d| d.contains("net1"))
+    })
+    .expect("net1 removed");
+    let start =
+        pos(&|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu/990002/status/start")
+            .expect("the start");
+    assert!(
+        restore < put && put < start,
+        "restore, then net1 removed, then start"
+    );
+    // A copy of a production guest is checked, never changed: no file pushed, no bootstrap.
+    assert!(
+        !agent_calls(&w, 990002, "exec").is_empty(),
+        "the checks ran in the copy"
+    );
+    assert!(
+        agent_calls(&w, 990002, "exec")
+            .iter()
+            .all(|r| !r.body.contains("bootstrap")),
+        "no bootstrap in a restore-test copy"
+    );
+    let deletes = guest_deletes(&w);
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert!(deletes[0].targets_vmid(990002));
+    assert!(w.pve.guest(990002).is_none());
+    assert!(wait_bed_gone(&w, 990002));
+    for vmid in [300, 990000, 990001, 200, 101] {
+        assert!(w.pve.writes_for(vmid).is_empty(), "{vmid} was written");
+    }
+}
+
+#[test]
+fn qemu_guest_without_a_guest_agent_is_unproven_and_cleaned_up_through_the_gate() {
+    let mut config = qemu_backup_config();
+    config.as_object_mut().expect("config").remove("agent");
+    let w = world(
+        scenario(config, json!({"agent": false, "start_secs": 10})),
+        "",
+    );
+    let run = w.agent(&["--selftest=provision", "-vmid", "330", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "failed", "{doc:#}");
+    assert_eq!(doc["error"]["code"], "launch_unproven", "{doc:#}");
+    let msg = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.to_lowercase().contains("guest agent"),
+        "names the missing guest agent: {msg}"
+    );
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    // PVE was asked, and answered in its words; nothing ran in the guest.
+    assert!(!agent_calls(&w, 330, "exec").is_empty());
+    assert!(agent_calls(&w, 330, "exec-status").is_empty());
+    let deletes = guest_deletes(&w);
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert!(deletes[0].targets_vmid(330));
+    assert!(w.pve.guest(330).is_none());
+    assert!(wait_bed_gone(&w, 330));
+}
+
+#[test]
+fn qemu_restore_onto_a_guest_created_after_the_list_was_read_is_refused_with_no_delete() {
+    let w = world(scenario(qemu_backup_config(), booting_guest()), "");
+    // The list is frozen, then someone else creates CT 131 (not in our pool).
+    w.pve.set(json!({"vmlist_frozen": true}));
+    w.pve.call(
+        "add_ct",
+        json!([131, "someone-new"]),
+        json!({"status": "running"}),
+    );
+    let run = w.agent(&["--selftest=provision", "-vmid", "131", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(4), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "pve_refused", "{doc:#}");
+    assert_eq!(doc["destroy_armed"], json!(false));
+    let msg = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("CT 131 already exists on node 'pve1'"),
+        "{msg}"
+    );
+    // PVE refused before any task: one POST, no task, nothing deleted, the CT intact.
+    let posts: Vec<_> = w
+        .pve
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
+        .collect();
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert!(w.pve.tasks().is_empty(), "no task");
+    assert!(guest_deletes(&w).is_empty());
+    assert!(w.pve.writes_for(131).is_empty());
+    assert_eq!(w.pve.guest(131).expect("the CT")["status"], "running");
+}
