@@ -461,6 +461,45 @@ impl DevHub {
         self.shared.state().clone()
     }
 
+    /// Wait until `ready` holds, for as long as `progress` keeps changing: fail only when it
+    /// stood still for `stall`. For long batches whose total time depends on the machine's
+    /// load, where only a stop of progress is a failure.
+    pub fn wait_while_progressing(
+        &self,
+        what: &str,
+        stall: Duration,
+        ready: impl Fn(&HubState) -> bool,
+        progress: impl Fn(&HubState) -> usize,
+    ) -> HubState {
+        let mut last = usize::MAX;
+        let mut since = Instant::now();
+        loop {
+            {
+                let state = self.shared.state();
+                if ready(&state) {
+                    return state.clone();
+                }
+                let now = progress(&state);
+                if now != last {
+                    last = now;
+                    since = Instant::now();
+                }
+            }
+            if since.elapsed() >= stall {
+                let state = self.snapshot();
+                panic!(
+                    "dev hub: no progress for {stall:?} waiting for {what} (progress {last}, \
+                     sessions {}, results {}, inventories {}, connected {})",
+                    state.sessions,
+                    state.results.len(),
+                    state.inventories.len(),
+                    state.connected
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Wait until `ready` holds for the recorded state, polling; panics after `timeout` naming
     /// `what`. Returns the state that satisfied it.
     pub fn wait_for(
