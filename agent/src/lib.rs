@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod config;
 pub mod doctor;
+pub mod durable_log;
 pub mod error;
 pub mod guest;
 pub mod hub;

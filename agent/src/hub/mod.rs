@@ -2,8 +2,8 @@
 //! event and result through a durable outbox (DESIGN sections 2 rule 8 and 6).
 //!
 //! The parts:
-//! - [`store`]: a checksummed append-only record log with completion marks (crash-safe,
-//!   size-capped, group-committed);
+//! - [`store`]: records by id and kind with completion marks and compaction, on a
+//!   [`crate::durable_log`] file (checksummed, crash-safe, size-capped, group-committed);
 //! - [`outbox`]: the outbox (messages until the hub acks them) and the inbox (dispatches until
 //!   they are finished) in `<state_dir>/outbox/`, behind one writer thread;
 //! - [`dispatch`]: the [`DispatchRunner`] seam, the [`EventSink`] a runner reports through,

@@ -1,12 +1,16 @@
-//! A durable, append-only record log with completion marks: the storage under the outbox
-//! (messages waiting for the hub's ack) and the inbox (dispatches accepted but not finished).
+//! The outbox's and inbox's storage: a [`DurableLog`](crate::durable_log) of records by id
+//! and kind, with completion marks and compaction. Under the outbox (messages waiting for the
+//! hub's ack) and the inbox (dispatches accepted but not finished). It may use std, nix (the
+//! folder's lock), ulid, `crate::durable_log` and `crate::error`; it knows nothing about the
+//! hub protocol and stores bodies by id.
 //!
 //! A log named `outbox` lives in two files of its folder:
 //!
-//! - `outbox.log`: one record per line,
-//!   `{"v":1,"sum":"<64 hex>","id":"<ULID>","kind":"<kind>","body":<one-line JSON>}`, where
-//!   `sum` is the SHA-256 of `<id>\n<kind>\n<body>`. Appends are written in one `write` and made
-//!   durable with one `fdatasync` per batch (a group commit), before they count as stored.
+//! - `outbox.log`: a [`crate::durable_log`] file (versioned, checksummed, size-capped, torn
+//!   tail cut at open) whose record payloads are
+//!   `{"id":"<ULID>","kind":"<kind>","body":<one-line JSON>}`. Appends are written in one
+//!   `write` and made durable with one `fdatasync` per batch (a group commit), before they
+//!   count as stored.
 //! - `outbox.done`: one mark per line, `<ULID> <first 16 hex of the record's sum>`, appended
 //!   when a record is finished with (acknowledged by the hub, dispatch settled). Marks are not
 //!   synced: a mark lost in a crash only means the record is sent or settled again, which the
@@ -18,28 +22,28 @@
 //! The records not marked done are the pending ones, in the order they were appended.
 //!
 //! Compaction: when every record is done both files are truncated; when most of the record
-//! file is done it is rewritten with only the pending records (write, fsync, rename, fsync the
-//! folder) and the marks are cleared. A crash at any point leaves either the old or the new
-//! file, never a mix. The record file is capped ([`Limits::max_log_bytes`]); an append over the
-//! cap is refused with [`StoreError::Full`] instead of growing without bound.
+//! file is done it is rewritten with only the pending records ([`LogFile::rewrite`]) and the
+//! marks are cleared. A crash at any point leaves either the old or the new file, never a mix.
+//! The record file is capped ([`Limits::max_log_bytes`]); an append over the cap is refused
+//! with [`StoreError::Full`] instead of growing without bound.
 //!
 //! One process owns a folder: the log takes an exclusive `flock` on `<name>.lock` for as long
-//! as it is open. This module knows nothing about the hub protocol; it stores bodies by id.
+//! as it is open.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
-use sha2::{Digest, Sha256};
 use ulid::Ulid;
 
+use crate::durable_log::{self, EncodeError, LogError, LogFile, OpenMode, Reject};
 use crate::error::ErrorCode;
 
 /// The record format version this agent writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = durable_log::FORMAT_VERSION;
 /// Default cap on one record line, in bytes (a frame of the protocol's maximum size fits).
 pub const MAX_RECORD_BYTES: usize = hub_protocol::MAX_FRAME_BYTES + 4096;
 /// Default cap on the record file, in bytes.
@@ -50,8 +54,6 @@ pub const COMPACT_MIN_DONE_BYTES: u64 = 1024 * 1024;
 /// The longest record kind.
 pub const MAX_KIND_LEN: usize = 32;
 
-const RECORD_PREFIX: &str = "{\"v\":";
-const SUM_HEX_LEN: usize = 64;
 const MARK_SUM_HEX_LEN: usize = 16;
 const MARK_LINE_LEN: usize = ulid::ULID_LEN + 1 + MARK_SUM_HEX_LEN + 1;
 
@@ -212,15 +214,11 @@ pub struct OpenReport {
 /// One durable record log in a folder. See the module docs.
 #[derive(Debug)]
 pub struct RecordLog {
-    dir: PathBuf,
-    records_path: PathBuf,
+    records: LogFile,
     marks_path: PathBuf,
-    records: File,
     marks: File,
     _lock: Flock<File>,
     limits: Limits,
-    /// Valid length of the record file.
-    len: u64,
     /// Bytes of the record file held by done records.
     done_bytes: u64,
     /// Length of the marks file.
@@ -237,22 +235,14 @@ fn io_err(path: &Path) -> impl Fn(io::Error) -> StoreError + '_ {
     }
 }
 
-fn sha256_hex(parts: &[&[u8]]) -> String {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p);
+impl From<LogError> for StoreError {
+    fn from(e: LogError) -> Self {
+        // `append` checks the room itself and reports `Full` with the pending count.
+        durable_log::owner_error!(StoreError, e,
+            Full { path, max } => StoreError::Full { path, max, pending: 0 },
+            TooLarge { path, size, max } => StoreError::TooLarge { path, size, max },
+        )
     }
-    hex::encode(h.finalize())
-}
-
-fn record_sum(id: &str, kind: &str, body: &str) -> String {
-    sha256_hex(&[
-        id.as_bytes(),
-        b"\n",
-        kind.as_bytes(),
-        b"\n",
-        body.as_bytes(),
-    ])
 }
 
 fn valid_kind(kind: &str) -> bool {
@@ -261,46 +251,24 @@ fn valid_kind(kind: &str) -> bool {
         && kind.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
 }
 
-/// One decoded record line.
-#[derive(Debug)]
-struct Line<'a> {
-    id: Ulid,
-    kind: &'a str,
-    body: &'a str,
-    sum: &'a str,
+/// The payload of a record: its id, kind and body.
+fn encode_payload(rec: &NewRecord<'_>) -> String {
+    format!(
+        "{{\"id\":\"{}\",\"kind\":\"{}\",\"body\":{}}}",
+        rec.id, rec.kind, rec.body
+    )
 }
 
-enum LineError {
-    Version(u32),
-    Damaged(String),
-}
-
-/// Decode one record line (without its newline).
-fn decode_record(line: &[u8]) -> Result<Line<'_>, LineError> {
-    let damaged = |what: &str| LineError::Damaged(format!("not an outbox record ({what})"));
-    let text = std::str::from_utf8(line).map_err(|_| damaged("not UTF-8"))?;
-    let rest = text
-        .strip_prefix(RECORD_PREFIX)
-        .ok_or_else(|| damaged("no version"))?;
-    let (version, rest) = rest.split_once(',').ok_or_else(|| damaged("no version"))?;
-    let version: u32 = version.parse().map_err(|_| damaged("bad version"))?;
-    if version != FORMAT_VERSION {
-        return Err(LineError::Version(version));
-    }
-    let rest = rest
-        .strip_prefix("\"sum\":\"")
-        .ok_or_else(|| damaged("no checksum"))?;
-    let sum = rest
-        .get(..SUM_HEX_LEN)
-        .ok_or_else(|| damaged("short checksum"))?;
-    let rest = &rest[SUM_HEX_LEN..];
-    let rest = rest
-        .strip_prefix("\",\"id\":\"")
+/// Decode a payload into its id, kind and body.
+fn decode_payload(payload: &str) -> Result<(Ulid, &str, &str), Reject> {
+    let damaged = |what: &str| Reject::Damaged(format!("not an outbox record ({what})"));
+    let rest = payload
+        .strip_prefix("{\"id\":\"")
         .ok_or_else(|| damaged("no id"))?;
-    let id_text = rest
-        .get(..ulid::ULID_LEN)
-        .ok_or_else(|| damaged("short id"))?;
-    let rest = &rest[ulid::ULID_LEN..];
+    if rest.len() < ulid::ULID_LEN || !rest.is_char_boundary(ulid::ULID_LEN) {
+        return Err(damaged("short id"));
+    }
+    let (id, rest) = rest.split_at(ulid::ULID_LEN);
     let rest = rest
         .strip_prefix("\",\"kind\":\"")
         .ok_or_else(|| damaged("no kind"))?;
@@ -309,28 +277,8 @@ fn decode_record(line: &[u8]) -> Result<Line<'_>, LineError> {
         .strip_prefix(",\"body\":")
         .and_then(|r| r.strip_suffix('}'))
         .ok_or_else(|| damaged("no body"))?;
-    if record_sum(id_text, kind, body) != sum {
-        return Err(LineError::Damaged(
-            "the checksum does not match the record".to_string(),
-        ));
-    }
-    let id = Ulid::from_string(id_text).map_err(|_| damaged("bad id"))?;
-    Ok(Line {
-        id,
-        kind,
-        body,
-        sum,
-    })
-}
-
-fn encode_record(rec: &NewRecord<'_>) -> (String, String) {
-    let id = rec.id.to_string();
-    let sum = record_sum(&id, rec.kind, rec.body);
-    let line = format!(
-        "{RECORD_PREFIX}{FORMAT_VERSION},\"sum\":\"{sum}\",\"id\":\"{id}\",\"kind\":\"{}\",\"body\":{}}}\n",
-        rec.kind, rec.body
-    );
-    (line, sum)
+    let id = Ulid::from_string(id).map_err(|_| damaged("bad id"))?;
+    Ok((id, kind, body))
 }
 
 fn sum_prefix(sum: &str) -> [u8; MARK_SUM_HEX_LEN] {
@@ -371,12 +319,6 @@ fn open_file(path: &Path) -> Result<File, StoreError> {
         .map_err(io_err(path))
 }
 
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
-}
-
 impl RecordLog {
     /// Open (or create) the log `name` in `dir` with the default limits.
     pub fn open(dir: &Path, name: &str) -> Result<(Self, OpenReport), StoreError> {
@@ -415,31 +357,38 @@ impl RecordLog {
         let records_path = dir.join(format!("{name}.log"));
         let marks_path = dir.join(format!("{name}.done"));
         let existed = records_path.exists();
-        let mut records = open_file(&records_path)?;
+        let log_limits = durable_log::Limits {
+            max_record_bytes: limits.max_record_bytes,
+            max_file_bytes: limits.max_log_bytes,
+        };
+        let records =
+            LogFile::open(&records_path, log_limits, OpenMode::Create)?.ok_or_else(|| {
+                StoreError::Io {
+                    path: records_path.clone(),
+                    source: io::ErrorKind::NotFound.into(),
+                }
+            })?;
         let mut marks = open_file(&marks_path)?;
         if !existed {
-            sync_dir(dir)?;
+            durable_log::sync_dir(dir).map_err(io_err(dir))?;
         }
         let mut log = RecordLog {
-            dir: dir.to_path_buf(),
-            records_path,
+            records,
             marks_path,
-            records: records.try_clone().map_err(io_err(dir))?,
             marks: marks.try_clone().map_err(io_err(dir))?,
             _lock: lock,
             limits,
-            len: 0,
             done_bytes: 0,
             marks_len: 0,
             pending: BTreeMap::new(),
             by_id: HashMap::new(),
             next_seq: 1,
         };
-        let report = log.load(&mut records, &mut marks)?;
+        let report = log.load(&mut marks)?;
         Ok((log, report))
     }
 
-    fn load(&mut self, records: &mut File, marks: &mut File) -> Result<OpenReport, StoreError> {
+    fn load(&mut self, marks: &mut File) -> Result<OpenReport, StoreError> {
         let mut report = OpenReport::default();
         // The marks first: the set of finished records.
         let mut mark_bytes = Vec::new();
@@ -476,100 +425,36 @@ impl RecordLog {
             );
         }
 
-        let size = records
-            .metadata()
-            .map_err(io_err(&self.records_path))?
-            .len();
-        if size > self.limits.max_log_bytes + self.limits.max_record_bytes as u64 {
-            return Err(StoreError::TooLarge {
-                path: self.records_path.clone(),
-                size,
-                max: self.limits.max_log_bytes,
-            });
-        }
-        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-        records
-            .read_to_end(&mut bytes)
-            .map_err(io_err(&self.records_path))?;
-        let mut offset = 0usize;
-        let mut line_no = 0usize;
-        while offset < bytes.len() {
-            line_no += 1;
-            let rest = &bytes[offset..];
-            let (line, complete) = match rest.iter().position(|b| *b == b'\n') {
-                Some(i) => (&rest[..i], true),
-                None => (rest, false),
-            };
-            let next = offset + line.len() + usize::from(complete);
-            let is_last = next >= bytes.len();
-            if !complete {
-                report.torn_tail = true;
-                break;
+        let contents = self
+            .records
+            .read(|payload| decode_payload(payload).map(|(id, kind, _)| (id, kind.to_string())))?;
+        for entry in contents.entries {
+            let (id, kind) = entry.value;
+            let prefix = sum_prefix(&entry.sum);
+            if done.contains(&(id, prefix)) || self.by_id.contains_key(&id) {
+                // Finished, or a second copy of a pending record: not pending.
+                self.done_bytes += u64::from(entry.len);
+                continue;
             }
-            match decode_record(line) {
-                Ok(rec) => {
-                    let len = u32::try_from(line.len() + 1).unwrap_or(u32::MAX);
-                    let prefix = sum_prefix(rec.sum);
-                    if done.contains(&(rec.id, prefix)) || self.by_id.contains_key(&rec.id) {
-                        // Finished, or a second copy of a pending record: not pending.
-                        self.done_bytes += u64::from(len);
-                    } else {
-                        let seq = self.next_seq;
-                        self.next_seq += 1;
-                        self.by_id.insert(rec.id, seq);
-                        self.pending.insert(
-                            seq,
-                            Slot {
-                                seq,
-                                id: rec.id,
-                                kind: rec.kind.to_string(),
-                                offset: offset as u64,
-                                len,
-                                sum_prefix: prefix,
-                            },
-                        );
-                    }
-                }
-                Err(LineError::Version(version)) => {
-                    return Err(StoreError::UnsupportedVersion {
-                        path: self.records_path.clone(),
-                        line: line_no,
-                        version,
-                    })
-                }
-                Err(LineError::Damaged(_)) if is_last => {
-                    report.torn_tail = true;
-                    break;
-                }
-                Err(LineError::Damaged(reason)) => {
-                    return Err(StoreError::Corrupt {
-                        path: self.records_path.clone(),
-                        line: line_no,
-                        reason,
-                    })
-                }
-            }
-            offset = next;
+            self.insert_pending(id, kind, entry.offset, entry.len, prefix);
         }
-        self.len = offset as u64;
-        if report.torn_tail {
+        if let Some(torn) = contents.torn {
+            report.torn_tail = true;
             tracing::warn!(
-                path = %self.records_path.display(),
-                "cutting off the torn last record (line {line_no}) of {}: a write cut short by \
+                path = %self.records.path().display(),
+                "cutting off the torn last record (line {}) of {}: a write cut short by \
                  a crash, never acknowledged as stored",
-                self.records_path.display()
+                torn.line,
+                self.records.path().display()
             );
-            records
-                .set_len(self.len)
-                .and_then(|()| records.sync_data())
-                .map_err(io_err(&self.records_path))?;
+            self.records.cut_tail()?;
         }
         Ok(report)
     }
 
     /// The record file.
     pub fn path(&self) -> &Path {
-        &self.records_path
+        self.records.path()
     }
 
     /// Records not yet done.
@@ -579,7 +464,7 @@ impl RecordLog {
 
     /// The length of the record file in bytes.
     pub fn log_bytes(&self) -> u64 {
-        self.len
+        self.records.len()
     }
 
     /// The pending records, in append order.
@@ -606,28 +491,22 @@ impl RecordLog {
 
     /// Read a pending record's body back from the file, checking its checksum again.
     pub fn read_body(&self, slot: &Slot) -> Result<String, StoreError> {
-        let mut buf = vec![0u8; slot.len as usize];
-        self.records
-            .read_exact_at(&mut buf, slot.offset)
-            .map_err(io_err(&self.records_path))?;
-        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
-        match decode_record(line) {
-            Ok(rec) if rec.id == slot.id => Ok(rec.body.to_string()),
-            Ok(_) => Err(StoreError::Corrupt {
-                path: self.records_path.clone(),
-                line: 0,
-                reason: format!("the record at byte {} is not {}", slot.offset, slot.id),
-            }),
-            Err(LineError::Version(v)) => Err(StoreError::UnsupportedVersion {
-                path: self.records_path.clone(),
-                line: 0,
-                version: v,
-            }),
-            Err(LineError::Damaged(reason)) => Err(StoreError::Corrupt {
-                path: self.records_path.clone(),
-                line: 0,
-                reason: format!("record {} at byte {}: {reason}", slot.id, slot.offset),
-            }),
+        let payload = self.records.read_at(slot.offset, slot.len)?;
+        let corrupt = |reason: String| StoreError::Corrupt {
+            path: self.records.path().to_path_buf(),
+            line: 0,
+            reason,
+        };
+        match decode_payload(&payload) {
+            Ok((id, _, body)) if id == slot.id => Ok(body.to_string()),
+            Ok(_) => Err(corrupt(format!(
+                "the record at byte {} is not {}",
+                slot.offset, slot.id
+            ))),
+            Err(Reject::Damaged(reason) | Reject::Corrupt(reason)) => Err(corrupt(format!(
+                "record {} at byte {}: {reason}",
+                slot.id, slot.offset
+            ))),
         }
     }
 
@@ -653,7 +532,7 @@ impl RecordLog {
             }
             let bad = |reason: String| StoreError::BadRecord {
                 id: rec.id,
-                path: self.records_path.clone(),
+                path: self.records.path().to_path_buf(),
                 reason,
             };
             if !valid_kind(rec.kind) {
@@ -665,14 +544,14 @@ impl RecordLog {
             if rec.body.contains('\n') || rec.body.is_empty() {
                 return Err(bad("the body is not JSON on one line".to_string()));
             }
-            let (line, sum) = encode_record(rec);
-            if line.len() > self.limits.max_record_bytes {
-                return Err(bad(format!(
-                    "it is {} bytes, over the cap of {}",
-                    line.len(),
-                    self.limits.max_record_bytes
-                )));
-            }
+            let line = match self.log_limits().encode(&encode_payload(rec)) {
+                Ok(line) => line,
+                Err(EncodeError::NotOneLine) => {
+                    return Err(bad("the body is not JSON on one line".to_string()))
+                }
+                Err(e @ EncodeError::TooLarge { .. }) => return Err(bad(e.to_string())),
+            };
+            let sum = durable_log::line_sum(&line);
             seen_in_batch.insert(rec.id, staged.len());
             refs.push(Some(staged.len()));
             result.push(None);
@@ -680,7 +559,7 @@ impl RecordLog {
                 rec.id,
                 rec.kind,
                 u32::try_from(line.len()).unwrap_or(u32::MAX),
-                sum_prefix(&sum),
+                sum_prefix(sum),
             ));
             buf.push_str(&line);
         }
@@ -688,50 +567,22 @@ impl RecordLog {
             return Ok(result.into_iter().map(|s| s.unwrap_or(0)).collect());
         }
         let add = buf.len() as u64;
-        if self.len + add > self.limits.max_log_bytes {
+        if !self.records.fits(add) {
             self.compact()?;
-            if self.len + add > self.limits.max_log_bytes {
+            if !self.records.fits(add) {
                 return Err(StoreError::Full {
-                    path: self.records_path.clone(),
+                    path: self.records.path().to_path_buf(),
                     max: self.limits.max_log_bytes,
                     pending: self.pending.len(),
                 });
             }
         }
-        let start = self.len;
-        let written = self
-            .records
-            .write_all_at(buf.as_bytes(), start)
-            .and_then(|()| self.records.sync_data());
-        if let Err(source) = written {
-            // Leave the file as it was: a partial batch must not be read as stored.
-            let _ = self.records.set_len(start);
-            return Err(StoreError::Io {
-                path: self.records_path.clone(),
-                source,
-            });
-        }
-        let mut offset = start;
+        let mut offset = self.records.append(buf.as_bytes())?;
         let mut seqs = Vec::with_capacity(staged.len());
         for (id, kind, len, prefix) in staged {
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            self.by_id.insert(id, seq);
-            self.pending.insert(
-                seq,
-                Slot {
-                    seq,
-                    id,
-                    kind: kind.to_string(),
-                    offset,
-                    len,
-                    sum_prefix: prefix,
-                },
-            );
+            seqs.push(self.insert_pending(id, kind.to_string(), offset, len, prefix));
             offset += u64::from(len);
-            seqs.push(seq);
         }
-        self.len = offset;
         Ok(result
             .into_iter()
             .zip(refs)
@@ -741,6 +592,39 @@ impl RecordLog {
                 (None, None) => 0,
             })
             .collect())
+    }
+
+    /// Add a pending record under the next seq; returns the seq.
+    fn insert_pending(
+        &mut self,
+        id: Ulid,
+        kind: String,
+        offset: u64,
+        len: u32,
+        sum_prefix: [u8; MARK_SUM_HEX_LEN],
+    ) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.by_id.insert(id, seq);
+        self.pending.insert(
+            seq,
+            Slot {
+                seq,
+                id,
+                kind,
+                offset,
+                len,
+                sum_prefix,
+            },
+        );
+        seq
+    }
+
+    fn log_limits(&self) -> durable_log::Limits {
+        durable_log::Limits {
+            max_record_bytes: self.limits.max_record_bytes,
+            max_file_bytes: self.limits.max_log_bytes,
+        }
     }
 
     /// Mark records done (ids that are not pending are ignored) and compact when that frees
@@ -771,7 +655,7 @@ impl RecordLog {
             .write_all_at(lines.as_bytes(), self.marks_len)
             .map_err(io_err(&self.marks_path))?;
         self.marks_len += lines.len() as u64;
-        if self.done_bytes >= COMPACT_MIN_DONE_BYTES && self.done_bytes * 2 > self.len {
+        if self.done_bytes >= COMPACT_MIN_DONE_BYTES && self.done_bytes * 2 > self.records.len() {
             self.compact()?;
         }
         Ok(count)
@@ -781,12 +665,8 @@ impl RecordLog {
     /// rewrite the record file with only the pending records.
     pub fn compact(&mut self) -> Result<(), StoreError> {
         if self.pending.is_empty() {
-            self.records
-                .set_len(0)
-                .and_then(|()| self.records.sync_data())
-                .map_err(io_err(&self.records_path))?;
+            self.records.truncate()?;
             self.marks.set_len(0).map_err(io_err(&self.marks_path))?;
-            self.len = 0;
             self.marks_len = 0;
             self.done_bytes = 0;
             return Ok(());
@@ -794,43 +674,13 @@ impl RecordLog {
         if self.done_bytes == 0 {
             return Ok(());
         }
-        let tmp_path = self.records_path.with_extension("log.tmp");
-        let mut tmp = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp_path)
-            .map_err(io_err(&tmp_path))?;
-        let mut new_offsets = Vec::with_capacity(self.pending.len());
-        let mut offset = 0u64;
-        let mut buf = Vec::new();
-        for slot in self.pending.values() {
-            let mut line = vec![0u8; slot.len as usize];
-            self.records
-                .read_exact_at(&mut line, slot.offset)
-                .map_err(io_err(&self.records_path))?;
-            buf.extend_from_slice(&line);
-            new_offsets.push(offset);
-            offset += u64::from(slot.len);
-            if buf.len() >= 1024 * 1024 {
-                tmp.write_all(&buf).map_err(io_err(&tmp_path))?;
-                buf.clear();
-            }
-        }
-        tmp.write_all(&buf)
-            .and_then(|()| tmp.sync_all())
-            .map_err(io_err(&tmp_path))?;
-        fs::rename(&tmp_path, &self.records_path).map_err(io_err(&self.records_path))?;
-        sync_dir(&self.dir)?;
+        let keep: Vec<(u64, u32)> = self.pending.values().map(|s| (s.offset, s.len)).collect();
+        let new_offsets = self.records.rewrite(&keep)?;
         // The marks name only records that are no longer in the file.
         self.marks.set_len(0).map_err(io_err(&self.marks_path))?;
-        self.records = tmp;
         for (slot, new_offset) in self.pending.values_mut().zip(new_offsets) {
             slot.offset = new_offset;
         }
-        self.len = offset;
         self.marks_len = 0;
         self.done_bytes = 0;
         Ok(())
@@ -894,7 +744,7 @@ mod tests {
         for line in text.lines() {
             let v: serde_json::Value = serde_json::from_str(line).expect("each record is JSON");
             assert_eq!(v["v"], 1);
-            assert_eq!(v["kind"], "event");
+            assert_eq!(v["rec"]["kind"], "event");
         }
     }
 

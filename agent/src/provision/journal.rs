@@ -3,8 +3,12 @@
 //! One append-only file per transaction, `<state_dir>/journal/<txn>.log`, one record per line:
 //!
 //! ```text
-//! {"v":1,"sha256":"<hex of the rec bytes>","rec":{"seq":0,"at":"2026-…Z","state":{…}}}
+//! {"v":1,"sum":"<hex of the rec bytes>","rec":{"seq":0,"at":"2026-…Z","state":{…}}}
 //! ```
+//!
+//! Each file is a [`crate::durable_log`] file (that module owns the line format, the
+//! checksums, the caps and the fsyncs); this module owns what a record means: the `rec` payload
+//! `{"seq":…,"at":…,"state":…}`, numbered from 0, every record of one transaction.
 //!
 //! Every record holds the whole [`State`] after a transition; the executor writes it before the
 //! PVE write that the transition asks for (intent) and after each outcome. Each append is
@@ -13,28 +17,30 @@
 //!
 //! Replay reads every file: a torn last line (a partial write from a crash: no newline, or a
 //! checksum that does not match) is ignored with a warning and cut off by the next append;
-//! anything wrong before the last line is corruption, reported with the file and line, and the
-//! journal is not guessed at.
+//! anything wrong before the last line (or a record out of sequence, or of another
+//! transaction) is corruption, reported with the file and line, and the journal is not guessed
+//! at.
 //!
 //! This module never decides anything about a transaction; it only stores and returns states.
 //! It takes no lock: a transaction's file is written only by the process holding its vmid's
-//! lock ([`super::lock`]).
+//! lock ([`super::lock`]). It may use `crate::durable_log`, `crate::error`, `crate::timefmt`
+//! and the machine's types ([`super::machine`]).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use ulid::Ulid;
 
 use super::machine::{OutcomeKind, Phase, State, Step, TxnKind};
+use crate::durable_log::{self, sync_dir, EncodeError, LogError, LogFile, OpenMode, Reject};
 use crate::error::{ErrorCode, Failure};
 use crate::timefmt::now_rfc3339;
 
 /// The record format version this agent writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = durable_log::FORMAT_VERSION;
 /// Default cap on one encoded record line, in bytes.
 pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 /// Default cap on one transaction's journal file, in bytes.
@@ -43,7 +49,6 @@ pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 pub const JOURNAL_DIR: &str = "journal";
 
 const FILE_EXT: &str = "log";
-const HASH_HEX_LEN: usize = 64;
 
 /// Errors of the journal. Every message names the transaction or file and says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -277,15 +282,7 @@ struct FileRead {
     first_at: Option<String>,
     last: Option<Record>,
     records: u64,
-    valid_len: u64,
     torn: bool,
-}
-
-enum LineError {
-    /// Not a journal line, or its checksum does not match.
-    Damaged(String),
-    /// A version this agent does not know.
-    Version(u32),
 }
 
 impl Journal {
@@ -331,49 +328,28 @@ impl Journal {
         let path = self.path_of(txn);
         // Encode and check the caps before the file exists: a refused record leaves nothing.
         let line = self.encode(state, 0)?;
-        self.check_file_cap(txn, &path, line.len() as u64)?;
-        let created = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(file) => Some(file),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => None,
-            Err(source) => return Err(JournalError::Io { path, source }),
-        };
-        let (mut file, fresh) = match created {
-            Some(file) => (file, true),
+        if line.len() as u64 > self.limits.max_file_bytes {
+            return Err(self.file_full(txn, &path));
+        }
+        let (mut log, fresh) = match self.open_log(&path, OpenMode::CreateNew)? {
+            Some(log) => (log, true),
             None => {
                 // A file whose first record was torn by a crash holds nothing: reuse it.
-                let mut file = open_rw(&path)?;
-                let read = self.read_file(&mut file, &path, txn)?;
-                if read.records > 0 {
+                let mut log = self.open_existing(txn, &path, OpenMode::Write)?;
+                if self.read_file(&mut log, txn)?.records > 0 {
                     return Err(JournalError::AlreadyExists { txn, path });
                 }
-                (file, false)
+                (log, false)
             }
         };
-        let io = |source| JournalError::Io {
-            path: path.clone(),
-            source,
-        };
-        file.set_len(0).map_err(io)?;
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
-        file.write_all(&line).map_err(io)?;
-        file.sync_all().map_err(io)?;
+        log.append(line.as_bytes()).map_err(log_error(txn))?;
         if fresh {
             sync_dir(&self.dir).map_err(|source| JournalError::Io {
                 path: self.dir.clone(),
                 source,
             })?;
         }
-        let record = decode_line(&line).map_err(|_| JournalError::Corrupt {
-            path: path.clone(),
-            line: 1,
-            reason: "the record just written does not read back".to_string(),
-        })?;
+        let record = read_back(&line, &path, 1)?;
         Ok(TxnState {
             state: record.state,
             started_at: record.at.clone(),
@@ -389,45 +365,28 @@ impl Journal {
     pub fn append(&self, state: &State) -> Result<TxnState, JournalError> {
         let txn = state.txn();
         let path = self.path_of(txn);
-        let mut file = match OpenOptions::new().read(true).write(true).open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(JournalError::NotFound {
-                    txn,
-                    dir: self.dir.clone(),
-                })
-            }
-            Err(source) => return Err(JournalError::Io { path, source }),
+        let not_found = || JournalError::NotFound {
+            txn,
+            dir: self.dir.clone(),
         };
-        let read = self.read_file(&mut file, &path, txn)?;
-        let Some(first_at) = read.first_at else {
-            return Err(JournalError::NotFound {
-                txn,
-                dir: self.dir.clone(),
-            });
-        };
+        let mut log = self
+            .open_log(&path, OpenMode::Write)?
+            .ok_or_else(not_found)?;
+        let read = self.read_file(&mut log, txn)?;
+        let first_at = read.first_at.ok_or_else(not_found)?;
         let line = self.encode(state, read.records)?;
-        self.check_file_cap(txn, &path, read.valid_len + line.len() as u64)?;
-        let io = |source| JournalError::Io {
-            path: path.clone(),
-            source,
-        };
+        if !log.fits(line.len() as u64) {
+            return Err(self.file_full(txn, &path));
+        }
         if read.torn {
             tracing::warn!(
                 path = %path.display(),
                 "cutting off the torn last line of journal file {} before appending",
                 path.display()
             );
-            file.set_len(read.valid_len).map_err(io)?;
         }
-        file.seek(SeekFrom::Start(read.valid_len)).map_err(io)?;
-        file.write_all(&line).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        let record = decode_line(&line).map_err(|_| JournalError::Corrupt {
-            path: path.clone(),
-            line: (read.records + 1) as usize,
-            reason: "the record just written does not read back".to_string(),
-        })?;
+        log.append(line.as_bytes()).map_err(log_error(txn))?;
+        let record = read_back(&line, &path, (read.records + 1) as usize)?;
         Ok(TxnState {
             state: record.state,
             started_at: first_at,
@@ -451,12 +410,10 @@ impl Journal {
     /// returns this instead of running again).
     pub fn get(&self, txn: Ulid) -> Result<Option<TxnState>, JournalError> {
         let path = self.path_of(txn);
-        let mut file = match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(JournalError::Io { path, source }),
+        let Some(mut log) = self.open_log(&path, OpenMode::Read)? else {
+            return Ok(None);
         };
-        let read = self.read_file(&mut file, &path, txn)?;
+        let read = self.read_file(&mut log, txn)?;
         Ok(to_txn_state(read, path))
     }
 
@@ -489,11 +446,8 @@ impl Journal {
                 );
                 continue;
             };
-            let mut file = File::open(&path).map_err(|source| JournalError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            let read = self.read_file(&mut file, &path, txn)?;
+            let mut log = self.open_existing(txn, &path, OpenMode::Read)?;
+            let read = self.read_file(&mut log, txn)?;
             if let Some(t) = to_txn_state(read, path) {
                 out.push(t);
             }
@@ -527,7 +481,15 @@ impl Journal {
             .max_by_key(|t| t.state.txn()))
     }
 
-    fn encode(&self, state: &State, seq: u64) -> Result<Vec<u8>, JournalError> {
+    fn log_limits(&self) -> durable_log::Limits {
+        durable_log::Limits {
+            max_record_bytes: self.limits.max_record_bytes,
+            max_file_bytes: self.limits.max_file_bytes,
+        }
+    }
+
+    /// One record line: the state, numbered and timestamped, within the per-record cap.
+    fn encode(&self, state: &State, seq: u64) -> Result<String, JournalError> {
         let txn = state.txn();
         let record = Record {
             seq,
@@ -536,50 +498,109 @@ impl Journal {
         };
         let rec = serde_json::to_string(&record)
             .map_err(|source| JournalError::Encode { txn, source })?;
-        let line = format!(
-            "{{\"v\":{FORMAT_VERSION},\"sha256\":\"{}\",\"rec\":{rec}}}\n",
-            sha256_hex(rec.as_bytes())
-        );
-        if line.len() > self.limits.max_record_bytes {
-            return Err(JournalError::RecordTooLarge {
+        self.log_limits().encode(&rec).map_err(|e| match e {
+            EncodeError::TooLarge { size, max } => JournalError::RecordTooLarge {
                 txn,
                 seq,
-                size: line.len(),
-                max: self.limits.max_record_bytes,
-            });
-        }
-        Ok(line.into_bytes())
-    }
-
-    fn check_file_cap(&self, txn: Ulid, path: &Path, new_len: u64) -> Result<(), JournalError> {
-        if new_len > self.limits.max_file_bytes {
-            return Err(JournalError::FileFull {
-                txn,
-                path: path.to_path_buf(),
-                max: self.limits.max_file_bytes,
-            });
-        }
-        Ok(())
-    }
-
-    fn read_file(&self, file: &mut File, path: &Path, txn: Ulid) -> Result<FileRead, JournalError> {
-        let io = |source| JournalError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let size = file.metadata().map_err(io)?.len();
-        if size > self.limits.max_file_bytes {
-            return Err(JournalError::FileTooLarge {
-                path: path.to_path_buf(),
                 size,
-                max: self.limits.max_file_bytes,
-            });
-        }
-        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
-        file.read_to_end(&mut bytes).map_err(io)?;
-        parse_file(&bytes, path, txn)
+                max,
+            },
+            EncodeError::NotOneLine => JournalError::Encode {
+                txn,
+                source: serde::ser::Error::custom("the record is not one line"),
+            },
+        })
     }
+
+    fn file_full(&self, txn: Ulid, path: &Path) -> JournalError {
+        JournalError::FileFull {
+            txn,
+            path: path.to_path_buf(),
+            max: self.limits.max_file_bytes,
+        }
+    }
+
+    fn open_log(&self, path: &Path, mode: OpenMode) -> Result<Option<LogFile>, JournalError> {
+        LogFile::open(path, self.log_limits(), mode).map_err(log_error(Ulid::nil()))
+    }
+
+    /// Open a file that was just seen to exist (gone meanwhile: an I/O error).
+    fn open_existing(
+        &self,
+        txn: Ulid,
+        path: &Path,
+        mode: OpenMode,
+    ) -> Result<LogFile, JournalError> {
+        self.open_log(path, mode)?.ok_or_else(|| JournalError::Io {
+            path: path.to_path_buf(),
+            source: io::Error::new(io::ErrorKind::NotFound, format!("{txn} vanished")),
+        })
+    }
+
+    /// Read a transaction's file: every record must follow the one before and belong to
+    /// `txn`; a torn last line is left out with a warning.
+    fn read_file(&self, log: &mut LogFile, txn: Ulid) -> Result<FileRead, JournalError> {
+        let mut expected = 0u64;
+        let contents = log
+            .read(|payload| {
+                let record: Record = serde_json::from_str(payload)
+                    .map_err(|e| Reject::Damaged(format!("record does not decode: {e}")))?;
+                if record.seq != expected {
+                    return Err(Reject::Corrupt(format!(
+                        "record number {} where {expected} was expected",
+                        record.seq
+                    )));
+                }
+                if record.state.txn() != txn {
+                    return Err(Reject::Corrupt(format!(
+                        "a record of transaction {} in the file of transaction {txn}",
+                        record.state.txn()
+                    )));
+                }
+                expected += 1;
+                Ok(record)
+            })
+            .map_err(log_error(txn))?;
+        if let Some(torn) = &contents.torn {
+            tracing::warn!(
+                path = %log.path().display(),
+                line = torn.line,
+                "ignoring the torn last line {} of journal file {}: {}",
+                torn.line,
+                log.path().display(),
+                torn.reason
+            );
+        }
+        let first_at = contents.entries.first().map(|e| e.value.at.clone());
+        Ok(FileRead {
+            first_at,
+            records: contents.entries.len() as u64,
+            torn: contents.torn.is_some(),
+            last: contents.entries.into_iter().next_back().map(|e| e.value),
+        })
+    }
+}
+
+/// The journal's error for a durable-log error of transaction `txn`'s file.
+fn log_error(txn: Ulid) -> impl Fn(LogError) -> JournalError {
+    move |e| {
+        durable_log::owner_error!(JournalError, e,
+            Full { path, max } => JournalError::FileFull { txn, path, max },
+            TooLarge { path, size, max } => JournalError::FileTooLarge { path, size, max },
+        )
+    }
+}
+
+/// Decode the line just written, as a replay will read it.
+fn read_back(line: &str, path: &Path, line_no: usize) -> Result<Record, JournalError> {
+    durable_log::decode_line(line.as_bytes())
+        .ok()
+        .and_then(|(rec, _)| serde_json::from_str(rec).ok())
+        .ok_or_else(|| JournalError::Corrupt {
+            path: path.to_path_buf(),
+            line: line_no,
+            reason: "the record just written does not read back".to_string(),
+        })
 }
 
 fn to_txn_state(read: FileRead, path: PathBuf) -> Option<TxnState> {
@@ -601,139 +622,6 @@ fn to_txn_state(read: FileRead, path: PathBuf) -> Option<TxnState> {
             None
         }
     }
-}
-
-/// Parse a whole file: every line but the last must be valid and follow the one before.
-fn parse_file(bytes: &[u8], path: &Path, txn: Ulid) -> Result<FileRead, JournalError> {
-    let mut read = FileRead {
-        first_at: None,
-        last: None,
-        records: 0,
-        valid_len: 0,
-        torn: false,
-    };
-    let mut offset = 0usize;
-    let mut line_no = 0usize;
-    while offset < bytes.len() {
-        line_no += 1;
-        let rest = &bytes[offset..];
-        let (line, complete) = match rest.iter().position(|b| *b == b'\n') {
-            Some(i) => (&rest[..i], true),
-            None => (rest, false),
-        };
-        let next = offset + line.len() + usize::from(complete);
-        let is_last = next >= bytes.len();
-        let corrupt = |reason: String| JournalError::Corrupt {
-            path: path.to_path_buf(),
-            line: line_no,
-            reason,
-        };
-        if !complete {
-            // Only the very last line can lack its newline: a torn write.
-            tracing::warn!(
-                path = %path.display(),
-                line = line_no,
-                "ignoring the torn last line {line_no} of journal file {} (no newline: a write \
-                 cut short by a crash)",
-                path.display()
-            );
-            read.torn = true;
-            break;
-        }
-        let record = match decode_line(line) {
-            Ok(record) => record,
-            Err(LineError::Version(version)) => {
-                return Err(JournalError::UnsupportedVersion {
-                    path: path.to_path_buf(),
-                    line: line_no,
-                    version,
-                })
-            }
-            Err(LineError::Damaged(reason)) if is_last => {
-                tracing::warn!(
-                    path = %path.display(),
-                    line = line_no,
-                    "ignoring the torn last line {line_no} of journal file {}: {reason}",
-                    path.display()
-                );
-                read.torn = true;
-                break;
-            }
-            Err(LineError::Damaged(reason)) => return Err(corrupt(reason)),
-        };
-        if record.seq != read.records {
-            return Err(corrupt(format!(
-                "record number {} where {} was expected",
-                record.seq, read.records
-            )));
-        }
-        if record.state.txn() != txn {
-            return Err(corrupt(format!(
-                "a record of transaction {} in the file of transaction {txn}",
-                record.state.txn()
-            )));
-        }
-        if read.first_at.is_none() {
-            read.first_at = Some(record.at.clone());
-        }
-        read.records += 1;
-        read.last = Some(record);
-        read.valid_len = next as u64;
-        offset = next;
-    }
-    Ok(read)
-}
-
-/// Decode one line (without its newline): version, checksum, then the record.
-fn decode_line(line: &[u8]) -> Result<Record, LineError> {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let text =
-        std::str::from_utf8(line).map_err(|_| LineError::Damaged("not UTF-8 text".to_string()))?;
-    let damaged = |what: &str| LineError::Damaged(format!("not a journal record ({what})"));
-    let rest = text
-        .strip_prefix("{\"v\":")
-        .ok_or_else(|| damaged("no version"))?;
-    let (version, rest) = rest.split_once(',').ok_or_else(|| damaged("no version"))?;
-    let version: u32 = version.parse().map_err(|_| damaged("bad version"))?;
-    if version != FORMAT_VERSION {
-        return Err(LineError::Version(version));
-    }
-    let rest = rest
-        .strip_prefix("\"sha256\":\"")
-        .ok_or_else(|| damaged("no checksum"))?;
-    if rest.len() < HASH_HEX_LEN || !rest.is_char_boundary(HASH_HEX_LEN) {
-        return Err(damaged("short checksum"));
-    }
-    let (hash, rest) = rest.split_at(HASH_HEX_LEN);
-    let rec = rest
-        .strip_prefix("\",\"rec\":")
-        .and_then(|r| r.strip_suffix('}'))
-        .ok_or_else(|| damaged("no record"))?;
-    if sha256_hex(rec.as_bytes()) != hash {
-        return Err(LineError::Damaged("checksum mismatch".to_string()));
-    }
-    serde_json::from_str(rec)
-        .map_err(|e| LineError::Damaged(format!("record does not decode: {e}")))
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-fn open_rw(path: &Path) -> Result<File, JournalError> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|source| JournalError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
-/// fsync a folder, so a file created in it survives a crash.
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
