@@ -42,6 +42,18 @@ pub enum ErrorCode {
     ConfigInvalid,
     /// The agent cannot prove it created the guest, so it will not destroy it.
     OwnershipUnproven,
+    /// Preflight: the backup volume does not exist, is not readable with this token, or is
+    /// not the kind of guest the request implies.
+    BackupMissing,
+    /// Preflight: the target storage does not exist on this node, is disabled or inactive, or
+    /// lacks the content type the guest needs.
+    StorageInvalid,
+    /// Preflight: the bootstrap profile does not load (name, `run`, size limits).
+    ProfileInvalid,
+    /// Preflight: a check pack does not parse or uses an unknown placeholder.
+    ChecksInvalid,
+    /// Preflight: the request is outside the node's `[policy]`.
+    PolicyDenied,
 }
 
 impl ErrorCode {
@@ -64,13 +76,25 @@ impl ErrorCode {
             Self::BandFull => "band_full",
             Self::ConfigInvalid => "config_invalid",
             Self::OwnershipUnproven => "ownership_unproven",
+            Self::BackupMissing => "backup_missing",
+            Self::StorageInvalid => "storage_invalid",
+            Self::ProfileInvalid => "profile_invalid",
+            Self::ChecksInvalid => "checks_invalid",
+            Self::PolicyDenied => "policy_denied",
         }
     }
 
     /// The exit status a command ends with when this error ends it.
     pub fn exit_status(self) -> ExitStatus {
         match self {
-            Self::VmidInvalid | Self::VmidReserved | Self::VmidInUse => ExitStatus::Refused,
+            Self::VmidInvalid
+            | Self::VmidReserved
+            | Self::VmidInUse
+            | Self::BackupMissing
+            | Self::StorageInvalid
+            | Self::ProfileInvalid
+            | Self::ChecksInvalid
+            | Self::PolicyDenied => ExitStatus::Refused,
             Self::PveRefused | Self::TaskFailed | Self::TaskTimeout | Self::GuestLocked => {
                 ExitStatus::PveFailed
             }
@@ -101,7 +125,8 @@ pub enum ExitStatus {
     Ok = 0,
     /// Command-line usage error.
     Usage = 2,
-    /// Refused before any write: vmid invalid, reserved or in use.
+    /// Refused before any write: vmid invalid, reserved or in use, or another preflight
+    /// refusal (backup, storage, profile, check packs, policy).
     Refused = 3,
     /// PVE refused or failed the create; nothing destroyed.
     PveFailed = 4,
@@ -154,6 +179,17 @@ mod tests {
         assert_eq!(ErrorCode::ConfigInvalid.exit_status().code(), 6);
         assert_eq!(ErrorCode::OwnershipUnproven.exit_status().code(), 7);
         assert_eq!(ErrorCode::BandFull.exit_status().code(), 0);
+        for c in [
+            ErrorCode::BackupMissing,
+            ErrorCode::StorageInvalid,
+            ErrorCode::ProfileInvalid,
+            ErrorCode::ChecksInvalid,
+            ErrorCode::PolicyDenied,
+        ] {
+            assert_eq!(c.exit_status().code(), 3, "{c}");
+            let wire = serde_json::to_value(c).unwrap_or_default();
+            assert_eq!(wire, serde_json::Value::String(c.as_str().to_string()));
+        }
     }
 
     #[test]

@@ -293,6 +293,13 @@ pub async fn run_txn(
             ),
         },
     };
+    // --- preflight (DESIGN §2 rule 9): before the first journal intent; reads only ---------
+    let report = crate::selftest::preflight_of(cfg, pve, &request, &first).await;
+    let first = match report.failure() {
+        Some(f) if matches!(first, Event::VmidAccepted) => Event::VmidRefused(f.clone()),
+        _ => first,
+    };
+    // --- end preflight ---------------------------------------------------------------------
     let _lock = match (picked, dry_run) {
         (Some(v), false) => match VmidLock::try_acquire(&cfg.state_dir, v, Some(txn)) {
             Ok(l) => Some(l),
@@ -350,6 +357,10 @@ pub async fn run_txn(
     }
     let mut human = String::new();
     match (picked, dry_run) {
+        (Some(_), _) if report.failure().is_some() => human.push_str(&format!(
+            "restore test of {} refused by the preflight; nothing was written\n",
+            chosen.volid
+        )),
         (Some(v), true) => human.push_str(&format!("dry run: would restore {} into vmid {v} (band {band}), isolated; nothing was written\n", chosen.volid)),
         (None, _) => human.push_str(&format!("skipped: the restore-test band {band} is full\n")),
         (Some(v), false) => human.push_str(&format!("restore test of {} in vmid {v}: {outcome}\n", chosen.volid)),
@@ -368,11 +379,14 @@ pub async fn run_txn(
         (None, Some(o)) => o.exit_status(),
         (None, None) => ExitStatus::NeedsHuman,
     };
-    CommandOutput {
-        json: doc,
-        human,
-        status,
-    }
+    crate::selftest::with_preflight(
+        CommandOutput {
+            json: doc,
+            human,
+            status,
+        },
+        &report,
+    )
 }
 
 #[cfg(test)]

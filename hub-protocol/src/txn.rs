@@ -111,6 +111,16 @@ pub enum ErrorCode {
     ConfigInvalid,
     /// The agent cannot prove it created the guest, so it will not destroy it.
     OwnershipUnproven,
+    /// Preflight: the backup volume is missing, unreadable or of the wrong guest type.
+    BackupMissing,
+    /// Preflight: the target storage is missing, disabled, inactive or lacks the content type.
+    StorageInvalid,
+    /// Preflight: the bootstrap profile does not load.
+    ProfileInvalid,
+    /// Preflight: a check pack does not parse or uses an unknown placeholder.
+    ChecksInvalid,
+    /// Preflight: the request is outside the node's `[policy]`.
+    PolicyDenied,
 }
 
 /// An error with its stable code and a message for an operator.
