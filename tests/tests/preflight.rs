@@ -330,3 +330,87 @@ fn hub_dispatches_refused_by_the_preflight_get_refused_results_and_write_nothing
     let (status, log) = agent.terminate(WAIT);
     assert!(status.success(), "run exited {status}:\n{log}");
 }
+
+/// PVE's refusals sent as a plain 500 are refusals (`pve_refused`), read once, never
+/// "unreachable": the answers of the real fake, not a table.
+#[tokio::test]
+async fn pve_refusals_sent_as_500_are_pve_refused_not_unreachable() {
+    use felhom_agent::config::Config;
+    use felhom_agent::error::ErrorCode as AgentCode;
+    use felhom_agent::pve::{ApiErrorKind, LxcRestore, PveClient, RetryPolicy};
+    use felhom_tests::fakepve::{AgentFiles, FakePve};
+
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let cfg = Config::load(&files.config_path).expect("config loads");
+    let client = PveClient::new(&cfg.pve)
+        .expect("client builds")
+        .with_retry(RetryPolicy {
+            attempts: 4,
+            first_delay: Duration::from_millis(20),
+        });
+    let err = client
+        .lxc_restore(
+            "pve1",
+            &LxcRestore {
+                vmid: 150,
+                archive: BACKUP.to_string(),
+                storage: "nosuchstore".into(),
+                pool: "felhom".into(),
+                unique: true,
+                extra: vec![],
+            },
+        )
+        .await
+        .expect_err("PVE refuses an unknown storage");
+    let api = err.api().expect("an answer from PVE");
+    assert_eq!(api.status, 500, "{err}");
+    assert!(
+        api.message.contains("storage 'nosuchstore' does not exist"),
+        "{err}"
+    );
+    assert_eq!(api.kind, ApiErrorKind::Refusal, "{err}");
+    assert_eq!(err.code(), AgentCode::PveRefused, "{err}");
+    assert!(!err.is_transient());
+
+    // A read refused the same way is not retried either.
+    let before = pve.requests().len();
+    let err = client.pool("nope").await.expect_err("no such pool");
+    assert_eq!(err.code(), AgentCode::PveRefused, "{err}");
+    assert_eq!(pve.requests().len() - before, 1, "asked once: {err}");
+}
+
+#[test]
+fn restore_test_onto_a_storage_without_rootdir_is_refused_before_any_write() {
+    let metrics = tempfile::tempdir().expect("tmp");
+    let opts = AgentOptions {
+        extra_toml: format!(
+            "[restore_test]\nstorage = \"local\"\nmetrics_dir = \"{}\"\n",
+            metrics.path().display()
+        ),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(demo_scenario(), &opts);
+    for args in [
+        &["--selftest=restore", "--dry-run", "--json"][..],
+        &["--selftest=restore", "--json"][..],
+    ] {
+        let run = w.agent(args);
+        let doc = run.json();
+        assert_eq!(run.code, Some(3), "{args:?}: {doc:#}\n{}", run.stderr);
+        assert_eq!(doc["outcome"], "refused", "{doc:#}");
+        assert_eq!(doc["error"]["code"], "storage_invalid", "{doc:#}");
+        let profile = doc["preflight"]["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["name"] == "profile")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            profile["status"], "skipped",
+            "no bootstrap in a copy: {doc:#}"
+        );
+        assert_no_writes(&w, &format!("{args:?}"));
+    }
+}
