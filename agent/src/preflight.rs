@@ -13,10 +13,13 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::config::Policy;
+use crate::app::CommandOutput;
+use crate::config::{Config, Policy};
 use crate::error::{ErrorCode, Failure};
 use crate::guest::bootstrap::load_profile;
 use crate::guest::checks::load_packs;
+use crate::provision::effects::DEFAULT_PROFILE;
+use crate::provision::machine::{Event, Request, TxnKind};
 use crate::pve::types::{BackupVolume, PoolInfo, StorageStatus};
 use crate::pve::{ApiErrorKind, GuestKind, PveClient, PveError};
 
@@ -631,6 +634,76 @@ pub async fn run(
     checks.push(profile_check(req));
     checks.push(checks_check(req));
     PreflightReport::from_checks(checks)
+}
+
+// ----- glue for the transaction commands (selftest, restore test, hub dispatch) -----------
+
+/// The preflight of a provision or restore-test request; `first` is its vmid verdict.
+pub async fn for_request(
+    cfg: &Config,
+    pve: &PveClient,
+    request: &Request,
+    first: &Event,
+) -> PreflightReport {
+    let vmid = match first {
+        Event::VmidRefused(f) => PreflightCheck::vmid(Err(f.clone())),
+        Event::BandFull { message } => PreflightCheck::skipped("vmid", message.clone()),
+        _ => PreflightCheck::vmid(Ok(format!(
+            "vmid {} is free in the full guest list ({})",
+            request.vmid.map_or("-".to_string(), |v| v.to_string()),
+            cfg.vmlist_path.display()
+        ))),
+    };
+    let restore = request.kind == TxnKind::SelftestRestore;
+    let profile = if restore {
+        None
+    } else {
+        Some(request.profile.as_deref().unwrap_or(DEFAULT_PROFILE))
+    };
+    let req = PreflightRequest {
+        node: &cfg.node,
+        pool: &request.pool,
+        guest: request.guest,
+        volid: &request.volid,
+        storage: &request.storage,
+        profile,
+        bootstrap_dir: &cfg.provision.bootstrap_dir,
+        checks_dir: if restore {
+            &cfg.restore_test.checks_dir
+        } else {
+            &cfg.provision.checks_dir
+        },
+        policy: &cfg.policy,
+        config_path: &cfg.path,
+    };
+    run(pve, &req, vmid).await
+}
+
+/// The preflight of `request` as the gate before its first journal intent: a refusal turns
+/// the first event (the vmid verdict) into a refusal with the preflight's code; otherwise the
+/// event is unchanged.
+pub async fn gate(
+    cfg: &Config,
+    pve: &PveClient,
+    request: &Request,
+    first: Event,
+) -> (PreflightReport, Event) {
+    let report = for_request(cfg, pve, request, &first).await;
+    let first = match report.failure() {
+        Some(f) if matches!(first, Event::VmidAccepted) => Event::VmidRefused(f.clone()),
+        _ => first,
+    };
+    (report, first)
+}
+
+/// Add the preflight report to a command's output (`preflight` in JSON, lines before the
+/// human summary).
+pub fn with_report(mut out: CommandOutput, report: &PreflightReport) -> CommandOutput {
+    if let Some(obj) = out.json.as_object_mut() {
+        obj.insert("preflight".into(), report.to_json());
+    }
+    out.human = format!("{}{}", report.human(), out.human);
+    out
 }
 
 #[cfg(test)]

@@ -294,11 +294,7 @@ pub async fn run_txn(
         },
     };
     // --- preflight (DESIGN §2 rule 9): before the first journal intent; reads only ---------
-    let report = crate::selftest::preflight_of(cfg, pve, &request, &first).await;
-    let first = match report.failure() {
-        Some(f) if matches!(first, Event::VmidAccepted) => Event::VmidRefused(f.clone()),
-        _ => first,
-    };
+    let (report, first) = crate::preflight::gate(cfg, pve, &request, first).await;
     // --- end preflight ---------------------------------------------------------------------
     let _lock = match (picked, dry_run) {
         (Some(v), false) => match VmidLock::try_acquire(&cfg.state_dir, v, Some(txn)) {
@@ -379,7 +375,7 @@ pub async fn run_txn(
         (None, Some(o)) => o.exit_status(),
         (None, None) => ExitStatus::NeedsHuman,
     };
-    crate::selftest::with_preflight(
+    crate::preflight::with_report(
         CommandOutput {
             json: doc,
             human,

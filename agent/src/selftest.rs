@@ -15,8 +15,8 @@ use crate::commands::{open_journal, settle_open, verdict};
 use crate::config::Config;
 use crate::error::{ErrorCode, ExitStatus, Failure};
 use crate::guest::checks::CheckResult;
-use crate::preflight::{self, PreflightCheck, PreflightReport, PreflightRequest};
-use crate::provision::effects::{Driven, Executor, Reporter, DEFAULT_PROFILE};
+use crate::preflight;
+use crate::provision::effects::{Driven, Executor, Reporter};
 use crate::provision::machine::{Event, Request, State, TxnKind};
 use crate::provision::VmidLock;
 use crate::pve::types::backup_kind_from_volid;
@@ -260,66 +260,11 @@ pub async fn provision_txn(
         Err(f) => return CommandOutput::failure(&f),
     };
     // --- preflight (DESIGN §2 rule 9): before the first journal intent; reads only ---------
-    let report = preflight_of(cfg, &prepared.pve, &request, &first).await;
-    let first = match report.failure() {
-        Some(f) if matches!(first, Event::VmidAccepted) => Event::VmidRefused(f.clone()),
-        _ => first,
-    };
+    let (report, first) = preflight::gate(cfg, &prepared.pve, &request, first).await;
     // --- end preflight ---------------------------------------------------------------------
     let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
     let driven = exec.drive(State::new(request), first).await;
-    with_preflight(output_of(&driven), &report)
-}
-
-/// The preflight of a provision or restore-test request; `first` is its vmid verdict.
-pub async fn preflight_of(
-    cfg: &Config,
-    pve: &PveClient,
-    request: &Request,
-    first: &Event,
-) -> PreflightReport {
-    let vmid = match first {
-        Event::VmidRefused(f) => PreflightCheck::vmid(Err(f.clone())),
-        Event::BandFull { message } => PreflightCheck::skipped("vmid", message.clone()),
-        _ => PreflightCheck::vmid(Ok(format!(
-            "vmid {} is free in the full guest list ({})",
-            request.vmid.map_or("-".to_string(), |v| v.to_string()),
-            cfg.vmlist_path.display()
-        ))),
-    };
-    let restore = request.kind == TxnKind::SelftestRestore;
-    let profile = if restore {
-        None
-    } else {
-        Some(request.profile.as_deref().unwrap_or(DEFAULT_PROFILE))
-    };
-    let req = PreflightRequest {
-        node: &cfg.node,
-        pool: &request.pool,
-        guest: request.guest,
-        volid: &request.volid,
-        storage: &request.storage,
-        profile,
-        bootstrap_dir: &cfg.provision.bootstrap_dir,
-        checks_dir: if restore {
-            &cfg.restore_test.checks_dir
-        } else {
-            &cfg.provision.checks_dir
-        },
-        policy: &cfg.policy,
-        config_path: &cfg.path,
-    };
-    preflight::run(pve, &req, vmid).await
-}
-
-/// Add the preflight report to a command's output (`preflight` in JSON, lines before the
-/// human summary).
-pub fn with_preflight(mut out: CommandOutput, report: &PreflightReport) -> CommandOutput {
-    if let Some(obj) = out.json.as_object_mut() {
-        obj.insert("preflight".into(), report.to_json());
-    }
-    out.human = format!("{}{}", report.human(), out.human);
-    out
+    preflight::with_report(output_of(&driven), &report)
 }
 
 /// `destroy -vmid N`: the gated destroy of a guest an earlier transaction of this agent
