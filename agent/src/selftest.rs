@@ -199,7 +199,7 @@ pub async fn provision_txn(
     };
     let Some(guest) = backup_kind_from_volid(&volid) else {
         return CommandOutput::failure(&Failure::new(
-            ErrorCode::ConfigInvalid,
+            ErrorCode::BackupMissing, // preflight: not a backup this agent can restore
             format!("cannot tell from {volid:?} whether it is a container or a VM backup (expected vzdump-lxc-… or vzdump-qemu-…)"),
         ));
     };

@@ -414,3 +414,60 @@ fn restore_test_onto_a_storage_without_rootdir_is_refused_before_any_write() {
         assert_no_writes(&w, &format!("{args:?}"));
     }
 }
+
+#[test]
+fn a_volid_that_is_no_guest_backup_is_refused_as_backup_missing() {
+    let w = World::demo();
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "142",
+        "--from",
+        "local:iso/debian.iso",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "backup_missing", "{doc:#}");
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("local:iso/debian.iso"),
+        "{doc:#}"
+    );
+    assert_no_writes(&w, "a volid that is no backup");
+}
+
+#[test]
+fn doctor_shows_the_policy() {
+    let w = policy_world("storages = [\"local-lvm\"]\nprofiles = [\"default\", \"web\"]");
+    let run = w.agent(&["doctor", "--json"]);
+    let doc = run.json();
+    let policy = doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "policy")
+        .cloned()
+        .unwrap_or_else(|| panic!("no policy check: {doc:#}"));
+    assert_eq!(policy["status"], "pass", "{doc:#}");
+    let msg = policy["message"].as_str().unwrap_or("");
+    for part in [
+        "storages: local-lvm",
+        "sources: any",
+        "profiles: default, web",
+    ] {
+        assert!(msg.contains(part), "{part}: {msg}");
+    }
+    let human = w.agent(&["doctor"]);
+    assert!(
+        human.stdout.contains("profiles: default, web"),
+        "{}",
+        human.stdout
+    );
+    let w = World::demo();
+    let doc = w.agent(&["doctor", "--json"]).json();
+    let text = doc.to_string();
+    assert!(text.contains("no [policy]"), "{doc:#}");
+}
