@@ -610,11 +610,20 @@ pub async fn run(
 ) -> PreflightReport {
     let mut checks = vec![vmid, policy_check(req)];
     let backup_sid = req.volid.split_once(':').map(|(s, _)| s).unwrap_or("");
-    let listing = if backup_sid.is_empty() {
-        Ok(Vec::new())
-    } else {
-        pve.backups(req.node, backup_sid, None).await
+    // The three reads are independent and asked at once: with the stored config after them,
+    // the preflight costs two round trips to PVE, not four.
+    let listing = async {
+        if backup_sid.is_empty() {
+            Ok(Vec::new())
+        } else {
+            pve.backups(req.node, backup_sid, None).await
+        }
     };
+    let (listing, storage, pool) = tokio::join!(
+        listing,
+        pve.storage_status(req.node, req.storage),
+        pve.pool(req.pool)
+    );
     let listed = listing
         .as_ref()
         .is_ok_and(|l| l.iter().any(|v| v.volid == req.volid));
@@ -626,11 +635,8 @@ pub async fn run(
         None
     };
     checks.push(backup_verdict(req, listing, stored));
-    checks.push(storage_verdict(
-        req,
-        pve.storage_status(req.node, req.storage).await,
-    ));
-    checks.push(pool_verdict(req, pve.pool(req.pool).await));
+    checks.push(storage_verdict(req, storage));
+    checks.push(pool_verdict(req, pool));
     checks.push(profile_check(req));
     checks.push(checks_check(req));
     PreflightReport::from_checks(checks)
