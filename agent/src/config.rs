@@ -67,6 +67,96 @@ pub struct Config {
     pub provision: ProvisionConfig,
     /// The self-restore-test.
     pub restore_test: RestoreTestConfig,
+    /// `[policy]`: what a provision may use at most, whoever asks (command line or hub).
+    pub policy: Policy,
+}
+
+/// `[policy]`: the node's limits, which no request (the hub's included) can exceed. Each list
+/// is optional; `None` is no limit, an empty list allows nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Target storages a provision may use.
+    pub storages: Option<Vec<String>>,
+    /// Glob patterns (`*` any run of characters, `?` one character) of backup volids.
+    pub sources: Option<Vec<String>>,
+    /// Bootstrap profiles a provision may run.
+    pub profiles: Option<Vec<String>>,
+}
+
+impl Policy {
+    /// Whether no key is set.
+    pub fn is_unlimited(&self) -> bool {
+        self.storages.is_none() && self.sources.is_none() && self.profiles.is_none()
+    }
+
+    /// Whether a provision may use target storage `sid`.
+    pub fn allows_storage(&self, sid: &str) -> bool {
+        self.storages
+            .as_ref()
+            .is_none_or(|l| l.iter().any(|s| s == sid))
+    }
+
+    /// Whether a provision may restore backup `volid`.
+    pub fn allows_source(&self, volid: &str) -> bool {
+        self.sources
+            .as_ref()
+            .is_none_or(|l| l.iter().any(|p| glob_match(p, volid)))
+    }
+
+    /// Whether a provision may run bootstrap profile `name`.
+    pub fn allows_profile(&self, name: &str) -> bool {
+        self.profiles
+            .as_ref()
+            .is_none_or(|l| l.iter().any(|p| p == name))
+    }
+
+    /// One line per key, for `doctor` and messages.
+    pub fn describe(&self) -> String {
+        fn one(key: &str, v: &Option<Vec<String>>) -> String {
+            match v {
+                None => format!("{key}: any"),
+                Some(l) if l.is_empty() => format!("{key}: none"),
+                Some(l) => format!("{key}: {}", l.join(", ")),
+            }
+        }
+        [
+            one("storages", &self.storages),
+            one("sources", &self.sources),
+            one("profiles", &self.profiles),
+        ]
+        .join("; ")
+    }
+}
+
+/// Match `text` against a glob `pattern`: `*` is any run of characters (`/` included), `?` is
+/// exactly one character, everything else stands for itself.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    // Iterative matching with one backtrack point: the last `*` seen.
+    let (mut pi, mut ti) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        match p.get(pi) {
+            Some('*') => {
+                star = Some((pi, ti));
+                pi += 1;
+            }
+            Some(&c) if c == '?' || c == t[ti] => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    pi = sp + 1;
+                    ti = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
 }
 
 /// `[restore_test]`.
@@ -139,6 +229,15 @@ struct RawConfig {
     hub: Option<RawHub>,
     provision: Option<RawProvision>,
     restore_test: Option<RawRestoreTest>,
+    policy: Option<RawPolicy>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    storages: Option<Vec<String>>,
+    sources: Option<Vec<String>>,
+    profiles: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -309,6 +408,24 @@ impl Config {
                 .metrics_dir
                 .unwrap_or_else(|| PathBuf::from("/var/lib/prometheus/node-exporter")),
         };
+        let rp = raw.policy.unwrap_or_default();
+        for (key, list) in [
+            ("storages", &rp.storages),
+            ("sources", &rp.sources),
+            ("profiles", &rp.profiles),
+        ] {
+            if list.iter().flatten().any(|e| e.trim().is_empty()) {
+                return Err(invalid(format!(
+                    "config {}: [policy] {key} holds an empty entry; remove it (an empty list allows nothing, a missing key allows anything)",
+                    path.display()
+                )));
+            }
+        }
+        let policy = Policy {
+            storages: rp.storages,
+            sources: rp.sources,
+            profiles: rp.profiles,
+        };
         Ok(Config {
             path: path.to_path_buf(),
             node,
@@ -326,6 +443,7 @@ impl Config {
             hub,
             provision,
             restore_test,
+            policy,
         })
     }
 }
@@ -455,6 +573,79 @@ mod tests {
             !dbg.contains("11111111-2222"),
             "secret leaked into Debug: {dbg}"
         );
+    }
+
+    #[test]
+    fn policy_keys_are_optional_and_limit_what_they_name() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let c = Config::parse(Path::new("/x.toml"), &sample(&t, "")).expect("valid");
+        assert!(c.policy.is_unlimited());
+        assert!(c.policy.allows_storage("anything"));
+        let extra = "[policy]\nstorages = [\"local-lvm\"]\nsources = [\"local:backup/vzdump-*\"]\nprofiles = [\"default\", \"web\"]\n";
+        let c = Config::parse(Path::new("/x.toml"), &sample(&t, extra)).expect("valid");
+        assert!(c.policy.allows_storage("local-lvm"));
+        assert!(!c.policy.allows_storage("local"));
+        assert!(c
+            .policy
+            .allows_source("local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"));
+        assert!(!c
+            .policy
+            .allows_source("nfs:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"));
+        assert!(c.policy.allows_profile("web"));
+        assert!(!c.policy.allows_profile("../../etc"));
+        assert_eq!(
+            c.policy.describe(),
+            "storages: local-lvm; sources: local:backup/vzdump-*; profiles: default, web"
+        );
+        let only = "[policy]\nprofiles = []\n";
+        let c = Config::parse(Path::new("/x.toml"), &sample(&t, only)).expect("valid");
+        assert!(
+            !c.policy.allows_profile("default"),
+            "an empty list allows nothing"
+        );
+        assert!(
+            c.policy.allows_storage("local"),
+            "a missing key allows anything"
+        );
+        let bad = "[policy]\nstorages = [\"\"]\n";
+        let e = Config::parse(Path::new("/x.toml"), &sample(&t, bad)).unwrap_err();
+        assert!(e.message.contains("[policy] storages"), "{}", e.message);
+        let unknown = "[policy]\nnodes = [\"pve1\"]\n";
+        assert!(Config::parse(Path::new("/x.toml"), &sample(&t, unknown)).is_err());
+    }
+
+    #[test]
+    fn glob_patterns() {
+        for (p, t, want) in [
+            (
+                "local:backup/vzdump-*",
+                "local:backup/vzdump-lxc-1.tar",
+                true,
+            ),
+            ("local:backup/vzdump-*", "local:backup/other", false),
+            ("*", "", true),
+            ("", "", true),
+            ("", "x", false),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            (
+                "*-lxc-*.tar.zst",
+                "local:backup/vzdump-lxc-200-x.tar.zst",
+                true,
+            ),
+            (
+                "*-lxc-*.tar.zst",
+                "local:backup/vzdump-qemu-200-x.vma.zst",
+                false,
+            ),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ] {
+            assert_eq!(glob_match(p, t), want, "{p:?} vs {t:?}");
+        }
     }
 
     #[test]

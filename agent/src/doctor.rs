@@ -121,6 +121,20 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
             return r;
         }
     };
+    if cfg.policy.is_unlimited() {
+        r.pass(
+            "policy",
+            "no [policy]: a provision may use any storage, backup and profile the token allows",
+        );
+    } else {
+        r.pass(
+            "policy",
+            format!(
+                "[policy] limits every provision, the hub's included: {}",
+                cfg.policy.describe()
+            ),
+        );
+    }
     check_pve(&cfg, &mut r).await;
     check_local_files(&cfg, &mut r);
     check_hub(&cfg, &mut r).await;

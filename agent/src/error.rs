@@ -14,9 +14,15 @@ pub use hub_protocol::ErrorCode;
 /// 3). The mapping is the agent's: the hub sees codes, never exit statuses.
 pub fn exit_status(code: ErrorCode) -> ExitStatus {
     match code {
-        ErrorCode::VmidInvalid | ErrorCode::VmidReserved | ErrorCode::VmidInUse => {
-            ExitStatus::Refused
-        }
+        // Refused before any write: the vmid, or the preflight.
+        ErrorCode::VmidInvalid
+        | ErrorCode::VmidReserved
+        | ErrorCode::VmidInUse
+        | ErrorCode::BackupMissing
+        | ErrorCode::StorageInvalid
+        | ErrorCode::ProfileInvalid
+        | ErrorCode::ChecksInvalid
+        | ErrorCode::PolicyDenied => ExitStatus::Refused,
         ErrorCode::PveRefused
         | ErrorCode::TaskFailed
         | ErrorCode::TaskTimeout
@@ -89,6 +95,15 @@ mod tests {
     #[test]
     fn codes_map_to_design_exit_statuses() {
         assert_eq!(exit_status(ErrorCode::VmidReserved).code(), 3);
+        for code in [
+            ErrorCode::BackupMissing,
+            ErrorCode::StorageInvalid,
+            ErrorCode::ProfileInvalid,
+            ErrorCode::ChecksInvalid,
+            ErrorCode::PolicyDenied,
+        ] {
+            assert_eq!(exit_status(code), ExitStatus::Refused, "{code}");
+        }
         assert_eq!(exit_status(ErrorCode::PveRefused).code(), 4);
         assert_eq!(exit_status(ErrorCode::CheckFailed).code(), 5);
         assert_eq!(exit_status(ErrorCode::TlsPinMismatch).code(), 6);

@@ -192,11 +192,21 @@ pub enum ErrorCode {
     ConfigInvalid,
     /// The agent cannot prove it created the guest, so it will not destroy it.
     OwnershipUnproven,
+    /// Preflight: the backup volume is missing, unreadable or of the wrong guest type.
+    BackupMissing,
+    /// Preflight: the target storage is missing, disabled, inactive or lacks the content type.
+    StorageInvalid,
+    /// Preflight: the bootstrap profile does not load.
+    ProfileInvalid,
+    /// Preflight: a check pack does not parse or uses an unknown placeholder.
+    ChecksInvalid,
+    /// Preflight: the request is outside the node's `[policy]`.
+    PolicyDenied,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -213,6 +223,11 @@ impl ErrorCode {
         ErrorCode::BandFull,
         ErrorCode::ConfigInvalid,
         ErrorCode::OwnershipUnproven,
+        ErrorCode::BackupMissing,
+        ErrorCode::StorageInvalid,
+        ErrorCode::ProfileInvalid,
+        ErrorCode::ChecksInvalid,
+        ErrorCode::PolicyDenied,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -234,6 +249,11 @@ impl ErrorCode {
             ErrorCode::BandFull => "band_full",
             ErrorCode::ConfigInvalid => "config_invalid",
             ErrorCode::OwnershipUnproven => "ownership_unproven",
+            ErrorCode::BackupMissing => "backup_missing",
+            ErrorCode::StorageInvalid => "storage_invalid",
+            ErrorCode::ProfileInvalid => "profile_invalid",
+            ErrorCode::ChecksInvalid => "checks_invalid",
+            ErrorCode::PolicyDenied => "policy_denied",
         }
     }
 }
@@ -393,7 +413,13 @@ mod tests {
             (ErrorCode::BandFull, "band_full"),
             (ErrorCode::ConfigInvalid, "config_invalid"),
             (ErrorCode::OwnershipUnproven, "ownership_unproven"),
+            (ErrorCode::BackupMissing, "backup_missing"),
+            (ErrorCode::StorageInvalid, "storage_invalid"),
+            (ErrorCode::ProfileInvalid, "profile_invalid"),
+            (ErrorCode::ChecksInvalid, "checks_invalid"),
+            (ErrorCode::PolicyDenied, "policy_denied"),
         ]);
+        assert_eq!(ErrorCode::ALL.len(), 21);
     }
 
     #[test]

@@ -92,6 +92,11 @@ fn error_info() -> impl Strategy<Value = ErrorInfo> {
         ErrorCode::BandFull,
         ErrorCode::ConfigInvalid,
         ErrorCode::OwnershipUnproven,
+        ErrorCode::BackupMissing,
+        ErrorCode::StorageInvalid,
+        ErrorCode::ProfileInvalid,
+        ErrorCode::ChecksInvalid,
+        ErrorCode::PolicyDenied,
     ];
     (select(codes), text()).prop_map(|(code, message)| ErrorInfo { code, message })
 }

@@ -152,6 +152,8 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
     let pve = FakePve::demo();
     let hub = DevHub::start(DevHubOptions::default());
     let files = files_for(&pve, &hub);
+    // The package's profile and pack, so the resumed provision passes its preflight and runs.
+    felhom_tests::world::install_default_profile_and_checks(&files);
 
     // The state a killed agent leaves: a dispatch accepted (and acknowledged to the hub) but
     // not finished, a result stored but not acknowledged, and half a record.

@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["hub"],
     &["service", "doctor"],
+    &["preflight"],
     &["provision"],
     &["guest"],
     &["pve"],

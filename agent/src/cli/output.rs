@@ -9,10 +9,11 @@ use crate::error::{exit_status, ExitStatus, Failure};
 use crate::guest::checks::CheckResult;
 use crate::hub::DaemonReport;
 use crate::inventory::{FullGuestList, GuestsReport};
+use crate::preflight::PreflightReport;
 use crate::provision::journal::JournalRow;
 use crate::provision::machine::State;
 use crate::service::restore_test::RestoreTestRun;
-use crate::service::Driven;
+use crate::service::{Driven, TxnRun};
 use crate::vmid::{VmidCheckReport, VmidVerdict};
 
 /// The final JSON of a transaction: DESIGN section 3's fields, plus `plan` for a dry run.
@@ -117,10 +118,22 @@ fn driven_output(driven: &Driven) -> CommandOutput {
     }
 }
 
+/// Add the preflight's checks to a command's output: `preflight` in the JSON, one line per
+/// check before the human summary.
+fn with_preflight(mut out: CommandOutput, report: Option<&PreflightReport>) -> CommandOutput {
+    if let Some(report) = report {
+        if let Some(obj) = out.json.as_object_mut() {
+            obj.insert("preflight".into(), report.to_json());
+        }
+        out.human = format!("{}{}", report.human(), out.human);
+    }
+    out
+}
+
 /// `--selftest=provision` and `destroy`.
-pub fn transaction(ran: Result<Driven, Failure>) -> CommandOutput {
+pub fn transaction(ran: Result<TxnRun, Failure>) -> CommandOutput {
     match ran {
-        Ok(driven) => driven_output(&driven),
+        Ok(run) => with_preflight(driven_output(&run.driven), run.preflight.as_ref()),
         Err(f) => CommandOutput::failure(&f),
     }
 }
@@ -150,7 +163,15 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>, dry_run: bool) -> Comm
         .map_or("needs_human", |o| o.as_str());
     let band = &run.band;
     let mut human = String::new();
+    let refused = run
+        .preflight
+        .as_ref()
+        .is_some_and(|p| p.failure().is_some());
     match (run.vmid, dry_run) {
+        (Some(_), _) if refused => human.push_str(&format!(
+            "restore test of {} refused by the preflight; nothing was written\n",
+            run.backup
+        )),
         (Some(v), true) => human.push_str(&format!(
             "dry run: would restore {} into vmid {v} (band {band}), isolated; nothing was written\n",
             run.backup
@@ -175,11 +196,14 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>, dry_run: bool) -> Comm
         (None, Some(o)) => o.exit_status(),
         (None, None) => ExitStatus::NeedsHuman,
     };
-    CommandOutput {
-        json: doc,
-        human,
-        status,
-    }
+    with_preflight(
+        CommandOutput {
+            json: doc,
+            human,
+            status,
+        },
+        run.preflight.as_ref(),
+    )
 }
 
 /// `guests`.

@@ -184,10 +184,12 @@ impl DispatchRunner for ProvisionRunner {
                         cancel.clone(),
                     )
                     .await
+                    .map(|run| run.driven)
                 }
                 DispatchAction::Destroy { vmid } => {
                     service::destroy(&self.cfg, &vmid.to_string(), txn, &reporter, cancel.clone())
                         .await
+                        .map(|run| run.driven)
                 }
                 DispatchAction::RestoreTest { dry_run } => {
                     service::restore_test::run(&self.cfg, *dry_run, txn, &reporter, cancel.clone())

@@ -494,7 +494,12 @@ impl<'a> Executor<'a> {
             }
             Effect::RunChecks { vmid, guest } => Some(
                 match self
-                    .run_checks(vmid, guest, state.kind() == TxnKind::SelftestRestore)
+                    .run_checks(
+                        vmid,
+                        guest,
+                        state.kind() == TxnKind::SelftestRestore,
+                        state.txn(),
+                    )
                     .await
                 {
                     Ok(()) => Event::ChecksPassed,
@@ -740,6 +745,7 @@ impl<'a> Executor<'a> {
         vmid: u32,
         guest: GuestKind,
         restore: bool,
+        txn: ulid::Ulid,
     ) -> Result<(), String> {
         let dir = if restore {
             &self.cfg.restore_test.checks_dir
@@ -767,7 +773,9 @@ impl<'a> Executor<'a> {
         };
         let ctx = CheckContext::new()
             .with("hostname", hostname)
-            .with("vmid", vmid.to_string());
+            .with("vmid", vmid.to_string())
+            .with("node", self.cfg.node.clone())
+            .with("txn", txn.to_string());
         let exec = self.exec_for(vmid, guest);
         self.checks = run_checks(&exec, &checks, &ctx, &CheckSettings::default()).await;
         let bad: Vec<String> = self

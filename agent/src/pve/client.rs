@@ -313,6 +313,20 @@ impl PveClient {
         self.call_as(&build::backups(node, storage, vmid)).await
     }
 
+    /// A storage's status on a node (type, content, enabled, active).
+    pub async fn storage_status(
+        &self,
+        node: &str,
+        storage: &str,
+    ) -> Result<StorageStatus, PveError> {
+        self.call_as(&build::storage_status(node, storage)).await
+    }
+
+    /// The guest configuration stored in a backup, as PVE extracts it (text).
+    pub async fn extract_config(&self, node: &str, volume: &str) -> Result<String, PveError> {
+        self.call_as(&build::extract_config(node, volume)).await
+    }
+
     /// A task's status.
     pub async fn task_status(&self, upid: &Upid) -> Result<TaskStatus, PveError> {
         self.call_as(&build::task_status(upid)).await

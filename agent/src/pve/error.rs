@@ -39,6 +39,10 @@ pub enum ApiErrorKind {
     NotRunning,
     /// `QEMU guest agent is not running` / `No QEMU guest agent configured`.
     AgentUnavailable,
+    /// PVE answered and refused: a 5xx whose wording is one of PVE's known refusals (`storage
+    /// 'x' does not exist`, `Parameter verification failed.`, `unable to use volume …`).
+    /// Never retried, never "unreachable".
+    Refusal,
     /// 5xx/59x and proxy errors that may pass: worth retrying a read.
     Transient,
     /// Anything else (e.g. 501, 500 with a definite handler message).
@@ -168,7 +172,11 @@ impl PveError {
             PveError::Api(a) => match a.kind {
                 ApiErrorKind::Auth => ErrorCode::PveAuth,
                 ApiErrorKind::Locked => ErrorCode::GuestLocked,
-                ApiErrorKind::Quorum | ApiErrorKind::Transient => ErrorCode::PveUnreachable,
+                ApiErrorKind::Quorum => ErrorCode::PveUnreachable,
+                // PVE itself answered 500 (a handler's `die`): an answer, not unreachability. A
+                // proxy's 502-504 or AnyEvent's 59x mean the node behind it gave no answer.
+                ApiErrorKind::Transient if a.status == 500 => ErrorCode::PveRefused,
+                ApiErrorKind::Transient => ErrorCode::PveUnreachable,
                 _ => ErrorCode::PveRefused,
             },
             PveError::Decode { .. } => ErrorCode::PveRefused,
@@ -236,6 +244,37 @@ pub fn parse_already_exists(m: &str) -> Option<(GuestKind, u32, String)> {
     Some((holder, vmid, node))
 }
 
+/// PVE's wordings of a definite refusal that it sends as a plain 500 (a handler's `die`).
+/// Sources: pve-storage `PVE/Storage.pm` and plugins, pve-access-control `RPCEnvironment.pm`,
+/// pve-container `API2/LXC.pm`, qemu-server `API2/Qemu.pm`, pve-guest-common
+/// `AbstractConfig.pm`, pve-common `JSONSchema.pm` / `RESTHandler.pm`, as read for this
+/// project's PVE notes.
+const REFUSAL_WORDINGS: &[&str] = &[
+    // `storage 'x' does not exist`, `pool 'x' does not exist`, `volume '…' does not exist`,
+    // `Configuration file 'nodes/…/lxc/120.conf' does not exist`, `snapshot 'x' does not exist`
+    " does not exist",
+    "Parameter verification failed",
+    "unable to use volume ",
+    "missing privileges to access ",
+    "unable to parse directory volume name",
+    "unable to parse volume ID",
+    "does not support container directories",
+    "is not available on storage",
+    "does not allow content type",
+    "is not available on node",
+    "' is disabled",
+    "is not online",
+    "Only root can",
+    "protection mode enabled",
+    "can't overwrite running container",
+    "no such ",
+];
+
+/// Whether `message` is one of PVE's known refusals (see [`REFUSAL_WORDINGS`]).
+pub fn is_refusal_message(message: &str) -> bool {
+    REFUSAL_WORDINGS.iter().any(|w| message.contains(w))
+}
+
 /// Classify an error answer from its status and message.
 pub fn classify(status: u16, message: &str) -> ApiErrorKind {
     if status == 401 {
@@ -266,6 +305,9 @@ pub fn classify(status: u16, message: &str) -> ApiErrorKind {
     }
     if message.contains("is not running") || message.contains("not running!") {
         return ApiErrorKind::NotRunning;
+    }
+    if (500..600).contains(&status) && is_refusal_message(message) {
+        return ApiErrorKind::Refusal;
     }
     match status {
         500 | 502 | 503 | 504 | 590..=599 => ApiErrorKind::Transient,
@@ -430,12 +472,139 @@ mod tests {
             ),
             (500, "VM 300 is not running", ApiErrorKind::NotRunning),
             (500, "internal error", ApiErrorKind::Transient),
+            (
+                500,
+                "storage 'nosuchstore' does not exist",
+                ApiErrorKind::Refusal,
+            ),
             (502, "Bad Gateway", ApiErrorKind::Transient),
             (595, "No route to host", ApiErrorKind::Transient),
             (501, "Method 'GET /x' not implemented", ApiErrorKind::Other),
         ];
         for (status, msg, want) in cases {
             assert_eq!(&classify(*status, msg), want, "{status} {msg}");
+        }
+    }
+
+    /// PVE's own wordings (status, message) and the code each must get. Copied from the
+    /// project's PVE API notes, which cite: pve-storage `PVE/Storage.pm`
+    /// (`check_volume_access`, `storage_config`), pve-container `src/PVE/API2/LXC.pm`
+    /// (`create_vm`), pve-guest-common `PVE/AbstractConfig.pm` (`load_config`),
+    /// pve-access-control `RPCEnvironment.pm` (`check_pool_exist`), pve-common
+    /// `JSONSchema.pm`, pve-cluster `Cluster.pm`, pve-http-server `AnyEvent.pm`, and fakepve
+    /// 0.5.0's copies of them.
+    const PVE_WORDINGS: &[(u16, &str, ErrorCode)] = &[
+        // storage src/PVE/Storage.pm storage_config (and fakepve lxc.py _storage_for)
+        (
+            500,
+            "storage 'nosuchstore' does not exist",
+            ErrorCode::PveRefused,
+        ),
+        // manager PVE/API2/Pool.pm: unknown pool after Pool.Audit
+        (500, "pool 'nope' does not exist", ErrorCode::PveRefused),
+        // guest PVE/AbstractConfig.pm load_config, for a token with rights on /vms
+        (
+            500,
+            "Configuration file 'nodes/pve1/lxc/555.conf' does not exist",
+            ErrorCode::PveRefused,
+        ),
+        // container LXC.pm create_vm step 6 (storage check_volume_access)
+        (
+            500,
+            "unable to use volume local:iso/x.iso - content type needs to be 'backup'",
+            ErrorCode::PveRefused,
+        ),
+        (
+            500,
+            "missing privileges to access local:backup/vzdump-lxc-101-2024_01_02-03_04_05.tar.zst",
+            ErrorCode::PveRefused,
+        ),
+        // qemu-server restore: storage content errors
+        (
+            500,
+            "Content type 'images' is not available on storage 'local'",
+            ErrorCode::PveRefused,
+        ),
+        // storage: disabled / not on this node / offline (fakepve storage.py _check_enabled)
+        (500, "storage 'nfs1' is disabled", ErrorCode::PveRefused),
+        (
+            500,
+            "storage 'nfs1' is not available on node 'pve1'",
+            ErrorCode::PveRefused,
+        ),
+        (500, "storage 'nfs1' is not online", ErrorCode::PveRefused),
+        // container LXC.pm create_vm with force=1
+        (
+            500,
+            "can't overwrite running container",
+            ErrorCode::PveRefused,
+        ),
+        (
+            500,
+            "unable to restore CT 123 - protection mode enabled",
+            ErrorCode::PveRefused,
+        ),
+        // common JSONSchema.pm / RESTHandler.pm: parameter verification is a 400 exception
+        (400, "Parameter verification failed.", ErrorCode::PveRefused),
+        // the same wording where a handler re-dies with it as a plain 500
+        (500, "Parameter verification failed.", ErrorCode::PveRefused),
+        // cluster Cluster.pm check_vmid_unused
+        (
+            500,
+            "CT 123 already exists on node 'pve1'",
+            ErrorCode::PveRefused,
+        ),
+        // acl RPCEnvironment.pm check_pool_exist
+        (
+            403,
+            "Permission check failed (pool 'nope' does not exist)",
+            ErrorCode::PveRefused,
+        ),
+        (401, "Authentication failed!", ErrorCode::PveAuth),
+        (500, "CT is locked (backup)", ErrorCode::GuestLocked),
+        // cluster Cluster.pm check_cfs_quorum: the cluster cannot answer for its state
+        (
+            500,
+            "cluster not ready - no quorum?",
+            ErrorCode::PveUnreachable,
+        ),
+        // a handler's unknown 500 is still an answer
+        (500, "internal error", ErrorCode::PveRefused),
+        // proxies and AnyEvent::HTTP's synthetic codes: no answer from the node
+        (502, "Bad Gateway", ErrorCode::PveUnreachable),
+        (595, "No route to host", ErrorCode::PveUnreachable),
+        (596, "Connection timed out", ErrorCode::PveUnreachable),
+    ];
+
+    #[test]
+    fn pve_wordings_are_classified_by_what_they_say() {
+        for (status, message, want) in PVE_WORDINGS {
+            let e = decode_error(
+                "POST",
+                "/nodes/pve1/lxc",
+                *status,
+                Some(message),
+                format!("{{\"data\":null,\"message\":\"{message}\\n\"}}").as_bytes(),
+            );
+            assert_eq!(&e.message, message, "message kept");
+            let err = PveError::Api(e);
+            assert_eq!(err.code(), *want, "{status} {message:?}: {err}");
+            if *want == ErrorCode::PveRefused && is_refusal_message(message) {
+                assert!(!err.is_transient(), "{status} {message:?} is not retried");
+            }
+        }
+        // Known refusal wordings never read as unreachable, whatever 5xx carries them.
+        for (_, message, want) in PVE_WORDINGS {
+            if *want == ErrorCode::PveRefused && is_refusal_message(message) {
+                let kind = classify(500, message);
+                assert!(
+                    matches!(
+                        kind,
+                        ApiErrorKind::Refusal | ApiErrorKind::AlreadyExists { .. }
+                    ),
+                    "{message:?}: {kind:?}"
+                );
+            }
         }
     }
 

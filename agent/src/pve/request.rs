@@ -327,6 +327,16 @@ pub mod build {
             .opt_param("vmid", vmid)
     }
 
+    /// `GET /nodes/{node}/storage/{storage}/status`: type, content, enabled, active.
+    pub fn storage_status(node: &str, storage: &str) -> ApiRequest {
+        ApiRequest::get(&["nodes", node, "storage", storage, "status"])
+    }
+
+    /// `GET /nodes/{node}/vzdump/extractconfig?volume=V`: the guest config stored in a backup.
+    pub fn extract_config(node: &str, volume: &str) -> ApiRequest {
+        ApiRequest::get(&["nodes", node, "vzdump", "extractconfig"]).param("volume", volume)
+    }
+
     /// `GET /nodes/{upid.node}/tasks/{upid}/status`.
     pub fn task_status(upid: &Upid) -> ApiRequest {
         ApiRequest::get(&["nodes", &upid.node, "tasks", upid.as_str(), "status"])

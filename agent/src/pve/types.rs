@@ -249,6 +249,33 @@ pub fn backup_kind_from_volid(volid: &str) -> Option<GuestKind> {
     }
 }
 
+/// `GET /nodes/{node}/storage/{storage}/status`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
+pub struct StorageStatus {
+    /// The storage type (`dir`, `lvmthin`, `zfspool`, …).
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    /// Content types, comma-separated (`images,rootdir`).
+    #[serde(default)]
+    pub content: String,
+    /// Enabled on this node.
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub enabled: bool,
+    /// Active (PVE could activate it).
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub active: bool,
+    /// Free bytes.
+    #[serde(default, deserialize_with = "lenient_opt_u64")]
+    pub avail: Option<u64>,
+}
+
+impl StorageStatus {
+    /// Whether the storage holds content type `c` (`rootdir`, `images`, `backup`).
+    pub fn has_content(&self, c: &str) -> bool {
+        self.content.split(',').any(|x| x.trim() == c)
+    }
+}
+
 /// `GET …/agent/exec-status?pid=P`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
 pub struct AgentExecStatus {

@@ -29,6 +29,7 @@ use crate::inventory::{
     join, read_full_list, FullGuestList, GuestType, GuestsReport, Membership, PoolView,
     ResourceRow, SystemListCommands,
 };
+use crate::preflight::{self, PreflightReport};
 use crate::provision::effects::{report_final, Executor, Reporter};
 use crate::provision::journal::JournalRow;
 use crate::provision::machine::{Event, Request, State, TxnKind};
@@ -38,6 +39,15 @@ use crate::pve::{GuestKind, PveClient};
 use crate::vmid::{self, GuestLookup, Holder, VmidVerdict};
 
 pub use crate::provision::effects::Driven;
+
+/// A transaction the service drove, with the preflight's checks when it ran one.
+#[derive(Debug, Clone)]
+pub struct TxnRun {
+    /// The transaction.
+    pub driven: Driven,
+    /// The preflight's report (provisions; a destroy has none).
+    pub preflight: Option<PreflightReport>,
+}
 
 /// What a provision asks for: the operator's flags or a hub dispatch's fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -254,7 +264,7 @@ pub async fn provision(
     txn: Ulid,
     reporter: &dyn Reporter,
     cancel: CancellationToken,
-) -> Result<Driven, Failure> {
+) -> Result<TxnRun, Failure> {
     let Some(input) = req.vmid.as_deref() else {
         return Err(Failure::new(
             ErrorCode::VmidInvalid,
@@ -273,7 +283,8 @@ pub async fn provision(
         })?;
     let guest = backup_kind_from_volid(&volid).ok_or_else(|| {
         Failure::new(
-            ErrorCode::ConfigInvalid,
+            // Not a backup this agent can restore: the preflight's refusal, before any read.
+            ErrorCode::BackupMissing,
             format!("cannot tell from {volid:?} whether it is a container or a VM backup (expected vzdump-lxc-… or vzdump-qemu-…)"),
         )
     })?;
@@ -317,8 +328,14 @@ pub async fn provision(
             v.message(),
         )),
     };
+    // The preflight (DESIGN rule 9): before the first journal intent; reads only. A refusal
+    // becomes the transaction's first event, so nothing is journaled or written.
+    let (report, first) = preflight::gate(cfg, &prepared.pve, &request, first).await;
     let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
-    Ok(exec.drive(State::new(request), first).await)
+    Ok(TxnRun {
+        driven: exec.drive(State::new(request), first).await,
+        preflight: Some(report),
+    })
 }
 
 /// The gated destroy of a guest an earlier transaction of this agent created, under `txn`.
@@ -329,7 +346,7 @@ pub async fn destroy(
     txn: Ulid,
     reporter: &dyn Reporter,
     cancel: CancellationToken,
-) -> Result<Driven, Failure> {
+) -> Result<TxnRun, Failure> {
     let vmid_num = vmid::parse_vmid(input).map_err(Failure::from)?;
     let prepared = prepare(cfg, reporter, &cancel).await?;
     let _lock = VmidLock::try_acquire(&cfg.state_dir, vmid_num, Some(txn))
@@ -347,15 +364,21 @@ pub async fn destroy(
     if effects.is_empty() {
         // Refused without proof: nothing was sent; the hub learns of the refusal all the same.
         report_final(reporter, &state, &[]);
-        return Ok(Driven {
-            state,
-            checks: vec![],
-            plan: None,
-            halted: None,
+        return Ok(TxnRun {
+            driven: Driven {
+                state,
+                checks: vec![],
+                plan: None,
+                halted: None,
+            },
+            preflight: None,
         });
     }
     let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
-    Ok(exec.drive_effects(state, effects).await)
+    Ok(TxnRun {
+        driven: exec.drive_effects(state, effects).await,
+        preflight: None,
+    })
 }
 
 /// The journaled state of a transaction, if this agent knows it.

@@ -23,6 +23,7 @@ use super::{full_list, pool_view, prepare, prepare_read_only};
 use crate::config::Config;
 use crate::error::{ErrorCode, Failure};
 use crate::inventory::join;
+use crate::preflight::PreflightReport;
 use crate::provision::effects::{Driven, Executor, Reporter};
 use crate::provision::machine::{Event, OutcomeKind, Request, State, TxnKind};
 use crate::provision::VmidLock;
@@ -214,6 +215,8 @@ pub struct RestoreTestRun {
     pub vmid: Option<u32>,
     /// Why the metrics file could not be written, if it could not.
     pub metrics_error: Option<String>,
+    /// The preflight's checks (`None` when the run was skipped before it).
+    pub preflight: Option<PreflightReport>,
 }
 
 /// One restore-test run under `txn` (`--selftest=restore`, the timer, or a hub dispatch).
@@ -282,6 +285,9 @@ pub async fn run(
             ),
         },
     };
+    // --- preflight (DESIGN §2 rule 9): before the first journal intent; reads only ---------
+    let (report, first) = crate::preflight::gate(cfg, pve, &request, first).await;
+    // --- end preflight ---------------------------------------------------------------------
     let _lock = match (picked, dry_run) {
         (Some(v), false) => Some(
             VmidLock::try_acquire(&cfg.state_dir, v, Some(txn))
@@ -328,6 +334,7 @@ pub async fn run(
         band,
         vmid: picked,
         metrics_error,
+        preflight: Some(report),
     })
 }
 
