@@ -319,3 +319,97 @@ fn qemu_restore_onto_a_guest_created_after_the_list_was_read_is_refused_with_no_
     assert!(w.pve.writes_for(131).is_empty());
     assert_eq!(w.pve.guest(131).expect("the CT")["status"], "running");
 }
+
+#[test]
+fn restore_test_dispatched_by_the_hub_runs_isolated_and_reports_once() {
+    use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
+    use felhom_tests::fakepve::HubOptions;
+    use hub_protocol::{Dispatch, DispatchAction, Outcome};
+
+    let hub = DevHub::start(DevHubOptions::default());
+    let metrics = tempfile::tempdir().expect("tmp");
+    let opts = AgentOptions {
+        selftest_source: Some(QEMU_BACKUP.to_string()),
+        extra_toml: format!(
+            "[restore_test]\nmetrics_dir = \"{}\"\nsources = [\"{QEMU_BACKUP}\"]\n",
+            metrics.path().display()
+        ),
+        hub: Some(HubOptions {
+            url: hub.url(),
+            token: hub.token().to_string(),
+            tls_fingerprint: None,
+            ca_file: None,
+        }),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(scenario(qemu_backup_config(), booting_guest()), &opts);
+    let path = w.path();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    let wait = Duration::from_secs(180);
+    hub.wait_for("the session", wait, |s| s.sessions == 1);
+
+    let txn = hub.dispatch(DispatchAction::RestoreTest { dry_run: false });
+    let state = hub.wait_for("the restore test's result", wait, |s| {
+        s.results.contains_key(&txn)
+    });
+    let result = &state.results[&txn][0].1;
+    assert_eq!(result.outcome, Outcome::Ok, "{result:?}");
+    assert_eq!(result.vmid, Some(990002), "{result:?}");
+    assert!(result.destroyed, "{result:?}");
+    assert!(
+        !result.checks.is_empty()
+            && result
+                .checks
+                .iter()
+                .all(|c| c.status == hub_protocol::CheckStatus::Pass),
+        "{result:?}"
+    );
+    // Its phases reached the hub as events on the way.
+    assert!(
+        state.events.len() >= 3,
+        "phase events: {}",
+        state.events.len()
+    );
+    // Isolated like the operator's run: net1 was removed before the start.
+    let reqs = w.pve.requests();
+    assert!(
+        reqs.iter().any(|r| r.method == "PUT"
+            && r.api_path() == "/nodes/pve1/qemu/990002/config"
+            && r.param("delete").is_some_and(|d| d.contains("net1"))),
+        "net1 removed"
+    );
+    let restores = reqs
+        .iter()
+        .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
+        .count();
+    assert_eq!(restores, 1, "one restore at PVE");
+
+    // Dispatched again under the same transaction: the same result, nothing sent to PVE.
+    let before = w.pve.requests().len();
+    hub.dispatch_txn(Dispatch {
+        txn,
+        action: DispatchAction::RestoreTest { dry_run: false },
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let state = hub.snapshot();
+    assert_eq!(state.results[&txn].len(), 1, "the result is applied once");
+    let writes_after: Vec<RecordedRequest> = w.pve.requests()[before..]
+        .iter()
+        .filter(|r| r.is_write())
+        .cloned()
+        .collect();
+    assert!(
+        writes_after.is_empty(),
+        "a re-dispatch wrote: {writes_after:?}"
+    );
+    assert!(w.pve.guest(990002).is_none());
+    for vmid in [300, 990000, 990001, 200, 101] {
+        assert!(w.pve.writes_for(vmid).is_empty(), "{vmid} was written");
+    }
+    let (status, log) = agent.terminate(wait);
+    assert!(status.success(), "run exited {status}:\n{log}");
+}
