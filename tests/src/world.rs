@@ -49,6 +49,22 @@ pub struct World {
     pub files: AgentFiles,
 }
 
+/// Tasks take time, as on a node: a scenario that leaves `time_scale` at 0 gets 0.01 real
+/// seconds per PVE second, a container restore of 30 PVE seconds and a destroy of 10, so every
+/// task is still running when PVE answers the request that started it.
+pub fn tasks_take_time(scenario: &mut Value) {
+    if scenario["time_scale"].as_f64().unwrap_or(0.0) == 0.0 {
+        scenario["time_scale"] = serde_json::json!(TIME_SCALE);
+        if scenario.get("attrs").is_none_or(Value::is_null) {
+            scenario["attrs"] = serde_json::json!({});
+        }
+        let attrs = &mut scenario["attrs"];
+        if attrs.get("ct_secs").is_none() {
+            attrs["ct_secs"] = serde_json::json!({"create": 30, "destroy": 10});
+        }
+    }
+}
+
 impl World {
     /// A world for `scenario` with these agent options.
     ///
@@ -56,21 +72,9 @@ impl World {
     /// scenario restores a guest with a real root filesystem (unless its volume says
     /// `"guest": false`), the fake keeps each container's state for the `pct` stand-in, and a
     /// VM's guest agent runs commands in its root filesystem.
-    ///
-    /// Tasks take time, as on a node: a scenario that leaves `time_scale` at 0 gets 0.01 real
-    /// seconds per PVE second, a restore of 30 PVE seconds and a destroy of 10, so every task
-    /// is still running when PVE answers the request that started it.
+    /// Tasks take time ([`tasks_take_time`]).
     pub fn with_options(mut scenario: Value, opts: &AgentOptions) -> World {
-        if scenario["time_scale"].as_f64().unwrap_or(0.0) == 0.0 {
-            scenario["time_scale"] = serde_json::json!(TIME_SCALE);
-            if scenario.get("attrs").is_none_or(Value::is_null) {
-                scenario["attrs"] = serde_json::json!({});
-            }
-            let attrs = &mut scenario["attrs"];
-            if attrs.get("ct_secs").is_none() {
-                attrs["ct_secs"] = serde_json::json!({"create": 30, "destroy": 10});
-            }
-        }
+        tasks_take_time(&mut scenario);
         let bed = GuestBed::new();
         bed.join_scenario(&mut scenario);
         let pve = FakePve::start(scenario);

@@ -59,6 +59,7 @@ fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
     // the `pct` stand-in; the package's bootstrap profile and check pack.
     let bed = GuestBed::new();
     let mut scenario = felhom_tests::fakepve::demo_scenario();
+    felhom_tests::world::tasks_take_time(&mut scenario);
     bed.join_scenario(&mut scenario);
     let pve = FakePve::start(scenario);
     let mut hub = DevHub::start(DevHubOptions::default());
