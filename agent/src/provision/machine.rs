@@ -36,6 +36,29 @@ pub use hub_protocol::TxnKind;
 /// PVE's limit on a guest description, in characters.
 pub const DESCRIPTION_MAX_CHARS: usize = 8192;
 
+/// The most bytes of a transaction's failure message. Messages carry text from outside (a
+/// guest's bootstrap or check output, PVE's task logs); clipped here, a journal record can
+/// never outgrow its cap and stop a cleanup.
+pub const FAILURE_MESSAGE_MAX_BYTES: usize = 4096;
+
+/// `message` cut to [`FAILURE_MESSAGE_MAX_BYTES`] on a character boundary, saying how much
+/// was cut.
+pub fn clip_message(message: String) -> String {
+    if message.len() <= FAILURE_MESSAGE_MAX_BYTES {
+        return message;
+    }
+    let marker_room = 64;
+    let mut end = FAILURE_MESSAGE_MAX_BYTES - marker_room;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{} … ({} more bytes clipped)",
+        &message[..end],
+        message.len() - end
+    )
+}
+
 /// What the machine waits for next. The transition table is keyed by (step, event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -1080,9 +1103,10 @@ impl State {
     fn note_failure(&mut self, failure: Failure) {
         self.phase = Phase::Failed;
         match &mut self.failure {
-            None => self.failure = Some(failure),
+            None => self.failure = Some(Failure::new(failure.code, clip_message(failure.message))),
             Some(first) => {
-                first.message = format!("{}; then: {}", first.message, failure.message);
+                first.message =
+                    clip_message(format!("{}; then: {}", first.message, failure.message));
             }
         }
     }
@@ -1111,7 +1135,7 @@ impl State {
             Some(earlier) => format!("{message} (before that: {})", earlier.message),
             None => message,
         };
-        self.failure = Some(Failure::new(code, message));
+        self.failure = Some(Failure::new(code, clip_message(message)));
         self.phase = Phase::NeedsHuman;
         self.finish(OutcomeKind::NeedsHuman);
         vec![self.journal()]

@@ -1828,3 +1828,64 @@ fn the_property_harness_reaches_destroy() {
     )
     .is_ok());
 }
+
+#[test]
+fn failure_messages_are_clipped_on_a_character_boundary() {
+    let short = "short".to_string();
+    assert_eq!(clip_message(short.clone()), short);
+    // One megabyte of guest output, in multi-byte characters.
+    let long = "é".repeat(512 * 1024);
+    let clipped = clip_message(long.clone());
+    assert!(
+        clipped.len() <= FAILURE_MESSAGE_MAX_BYTES,
+        "{}",
+        clipped.len()
+    );
+    assert!(clipped.starts_with("éé"));
+    assert!(
+        clipped.ends_with("more bytes clipped)"),
+        "{}",
+        &clipped[clipped.len() - 60..]
+    );
+}
+
+#[test]
+fn a_megabyte_of_check_output_is_clipped_and_the_cleanup_still_runs() {
+    let s = at(Step::Checks);
+    let m = s.marker();
+    let (s, effects) = apply(
+        &s,
+        Event::ChecksFailed {
+            message: format!("rows: {}", "x".repeat(1024 * 1024)),
+        },
+    );
+    // The failure a journal record will carry is bounded, and the gated cleanup goes on.
+    let message = &s.failure().expect("a failure").message;
+    assert!(
+        message.len() <= FAILURE_MESSAGE_MAX_BYTES,
+        "{}",
+        message.len()
+    );
+    assert!(
+        matches!(&effects[0], Effect::Journal(j) if serde_json::to_vec(j).map(|b| b.len()).unwrap_or(usize::MAX) < 16 * 1024),
+        "the journaled state stays small"
+    );
+    assert!(effects
+        .iter()
+        .any(|e| matches!(e, Effect::RecheckOwnership { .. })));
+    let (s, effects) = apply(&s, Event::GuestObserved(ours(&m)));
+    assert!(effects.iter().any(|e| matches!(e, Effect::Destroy { .. })));
+    // A later failure appended to the first stays bounded too.
+    let (s, _) = apply(
+        &s,
+        Event::DestroyEnded(TaskExit::Error {
+            message: "y".repeat(1024 * 1024),
+        }),
+    );
+    let message = &s.failure().expect("a failure").message;
+    assert!(
+        message.len() <= FAILURE_MESSAGE_MAX_BYTES,
+        "{}",
+        message.len()
+    );
+}
