@@ -57,47 +57,11 @@ fn txn_kind() -> impl Strategy<Value = TxnKind> {
 }
 
 fn phase() -> impl Strategy<Value = Phase> {
-    select(vec![
-        Phase::Planned,
-        Phase::Validated,
-        Phase::Submitted,
-        Phase::Created,
-        Phase::Started,
-        Phase::Launched,
-        Phase::Bootstrapped,
-        Phase::Verified,
-        Phase::Reported,
-        Phase::Failed,
-        Phase::Destroyed,
-        Phase::Skipped,
-        Phase::NeedsHuman,
-    ])
+    select(Phase::ALL.to_vec())
 }
 
 fn error_info() -> impl Strategy<Value = ErrorInfo> {
-    let codes = vec![
-        ErrorCode::VmidInvalid,
-        ErrorCode::VmidReserved,
-        ErrorCode::VmidInUse,
-        ErrorCode::PveRefused,
-        ErrorCode::PveUnreachable,
-        ErrorCode::PveAuth,
-        ErrorCode::TlsPinMismatch,
-        ErrorCode::TaskFailed,
-        ErrorCode::TaskTimeout,
-        ErrorCode::GuestLocked,
-        ErrorCode::LaunchUnproven,
-        ErrorCode::BootstrapFailed,
-        ErrorCode::CheckFailed,
-        ErrorCode::BandFull,
-        ErrorCode::ConfigInvalid,
-        ErrorCode::OwnershipUnproven,
-        ErrorCode::BackupMissing,
-        ErrorCode::StorageInvalid,
-        ErrorCode::ProfileInvalid,
-        ErrorCode::ChecksInvalid,
-        ErrorCode::PolicyDenied,
-    ];
+    let codes = ErrorCode::ALL.to_vec();
     (select(codes), text()).prop_map(|(code, message)| ErrorInfo { code, message })
 }
 
