@@ -426,13 +426,23 @@ impl Config {
             sources: rp.sources,
             profiles: rp.profiles,
         };
+        let state_dir = raw
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from("/var/lib/felhom-agent"));
+        // The journal there is what proves which guests this agent created: a relative folder
+        // would move with the working directory of whoever starts the agent.
+        if !state_dir.is_absolute() {
+            return Err(invalid(format!(
+                "config {}: state_dir {:?} is relative; give an absolute, persistent folder (default /var/lib/felhom-agent): its journal decides which guests this agent may destroy",
+                path.display(),
+                state_dir.display().to_string()
+            )));
+        }
         Ok(Config {
             path: path.to_path_buf(),
             node,
             pool: raw.pool,
-            state_dir: raw
-                .state_dir
-                .unwrap_or_else(|| PathBuf::from("/var/lib/felhom-agent")),
+            state_dir,
             vmlist_path: raw
                 .vmlist_path
                 .unwrap_or_else(|| PathBuf::from("/etc/pve/.vmlist")),
@@ -573,6 +583,29 @@ mod tests {
             !dbg.contains("11111111-2222"),
             "secret leaked into Debug: {dbg}"
         );
+    }
+
+    #[test]
+    fn a_relative_state_dir_is_refused() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let err = Config::parse(
+            Path::new("/x.toml"),
+            &sample(&t, "state_dir = \"var/lib/felhom-agent\""),
+        )
+        .expect_err("relative");
+        assert_eq!(err.code, ErrorCode::ConfigInvalid);
+        assert!(
+            err.message.contains("state_dir") && err.message.contains("relative"),
+            "{}",
+            err.message
+        );
+        let ok = Config::parse(
+            Path::new("/x.toml"),
+            &sample(&t, "state_dir = \"/var/lib/felhom-agent\""),
+        )
+        .expect("absolute");
+        assert_eq!(ok.state_dir, PathBuf::from("/var/lib/felhom-agent"));
     }
 
     #[test]
