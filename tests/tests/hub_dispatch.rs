@@ -99,3 +99,61 @@ fn a_named_profile_runs_and_destroy_and_re_dispatch_go_through_the_gate() {
     let (status, log) = agent.terminate(WAIT);
     assert!(status.success(), "run exited {status}:\n{log}");
 }
+
+#[test]
+fn a_refused_dispatch_sent_again_is_answered_from_the_journal_even_once_the_vmid_is_free() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let opts = AgentOptions {
+        hub: Some(HubOptions {
+            url: hub.url(),
+            token: hub.token().to_string(),
+            tls_fingerprint: None,
+            ca_file: None,
+        }),
+        ..AgentOptions::default()
+    };
+    // 4300 is held by a guest on another node: only the local full list knows it.
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    scenario["vmlist_extra"] = serde_json::json!([{"vmid": 4300, "node": "pve2", "type": "lxc"}]);
+    let w = World::with_options(scenario, &opts);
+    let path = w.path();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    hub.wait_for("the session", WAIT, |s| s.sessions == 1);
+
+    let action = DispatchAction::Provision {
+        vmid: 4300,
+        from: "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst".to_string(),
+        storage: "local-lvm".to_string(),
+        keep: false,
+        profile: None,
+    };
+    let txn = hub.dispatch(action.clone());
+    let state = hub.wait_for("the refusal", WAIT, |s| s.results.contains_key(&txn));
+    let result = &state.results[&txn][0].1;
+    assert_eq!(result.outcome, Outcome::Refused, "{result:?}");
+    assert!(w.pve.writes().is_empty(), "{:?}", w.pve.writes());
+
+    // The other node's guest goes away, then the hub sends the same transaction again (its
+    // ack was lost): the agent answers with the journaled refusal and does not provision.
+    w.pve.set(serde_json::json!({"vmlist_extra": []}));
+    let frames_before = hub.snapshot().frames.len();
+    hub.dispatch_txn(Dispatch { txn, action });
+    hub.wait_for("the re-dispatch's answer", WAIT, |s| {
+        s.frames.len() > frames_before && s.dispatches.iter().all(|d| d.acked)
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let state = hub.snapshot();
+    assert_eq!(state.results[&txn].len(), 1, "the result is applied once");
+    assert_eq!(state.results[&txn][0].1.outcome, Outcome::Refused);
+    assert!(
+        w.pve.writes().is_empty(),
+        "the re-dispatch ran a provision: {:?}",
+        w.pve.writes()
+    );
+    let (status, log) = agent.terminate(WAIT);
+    assert!(status.success(), "run exited {status}:\n{log}");
+}

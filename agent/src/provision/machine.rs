@@ -1099,6 +1099,15 @@ impl State {
         self.outcome = Some(outcome);
     }
 
+    /// The journal record of a transaction settled before any write; none for a dry run.
+    fn journal_unless_dry_run(&self) -> Vec<Effect> {
+        if self.request.dry_run {
+            Vec::new()
+        } else {
+            vec![self.journal()]
+        }
+    }
+
     /// Record a failure; the first one stays the headline, later ones are appended.
     fn note_failure(&mut self, failure: Failure) {
         self.phase = Phase::Failed;
@@ -1539,17 +1548,19 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
             let vmid = s.require_vmid(kind)?;
             s.on_vmid_accepted(vmid)
         }
+        // A refusal or a skip is journaled (never for a dry run), so a re-dispatch of the same
+        // transaction answers with it instead of running again once the vmid looks free.
         (Step::Validate, Event::VmidRefused(failure)) => {
             s.phase = Phase::Failed;
-            s.failure = Some(failure);
+            s.failure = Some(Failure::new(failure.code, clip_message(failure.message)));
             s.finish(OutcomeKind::Refused);
-            Vec::new()
+            s.journal_unless_dry_run()
         }
         (Step::Validate, Event::BandFull { message }) => {
             s.phase = Phase::Skipped;
             s.failure = Some(Failure::new(ErrorCode::BandFull, message));
             s.finish(OutcomeKind::Skipped);
-            Vec::new()
+            s.journal_unless_dry_run()
         }
         (Step::Submit, Event::Submitted { upid }) => {
             s.require_vmid(kind)?;

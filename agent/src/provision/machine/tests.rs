@@ -372,7 +372,7 @@ fn every_allowed_transition_does_what_the_table_says() {
             step: Step::Done,
             outcome: Some(O::Refused),
             armed: false,
-            effects: &[],
+            effects: &["journal"],
             code: Some(C::VmidReserved),
         },
         Row {
@@ -385,7 +385,7 @@ fn every_allowed_transition_does_what_the_table_says() {
             step: Step::Done,
             outcome: Some(O::Skipped),
             armed: false,
-            effects: &[],
+            effects: &["journal"],
             code: Some(C::BandFull),
         },
         Row {
@@ -1888,4 +1888,15 @@ fn a_megabyte_of_check_output_is_clipped_and_the_cleanup_still_runs() {
         "{}",
         message.len()
     );
+}
+
+#[test]
+fn a_dry_run_refusal_journals_nothing() {
+    let lxc = GuestKind::Lxc;
+    let (s, effects) = apply(
+        &State::new(request(lxc, false, true)),
+        Event::VmidRefused(failure(ErrorCode::VmidInUse, "vmid 120 is in use")),
+    );
+    assert!(effects.is_empty(), "{effects:?}");
+    assert_eq!(s.outcome().map(|o| o.outcome), Some(OutcomeKind::Refused));
 }
