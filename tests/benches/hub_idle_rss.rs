@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions};
-use felhom_tests::fakepve::{workspace_root, AgentFiles, AgentOptions, FakePve, HubOptions};
+use felhom_tests::fakepve::{workspace_root, AgentFiles, AgentOptions, FakePve};
 
 const IDLE: Duration = Duration::from_secs(30);
 
@@ -42,12 +42,7 @@ fn main() {
     let files = AgentFiles::write(
         &pve,
         &AgentOptions {
-            hub: Some(HubOptions {
-                url: hub.url(),
-                token: hub.token().to_string(),
-                tls_fingerprint: None,
-                ca_file: None,
-            }),
+            hub: Some(hub.hub_options()),
             ..AgentOptions::default()
         },
     );

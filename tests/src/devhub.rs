@@ -262,6 +262,17 @@ fn make_tls(host: &str) -> Tls {
 }
 
 impl DevHub {
+    /// The `[hub]` options that point an agent at this hub over plain `ws://` on loopback,
+    /// with its credential.
+    pub fn hub_options(&self) -> crate::fakepve::HubOptions {
+        crate::fakepve::HubOptions {
+            url: self.url(),
+            token: self.token().to_string(),
+            tls_fingerprint: None,
+            ca_file: None,
+        }
+    }
+
     /// Start a hub with these options.
     pub fn start(opts: DevHubOptions) -> DevHub {
         let rt = tokio::runtime::Builder::new_multi_thread()

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use felhom_agent::hub::outbox::Outbox;
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
-use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve, HubOptions};
+use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use hub_protocol::{
     AgentMessage, Dispatch, DispatchAction, Outcome, Phase, TxnId, TxnKind, TxnResult,
 };
@@ -19,12 +19,7 @@ fn files_for(pve: &FakePve, hub: &DevHub) -> AgentFiles {
     AgentFiles::write(
         pve,
         &AgentOptions {
-            hub: Some(HubOptions {
-                url: hub.url(),
-                token: hub.token().to_string(),
-                tls_fingerprint: None,
-                ca_file: None,
-            }),
+            hub: Some(hub.hub_options()),
             ..AgentOptions::default()
         },
     )
@@ -251,12 +246,7 @@ fn killed_mid_provision_the_dispatch_resumes_and_its_result_arrives_once() {
     let hub = DevHub::start(DevHubOptions::default());
     let scenario = felhom_tests::fakepve::demo_scenario();
     let opts = AgentOptions {
-        hub: Some(HubOptions {
-            url: hub.url(),
-            token: hub.token().to_string(),
-            tls_fingerprint: None,
-            ca_file: None,
-        }),
+        hub: Some(hub.hub_options()),
         ..AgentOptions::default()
     };
     let w = felhom_tests::world::World::with_options(scenario, &opts);

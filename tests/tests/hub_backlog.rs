@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use felhom_agent::hub::outbox::{now_timestamp, Outbox};
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
-use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve, HubOptions};
+use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use hub_protocol::{AgentMessage, Event, MessageId, Phase, TxnId, TxnKind};
 
 const BACKLOG: usize = 10_000;
@@ -28,12 +28,7 @@ fn a_large_backlog_is_delivered_in_order_and_drains() {
     let files = AgentFiles::write(
         &pve,
         &AgentOptions {
-            hub: Some(HubOptions {
-                url: hub.url(),
-                token: hub.token().to_string(),
-                tls_fingerprint: None,
-                ca_file: None,
-            }),
+            hub: Some(hub.hub_options()),
             ..AgentOptions::default()
         },
     );

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
-use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve, HubOptions};
+use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use hub_protocol::{DispatchAction, ProtocolErrorCode, MAX_FRAME_BYTES};
 use serde_json::json;
 
@@ -26,12 +26,7 @@ fn bad_frames_get_protocol_errors_and_never_kill_the_agent() {
     let files = AgentFiles::write(
         &pve,
         &AgentOptions {
-            hub: Some(HubOptions {
-                url: hub.url(),
-                token: hub.token().to_string(),
-                tls_fingerprint: None,
-                ca_file: None,
-            }),
+            hub: Some(hub.hub_options()),
             ..AgentOptions::default()
         },
     );

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
-use felhom_tests::fakepve::{AgentOptions, HubOptions};
+use felhom_tests::fakepve::AgentOptions;
 use felhom_tests::world::{copy_tree, World};
 use hub_protocol::{Dispatch, DispatchAction, Outcome};
 
@@ -15,12 +15,7 @@ const WAIT: Duration = Duration::from_secs(60);
 fn a_named_profile_runs_and_destroy_and_re_dispatch_go_through_the_gate() {
     let hub = DevHub::start(DevHubOptions::default());
     let opts = AgentOptions {
-        hub: Some(HubOptions {
-            url: hub.url(),
-            token: hub.token().to_string(),
-            tls_fingerprint: None,
-            ca_file: None,
-        }),
+        hub: Some(hub.hub_options()),
         ..AgentOptions::default()
     };
     let w = World::with_options(felhom_tests::fakepve::demo_scenario(), &opts);
@@ -104,12 +99,7 @@ fn a_named_profile_runs_and_destroy_and_re_dispatch_go_through_the_gate() {
 fn a_refused_dispatch_sent_again_is_answered_from_the_journal_even_once_the_vmid_is_free() {
     let hub = DevHub::start(DevHubOptions::default());
     let opts = AgentOptions {
-        hub: Some(HubOptions {
-            url: hub.url(),
-            token: hub.token().to_string(),
-            tls_fingerprint: None,
-            ca_file: None,
-        }),
+        hub: Some(hub.hub_options()),
         ..AgentOptions::default()
     };
     // 4300 is held by a guest on another node: only the local full list knows it.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
-use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve, HubOptions};
+use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use hub_protocol::{DispatchAction, GuestStatus, GuestType};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -17,12 +17,7 @@ fn files_for(pve: &FakePve, hub: &DevHub) -> AgentFiles {
     AgentFiles::write(
         pve,
         &AgentOptions {
-            hub: Some(HubOptions {
-                url: hub.url(),
-                token: hub.token().to_string(),
-                tls_fingerprint: None,
-                ca_file: None,
-            }),
+            hub: Some(hub.hub_options()),
             ..AgentOptions::default()
         },
     )

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
-use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve, HubOptions};
+use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use felhom_tests::guestbed::GuestBed;
 use hub_protocol::{DispatchAction, TxnId};
 
@@ -66,12 +66,7 @@ fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
     let files = AgentFiles::write(
         &pve,
         &AgentOptions {
-            hub: Some(HubOptions {
-                url: hub.url(),
-                token: hub.token().to_string(),
-                tls_fingerprint: None,
-                ca_file: None,
-            }),
+            hub: Some(hub.hub_options()),
             ..AgentOptions::default()
         },
     );

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use felhom_agent::hub::outbox::Outbox;
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
-use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve, HubOptions};
+use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use hub_protocol::{AgentMessage, Outcome, Phase, TxnId, TxnKind, TxnResult};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -157,12 +157,7 @@ fn ready_waits_for_the_session_and_the_watchdog_follows_the_hub() {
     let files = AgentFiles::write(
         &pve,
         &AgentOptions {
-            hub: Some(HubOptions {
-                url: hub.url(),
-                token: hub.token().to_string(),
-                tls_fingerprint: None,
-                ca_file: None,
-            }),
+            hub: Some(hub.hub_options()),
             ..AgentOptions::default()
         },
     );

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use felhom_tests::agent::AgentRun;
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
-use felhom_tests::fakepve::{demo_scenario, AgentOptions, HubOptions};
+use felhom_tests::fakepve::{demo_scenario, AgentOptions};
 use felhom_tests::world::World;
 use hub_protocol::{DispatchAction, ErrorCode, Outcome};
 use serde_json::{json, Value};
@@ -239,12 +239,7 @@ fn a_pack_using_node_and_txn_passes_on_a_healthy_guest() {
 fn hub_dispatches_refused_by_the_preflight_get_refused_results_and_write_nothing() {
     let hub = DevHub::start(DevHubOptions::default());
     let opts = AgentOptions {
-        hub: Some(HubOptions {
-            url: hub.url(),
-            token: hub.token().to_string(),
-            tls_fingerprint: None,
-            ca_file: None,
-        }),
+        hub: Some(hub.hub_options()),
         extra_toml: "\n[policy]\nstorages = [\"local-lvm\", \"local\"]\n".to_string(),
         ..AgentOptions::default()
     };

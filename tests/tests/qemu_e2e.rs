@@ -323,7 +323,6 @@ fn qemu_restore_onto_a_guest_created_after_the_list_was_read_is_refused_with_no_
 #[test]
 fn restore_test_dispatched_by_the_hub_runs_isolated_and_reports_once() {
     use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
-    use felhom_tests::fakepve::HubOptions;
     use hub_protocol::{Dispatch, DispatchAction, Outcome};
 
     let hub = DevHub::start(DevHubOptions::default());
@@ -334,12 +333,7 @@ fn restore_test_dispatched_by_the_hub_runs_isolated_and_reports_once() {
             "[restore_test]\nmetrics_dir = \"{}\"\nsources = [\"{QEMU_BACKUP}\"]\n",
             metrics.path().display()
         ),
-        hub: Some(HubOptions {
-            url: hub.url(),
-            token: hub.token().to_string(),
-            tls_fingerprint: None,
-            ca_file: None,
-        }),
+        hub: Some(hub.hub_options()),
         ..AgentOptions::default()
     };
     let w = World::with_options(scenario(qemu_backup_config(), booting_guest()), &opts);
