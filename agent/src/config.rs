@@ -215,7 +215,12 @@ pub struct ProvisionConfig {
     pub bootstrap_dir: PathBuf,
     /// `*.toml` check packs.
     pub checks_dir: PathBuf,
+    /// How long a started guest may take to answer its first exec (the proof of launch).
+    pub launch_timeout: std::time::Duration,
 }
+
+/// Bounds of `[provision] launch_timeout_secs`.
+pub const LAUNCH_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 5..=3600;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -276,6 +281,7 @@ struct RawProvision {
     selftest_source: Option<String>,
     bootstrap_dir: Option<PathBuf>,
     checks_dir: Option<PathBuf>,
+    launch_timeout_secs: Option<u64>,
 }
 
 fn invalid(msg: String) -> Failure {
@@ -380,6 +386,15 @@ impl Config {
         };
         let p = raw.provision.unwrap_or_default();
         let rt = raw.restore_test.unwrap_or_default();
+        let launch_timeout_secs = p.launch_timeout_secs.unwrap_or(180);
+        if !LAUNCH_TIMEOUT_SECS.contains(&launch_timeout_secs) {
+            return Err(invalid(format!(
+                "{}: [provision] launch_timeout_secs = {launch_timeout_secs} is out of range; use {} to {} seconds (default 180)",
+                path.display(),
+                LAUNCH_TIMEOUT_SECS.start(),
+                LAUNCH_TIMEOUT_SECS.end()
+            )));
+        }
         let provision = ProvisionConfig {
             storage: p.storage.unwrap_or_else(|| "local-lvm".to_string()),
             selftest_source: p.selftest_source,
@@ -389,6 +404,7 @@ impl Config {
             checks_dir: p
                 .checks_dir
                 .unwrap_or_else(|| PathBuf::from("/etc/felhom-agent/checks.d")),
+            launch_timeout: std::time::Duration::from_secs(launch_timeout_secs),
         };
         let restore_test = RestoreTestConfig {
             backup_storages: rt.backup_storages.unwrap_or_else(|| {
@@ -583,6 +599,37 @@ mod tests {
             !dbg.contains("11111111-2222"),
             "secret leaked into Debug: {dbg}"
         );
+    }
+
+    #[test]
+    fn launch_timeout_defaults_to_180_s_and_is_bounded() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let c = Config::parse(Path::new("/x.toml"), &sample(&t, "")).expect("valid");
+        assert_eq!(
+            c.provision.launch_timeout,
+            std::time::Duration::from_secs(180)
+        );
+        let with = |secs: u64| {
+            let text = format!(
+                "{}\n[provision]\nlaunch_timeout_secs = {secs}\n",
+                sample(&t, "")
+            );
+            Config::parse(Path::new("/x.toml"), &text)
+        };
+        assert_eq!(
+            with(30).expect("30 s").provision.launch_timeout,
+            std::time::Duration::from_secs(30)
+        );
+        for bad in [0, 4, 3601] {
+            let err = with(bad).expect_err("out of range");
+            assert_eq!(err.code, ErrorCode::ConfigInvalid);
+            assert!(
+                err.message.contains("launch_timeout_secs") && err.message.contains("/x.toml"),
+                "{}",
+                err.message
+            );
+        }
     }
 
     #[test]

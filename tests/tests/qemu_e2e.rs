@@ -407,3 +407,39 @@ fn restore_test_dispatched_by_the_hub_runs_isolated_and_reports_once() {
     let (status, log) = agent.terminate(wait);
     assert!(status.success(), "run exited {status}:\n{log}");
 }
+
+#[test]
+fn qemu_guest_whose_agent_never_answers_is_unproven_within_the_launch_timeout_and_destroyed() {
+    // `agent: 1` is configured, but no guest agent ever starts inside the VM: PVE answers
+    // every exec with "QEMU guest agent is not running". The provision waits the configured
+    // launch timeout (5 s here instead of 180), then fails as unproven and destroys the VM it
+    // created through the gate.
+    let w = world(
+        scenario(
+            qemu_backup_config(),
+            json!({"agent": false, "start_secs": 10}),
+        ),
+        "launch_timeout_secs = 5\n",
+    );
+    let started = Instant::now();
+    let run = w.agent(&["--selftest=provision", "-vmid", "331", "--json"]);
+    let waited = started.elapsed();
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "launch_unproven", "{doc:#}");
+    let msg = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("331"), "names the vmid: {msg}");
+    assert!(
+        msg.to_lowercase().contains("not running"),
+        "says the guest agent is not running: {msg}"
+    );
+    // It asked more than once (it waited for the agent), and never ran anything.
+    assert!(agent_calls(&w, 331, "exec").len() >= 2);
+    assert!(agent_calls(&w, 331, "exec-status").is_empty());
+    assert!(waited >= Duration::from_secs(5), "gave up after {waited:?}");
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    let deletes = guest_deletes(&w);
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert!(deletes[0].targets_vmid(331));
+    assert!(w.pve.guest(331).is_none());
+}

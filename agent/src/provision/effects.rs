@@ -38,7 +38,8 @@ use crate::pve::{wait_task, GuestKind, PveClient, PveError, Upid, WaitOptions};
 pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 /// How long a start, stop or destroy task may run.
 pub const POWER_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long the guest may take to answer its first exec after the start.
+/// How long the guest may take to answer its first exec after the start, unless
+/// `[provision] launch_timeout_secs` says otherwise.
 pub const LAUNCH_PROOF_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a destroyed guest may take to leave the full guest list.
 pub const CONFIRM_GONE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -189,7 +190,10 @@ impl<'a> Executor<'a> {
             journal,
             reporter,
             cancel,
-            timeouts: Timeouts::default(),
+            timeouts: Timeouts {
+                launch_proof: cfg.provision.launch_timeout,
+                ..Timeouts::default()
+            },
             pct,
             checks: Vec::new(),
             plan: None,
