@@ -139,6 +139,9 @@ class ScenarioPve(fake_server.FakePve):
     vmlist_path = None
     vmlist_extra = ()
     vmlist_frozen = False
+    # Milliseconds added before every API answer: the round trip to a real pveproxy (TLS,
+    # proxying to pvedaemon, pmxcfs reads) is milliseconds, not the fake's microseconds.
+    api_latency_ms = 0
     _vmlist_text = None
     _vmlist_version = 0
 
@@ -725,6 +728,8 @@ class ScenarioPve(fake_server.FakePve):
         # pmxcfs has the new config (the `lock: create` placeholder) in .vmlist before PVE
         # answers the create with its UPID: keep the file in step before every answer.
         try:
+            if self.api_latency_ms:
+                await asyncio.sleep(self.api_latency_ms / 1000)
             return await super()._answer(request, handler, generic, path_node)
         finally:
             self.write_vmlist()
