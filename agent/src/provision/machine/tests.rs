@@ -32,11 +32,20 @@ fn request(guest: GuestKind, keep: bool, dry_run: bool) -> Request {
     }
 }
 
+/// The birth identity every test guest of this transaction was given at its restore.
+fn born() -> BirthIdentity {
+    let mut id = BirthIdentity::default();
+    id.nics
+        .insert("net0".to_string(), "BC:24:11:12:34:56".to_string());
+    id
+}
+
 fn ours(marker: &Marker) -> GuestView {
     GuestView::Present {
         tags: marker.tags().join(";"),
         description: format!("customer notes\n{}", marker.description_line()),
         lock: None,
+        identity: born(),
     }
 }
 
@@ -45,6 +54,31 @@ fn ours_locked(marker: &Marker, lock: &str) -> GuestView {
         tags: marker.tags().join(";"),
         description: marker.description_line(),
         lock: Some(lock.to_string()),
+        identity: born(),
+    }
+}
+
+/// The marker with another birth identity: a backup of the guest restored, or a clone.
+fn copy_of(marker: &Marker) -> GuestView {
+    let mut id = born();
+    id.nics
+        .insert("net0".to_string(), "BC:24:11:65:43:21".to_string());
+    id.vmgenid = Some("5b2e0c55-0000-4000-8000-000000000001".to_string());
+    GuestView::Present {
+        tags: marker.tags().join(";"),
+        description: marker.description_line(),
+        lock: None,
+        identity: id,
+    }
+}
+
+/// What the restore request leaves: the marker's description line, no tags yet.
+fn described(marker: &Marker) -> GuestView {
+    GuestView::Present {
+        tags: String::new(),
+        description: marker.description_line(),
+        lock: None,
+        identity: born(),
     }
 }
 
@@ -54,6 +88,7 @@ fn not_ours() -> GuestView {
         tags: other.tags().join(";"),
         description: other.description_line(),
         lock: None,
+        identity: born(),
     }
 }
 
@@ -218,6 +253,7 @@ const ALLOWED: &[(Step, EventKind)] = &[
     (Step::Report, EventKind::ReportQueued),
     (Step::Recheck, EventKind::GuestObserved),
     (Step::Destroy, EventKind::DestroyEnded),
+    (Step::Destroy, EventKind::GuestObserved),
     (Step::ConfirmDestroyed, EventKind::GuestObserved),
 ];
 
@@ -634,6 +670,7 @@ fn every_allowed_transition_does_what_the_table_says() {
                 tags: m.tags().join(";"),
                 description: String::new(),
                 lock: None,
+                identity: born(),
             }),
             phase: Phase::NeedsHuman,
             step: Step::Done,
@@ -870,7 +907,7 @@ fn every_allowed_transition_does_what_the_table_says() {
             phase: Phase::Reported,
             step: Step::Done,
             outcome: Some(O::Ok),
-            armed: true,
+            armed: false,
             effects: &["journal"],
             code: None,
         },
@@ -884,6 +921,17 @@ fn every_allowed_transition_does_what_the_table_says() {
             armed: true,
             effects: &["journal", "confirm_destroyed"],
             code: None,
+        },
+        Row {
+            name: "destroy: the re-read after the stop shows a copy",
+            from: at(Step::Destroy),
+            event: Event::GuestObserved(copy_of(&m)),
+            phase: Phase::NeedsHuman,
+            step: Step::Done,
+            outcome: Some(O::NeedsHuman),
+            armed: false,
+            effects: &["journal"],
+            code: Some(C::OwnershipUnproven),
         },
         Row {
             name: "destroy failed",
@@ -1233,7 +1281,11 @@ fn destroy_command_without_proof_is_refused_with_exit_7_and_sends_nothing() {
     ];
     for (name, origin, vmid) in cases {
         let (s, effects) = State::for_destroy(other_txn(), vmid, GuestKind::Lxc, origin);
-        assert!(effects.is_empty(), "{name}: {effects:?}");
+        // The refusal is journaled; nothing else is done.
+        assert!(
+            effects.len() == 1 && matches!(effects[0], Effect::Journal(_)),
+            "{name}: {effects:?}"
+        );
         let out = s.outcome().expect("settled");
         assert_eq!(out.outcome, OutcomeKind::Refused, "{name}");
         assert_eq!(
@@ -1316,9 +1368,19 @@ fn recovery_settles_every_open_step() {
             effects: &["journal", "wait_task"],
         },
         RecoveryRow {
+            name: "task ended ok while stopped, the restore's description line there",
+            from: at(Step::Task),
+            observed: obs(TaskObservation::Ok, described(&m)),
+            phase: Phase::Failed,
+            step: Step::WriteMarker,
+            outcome: None,
+            armed: false,
+            effects: &["journal", "write_marker"],
+        },
+        RecoveryRow {
             name: "task ended ok while stopped: unproven",
             from: at(Step::Task),
-            observed: obs(TaskObservation::Ok, ours(&m)),
+            observed: obs(TaskObservation::Ok, not_ours()),
             phase: Phase::NeedsHuman,
             step: Step::Done,
             outcome: Some(O::NeedsHuman),
@@ -1447,7 +1509,7 @@ fn recovery_settles_every_open_step() {
             phase: Phase::Failed,
             step: Step::Done,
             outcome: Some(O::Failed),
-            armed: true,
+            armed: false,
             effects: &["journal"],
         },
         RecoveryRow {
@@ -1636,11 +1698,13 @@ fn view_for(i: usize, m: &Marker) -> GuestView {
             tags: "felhom".to_string(),
             description: m.description_line(),
             lock: None,
+            identity: born(),
         },
         6 => GuestView::Present {
             tags: m.tags().join(";"),
             description: String::new(),
             lock: None,
+            identity: born(),
         },
         _ => unreadable(),
     }
@@ -1753,7 +1817,7 @@ fn run(req: Request, actions: &[Action]) -> Result<(), TestCaseError> {
                     let fresh_recheck = matches!(
                         &event,
                         Event::GuestObserved(GuestView::Present { lock: None, .. })
-                    ) && matches!(&event, Event::GuestObserved(v) if v.carries(&s.marker()));
+                    ) && matches!(&event, Event::GuestObserved(v) if s.proves(v));
                     prop_assert_eq!(s.step(), Step::Recheck);
                     prop_assert!(fresh_recheck, "destroy without a fresh recheck: {event:?}");
                     prop_assert!(h.submitted.is_some(), "destroy without own UPID");
