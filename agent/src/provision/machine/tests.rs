@@ -1964,3 +1964,183 @@ fn a_dry_run_refusal_journals_nothing() {
     assert!(effects.is_empty(), "{effects:?}");
     assert_eq!(s.outcome().map(|o| o.outcome), Some(OutcomeKind::Refused));
 }
+
+// ----- birth identity and disarm -----
+
+/// A kept guest's settled, armed transaction (what `destroy -vmid` finds as its origin).
+fn kept_origin() -> State {
+    let s = drive(at_with(Step::Report, GuestKind::Lxc, true), Step::Done);
+    assert!(s.destroy_armed() && s.is_terminal(), "{s:?}");
+    s
+}
+
+fn destroy_from(origin: &State) -> (State, Vec<Effect>) {
+    State::for_destroy(other_txn(), VMID, GuestKind::Lxc, Some(origin))
+}
+
+#[test]
+fn the_marker_read_back_records_the_birth_identity_and_arms() {
+    let s = at(Step::VerifyMarker);
+    assert_eq!(s.identity(), None);
+    let (s, effects) = apply(&s, Event::GuestObserved(ours(&s.marker())));
+    assert_eq!(s.identity(), Some(&born()));
+    assert!(s.destroy_armed());
+    assert_eq!(names(&effects), ["journal", "start"]);
+}
+
+#[test]
+fn only_the_identical_identity_proves_ownership() {
+    let s = at(Step::Recheck);
+    let m = s.marker();
+    assert!(s.proves(&ours(&m)));
+    assert!(!s.proves(&copy_of(&m)), "another MAC and vmgenid");
+    // One NIC more (a hand-edited copy) is not the guest either.
+    let mut extra = born();
+    extra
+        .nics
+        .insert("net1".to_string(), "BC:24:11:00:00:99".to_string());
+    let with_extra = GuestView::Present {
+        tags: m.tags().join(";"),
+        description: m.description_line(),
+        lock: None,
+        identity: extra,
+    };
+    assert!(!s.proves(&with_extra));
+    // The identity without the marker is not the proof either.
+    let bare = GuestView::Present {
+        tags: String::new(),
+        description: String::new(),
+        lock: None,
+        identity: born(),
+    };
+    assert!(!s.proves(&bare));
+    assert!(!s.proves(&ours_locked(&m, "backup")));
+}
+
+#[test]
+fn a_copy_at_the_recheck_disarms_and_destroys_nothing() {
+    let s = at(Step::Recheck);
+    let (s, effects) = apply(&s, Event::GuestObserved(copy_of(&s.marker())));
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman));
+    assert!(!s.destroy_armed());
+    let why = s.disarmed().expect("disarmed");
+    assert!(why.contains("copy") && why.contains("vmgenid"), "{why}");
+    let msg = &s.failure().expect("failure").message;
+    assert!(
+        msg.contains("120") && msg.contains("pct config 120"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_guest_gone_at_the_recheck_disarms() {
+    let s = at(Step::Recheck);
+    let (s, _) = apply(&s, Event::GuestObserved(GuestView::Absent));
+    assert!(!s.destroy_armed());
+    assert!(s.disarmed().is_some_and(|r| r.contains("gone")));
+}
+
+#[test]
+fn destroy_of_a_kept_guest_needs_the_same_identity() {
+    let origin = kept_origin();
+    let (d, effects) = destroy_from(&origin);
+    assert_eq!(names(&effects), ["journal", "recheck_ownership"]);
+    assert_eq!(d.identity(), Some(&born()));
+    let m = origin.marker();
+    // The very guest: destroyed.
+    let (_, effects) = apply(&d, Event::GuestObserved(ours(&m)));
+    assert_eq!(names(&effects), ["journal", "destroy"]);
+    // A copy carrying the marker: refused, exit 7, disarmed.
+    let (after, effects) = apply(&d, Event::GuestObserved(copy_of(&m)));
+    assert_eq!(names(&effects), ["journal"]);
+    let out = after.outcome().expect("settled");
+    assert_eq!(out.exit_status(), ExitStatus::NeedsHuman);
+    assert!(after.disarmed().is_some());
+    // Gone: refused with exit 7 (not "ok, nothing to do"), disarmed.
+    let (gone, _) = apply(&d, Event::GuestObserved(GuestView::Absent));
+    let out = gone.outcome().expect("settled");
+    assert_eq!(out.outcome, OutcomeKind::Refused);
+    assert_eq!(out.exit_status(), ExitStatus::NeedsHuman);
+    assert!(gone.disarmed().is_some_and(|r| r.contains("gone")));
+    // The origin, disarmed with that reason, proves nothing any more.
+    let withdrawn = origin.disarmed_by(gone.disarmed().unwrap_or_default());
+    assert!(!withdrawn.destroy_armed());
+    let (refused, effects) = destroy_from(&withdrawn);
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(refused.outcome_kind(), Some(OutcomeKind::Refused));
+    // So does the destroy transaction itself, the next one's origin.
+    let (refused, effects) = destroy_from(&gone);
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(refused.outcome_kind(), Some(OutcomeKind::Refused));
+}
+
+#[test]
+fn destroy_refuses_an_origin_with_an_empty_or_no_identity() {
+    let origin = kept_origin();
+    let mut json = serde_json::to_value(&origin).expect("serialize");
+    json["identity"] = serde_json::json!({"nics": {}});
+    let empty: State = serde_json::from_value(json.clone()).expect("deserialize");
+    let (s, effects) = destroy_from(&empty);
+    assert_eq!(names(&effects), ["journal"]);
+    let msg = &s.failure().expect("failure").message;
+    assert!(
+        msg.contains("empty birth identity") && msg.contains("pct destroy 120"),
+        "{msg}"
+    );
+    // A journal written before birth identities were recorded.
+    json.as_object_mut().expect("object").remove("identity");
+    let old: State = serde_json::from_value(json).expect("deserialize");
+    assert_eq!(old.identity(), None);
+    let (s, effects) = destroy_from(&old);
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(
+        s.outcome().expect("settled").exit_status(),
+        ExitStatus::NeedsHuman
+    );
+}
+
+#[test]
+fn a_later_free_verdict_voids_the_claim() {
+    // A later transaction that found the vmid free (then PVE refused its restore).
+    let later = drive(at(Step::Submit), Step::Submit);
+    let (later, _) = apply(
+        &later,
+        Event::SubmitRefused(failure(ErrorCode::PveRefused, "storage full")),
+    );
+    assert!(later.upid().is_none());
+    let (s, effects) = destroy_from(&later);
+    assert_eq!(names(&effects), ["journal"]);
+    let msg = &s.failure().expect("failure").message;
+    assert!(msg.contains("free"), "{msg}");
+}
+
+#[test]
+fn settling_an_armed_transaction_whose_guest_is_a_copy_disarms_it() {
+    let s = at(Step::ProveLaunch);
+    assert!(s.destroy_armed());
+    let (s, effects) = recover(&s, &obs(TaskObservation::Ok, copy_of(&s.marker())));
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman));
+    assert!(!s.destroy_armed());
+    assert!(s.disarmed().is_some_and(|r| r.contains("copy")));
+}
+
+#[test]
+fn a_crash_before_the_marker_write_settles_through_the_gate_on_the_description_line() {
+    let s = at(Step::WriteMarker);
+    let (s, effects) = recover(&s, &obs(TaskObservation::Ok, described(&s.marker())));
+    assert_eq!(names(&effects), ["journal", "write_marker"]);
+    let (s, _) = apply(&s, Event::MarkerWritten);
+    let (s, effects) = apply(&s, Event::GuestObserved(ours(&s.marker())));
+    // Armed with the identity read back, then the gated cleanup.
+    assert_eq!(s.identity(), Some(&born()));
+    assert_eq!(names(&effects), ["journal", "recheck_ownership"]);
+    let (_, effects) = apply(&s, Event::GuestObserved(ours(&s.marker())));
+    assert_eq!(names(&effects), ["journal", "destroy"]);
+    // A guest without the description line there stays a human's call.
+    let s = at(Step::WriteMarker);
+    let (s, effects) = recover(&s, &obs(TaskObservation::Ok, not_ours()));
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman));
+}
