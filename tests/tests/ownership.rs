@@ -393,3 +393,35 @@ fn the_settle_of_an_armed_transaction_whose_guest_was_swapped_destroys_nothing()
     assert!(sent.is_empty(), "the settle wrote to the copy: {sent:?}");
     assert!(w.pve.guest(142).is_some());
 }
+
+#[test]
+fn a_passing_pve_error_at_the_recheck_keeps_the_claim_and_the_next_command_finishes_it() {
+    let w = World::demo();
+    let origin = keep(&w, 153);
+    // Every attempt of the config read (the client retries reads 4 times) answers 503.
+    w.pve.fail(
+        "GET",
+        "/nodes/pve1/lxc/153/config",
+        503,
+        "Service Unavailable",
+        Some(4),
+    );
+    let run = destroy(&w, 153);
+    assert_ne!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(guest_deletes(&w).is_empty(), "{:?}", guest_deletes(&w));
+    let o = txn_of(&w, &origin);
+    assert_eq!(o["destroy_armed"], json!(true), "{o:#}");
+    assert!(o["disarmed"].is_null(), "{o:#}");
+    let open: Vec<Value> = journal(&w)
+        .into_iter()
+        .filter(|t| t["vmid"] == 153 && t["outcome"].is_null())
+        .collect();
+    assert_eq!(open.len(), 1, "the destroy stays open: {open:#?}");
+
+    // The next writing command settles it: re-check, then the gated destroy.
+    settle(&w, 154);
+    assert_eq!(w.pve.deletes_for(153).len(), 1);
+    assert!(w.pve.guest(153).is_none());
+    let d = txn_of(&w, &text(&open[0]["txn"]));
+    assert_eq!(d["destroyed"], json!(true), "{d:#}");
+}

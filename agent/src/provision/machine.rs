@@ -5,9 +5,12 @@
 //! transaction left open by a crashed run (DESIGN rule 6). This module owns the proof-of-launch
 //! gate (DESIGN rule 5): destroy is armed only when the create/restore task this transaction
 //! submitted (its own UPID, journaled at `submitted` before the outcome is known) ended OK *and*
-//! the guest carries this transaction's marker, read back after writing it. A [`Effect::Destroy`]
-//! is emitted only while armed and only in answer to a fresh ownership re-check
-//! ([`Effect::RecheckOwnership`] answered by [`Event::GuestObserved`] showing the marker).
+//! the guest carries this transaction's marker, read back after writing it; the birth identity
+//! read with it (MACs, vmgenid, smbios1 uuid: see [`BirthIdentity`]) is recorded then. An
+//! [`Effect::Destroy`] is emitted only while armed and only in answer to a fresh ownership
+//! re-check ([`Effect::RecheckOwnership`] answered by [`Event::GuestObserved`] showing the
+//! marker and the identical identity, [`State::proves`]); the executor asks [`State::proves`]
+//! once more on its last read, after the stop and right before the DELETE.
 //!
 //! It never performs IO, never reads a clock and never sleeps. The executor performs the effects
 //! in the order given; a [`Effect::Journal`] always comes first and must be on disk (fsynced)
@@ -1980,9 +1983,12 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
 /// ownership cannot be proven is reported, never destroyed. A settled state is returned
 /// unchanged with no effects.
 ///
-/// A restore task that ended OK while the agent was stopped, before the result was journaled,
-/// does not arm destroy: the marker must follow the observed end of our own task, and an
-/// unbounded gap leaves room for the vmid to be reused.
+/// A restore task that ended OK while the agent was stopped (before its result or the marker
+/// was journaled) arms destroy only through the normal path: the guest must hold the marker's
+/// description line, which only this transaction's restore request wrote; the marker is then
+/// completed and read back (recording the birth identity) before the gated cleanup. Without
+/// that line the guest is left to a human. A guest seen gone, or without its proof, disarms the
+/// transaction for good (see [`State::disarmed`]).
 pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Effect>) {
     if state.is_terminal() {
         return (state.clone(), Vec::new());
