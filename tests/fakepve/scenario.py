@@ -46,6 +46,7 @@ import subprocess
 import sys
 import time
 import traceback
+import uuid
 
 REQUIRED_VERSION = '0.5.0'
 
@@ -286,6 +287,22 @@ class ScenarioPve(fake_server.FakePve):
     # config merged in, the guest bed's root filesystem made).
     _restore_hooks = None
 
+    def _restore_tags(self, user, vmid, v):
+        # guest src/PVE/GuestHelpers.pm assert_tag_permissions, called by create_vm of both LXC and
+        # QEMU with the pool undef (pve-api-facts.md §2.4): `tags` in a create or restore request
+        # need VM.Config.Options on /vms/<vmid> itself (or /vms, /), never through a pool, so a
+        # pool-scoped token gets a synchronous 403 before anything exists.
+        if not v.get('tags') or self.acl is None or user.split('!')[0] == 'root@pam':
+            return
+        path = '/vms/{0}'.format(vmid)
+        who = [user.split('!')[0]] + ([user] if '!' in user and int((self.token_privsep or {}).get(user, 1)) else [])
+
+        def held(principal):
+            return any('VM.Config.Options' in privs and granted in ('/', '/vms', path)
+                       for granted, privs in self.acl.get(principal, []))
+        if not all(held(p) for p in who):
+            raise fake_model.PveError(403, 'Permission check failed ({0}, VM.Config.Options)'.format(path))
+
     def _archive_access(self, user, vmid, volid):
         # storage src/PVE/Storage.pm check_volume_access (pve-api-facts.md §2.4): Datastore.Allocate
         # on the backup's storage, or the backup's owner vmid is the target, or
@@ -320,6 +337,7 @@ class ScenarioPve(fake_server.FakePve):
                 or (pool and self.allowed(user, '/pool/' + pool, 'VM.Allocate'))):
             raise fake_model.PveError(403, 'Permission check failed')
         self._archive_access(user, vmid, archive)
+        self._restore_tags(user, vmid, v)
         if self._qm_taken(vmid):
             other = self.guest(vmid)
             kind = 'VM' if self.vm(vmid) else 'CT'
@@ -366,6 +384,14 @@ class ScenarioPve(fake_server.FakePve):
                     if re.fullmatch(r'net\d+', key):
                         fresh = bool(v.get('unique')) and key not in given
                         conf[key] = fake_qemu.with_mac(conf[key], fresh=fresh)
+                # qemu-server src/PVE/QemuServer.pm restore_update_config_line: every restore
+                # writes a new vmgenid (unless the backup's is 0), and with `unique` a new
+                # smbios1 uuid (and new MACs, above), so a restored copy never repeats them.
+                if 'vmgenid' in conf and str(conf['vmgenid']) != '0' and 'vmgenid' not in given:
+                    conf['vmgenid'] = str(uuid.uuid4())
+                if v.get('unique') and 'smbios1' in conf and 'smbios1' not in given:
+                    props = [p for p in str(conf['smbios1']).split(',') if p and not p.startswith('uuid=')]
+                    conf['smbios1'] = ','.join(['uuid=' + str(uuid.uuid4())] + props)
             except (fake_model.PveError, fake_model.TaskError) as e:
                 for volid in made:
                     self._qm_free(volid)
@@ -392,6 +418,8 @@ class ScenarioPve(fake_server.FakePve):
         # fakepve's synchronous `check_vmid_unused` refusal, as PVE (§4.2).
         archive = v.get('ostemplate')
         vmid = int(v['vmid'])
+        if v.get('restore'):
+            self._restore_tags(user, vmid, v)
         if v.get('restore') and (archive in (self.backup_configs or {}) or archive in (self.backup_guests or {})):
             backup = dict((self.backup_configs or {}).get(archive) or {})
             bed = (self.backup_guests or {}).get(archive)
@@ -417,6 +445,36 @@ class ScenarioPve(fake_server.FakePve):
             return await super()._lxc_create(user, v)
         finally:
             self._restore_hooks.pop(vmid, None)
+
+    # ------------------------------------------- what an operator does behind the agent's back
+
+    def remove_guest(self, vmid):
+        """`pct destroy` / `qm destroy` run as root outside the agent: the guest and its pool
+        membership go at once (no task, no API request the agent could see)."""
+        guest = self.guest(int(vmid))
+        if guest is None:
+            raise ValueError('no guest {0}'.format(vmid))
+        if guest in getattr(self, 'cts', []):
+            self.cts.remove(guest)
+        if guest in getattr(self, 'vms', []):
+            self.vms.remove(guest)
+        self._pool_leave(int(vmid))
+        self.write_vmlist()
+        return None
+
+    def backup_guest(self, vmid, volname):
+        """vzdump of a guest onto `local`: a backup volume whose stored config is the guest's config
+        now (tags, description, MACs, vmgenid), as the archive records it."""
+        guest = self.guest(int(vmid))
+        if guest is None:
+            raise ValueError('no guest {0}'.format(vmid))
+        store = self.storages['local'].setdefault('volumes', {})
+        store[volname] = {'content': 'backup', 'format': backup_format(volname), 'size': 1 << 20,
+                          'ctime': int(time.time()), 'vmid': int(vmid)}
+        volid = 'local:' + volname
+        self.backup_configs[volid] = dict((k, str(x)) for k, x in (guest.config or {}).items()
+                                          if k not in ('lock', 'digest'))
+        return volid
 
     async def task(self, node, ttype, tid, user, body, vm=None, lock=True, log=()):
         hook = self._restore_hooks.get(int(tid)) if ttype == 'vzrestore' and str(tid).isdigit() else None

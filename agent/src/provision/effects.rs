@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::identity::BirthIdentity;
 use super::journal::Journal;
 use super::machine::{
     recover, step, Effect, Event, GuestView, Marker, PlanStep, RecoveryObservation, State,
@@ -257,6 +258,15 @@ impl<'a> Executor<'a> {
         };
         let vmid = state.vmid();
         let guest = match vmid {
+            Some(v) if state.destroy_armed() => {
+                match self
+                    .observe_for_proof(&state, v, state.request().guest)
+                    .await
+                {
+                    Ok(view) => view,
+                    Err(f) => return self.finish(state, Some(f)),
+                }
+            }
             Some(v) => self.observe(v, state.request().guest).await,
             None => GuestView::Absent,
         };
@@ -376,43 +386,35 @@ impl<'a> Executor<'a> {
                 unique,
                 isolate_network,
             } => {
-                let extra = if isolate_network {
+                let mut extra = if isolate_network {
                     isolated_net(guest)
                 } else {
                     Vec::new()
                 };
-                let res = match guest {
-                    GuestKind::Lxc => {
-                        self.pve
-                            .lxc_restore(
-                                &node,
-                                &LxcRestore {
-                                    vmid,
-                                    archive: volid,
-                                    storage,
-                                    pool,
-                                    unique,
-                                    extra: extra.clone(),
-                                },
-                            )
-                            .await
-                    }
-                    GuestKind::Qemu => {
-                        self.pve
-                            .qemu_restore(
-                                &node,
-                                &QemuRestore {
-                                    vmid,
-                                    archive: volid,
-                                    storage,
-                                    pool,
-                                    unique,
-                                    extra: extra.clone(),
-                                },
-                            )
-                            .await
-                    }
+                // The marker's description line goes with the restore itself, so the guest
+                // carries it from its first write. `tags` cannot: PVE checks them on
+                // /vms/<vmid> without the pool fallback, which a pool token does not pass;
+                // they follow with the marker write.
+                extra.push(("description".to_string(), state.marker().description_line()));
+                let target = RestoreTarget {
+                    vmid,
+                    guest,
+                    volid: &volid,
+                    storage: &storage,
+                    pool: &pool,
+                    unique,
                 };
+                let mut res = self.submit_restore(&target, &extra).await;
+                if res.as_ref().err().is_some_and(refuses_description) {
+                    // A synchronous 400 created nothing: send it once more without the
+                    // description; the marker write adds it after the restore.
+                    tracing::warn!(
+                        vmid,
+                        "PVE refused a description with the restore; restoring without it"
+                    );
+                    extra.retain(|(k, _)| k != "description");
+                    res = self.submit_restore(&target, &extra).await;
+                }
                 Some(match res {
                     Ok(upid) => Event::Submitted { upid: upid.to_string() },
                     Err(e @ (PveError::Unreachable { .. } | PveError::Decode { .. })) => {
@@ -433,8 +435,16 @@ impl<'a> Executor<'a> {
             Effect::ProbeGuest { vmid } => Some(Event::GuestObserved(
                 self.observe(vmid, state.request().guest).await,
             )),
-            Effect::VerifyMarker { vmid, guest } | Effect::RecheckOwnership { vmid, guest } => {
+            Effect::VerifyMarker { vmid, guest } => {
                 Some(Event::GuestObserved(self.observe(vmid, guest).await))
+            }
+            Effect::RecheckOwnership { vmid, guest } => {
+                let seen = if state.destroy_armed() {
+                    self.observe_for_proof(state, vmid, guest).await?
+                } else {
+                    self.observe(vmid, guest).await
+                };
+                Some(Event::GuestObserved(seen))
             }
             Effect::ConfirmDestroyed { vmid, guest } => {
                 let deadline = Instant::now() + self.timeouts.confirm_gone;
@@ -442,7 +452,7 @@ impl<'a> Executor<'a> {
                     let seen = self.observe(vmid, guest).await;
                     if seen == GuestView::Absent
                         || Instant::now() >= deadline
-                        || !seen.carries(&state.marker())
+                        || !state.shows_proof(&seen)
                     {
                         break Some(Event::GuestObserved(seen));
                     }
@@ -513,10 +523,50 @@ impl<'a> Executor<'a> {
             // The phase is already with the reporter (journaled just before); the final result
             // follows once the transaction settles, cleanup included (see `finish`).
             Effect::Report => Some(Event::ReportQueued),
-            Effect::Destroy { vmid, guest } => {
-                Some(Event::DestroyEnded(self.destroy(vmid, guest).await?))
-            }
+            Effect::Destroy { vmid, guest } => Some(self.destroy(state, vmid, guest).await?),
         })
+    }
+
+    /// POST the restore (`restore=1`, into the pool, on the storage) with these extra
+    /// parameters.
+    async fn submit_restore(
+        &self,
+        t: &RestoreTarget<'_>,
+        extra: &[(String, String)],
+    ) -> Result<Upid, PveError> {
+        let node = &self.cfg.node;
+        match t.guest {
+            GuestKind::Lxc => {
+                self.pve
+                    .lxc_restore(
+                        node,
+                        &LxcRestore {
+                            vmid: t.vmid,
+                            archive: t.volid.to_string(),
+                            storage: t.storage.to_string(),
+                            pool: t.pool.to_string(),
+                            unique: t.unique,
+                            extra: extra.to_vec(),
+                        },
+                    )
+                    .await
+            }
+            GuestKind::Qemu => {
+                self.pve
+                    .qemu_restore(
+                        node,
+                        &QemuRestore {
+                            vmid: t.vmid,
+                            archive: t.volid.to_string(),
+                            storage: t.storage.to_string(),
+                            pool: t.pool.to_string(),
+                            unique: t.unique,
+                            extra: extra.to_vec(),
+                        },
+                    )
+                    .await
+            }
+        }
     }
 
     async fn wait(&mut self, upid: &str, timeout: Duration) -> Result<Event, Failure> {
@@ -566,8 +616,19 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Presence from the full guest list; tags, description and lock from the API config.
+    /// Presence from the full guest list; tags, description, lock and birth identity from the
+    /// API config.
     pub async fn observe(&self, vmid: u32, guest: GuestKind) -> GuestView {
+        match self.observe_checked(vmid, guest).await {
+            Ok(view) => view,
+            Err(reason) => GuestView::Unreadable { reason },
+        }
+    }
+
+    /// [`Executor::observe`], but a transient failure of the config read (PVE unreachable, a
+    /// 5xx that may pass) is an `Err` with the reason instead of an unreadable guest: an armed
+    /// transaction must not lose its proof to a passing error.
+    async fn observe_checked(&self, vmid: u32, guest: GuestKind) -> Result<GuestView, String> {
         let list = match read_full_list(
             &self.cfg.vmlist_path,
             &self.cfg.node,
@@ -575,13 +636,13 @@ impl<'a> Executor<'a> {
         ) {
             Ok(l) => l,
             Err(e) => {
-                return GuestView::Unreadable {
+                return Ok(GuestView::Unreadable {
                     reason: e.to_string(),
-                }
+                })
             }
         };
         let Some(entry) = list.lookup(vmid) else {
-            return GuestView::Absent;
+            return Ok(GuestView::Absent);
         };
         let kind = match entry.kind {
             GuestType::Qemu => GuestKind::Qemu,
@@ -597,16 +658,40 @@ impl<'a> Executor<'a> {
                         .to_string()
                 };
                 let lock = cfg.get("lock").and_then(|v| v.as_str()).map(str::to_string);
-                GuestView::Present {
+                Ok(GuestView::Present {
                     tags: text("tags"),
                     description: text("description"),
                     lock,
-                }
+                    identity: BirthIdentity::from_config(&cfg),
+                })
             }
-            Err(e) => GuestView::Unreadable {
+            Err(e) if e.is_transient() => Err(e.to_string()),
+            Err(e) => Ok(GuestView::Unreadable {
                 reason: e.to_string(),
-            },
+            }),
         }
+    }
+
+    /// The guest read for an ownership decision of an armed transaction: a transient failure
+    /// halts the drive (the journal keeps the transaction open, the next settle reads again).
+    async fn observe_for_proof(
+        &self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Result<GuestView, Failure> {
+        self.observe_checked(vmid, guest).await.map_err(|reason| {
+            Failure::new(
+                ErrorCode::PveUnreachable,
+                format!(
+                    "guest {vmid} on node {} could not be read to check the ownership of \
+                     transaction {} ({reason}); nothing was destroyed, the transaction stays open \
+                     and the next agent command settles it",
+                    self.cfg.node,
+                    state.txn()
+                ),
+            )
+        })
     }
 
     async fn write_marker(
@@ -806,8 +891,16 @@ impl<'a> Executor<'a> {
         }
     }
 
-    async fn destroy(&mut self, vmid: u32, guest: GuestKind) -> Result<TaskExit, Failure> {
+    /// Stop (if it runs), re-read, and DELETE right after that read while it still proves
+    /// ownership ([`State::proves`]); no other request and no wait in between.
+    async fn destroy(
+        &mut self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Result<Event, Failure> {
         let node = self.cfg.node.clone();
+        let ended = |exit: TaskExit| Ok(Event::DestroyEnded(exit));
         if let Ok(st) = self.pve.status_current(&node, guest, vmid).await {
             if st.status == "running" {
                 match self.pve.stop(&node, guest, vmid).await {
@@ -817,7 +910,7 @@ impl<'a> Executor<'a> {
                             ..
                         } = self.wait(upid.as_str(), self.timeouts.power).await?
                         {
-                            return Ok(TaskExit::Error {
+                            return ended(TaskExit::Error {
                                 message: format!(
                                     "stopping {} {vmid} before the destroy failed: {message}",
                                     guest.pve_word()
@@ -826,7 +919,7 @@ impl<'a> Executor<'a> {
                         }
                     }
                     Err(e) => {
-                        return Ok(TaskExit::Error {
+                        return ended(TaskExit::Error {
                             message: format!(
                                 "stopping {} {vmid} before the destroy was refused: {e}",
                                 guest.pve_word()
@@ -836,11 +929,17 @@ impl<'a> Executor<'a> {
                 }
             }
         }
+        // The last read before the DELETE: the full list and the config, marker and birth
+        // identity. Nothing else is sent between this read and the DELETE.
+        let seen = self.observe_for_proof(state, vmid, guest).await?;
+        if !state.proves(&seen) {
+            return Ok(Event::GuestObserved(seen));
+        }
         match self.pve.destroy(&node, guest, vmid).await {
-            Err(e) => Ok(TaskExit::Error {
+            Err(e) => ended(TaskExit::Error {
                 message: e.to_string(),
             }),
-            Ok(upid) => Ok(match self.wait(upid.as_str(), self.timeouts.power).await? {
+            Ok(upid) => ended(match self.wait(upid.as_str(), self.timeouts.power).await? {
                 Event::TaskEnded { exit, .. } => exit,
                 _ => TaskExit::Error {
                     message: format!("destroy task {upid} did not end in time"),
@@ -863,6 +962,29 @@ pub fn isolated_net(guest: GuestKind) -> Vec<(String, String)> {
 fn is_net_key(k: &str) -> bool {
     k.strip_prefix("net")
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// What a restore request restores where.
+struct RestoreTarget<'a> {
+    vmid: u32,
+    guest: GuestKind,
+    volid: &'a str,
+    storage: &'a str,
+    pool: &'a str,
+    unique: bool,
+}
+
+/// Whether PVE refused the restore request because of its `description`: a 400 naming it,
+/// e.g. a qemu-server before 7.2, which takes no other options with `archive` (`archive:
+/// option conflicts with other options (description)`).
+fn refuses_description(e: &PveError) -> bool {
+    e.api().is_some_and(|a| {
+        a.status == 400
+            && (a.message.contains("description")
+                || a.errors
+                    .iter()
+                    .any(|(k, v)| k == "description" || v.contains("description")))
+    })
 }
 
 /// The failure of a synchronous refusal of the restore, with what the operator can do.

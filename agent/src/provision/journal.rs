@@ -236,6 +236,8 @@ pub struct JournalRow {
     pub step: Step,
     /// Whether destroy is armed.
     pub destroy_armed: bool,
+    /// Why destroy was withdrawn (the guest was seen gone or without its proof), if it was.
+    pub disarmed: Option<String>,
     /// Whether the guest is confirmed destroyed.
     pub destroyed: bool,
     /// The UPID of its restore task, once recorded.
@@ -260,6 +262,7 @@ impl From<&TxnState> for JournalRow {
             phase: s.phase(),
             step: s.step(),
             destroy_armed: s.destroy_armed(),
+            disarmed: s.disarmed().map(str::to_string),
             destroyed: s.destroyed(),
             upid: s.upid().map(str::to_string),
             started_at: t.started_at.clone(),
@@ -471,13 +474,20 @@ impl Journal {
         Ok(self.replay()?.iter().map(JournalRow::from).collect())
     }
 
-    /// The latest transaction on `vmid` that recorded a UPID of its own: the one whose proof a
-    /// gated destroy of that vmid must rest on (see [`State::for_destroy`]).
+    /// The latest transaction on `vmid` that recorded a UPID of its own or, not being a
+    /// destroy, found the vmid free in the full guest list: the one a gated destroy of that
+    /// vmid must rest on (see [`State::for_destroy`]). A later transaction that found the vmid
+    /// free voids every earlier claim on it: the destroy is then refused.
     pub fn last_owner_record(&self, vmid: u32) -> Result<Option<TxnState>, JournalError> {
         Ok(self
             .replay()?
             .into_iter()
-            .filter(|t| t.state.vmid() == Some(vmid) && t.state.upid().is_some())
+            .filter(|t| {
+                let s = &t.state;
+                s.vmid() == Some(vmid)
+                    && (s.upid().is_some()
+                        || (s.kind() != TxnKind::Destroy && s.reached() >= Phase::Validated))
+            })
             .max_by_key(|t| t.state.txn()))
     }
 

@@ -5,9 +5,12 @@
 //! transaction left open by a crashed run (DESIGN rule 6). This module owns the proof-of-launch
 //! gate (DESIGN rule 5): destroy is armed only when the create/restore task this transaction
 //! submitted (its own UPID, journaled at `submitted` before the outcome is known) ended OK *and*
-//! the guest carries this transaction's marker, read back after writing it. A [`Effect::Destroy`]
-//! is emitted only while armed and only in answer to a fresh ownership re-check
-//! ([`Effect::RecheckOwnership`] answered by [`Event::GuestObserved`] showing the marker).
+//! the guest carries this transaction's marker, read back after writing it; the birth identity
+//! read with it (MACs, vmgenid, smbios1 uuid: see [`BirthIdentity`]) is recorded then. An
+//! [`Effect::Destroy`] is emitted only while armed and only in answer to a fresh ownership
+//! re-check ([`Effect::RecheckOwnership`] answered by [`Event::GuestObserved`] showing the
+//! marker and the identical identity, [`State::proves`]); the executor asks [`State::proves`]
+//! once more on its last read, after the stop and right before the DELETE.
 //!
 //! It never performs IO, never reads a clock and never sleeps. The executor performs the effects
 //! in the order given; a [`Effect::Journal`] always comes first and must be on disk (fsynced)
@@ -21,6 +24,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use ulid::Ulid;
 
+use super::identity::BirthIdentity;
 use crate::error::{ErrorCode, ExitStatus, Failure};
 use crate::pve::GuestKind;
 
@@ -140,7 +144,7 @@ impl Step {
             Step::Bootstrap => &[E::Bootstrapped, E::BootstrapFailed],
             Step::Checks => &[E::ChecksPassed, E::ChecksFailed],
             Step::Report => &[E::ReportQueued],
-            Step::Destroy => &[E::DestroyEnded],
+            Step::Destroy => &[E::DestroyEnded, E::GuestObserved],
             Step::Done => &[],
         }
     }
@@ -225,6 +229,13 @@ impl Marker {
         has_tags && description.lines().any(|l| l.trim() == line)
     }
 
+    /// Whether this description holds the marker's line (the restore request writes it, before
+    /// the tags are added).
+    pub fn description_carried(&self, description: &str) -> bool {
+        let line = self.description_line();
+        description.lines().any(|l| l.trim() == line)
+    }
+
     /// The tags to PUT: the guest's existing tags plus the marker's, de-duplicated, joined
     /// with `;`.
     pub fn merged_tags(&self, existing: &str) -> String {
@@ -273,6 +284,9 @@ pub enum GuestView {
         description: String,
         /// The config lock (`backup`, `create`, `destroyed`, ...), if any.
         lock: Option<String>,
+        /// The values PVE generated for it (MACs, vmgenid, smbios1 uuid).
+        #[serde(default)]
+        identity: BirthIdentity,
     },
     /// The vmid is in the full guest list but its config could not be read with the
     /// pool-scoped token (outside the pool, or the read failed).
@@ -282,12 +296,23 @@ pub enum GuestView {
     },
 }
 
-/// A [`GuestView`] judged against a marker.
+/// A [`GuestView`] judged against a marker (and, once recorded, the birth identity).
 enum Seen<'a> {
     Absent,
-    Ours { lock: Option<&'a str> },
-    NotOurs { tags: &'a str },
-    Unreadable { reason: &'a str },
+    Ours {
+        lock: Option<&'a str>,
+    },
+    NotOurs {
+        tags: &'a str,
+    },
+    /// The marker is there but the birth identity is not: a copy (a backup restored, a clone,
+    /// a hand edit), never this transaction's guest.
+    Copy {
+        differs: String,
+    },
+    Unreadable {
+        reason: &'a str,
+    },
 }
 
 impl GuestView {
@@ -303,6 +328,7 @@ impl GuestView {
                 tags,
                 description,
                 lock,
+                ..
             } => {
                 if marker.is_carried_by(tags, description) {
                     Seen::Ours {
@@ -313,6 +339,22 @@ impl GuestView {
                 }
             }
             GuestView::Unreadable { reason } => Seen::Unreadable { reason },
+        }
+    }
+
+    /// The birth identity seen, when the guest is present and was read.
+    pub fn identity(&self) -> Option<&BirthIdentity> {
+        match self {
+            GuestView::Present { identity, .. } => Some(identity),
+            _ => None,
+        }
+    }
+
+    /// Whether the guest is present and its description holds `marker`'s line.
+    fn description_carries(&self, marker: &Marker) -> bool {
+        match self {
+            GuestView::Present { description, .. } => marker.description_carried(description),
+            _ => false,
         }
     }
 }
@@ -717,10 +759,12 @@ pub enum Effect {
         /// Its type.
         guest: GuestKind,
     },
-    /// Destroy the guest (stop it first if it runs; only what its config references: no
-    /// purge, no unreferenced disks) and follow the destroy task; answer
-    /// [`Event::DestroyEnded`]. Only ever emitted while armed, right after a re-check
-    /// that showed this transaction's marker.
+    /// Destroy the guest: stop it if it runs, then re-read it (full list + config) and send the
+    /// DELETE (only what its config references: no purge, no unreferenced disks) right after
+    /// that read, with nothing in between, only while [`State::proves`] holds for it; follow the
+    /// destroy task and answer [`Event::DestroyEnded`]. When the re-read no longer proves
+    /// ownership, nothing is deleted and the answer is [`Event::GuestObserved`] with that read.
+    /// Only ever emitted while armed, right after a re-check that proved ownership.
     Destroy {
         /// The guest.
         vmid: u32,
@@ -881,6 +925,12 @@ pub struct State {
     recovered: bool,
     failure: Option<Failure>,
     outcome: Option<OutcomeKind>,
+    /// The birth identity read with the confirmed marker; required again before any destroy.
+    #[serde(default)]
+    identity: Option<BirthIdentity>,
+    /// Why destroy was withdrawn (the guest was seen gone, or without its proof).
+    #[serde(default)]
+    disarmed: Option<String>,
 }
 
 impl State {
@@ -900,15 +950,19 @@ impl State {
             recovered: false,
             failure: None,
             outcome: None,
+            identity: None,
+            disarmed: None,
         }
     }
 
     /// A gated destroy (`destroy -vmid N`) of the guest that `origin` created.
     ///
-    /// `origin` is the journal's last transaction on `vmid` that recorded a UPID. Unless it is
-    /// settled, armed (own task OK, marker confirmed) and not destroyed, the destroy is refused
-    /// with `ownership_unproven` and nothing is sent. Otherwise the new transaction inherits the
-    /// proof and the origin's marker, and starts with a fresh ownership re-check.
+    /// `origin` is the journal's last transaction on `vmid` that recorded a UPID or found the
+    /// vmid free (see [`crate::provision::Journal::last_owner_record`]). Unless it is settled,
+    /// armed (own task OK, marker confirmed, a non-empty birth identity recorded), not disarmed
+    /// and not destroyed, the destroy is refused with `ownership_unproven`: nothing is sent to
+    /// PVE and the refusal is journaled. Otherwise the new transaction inherits the proof (the
+    /// origin's marker and birth identity) and starts with a fresh ownership re-check.
     pub fn for_destroy(
         txn: Ulid,
         vmid: u32,
@@ -950,6 +1004,19 @@ impl State {
                  not this agent's and was not touched",
                 o.request.txn
             )),
+            Some(o) if o.upid.is_none() && o.request.kind != TxnKind::Destroy => Some(format!(
+                "transaction {} found vmid {vmid} free in the full guest list, later than any \
+                 guest this agent created there, so no claim on it is left; the guest there now \
+                 was not touched (remove it by hand if it must go)",
+                o.request.txn
+            )),
+            Some(o) if o.disarmed.is_some() => Some(format!(
+                "transaction {} no longer holds proof of vmid {vmid}: {}; the guest there now was \
+                 not touched (check it with `{}` and remove it by hand if it must go)",
+                o.request.txn,
+                o.disarmed.as_deref().unwrap_or_default(),
+                o.cmd_config(vmid)
+            )),
             Some(o)
                 if !(o.destroy_armed && o.task_ok && o.marker_confirmed && o.upid.is_some()) =>
             {
@@ -959,13 +1026,32 @@ impl State {
                     o.request.txn
                 ))
             }
+            Some(o) if o.identity.is_none() => Some(format!(
+                "transaction {} recorded no birth identity (MACs, vmgenid) for vmid {vmid}, so a \
+                 copy of its guest cannot be told from the guest itself; nothing was touched. \
+                 Verify the guest with `{}` and remove it by hand with `{}` if it must go",
+                o.request.txn,
+                o.cmd_config(vmid),
+                o.cmd_destroy(vmid)
+            )),
+            Some(o) if o.identity.as_ref().is_some_and(BirthIdentity::is_empty) => Some(format!(
+                "the guest transaction {} created at vmid {vmid} has an empty birth identity (no \
+                 NIC, no vmgenid, no smbios1 uuid), so a copy of it carrying its marker cannot be \
+                 told from it; nothing was touched. Verify the guest with `{}` and remove it by \
+                 hand with `{}` if it must go",
+                o.request.txn,
+                o.cmd_config(vmid),
+                o.cmd_destroy(vmid)
+            )),
             Some(_) => None,
         };
         if let Some(message) = refusal {
             s.phase = Phase::Failed;
             s.failure = Some(Failure::new(ErrorCode::OwnershipUnproven, message));
             s.finish(OutcomeKind::Refused);
-            return (s, Vec::new());
+            // Journaled like any refusal, so `journal` shows it; nothing is sent to PVE.
+            let effects = vec![s.journal()];
+            return (s, effects);
         }
         if let Some(o) = origin {
             s.marker = o.marker;
@@ -973,6 +1059,7 @@ impl State {
             s.task_ok = o.task_ok;
             s.marker_confirmed = o.marker_confirmed;
             s.destroy_armed = o.destroy_armed;
+            s.identity.clone_from(&o.identity);
         }
         s.phase = Phase::Validated;
         s.reached = Phase::Validated;
@@ -1034,6 +1121,43 @@ impl State {
     pub fn destroyed(&self) -> bool {
         self.destroyed
     }
+    /// The birth identity recorded with the confirmed marker.
+    pub fn identity(&self) -> Option<&BirthIdentity> {
+        self.identity.as_ref()
+    }
+    /// Why destroy was withdrawn, if it was.
+    pub fn disarmed(&self) -> Option<&str> {
+        self.disarmed.as_deref()
+    }
+
+    /// This (settled) state with destroy withdrawn for `reason`: what the journal records for a
+    /// transaction whose guest a later transaction saw gone or without its proof.
+    pub fn disarmed_by(&self, reason: &str) -> State {
+        let mut s = self.clone();
+        s.disarm(reason.to_string());
+        s
+    }
+
+    /// Whether `view` is this transaction's guest, destroyable now: present, unlocked, carrying
+    /// the marker and the recorded birth identity, while armed (for a `destroy -vmid` of an
+    /// earlier transaction's guest, the identity must not be empty). The executor asks this
+    /// again right before the DELETE.
+    pub fn proves(&self, view: &GuestView) -> bool {
+        let identity_ok = match &self.identity {
+            None => false,
+            Some(id) => self.request.kind != TxnKind::Destroy || !id.is_empty(),
+        };
+        self.destroy_armed
+            && self.disarmed.is_none()
+            && identity_ok
+            && matches!(self.seen(view), Seen::Ours { lock: None })
+    }
+
+    /// Whether `view` shows this transaction's marker and, once recorded, its birth identity.
+    pub fn shows_proof(&self, view: &GuestView) -> bool {
+        matches!(self.seen(view), Seen::Ours { .. })
+    }
+
     /// Whether this state was settled by [`recover`] after a crash.
     pub fn recovered(&self) -> bool {
         self.recovered
@@ -1071,6 +1195,25 @@ impl State {
 
     fn journal(&self) -> Effect {
         Effect::Journal(Box::new(self.clone()))
+    }
+
+    /// `view` judged against the marker and, once recorded, the birth identity.
+    fn seen<'a>(&self, view: &'a GuestView) -> Seen<'a> {
+        match (view.judge(&self.marker), &self.identity, view.identity()) {
+            (Seen::Ours { lock }, Some(recorded), Some(now)) => match recorded.differences(now) {
+                None => Seen::Ours { lock },
+                Some(differs) => Seen::Copy { differs },
+            },
+            (seen, _, _) => seen,
+        }
+    }
+
+    /// Withdraw destroy for good, saying why (the first reason stays).
+    fn disarm(&mut self, reason: String) {
+        self.destroy_armed = false;
+        if self.disarmed.is_none() {
+            self.disarmed = Some(clip_message(reason));
+        }
     }
 
     fn guest(&self) -> GuestKind {
@@ -1349,8 +1492,18 @@ impl State {
     }
 
     fn on_marker_observed(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
-        match view.judge(&self.marker) {
-            Seen::Ours { .. } => self.arm(vmid),
+        match self.seen(view) {
+            Seen::Ours { .. } => self.arm(vmid, view),
+            Seen::Copy { differs } => {
+                let msg = format!(
+                    "guest {vmid} carries the marker of transaction {} but not the identity PVE \
+                     gave it at its restore ({differs}), so its ownership is unproven and it was \
+                     not touched; inspect it with `{}`",
+                    self.request.txn,
+                    self.cmd_config(vmid)
+                );
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
             Seen::Absent => self.fail(
                 Failure::new(
                     ErrorCode::TaskFailed,
@@ -1386,10 +1539,14 @@ impl State {
         }
     }
 
-    /// The marker was read back: arm destroy (our task OK + marker), then go on or clean up.
-    fn arm(&mut self, vmid: u32) -> Vec<Effect> {
+    /// The marker was read back: record the birth identity seen with it, arm destroy (our task
+    /// OK + marker), then go on or clean up.
+    fn arm(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
         self.marker_confirmed = true;
-        self.destroy_armed = self.task_ok && self.upid.is_some();
+        if self.identity.is_none() {
+            self.identity = view.identity().cloned();
+        }
+        self.destroy_armed = self.task_ok && self.upid.is_some() && self.identity.is_some();
         if !self.destroy_armed {
             let msg = format!(
                 "guest {vmid} carries the marker of transaction {} but the transaction holds no \
@@ -1415,16 +1572,30 @@ impl State {
 
     fn on_recheck_observed(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
         let txn_tag = self.txn_tag();
-        match view.judge(&self.marker) {
-            Seen::Ours { lock: None } if self.destroy_armed => {
-                self.step = Step::Destroy;
-                vec![
-                    self.journal(),
-                    Effect::Destroy {
-                        vmid,
-                        guest: self.guest(),
-                    },
-                ]
+        if self.proves(view) {
+            self.step = Step::Destroy;
+            return vec![
+                self.journal(),
+                Effect::Destroy {
+                    vmid,
+                    guest: self.guest(),
+                },
+            ];
+        }
+        match self.seen(view) {
+            Seen::Ours { lock: None } if self.destroy_armed && self.disarmed.is_none() => {
+                let msg = format!(
+                    "guest {vmid} carries marker {txn_tag} but transaction {} holds no usable \
+                     birth identity for it ({}), so a copy cannot be told from it and it was not \
+                     destroyed; verify it with `{}` and remove it by hand with `{}` if it must go",
+                    self.request.txn,
+                    self.identity
+                        .as_ref()
+                        .map_or_else(|| "none recorded".to_string(), ToString::to_string),
+                    self.cmd_config(vmid),
+                    self.cmd_destroy(vmid)
+                );
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
             }
             Seen::Ours { lock: None } => {
                 let msg = format!(
@@ -1442,9 +1613,35 @@ impl State {
                 );
                 self.needs_human(ErrorCode::GuestLocked, msg)
             }
-            Seen::Absent => self.settle_after_cleanup(),
+            Seen::Absent => {
+                self.disarm(format!(
+                    "guest {vmid} was gone at the re-check before the destroy (transaction {})",
+                    self.request.txn
+                ));
+                if self.request.kind == TxnKind::Destroy {
+                    // A destroy of a guest that is not there any more is refused: whatever
+                    // appears at the vmid later is not this agent's.
+                    self.phase = Phase::Failed;
+                    self.failure = Some(Failure::new(
+                        ErrorCode::OwnershipUnproven,
+                        format!(
+                            "guest {vmid} is gone: it was removed outside the agent, so the claim \
+                             of transaction {} on it is withdrawn and nothing was destroyed; any \
+                             guest at vmid {vmid} later is not this agent's",
+                            self.marker.txn()
+                        ),
+                    ));
+                    self.finish(OutcomeKind::Refused);
+                    vec![self.journal()]
+                } else {
+                    self.settle_after_cleanup()
+                }
+            }
             Seen::NotOurs { tags } => {
-                self.destroy_armed = false;
+                self.disarm(format!(
+                    "guest {vmid} no longer carried marker {txn_tag} at the re-check before the \
+                     destroy"
+                ));
                 let msg = format!(
                     "ownership lost: guest {vmid} no longer carries marker {txn_tag} (tags now: \
                      '{tags}'); PVE may have reused the vmid, so nothing was destroyed; check it \
@@ -1453,8 +1650,24 @@ impl State {
                 );
                 self.needs_human(ErrorCode::OwnershipUnproven, msg)
             }
+            Seen::Copy { differs } => {
+                self.disarm(format!(
+                    "guest {vmid} carried marker {txn_tag} but not the identity PVE gave it at its \
+                     restore ({differs}): a copy (a backup restored, a clone or a hand edit)"
+                ));
+                let msg = format!(
+                    "ownership lost: guest {vmid} carries marker {txn_tag} but not the identity \
+                     PVE gave this transaction's guest at its restore ({differs}); it is a copy \
+                     (a backup restored, a clone or a hand edit), so nothing was destroyed; check \
+                     it with `{}`",
+                    self.cmd_config(vmid)
+                );
+                self.needs_human(ErrorCode::OwnershipUnproven, msg)
+            }
             Seen::Unreadable { reason } => {
-                self.destroy_armed = false;
+                self.disarm(format!(
+                    "guest {vmid} could not be read at the re-check before the destroy ({reason})"
+                ));
                 let msg = format!(
                     "guest {vmid} could not be re-read before the destroy ({reason}), so its \
                      ownership is unproven and nothing was destroyed; check it with `{}`",
@@ -1490,9 +1703,9 @@ impl State {
     }
 
     fn on_destroy_confirm_observed(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
-        match view.judge(&self.marker) {
+        match self.seen(view) {
             // Gone, or the vmid already holds a different guest: ours is gone either way.
-            Seen::Absent | Seen::NotOurs { .. } => self.confirmed_destroyed(),
+            Seen::Absent | Seen::NotOurs { .. } | Seen::Copy { .. } => self.confirmed_destroyed(),
             Seen::Ours { .. } => {
                 let msg = format!(
                     "guest {vmid} (marker {}) is still there after its destroy task ended OK; \
@@ -1741,6 +1954,11 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
             let vmid = s.require_vmid(kind)?;
             s.on_destroy_ended(vmid, &exit)
         }
+        // The re-read after the stop, right before the DELETE, no longer proved ownership.
+        (Step::Destroy, Event::GuestObserved(view)) => {
+            let vmid = s.require_vmid(kind)?;
+            s.on_recheck_observed(vmid, &view)
+        }
         (Step::ConfirmDestroyed, Event::GuestObserved(view)) => {
             let vmid = s.require_vmid(kind)?;
             s.on_destroy_confirm_observed(vmid, &view)
@@ -1765,9 +1983,12 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
 /// ownership cannot be proven is reported, never destroyed. A settled state is returned
 /// unchanged with no effects.
 ///
-/// A restore task that ended OK while the agent was stopped, before the result was journaled,
-/// does not arm destroy: the marker must follow the observed end of our own task, and an
-/// unbounded gap leaves room for the vmid to be reused.
+/// A restore task that ended OK while the agent was stopped (before its result or the marker
+/// was journaled) arms destroy only through the normal path: the guest must hold the marker's
+/// description line, which only this transaction's restore request wrote; the marker is then
+/// completed and read back (recording the birth identity) before the gated cleanup. Without
+/// that line the guest is left to a human. A guest seen gone, or without its proof, disarms the
+/// transaction for good (see [`State::disarmed`]).
 pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Effect>) {
     if state.is_terminal() {
         return (state.clone(), Vec::new());
@@ -1782,7 +2003,7 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
         let effects = s.needs_human(ErrorCode::OwnershipUnproven, msg);
         return (s, effects);
     };
-    let seen = observed.guest.judge(&s.marker);
+    let seen = s.seen(&observed.guest);
     let effects = match s.step {
         Step::Done => Vec::new(),
         Step::Validate => {
@@ -1803,7 +2024,10 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
                 s.needs_human(ErrorCode::OwnershipUnproven, msg)
             }
         },
-        Step::Task | Step::StopTask => recover_task(&mut s, vmid, &observed.task, &seen),
+        Step::Task | Step::StopTask => {
+            let described = observed.guest.description_carries(&s.marker);
+            recover_task(&mut s, vmid, &observed.task, &seen, described)
+        }
         Step::ProbeLeftover => match seen {
             Seen::Absent => s.cleanup_or_settle(vmid),
             _ => s.leftover_needs_human(vmid),
@@ -1812,7 +2036,13 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
             Seen::Ours { .. } if s.task_ok => {
                 let f = s.interrupted(vmid, "the guest is cleaned up");
                 s.note_failure(f);
-                s.arm(vmid)
+                s.arm(vmid, &observed.guest)
+            }
+            // The restore request wrote the marker's description line: with our own task OK
+            // this is our guest; complete the marker, read it back (recording the birth
+            // identity), then clean up through the gate.
+            _ if s.task_ok && observed.guest.description_carries(&s.marker) => {
+                recover_marker_write(&mut s, vmid)
             }
             Seen::Absent => {
                 let f = s.interrupted(vmid, "the guest is gone; nothing to clean up");
@@ -1843,20 +2073,37 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
                 s.fail(f, vmid)
             }
             Seen::Absent => {
+                if s.destroy_armed {
+                    s.disarm(format!(
+                        "guest {vmid} was gone when the agent settled the transaction"
+                    ));
+                }
                 let f = s.interrupted(vmid, "the guest is gone; nothing to clean up");
                 s.note_failure(f);
                 s.finish(OutcomeKind::Failed);
                 vec![s.journal()]
             }
-            _ => {
+            other => {
+                let what = match other {
+                    Seen::Copy { differs } => format!(
+                        "carries marker {} but not the identity PVE gave it at its restore \
+                         ({differs}): it is a copy",
+                        s.txn_tag()
+                    ),
+                    Seen::Unreadable { reason } => format!("cannot be read ({reason})"),
+                    _ => format!("no longer shows marker {}", s.txn_tag()),
+                };
+                if s.destroy_armed {
+                    s.disarm(format!(
+                        "guest {vmid} {what} when the agent settled the transaction"
+                    ));
+                }
                 s.destroy_armed = false;
                 let msg = format!(
-                    "the agent stopped during phase {} of transaction {}; guest {vmid} no longer \
-                     shows marker {} (or cannot be read), so its ownership is unproven and it was \
-                     not touched; check it with `{}`",
+                    "the agent stopped during phase {} of transaction {}; guest {vmid} {what}, so \
+                     its ownership is unproven and it was not touched; check it with `{}`",
                     s.reached,
                     s.request.txn,
-                    s.txn_tag(),
                     s.cmd_config(vmid)
                 );
                 s.needs_human(ErrorCode::OwnershipUnproven, msg)
@@ -1867,7 +2114,7 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
         // A cleanup was under way: start it again with a fresh re-check.
         Step::Recheck => vec![s.journal(), s.recheck_effect(vmid)],
         Step::Destroy | Step::ConfirmDestroyed => match seen {
-            Seen::Absent | Seen::NotOurs { .. } => s.confirmed_destroyed(),
+            Seen::Absent | Seen::NotOurs { .. } | Seen::Copy { .. } => s.confirmed_destroyed(),
             Seen::Ours {
                 lock: Some("destroyed"),
             } => {
@@ -1899,8 +2146,36 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
     (s, effects)
 }
 
+/// Settle a restore whose task ended OK and whose guest holds the marker's description line
+/// (written by the restore request) but not yet the whole marker: write the marker, read it
+/// back (the birth identity is recorded then), then the gated cleanup.
+fn recover_marker_write(s: &mut State, vmid: u32) -> Vec<Effect> {
+    let f = s.interrupted(
+        vmid,
+        "its restore task had ended OK and the guest carries the description line of its \
+         restore request; the marker is completed and the guest cleaned up through the gate",
+    );
+    s.note_failure(f);
+    s.step = Step::WriteMarker;
+    vec![
+        s.journal(),
+        Effect::WriteMarker {
+            vmid,
+            guest: s.guest(),
+            marker: s.marker,
+        },
+    ]
+}
+
 /// Recovery of a transaction whose restore task (UPID recorded) had no journaled result.
-fn recover_task(s: &mut State, vmid: u32, task: &TaskObservation, seen: &Seen) -> Vec<Effect> {
+/// `described`: the guest holds the marker's description line.
+fn recover_task(
+    s: &mut State,
+    vmid: u32,
+    task: &TaskObservation,
+    seen: &Seen,
+    described: bool,
+) -> Vec<Effect> {
     let Some(upid) = s.upid.clone() else {
         let msg = format!(
             "the journal of transaction {} waits for a restore task but holds no UPID; the guest \
@@ -1925,6 +2200,12 @@ fn recover_task(s: &mut State, vmid: u32, task: &TaskObservation, seen: &Seen) -
             Seen::Absent => {
                 let f = s.interrupted(vmid, "the guest is gone; nothing to clean up");
                 s.fail(f, vmid)
+            }
+            // Our own task ended OK and the guest holds the description line our restore
+            // request wrote: complete the marker and clean up through the gate.
+            _ if described => {
+                s.task_ok = true;
+                recover_marker_write(s, vmid)
             }
             _ => {
                 let msg = format!(

@@ -7,10 +7,12 @@
 //! whole transaction.
 
 pub mod effects;
+pub mod identity;
 pub mod journal;
 pub mod lock;
 pub mod machine;
 
+pub use identity::BirthIdentity;
 pub use journal::{Journal, JournalError, JournalRow, TxnState};
 pub use lock::{LockError, VmidLock};
 pub use machine::{

@@ -30,7 +30,7 @@ use crate::inventory::{
     ResourceRow, SystemListCommands,
 };
 use crate::preflight::{self, PreflightReport};
-use crate::provision::effects::{report_final, Executor, Reporter};
+use crate::provision::effects::{Executor, Reporter};
 use crate::provision::journal::JournalRow;
 use crate::provision::machine::{Event, Request, State, TxnKind};
 use crate::provision::{Journal, VmidLock};
@@ -361,22 +361,20 @@ pub async fn destroy(
         GuestKind::Lxc,
         origin.as_ref().map(|t| &t.state),
     );
-    if effects.is_empty() {
-        // Refused without proof: nothing was sent; the hub learns of the refusal all the same.
-        report_final(reporter, &state, &[]);
-        return Ok(TxnRun {
-            driven: Driven {
-                state,
-                checks: vec![],
-                plan: None,
-                halted: None,
-            },
-            preflight: None,
-        });
-    }
+    // A refusal is only journaled (nothing is sent to PVE); the hub learns of it all the same.
     let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
+    let driven = exec.drive_effects(state, effects).await;
+    // The guest was seen gone or without its proof: the origin's claim is withdrawn in its
+    // own journal too, so `journal` no longer shows it armed.
+    if let (Some(reason), Some(o)) = (driven.state.disarmed(), origin.as_ref()) {
+        if o.state.destroy_armed() && o.state.disarmed().is_none() {
+            if let Err(e) = prepared.journal.append(&o.state.disarmed_by(reason)) {
+                tracing::warn!(txn = %o.state.txn(), vmid = vmid_num, error = %e, "could not journal the withdrawn claim of the origin transaction; the destroy transaction's own record withdraws it");
+            }
+        }
+    }
     Ok(TxnRun {
-        driven: exec.drive_effects(state, effects).await,
+        driven,
         preflight: None,
     })
 }

@@ -56,6 +56,7 @@ fn states(txn: Ulid, vmid: u32) -> Vec<State> {
             tags: m.tags().join(";"),
             description: m.description_line(),
             lock: None,
+            identity: Default::default(),
         }),
     );
     vec![s1, s2, s3, s4, s5]
@@ -435,12 +436,13 @@ fn begin_and_append_guard_their_preconditions() {
 }
 
 #[test]
-fn the_owner_record_of_a_vmid_is_its_latest_transaction_with_a_upid() {
+fn the_owner_record_of_a_vmid_is_its_latest_transaction_with_a_upid_or_a_free_verdict() {
     let dir = tempfile::tempdir().expect("tempdir");
     let j = Journal::open(dir.path()).expect("open");
     let armed = states(txn(20), 130);
     write_all(&j, &armed);
-    // A later attempt on the same vmid that PVE refused recorded no UPID: it does not count.
+    // A later attempt on the same vmid found it free in the full guest list (PVE then refused
+    // the restore, so no UPID): the earlier claim is void, the latest record is this one.
     let later = states(txn(21), 130);
     let refused = next(
         &later[0],
@@ -452,6 +454,13 @@ fn the_owner_record_of_a_vmid_is_its_latest_transaction_with_a_upid() {
     write_all(&j, &[later[0].clone(), refused]);
     write_all(&j, &states(txn(22), 131));
     let owner = j.last_owner_record(130).expect("lookup").expect("found");
+    assert_eq!(owner.state.txn(), txn(21));
+    assert!(owner.state.upid().is_none() && !owner.state.destroy_armed());
+    // Without that later verdict the armed transaction is the owner record.
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let j2 = Journal::open(dir2.path()).expect("open");
+    write_all(&j2, &armed);
+    let owner = j2.last_owner_record(130).expect("lookup").expect("found");
     assert_eq!(owner.state.txn(), txn(20));
     assert!(owner.state.destroy_armed());
     assert_eq!(j.last_owner_record(999).expect("lookup"), None);

@@ -32,11 +32,20 @@ fn request(guest: GuestKind, keep: bool, dry_run: bool) -> Request {
     }
 }
 
+/// The birth identity every test guest of this transaction was given at its restore.
+fn born() -> BirthIdentity {
+    let mut id = BirthIdentity::default();
+    id.nics
+        .insert("net0".to_string(), "BC:24:11:12:34:56".to_string());
+    id
+}
+
 fn ours(marker: &Marker) -> GuestView {
     GuestView::Present {
         tags: marker.tags().join(";"),
         description: format!("customer notes\n{}", marker.description_line()),
         lock: None,
+        identity: born(),
     }
 }
 
@@ -45,6 +54,31 @@ fn ours_locked(marker: &Marker, lock: &str) -> GuestView {
         tags: marker.tags().join(";"),
         description: marker.description_line(),
         lock: Some(lock.to_string()),
+        identity: born(),
+    }
+}
+
+/// The marker with another birth identity: a backup of the guest restored, or a clone.
+fn copy_of(marker: &Marker) -> GuestView {
+    let mut id = born();
+    id.nics
+        .insert("net0".to_string(), "BC:24:11:65:43:21".to_string());
+    id.vmgenid = Some("5b2e0c55-0000-4000-8000-000000000001".to_string());
+    GuestView::Present {
+        tags: marker.tags().join(";"),
+        description: marker.description_line(),
+        lock: None,
+        identity: id,
+    }
+}
+
+/// What the restore request leaves: the marker's description line, no tags yet.
+fn described(marker: &Marker) -> GuestView {
+    GuestView::Present {
+        tags: String::new(),
+        description: marker.description_line(),
+        lock: None,
+        identity: born(),
     }
 }
 
@@ -54,6 +88,7 @@ fn not_ours() -> GuestView {
         tags: other.tags().join(";"),
         description: other.description_line(),
         lock: None,
+        identity: born(),
     }
 }
 
@@ -218,6 +253,7 @@ const ALLOWED: &[(Step, EventKind)] = &[
     (Step::Report, EventKind::ReportQueued),
     (Step::Recheck, EventKind::GuestObserved),
     (Step::Destroy, EventKind::DestroyEnded),
+    (Step::Destroy, EventKind::GuestObserved),
     (Step::ConfirmDestroyed, EventKind::GuestObserved),
 ];
 
@@ -634,6 +670,7 @@ fn every_allowed_transition_does_what_the_table_says() {
                 tags: m.tags().join(";"),
                 description: String::new(),
                 lock: None,
+                identity: born(),
             }),
             phase: Phase::NeedsHuman,
             step: Step::Done,
@@ -870,7 +907,7 @@ fn every_allowed_transition_does_what_the_table_says() {
             phase: Phase::Reported,
             step: Step::Done,
             outcome: Some(O::Ok),
-            armed: true,
+            armed: false,
             effects: &["journal"],
             code: None,
         },
@@ -884,6 +921,17 @@ fn every_allowed_transition_does_what_the_table_says() {
             armed: true,
             effects: &["journal", "confirm_destroyed"],
             code: None,
+        },
+        Row {
+            name: "destroy: the re-read after the stop shows a copy",
+            from: at(Step::Destroy),
+            event: Event::GuestObserved(copy_of(&m)),
+            phase: Phase::NeedsHuman,
+            step: Step::Done,
+            outcome: Some(O::NeedsHuman),
+            armed: false,
+            effects: &["journal"],
+            code: Some(C::OwnershipUnproven),
         },
         Row {
             name: "destroy failed",
@@ -1233,7 +1281,11 @@ fn destroy_command_without_proof_is_refused_with_exit_7_and_sends_nothing() {
     ];
     for (name, origin, vmid) in cases {
         let (s, effects) = State::for_destroy(other_txn(), vmid, GuestKind::Lxc, origin);
-        assert!(effects.is_empty(), "{name}: {effects:?}");
+        // The refusal is journaled; nothing else is done.
+        assert!(
+            effects.len() == 1 && matches!(effects[0], Effect::Journal(_)),
+            "{name}: {effects:?}"
+        );
         let out = s.outcome().expect("settled");
         assert_eq!(out.outcome, OutcomeKind::Refused, "{name}");
         assert_eq!(
@@ -1316,9 +1368,19 @@ fn recovery_settles_every_open_step() {
             effects: &["journal", "wait_task"],
         },
         RecoveryRow {
+            name: "task ended ok while stopped, the restore's description line there",
+            from: at(Step::Task),
+            observed: obs(TaskObservation::Ok, described(&m)),
+            phase: Phase::Failed,
+            step: Step::WriteMarker,
+            outcome: None,
+            armed: false,
+            effects: &["journal", "write_marker"],
+        },
+        RecoveryRow {
             name: "task ended ok while stopped: unproven",
             from: at(Step::Task),
-            observed: obs(TaskObservation::Ok, ours(&m)),
+            observed: obs(TaskObservation::Ok, not_ours()),
             phase: Phase::NeedsHuman,
             step: Step::Done,
             outcome: Some(O::NeedsHuman),
@@ -1447,7 +1509,7 @@ fn recovery_settles_every_open_step() {
             phase: Phase::Failed,
             step: Step::Done,
             outcome: Some(O::Failed),
-            armed: true,
+            armed: false,
             effects: &["journal"],
         },
         RecoveryRow {
@@ -1636,11 +1698,13 @@ fn view_for(i: usize, m: &Marker) -> GuestView {
             tags: "felhom".to_string(),
             description: m.description_line(),
             lock: None,
+            identity: born(),
         },
         6 => GuestView::Present {
             tags: m.tags().join(";"),
             description: String::new(),
             lock: None,
+            identity: born(),
         },
         _ => unreadable(),
     }
@@ -1753,7 +1817,7 @@ fn run(req: Request, actions: &[Action]) -> Result<(), TestCaseError> {
                     let fresh_recheck = matches!(
                         &event,
                         Event::GuestObserved(GuestView::Present { lock: None, .. })
-                    ) && matches!(&event, Event::GuestObserved(v) if v.carries(&s.marker()));
+                    ) && matches!(&event, Event::GuestObserved(v) if s.proves(v));
                     prop_assert_eq!(s.step(), Step::Recheck);
                     prop_assert!(fresh_recheck, "destroy without a fresh recheck: {event:?}");
                     prop_assert!(h.submitted.is_some(), "destroy without own UPID");
@@ -1899,4 +1963,184 @@ fn a_dry_run_refusal_journals_nothing() {
     );
     assert!(effects.is_empty(), "{effects:?}");
     assert_eq!(s.outcome().map(|o| o.outcome), Some(OutcomeKind::Refused));
+}
+
+// ----- birth identity and disarm -----
+
+/// A kept guest's settled, armed transaction (what `destroy -vmid` finds as its origin).
+fn kept_origin() -> State {
+    let s = drive(at_with(Step::Report, GuestKind::Lxc, true), Step::Done);
+    assert!(s.destroy_armed() && s.is_terminal(), "{s:?}");
+    s
+}
+
+fn destroy_from(origin: &State) -> (State, Vec<Effect>) {
+    State::for_destroy(other_txn(), VMID, GuestKind::Lxc, Some(origin))
+}
+
+#[test]
+fn the_marker_read_back_records_the_birth_identity_and_arms() {
+    let s = at(Step::VerifyMarker);
+    assert_eq!(s.identity(), None);
+    let (s, effects) = apply(&s, Event::GuestObserved(ours(&s.marker())));
+    assert_eq!(s.identity(), Some(&born()));
+    assert!(s.destroy_armed());
+    assert_eq!(names(&effects), ["journal", "start"]);
+}
+
+#[test]
+fn only_the_identical_identity_proves_ownership() {
+    let s = at(Step::Recheck);
+    let m = s.marker();
+    assert!(s.proves(&ours(&m)));
+    assert!(!s.proves(&copy_of(&m)), "another MAC and vmgenid");
+    // One NIC more (a hand-edited copy) is not the guest either.
+    let mut extra = born();
+    extra
+        .nics
+        .insert("net1".to_string(), "BC:24:11:00:00:99".to_string());
+    let with_extra = GuestView::Present {
+        tags: m.tags().join(";"),
+        description: m.description_line(),
+        lock: None,
+        identity: extra,
+    };
+    assert!(!s.proves(&with_extra));
+    // The identity without the marker is not the proof either.
+    let bare = GuestView::Present {
+        tags: String::new(),
+        description: String::new(),
+        lock: None,
+        identity: born(),
+    };
+    assert!(!s.proves(&bare));
+    assert!(!s.proves(&ours_locked(&m, "backup")));
+}
+
+#[test]
+fn a_copy_at_the_recheck_disarms_and_destroys_nothing() {
+    let s = at(Step::Recheck);
+    let (s, effects) = apply(&s, Event::GuestObserved(copy_of(&s.marker())));
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman));
+    assert!(!s.destroy_armed());
+    let why = s.disarmed().expect("disarmed");
+    assert!(why.contains("copy") && why.contains("vmgenid"), "{why}");
+    let msg = &s.failure().expect("failure").message;
+    assert!(
+        msg.contains("120") && msg.contains("pct config 120"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_guest_gone_at_the_recheck_disarms() {
+    let s = at(Step::Recheck);
+    let (s, _) = apply(&s, Event::GuestObserved(GuestView::Absent));
+    assert!(!s.destroy_armed());
+    assert!(s.disarmed().is_some_and(|r| r.contains("gone")));
+}
+
+#[test]
+fn destroy_of_a_kept_guest_needs_the_same_identity() {
+    let origin = kept_origin();
+    let (d, effects) = destroy_from(&origin);
+    assert_eq!(names(&effects), ["journal", "recheck_ownership"]);
+    assert_eq!(d.identity(), Some(&born()));
+    let m = origin.marker();
+    // The very guest: destroyed.
+    let (_, effects) = apply(&d, Event::GuestObserved(ours(&m)));
+    assert_eq!(names(&effects), ["journal", "destroy"]);
+    // A copy carrying the marker: refused, exit 7, disarmed.
+    let (after, effects) = apply(&d, Event::GuestObserved(copy_of(&m)));
+    assert_eq!(names(&effects), ["journal"]);
+    let out = after.outcome().expect("settled");
+    assert_eq!(out.exit_status(), ExitStatus::NeedsHuman);
+    assert!(after.disarmed().is_some());
+    // Gone: refused with exit 7 (not "ok, nothing to do"), disarmed.
+    let (gone, _) = apply(&d, Event::GuestObserved(GuestView::Absent));
+    let out = gone.outcome().expect("settled");
+    assert_eq!(out.outcome, OutcomeKind::Refused);
+    assert_eq!(out.exit_status(), ExitStatus::NeedsHuman);
+    assert!(gone.disarmed().is_some_and(|r| r.contains("gone")));
+    // The origin, disarmed with that reason, proves nothing any more.
+    let withdrawn = origin.disarmed_by(gone.disarmed().unwrap_or_default());
+    assert!(!withdrawn.destroy_armed());
+    let (refused, effects) = destroy_from(&withdrawn);
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(refused.outcome_kind(), Some(OutcomeKind::Refused));
+    // So does the destroy transaction itself, the next one's origin.
+    let (refused, effects) = destroy_from(&gone);
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(refused.outcome_kind(), Some(OutcomeKind::Refused));
+}
+
+#[test]
+fn destroy_refuses_an_origin_with_an_empty_or_no_identity() {
+    let origin = kept_origin();
+    let mut json = serde_json::to_value(&origin).expect("serialize");
+    json["identity"] = serde_json::json!({"nics": {}});
+    let empty: State = serde_json::from_value(json.clone()).expect("deserialize");
+    let (s, effects) = destroy_from(&empty);
+    assert_eq!(names(&effects), ["journal"]);
+    let msg = &s.failure().expect("failure").message;
+    assert!(
+        msg.contains("empty birth identity") && msg.contains("pct destroy 120"),
+        "{msg}"
+    );
+    // A journal written before birth identities were recorded.
+    json.as_object_mut().expect("object").remove("identity");
+    let old: State = serde_json::from_value(json).expect("deserialize");
+    assert_eq!(old.identity(), None);
+    let (s, effects) = destroy_from(&old);
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(
+        s.outcome().expect("settled").exit_status(),
+        ExitStatus::NeedsHuman
+    );
+}
+
+#[test]
+fn a_later_free_verdict_voids_the_claim() {
+    // A later transaction that found the vmid free (then PVE refused its restore).
+    let later = drive(at(Step::Submit), Step::Submit);
+    let (later, _) = apply(
+        &later,
+        Event::SubmitRefused(failure(ErrorCode::PveRefused, "storage full")),
+    );
+    assert!(later.upid().is_none());
+    let (s, effects) = destroy_from(&later);
+    assert_eq!(names(&effects), ["journal"]);
+    let msg = &s.failure().expect("failure").message;
+    assert!(msg.contains("free"), "{msg}");
+}
+
+#[test]
+fn settling_an_armed_transaction_whose_guest_is_a_copy_disarms_it() {
+    let s = at(Step::ProveLaunch);
+    assert!(s.destroy_armed());
+    let (s, effects) = recover(&s, &obs(TaskObservation::Ok, copy_of(&s.marker())));
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman));
+    assert!(!s.destroy_armed());
+    assert!(s.disarmed().is_some_and(|r| r.contains("copy")));
+}
+
+#[test]
+fn a_crash_before_the_marker_write_settles_through_the_gate_on_the_description_line() {
+    let s = at(Step::WriteMarker);
+    let (s, effects) = recover(&s, &obs(TaskObservation::Ok, described(&s.marker())));
+    assert_eq!(names(&effects), ["journal", "write_marker"]);
+    let (s, _) = apply(&s, Event::MarkerWritten);
+    let (s, effects) = apply(&s, Event::GuestObserved(ours(&s.marker())));
+    // Armed with the identity read back, then the gated cleanup.
+    assert_eq!(s.identity(), Some(&born()));
+    assert_eq!(names(&effects), ["journal", "recheck_ownership"]);
+    let (_, effects) = apply(&s, Event::GuestObserved(ours(&s.marker())));
+    assert_eq!(names(&effects), ["journal", "destroy"]);
+    // A guest without the description line there stays a human's call.
+    let s = at(Step::WriteMarker);
+    let (s, effects) = recover(&s, &obs(TaskObservation::Ok, not_ours()));
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman));
 }
