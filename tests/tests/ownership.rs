@@ -425,3 +425,79 @@ fn a_passing_pve_error_at_the_recheck_keeps_the_claim_and_the_next_command_finis
     let d = txn_of(&w, &text(&open[0]["txn"]));
     assert_eq!(d["destroyed"], json!(true), "{d:#}");
 }
+
+#[test]
+fn a_qemu_server_that_refuses_the_description_with_archive_gets_it_from_the_marker_write() {
+    let mut scenario = demo_scenario();
+    scenario["time_scale"] = json!(0.02);
+    scenario["attrs"] = json!({"qemu_restore_secs": 30});
+    add_qemu_backup(
+        &mut scenario,
+        qemu_backup_config(),
+        json!({"agent": true, "boot_secs": 5, "start_secs": 2, "stop_secs": 2}),
+    );
+    let opts = AgentOptions {
+        selftest_source: Some(QEMU_BACKUP.to_string()),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(scenario, &opts);
+    // qemu-server before 7.2 takes no other options with `archive` (a synchronous 400).
+    w.pve.fail(
+        "POST",
+        "/nodes/pve1/qemu",
+        400,
+        "archive: option conflicts with other options (description)",
+        Some(1),
+    );
+    let txn = keep(&w, 321);
+    let posts: Vec<RecordedRequest> = w
+        .pve
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
+        .collect();
+    assert_eq!(posts.len(), 2, "one retry: {posts:?}");
+    assert!(posts[0].param("description").is_some(), "{:?}", posts[0]);
+    assert!(posts[1].param("description").is_none(), "{:?}", posts[1]);
+    let cfg = config_of(&w, 321);
+    assert!(text(&cfg["description"]).contains(&txn), "{cfg:#}");
+    assert!(text(&cfg["tags"]).contains("felhom"), "{cfg:#}");
+    // And it is destroyed through the gate.
+    let run = destroy(&w, 321);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(w.pve.deletes_for(321).len(), 1);
+}
+
+/// The wrapper models PVE's tag check at create/restore (pve-api-facts.md §2.4): `tags` need
+/// VM.Config.Options on /vms/<vmid> itself, which the pool token does not hold; root passes.
+#[test]
+fn fakepve_refuses_tags_in_a_restore_request_from_the_pool_token() {
+    let pve = felhom_tests::fakepve::FakePve::demo();
+    let volid = "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst";
+    let request = |tags: bool| {
+        let mut v = json!({"node": "pve1", "vmid": 160, "ostemplate": volid, "restore": 1,
+                           "storage": "local-lvm", "pool": "felhom", "unique": 1});
+        if tags {
+            v["tags"] = json!("felhom");
+        }
+        v
+    };
+    let token = pve.token_id();
+    let err = pve
+        .try_call("_lxc_create", json!([token, request(true)]), json!({}))
+        .expect_err("tags from the pool token are refused");
+    let err = err.to_string();
+    assert!(
+        err.contains("Permission check failed (/vms/160, VM.Config.Options)"),
+        "{err}"
+    );
+    assert!(pve.guest(160).is_none(), "nothing was created");
+    // Without tags the same token restores; with tags, root does.
+    pve.call("_lxc_create", json!([token, request(false)]), json!({}));
+    pve.call(
+        "_lxc_create",
+        json!(["root@pam", {"node": "pve1", "vmid": 161,
+        "ostemplate": volid, "restore": 1, "storage": "local-lvm", "tags": "x"}]),
+        json!({}),
+    );
+}

@@ -285,6 +285,9 @@ pub fn journal(rows: Result<Vec<JournalRow>, Failure>) -> CommandOutput {
         if let Some(e) = &r.error {
             human.push_str(&format!("{:<28}[{}] {}\n", "", e.code, e.message));
         }
+        if let Some(why) = &r.disarmed {
+            human.push_str(&format!("{:<28}disarmed: {why}\n", ""));
+        }
     }
     if rows.is_empty() {
         human.push_str("(no transactions yet)\n");

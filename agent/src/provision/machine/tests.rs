@@ -1788,6 +1788,14 @@ fn run(req: Request, actions: &[Action]) -> Result<(), TestCaseError> {
                     !effects.iter().any(|e| matches!(e, Effect::Destroy { .. })),
                     "recover emitted a destroy"
                 );
+                // The observed status is that of the UPID this transaction recorded.
+                if observed.task == TaskObservation::Ok
+                    && matches!(s.step(), Step::Task | Step::StopTask)
+                    && s.upid().is_some()
+                    && h.submitted.as_deref() == s.upid()
+                {
+                    h.own_task_ok = true;
+                }
                 if observed.guest.carries(&s.marker()) && h.own_task_ok {
                     h.marker_read_after_ok = true;
                 }
@@ -1818,7 +1826,12 @@ fn run(req: Request, actions: &[Action]) -> Result<(), TestCaseError> {
                         &event,
                         Event::GuestObserved(GuestView::Present { lock: None, .. })
                     ) && matches!(&event, Event::GuestObserved(v) if s.proves(v));
-                    prop_assert_eq!(s.step(), Step::Recheck);
+                    // A re-check, or the re-read after the stop that precedes the DELETE.
+                    prop_assert!(
+                        matches!(s.step(), Step::Recheck | Step::Destroy),
+                        "destroy from step {}",
+                        s.step()
+                    );
                     prop_assert!(fresh_recheck, "destroy without a fresh recheck: {event:?}");
                     prop_assert!(h.submitted.is_some(), "destroy without own UPID");
                     prop_assert!(h.own_task_ok, "destroy without own task OK");
