@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::journal::Journal;
 use super::machine::{
     recover, step, Effect, Event, GuestView, Marker, PlanStep, RecoveryObservation, State,
-    TaskExit, TaskObservation, TxnKind,
+    SubmitProbe, TaskExit, TaskObservation, TxnKind,
 };
 use crate::config::Config;
 use crate::error::{ErrorCode, Failure};
@@ -32,7 +32,7 @@ use crate::guest::lxc::{LxcExec, PctConfig};
 use crate::guest::qemu::{QemuConfig, QemuExec};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
 use crate::pve::request::{LxcRestore, QemuRestore};
-use crate::pve::{wait_task, GuestKind, PveClient, PveError, Upid, WaitOptions};
+use crate::pve::{wait_task, ApiErrorKind, GuestKind, PveClient, PveError, Upid, WaitOptions};
 
 /// How long a restore task may run.
 pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
@@ -42,6 +42,16 @@ pub const POWER_TIMEOUT: Duration = Duration::from_secs(600);
 pub const LAUNCH_PROOF_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a destroyed guest may take to leave the full guest list.
 pub const CONFIRM_GONE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the node's task list and full guest list are searched after a restore request
+/// whose answer is unknown, before "nothing was created" is concluded (the request may still be
+/// on its way through pveproxy to pvedaemon, whose create takes the config lock first).
+pub const SUBMIT_SETTLE: Duration = Duration::from_secs(30);
+/// At most this many rows of the node's task list are read per search.
+pub const TASK_LIST_LIMIT: u32 = 500;
+/// Test hook (only with the `test-hooks` feature): the settle window of the task search, in
+/// milliseconds, instead of [`SUBMIT_SETTLE`].
+#[cfg(feature = "test-hooks")]
+pub const SUBMIT_SETTLE_ENV: &str = "FELHOM_AGENT_SUBMIT_SETTLE_MS";
 /// The bootstrap profile a provision runs.
 pub const DEFAULT_PROFILE: &str = "default";
 /// Test hook (only with the `test-hooks` feature): `before-journal:N` or `after-journal:N`
@@ -91,6 +101,8 @@ pub struct Timeouts {
     pub launch_proof: Duration,
     /// A destroyed guest leaving the list.
     pub confirm_gone: Duration,
+    /// The search for the task of a restore request whose answer is unknown.
+    pub submit_settle: Duration,
 }
 
 impl Default for Timeouts {
@@ -100,6 +112,7 @@ impl Default for Timeouts {
             power: POWER_TIMEOUT,
             launch_proof: LAUNCH_PROOF_TIMEOUT,
             confirm_gone: CONFIRM_GONE_TIMEOUT,
+            submit_settle: submit_settle(),
         }
     }
 }
@@ -135,6 +148,20 @@ pub struct Driven {
     pub plan: Option<Vec<PlanStep>>,
     /// Why the drive stopped before the transaction settled.
     pub halted: Option<Failure>,
+}
+
+/// The settle window of the task search (a test build may shorten it through the environment).
+#[cfg(not(feature = "test-hooks"))]
+fn submit_settle() -> Duration {
+    SUBMIT_SETTLE
+}
+
+#[cfg(feature = "test-hooks")]
+fn submit_settle() -> Duration {
+    std::env::var(SUBMIT_SETTLE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(SUBMIT_SETTLE, Duration::from_millis)
 }
 
 /// A build without the `test-hooks` feature has no kill switch at all.
@@ -411,8 +438,8 @@ impl<'a> Executor<'a> {
                 };
                 Some(match res {
                     Ok(upid) => Event::Submitted { upid: upid.to_string() },
-                    Err(e @ (PveError::Unreachable { .. } | PveError::Decode { .. })) => {
-                        Event::SubmitUnknown(Failure::new(e.code(), format!("the restore of vmid {vmid} on node {node} may or may not have reached PVE: {e}")))
+                    Err(e) if submit_outcome_unknown(&e) => {
+                        Event::SubmitUnknown(Failure::new(e.code(), format!("the answer to the restore of vmid {vmid} on node {node} is unknown (PVE may have started it): {e}")))
                     }
                     Err(e) => Event::SubmitRefused(submit_refusal(&e, vmid, &node)),
                 })
@@ -428,6 +455,9 @@ impl<'a> Executor<'a> {
             }
             Effect::ProbeGuest { vmid } => Some(Event::GuestObserved(
                 self.observe(vmid, state.request().guest).await,
+            )),
+            Effect::FindOwnTask { vmid, guest } => Some(Event::SubmitProbed(
+                self.find_own_task(state, vmid, guest).await?,
             )),
             Effect::VerifyMarker { vmid, guest } | Effect::RecheckOwnership { vmid, guest } => {
                 Some(Event::GuestObserved(self.observe(vmid, guest).await))
@@ -559,6 +589,110 @@ impl<'a> Executor<'a> {
                     upid: upid.to_string(),
                 })
             }
+        }
+    }
+
+    /// The Unix second at or after which this transaction's restore task can have started: when
+    /// its first journal record (the restore's intent) was written; the transaction id's own
+    /// time when the journal cannot say.
+    fn intent_secs(&self, state: &State) -> u64 {
+        let from_id = state.txn().timestamp_ms() / 1000;
+        let journaled = self
+            .journal
+            .get(state.txn())
+            .ok()
+            .flatten()
+            .and_then(|t| {
+                time::OffsetDateTime::parse(
+                    &t.started_at,
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .ok()
+            })
+            .and_then(|t| u64::try_from(t.unix_timestamp()).ok());
+        journaled.unwrap_or(from_id)
+    }
+
+    /// After a restore request whose answer is unknown: search the node's task list for this
+    /// token's restore task of `vmid` started since the intent, and the full guest list, until
+    /// one task shows or the settle window passes.
+    async fn find_own_task(
+        &self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Result<SubmitProbe, Failure> {
+        let node = &self.cfg.node;
+        let since = self.intent_secs(state);
+        let task_type = restore_task_type(guest);
+        let token = self.cfg.pve.token_id.as_str();
+        let started = Instant::now();
+        let deadline = started + self.timeouts.submit_settle;
+        loop {
+            let listed = self
+                .pve
+                .node_tasks(node, vmid, since, TASK_LIST_LIMIT)
+                .await
+                .map(|rows| {
+                    let mut own: Vec<String> = rows
+                        .into_iter()
+                        .filter(|r| is_own_restore_task(&r.upid, task_type, vmid, token, since))
+                        .map(|r| r.upid)
+                        .collect();
+                    own.sort();
+                    own.dedup();
+                    own
+                });
+            match &listed {
+                Ok(own) if own.len() == 1 => {
+                    return Ok(SubmitProbe::OwnTask {
+                        upid: own[0].clone(),
+                    })
+                }
+                Ok(own) if own.len() > 1 => {
+                    return Ok(SubmitProbe::Unproven {
+                        guest: self.observe(vmid, guest).await,
+                        detail: format!(
+                            "{} {task_type} tasks of token {token} for vmid {vmid} started since \
+                             the transaction's intent ({}), so none can be told to be its own",
+                            own.len(),
+                            own.join(", ")
+                        ),
+                    })
+                }
+                _ => {}
+            }
+            if self.cancel.is_cancelled() {
+                return Err(Failure::new(
+                    ErrorCode::TaskTimeout,
+                    format!(
+                        "interrupted while searching the task list of node {node} for the restore \
+                         task of transaction {} (vmid {vmid}); the journal holds the transaction \
+                         and the next agent command searches again",
+                        state.txn()
+                    ),
+                ));
+            }
+            if Instant::now() >= deadline {
+                let seen = self.observe(vmid, guest).await;
+                let waited_secs = started.elapsed().as_secs();
+                return Ok(match listed {
+                    Ok(_) if seen == GuestView::Absent => SubmitProbe::Nothing { waited_secs },
+                    Ok(_) => SubmitProbe::Unproven {
+                        guest: seen,
+                        detail: format!(
+                            "no {task_type} task of token {token} for vmid {vmid} started since \
+                             the transaction's intent is in node {node}'s task list after \
+                             {waited_secs}s"
+                        ),
+                    },
+                    Err(e) => SubmitProbe::Unproven {
+                        guest: seen,
+                        detail: format!("node {node}'s task list could not be read: {e}"),
+                    },
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 
@@ -859,6 +993,43 @@ pub fn isolated_net(guest: GuestKind) -> Vec<(String, String)> {
 fn is_net_key(k: &str) -> bool {
     k.strip_prefix("net")
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The task type of a restore of this kind (facts §4, §5).
+fn restore_task_type(guest: GuestKind) -> &'static str {
+    match guest {
+        GuestKind::Lxc => "vzrestore",
+        GuestKind::Qemu => "qmrestore",
+    }
+}
+
+/// Whether `upid` is a restore task of `task_type` for `vmid`, started by `token` (the UPID's
+/// user field holds the token id, facts §6.1) at or after `since`.
+fn is_own_restore_task(upid: &str, task_type: &str, vmid: u32, token: &str, since: u64) -> bool {
+    match upid.parse::<Upid>() {
+        Ok(u) => {
+            u.task_type == task_type
+                && u.id == vmid.to_string()
+                && u.user == token
+                && u.starttime >= since
+        }
+        Err(_) => false,
+    }
+}
+
+/// Whether an error answer to the restore POST leaves its outcome unknown: no answer at all
+/// (timeout, reset: the request may have reached PVE), an answer that cannot be read, or a 5xx
+/// that is not one of PVE's certain synchronous refusals (pveproxy can answer 500 or a 59x while
+/// pvedaemon goes on creating the guest). A 4xx, the "already exists" 500 and PVE's known
+/// refusal wordings are certain: no task was started.
+pub fn submit_outcome_unknown(e: &PveError) -> bool {
+    match e {
+        PveError::Unreachable { .. } | PveError::Decode { .. } => true,
+        PveError::Api(a) => {
+            a.status >= 500 && matches!(a.kind, ApiErrorKind::Transient | ApiErrorKind::Other)
+        }
+        _ => false,
+    }
 }
 
 /// The failure of a synchronous refusal of the restore, with what the operator can do.
