@@ -282,6 +282,38 @@ class ScenarioPve(fake_server.FakePve):
     # vmid -> a coroutine function run at the end of a successful vzrestore task (the backup's
     # config merged in, the guest bed's root filesystem made).
     _restore_hooks = None
+    # "5xx but created" (`/set {"create_answer": {"140": 596}}`, or `{"140": {"status": 500,
+    # "message": "..."}}`): the next create POST for that vmid answers with that error while its
+    # restore task starts and runs to its end (the guest created, in the pool). pveproxy proxies
+    # the create to pvedaemon and answers a 59x of AnyEvent::HTTP (pve-api-facts.md §1.4) or a
+    # 500 when that leg breaks, while pvedaemon's worker goes on: the create is reserved and the
+    # task forked before any answer (§4.2 step 8, §5.2 step 7). One-shot per vmid.
+    create_answer = None
+    # "LXC restore fails after create" (`/set {"lxc_restore_fail": {"140": true}}`, or a
+    # message instead of true): the vzrestore task of that vmid restores the container, then
+    # fails in the pool join, which pve-container runs after the restore and outside its cleanup
+    # (pve-api-facts.md §4.3: `add_vm_to_pool` only then), so the task ends `TASK ERROR: ...`
+    # with the container present, unlocked and NOT in the pool. The default message is
+    # add_vm_to_pool's when user.cfg's cluster lock times out (pve-access-control
+    # AccessControl.pm lock_user_config: "can't add VM N to pool: <cfs lock error>"). One-shot.
+    lxc_restore_fail = None
+    # `/set {"answer_delay": {"POST /nodes/pve1/lxc": 1.5}}`: hold the answer to requests with
+    # exactly this method and path for that many real seconds after the handler ran (the task
+    # started), so a test can kill the client in the middle of a request.
+    answer_delay = None
+
+    def _lost_create_answer(self, vmid):
+        """Raise the error the create POST of vmid is set to answer with (see create_answer)."""
+        rule = (self.create_answer or {}).pop(str(vmid), None)
+        if rule is None:
+            return
+        if isinstance(rule, dict):
+            status, message = int(rule.get('status', 500)), rule.get('message')
+        else:
+            status, message = int(rule), None
+        if message is None:
+            message = 'Connection timed out' if status >= 590 else 'Internal Server Error'
+        raise fake_model.PveError(status, message)
 
     def _archive_access(self, user, vmid, volid):
         # storage src/PVE/Storage.pm check_volume_access (pve-api-facts.md §2.4): Datastore.Allocate
@@ -379,7 +411,9 @@ class ScenarioPve(fake_server.FakePve):
             if pool:
                 self._pool_join(pool, vmid)
             return None
-        return await self.task(node, 'qmrestore', vmid, user, body, vm=vm)
+        upid = await self.task(node, 'qmrestore', vmid, user, body, vm=vm)
+        self._lost_create_answer(vmid)
+        return upid
 
     async def _lxc_create(self, user, v):
         # PVE's LXC restore (pve-api-facts.md §4.3, container src/PVE/LXC/Create.pm recover_config):
@@ -411,9 +445,11 @@ class ScenarioPve(fake_server.FakePve):
                     await self.bed_create(ct, 'lxc', bed)
             self._restore_hooks[vmid] = hook
         try:
-            return await super()._lxc_create(user, v)
+            upid = await super()._lxc_create(user, v)
         finally:
             self._restore_hooks.pop(vmid, None)
+        self._lost_create_answer(vmid)
+        return upid
 
     async def task(self, node, ttype, tid, user, body, vm=None, lock=True, log=()):
         hook = self._restore_hooks.get(int(tid)) if ttype == 'vzrestore' and str(tid).isdigit() else None
@@ -424,6 +460,18 @@ class ScenarioPve(fake_server.FakePve):
                 note = await inner()
                 await hook(vm)
                 return note
+        failing = (self.lxc_restore_fail or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
+        if failing:
+            restored = body
+            message = failing if isinstance(failing, str) else (
+                "can't add VM {0} to pool: cfs-lock 'file-user_cfg' error: got lock request timeout".format(tid))
+
+            async def body():
+                await restored()
+                # The container is restored (config written, lock gone); the pool join failed,
+                # so it is not in the pool and the task ends in error (see lxc_restore_fail).
+                self._pool_leave(int(tid))
+                raise fake_model.TaskError(message)
         return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
 
     # ------------------------------------------------------------ the guest bed
@@ -725,10 +773,14 @@ class ScenarioPve(fake_server.FakePve):
         # pmxcfs has the new config (the `lock: create` placeholder) in .vmlist before PVE
         # answers the create with its UPID: keep the file in step before every answer.
         try:
-            return await super()._answer(request, handler, generic, path_node)
+            answer = await super()._answer(request, handler, generic, path_node)
         finally:
             self.write_vmlist()
             self.bed_sync()
+        delay = (self.answer_delay or {}).get('{0} {1}'.format(request.method, request.path))
+        if delay:
+            await asyncio.sleep(float(delay))
+        return answer
 
     def _record(self, request, body):
         self.write_vmlist()
