@@ -62,11 +62,12 @@ fn journal_row(w: &World, vmid: u32) -> Value {
 
 /// The restore tasks the fake ran for `vmid`.
 fn restore_tasks(w: &World, vmid: u32) -> Vec<Value> {
+    let id = vmid.to_string();
     w.pve
         .tasks()
         .into_iter()
         .filter(|t| {
-            t["id"] == vmid.to_string()
+            t["id"].as_str() == Some(id.as_str())
                 && matches!(t["type"].as_str(), Some("vzrestore" | "qmrestore"))
         })
         .collect()
