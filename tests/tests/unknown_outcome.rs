@@ -248,3 +248,57 @@ fn a_lost_answer_that_created_nothing_fails_only_after_the_settle_window() {
     assert_eq!(w.pve.writes_for(VMID).len(), 0);
     assert_foreign_untouched(&w);
 }
+
+#[test]
+fn a_guest_appearing_after_a_lost_answer_without_our_task_needs_a_human() {
+    let w = World::demo();
+    // The answer is lost and PVE started nothing for us; meanwhile someone else creates a
+    // container at the vmid (outside the pool). The full list shows a guest, the task list no
+    // task of ours: nothing proves it ours, and "nothing left" would be wrong.
+    w.pve.fail(
+        "POST",
+        "/nodes/pve1/lxc",
+        596,
+        "Connection timed out",
+        Some(1),
+    );
+    let child = w
+        .command()
+        .args(["--selftest=provision", "-vmid", "140", "--json"])
+        .env("FELHOM_AGENT_SUBMIT_SETTLE_MS", "2500")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the agent");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let searching = w
+            .pve
+            .requests()
+            .iter()
+            .any(|q| q.method == "GET" && q.api_path() == "/nodes/pve1/tasks");
+        if searching {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no task search seen");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    w.pve.call(
+        "add_ct",
+        json!([VMID, "someone-else"]),
+        json!({"node": "pve1"}),
+    );
+    let r: AgentRun = child.wait_with_output().expect("wait for the agent").into();
+    let doc = r.json();
+    assert_eq!(r.code, Some(7), "{doc:#}\n{}", r.stderr);
+    assert_eq!(doc["outcome"], "needs_human", "{doc:#}");
+    assert_eq!(doc["destroy_armed"], json!(false), "{doc:#}");
+    let msg = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("pct destroy 140"), "the command: {msg}");
+    assert!(msg.contains("pvenode task list --vmid 140"), "{msg}");
+    assert_eq!(journal_row(&w, VMID)["outcome"], "needs_human");
+    assert!(restore_tasks(&w, VMID).is_empty());
+    assert!(w.pve.guest(VMID).is_some(), "the guest is not touched");
+    assert_eq!(w.pve.writes_for(VMID).len(), 0, "nothing written to it");
+    assert_foreign_untouched(&w);
+}

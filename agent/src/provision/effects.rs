@@ -1020,14 +1020,17 @@ fn is_own_restore_task(upid: &str, task_type: &str, vmid: u32, token: &str, sinc
 /// Whether an error answer to the restore POST leaves its outcome unknown: no answer at all
 /// (timeout, reset: the request may have reached PVE), an answer that cannot be read, or a 5xx
 /// that is not one of PVE's certain synchronous refusals (pveproxy can answer 500 or a 59x while
-/// pvedaemon goes on creating the guest). A 4xx, the "already exists" 500 and PVE's known
-/// refusal wordings are certain: no task was started.
+/// pvedaemon goes on creating the guest). A 4xx, a 501, the "already exists" 500, the quorum
+/// and lock refusals and PVE's known refusal wordings are certain: no task was started.
 pub fn submit_outcome_unknown(e: &PveError) -> bool {
     match e {
         PveError::Unreachable { .. } | PveError::Decode { .. } => true,
-        PveError::Api(a) => {
-            a.status >= 500 && matches!(a.kind, ApiErrorKind::Transient | ApiErrorKind::Other)
-        }
+        // 501 is PVE's router: no handler ran.
+        PveError::Api(a) => match a.kind {
+            ApiErrorKind::Transient => true,
+            ApiErrorKind::Other => a.status >= 500 && a.status != 501,
+            _ => false,
+        },
         _ => false,
     }
 }
@@ -1089,4 +1092,104 @@ impl GuestExec for AnyExec<'_> {
 /// Where a transaction's scratch files go.
 pub fn scratch_dir(cfg: &Config) -> PathBuf {
     cfg.state_dir.join("scratch")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pve::error::decode_error;
+
+    fn api(status: u16, message: &str) -> PveError {
+        PveError::Api(decode_error(
+            "POST",
+            "/nodes/pve1/lxc",
+            status,
+            Some(message),
+            b"{\"data\":null}",
+        ))
+    }
+
+    #[test]
+    fn only_certain_refusals_of_the_restore_are_refusals() {
+        // Unknown: PVE may have started the task.
+        for e in [
+            api(500, "Internal Server Error"),
+            api(596, "Connection timed out"),
+            api(599, "Broken pipe"),
+            api(502, "Bad Gateway"),
+            PveError::Unreachable {
+                url: "https://127.0.0.1:8006".into(),
+                detail: "operation timed out".into(),
+            },
+            PveError::Decode {
+                method: "POST",
+                path: "/nodes/pve1/lxc".into(),
+                detail: "not JSON".into(),
+            },
+        ] {
+            assert!(submit_outcome_unknown(&e), "{e}");
+        }
+        // Certain: PVE refused before any task (facts §4.2, §5.2).
+        for e in [
+            api(500, "CT 140 already exists on node 'pve1'"),
+            api(
+                500,
+                "unable to restore VM 140 - VM 140 already exists on node 'pve1'",
+            ),
+            api(500, "storage 'nope' does not exist"),
+            api(500, "cluster not ready - no quorum?"),
+            api(400, "Parameter verification failed."),
+            api(403, "Permission check failed"),
+            api(401, "Authentication failed!"),
+            api(501, "Method 'POST /nodes/pve1/lxc' not implemented"),
+        ] {
+            assert!(!submit_outcome_unknown(&e), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_own_restore_task_matches_type_vmid_token_and_time() {
+        let token = "felhom@pve!agent";
+        // starttime 0x6650C0DE = 1716568286.
+        let upid = |ty: &str, id: &str, user: &str| {
+            format!("UPID:pve1:0003A2F1:01B7E4C0:6650C0DE:{ty}:{id}:{user}:")
+        };
+        let since = 1_716_568_286;
+        assert!(is_own_restore_task(
+            &upid("vzrestore", "140", token),
+            "vzrestore",
+            140,
+            token,
+            since
+        ));
+        for (u, why) in [
+            (upid("qmrestore", "140", token), "other type"),
+            (upid("vzcreate", "140", token), "a create, not a restore"),
+            (upid("vzrestore", "141", token), "other vmid"),
+            (
+                upid("vzrestore", "140", "felhom@pve"),
+                "the user, not the token",
+            ),
+            (
+                upid("vzrestore", "140", "felhom@pve!other"),
+                "another token",
+            ),
+            ("not a upid".to_string(), "garbage"),
+        ] {
+            assert!(
+                !is_own_restore_task(&u, "vzrestore", 140, token, since),
+                "{why}"
+            );
+        }
+        assert!(
+            !is_own_restore_task(
+                &upid("vzrestore", "140", token),
+                "vzrestore",
+                140,
+                token,
+                since + 1
+            ),
+            "started before the intent"
+        );
+    }
 }
