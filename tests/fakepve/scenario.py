@@ -27,7 +27,9 @@ Beyond fakepve 0.5.0 the wrapper models, each with the PVE behaviour and its sou
 comment beside the code: QEMU restores (locked `create` outside the pool during the task, the
 backup's stored config at the end) and LXC restores with their backup's config; vmid collisions
 only as PVE's synchronous refusal; privilege-separated tokens (the intersection of token and
-user ACLs); a live user.cfg; and the guest bed, where restored guests have real root filesystems
+user ACLs); a live user.cfg; a create POST answered with a 5xx while its restore task runs on,
+an LXC restore failing in its pool join with the container left behind, answers held back (a
+client killed mid-request); and the guest bed, where restored guests have real root filesystems
 and a VM's guest agent runs commands inside its own namespaces (tests/fakepve/README.md).
 """
 

@@ -303,6 +303,22 @@ fn walk(kind: &Kind) -> Tally {
         tally.covered += 1;
         let point = format!("{} in {request}", kind.name);
         settle_and_check(&w, &initial, &point, &mut tally);
+        if n == 1 {
+            // Killed while PVE held the restore's answer: the settling run found the task in
+            // the node's task list and recorded its UPID.
+            let task = w
+                .pve
+                .tasks()
+                .into_iter()
+                .find(|t| t["type"].as_str().is_some_and(|ty| ty.ends_with("restore")))
+                .unwrap_or_else(|| panic!("{point}: PVE ran no restore task"));
+            let journal = run(&w, &["journal", "--json"], None).json();
+            let row = journal["transactions"]
+                .as_array()
+                .and_then(|a| a.iter().find(|t| t["vmid"] == VMID).cloned())
+                .unwrap_or_else(|| panic!("{point}: no transaction: {journal:#}"));
+            assert_eq!(row["upid"], task["upid"], "{point}: {row:#}");
+        }
     }
     tally
 }

@@ -645,9 +645,10 @@ impl<'a> Executor<'a> {
                 });
             match &listed {
                 Ok(own) if own.len() == 1 => {
+                    tracing::warn!(txn = %state.txn(), vmid, upid = %own[0], "the answer to the restore request was unknown; its task is in the node's task list and is followed");
                     return Ok(SubmitProbe::OwnTask {
                         upid: own[0].clone(),
-                    })
+                    });
                 }
                 Ok(own) if own.len() > 1 => {
                     return Ok(SubmitProbe::Unproven {

@@ -1586,7 +1586,6 @@ impl State {
             // stays failed, so a guest it proves to be its own (task OK, marker read back) is
             // cleaned up through the gate.
             SubmitProbe::OwnTask { upid } => {
-                tracing::info!(txn = %self.request.txn, vmid, upid, "the restore request's answer was unknown; its task was found in the node's task list and is followed");
                 self.upid = Some(upid.clone());
                 self.reached = self.reached.max(Phase::Submitted);
                 self.step = Step::Task;
