@@ -1200,6 +1200,36 @@ fn needs_human_messages_name_the_vmid_and_the_command() {
     let msg = s.failure().map(|f| f.message.clone()).unwrap_or_default();
     assert!(msg.contains("guest 120"), "{msg}");
     assert!(msg.contains("pct config 120"), "{msg}");
+    // A failed container restore that left the container behind.
+    let (s, _) = apply(
+        &at_with(Step::ProbeLeftover, GuestKind::Lxc, false),
+        Event::GuestObserved(unreadable()),
+    );
+    let msg = s.failure().map(|f| f.message.clone()).unwrap_or_default();
+    assert!(msg.contains("left CT 120 behind"), "{msg}");
+    assert!(
+        msg.contains("pct destroy 120 --destroy-unreferenced-disks 0"),
+        "{msg}"
+    );
+    // An unknown answer: a guest without our task, and no guest but no readable task list.
+    for guest in [unreadable(), not_ours(), GuestView::Absent] {
+        let (s, _) = apply(
+            &at(Step::ProbeSubmit),
+            Event::SubmitProbed(SubmitProbe::Unproven {
+                guest: guest.clone(),
+                detail: "no task".to_string(),
+            }),
+        );
+        assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman), "{guest:?}");
+        let msg = s.failure().map(|f| f.message.clone()).unwrap_or_default();
+        assert!(msg.contains("pvenode task list --vmid 120"), "{msg}");
+        assert!(msg.contains("pct config 120"), "{msg}");
+        assert!(
+            msg.contains("pct destroy 120 --destroy-unreferenced-disks 0"),
+            "{msg}"
+        );
+        assert!(msg.contains(&txn().to_string()), "{msg}");
+    }
 }
 
 // ----- the marker -----
