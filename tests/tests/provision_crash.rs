@@ -149,8 +149,15 @@ fn kill_in_request(w: &World, kind: &Kind, n: usize) -> Option<String> {
             .filter(|r| held.contains(r))
             .collect();
         if seen.len() >= n {
-            // The request is in the fake (its handler runs at once); its answer is held.
-            std::thread::sleep(Duration::from_millis(150));
+            // The request is in the fake and its answer is held; let its handler finish (for
+            // the restore: until PVE runs its task) before the kill.
+            if n == 1 {
+                let until = Instant::now() + Duration::from_secs(10);
+                while restore_task(w).is_none() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(300));
             let _ = child.kill();
             let _ = child.wait();
             break Some(seen[n - 1].clone());
@@ -164,6 +171,14 @@ fn kill_in_request(w: &World, kind: &Kind, n: usize) -> Option<String> {
     let off: serde_json::Map<String, Value> = held.iter().map(|k| (k.clone(), json!(0))).collect();
     w.pve.set(json!({ "answer_delay": off }));
     killed
+}
+
+/// The restore task PVE ran for the transaction, if any.
+fn restore_task(w: &World) -> Option<Value> {
+    w.pve.tasks().into_iter().find(|t| {
+        t["id"] == VMID.to_string().as_str()
+            && t["type"].as_str().is_some_and(|ty| ty.ends_with("restore"))
+    })
 }
 
 /// The vmids in the node's full guest list (the live `.vmlist`).
@@ -306,12 +321,8 @@ fn walk(kind: &Kind) -> Tally {
         if n == 1 {
             // Killed while PVE held the restore's answer: the settling run found the task in
             // the node's task list and recorded its UPID.
-            let task = w
-                .pve
-                .tasks()
-                .into_iter()
-                .find(|t| t["type"].as_str().is_some_and(|ty| ty.ends_with("restore")))
-                .unwrap_or_else(|| panic!("{point}: PVE ran no restore task"));
+            let task =
+                restore_task(&w).unwrap_or_else(|| panic!("{point}: PVE ran no restore task"));
             let journal = run(&w, &["journal", "--json"], None).json();
             let row = journal["transactions"]
                 .as_array()
