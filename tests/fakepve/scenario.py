@@ -27,7 +27,9 @@ Beyond fakepve 0.5.0 the wrapper models, each with the PVE behaviour and its sou
 comment beside the code: QEMU restores (locked `create` outside the pool during the task, the
 backup's stored config at the end) and LXC restores with their backup's config; vmid collisions
 only as PVE's synchronous refusal; privilege-separated tokens (the intersection of token and
-user ACLs); a live user.cfg; and the guest bed, where restored guests have real root filesystems
+user ACLs); a live user.cfg; a create POST answered with a 5xx while its restore task runs on,
+an LXC restore failing in its pool join with the container left behind, answers held back (a
+client killed mid-request); and the guest bed, where restored guests have real root filesystems
 and a VM's guest agent runs commands inside its own namespaces (tests/fakepve/README.md).
 """
 
@@ -286,6 +288,38 @@ class ScenarioPve(fake_server.FakePve):
     # vmid -> a coroutine function run at the end of a successful vzrestore task (the backup's
     # config merged in, the guest bed's root filesystem made).
     _restore_hooks = None
+    # "5xx but created" (`/set {"create_answer": {"140": 596}}`, or `{"140": {"status": 500,
+    # "message": "..."}}`): the next create POST for that vmid answers with that error while its
+    # restore task starts and runs to its end (the guest created, in the pool). pveproxy proxies
+    # the create to pvedaemon and answers a 59x of AnyEvent::HTTP (pve-api-facts.md §1.4) or a
+    # 500 when that leg breaks, while pvedaemon's worker goes on: the create is reserved and the
+    # task forked before any answer (§4.2 step 8, §5.2 step 7). One-shot per vmid.
+    create_answer = None
+    # "LXC restore fails after create" (`/set {"lxc_restore_fail": {"140": true}}`, or a
+    # message instead of true): the vzrestore task of that vmid restores the container, then
+    # fails in the pool join, which pve-container runs after the restore and outside its cleanup
+    # (pve-api-facts.md §4.3: `add_vm_to_pool` only then), so the task ends `TASK ERROR: ...`
+    # with the container present, unlocked and NOT in the pool. The default message is
+    # add_vm_to_pool's when user.cfg's cluster lock times out (pve-access-control
+    # AccessControl.pm lock_user_config: "can't add VM N to pool: <cfs lock error>"). One-shot.
+    lxc_restore_fail = None
+    # `/set {"answer_delay": {"POST /nodes/pve1/lxc": 1.5}}`: hold the answer to requests with
+    # exactly this method and path for that many real seconds after the handler ran (the task
+    # started), so a test can kill the client in the middle of a request.
+    answer_delay = None
+
+    def _lost_create_answer(self, vmid):
+        """Raise the error the create POST of vmid is set to answer with (see create_answer)."""
+        rule = (self.create_answer or {}).pop(str(vmid), None)
+        if rule is None:
+            return
+        if isinstance(rule, dict):
+            status, message = int(rule.get('status', 500)), rule.get('message')
+        else:
+            status, message = int(rule), None
+        if message is None:
+            message = 'Connection timed out' if status >= 590 else 'Internal Server Error'
+        raise fake_model.PveError(status, message)
 
     def _restore_tags(self, user, vmid, v):
         # guest src/PVE/GuestHelpers.pm assert_tag_permissions, called by create_vm of both LXC and
@@ -408,7 +442,9 @@ class ScenarioPve(fake_server.FakePve):
             if pool:
                 self._pool_join(pool, vmid)
             return None
-        return await self.task(node, 'qmrestore', vmid, user, body, vm=vm)
+        upid = await self.task(node, 'qmrestore', vmid, user, body, vm=vm)
+        self._lost_create_answer(vmid)
+        return upid
 
     async def _lxc_create(self, user, v):
         # PVE's LXC restore (pve-api-facts.md §4.3, container src/PVE/LXC/Create.pm recover_config):
@@ -442,9 +478,11 @@ class ScenarioPve(fake_server.FakePve):
                     await self.bed_create(ct, 'lxc', bed)
             self._restore_hooks[vmid] = hook
         try:
-            return await super()._lxc_create(user, v)
+            upid = await super()._lxc_create(user, v)
         finally:
             self._restore_hooks.pop(vmid, None)
+        self._lost_create_answer(vmid)
+        return upid
 
     # ------------------------------------------- what an operator does behind the agent's back
 
@@ -485,6 +523,18 @@ class ScenarioPve(fake_server.FakePve):
                 note = await inner()
                 await hook(vm)
                 return note
+        failing = (self.lxc_restore_fail or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
+        if failing:
+            restored = body
+            message = failing if isinstance(failing, str) else (
+                "can't add VM {0} to pool: cfs-lock 'file-user_cfg' error: got lock request timeout".format(tid))
+
+            async def body():
+                await restored()
+                # The container is restored (config written, lock gone); the pool join failed,
+                # so it is not in the pool and the task ends in error (see lxc_restore_fail).
+                self._pool_leave(int(tid))
+                raise fake_model.TaskError(message)
         return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
 
     # ------------------------------------------------------------ the guest bed
@@ -788,10 +838,14 @@ class ScenarioPve(fake_server.FakePve):
         try:
             if self.api_latency_ms:
                 await asyncio.sleep(self.api_latency_ms / 1000)
-            return await super()._answer(request, handler, generic, path_node)
+            answer = await super()._answer(request, handler, generic, path_node)
         finally:
             self.write_vmlist()
             self.bed_sync()
+        delay = (self.answer_delay or {}).get('{0} {1}'.format(request.method, request.path))
+        if delay:
+            await asyncio.sleep(float(delay))
+        return answer
 
     def _record(self, request, body):
         self.write_vmlist()

@@ -483,3 +483,78 @@ fn live_vmlist_follows_the_fake_and_can_be_frozen() {
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert!(!read().contains("\"778\""));
 }
+
+/// The restore task of `vmid`, once it has stopped.
+async fn stopped_restore_task(pve: &FakePve, vmid: u32) -> Value {
+    let id = vmid.to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let task = pve
+            .tasks()
+            .into_iter()
+            .find(|t| t["type"] == "vzrestore" && t["id"].as_str() == Some(id.as_str()));
+        if let Some(t) = task.filter(|t| t["status"] == "stopped") {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restore of {vmid} did not end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_create_answered_5xx_runs_on_and_an_lxc_restore_can_fail_in_its_pool_join() {
+    let mut scenario = demo_scenario();
+    felhom_tests::world::tasks_take_time(&mut scenario);
+    let pve = FakePve::start(scenario);
+    pve.set(json!({"create_answer": {"201": 596}, "lxc_restore_fail": {"202": true}}));
+    let form = |vmid: &'static str| {
+        [
+            ("vmid", vmid),
+            ("restore", "1"),
+            ("ostemplate", DEMO_BACKUP),
+            ("storage", "local-lvm"),
+            ("pool", "felhom"),
+        ]
+    };
+
+    // 5xx but created: the answer is AnyEvent's 596, yet the vmid is reserved and the task runs
+    // to its end, the container joining the pool.
+    let (status, body) = send(&pve, reqwest::Method::POST, "/nodes/pve1/lxc", &form("201")).await;
+    assert_eq!(status, 596, "{body}");
+    let (status, body) = send(&pve, reqwest::Method::POST, "/nodes/pve1/lxc", &form("201")).await;
+    assert_eq!(status, 500, "the vmid is taken: {body}");
+    assert_eq!(body["message"], "CT 201 already exists on node 'pve1'\n");
+    let task = stopped_restore_task(&pve, 201).await;
+    assert_eq!(task["exitstatus"], "OK", "{task}");
+    assert_eq!(task["user"], pve.token_id(), "{task}");
+    assert_eq!(pve.guest(201).expect("guest 201")["pool"], "felhom");
+    // The task is in the node's task list for the token (running ones too: source=all).
+    let (status, body) = get(&pve, "/nodes/pve1/tasks?vmid=201&source=all&since=0").await;
+    assert_eq!(status, 200, "{body}");
+    let upids: Vec<&str> = body["data"]
+        .as_array()
+        .expect("task list")
+        .iter()
+        .filter_map(|t| t["upid"].as_str())
+        .collect();
+    assert_eq!(upids, vec![task["upid"].as_str().unwrap_or("")]);
+
+    // LXC restore failing after the create: the answer is a UPID, the task ends in error in
+    // the pool join, and the container stays, unlocked, outside the pool (403 for the token).
+    let (status, body) = send(&pve, reqwest::Method::POST, "/nodes/pve1/lxc", &form("202")).await;
+    assert_eq!(status, 200, "{body}");
+    let task = stopped_restore_task(&pve, 202).await;
+    let exit = task["exitstatus"].as_str().unwrap_or("");
+    assert!(
+        exit.starts_with("can't add VM 202 to pool: "),
+        "the pool join failed: {task}"
+    );
+    let guest = pve.guest(202).expect("the container is left behind");
+    assert!(guest["lock"].is_null(), "{guest}");
+    assert_ne!(guest["pool"], "felhom", "{guest}");
+    let (status, _) = get(&pve, "/nodes/pve1/lxc/202/config").await;
+    assert_eq!(status, 403, "outside the pool, the token cannot read it");
+}

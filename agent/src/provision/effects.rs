@@ -20,7 +20,7 @@ use super::identity::BirthIdentity;
 use super::journal::Journal;
 use super::machine::{
     recover, step, Effect, Event, GuestView, Marker, PlanStep, RecoveryObservation, State,
-    TaskExit, TaskObservation, TxnKind,
+    SubmitProbe, TaskExit, TaskObservation, TxnKind,
 };
 use crate::config::Config;
 use crate::error::{ErrorCode, Failure};
@@ -33,7 +33,7 @@ use crate::guest::lxc::{LxcExec, PctConfig};
 use crate::guest::qemu::{QemuConfig, QemuExec};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
 use crate::pve::request::{LxcRestore, QemuRestore};
-use crate::pve::{wait_task, GuestKind, PveClient, PveError, Upid, WaitOptions};
+use crate::pve::{wait_task, ApiErrorKind, GuestKind, PveClient, PveError, Upid, WaitOptions};
 
 /// How long a restore task may run.
 pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
@@ -44,6 +44,16 @@ pub const POWER_TIMEOUT: Duration = Duration::from_secs(600);
 pub const LAUNCH_PROOF_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a destroyed guest may take to leave the full guest list.
 pub const CONFIRM_GONE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the node's task list and full guest list are searched after a restore request
+/// whose answer is unknown, before "nothing was created" is concluded (the request may still be
+/// on its way through pveproxy to pvedaemon, whose create takes the config lock first).
+pub const SUBMIT_SETTLE: Duration = Duration::from_secs(30);
+/// At most this many rows of the node's task list are read per search.
+pub const TASK_LIST_LIMIT: u32 = 500;
+/// Test hook (only with the `test-hooks` feature): the settle window of the task search, in
+/// milliseconds, instead of [`SUBMIT_SETTLE`].
+#[cfg(feature = "test-hooks")]
+pub const SUBMIT_SETTLE_ENV: &str = "FELHOM_AGENT_SUBMIT_SETTLE_MS";
 /// The bootstrap profile a provision runs.
 pub const DEFAULT_PROFILE: &str = "default";
 /// Test hook (only with the `test-hooks` feature): `before-journal:N` or `after-journal:N`
@@ -93,6 +103,8 @@ pub struct Timeouts {
     pub launch_proof: Duration,
     /// A destroyed guest leaving the list.
     pub confirm_gone: Duration,
+    /// The search for the task of a restore request whose answer is unknown.
+    pub submit_settle: Duration,
 }
 
 impl Default for Timeouts {
@@ -102,6 +114,7 @@ impl Default for Timeouts {
             power: POWER_TIMEOUT,
             launch_proof: LAUNCH_PROOF_TIMEOUT,
             confirm_gone: CONFIRM_GONE_TIMEOUT,
+            submit_settle: submit_settle(),
         }
     }
 }
@@ -137,6 +150,20 @@ pub struct Driven {
     pub plan: Option<Vec<PlanStep>>,
     /// Why the drive stopped before the transaction settled.
     pub halted: Option<Failure>,
+}
+
+/// The settle window of the task search (a test build may shorten it through the environment).
+#[cfg(not(feature = "test-hooks"))]
+fn submit_settle() -> Duration {
+    SUBMIT_SETTLE
+}
+
+#[cfg(feature = "test-hooks")]
+fn submit_settle() -> Duration {
+    std::env::var(SUBMIT_SETTLE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(SUBMIT_SETTLE, Duration::from_millis)
 }
 
 /// A build without the `test-hooks` feature has no kill switch at all.
@@ -417,8 +444,8 @@ impl<'a> Executor<'a> {
                 }
                 Some(match res {
                     Ok(upid) => Event::Submitted { upid: upid.to_string() },
-                    Err(e @ (PveError::Unreachable { .. } | PveError::Decode { .. })) => {
-                        Event::SubmitUnknown(Failure::new(e.code(), format!("the restore of vmid {vmid} on node {node} may or may not have reached PVE: {e}")))
+                    Err(e) if submit_outcome_unknown(&e) => {
+                        Event::SubmitUnknown(Failure::new(e.code(), format!("the answer to the restore of vmid {vmid} on node {node} is unknown (PVE may have started it): {e}")))
                     }
                     Err(e) => Event::SubmitRefused(submit_refusal(&e, vmid, &node)),
                 })
@@ -434,6 +461,9 @@ impl<'a> Executor<'a> {
             }
             Effect::ProbeGuest { vmid } => Some(Event::GuestObserved(
                 self.observe(vmid, state.request().guest).await,
+            )),
+            Effect::FindOwnTask { vmid, guest } => Some(Event::SubmitProbed(
+                self.find_own_task(state, vmid, guest).await?,
             )),
             Effect::VerifyMarker { vmid, guest } => {
                 Some(Event::GuestObserved(self.observe(vmid, guest).await))
@@ -613,6 +643,111 @@ impl<'a> Executor<'a> {
                     upid: upid.to_string(),
                 })
             }
+        }
+    }
+
+    /// The Unix second at or after which this transaction's restore task can have started: when
+    /// its first journal record (the restore's intent) was written; the transaction id's own
+    /// time when the journal cannot say.
+    fn intent_secs(&self, state: &State) -> u64 {
+        let from_id = state.txn().timestamp_ms() / 1000;
+        let journaled = self
+            .journal
+            .get(state.txn())
+            .ok()
+            .flatten()
+            .and_then(|t| {
+                time::OffsetDateTime::parse(
+                    &t.started_at,
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .ok()
+            })
+            .and_then(|t| u64::try_from(t.unix_timestamp()).ok());
+        journaled.unwrap_or(from_id)
+    }
+
+    /// After a restore request whose answer is unknown: search the node's task list for this
+    /// token's restore task of `vmid` started since the intent, and the full guest list, until
+    /// one task shows or the settle window passes.
+    async fn find_own_task(
+        &self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Result<SubmitProbe, Failure> {
+        let node = &self.cfg.node;
+        let since = self.intent_secs(state);
+        let task_type = restore_task_type(guest);
+        let token = self.cfg.pve.token_id.as_str();
+        let started = Instant::now();
+        let deadline = started + self.timeouts.submit_settle;
+        loop {
+            let listed = self
+                .pve
+                .node_tasks(node, vmid, since, TASK_LIST_LIMIT)
+                .await
+                .map(|rows| {
+                    let mut own: Vec<String> = rows
+                        .into_iter()
+                        .filter(|r| is_own_restore_task(&r.upid, task_type, vmid, token, since))
+                        .map(|r| r.upid)
+                        .collect();
+                    own.sort();
+                    own.dedup();
+                    own
+                });
+            match &listed {
+                Ok(own) if own.len() == 1 => {
+                    tracing::warn!(txn = %state.txn(), vmid, upid = %own[0], "the answer to the restore request was unknown; its task is in the node's task list and is followed");
+                    return Ok(SubmitProbe::OwnTask {
+                        upid: own[0].clone(),
+                    });
+                }
+                Ok(own) if own.len() > 1 => {
+                    return Ok(SubmitProbe::Unproven {
+                        guest: self.observe(vmid, guest).await,
+                        detail: format!(
+                            "{} {task_type} tasks of token {token} for vmid {vmid} started since \
+                             the transaction's intent ({}), so none can be told to be its own",
+                            own.len(),
+                            own.join(", ")
+                        ),
+                    })
+                }
+                _ => {}
+            }
+            if self.cancel.is_cancelled() {
+                return Err(Failure::new(
+                    ErrorCode::TaskTimeout,
+                    format!(
+                        "interrupted while searching the task list of node {node} for the restore \
+                         task of transaction {} (vmid {vmid}); the journal holds the transaction \
+                         and the next agent command searches again",
+                        state.txn()
+                    ),
+                ));
+            }
+            if Instant::now() >= deadline {
+                let seen = self.observe(vmid, guest).await;
+                let waited_secs = started.elapsed().as_secs();
+                return Ok(match listed {
+                    Ok(_) if seen == GuestView::Absent => SubmitProbe::Nothing { waited_secs },
+                    Ok(_) => SubmitProbe::Unproven {
+                        guest: seen,
+                        detail: format!(
+                            "no {task_type} task of token {token} for vmid {vmid} started since \
+                             the transaction's intent is in node {node}'s task list after \
+                             {waited_secs}s"
+                        ),
+                    },
+                    Err(e) => SubmitProbe::Unproven {
+                        guest: seen,
+                        detail: format!("node {node}'s task list could not be read: {e}"),
+                    },
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 
@@ -987,6 +1122,46 @@ fn refuses_description(e: &PveError) -> bool {
     })
 }
 
+/// The task type of a restore of this kind (facts §4, §5).
+fn restore_task_type(guest: GuestKind) -> &'static str {
+    match guest {
+        GuestKind::Lxc => "vzrestore",
+        GuestKind::Qemu => "qmrestore",
+    }
+}
+
+/// Whether `upid` is a restore task of `task_type` for `vmid`, started by `token` (the UPID's
+/// user field holds the token id, facts §6.1) at or after `since`.
+fn is_own_restore_task(upid: &str, task_type: &str, vmid: u32, token: &str, since: u64) -> bool {
+    match upid.parse::<Upid>() {
+        Ok(u) => {
+            u.task_type == task_type
+                && u.id == vmid.to_string()
+                && u.user == token
+                && u.starttime >= since
+        }
+        Err(_) => false,
+    }
+}
+
+/// Whether an error answer to the restore POST leaves its outcome unknown: no answer at all
+/// (timeout, reset: the request may have reached PVE), an answer that cannot be read, or a 5xx
+/// that is not one of PVE's certain synchronous refusals (pveproxy can answer 500 or a 59x while
+/// pvedaemon goes on creating the guest). A 4xx, a 501, the "already exists" 500, the quorum
+/// and lock refusals and PVE's known refusal wordings are certain: no task was started.
+pub fn submit_outcome_unknown(e: &PveError) -> bool {
+    match e {
+        PveError::Unreachable { .. } | PveError::Decode { .. } => true,
+        // 501 is PVE's router: no handler ran.
+        PveError::Api(a) => match a.kind {
+            ApiErrorKind::Transient => true,
+            ApiErrorKind::Other => a.status >= 500 && a.status != 501,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// The failure of a synchronous refusal of the restore, with what the operator can do.
 fn submit_refusal(e: &PveError, vmid: u32, node: &str) -> Failure {
     if let Some((holder, v, on)) = e.already_exists() {
@@ -1044,4 +1219,104 @@ impl GuestExec for AnyExec<'_> {
 /// Where a transaction's scratch files go.
 pub fn scratch_dir(cfg: &Config) -> PathBuf {
     cfg.state_dir.join("scratch")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pve::error::decode_error;
+
+    fn api(status: u16, message: &str) -> PveError {
+        PveError::Api(decode_error(
+            "POST",
+            "/nodes/pve1/lxc",
+            status,
+            Some(message),
+            b"{\"data\":null}",
+        ))
+    }
+
+    #[test]
+    fn only_certain_refusals_of_the_restore_are_refusals() {
+        // Unknown: PVE may have started the task.
+        for e in [
+            api(500, "Internal Server Error"),
+            api(596, "Connection timed out"),
+            api(599, "Broken pipe"),
+            api(502, "Bad Gateway"),
+            PveError::Unreachable {
+                url: "https://127.0.0.1:8006".into(),
+                detail: "operation timed out".into(),
+            },
+            PveError::Decode {
+                method: "POST",
+                path: "/nodes/pve1/lxc".into(),
+                detail: "not JSON".into(),
+            },
+        ] {
+            assert!(submit_outcome_unknown(&e), "{e}");
+        }
+        // Certain: PVE refused before any task (facts §4.2, §5.2).
+        for e in [
+            api(500, "CT 140 already exists on node 'pve1'"),
+            api(
+                500,
+                "unable to restore VM 140 - VM 140 already exists on node 'pve1'",
+            ),
+            api(500, "storage 'nope' does not exist"),
+            api(500, "cluster not ready - no quorum?"),
+            api(400, "Parameter verification failed."),
+            api(403, "Permission check failed"),
+            api(401, "Authentication failed!"),
+            api(501, "Method 'POST /nodes/pve1/lxc' not implemented"),
+        ] {
+            assert!(!submit_outcome_unknown(&e), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_own_restore_task_matches_type_vmid_token_and_time() {
+        let token = "felhom@pve!agent";
+        // starttime 0x6650C0DE = 1716568286.
+        let upid = |ty: &str, id: &str, user: &str| {
+            format!("UPID:pve1:0003A2F1:01B7E4C0:6650C0DE:{ty}:{id}:{user}:")
+        };
+        let since = 1_716_568_286;
+        assert!(is_own_restore_task(
+            &upid("vzrestore", "140", token),
+            "vzrestore",
+            140,
+            token,
+            since
+        ));
+        for (u, why) in [
+            (upid("qmrestore", "140", token), "other type"),
+            (upid("vzcreate", "140", token), "a create, not a restore"),
+            (upid("vzrestore", "141", token), "other vmid"),
+            (
+                upid("vzrestore", "140", "felhom@pve"),
+                "the user, not the token",
+            ),
+            (
+                upid("vzrestore", "140", "felhom@pve!other"),
+                "another token",
+            ),
+            ("not a upid".to_string(), "garbage"),
+        ] {
+            assert!(
+                !is_own_restore_task(&u, "vzrestore", 140, token, since),
+                "{why}"
+            );
+        }
+        assert!(
+            !is_own_restore_task(
+                &upid("vzrestore", "140", token),
+                "vzrestore",
+                140,
+                token,
+                since + 1
+            ),
+            "started before the intent"
+        );
+    }
 }

@@ -72,13 +72,17 @@ pub enum Step {
     Validate,
     /// Waiting for PVE's answer to the restore request.
     Submit,
-    /// The restore request's answer was lost; waiting for a read of the vmid.
+    /// The restore request's answer is unknown (a 5xx that is not a certain refusal, a lost
+    /// connection, a run killed mid-request); waiting for the search of the node's task list
+    /// and the full guest list ([`Effect::FindOwnTask`]).
     ProbeSubmit,
     /// Waiting for the restore task (our UPID) to end.
     Task,
     /// The restore task overran its timeout and was asked to stop; waiting for it to end.
     StopTask,
-    /// A QEMU restore failed (PVE leaves its config behind); waiting for a read of the vmid.
+    /// The restore task failed; waiting for a read of the vmid (a failed QEMU restore leaves
+    /// its config behind, and so does an LXC restore that failed after the create, e.g. in the
+    /// pool join).
     ProbeLeftover,
     /// Waiting for the marker write (config PUT) to be done.
     WriteMarker,
@@ -132,13 +136,12 @@ impl Step {
         match self {
             Step::Validate => &[E::VmidAccepted, E::VmidRefused, E::BandFull],
             Step::Submit => &[E::Submitted, E::SubmitRefused, E::SubmitUnknown],
+            Step::ProbeSubmit => &[E::SubmitProbed],
             Step::Task | Step::StopTask => &[E::TaskEnded, E::TaskWaitTimedOut],
             Step::WriteMarker => &[E::MarkerWritten, E::MarkerWriteFailed],
-            Step::ProbeSubmit
-            | Step::ProbeLeftover
-            | Step::VerifyMarker
-            | Step::Recheck
-            | Step::ConfirmDestroyed => &[E::GuestObserved],
+            Step::ProbeLeftover | Step::VerifyMarker | Step::Recheck | Step::ConfirmDestroyed => {
+                &[E::GuestObserved]
+            }
             Step::Start => &[E::Started, E::StartFailed],
             Step::ProveLaunch => &[E::LaunchProven, E::LaunchUnproven],
             Step::Bootstrap => &[E::Bootstrapped, E::BootstrapFailed],
@@ -401,6 +404,35 @@ pub struct RecoveryObservation {
     pub guest: GuestView,
 }
 
+/// What the executor found after a restore request whose answer is unknown: the node's task
+/// list for this token and vmid, and the full guest list (DESIGN rule 2), searched until a
+/// task shows or a settle window passed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "found", rename_all = "snake_case")]
+pub enum SubmitProbe {
+    /// Exactly one restore task of the guest's type (`vzrestore`/`qmrestore`) for this vmid,
+    /// started by this agent's token at or after the transaction's intent was journaled: this
+    /// transaction's own task.
+    OwnTask {
+        /// Its UPID.
+        upid: String,
+    },
+    /// The task list was read and showed no such task, and the full guest list had no guest at
+    /// the vmid, for the whole settle window: the request created nothing.
+    Nothing {
+        /// How long the search went on, in seconds.
+        waited_secs: u64,
+    },
+    /// Anything else: a guest at the vmid without a task of ours, a task list that could not
+    /// be read, or more than one candidate task.
+    Unproven {
+        /// The guest at the vmid, as last seen.
+        guest: GuestView,
+        /// What the search saw, for the operator.
+        detail: String,
+    },
+}
+
 /// What the executor reports back to the machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -421,8 +453,11 @@ pub enum Event {
     /// PVE refused the restore request synchronously (e.g. `CT 101 already exists on node
     /// 'pve1'`), or it could not be sent: no task exists.
     SubmitRefused(Failure),
-    /// The restore request may have reached PVE but its answer was lost (timeout, reset).
+    /// The restore request may have reached PVE but its answer is unknown (timeout, reset, a
+    /// 5xx that is not a certain refusal).
     SubmitUnknown(Failure),
+    /// The answer to [`Effect::FindOwnTask`].
+    SubmitProbed(SubmitProbe),
     /// A task this transaction follows ended.
     TaskEnded {
         /// The task's UPID (must be the one this transaction recorded).
@@ -491,6 +526,8 @@ pub enum EventKind {
     SubmitRefused,
     /// [`Event::SubmitUnknown`].
     SubmitUnknown,
+    /// [`Event::SubmitProbed`].
+    SubmitProbed,
     /// [`Event::TaskEnded`].
     TaskEnded,
     /// [`Event::TaskWaitTimedOut`].
@@ -525,13 +562,14 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every event kind.
-    pub const ALL: [EventKind; 21] = [
+    pub const ALL: [EventKind; 22] = [
         EventKind::VmidAccepted,
         EventKind::VmidRefused,
         EventKind::BandFull,
         EventKind::Submitted,
         EventKind::SubmitRefused,
         EventKind::SubmitUnknown,
+        EventKind::SubmitProbed,
         EventKind::TaskEnded,
         EventKind::TaskWaitTimedOut,
         EventKind::MarkerWritten,
@@ -558,6 +596,7 @@ impl EventKind {
             EventKind::Submitted => "submitted",
             EventKind::SubmitRefused => "submit_refused",
             EventKind::SubmitUnknown => "submit_unknown",
+            EventKind::SubmitProbed => "submit_probed",
             EventKind::TaskEnded => "task_ended",
             EventKind::TaskWaitTimedOut => "task_wait_timed_out",
             EventKind::MarkerWritten => "marker_written",
@@ -593,6 +632,7 @@ impl Event {
             Event::Submitted { .. } => EventKind::Submitted,
             Event::SubmitRefused(_) => EventKind::SubmitRefused,
             Event::SubmitUnknown(_) => EventKind::SubmitUnknown,
+            Event::SubmitProbed(_) => EventKind::SubmitProbed,
             Event::TaskEnded { .. } => EventKind::TaskEnded,
             Event::TaskWaitTimedOut { .. } => EventKind::TaskWaitTimedOut,
             Event::MarkerWritten => EventKind::MarkerWritten,
@@ -699,6 +739,16 @@ pub enum Effect {
         /// The vmid to read.
         vmid: u32,
     },
+    /// After a restore request whose answer is unknown: search the node's task list for this
+    /// token's restore task for `vmid` started since the transaction's intent, and the full
+    /// guest list, until a task shows or a settle window passes (a create may still land);
+    /// answer [`Event::SubmitProbed`].
+    FindOwnTask {
+        /// The vmid.
+        vmid: u32,
+        /// Its type (the task type to look for: `vzrestore` or `qmrestore`).
+        guest: GuestKind,
+    },
     /// Write the marker with one config PUT: add [`Marker::tags`] to the guest's tags and
     /// [`Marker::description_line`] to its description (see [`Marker::merged_tags`],
     /// [`Marker::merged_description`]); answer [`Event::MarkerWritten`] or
@@ -795,6 +845,7 @@ impl Effect {
             Effect::WaitTask { .. } => "wait_task",
             Effect::StopTask { .. } => "stop_task",
             Effect::ProbeGuest { .. } => "probe_guest",
+            Effect::FindOwnTask { .. } => "find_own_task",
             Effect::WriteMarker { .. } => "write_marker",
             Effect::VerifyMarker { .. } => "verify_marker",
             Effect::Start { .. } => "start",
@@ -1436,16 +1487,12 @@ impl State {
                 self.upid_text()
             ),
         );
-        match self.guest() {
-            // PVE removes the config of a failed container restore: nothing is left.
-            GuestKind::Lxc => self.fail(failure, vmid),
-            // PVE leaves a failed VM restore's config behind: look before settling.
-            GuestKind::Qemu => {
-                self.note_failure(failure);
-                self.step = Step::ProbeLeftover;
-                vec![self.journal(), Effect::ProbeGuest { vmid }]
-            }
-        }
+        // Look before settling, for both kinds: PVE leaves a failed VM restore's config behind
+        // (facts §5.2), and a container restore that fails after its create (in the pool join,
+        // which runs after the restore, facts §4.3) leaves the container outside the pool.
+        self.note_failure(failure);
+        self.step = Step::ProbeLeftover;
+        vec![self.journal(), Effect::ProbeGuest { vmid }]
     }
 
     fn on_task_timeout(&mut self, vmid: u32) -> Vec<Effect> {
@@ -1477,10 +1524,13 @@ impl State {
 
     fn leftover_needs_human(&mut self, vmid: u32) -> Vec<Effect> {
         let msg = format!(
-            "the failed restore of transaction {} left VM {vmid} behind outside the pool, where \
-             the agent's token cannot remove it; inspect it with `{}` and remove it as root with \
+            "the failed restore task {} of transaction {} left {} {vmid} behind (outside the \
+             pool, where the agent's token cannot remove it, and without the marker, so nothing \
+             proves it is this transaction's); inspect it with `{}` and remove it as root with \
              `{}` if it is this restore's leftover",
+            self.upid_text(),
             self.request.txn,
+            self.guest().pve_word(),
             self.cmd_config(vmid),
             self.cmd_destroy(vmid)
         );
@@ -1727,25 +1777,84 @@ impl State {
         }
     }
 
-    fn on_probe_submit_observed(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
-        match view {
-            GuestView::Absent => self.cleanup_or_settle(vmid),
-            GuestView::Present { .. } | GuestView::Unreadable { .. } => {
-                let msg = self.unrecorded_upid_message(vmid);
+    /// Search the task list for this transaction's restore task (answer unknown).
+    fn find_own_task(&mut self, vmid: u32) -> Vec<Effect> {
+        self.step = Step::ProbeSubmit;
+        vec![
+            self.journal(),
+            Effect::FindOwnTask {
+                vmid,
+                guest: self.guest(),
+            },
+        ]
+    }
+
+    fn cmd_tasks(&self, vmid: u32) -> String {
+        format!("pvenode task list --vmid {vmid} --source all")
+    }
+
+    fn on_submit_probed(&mut self, vmid: u32, probe: SubmitProbe) -> Vec<Effect> {
+        match probe {
+            // Our own task: follow it as if PVE had answered with its UPID. The transaction
+            // stays failed, so a guest it proves to be its own (task OK, marker read back) is
+            // cleaned up through the gate.
+            SubmitProbe::OwnTask { upid } => {
+                self.upid = Some(upid.clone());
+                self.reached = self.reached.max(Phase::Submitted);
+                self.step = Step::Task;
+                vec![self.journal(), Effect::WaitTask { upid }]
+            }
+            SubmitProbe::Nothing { waited_secs } => {
+                self.note_failure(Failure::new(
+                    ErrorCode::PveUnreachable,
+                    format!(
+                        "for {waited_secs}s after it, the node's task list showed no restore task \
+                         of this agent for vmid {vmid} and the full guest list no guest at vmid \
+                         {vmid}: nothing was created"
+                    ),
+                ));
+                self.cleanup_or_settle(vmid)
+            }
+            SubmitProbe::Unproven {
+                guest: GuestView::Absent,
+                detail,
+            } => {
+                let msg = format!(
+                    "the answer to transaction {}'s restore request for vmid {vmid} is unknown and \
+                     {detail}; no guest is at vmid {vmid} now, but the create may still land. \
+                     Check the node's tasks with `{}` and the vmid with `{}`; if this \
+                     transaction's restore created a guest there, remove it as root with `{}`",
+                    self.request.txn,
+                    self.cmd_tasks(vmid),
+                    self.cmd_config(vmid),
+                    self.cmd_destroy(vmid)
+                );
+                let code = self
+                    .failure
+                    .as_ref()
+                    .map_or(ErrorCode::PveUnreachable, |f| f.code);
+                self.needs_human(code, msg)
+            }
+            SubmitProbe::Unproven { guest, detail } => {
+                let seen = match &guest {
+                    GuestView::Unreadable { reason } => {
+                        format!("it cannot be read with the agent's token ({reason})")
+                    }
+                    _ => "it does not carry this transaction's marker".to_string(),
+                };
+                let msg = format!(
+                    "vmid {vmid} holds a guest after transaction {}'s restore request got no \
+                     certain answer, but nothing proves this transaction created it ({detail}; \
+                     {seen}), so it was not touched. Inspect it with `{}` and the node's tasks \
+                     with `{}`; if it is this transaction's restore, remove it as root with `{}`",
+                    self.request.txn,
+                    self.cmd_config(vmid),
+                    self.cmd_tasks(vmid),
+                    self.cmd_destroy(vmid)
+                );
                 self.needs_human(ErrorCode::OwnershipUnproven, msg)
             }
         }
-    }
-
-    fn unrecorded_upid_message(&self, vmid: u32) -> String {
-        format!(
-            "vmid {vmid} now holds a guest, but the answer to transaction {}'s restore request \
-             (its UPID) was never recorded, so the agent cannot prove it created it; it was not \
-             touched. Inspect it with `{}` and the node's task list, and remove it by hand only if \
-             it is this transaction's restore",
-            self.request.txn,
-            self.cmd_config(vmid)
-        )
     }
 }
 
@@ -1791,14 +1900,18 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
             s.fail(failure, vmid)
         }
         (Step::Submit, Event::SubmitUnknown(failure)) => {
+            // No answer is not a refusal: PVE may have created the guest (pveproxy can answer
+            // 5xx while pvedaemon goes on). Look for our task before deciding anything.
             let vmid = s.require_vmid(kind)?;
             s.note_failure(failure);
-            s.step = Step::ProbeSubmit;
-            vec![s.journal(), Effect::ProbeGuest { vmid }]
+            s.find_own_task(vmid)
         }
-        (Step::ProbeSubmit, Event::GuestObserved(view)) => {
+        (Step::ProbeSubmit, Event::SubmitProbed(probe)) => {
             let vmid = s.require_vmid(kind)?;
-            s.on_probe_submit_observed(vmid, &view)
+            if matches!(&probe, SubmitProbe::OwnTask { upid } if upid.is_empty()) {
+                return Err(state.disallowed(kind, "the task search returned an empty UPID"));
+            }
+            s.on_submit_probed(vmid, probe)
         }
         (Step::Task | Step::StopTask, Event::TaskEnded { upid, exit }) => {
             if !state.is_our_upid(&upid) {
@@ -2010,20 +2123,19 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
             let f = s.interrupted(vmid, "nothing had been written");
             s.fail(f, vmid)
         }
-        Step::Submit | Step::ProbeSubmit => match seen {
-            Seen::Absent => {
+        // The request may have reached PVE (killed mid-request, or while searching): the
+        // full guest list alone cannot say nothing was created; search the task list.
+        Step::Submit | Step::ProbeSubmit => {
+            if s.step == Step::Submit {
                 let f = s.interrupted(
                     vmid,
-                    "PVE's answer to the restore request was never recorded and no guest exists \
-                     at the vmid; nothing to clean up",
+                    "PVE's answer to the restore request was never recorded; the node's task \
+                     list is searched for its task",
                 );
-                s.fail(f, vmid)
+                s.note_failure(f);
             }
-            _ => {
-                let msg = s.unrecorded_upid_message(vmid);
-                s.needs_human(ErrorCode::OwnershipUnproven, msg)
-            }
-        },
+            s.find_own_task(vmid)
+        }
         Step::Task | Step::StopTask => {
             let described = observed.guest.description_carries(&s.marker);
             recover_task(&mut s, vmid, &observed.task, &seen, described)
@@ -2220,15 +2332,16 @@ fn recover_task(
                 s.needs_human(ErrorCode::OwnershipUnproven, msg)
             }
         },
-        TaskObservation::Error { message } => match (s.guest(), seen) {
-            (GuestKind::Lxc, _) | (GuestKind::Qemu, Seen::Absent) => {
+        // A failed restore can leave its guest behind, of either kind (facts §4.3, §5.2).
+        TaskObservation::Error { message } => match seen {
+            Seen::Absent => {
                 let f = Failure::new(
                     ErrorCode::TaskFailed,
                     format!("restore task {upid} for vmid {vmid} failed: {message}"),
                 );
                 s.fail(f, vmid)
             }
-            (GuestKind::Qemu, _) => {
+            _ => {
                 let f = Failure::new(
                     ErrorCode::TaskFailed,
                     format!("restore task {upid} for vmid {vmid} failed: {message}"),

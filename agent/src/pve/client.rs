@@ -327,6 +327,19 @@ impl PveClient {
         self.call_as(&build::extract_config(node, volume)).await
     }
 
+    /// The node's tasks for `vmid` that this token may see, started at or after `since` (Unix
+    /// seconds), running ones included; at most `limit` rows.
+    pub async fn node_tasks(
+        &self,
+        node: &str,
+        vmid: u32,
+        since: u64,
+        limit: u32,
+    ) -> Result<Vec<TaskListEntry>, PveError> {
+        self.call_as(&build::node_tasks(node, vmid, since, limit))
+            .await
+    }
+
     /// A task's status.
     pub async fn task_status(&self, upid: &Upid) -> Result<TaskStatus, PveError> {
         self.call_as(&build::task_status(upid)).await

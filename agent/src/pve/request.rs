@@ -337,6 +337,17 @@ pub mod build {
         ApiRequest::get(&["nodes", node, "vzdump", "extractconfig"]).param("volume", volume)
     }
 
+    /// `GET /nodes/{node}/tasks?vmid=N&source=all&since=T&limit=L`: the node's tasks for one
+    /// vmid that this token may see (its own), running ones included (`source=all`: PVE's
+    /// default `archive` lists finished tasks only; pve-apidoc.json, facts §6.4).
+    pub fn node_tasks(node: &str, vmid: u32, since: u64, limit: u32) -> ApiRequest {
+        ApiRequest::get(&["nodes", node, "tasks"])
+            .param("vmid", vmid)
+            .param("source", "all")
+            .param("since", since)
+            .param("limit", limit)
+    }
+
     /// `GET /nodes/{upid.node}/tasks/{upid}/status`.
     pub fn task_status(upid: &Upid) -> ApiRequest {
         ApiRequest::get(&["nodes", &upid.node, "tasks", upid.as_str(), "status"])

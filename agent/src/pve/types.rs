@@ -190,6 +190,14 @@ pub struct TaskStatus {
     pub id: Option<String>,
 }
 
+/// One row of `GET /nodes/{node}/tasks`: only the UPID is read; type, vmid, user and start
+/// time are taken from it (a listing's other fields vary between versions).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct TaskListEntry {
+    /// The task's UPID.
+    pub upid: String,
+}
+
 /// One line of a task log.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 pub struct TaskLogLine {

@@ -194,6 +194,9 @@ fn sample(kind: EventKind, s: &State) -> Event {
         EventKind::SubmitUnknown => {
             Event::SubmitUnknown(failure(ErrorCode::PveUnreachable, "connection reset"))
         }
+        EventKind::SubmitProbed => Event::SubmitProbed(SubmitProbe::OwnTask {
+            upid: UPID.to_string(),
+        }),
         EventKind::TaskEnded => Event::TaskEnded {
             upid,
             exit: TaskExit::Ok,
@@ -233,7 +236,7 @@ const ALLOWED: &[(Step, EventKind)] = &[
     (Step::Submit, EventKind::Submitted),
     (Step::Submit, EventKind::SubmitRefused),
     (Step::Submit, EventKind::SubmitUnknown),
-    (Step::ProbeSubmit, EventKind::GuestObserved),
+    (Step::ProbeSubmit, EventKind::SubmitProbed),
     (Step::Task, EventKind::TaskEnded),
     (Step::Task, EventKind::TaskWaitTimedOut),
     (Step::StopTask, EventKind::TaskEnded),
@@ -459,13 +462,26 @@ fn every_allowed_transition_does_what_the_table_says() {
             step: Step::ProbeSubmit,
             outcome: None,
             armed: false,
-            effects: &["journal", "probe_guest"],
+            effects: &["journal", "find_own_task"],
             code: Some(C::PveUnreachable),
         },
         Row {
-            name: "probe after lost answer: absent",
+            name: "search after lost answer: own task found and followed",
             from: at(Step::ProbeSubmit),
-            event: Event::GuestObserved(GuestView::Absent),
+            event: Event::SubmitProbed(SubmitProbe::OwnTask {
+                upid: UPID.to_string(),
+            }),
+            phase: Phase::Failed,
+            step: Step::Task,
+            outcome: None,
+            armed: false,
+            effects: &["journal", "wait_task"],
+            code: Some(C::PveUnreachable),
+        },
+        Row {
+            name: "search after lost answer: nothing for the whole window",
+            from: at(Step::ProbeSubmit),
+            event: Event::SubmitProbed(SubmitProbe::Nothing { waited_secs: 30 }),
             phase: Phase::Failed,
             step: Step::Done,
             outcome: Some(O::Failed),
@@ -474,9 +490,26 @@ fn every_allowed_transition_does_what_the_table_says() {
             code: Some(C::PveUnreachable),
         },
         Row {
-            name: "probe after lost answer: present",
+            name: "search after lost answer: task list unreadable, no guest",
             from: at(Step::ProbeSubmit),
-            event: Event::GuestObserved(not_ours()),
+            event: Event::SubmitProbed(SubmitProbe::Unproven {
+                guest: GuestView::Absent,
+                detail: "the task list could not be read".to_string(),
+            }),
+            phase: Phase::NeedsHuman,
+            step: Step::Done,
+            outcome: Some(O::NeedsHuman),
+            armed: false,
+            effects: &["journal"],
+            code: Some(C::PveUnreachable),
+        },
+        Row {
+            name: "search after lost answer: a guest without our task",
+            from: at(Step::ProbeSubmit),
+            event: Event::SubmitProbed(SubmitProbe::Unproven {
+                guest: not_ours(),
+                detail: "no task".to_string(),
+            }),
             phase: Phase::NeedsHuman,
             step: Step::Done,
             outcome: Some(O::NeedsHuman),
@@ -485,9 +518,12 @@ fn every_allowed_transition_does_what_the_table_says() {
             code: Some(C::OwnershipUnproven),
         },
         Row {
-            name: "probe after lost answer: unreadable",
+            name: "search after lost answer: an unreadable guest without our task",
             from: at(Step::ProbeSubmit),
-            event: Event::GuestObserved(unreadable()),
+            event: Event::SubmitProbed(SubmitProbe::Unproven {
+                guest: unreadable(),
+                detail: "no task".to_string(),
+            }),
             phase: Phase::NeedsHuman,
             step: Step::Done,
             outcome: Some(O::NeedsHuman),
@@ -510,7 +546,7 @@ fn every_allowed_transition_does_what_the_table_says() {
             code: None,
         },
         Row {
-            name: "lxc task error",
+            name: "lxc task error: look for a leftover before settling",
             from: at(Step::Task),
             event: Event::TaskEnded {
                 upid: UPID.to_string(),
@@ -519,10 +555,10 @@ fn every_allowed_transition_does_what_the_table_says() {
                 },
             },
             phase: Phase::Failed,
-            step: Step::Done,
-            outcome: Some(O::Failed),
+            step: Step::ProbeLeftover,
+            outcome: None,
             armed: false,
-            effects: &["journal"],
+            effects: &["journal", "probe_guest"],
             code: Some(C::TaskFailed),
         },
         Row {
@@ -578,10 +614,10 @@ fn every_allowed_transition_does_what_the_table_says() {
                 },
             },
             phase: Phase::Failed,
-            step: Step::Done,
-            outcome: Some(O::Failed),
+            step: Step::ProbeLeftover,
+            outcome: None,
             armed: false,
-            effects: &["journal"],
+            effects: &["journal", "probe_guest"],
             code: Some(C::TaskTimeout),
         },
         Row {
@@ -611,6 +647,17 @@ fn every_allowed_transition_does_what_the_table_says() {
         Row {
             name: "qemu leftover present",
             from: at(Step::ProbeLeftover),
+            event: Event::GuestObserved(unreadable()),
+            phase: Phase::NeedsHuman,
+            step: Step::Done,
+            outcome: Some(O::NeedsHuman),
+            armed: false,
+            effects: &["journal"],
+            code: Some(C::TaskFailed),
+        },
+        Row {
+            name: "lxc leftover present (failed after the create, outside the pool)",
+            from: at_with(Step::ProbeLeftover, lxc, false),
             event: Event::GuestObserved(unreadable()),
             phase: Phase::NeedsHuman,
             step: Step::Done,
@@ -1201,6 +1248,36 @@ fn needs_human_messages_name_the_vmid_and_the_command() {
     let msg = s.failure().map(|f| f.message.clone()).unwrap_or_default();
     assert!(msg.contains("guest 120"), "{msg}");
     assert!(msg.contains("pct config 120"), "{msg}");
+    // A failed container restore that left the container behind.
+    let (s, _) = apply(
+        &at_with(Step::ProbeLeftover, GuestKind::Lxc, false),
+        Event::GuestObserved(unreadable()),
+    );
+    let msg = s.failure().map(|f| f.message.clone()).unwrap_or_default();
+    assert!(msg.contains("left CT 120 behind"), "{msg}");
+    assert!(
+        msg.contains("pct destroy 120 --destroy-unreferenced-disks 0"),
+        "{msg}"
+    );
+    // An unknown answer: a guest without our task, and no guest but no readable task list.
+    for guest in [unreadable(), not_ours(), GuestView::Absent] {
+        let (s, _) = apply(
+            &at(Step::ProbeSubmit),
+            Event::SubmitProbed(SubmitProbe::Unproven {
+                guest: guest.clone(),
+                detail: "no task".to_string(),
+            }),
+        );
+        assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman), "{guest:?}");
+        let msg = s.failure().map(|f| f.message.clone()).unwrap_or_default();
+        assert!(msg.contains("pvenode task list --vmid 120"), "{msg}");
+        assert!(msg.contains("pct config 120"), "{msg}");
+        assert!(
+            msg.contains("pct destroy 120 --destroy-unreferenced-disks 0"),
+            "{msg}"
+        );
+        assert!(msg.contains(&txn().to_string()), "{msg}");
+    }
 }
 
 // ----- the marker -----
@@ -1328,34 +1405,35 @@ fn recovery_settles_every_open_step() {
     };
     let rows = vec![
         RecoveryRow {
-            name: "before submit answer, nothing there",
+            // The full list alone never says nothing was created: the task list is searched.
+            name: "before submit answer, nothing there: search the task list",
             from: at(Step::Submit),
             observed: obs(running(), GuestView::Absent),
             phase: Phase::Failed,
-            step: Step::Done,
-            outcome: Some(O::Failed),
+            step: Step::ProbeSubmit,
+            outcome: None,
             armed: false,
-            effects: &["journal"],
+            effects: &["journal", "find_own_task"],
         },
         RecoveryRow {
-            name: "before submit answer, a guest there",
+            name: "before submit answer, a guest there: search the task list",
             from: at(Step::Submit),
             observed: obs(running(), ours(&m)),
-            phase: Phase::NeedsHuman,
-            step: Step::Done,
-            outcome: Some(O::NeedsHuman),
+            phase: Phase::Failed,
+            step: Step::ProbeSubmit,
+            outcome: None,
             armed: false,
-            effects: &["journal"],
+            effects: &["journal", "find_own_task"],
         },
         RecoveryRow {
-            name: "lost answer probe, a guest there",
+            name: "lost answer search interrupted: search again",
             from: at(Step::ProbeSubmit),
             observed: obs(running(), unreadable()),
-            phase: Phase::NeedsHuman,
-            step: Step::Done,
-            outcome: Some(O::NeedsHuman),
+            phase: Phase::Failed,
+            step: Step::ProbeSubmit,
+            outcome: None,
             armed: false,
-            effects: &["journal"],
+            effects: &["journal", "find_own_task"],
         },
         RecoveryRow {
             name: "task still running: follow it",
@@ -1404,6 +1482,16 @@ fn recovery_settles_every_open_step() {
             phase: Phase::Failed,
             step: Step::Done,
             outcome: Some(O::Failed),
+            armed: false,
+            effects: &["journal"],
+        },
+        RecoveryRow {
+            name: "lxc task error with the container left outside the pool",
+            from: at(Step::Task),
+            observed: obs(task_err(), unreadable()),
+            phase: Phase::NeedsHuman,
+            step: Step::Done,
+            outcome: Some(O::NeedsHuman),
             armed: false,
             effects: &["journal"],
         },
@@ -1729,6 +1817,14 @@ fn build(kind: EventKind, d: &Data, s: &State) -> Event {
         EventKind::TaskWaitTimedOut => Event::TaskWaitTimedOut { upid },
         EventKind::GuestObserved => Event::GuestObserved(view_for(d.view, &s.marker())),
         EventKind::DestroyEnded => Event::DestroyEnded(exit),
+        EventKind::SubmitProbed => Event::SubmitProbed(match d.task % 3 {
+            0 => SubmitProbe::OwnTask { upid },
+            1 => SubmitProbe::Nothing { waited_secs: 30 },
+            _ => SubmitProbe::Unproven {
+                guest: view_for(d.view, &s.marker()),
+                detail: "no task".to_string(),
+            },
+        }),
         other => sample(other, s),
     }
 }
@@ -1844,7 +1940,10 @@ fn run(req: Request, actions: &[Action]) -> Result<(), TestCaseError> {
                     }
                 }
                 match &event {
-                    Event::Submitted { upid } => h.submitted = Some(upid.clone()),
+                    Event::Submitted { upid }
+                    | Event::SubmitProbed(SubmitProbe::OwnTask { upid }) => {
+                        h.submitted = Some(upid.clone());
+                    }
                     Event::TaskEnded {
                         upid,
                         exit: TaskExit::Ok,
