@@ -196,7 +196,14 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Command::Doctor => output::doctor(&crate::doctor::check_all(&cli.global.config).await),
                 Command::Guests => output::guests(service::guests(&cfg).await),
                 Command::VmidCheck { vmid } => output::vmid_check(service::vmid_check(&cfg, &vmid).await),
-                Command::Journal => output::journal(service::journal_rows(&cfg)),
+                Command::Journal { stats: false, .. } => output::journal(service::journal_rows(&cfg)),
+                Command::Journal { stats: true, since } => {
+                    let since_s = match since.as_deref().map(crate::metrics::stats::parse_since).transpose() {
+                        Ok(s) => s,
+                        Err(msg) => return usage(&msg),
+                    };
+                    output::journal_stats(service::journal_stats(&cfg, since_s))
+                }
                 Command::Destroy { vmid } => {
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(

@@ -296,6 +296,18 @@ pub fn journal(rows: Result<Vec<JournalRow>, Failure>) -> CommandOutput {
     }
 }
 
+/// `journal --stats`.
+pub fn journal_stats(stats: Result<crate::metrics::stats::Stats, Failure>) -> CommandOutput {
+    match stats {
+        Ok(s) => CommandOutput {
+            json: serde_json::to_value(&s).unwrap_or_else(|_| json!({})),
+            human: crate::metrics::stats::human(&s),
+            status: ExitStatus::Ok,
+        },
+        Err(f) => CommandOutput::failure(&f),
+    }
+}
+
 /// `doctor`: exit 0 when nothing failed, 6 otherwise.
 pub fn doctor(report: &DoctorReport) -> CommandOutput {
     let mut human = String::new();
