@@ -154,7 +154,7 @@ fn run_daemon_once(w: &World) {
         .ok()
         .filter(|m| m.file_type().is_file())
         .and_then(|m| m.modified().ok());
-    let mut child = w
+    let child = w
         .command()
         .arg("run")
         .stdout(Stdio::null())
