@@ -374,3 +374,130 @@ fn symlinks_at_every_metrics_name_leave_their_targets_untouched() {
         );
     }
 }
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// Run the agent under a pseudo-terminal (`script` from util-linux): returns everything the
+/// terminal showed, and whether `seen` appeared while the agent was still running.
+fn under_a_terminal(w: &World, args: &[&str], seen: &str) -> (String, bool) {
+    let mut cmdline = vec![
+        sh_quote(&felhom_tests::agent::agent_bin().to_string_lossy()),
+        "--config".to_string(),
+        sh_quote(&w.files.config_path.to_string_lossy()),
+    ];
+    cmdline.extend(args.iter().map(|a| sh_quote(a)));
+    let mut child = Command::new("script")
+        .args(["-qfec", &cmdline.join(" "), "/dev/null"])
+        .env_remove("FELHOM_AGENT_CONFIG")
+        .env_remove("FELHOM_AGENT_LOG")
+        .env("PATH", w.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs");
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let reader = {
+        let buf = buf.clone();
+        let mut out = child.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = out.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                buf.lock().expect("buf").extend_from_slice(&chunk[..n]);
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut while_running = false;
+    loop {
+        let text = String::from_utf8_lossy(&buf.lock().expect("buf")).to_string();
+        let running = child.try_wait().expect("try_wait").is_none();
+        if running && text.contains(seen) {
+            while_running = true;
+        }
+        if !running {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not end in 120 s:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    reader.join().expect("reader");
+    let text = String::from_utf8_lossy(&buf.lock().expect("buf")).to_string();
+    (text, while_running)
+}
+
+#[test]
+fn on_a_terminal_a_line_per_phase_appears_while_the_provision_runs() {
+    let w = World::demo();
+    let (text, live) = under_a_terminal(
+        &w,
+        &["--selftest=provision", "-vmid", "120"],
+        "waiting on PVE task UPID:",
+    );
+    assert!(
+        live,
+        "the spinner line with the UPID was drawn while the provision ran:\n{text}"
+    );
+    let mut last = 0;
+    for phase in [
+        "validated",
+        "submitted",
+        "created",
+        "started",
+        "launched",
+        "bootstrapped",
+        "verified",
+    ] {
+        let line = format!("+ {phase:<13}");
+        let at = text
+            .find(&line)
+            .unwrap_or_else(|| panic!("no finished line for {phase}:\n{text}"));
+        assert!(at > last, "{phase} drawn in order:\n{text}");
+        last = at;
+    }
+    assert!(
+        text.contains("PHASE") && text.contains("total"),
+        "summary:\n{text}"
+    );
+    assert!(
+        text.contains(" pass"),
+        "check statuses print lowercase:\n{text}"
+    );
+    assert!(!text.contains("Pass"), "no Debug-cased status:\n{text}");
+
+    // Without a terminal, or with --log-format json on one, nothing of the view is drawn.
+    let plain = w.agent(&["--selftest=provision", "-vmid", "121"]);
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    for out in [&plain.stdout, &plain.stderr] {
+        assert!(
+            !out.contains("\x1b[2K") && !out.contains("SECONDS"),
+            "{out}"
+        );
+    }
+    let (json_logs, live) = under_a_terminal(
+        &w,
+        &[
+            "--selftest=provision",
+            "-vmid",
+            "122",
+            "--log-format",
+            "json",
+        ],
+        "waiting on PVE task",
+    );
+    assert!(!live, "no view with --log-format json:\n{json_logs}");
+    assert!(
+        !json_logs.contains("\x1b[2K") && !json_logs.contains("SECONDS"),
+        "{json_logs}"
+    );
+    assert!(json_logs.contains("transaction "), "{json_logs}");
+}

@@ -51,9 +51,9 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>) -> String 
     }
     for c in checks {
         s.push_str(&format!(
-            "check {:<28} {:?}{}\n",
+            "check {:<28} {}{}\n",
             c.name,
-            c.status,
+            c.status.as_str(),
             c.message
                 .as_deref()
                 .map(|m| format!(": {m}"))
