@@ -622,6 +622,36 @@ mod tests {
     }
 
     #[test]
+    fn metrics_dir_default_new_key_old_key_and_both() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let load = |extra: &str| Config::parse(Path::new("/x.toml"), &sample(&t, extra));
+        assert_eq!(
+            load("").expect("default").metrics.dir,
+            PathBuf::from(DEFAULT_METRICS_DIR)
+        );
+        assert_eq!(
+            load("[metrics]\ndir = \"/srv/ne\"")
+                .expect("new key")
+                .metrics
+                .dir,
+            PathBuf::from("/srv/ne")
+        );
+        assert_eq!(
+            load("[restore_test]\nmetrics_dir = \"/srv/old\"")
+                .expect("older spelling")
+                .metrics
+                .dir,
+            PathBuf::from("/srv/old")
+        );
+        let both = load("[metrics]\ndir = \"/a\"\n[restore_test]\nmetrics_dir = \"/b\"")
+            .expect_err("both");
+        assert!(both.message.contains("[metrics] dir"), "{}", both.message);
+        let rel = load("[metrics]\ndir = \"ne\"").expect_err("relative");
+        assert!(rel.message.contains("relative"), "{}", rel.message);
+    }
+
+    #[test]
     fn a_relative_state_dir_is_refused() {
         let d = tempfile::tempdir().expect("tmp");
         let t = secret_file(d.path(), 0o600);

@@ -243,6 +243,31 @@ fn stats_agree_with_the_journal_and_every_metrics_file_passes_promtool() {
         "submitted waits on the fake's {RESTORE_TASK_S} s restore task: {submitted}"
     );
 
+    // --since keeps only transactions started within it.
+    let recent = run_ok(&w, &["journal", "--stats", "--since", "1h", "--json"]);
+    assert_eq!(recent["transactions"], stats["transactions"]);
+    assert_eq!(recent["kinds"], stats["kinds"]);
+    assert!(recent["since"].is_string(), "{recent}");
+    let none = run_ok(&w, &["journal", "--stats", "--since", "0s", "--json"]);
+    assert_eq!(none["transactions"], 0, "{none}");
+    for bad in [
+        &["journal", "--stats", "--since", "3w"][..],
+        &["journal", "--since", "1h"][..],
+    ] {
+        let run = w.agent(bad);
+        assert_eq!(run.code, Some(2), "{bad:?}: {}{}", run.stdout, run.stderr);
+    }
+    let human = w.agent(&["journal", "--stats"]);
+    assert_eq!(human.code, Some(0));
+    assert!(
+        human
+            .stdout
+            .contains("selftest-provision: 3 transactions (ok 3)")
+            && human.stdout.contains("submitted"),
+        "{}",
+        human.stdout
+    );
+
     // Every file the agent wrote passes promtool, and says what the journal says.
     let mut written = Vec::new();
     for name in METRICS_FILES {
@@ -500,4 +525,61 @@ fn on_a_terminal_a_line_per_phase_appears_while_the_provision_runs() {
         "{json_logs}"
     );
     assert!(json_logs.contains("transaction "), "{json_logs}");
+}
+
+fn wait_for_sample(w: &World, file: &str, series: &str, want: f64, timeout: Duration) {
+    let path = w.files.metrics_dir.join(file);
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        last = std::fs::read_to_string(&path).unwrap_or_default();
+        if samples(&last).get(series) == Some(&want) {
+            promtool_check_metrics(&path);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "{series} did not become {want} in {timeout:?} in {}:\n{last}",
+        path.display()
+    );
+}
+
+#[test]
+fn felhom_hub_connected_follows_the_hub_session() {
+    use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
+    let mut hub = DevHub::start(DevHubOptions::default());
+    let opts = felhom_tests::fakepve::AgentOptions {
+        hub: Some(hub.hub_options()),
+        ..felhom_tests::fakepve::AgentOptions::default()
+    };
+    let w = World::with_options(felhom_tests::fakepve::demo_scenario(), &opts);
+    let path = w.path();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    hub.wait_for("the session", Duration::from_secs(30), |s| s.sessions == 1);
+    wait_for_sample(
+        &w,
+        "felhom_hub.prom",
+        "felhom_hub_connected",
+        1.0,
+        Duration::from_secs(10),
+    );
+    // Heartbeats keep it at 1 while the session lasts.
+    std::thread::sleep(Duration::from_secs(3));
+    let text = std::fs::read_to_string(w.files.metrics_dir.join("felhom_hub.prom")).expect("read");
+    assert_eq!(samples(&text)["felhom_hub_connected"], 1.0, "{text}");
+    hub.stop();
+    wait_for_sample(
+        &w,
+        "felhom_hub.prom",
+        "felhom_hub_connected",
+        0.0,
+        Duration::from_secs(15),
+    );
+    let (status, log) = agent.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{log}");
 }

@@ -294,9 +294,9 @@ async fn spool_ingester(outbox: Outbox, stop: CancellationToken) {
     }
 }
 
-/// Rewrites the metrics files every [`crate::metrics::DAEMON_INTERVAL`]: the hub's (connected
-/// while the hub was heard from within the watchdog's silence limit; outbox depth) and the
-/// journal's.
+/// Keeps the metrics files current: the hub's (connected while the hub was heard from within
+/// the watchdog's silence limit; outbox depth) within a second of a change and at least every
+/// [`crate::metrics::DAEMON_INTERVAL`], the journal's every [`crate::metrics::DAEMON_INTERVAL`].
 async fn metrics_loop(
     dir: PathBuf,
     state_dir: PathBuf,
@@ -305,34 +305,44 @@ async fn metrics_loop(
     outbox: Outbox,
     stop: CancellationToken,
 ) {
+    let every = crate::metrics::DAEMON_INTERVAL;
     let mut warned = false;
+    let mut written: Option<(bool, u64)> = None;
+    let mut hub_at: Option<Instant> = None;
+    let mut journal_at: Option<Instant> = None;
     loop {
         let connected = hub_configured
             && health
                 .lock()
                 .map(|h| h.last_heard().is_some() && h.healthy(Instant::now()))
                 .unwrap_or(false);
-        let text = crate::metrics::hub_text(connected, outbox.depth());
-        let mut result = crate::metrics::textfile::write(&dir, crate::metrics::HUB_FILE, &text)
-            .map_err(|e| e.to_string());
-        if result.is_ok() {
+        let now = (connected, outbox.depth());
+        let mut result = Ok(());
+        if written != Some(now) || hub_at.is_none_or(|t| t.elapsed() >= every) {
+            let text = crate::metrics::hub_text(now.0, now.1);
+            result = crate::metrics::textfile::write(&dir, crate::metrics::HUB_FILE, &text)
+                .map_err(|e| e.to_string());
+            if result.is_ok() {
+                written = Some(now);
+                hub_at = Some(Instant::now());
+            }
+        }
+        if result.is_ok() && journal_at.is_none_or(|t| t.elapsed() >= every) {
             result = crate::provision::Journal::open(&state_dir)
                 .map_err(|e| e.to_string())
                 .and_then(|j| crate::metrics::update_transactions(&dir, &j));
+            journal_at = Some(Instant::now());
         }
         match result {
             Err(e) if !warned => {
-                tracing::warn!(
-                    "metrics not updated (retried every {:?}): {e}",
-                    crate::metrics::DAEMON_INTERVAL
-                );
+                tracing::warn!("metrics not updated (retried every second): {e}");
                 warned = true;
             }
             Err(_) => {}
             Ok(()) => warned = false,
         }
         tokio::select! {
-            _ = tokio::time::sleep(crate::metrics::DAEMON_INTERVAL) => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = stop.cancelled() => return,
         }
     }

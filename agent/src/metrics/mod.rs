@@ -7,7 +7,8 @@
 //!   line or hub dispatch) and by the daemon every [`DAEMON_INTERVAL`]:
 //!   `felhom_phase_duration_seconds` (histogram by `kind` and `phase`),
 //!   `felhom_transactions_total` (by `kind` and `outcome`), `felhom_needs_human`;
-//! - [`HUB_FILE`]: the daemon's, every [`DAEMON_INTERVAL`] and when it stops:
+//! - [`HUB_FILE`]: the daemon's, within a second of a change, at least every
+//!   [`DAEMON_INTERVAL`] and when it stops:
 //!   `felhom_hub_connected`, `felhom_outbox_depth`;
 //! - [`RESTORE_TEST_FILE`]: after every restore-test run: the `felhom_restore_test_*` gauges
 //!   and counters.
@@ -31,7 +32,7 @@ pub const TRANSACTIONS_FILE: &str = "felhom_transactions.prom";
 pub const HUB_FILE: &str = "felhom_hub.prom";
 /// The restore test's metrics.
 pub const RESTORE_TEST_FILE: &str = "felhom_restore_test.prom";
-/// How often the daemon rewrites its files.
+/// How often the daemon rewrites its files at least.
 pub const DAEMON_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Upper bounds of the phase-duration histogram buckets, seconds.
