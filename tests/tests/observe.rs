@@ -525,6 +525,24 @@ fn on_a_terminal_a_line_per_phase_appears_while_the_provision_runs() {
         "{json_logs}"
     );
     assert!(json_logs.contains("transaction "), "{json_logs}");
+
+    // The restore test draws the same view.
+    let (restore, live) =
+        under_a_terminal(&w, &["--selftest=restore"], "waiting on PVE task UPID:");
+    assert!(
+        live,
+        "the restore's task line was drawn while it ran:\n{restore}"
+    );
+    for phase in ["validated", "submitted", "verified"] {
+        assert!(
+            restore.contains(&format!("+ {phase:<13}")),
+            "{phase}:\n{restore}"
+        );
+    }
+    assert!(
+        restore.contains("SECONDS") && restore.contains("restore test of "),
+        "{restore}"
+    );
 }
 
 fn wait_for_sample(w: &World, file: &str, series: &str, want: f64, timeout: Duration) {
