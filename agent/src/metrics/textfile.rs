@@ -16,7 +16,9 @@
 //! 4. it is written and mode-fixed through that descriptor (`fchmod`, never `chmod` by path,
 //!    never `chown`), fsynced, then `renameat` over the final name: a symlink at the final name
 //!    is replaced as a name, its target is never opened; the folder is fsynced;
-//! 5. on any failure the temporary name is removed (`unlinkat`, which never follows a link).
+//! 5. on any failure the temporary name is removed (`unlinkat`, which never follows a link);
+//!    after a success, temporary names of the same file older than [`STALE_TMP`] (left by a
+//!    process killed mid-write) are removed the same way.
 //!
 //! The folder is never created: node_exporter's package creates it, and a missing folder means
 //! node_exporter is not installed (the write fails with a message saying so).
@@ -29,6 +31,9 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{openat, renameat, OFlag};
 use nix::sys::stat::{fchmod, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
+
+/// Age after which a temporary name of ours is a leftover of a killed writer.
+pub const STALE_TMP: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Why a metrics file was not written. Every message names the folder or file and what to do.
 #[derive(Debug, thiserror::Error)]
@@ -159,11 +164,46 @@ pub fn write(dir: &Path, name: &str, text: &str) -> Result<(), TextfileError> {
             let _ = unlinkat(&dirf, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
             return Err(werr(e));
         }
-        return nix::unistd::fsync(&dirf).map_err(|e| werr(e.into()));
+        nix::unistd::fsync(&dirf).map_err(|e| werr(e.into()))?;
+        remove_stale(&dirf, name, &tmp);
+        return Ok(());
     }
     Err(werr(last_err.unwrap_or_else(|| {
         io::Error::other("no free temporary name")
     })))
+}
+
+/// Remove `.<name>.<32 hex>.tmp` entries of the folder older than [`STALE_TMP`], except
+/// `keep`. Names are listed through the folder's descriptor, looked at without following and
+/// removed with `unlinkat`; any error just leaves the entry.
+fn remove_stale(dirf: &File, name: &str, keep: &str) {
+    use nix::fcntl::AtFlags;
+    use std::os::fd::AsRawFd;
+    let prefix = format!(".{name}.");
+    let Ok(entries) = std::fs::read_dir(format!("/proc/self/fd/{}", dirf.as_raw_fd())) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    for entry in entries.flatten() {
+        let Some(n) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let ours = n
+            .strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(".tmp"))
+            .is_some_and(|hex| hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()));
+        if !ours || n == keep {
+            continue;
+        }
+        let Ok(st) = nix::sys::stat::fstatat(dirf, n.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let mtime = std::time::UNIX_EPOCH
+            + std::time::Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
+        if now.duration_since(mtime).is_ok_and(|age| age > STALE_TMP) {
+            let _ = unlinkat(dirf, n.as_str(), UnlinkatFlags::NoRemoveDir);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -208,6 +248,34 @@ mod tests {
             .map(|e| e.expect("entry").file_name())
             .collect();
         assert_eq!(left.len(), 1, "no temporary file left: {left:?}");
+    }
+
+    #[test]
+    fn stale_temporary_names_of_the_same_file_are_removed_fresh_ones_kept() {
+        let d = tempfile::tempdir().expect("tmp");
+        let old = std::time::SystemTime::now() - STALE_TMP - std::time::Duration::from_secs(60);
+        let stale = format!(".a.prom.{:032x}.tmp", 1u128);
+        let fresh = format!(".a.prom.{:032x}.tmp", 2u128);
+        let other = format!(".b.prom.{:032x}.tmp", 3u128);
+        for n in [&stale, &fresh, &other] {
+            std::fs::write(d.path().join(n), "x").expect("write");
+        }
+        for n in [&stale, &other] {
+            std::fs::File::options()
+                .write(true)
+                .open(d.path().join(n))
+                .and_then(|f| f.set_modified(old))
+                .expect("age");
+        }
+        write(d.path(), "a.prom", "x 1\n").expect("written");
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+            .collect();
+        left.sort();
+        let mut want = vec!["a.prom".to_string(), fresh, other];
+        want.sort();
+        assert_eq!(left, want);
     }
 
     #[test]
