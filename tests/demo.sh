@@ -91,8 +91,8 @@ selftest_source = "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"
 bootstrap_dir = "$work/bootstrap.d"
 checks_dir = "$work/checks.d"
 
-[restore_test]
-metrics_dir = "$work/metrics"
+[metrics]
+dir = "$work/metrics"
 TOML
 printf 'next-id: lower=100,upper=1000000\n' >"$work/datacenter.cfg"
 

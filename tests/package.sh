@@ -13,7 +13,9 @@
 # 3. systemd-analyze verify on the unpacked units (any message fails), and
 #    systemd-analyze security --offline=true: the exposure of each service, which must not
 #    rise above the figure documented in systemd/README.md.
-# 4. lintian: errors and warnings fail (deliberate exceptions are overridden in the package,
+# 4. the Prometheus alert rules: promtool check rules and promtool test rules (the rules'
+#    unit tests) on the shipped files; the Grafana dashboard parses.
+# 5. lintian: errors and warnings fail (deliberate exceptions are overridden in the package,
 #    packaging/lintian-overrides); info tags are printed.
 #
 # Exits non-zero on the first failed check; prints one "ok:" line per passed check.
@@ -87,7 +89,10 @@ expected_files="\
 -rw-r--r-- ./usr/share/doc/felhom-agent/agent.toml.example
 -rw-r--r-- ./usr/share/doc/felhom-agent/copyright
 -rw-r--r-- ./usr/share/doc/felhom-agent/changelog.Debian.gz
--rw-r--r-- ./usr/share/lintian/overrides/felhom-agent"
+-rw-r--r-- ./usr/share/lintian/overrides/felhom-agent
+-rw-r--r-- ./usr/share/felhom-agent/prometheus/felhom-agent.rules.yml
+-rw-r--r-- ./usr/share/felhom-agent/prometheus/felhom-agent.rules.test.yml
+-rw-r--r-- ./usr/share/felhom-agent/grafana/felhom-agent.json"
 awk '$1 !~ /^d/ { print $1, $6 }' "$work/listing" | sort >"$work/files.got"
 sort <<<"$expected_files" >"$work/files.want"
 if ! diff -u "$work/files.want" "$work/files.got" >&2; then
@@ -111,10 +116,23 @@ for pair in \
   packaging/bootstrap.d/default/run:etc/felhom-agent/bootstrap.d/default/run \
   packaging/felhom-agent.tmpfiles:usr/lib/tmpfiles.d/felhom-agent.conf \
   systemd/README.md:usr/share/doc/felhom-agent/README.systemd.md \
-  packaging/README.md:usr/share/doc/felhom-agent/README.Debian; do
+  packaging/README.md:usr/share/doc/felhom-agent/README.Debian \
+  packaging/prometheus/felhom-agent.rules.yml:usr/share/felhom-agent/prometheus/felhom-agent.rules.yml \
+  packaging/prometheus/felhom-agent.rules.test.yml:usr/share/felhom-agent/prometheus/felhom-agent.rules.test.yml \
+  packaging/grafana/felhom-agent.json:usr/share/felhom-agent/grafana/felhom-agent.json; do
   cmp -s "${pair%%:*}" "$r/${pair#*:}" || fail "/${pair#*:} differs from ${pair%%:*}"
 done
-ok "units, example config, check pack, bootstrap profile, tmpfiles, READMEs are the sources"
+ok "units, example config, check pack, bootstrap profile, tmpfiles, READMEs, alert rules, dashboard are the sources"
+
+step "alert rules (promtool)"
+command -v promtool >/dev/null 2>&1 || fail "promtool is missing: tests/setup.sh installs it (Debian package prometheus)"
+promtool check rules "$r/usr/share/felhom-agent/prometheus/felhom-agent.rules.yml" >&2 ||
+  fail "promtool check rules failed on the shipped alert rules"
+(cd "$r/usr/share/felhom-agent/prometheus" && promtool test rules felhom-agent.rules.test.yml) >&2 ||
+  fail "promtool test rules failed: the shipped alert rules do not fire as their tests expect"
+python3 -m json.tool "$r/usr/share/felhom-agent/grafana/felhom-agent.json" >/dev/null ||
+  fail "the shipped Grafana dashboard is not valid JSON"
+ok "alert rules pass promtool check rules and their unit tests; the dashboard parses"
 
 step "conffiles"
 printf '%s\n' /etc/felhom-agent/agent.toml.example /etc/felhom-agent/bootstrap.d/default/run \

@@ -8,11 +8,13 @@ _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 _step() { printf '\n== %s\n' "$*" >&2; }
 
 # Debian packages: busybox for the guest root filesystem of the pct stand-in, util-linux for
-# unshare. apt-get update only when something is missing.
+# unshare and script, prometheus for promtool. apt-get update only when something is missing.
 _need=()
 [ -x /bin/busybox ] || command -v busybox >/dev/null 2>&1 || _need+=(busybox-static)
 command -v unshare >/dev/null 2>&1 || _need+=(util-linux)
 command -v python3 >/dev/null 2>&1 || _need+=(python3 python3-venv)
+# promtool (checks the alert rules and every metrics file the agent writes).
+command -v promtool >/dev/null 2>&1 || _need+=(prometheus)
 if [ ${#_need[@]} -gt 0 ]; then
   _step "apt-get install ${_need[*]}"
   apt-get update -qq

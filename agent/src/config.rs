@@ -67,6 +67,8 @@ pub struct Config {
     pub provision: ProvisionConfig,
     /// The self-restore-test.
     pub restore_test: RestoreTestConfig,
+    /// `[metrics]`: node_exporter's textfile collector folder.
+    pub metrics: MetricsConfig,
     /// `[policy]`: what a provision may use at most, whoever asks (command line or hub).
     pub policy: Policy,
 }
@@ -172,8 +174,17 @@ pub struct RestoreTestConfig {
     pub storage: String,
     /// The check pack folder for restored copies (default: `provision.checks_dir`).
     pub checks_dir: PathBuf,
-    /// node_exporter textfile collector folder.
-    pub metrics_dir: PathBuf,
+}
+
+/// The default `[metrics] dir`: Debian's node_exporter textfile collector folder.
+pub const DEFAULT_METRICS_DIR: &str = "/var/lib/prometheus/node-exporter";
+
+/// `[metrics]`.
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    /// node_exporter's textfile collector folder (`--collector.textfile.directory`); default
+    /// [`DEFAULT_METRICS_DIR`]. `[restore_test] metrics_dir` is the older spelling.
+    pub dir: PathBuf,
 }
 
 /// `[pve]`.
@@ -234,7 +245,14 @@ struct RawConfig {
     hub: Option<RawHub>,
     provision: Option<RawProvision>,
     restore_test: Option<RawRestoreTest>,
+    metrics: Option<RawMetrics>,
     policy: Option<RawPolicy>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -420,10 +438,27 @@ impl Config {
             checks_dir: rt
                 .checks_dir
                 .unwrap_or_else(|| provision.checks_dir.clone()),
-            metrics_dir: rt
-                .metrics_dir
-                .unwrap_or_else(|| PathBuf::from("/var/lib/prometheus/node-exporter")),
         };
+        let metrics_dir = match (raw.metrics.and_then(|m| m.dir), rt.metrics_dir) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(format!(
+                    "config {}: both [metrics] dir and [restore_test] metrics_dir are set; keep \
+                     only [metrics] dir",
+                    path.display()
+                )))
+            }
+            (Some(d), None) | (None, Some(d)) => d,
+            (None, None) => PathBuf::from(DEFAULT_METRICS_DIR),
+        };
+        if !metrics_dir.is_absolute() {
+            return Err(invalid(format!(
+                "config {}: [metrics] dir {} is relative; give the absolute path of \
+                 node_exporter's textfile collector folder",
+                path.display(),
+                metrics_dir.display()
+            )));
+        }
+        let metrics = MetricsConfig { dir: metrics_dir };
         let rp = raw.policy.unwrap_or_default();
         for (key, list) in [
             ("storages", &rp.storages),
@@ -469,6 +504,7 @@ impl Config {
             hub,
             provision,
             restore_test,
+            metrics,
             policy,
         })
     }
@@ -630,6 +666,36 @@ mod tests {
                 err.message
             );
         }
+    }
+
+    #[test]
+    fn metrics_dir_default_new_key_old_key_and_both() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let load = |extra: &str| Config::parse(Path::new("/x.toml"), &sample(&t, extra));
+        assert_eq!(
+            load("").expect("default").metrics.dir,
+            PathBuf::from(DEFAULT_METRICS_DIR)
+        );
+        assert_eq!(
+            load("[metrics]\ndir = \"/srv/ne\"")
+                .expect("new key")
+                .metrics
+                .dir,
+            PathBuf::from("/srv/ne")
+        );
+        assert_eq!(
+            load("[restore_test]\nmetrics_dir = \"/srv/old\"")
+                .expect("older spelling")
+                .metrics
+                .dir,
+            PathBuf::from("/srv/old")
+        );
+        let both = load("[metrics]\ndir = \"/a\"\n[restore_test]\nmetrics_dir = \"/b\"")
+            .expect_err("both");
+        assert!(both.message.contains("[metrics] dir"), "{}", both.message);
+        let rel = load("[metrics]\ndir = \"ne\"").expect_err("relative");
+        assert!(rel.message.contains("relative"), "{}", rel.message);
     }
 
     #[test]

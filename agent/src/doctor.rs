@@ -137,6 +137,7 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
     }
     check_pve(&cfg, &mut r).await;
     check_local_files(&cfg, &mut r);
+    check_metrics(&cfg, &mut r);
     check_hub(&cfg, &mut r).await;
     r.ok = r.checks.iter().all(|c| c.status != CheckStatus::Fail);
     r
@@ -420,6 +421,35 @@ impl UserCfg {
             "PVEAuditor" => p.ends_with(".Audit"),
             _ => false,
         }
+    }
+}
+
+/// `[metrics] dir`: a warning only (the agent works without node_exporter); opened exactly as
+/// the writer opens it, nothing written.
+fn check_metrics(cfg: &Config, r: &mut DoctorReport) {
+    use std::os::unix::fs::MetadataExt;
+    let dir = &cfg.metrics.dir;
+    match crate::metrics::textfile::open_dir(dir).and_then(|f| {
+        f.metadata()
+            .map_err(|source| crate::metrics::textfile::TextfileError::OpenDir {
+                dir: dir.clone(),
+                source,
+            })
+    }) {
+        Ok(meta) => r.pass(
+            "metrics",
+            format!(
+                "{} is a folder (owner uid {}, mode {:o}); the metrics files are written there \
+                 through random exclusive temporary names, never following a symlink",
+                dir.display(),
+                meta.uid(),
+                meta.mode() & 0o7777
+            ),
+        ),
+        Err(e) => r.warn(
+            "metrics",
+            format!("{e}; no metrics are written until this is fixed"),
+        ),
     }
 }
 

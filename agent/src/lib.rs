@@ -13,6 +13,7 @@ pub mod error;
 pub mod guest;
 pub mod hub;
 pub mod inventory;
+pub mod metrics;
 pub mod preflight;
 pub mod provision;
 pub mod pve;

@@ -11,7 +11,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    felhom_agent::cli::init_tracing(&cli.global);
+    felhom_agent::cli::init_tracing_for(&cli);
     let status = felhom_agent::cli::run(cli);
     ExitCode::from(status.code())
 }

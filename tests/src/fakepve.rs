@@ -1052,6 +1052,8 @@ pub struct AgentFiles {
     pub bootstrap_dir: PathBuf,
     /// `[provision] checks_dir`.
     pub checks_dir: PathBuf,
+    /// `[metrics] dir` (0755, created empty).
+    pub metrics_dir: PathBuf,
 }
 
 /// A TOML basic string.
@@ -1114,9 +1116,15 @@ impl AgentFiles {
             datacenter_cfg: p("datacenter.cfg"),
             bootstrap_dir: p("bootstrap.d"),
             checks_dir: p("checks.d"),
+            metrics_dir: p("metrics"),
             dir,
         };
-        for d in [&files.state_dir, &files.bootstrap_dir, &files.checks_dir] {
+        for d in [
+            &files.state_dir,
+            &files.bootstrap_dir,
+            &files.checks_dir,
+            &files.metrics_dir,
+        ] {
             fs::create_dir_all(d).unwrap_or_else(|e| panic!("cannot create {}: {e}", d.display()));
         }
         write_private(
@@ -1141,6 +1149,7 @@ impl AgentFiles {
         let mut text = format!(
             "node = {}\npool = {}\nstate_dir = {}\nvmlist_path = {}\ndatacenter_cfg = {}\n\n\
              [pve]\nurl = {}\ntoken_id = {}\ntoken_secret_file = {}\n{trust}\n\n\
+             [metrics]\ndir = {}\n\n\
              [provision]\nstorage = {}\nbootstrap_dir = {}\nchecks_dir = {}\n",
             toml_string(&opts.node),
             toml_string(&pool),
@@ -1150,6 +1159,7 @@ impl AgentFiles {
             toml_string(pve.url()),
             toml_string(&pve.token_id()),
             toml_path(&files.token_secret_file),
+            toml_path(&files.metrics_dir),
             toml_string(&opts.storage),
             toml_path(&files.bootstrap_dir),
             toml_path(&files.checks_dir),

@@ -31,6 +31,7 @@ fn all_checks_pass_against_the_demo() {
         "pool",
         "vmlist",
         "state_dir",
+        "metrics",
     ] {
         assert_eq!(check(&doc, name)["status"], "pass", "{name}: {doc:#}");
     }
@@ -202,4 +203,45 @@ fn next_id_range_that_covers_reserved_vmids_warns() {
     std::fs::write(&files.datacenter_cfg, "next-id: lower=10000,upper=990000\n").expect("write");
     let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
     assert_eq!(check(&doc, "next_id")["status"], "pass", "{doc:#}");
+}
+
+#[test]
+fn a_symlinked_or_world_writable_metrics_folder_warns_and_doctor_writes_nothing_there() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let real = files.dir().join("real-metrics");
+    std::fs::create_dir(&real).expect("mkdir");
+    std::fs::remove_dir(&files.metrics_dir).expect("rmdir");
+    std::os::unix::fs::symlink(&real, &files.metrics_dir).expect("symlink");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    let c = check(&doc, "metrics");
+    assert_eq!(c["status"], "warn", "{doc:#}");
+    assert!(
+        c["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&files.metrics_dir.display().to_string())),
+        "{c}"
+    );
+    std::fs::remove_file(&files.metrics_dir).expect("rm symlink");
+    std::fs::create_dir(&files.metrics_dir).expect("mkdir");
+    std::fs::set_permissions(&files.metrics_dir, std::fs::Permissions::from_mode(0o777))
+        .expect("chmod");
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    let c = check(&doc, "metrics");
+    assert_eq!(c["status"], "warn", "{doc:#}");
+    assert!(
+        c["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("chmod o-w")),
+        "{c}"
+    );
+    for d in [&real, &files.metrics_dir] {
+        assert_eq!(
+            std::fs::read_dir(d).expect("ls").count(),
+            0,
+            "doctor wrote into {}",
+            d.display()
+        );
+    }
 }

@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["hub"],
     &["service", "doctor"],
+    &["metrics"],
     &["preflight"],
     &["provision"],
     &["guest"],

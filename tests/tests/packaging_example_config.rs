@@ -51,7 +51,7 @@ fn example_loads_as_shipped() {
         "the default profile folder is where the package installs default/run"
     );
     assert_eq!(
-        cfg.restore_test.metrics_dir,
+        cfg.metrics.dir,
         Path::new("/var/lib/prometheus/node-exporter"),
         "the systemd units allow writes to this folder only"
     );

@@ -377,12 +377,8 @@ async fn pve_refusals_sent_as_500_are_pve_refused_not_unreachable() {
 
 #[test]
 fn restore_test_onto_a_storage_without_rootdir_is_refused_before_any_write() {
-    let metrics = tempfile::tempdir().expect("tmp");
     let opts = AgentOptions {
-        extra_toml: format!(
-            "[restore_test]\nstorage = \"local\"\nmetrics_dir = \"{}\"\n",
-            metrics.path().display()
-        ),
+        extra_toml: "[restore_test]\nstorage = \"local\"\n".to_string(),
         ..AgentOptions::default()
     };
     let w = World::with_options(demo_scenario(), &opts);

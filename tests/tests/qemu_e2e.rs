@@ -158,11 +158,7 @@ fn green_qemu_provision_runs_the_bootstrap_for_real_and_destroys_through_the_gat
 
 #[test]
 fn qemu_restore_test_comes_up_isolated_with_only_net0() {
-    let metrics = tempfile::tempdir().expect("tmp");
-    let extra = format!(
-        "[restore_test]\nmetrics_dir = \"{}\"\nsources = [\"{QEMU_BACKUP}\"]\n",
-        metrics.path().display()
-    );
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\n");
     let w = world(scenario(qemu_backup_config(), booting_guest()), &extra);
     let mut child = w
         .command()
@@ -326,13 +322,9 @@ fn restore_test_dispatched_by_the_hub_runs_isolated_and_reports_once() {
     use hub_protocol::{Dispatch, DispatchAction, Outcome};
 
     let hub = DevHub::start(DevHubOptions::default());
-    let metrics = tempfile::tempdir().expect("tmp");
     let opts = AgentOptions {
         selftest_source: Some(QEMU_BACKUP.to_string()),
-        extra_toml: format!(
-            "[restore_test]\nmetrics_dir = \"{}\"\nsources = [\"{QEMU_BACKUP}\"]\n",
-            metrics.path().display()
-        ),
+        extra_toml: format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\n"),
         hub: Some(hub.hub_options()),
         ..AgentOptions::default()
     };

@@ -10,23 +10,17 @@ use serde_json::{json, Value};
 
 struct RestoreWorld {
     world: World,
-    metrics: tempfile::TempDir,
 }
 
 impl RestoreWorld {
     fn new(scenario: Value) -> RestoreWorld {
-        let metrics = tempfile::tempdir().expect("tmp");
-        let opts = AgentOptions {
-            extra_toml: format!(
-                "[restore_test]\nmetrics_dir = \"{}\"\n",
-                metrics.path().display()
-            ),
-            ..AgentOptions::default()
-        };
         RestoreWorld {
-            world: World::with_options(scenario, &opts),
-            metrics,
+            world: World::with_options(scenario, &AgentOptions::default()),
         }
+    }
+
+    fn metrics_dir(&self) -> &std::path::Path {
+        &self.world.files.metrics_dir
     }
 
     fn agent(&self, args: &[&str]) -> AgentRun {
@@ -34,7 +28,7 @@ impl RestoreWorld {
     }
 
     fn metrics(&self) -> String {
-        std::fs::read_to_string(self.metrics.path().join("felhom_restore_test.prom"))
+        std::fs::read_to_string(self.metrics_dir().join("felhom_restore_test.prom"))
             .expect("metrics file")
     }
 }
@@ -182,7 +176,7 @@ fn dry_run_names_backup_and_vmid_and_writes_nothing() {
     );
     assert!(w.world.pve.writes().is_empty());
     assert!(
-        !w.metrics.path().join("felhom_restore_test.prom").exists(),
+        !w.metrics_dir().join("felhom_restore_test.prom").exists(),
         "a dry run writes no metrics"
     );
 }

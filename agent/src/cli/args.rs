@@ -31,7 +31,8 @@ felhom-agent guests                          the full guest list, pool and forei
 felhom-agent vmid-check 120                  is vmid 120 free for a provision?\n  \
 felhom-agent --selftest=provision -vmid 120  provision, verify and destroy a test guest\n  \
 felhom-agent --selftest=restore --dry-run    show what the restore test would do\n  \
-felhom-agent journal                         transactions and whether destroy is armed\n\n\
+felhom-agent journal                         transactions and whether destroy is armed\n  \
+felhom-agent journal --stats --since 7d      per-phase p50/p95/max and outcomes, last 7 days\n\n\
 Exit codes: 0 done (also a skipped restore test), 2 usage, 3 refused before any write,\n\
 4 PVE refused or failed the create, 5 launched but bootstrap or checks failed,\n\
 6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human."
@@ -134,8 +135,25 @@ pub enum Command {
     /// The node's preflight: config, token file, PVE TLS, token and privileges, pool,
     /// .vmlist, hub. Writes nothing. Exit 0 when all pass, 6 otherwise.
     Doctor,
-    /// The transactions, their phase and whether destroy is armed.
-    Journal,
+    /// The transactions, their phase and whether destroy is armed; with --stats, how long
+    /// each phase takes.
+    #[command(
+        long_about = "The transactions, their phase and whether destroy is armed.\n\n\
+With --stats: per kind of transaction and per phase, how many times the phase ended and how \
+long it lasted (p50, p95 and max in seconds, nearest-rank percentiles), and the outcomes \
+counted (`open` for transactions not settled). A phase lasts from the journal record that \
+entered it to the record that entered the next phase; the last phase of a transaction has no \
+duration. Reads the journal only: no PVE call, nothing written."
+    )]
+    Journal {
+        /// Print per-phase durations (count, p50, p95, max) and outcome counts per kind.
+        #[arg(long)]
+        stats: bool,
+        /// With --stats: only transactions started within this long before now: a number and
+        /// a unit, s, m, h or d (e.g. 90m, 36h, 7d).
+        #[arg(long, value_name = "DURATION", requires = "stats")]
+        since: Option<String>,
+    },
     /// Gated destroy of a guest this agent created; anything else is refused (exit 7).
     Destroy {
         /// The vmid of the guest to destroy.

@@ -8,6 +8,7 @@
 
 mod args;
 pub mod output;
+pub mod progress;
 
 pub use args::*;
 
@@ -48,11 +49,26 @@ impl CommandOutput {
 /// Set up tracing on stderr: human lines (colour only on a terminal) or JSON lines, UTC
 /// RFC 3339 timestamps; `-v` debug, `-vv` trace; `FELHOM_AGENT_LOG` overrides the filter.
 pub fn init_tracing(global: &GlobalOpts) {
+    init_tracing_quiet(global, false);
+}
+
+/// [`init_tracing`] for a parsed command line: while a self-test draws its progress view on a
+/// terminal, the default level is `warn` (the view shows the phases; `-v` brings the lines
+/// back).
+pub fn init_tracing_for(cli: &Cli) {
+    init_tracing_quiet(
+        &cli.global,
+        cli.selftest.is_some() && live_view(&cli.global),
+    );
+}
+
+fn init_tracing_quiet(global: &GlobalOpts, quiet: bool) {
     use tracing_subscriber::fmt::time::UtcTime;
     use tracing_subscriber::EnvFilter;
-    let level = match global.verbose {
-        0 => "info",
-        1 => "debug",
+    let level = match (global.verbose, quiet) {
+        (0, true) => "warn",
+        (0, false) => "info",
+        (1, _) => "debug",
         _ => "trace",
     };
     let filter = EnvFilter::try_from_env("FELHOM_AGENT_LOG")
@@ -68,6 +84,12 @@ pub fn init_tracing(global: &GlobalOpts) {
             .with_target(false)
             .try_init(),
     };
+}
+
+/// Whether the live progress view is drawn: stderr is a terminal and the log format is not
+/// JSON.
+fn live_view(global: &GlobalOpts) -> bool {
+    global.log_format != LogFormat::Json && std::io::stderr().is_terminal()
 }
 
 /// A token cancelled on SIGINT or SIGTERM.
@@ -145,9 +167,15 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Ok(c) => c,
                 Err(out) => return out,
             };
-            let reporter = SpoolReporter::new(cfg.state_dir.clone());
+            let spool = SpoolReporter::new(cfg.state_dir.clone());
+            let progress = live_view(&cli.global)
+                .then(|| progress::ProgressReporter::start(SpoolReporter::new(cfg.state_dir.clone())));
+            let reporter: &dyn crate::provision::effects::Reporter = match &progress {
+                Some(p) => p,
+                None => &spool,
+            };
             let opts = &cli.selftest_opts;
-            match kind {
+            let out = match kind {
                 SelftestKind::Provision => {
                     let req = ProvisionRequest {
                         vmid: opts.vmid.clone(),
@@ -162,7 +190,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                         &req,
                         TxnKind::SelftestProvision,
                         Ulid::new(),
-                        &reporter,
+                        reporter,
                         shutdown_token(),
                     )
                     .await;
@@ -176,13 +204,17 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                         &cfg,
                         opts.dry_run,
                         Ulid::new(),
-                        &reporter,
+                        reporter,
                         shutdown_token(),
                     )
                     .await;
                     output::restore_test(ran, opts.dry_run)
                 }
+            };
+            if let Some(p) = progress {
+                p.finish();
             }
+            out
         }
         (None, Some(cmd)) => {
             if let Command::Doctor = cmd {
@@ -196,7 +228,14 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Command::Doctor => output::doctor(&crate::doctor::check_all(&cli.global.config).await),
                 Command::Guests => output::guests(service::guests(&cfg).await),
                 Command::VmidCheck { vmid } => output::vmid_check(service::vmid_check(&cfg, &vmid).await),
-                Command::Journal => output::journal(service::journal_rows(&cfg)),
+                Command::Journal { stats: false, .. } => output::journal(service::journal_rows(&cfg)),
+                Command::Journal { stats: true, since } => {
+                    let since_s = match since.as_deref().map(crate::metrics::stats::parse_since).transpose() {
+                        Ok(s) => s,
+                        Err(msg) => return usage(&msg),
+                    };
+                    output::journal_stats(service::journal_stats(&cfg, since_s))
+                }
                 Command::Destroy { vmid } => {
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(

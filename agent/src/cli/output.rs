@@ -51,9 +51,9 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>) -> String 
     }
     for c in checks {
         s.push_str(&format!(
-            "check {:<28} {:?}{}\n",
+            "check {:<28} {}{}\n",
             c.name,
-            c.status,
+            c.status.as_str(),
             c.message
                 .as_deref()
                 .map(|m| format!(": {m}"))
@@ -296,6 +296,18 @@ pub fn journal(rows: Result<Vec<JournalRow>, Failure>) -> CommandOutput {
         json: json!({"transactions": rows}),
         human,
         status: ExitStatus::Ok,
+    }
+}
+
+/// `journal --stats`.
+pub fn journal_stats(stats: Result<crate::metrics::stats::Stats, Failure>) -> CommandOutput {
+    match stats {
+        Ok(s) => CommandOutput {
+            json: serde_json::to_value(&s).unwrap_or_else(|_| json!({})),
+            human: crate::metrics::stats::human(&s),
+            status: ExitStatus::Ok,
+        },
+        Err(f) => CommandOutput::failure(&f),
     }
 }
 

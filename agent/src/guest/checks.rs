@@ -669,7 +669,7 @@ pub async fn run_checks<E: GuestExec>(
                 duration_ms: elapsed,
             },
         };
-        tracing::info!(vmid = guest.vmid, check = %result.name, status = ?result.status, "osquery check");
+        tracing::info!(vmid = guest.vmid, check = %result.name, status = result.status.as_str(), "osquery check");
         results.push(result);
     }
     results

@@ -74,6 +74,8 @@ pub struct DaemonSettings {
     pub hub: Option<HubConfig>,
     /// The session timing.
     pub timing: Timing,
+    /// node_exporter's textfile folder (`None`: no metrics files).
+    pub metrics_dir: Option<PathBuf>,
 }
 
 /// How the daemon ended.
@@ -103,6 +105,7 @@ pub async fn run(cfg: &Config, shutdown: CancellationToken) -> Result<DaemonRepo
         state_dir: cfg.state_dir.clone(),
         hub: cfg.hub.clone(),
         timing,
+        metrics_dir: Some(cfg.metrics.dir.clone()),
     };
     let runner = Arc::new(runner::ProvisionRunner::new(Arc::new(cfg.clone())));
     run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await
@@ -151,6 +154,16 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         ));
     }
     tokio::spawn(spool_ingester(outbox.clone(), background.clone()));
+    if let Some(dir) = settings.metrics_dir.clone() {
+        tokio::spawn(metrics_loop(
+            dir,
+            settings.state_dir.clone(),
+            endpoint.is_some(),
+            health.clone(),
+            outbox.clone(),
+            background.clone(),
+        ));
+    }
     let mut sessions = 0u64;
     match endpoint {
         None => {
@@ -250,6 +263,12 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         open_dispatches: outbox.open_dispatch_count(),
     };
     outbox.close().await;
+    if let Some(dir) = &settings.metrics_dir {
+        let text = crate::metrics::hub_text(false, report.outbox_depth);
+        if let Err(e) = crate::metrics::textfile::write(dir, crate::metrics::HUB_FILE, &text) {
+            tracing::warn!("metrics not updated: {e}");
+        }
+    }
     tracing::info!(
         "stopped: {} messages wait in the outbox, {} dispatches are open",
         report.outbox_depth,
@@ -270,6 +289,60 @@ async fn spool_ingester(outbox: Outbox, stop: CancellationToken) {
         }
         tokio::select! {
             _ = tokio::time::sleep(outbox::SPOOL_POLL_INTERVAL) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Keeps the metrics files current: the hub's (connected while the hub was heard from within
+/// the watchdog's silence limit; outbox depth) within a second of a change and at least every
+/// [`crate::metrics::DAEMON_INTERVAL`], the journal's every [`crate::metrics::DAEMON_INTERVAL`].
+async fn metrics_loop(
+    dir: PathBuf,
+    state_dir: PathBuf,
+    hub_configured: bool,
+    health: Arc<Mutex<WatchdogPolicy>>,
+    outbox: Outbox,
+    stop: CancellationToken,
+) {
+    let every = crate::metrics::DAEMON_INTERVAL;
+    let mut warned = false;
+    let mut written: Option<(bool, u64)> = None;
+    let mut hub_at: Option<Instant> = None;
+    let mut journal_at: Option<Instant> = None;
+    loop {
+        let connected = hub_configured
+            && health
+                .lock()
+                .map(|h| h.last_heard().is_some() && h.healthy(Instant::now()))
+                .unwrap_or(false);
+        let now = (connected, outbox.depth());
+        let mut result = Ok(());
+        if written != Some(now) || hub_at.is_none_or(|t| t.elapsed() >= every) {
+            let text = crate::metrics::hub_text(now.0, now.1);
+            result = crate::metrics::textfile::write(&dir, crate::metrics::HUB_FILE, &text)
+                .map_err(|e| e.to_string());
+            if result.is_ok() {
+                written = Some(now);
+                hub_at = Some(Instant::now());
+            }
+        }
+        if result.is_ok() && journal_at.is_none_or(|t| t.elapsed() >= every) {
+            result = crate::provision::Journal::open(&state_dir)
+                .map_err(|e| e.to_string())
+                .and_then(|j| crate::metrics::update_transactions(&dir, &j));
+            journal_at = Some(Instant::now());
+        }
+        match result {
+            Err(e) if !warned => {
+                tracing::warn!("metrics not updated (retried every second): {e}");
+                warned = true;
+            }
+            Err(_) => {}
+            Ok(()) => warned = false,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = stop.cancelled() => return,
         }
     }
@@ -384,6 +457,7 @@ mod tests {
 
     fn settings(dir: &std::path::Path) -> DaemonSettings {
         DaemonSettings {
+            metrics_dir: None,
             node: "pve1".into(),
             pool: "felhom".into(),
             state_dir: dir.to_path_buf(),

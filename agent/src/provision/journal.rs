@@ -37,7 +37,7 @@ use ulid::Ulid;
 use super::machine::{OutcomeKind, Phase, State, Step, TxnKind};
 use crate::durable_log::{self, sync_dir, EncodeError, LogError, LogFile, OpenMode, Reject};
 use crate::error::{ErrorCode, Failure};
-use crate::timefmt::now_rfc3339;
+use crate::timefmt::rfc3339;
 
 /// The record format version this agent writes and reads.
 pub const FORMAT_VERSION: u32 = durable_log::FORMAT_VERSION;
@@ -196,12 +196,42 @@ impl Default for Limits {
     }
 }
 
-/// One record: the state after a transition, numbered and timestamped.
+/// One record: the state after a transition, numbered and timestamped. The first record of a
+/// new phase also says how long the phase before it lasted.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
     seq: u64,
     at: String,
     state: State,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    phase_done: Option<PhaseDone>,
+}
+
+/// How long one phase lasted: from the first record in that phase to the first record of the
+/// next one (journaled in that next record).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PhaseDone {
+    /// The phase that ended.
+    pub phase: Phase,
+    /// How long it lasted, in seconds (clock time between the two records).
+    pub seconds: f64,
+}
+
+/// The phase timings of one transaction, for `journal --stats` and the metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TxnTimings {
+    /// Transaction id.
+    pub txn: Ulid,
+    /// What started it.
+    pub kind: TxnKind,
+    /// First record (UTC, RFC 3339).
+    pub started_at: String,
+    /// The outcome once settled, `None` while open.
+    pub outcome: Option<OutcomeKind>,
+    /// Whether it is settled `needs_human` or open and waiting for a person.
+    pub needs_human: bool,
+    /// Each phase that ended, in order, with its duration.
+    pub phases: Vec<PhaseDone>,
 }
 
 /// The last journaled state of one transaction.
@@ -284,6 +314,10 @@ pub struct Journal {
 struct FileRead {
     first_at: Option<String>,
     last: Option<Record>,
+    /// When the last record's phase began (the first record in that phase).
+    phase_since: Option<String>,
+    /// Every phase duration the records hold, in order.
+    phases: Vec<PhaseDone>,
     records: u64,
     torn: bool,
 }
@@ -330,7 +364,7 @@ impl Journal {
         let txn = state.txn();
         let path = self.path_of(txn);
         // Encode and check the caps before the file exists: a refused record leaves nothing.
-        let line = self.encode(state, 0)?;
+        let line = self.encode(state, 0, None)?;
         if line.len() as u64 > self.limits.max_file_bytes {
             return Err(self.file_full(txn, &path));
         }
@@ -377,7 +411,15 @@ impl Journal {
             .ok_or_else(not_found)?;
         let read = self.read_file(&mut log, txn)?;
         let first_at = read.first_at.ok_or_else(not_found)?;
-        let line = self.encode(state, read.records)?;
+        let now = time::OffsetDateTime::now_utc();
+        let phase_done = match (&read.last, &read.phase_since) {
+            (Some(last), Some(since)) if last.state.phase() != state.phase() => Some(PhaseDone {
+                phase: last.state.phase(),
+                seconds: seconds_since(since, now),
+            }),
+            _ => None,
+        };
+        let line = self.encode_at(state, read.records, phase_done, now)?;
         if !log.fits(line.len() as u64) {
             return Err(self.file_full(txn, &path));
         }
@@ -423,6 +465,21 @@ impl Journal {
     /// Every transaction's last state, oldest first (ULID order). Fails on the first corrupt
     /// file; torn last lines are ignored with a warning.
     pub fn replay(&self) -> Result<Vec<TxnState>, JournalError> {
+        let mut out = Vec::new();
+        for (txn, path) in self.files()? {
+            let mut log = self.open_existing(txn, &path, OpenMode::Read)?;
+            let read = self.read_file(&mut log, txn)?;
+            if let Some(t) = to_txn_state(read, path) {
+                out.push(t);
+            }
+        }
+        out.sort_by_key(|t| t.state.txn());
+        Ok(out)
+    }
+
+    /// Every transaction file of the folder, with its transaction id; other names are ignored
+    /// with a warning.
+    fn files(&self) -> Result<Vec<(Ulid, PathBuf)>, JournalError> {
         let entries = fs::read_dir(&self.dir).map_err(|source| JournalError::Io {
             path: self.dir.clone(),
             source,
@@ -449,13 +506,8 @@ impl Journal {
                 );
                 continue;
             };
-            let mut log = self.open_existing(txn, &path, OpenMode::Read)?;
-            let read = self.read_file(&mut log, txn)?;
-            if let Some(t) = to_txn_state(read, path) {
-                out.push(t);
-            }
+            out.push((txn, path));
         }
-        out.sort_by_key(|t| t.state.txn());
         Ok(out)
     }
 
@@ -472,6 +524,31 @@ impl Journal {
     /// The rows of `felhom-agent journal`, oldest first.
     pub fn list(&self) -> Result<Vec<JournalRow>, JournalError> {
         Ok(self.replay()?.iter().map(JournalRow::from).collect())
+    }
+
+    /// The phase timings of every transaction, oldest first (`journal --stats`, the metrics).
+    /// Fails on the first corrupt file, like [`Journal::replay`].
+    pub fn timings(&self) -> Result<Vec<TxnTimings>, JournalError> {
+        let mut out = Vec::new();
+        for (txn, path) in self.files()? {
+            let mut log = self.open_existing(txn, &path, OpenMode::Read)?;
+            let read = self.read_file(&mut log, txn)?;
+            let (Some(started_at), Some(last)) = (read.first_at, read.last) else {
+                continue;
+            };
+            let s = &last.state;
+            out.push(TxnTimings {
+                txn,
+                kind: s.kind(),
+                started_at,
+                outcome: s.outcome_kind(),
+                needs_human: s.outcome_kind() == Some(OutcomeKind::NeedsHuman)
+                    || s.phase() == Phase::NeedsHuman,
+                phases: read.phases,
+            });
+        }
+        out.sort_by_key(|t| t.txn);
+        Ok(out)
     }
 
     /// The latest transaction on `vmid` that recorded a UPID of its own or, not being a
@@ -499,12 +576,28 @@ impl Journal {
     }
 
     /// One record line: the state, numbered and timestamped, within the per-record cap.
-    fn encode(&self, state: &State, seq: u64) -> Result<String, JournalError> {
+    fn encode(
+        &self,
+        state: &State,
+        seq: u64,
+        phase_done: Option<PhaseDone>,
+    ) -> Result<String, JournalError> {
+        self.encode_at(state, seq, phase_done, time::OffsetDateTime::now_utc())
+    }
+
+    fn encode_at(
+        &self,
+        state: &State,
+        seq: u64,
+        phase_done: Option<PhaseDone>,
+        at: time::OffsetDateTime,
+    ) -> Result<String, JournalError> {
         let txn = state.txn();
         let record = Record {
             seq,
-            at: now_rfc3339(),
+            at: rfc3339(at),
             state: state.clone(),
+            phase_done,
         };
         let rec = serde_json::to_string(&record)
             .map_err(|source| JournalError::Encode { txn, source })?;
@@ -582,8 +675,24 @@ impl Journal {
             );
         }
         let first_at = contents.entries.first().map(|e| e.value.at.clone());
+        let mut phase_since: Option<(Phase, String)> = None;
+        let mut phases = Vec::new();
+        for e in &contents.entries {
+            let r = &e.value;
+            if let Some(done) = r.phase_done {
+                phases.push(done);
+            }
+            if phase_since
+                .as_ref()
+                .is_none_or(|(p, _)| *p != r.state.phase())
+            {
+                phase_since = Some((r.state.phase(), r.at.clone()));
+            }
+        }
         Ok(FileRead {
             first_at,
+            phase_since: phase_since.map(|(_, at)| at),
+            phases,
             records: contents.entries.len() as u64,
             torn: contents.torn.is_some(),
             last: contents.entries.into_iter().next_back().map(|e| e.value),
@@ -599,6 +708,13 @@ fn log_error(txn: Ulid) -> impl Fn(LogError) -> JournalError {
             TooLarge { path, size, max } => JournalError::FileTooLarge { path, size, max },
         )
     }
+}
+
+/// Seconds from the RFC 3339 instant `since` to `now` (0 when `since` does not parse or lies
+/// in the future).
+fn seconds_since(since: &str, now: time::OffsetDateTime) -> f64 {
+    time::OffsetDateTime::parse(since, &time::format_description::well_known::Rfc3339)
+        .map_or(0.0, |t| (now - t).as_seconds_f64().max(0.0))
 }
 
 /// Decode the line just written, as a replay will read it.

@@ -10,7 +10,7 @@
 //! (DESIGN rule 6) before anything is written, the vmid verdict against the FULL guest list,
 //! the per-vmid lock, and handing a transaction to the provision executor.
 //!
-//! It may use `provision`, `guest`, `inventory`, `vmid`, `pve`, `config`, `error` and the
+//! It may use `metrics`, `provision`, `guest`, `inventory`, `vmid`, `pve`, `config`, `error` and the
 //! hub's wire types (`hub_protocol`), never `cli` or `hub`.
 
 pub mod restore_test;
@@ -29,6 +29,7 @@ use crate::inventory::{
     join, read_full_list, FullGuestList, GuestType, GuestsReport, Membership, PoolView,
     ResourceRow, SystemListCommands,
 };
+use crate::metrics;
 use crate::preflight::{self, PreflightReport};
 use crate::provision::effects::{Executor, Reporter};
 use crate::provision::journal::JournalRow;
@@ -212,6 +213,43 @@ pub fn journal_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
         .map_err(|e| Failure::new(e.code(), e.to_string()))
 }
 
+/// Rewrite the journal's metrics file after a transaction; a failure is a warning only.
+fn refresh_metrics(cfg: &Config, journal: &Journal) {
+    if let Err(e) = metrics::update_transactions(&cfg.metrics.dir, journal) {
+        tracing::warn!("metrics not updated: {e}");
+    }
+}
+
+/// `journal --stats`: the figures of the transactions started within the last `since_s`
+/// seconds (all when `None`), from the journal only.
+pub fn journal_stats(cfg: &Config, since_s: Option<u64>) -> Result<metrics::stats::Stats, Failure> {
+    let timings = open_journal(cfg)?
+        .timings()
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    let cutoff = since_s.map(|s| {
+        let back = time::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX));
+        time::OffsetDateTime::now_utc()
+            .checked_sub(back)
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+    });
+    let kept: Vec<_> = timings
+        .into_iter()
+        .filter(|t| {
+            cutoff.is_none_or(|c| {
+                time::OffsetDateTime::parse(
+                    &t.started_at,
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .is_ok_and(|at| at >= c)
+            })
+        })
+        .collect();
+    Ok(metrics::stats::compute(
+        &kept,
+        cutoff.map(crate::timefmt::rfc3339),
+    ))
+}
+
 /// Settle every open transaction a crashed run left (DESIGN rule 6): finish an armed cleanup,
 /// or mark it `needs_human`. Transactions whose vmid lock is held belong to a live process and
 /// are left alone. Returns how many were settled.
@@ -332,8 +370,12 @@ pub async fn provision(
     // becomes the transaction's first event, so nothing is journaled or written.
     let (report, first) = preflight::gate(cfg, &prepared.pve, &request, first).await;
     let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
+    let driven = exec.drive(State::new(request), first).await;
+    if !req.dry_run {
+        refresh_metrics(cfg, &prepared.journal);
+    }
     Ok(TxnRun {
-        driven: exec.drive(State::new(request), first).await,
+        driven,
         preflight: Some(report),
     })
 }
@@ -364,6 +406,7 @@ pub async fn destroy(
     // A refusal is only journaled (nothing is sent to PVE); the hub learns of it all the same.
     let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
     let driven = exec.drive_effects(state, effects).await;
+    refresh_metrics(cfg, &prepared.journal);
     // The guest was seen gone or without its proof: the origin's claim is withdrawn in its
     // own journal too, so `journal` no longer shows it armed.
     if let (Some(reason), Some(o)) = (driven.state.disarmed(), origin.as_ref()) {
@@ -399,7 +442,9 @@ pub async fn resume(
     let journal = open_journal(cfg).ok()?;
     let _lock = VmidLock::try_acquire(&cfg.state_dir, vmid, Some(state.txn())).ok()?;
     let mut exec = Executor::new(cfg, &pve, &journal, reporter, cancel);
-    Some(exec.settle(state).await)
+    let driven = exec.settle(state).await;
+    refresh_metrics(cfg, &journal);
+    Some(driven)
 }
 
 /// The wire form of a settled transaction's result (`None` while it is open).

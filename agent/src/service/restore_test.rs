@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,7 @@ use super::{full_list, pool_view, prepare, prepare_read_only};
 use crate::config::Config;
 use crate::error::{ErrorCode, Failure};
 use crate::inventory::join;
+use crate::metrics;
 use crate::preflight::PreflightReport;
 use crate::provision::effects::{Driven, Executor, Reporter};
 use crate::provision::machine::{Event, OutcomeKind, Request, State, TxnKind};
@@ -34,7 +35,7 @@ use crate::vmid::{restore_band_pick, RESTORE_TEST_BAND};
 /// The rotation state file in the state dir.
 pub const ROTATION_FILE: &str = "restore-test.json";
 /// The metrics file in the textfile collector folder.
-pub const METRICS_FILE: &str = "felhom_restore_test.prom";
+pub const METRICS_FILE: &str = metrics::RESTORE_TEST_FILE;
 
 /// What the rotation remembers between runs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -103,6 +104,7 @@ fn read_rotation(path: &Path) -> RotationState {
         .unwrap_or_default()
 }
 
+/// The rotation file, in the state dir (root's, 0700): written through a temporary name.
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let tmp = path.with_extension("tmp");
@@ -114,7 +116,6 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
             .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        // Explicit, whatever the umask: node_exporter reads the metrics as another user.
         f.set_permissions(fs::Permissions::from_mode(mode))?;
         f.sync_all()?;
     }
@@ -123,48 +124,6 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
         fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
-}
-
-/// The Prometheus text exposition of one run.
-pub fn metrics_text(outcome: &str, duration_s: f64, now: u64, rot: &RotationState) -> String {
-    let mut s = String::new();
-    s.push_str("# HELP felhom_restore_test_last_run_timestamp_seconds When the last self-restore-test run ended.\n");
-    s.push_str("# TYPE felhom_restore_test_last_run_timestamp_seconds gauge\n");
-    s.push_str(&format!(
-        "felhom_restore_test_last_run_timestamp_seconds {now}\n"
-    ));
-    s.push_str("# HELP felhom_restore_test_last_success_timestamp_seconds When a self-restore-test last succeeded (0: never).\n");
-    s.push_str("# TYPE felhom_restore_test_last_success_timestamp_seconds gauge\n");
-    s.push_str(&format!(
-        "felhom_restore_test_last_success_timestamp_seconds {}\n",
-        rot.last_success.unwrap_or(0)
-    ));
-    s.push_str("# HELP felhom_restore_test_duration_seconds How long the last run took.\n");
-    s.push_str("# TYPE felhom_restore_test_duration_seconds gauge\n");
-    s.push_str(&format!(
-        "felhom_restore_test_duration_seconds {duration_s:.3}\n"
-    ));
-    s.push_str("# HELP felhom_restore_test_outcome The outcome of the last run (1 for the outcome it had).\n");
-    s.push_str("# TYPE felhom_restore_test_outcome gauge\n");
-    for o in ["ok", "failed", "skipped", "needs_human", "refused"] {
-        s.push_str(&format!(
-            "felhom_restore_test_outcome{{outcome=\"{o}\"}} {}\n",
-            u8::from(o == outcome)
-        ));
-    }
-    s.push_str("# HELP felhom_restore_test_skipped_total Runs skipped because the restore-test band was full.\n");
-    s.push_str("# TYPE felhom_restore_test_skipped_total counter\n");
-    s.push_str(&format!(
-        "felhom_restore_test_skipped_total {}\n",
-        rot.skipped_total
-    ));
-    s.push_str("# HELP felhom_restore_test_runs_total Self-restore-test runs.\n");
-    s.push_str("# TYPE felhom_restore_test_runs_total counter\n");
-    s.push_str(&format!(
-        "felhom_restore_test_runs_total {}\n",
-        rot.runs_total
-    ));
-    s
 }
 
 fn unix_now() -> u64 {
@@ -317,15 +276,19 @@ pub async fn run(
             }
         }
         let label = outcome.map_or("needs_human", OutcomeKind::as_str);
-        let text = metrics_text(label, started.elapsed().as_secs_f64(), now, &rot);
-        let path: PathBuf = cfg.restore_test.metrics_dir.join(METRICS_FILE);
-        if let Err(e) = fs::create_dir_all(&cfg.restore_test.metrics_dir)
-            .and_then(|()| write_atomic(&path, text.as_bytes(), 0o644))
-        {
-            metrics_error = Some(format!(
-                "cannot write the metrics file {}: {e}",
-                path.display()
-            ));
+        let text = metrics::restore_test_text(&metrics::RestoreTestFigures {
+            outcome: label,
+            duration_s: started.elapsed().as_secs_f64(),
+            now,
+            last_success: rot.last_success,
+            skipped_total: rot.skipped_total,
+            runs_total: rot.runs_total,
+        });
+        if let Err(e) = metrics::textfile::write(&cfg.metrics.dir, METRICS_FILE, &text) {
+            metrics_error = Some(e.to_string());
+        }
+        if let Err(e) = metrics::update_transactions(&cfg.metrics.dir, &prepared.journal) {
+            metrics_error.get_or_insert(e);
         }
     }
     Ok(RestoreTestRun {
@@ -412,31 +375,5 @@ mod tests {
             Some("200")
         );
         assert!(next_in_rotation(&[], None).is_none());
-    }
-
-    #[test]
-    fn metrics_are_prometheus_text() {
-        let rot = RotationState {
-            last: None,
-            last_success: Some(1_700_000_000),
-            skipped_total: 2,
-            runs_total: 5,
-        };
-        let t = metrics_text("skipped", 1.5, 1_700_000_100, &rot);
-        for line in t.lines() {
-            if line.starts_with('#') {
-                assert!(
-                    line.starts_with("# HELP ") || line.starts_with("# TYPE "),
-                    "{line}"
-                );
-                continue;
-            }
-            let (name, value) = line.rsplit_once(' ').unwrap_or(("", ""));
-            assert!(name.starts_with("felhom_restore_test_"), "{line}");
-            assert!(value.parse::<f64>().is_ok(), "{line}");
-        }
-        assert!(t.contains("felhom_restore_test_outcome{outcome=\"skipped\"} 1"));
-        assert!(t.contains("felhom_restore_test_outcome{outcome=\"ok\"} 0"));
-        assert!(t.contains("felhom_restore_test_skipped_total 2"));
     }
 }

@@ -477,3 +477,48 @@ fn journal_files_are_private_to_root() {
     assert_eq!(mode(j.dir()), 0o700);
     assert_eq!(mode(&j.path_of(t)), 0o600);
 }
+
+#[test]
+fn each_phase_that_ends_is_journaled_with_its_duration() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(42);
+    let all = states(t, 120);
+    let mut expected = Vec::new();
+    let mut entered = std::time::Instant::now();
+    for (i, s) in all.iter().enumerate() {
+        if i > 0 && all[i - 1].phase() != s.phase() {
+            expected.push((all[i - 1].phase(), entered.elapsed().as_secs_f64()));
+            entered = std::time::Instant::now();
+        }
+        j.record(s).expect("record");
+        std::thread::sleep(std::time::Duration::from_millis(20 * (i as u64 + 1)));
+    }
+    let timings = j.timings().expect("timings");
+    assert_eq!(timings.len(), 1);
+    let got = &timings[0];
+    assert_eq!(got.txn, t);
+    assert_eq!(got.kind, TxnKind::SelftestProvision);
+    assert_eq!(got.outcome, None);
+    assert!(!got.needs_human);
+    assert_eq!(
+        got.phases.iter().map(|p| p.phase).collect::<Vec<_>>(),
+        expected.iter().map(|e| e.0).collect::<Vec<_>>(),
+        "one duration per phase that ended, none for a record in the same phase"
+    );
+    assert!(
+        expected.len() >= 2,
+        "the fixture changes phase: {expected:?}"
+    );
+    for (p, (_, measured)) in got.phases.iter().zip(&expected) {
+        assert!(
+            (p.seconds - measured).abs() < 0.05,
+            "{:?}: journaled {} s, measured {measured} s",
+            p.phase,
+            p.seconds
+        );
+    }
+    // The file says so too, in the record that entered the next phase.
+    let text = std::fs::read_to_string(j.path_of(t)).expect("read");
+    assert_eq!(text.matches("\"phase_done\"").count(), expected.len());
+}

@@ -1,0 +1,162 @@
+//! The live progress view of `--selftest=provision` and `--selftest=restore` on a terminal:
+//! one line per phase on stderr (name and elapsed time; a spinner and the UPID while the phase
+//! waits on a PVE task), then a summary table of the phases. Only when stderr is a terminal
+//! and the log format is not JSON; otherwise nothing changes.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::guest::checks::CheckResult;
+use crate::provision::effects::Reporter;
+use crate::provision::machine::{Phase, State};
+
+const SPINNER: [char; 4] = ['|', '/', '-', '\\'];
+const TICK: Duration = Duration::from_millis(120);
+
+/// The phase on the live line.
+#[derive(Debug)]
+struct Live {
+    phase: Phase,
+    since: Instant,
+    upid: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct View {
+    live: Option<Live>,
+    done: Vec<(Phase, Duration)>,
+    tick: usize,
+}
+
+impl View {
+    fn line(&self, live: &Live, finished: bool) -> String {
+        let secs = live.since.elapsed().as_secs_f64();
+        let waits_on_task = !finished && live.phase == Phase::Submitted;
+        let mark = if finished {
+            '+'
+        } else {
+            SPINNER[self.tick % SPINNER.len()]
+        };
+        let mut s = format!("  {mark} {:<13} {secs:>7.1} s", live.phase.as_str());
+        if let (true, Some(upid)) = (waits_on_task, live.upid.as_deref()) {
+            // A UPID is PVE's, so hostile: printable ASCII only, bounded.
+            let clean: String = upid
+                .chars()
+                .filter(|c| c.is_ascii_graphic())
+                .take(120)
+                .collect();
+            s.push_str(&format!("  waiting on PVE task {clean}"));
+        }
+        s
+    }
+}
+
+/// A reporter that draws the progress view and hands everything on to `inner`.
+pub struct ProgressReporter<R: Reporter> {
+    inner: R,
+    view: Arc<Mutex<View>>,
+    stop: Arc<AtomicBool>,
+    ticker: Option<std::thread::JoinHandle<()>>,
+}
+
+fn draw(text: &str, newline: bool) {
+    let mut err = std::io::stderr().lock();
+    let _ = write!(err, "\r\x1b[2K{text}{}", if newline { "\n" } else { "" });
+    let _ = err.flush();
+}
+
+impl<R: Reporter> ProgressReporter<R> {
+    /// Start the view (its ticker redraws the live line).
+    pub fn start(inner: R) -> Self {
+        let view = Arc::new(Mutex::new(View::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticker = {
+            let (view, stop) = (view.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(TICK);
+                    if let Ok(mut v) = view.lock() {
+                        v.tick += 1;
+                        if let Some(live) = &v.live {
+                            draw(&v.line(live, false), false);
+                        }
+                    }
+                }
+            })
+        };
+        Self {
+            inner,
+            view,
+            stop,
+            ticker: Some(ticker),
+        }
+    }
+
+    /// Close the last phase's line and print the summary table.
+    pub fn finish(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+        let Ok(mut v) = self.view.lock() else { return };
+        if let Some(live) = v.live.take() {
+            draw(&v.line(&live, true), true);
+            v.done.push((live.phase, live.since.elapsed()));
+        }
+        if v.done.is_empty() {
+            return;
+        }
+        let mut table = format!("\n  {:<13} {:>9}\n", "PHASE", "SECONDS");
+        let mut total = Duration::ZERO;
+        for (phase, d) in &v.done {
+            table.push_str(&format!(
+                "  {:<13} {:>9.2}\n",
+                phase.as_str(),
+                d.as_secs_f64()
+            ));
+            total += *d;
+        }
+        table.push_str(&format!("  {:<13} {:>9.2}\n", "total", total.as_secs_f64()));
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "{table}");
+        let _ = err.flush();
+    }
+}
+
+impl<R: Reporter> Reporter for ProgressReporter<R> {
+    fn phase(&self, state: &State) {
+        if let Ok(mut v) = self.view.lock() {
+            let same = v.live.as_ref().is_some_and(|l| l.phase == state.phase());
+            if same {
+                if let Some(live) = v.live.as_mut() {
+                    live.upid = state.upid().map(str::to_string);
+                }
+            } else {
+                if let Some(live) = v.live.take() {
+                    draw(&v.line(&live, true), true);
+                    v.done.push((live.phase, live.since.elapsed()));
+                }
+                let live = Live {
+                    phase: state.phase(),
+                    since: Instant::now(),
+                    upid: state.upid().map(str::to_string),
+                };
+                draw(&v.line(&live, false), false);
+                v.live = Some(live);
+            }
+        }
+        self.inner.phase(state);
+    }
+
+    fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {
+        self.inner.result(state, checks)
+    }
+}
+
+impl<R: Reporter> Drop for ProgressReporter<R> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}

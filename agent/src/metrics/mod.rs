@@ -1,0 +1,344 @@
+//! What an operator watches: the metrics files for node_exporter's textfile collector and the
+//! figures of `journal --stats`.
+//!
+//! Three files in `[metrics] dir`, each written whole and safely ([`textfile`]):
+//!
+//! - [`TRANSACTIONS_FILE`]: from the journal only, rewritten after every transaction (command
+//!   line or hub dispatch) and by the daemon every [`DAEMON_INTERVAL`]:
+//!   `felhom_phase_duration_seconds` (histogram by `kind` and `phase`),
+//!   `felhom_transactions_total` (by `kind` and `outcome`), `felhom_needs_human`;
+//! - [`HUB_FILE`]: the daemon's, within a second of a change, at least every
+//!   [`DAEMON_INTERVAL`] and when it stops:
+//!   `felhom_hub_connected`, `felhom_outbox_depth`;
+//! - [`RESTORE_TEST_FILE`]: after every restore-test run: the `felhom_restore_test_*` gauges
+//!   and counters.
+//!
+//! It may use `provision` (the journal's types), `config` and `error`.
+
+pub mod stats;
+pub mod textfile;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::provision::journal::TxnTimings;
+use crate::provision::machine::{OutcomeKind, Phase, TxnKind};
+use crate::provision::Journal;
+
+/// The journal-derived metrics.
+pub const TRANSACTIONS_FILE: &str = "felhom_transactions.prom";
+/// The daemon's hub metrics.
+pub const HUB_FILE: &str = "felhom_hub.prom";
+/// The restore test's metrics.
+pub const RESTORE_TEST_FILE: &str = "felhom_restore_test.prom";
+/// How often the daemon rewrites its files at least.
+pub const DAEMON_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Upper bounds of the phase-duration histogram buckets, seconds.
+pub const BUCKETS: [f64; 13] = [
+    0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+/// Every kind of transaction, for series that exist before the first transaction.
+const KINDS: [TxnKind; 4] = [
+    TxnKind::Provision,
+    TxnKind::Destroy,
+    TxnKind::SelftestProvision,
+    TxnKind::SelftestRestore,
+];
+
+/// Every outcome.
+const OUTCOMES: [OutcomeKind; 5] = [
+    OutcomeKind::Ok,
+    OutcomeKind::Refused,
+    OutcomeKind::Failed,
+    OutcomeKind::Skipped,
+    OutcomeKind::NeedsHuman,
+];
+
+fn header(s: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(s, "# HELP {name} {help}");
+    let _ = writeln!(s, "# TYPE {name} {kind}");
+}
+
+/// A float as Prometheus text: integers without a fraction, `+Inf` for infinity.
+fn num(v: f64) -> String {
+    if v.is_infinite() {
+        "+Inf".to_string()
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// The journal-derived exposition: phase-duration histograms, transactions by outcome, and
+/// the transactions that need a person.
+pub fn transactions_text(timings: &[TxnTimings]) -> String {
+    use std::collections::BTreeMap;
+    let mut hist: BTreeMap<(&str, Phase), Vec<f64>> = BTreeMap::new();
+    let mut totals: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for k in KINDS {
+        for o in OUTCOMES {
+            totals.insert((k.as_str(), o.as_str()), 0);
+        }
+    }
+    let mut needs_human = 0u64;
+    for t in timings {
+        for p in &t.phases {
+            hist.entry((t.kind.as_str(), p.phase))
+                .or_default()
+                .push(p.seconds);
+        }
+        if let Some(o) = t.outcome {
+            *totals.entry((t.kind.as_str(), o.as_str())).or_default() += 1;
+        }
+        if t.needs_human {
+            needs_human += 1;
+        }
+    }
+    let mut s = String::new();
+    header(
+        &mut s,
+        "felhom_phase_duration_seconds",
+        "histogram",
+        "How long each phase of a transaction lasted, from the journal.",
+    );
+    for ((kind, phase), values) in &hist {
+        let labels = format!("kind=\"{kind}\",phase=\"{}\"", phase.as_str());
+        for le in BUCKETS {
+            let n = values.iter().filter(|v| **v <= le).count();
+            let _ = writeln!(
+                s,
+                "felhom_phase_duration_seconds_bucket{{{labels},le=\"{}\"}} {n}",
+                num(le)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "felhom_phase_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+            values.len()
+        );
+        let sum: f64 = values.iter().sum();
+        let _ = writeln!(
+            s,
+            "felhom_phase_duration_seconds_sum{{{labels}}} {}",
+            num((sum * 1000.0).round() / 1000.0)
+        );
+        let _ = writeln!(
+            s,
+            "felhom_phase_duration_seconds_count{{{labels}}} {}",
+            values.len()
+        );
+    }
+    header(
+        &mut s,
+        "felhom_transactions_total",
+        "counter",
+        "Settled transactions in the journal, by kind and outcome.",
+    );
+    for ((kind, outcome), n) in &totals {
+        let _ = writeln!(
+            s,
+            "felhom_transactions_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {n}"
+        );
+    }
+    header(
+        &mut s,
+        "felhom_needs_human",
+        "gauge",
+        "Transactions in the journal that need a person (outcome needs_human).",
+    );
+    let _ = writeln!(s, "felhom_needs_human {needs_human}");
+    s
+}
+
+/// The daemon's exposition.
+pub fn hub_text(connected: bool, outbox_depth: u64) -> String {
+    let mut s = String::new();
+    header(
+        &mut s,
+        "felhom_hub_connected",
+        "gauge",
+        "1 while the hub was heard from within two heartbeats, else 0.",
+    );
+    let _ = writeln!(s, "felhom_hub_connected {}", u8::from(connected));
+    header(
+        &mut s,
+        "felhom_outbox_depth",
+        "gauge",
+        "Messages waiting in the outbox for the hub.",
+    );
+    let _ = writeln!(s, "felhom_outbox_depth {outbox_depth}");
+    s
+}
+
+/// What the restore-test metrics say about the last run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestoreTestFigures<'a> {
+    /// `ok`, `failed`, `skipped`, `needs_human` or `refused`.
+    pub outcome: &'a str,
+    /// How long the run took, seconds.
+    pub duration_s: f64,
+    /// When it ended (Unix time).
+    pub now: u64,
+    /// When a run last succeeded (Unix time).
+    pub last_success: Option<u64>,
+    /// Runs skipped because the band was full.
+    pub skipped_total: u64,
+    /// Runs.
+    pub runs_total: u64,
+}
+
+/// The restore test's exposition.
+pub fn restore_test_text(f: &RestoreTestFigures<'_>) -> String {
+    let mut s = String::new();
+    header(
+        &mut s,
+        "felhom_restore_test_last_run_timestamp_seconds",
+        "gauge",
+        "When the last self-restore-test run ended.",
+    );
+    let _ = writeln!(
+        s,
+        "felhom_restore_test_last_run_timestamp_seconds {}",
+        f.now
+    );
+    header(
+        &mut s,
+        "felhom_restore_test_last_success_timestamp_seconds",
+        "gauge",
+        "When a self-restore-test last succeeded (0: never).",
+    );
+    let _ = writeln!(
+        s,
+        "felhom_restore_test_last_success_timestamp_seconds {}",
+        f.last_success.unwrap_or(0)
+    );
+    header(
+        &mut s,
+        "felhom_restore_test_duration_seconds",
+        "gauge",
+        "How long the last run took.",
+    );
+    let _ = writeln!(
+        s,
+        "felhom_restore_test_duration_seconds {:.3}",
+        f.duration_s
+    );
+    header(
+        &mut s,
+        "felhom_restore_test_outcome",
+        "gauge",
+        "The outcome of the last run (1 for the outcome it had).",
+    );
+    for o in ["ok", "failed", "skipped", "needs_human", "refused"] {
+        let _ = writeln!(
+            s,
+            "felhom_restore_test_outcome{{outcome=\"{o}\"}} {}",
+            u8::from(o == f.outcome)
+        );
+    }
+    header(
+        &mut s,
+        "felhom_restore_test_skipped_total",
+        "counter",
+        "Runs skipped because the restore-test band was full.",
+    );
+    let _ = writeln!(s, "felhom_restore_test_skipped_total {}", f.skipped_total);
+    header(
+        &mut s,
+        "felhom_restore_test_runs_total",
+        "counter",
+        "Self-restore-test runs.",
+    );
+    let _ = writeln!(s, "felhom_restore_test_runs_total {}", f.runs_total);
+    s
+}
+
+/// Rewrite [`TRANSACTIONS_FILE`] from the journal. The error's message names the folder or
+/// journal file and what to do; a caller logs it and never fails a transaction for it.
+pub fn update_transactions(dir: &Path, journal: &Journal) -> Result<(), String> {
+    let timings = journal.timings().map_err(|e| e.to_string())?;
+    textfile::write(dir, TRANSACTIONS_FILE, &transactions_text(&timings)).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provision::journal::PhaseDone;
+    use ulid::Ulid;
+
+    fn assert_exposition(text: &str) {
+        for line in text.lines() {
+            if line.starts_with('#') {
+                assert!(
+                    line.starts_with("# HELP felhom_") || line.starts_with("# TYPE felhom_"),
+                    "{line}"
+                );
+                continue;
+            }
+            let (name, value) = line.rsplit_once(' ').unwrap_or(("", ""));
+            assert!(name.starts_with("felhom_"), "{line}");
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let t = TxnTimings {
+            txn: Ulid::new(),
+            kind: TxnKind::Provision,
+            started_at: "2026-01-01T00:00:00Z".into(),
+            outcome: Some(OutcomeKind::NeedsHuman),
+            needs_human: true,
+            phases: vec![
+                PhaseDone {
+                    phase: Phase::Submitted,
+                    seconds: 0.3,
+                },
+                PhaseDone {
+                    phase: Phase::Created,
+                    seconds: 7.0,
+                },
+            ],
+        };
+        let mut t2 = t.clone();
+        t2.outcome = Some(OutcomeKind::Ok);
+        t2.needs_human = false;
+        t2.phases[0].seconds = 40.0;
+        let text = transactions_text(&[t, t2]);
+        assert_exposition(&text);
+        let b = "felhom_phase_duration_seconds_bucket{kind=\"provision\",phase=\"submitted\"";
+        assert!(text.contains(&format!("{b},le=\"0.1\"}} 0\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"0.5\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"60\"}} 2\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"+Inf\"}} 2\n")), "{text}");
+        assert!(text.contains(
+            "felhom_phase_duration_seconds_sum{kind=\"provision\",phase=\"submitted\"} 40.3\n"
+        ));
+        assert!(text
+            .contains("felhom_transactions_total{kind=\"provision\",outcome=\"needs_human\"} 1\n"));
+        assert!(text.contains("felhom_transactions_total{kind=\"destroy\",outcome=\"ok\"} 0\n"));
+        assert!(text.contains("felhom_needs_human 1\n"));
+    }
+
+    #[test]
+    fn hub_and_restore_test_texts() {
+        assert_exposition(&hub_text(true, 3));
+        assert!(hub_text(false, 3).contains("felhom_hub_connected 0\n"));
+        let t = restore_test_text(&RestoreTestFigures {
+            outcome: "skipped",
+            duration_s: 1.5,
+            now: 1_700_000_100,
+            last_success: Some(1_700_000_000),
+            skipped_total: 2,
+            runs_total: 5,
+        });
+        assert_exposition(&t);
+        assert!(t.contains("felhom_restore_test_outcome{outcome=\"skipped\"} 1"));
+        assert!(t.contains("felhom_restore_test_outcome{outcome=\"ok\"} 0"));
+        assert!(t.contains("felhom_restore_test_skipped_total 2"));
+    }
+}
