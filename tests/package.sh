@@ -130,10 +130,10 @@ step "the binary"
 ok "usr/bin/felhom-agent runs: $("$r/usr/bin/felhom-agent" --version)"
 
 step "no test hooks in the packaged binary"
-# The kill switch and the hub timing override exist only with the `test-hooks` feature. The
+# The kill switch and the hub timing override (with its loop-hang key) exist only with the `test-hooks` feature. The
 # test build (target/debug/felhom-agent after build-deb.sh) must carry both names, which shows
 # that the search finds them where they are.
-hooks="FELHOM_AGENT_KILL_AT FELHOM_AGENT_HUB_TIMING"
+hooks="FELHOM_AGENT_KILL_AT FELHOM_AGENT_HUB_TIMING hang_hub_loop_after_ms"
 for name in $hooks; do
   grep -qaF "$name" "$r/usr/bin/felhom-agent" && fail "the packaged binary carries the test hook $name"
   grep -qaF "$name" "${CARGO_TARGET_DIR:-$root/target}/debug/felhom-agent" ||

@@ -41,7 +41,7 @@ pub mod store;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
@@ -52,7 +52,7 @@ pub use dispatch::{
     MAX_CONCURRENT_TRANSACTIONS,
 };
 pub use inventory::PveInventory;
-pub use notify::{Notifier, WatchdogPolicy};
+pub use notify::{DaemonLoop, Liveness, Notifier};
 pub use outbox::{derived_message_id, spool, Outbox, OutboxError};
 pub use session::{HubEndpoint, SessionEnd, Timing};
 
@@ -137,20 +137,28 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         tracing::error!("cannot read the open dispatches: {e}");
     }
     let notifier = Arc::new(notifier);
-    let health = Arc::new(Mutex::new(WatchdogPolicy::new(
-        endpoint.is_some(),
-        Duration::from_secs(30),
-    )));
+    // The watchdog vouches for the daemon's own loops, never for the hub: a loop still for
+    // two ping intervals (the whole WatchdogSec) stops the pings.
+    let liveness = Arc::new(Liveness::new(
+        notifier
+            .watchdog_interval()
+            .map_or(Duration::from_secs(60), |every| every * 2)
+            .max(notify::LIVENESS_TICK * 4),
+    ));
     let background = CancellationToken::new();
     if let Some(every) = notifier.watchdog_interval() {
         tokio::spawn(watchdog_loop(
             every,
             notifier.clone(),
-            health.clone(),
+            liveness.clone(),
             background.clone(),
         ));
     }
-    tokio::spawn(spool_ingester(outbox.clone(), background.clone()));
+    tokio::spawn(spool_ingester(
+        outbox.clone(),
+        liveness.clone(),
+        background.clone(),
+    ));
     let mut sessions = 0u64;
     match endpoint {
         None => {
@@ -158,7 +166,9 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
             tracing::info!(
                 "no [hub] configured: reports wait in the outbox until a hub is configured"
             );
-            shutdown.cancelled().await;
+            liveness
+                .beat_while(DaemonLoop::Hub, shutdown.cancelled())
+                .await;
             notifier.stopping("stopping");
             dispatcher.shutdown(settings.timing.shutdown_grace).await;
         }
@@ -198,7 +208,7 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
                 pool: &settings.pool,
                 outbox: &outbox,
                 dispatcher: &dispatcher,
-                health: &health,
+                liveness: &liveness,
                 notifier: &notifier,
                 ready_sent: &ready_sent,
                 inventory_now: &inventory_now,
@@ -209,6 +219,7 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
             let mut last_status: Option<String> = None;
             loop {
                 let outcome = ctx.run(&mut acks_rx, &stop_session).await;
+                liveness.beat(DaemonLoop::Hub);
                 if outcome.welcomed {
                     sessions += 1;
                     backoff.reset();
@@ -227,15 +238,27 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
                     delay.as_secs_f32(),
                     backoff.attempts()
                 );
-                let status = format!("hub unreachable ({}); reconnecting", outcome.end);
+                // An outage is reported, not punished: the watchdog keeps being fed while this
+                // loop turns, so systemd does not restart an agent that only lost its hub.
+                let status = format!(
+                    "hub unreachable ({}); reconnecting; running transactions go on",
+                    outcome.end
+                );
                 if last_status.as_deref() != Some(status.as_str()) {
                     notifier.status(&status);
                     last_status = Some(status);
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = stop_session.cancelled() => break,
-                    _ = shutdown.cancelled() => break,
+                let stopped = liveness
+                    .beat_while(DaemonLoop::Hub, async {
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => false,
+                            _ = stop_session.cancelled() => true,
+                            _ = shutdown.cancelled() => true,
+                        }
+                    })
+                    .await;
+                if stopped {
+                    break;
                 }
             }
             // Whatever way the loop ended, work must have stopped before the outbox closes.
@@ -260,38 +283,58 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
 
 /// Moves messages other commands spooled into the outbox, at start and every
 /// [`outbox::SPOOL_POLL_INTERVAL`].
-async fn spool_ingester(outbox: Outbox, stop: CancellationToken) {
+async fn spool_ingester(outbox: Outbox, liveness: Arc<Liveness>, stop: CancellationToken) {
     loop {
+        liveness.beat(DaemonLoop::Spool);
         match outbox.ingest_spool().await {
             Ok(0) => {}
             Ok(n) => tracing::info!("moved {n} spooled reports into the outbox"),
             Err(OutboxError::Closed) => return,
             Err(e) => tracing::warn!("cannot move spooled reports into the outbox: {e}"),
         }
-        tokio::select! {
-            _ = tokio::time::sleep(outbox::SPOOL_POLL_INTERVAL) => {}
-            _ = stop.cancelled() => return,
+        let stopped = liveness
+            .beat_while(DaemonLoop::Spool, async {
+                tokio::select! {
+                    _ = tokio::time::sleep(outbox::SPOOL_POLL_INTERVAL) => false,
+                    _ = stop.cancelled() => true,
+                }
+            })
+            .await;
+        if stopped {
+            return;
         }
     }
 }
 
+/// Pings systemd's watchdog every `every` while [`Liveness`] says every loop turns; a still
+/// loop is logged once and the pings stop, so systemd restarts the agent.
 async fn watchdog_loop(
     every: Duration,
     notifier: Arc<Notifier>,
-    health: Arc<Mutex<WatchdogPolicy>>,
+    liveness: Arc<Liveness>,
     stop: CancellationToken,
 ) {
+    let mut reported = false;
     loop {
+        match liveness.check(Instant::now()) {
+            Ok(()) => {
+                reported = false;
+                notifier.watchdog();
+            }
+            Err((lp, still)) if !reported => {
+                reported = true;
+                tracing::error!(
+                    "the {} has not turned for {:.1} s: no watchdog ping; systemd restarts the agent after WatchdogSec",
+                    lp.as_str(),
+                    still.as_secs_f32()
+                );
+                notifier.status(&format!("{} stuck: watchdog pings stopped", lp.as_str()));
+            }
+            Err(_) => {}
+        }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stop.cancelled() => return,
-        }
-        let healthy = health
-            .lock()
-            .map(|h| h.healthy(Instant::now()))
-            .unwrap_or(false);
-        if healthy {
-            notifier.watchdog();
         }
     }
 }
