@@ -127,8 +127,23 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         summary.pending_messages,
         summary.open_dispatches
     );
-    if let Err(f) = runner.prepare().await {
+    if let Err(f) = runner.prepare(&outbox, shutdown.clone()).await {
+        let report = DaemonReport {
+            sessions: 0,
+            outbox_depth: outbox.depth(),
+            open_dispatches: outbox.open_dispatch_count(),
+        };
         outbox.close().await;
+        if shutdown.is_cancelled() {
+            // SIGTERM while a transaction left open was being followed: its UPID stays in
+            // the journal and the next start follows it on. Nothing was aborted.
+            tracing::info!(
+                "stopped while settling open transactions ([{}] {}); the next start takes them up from the journal",
+                f.code,
+                f.message
+            );
+            return Ok(report);
+        }
         return Err(f);
     }
     let (acks_tx, mut acks_rx) = mpsc::unbounded_channel();
@@ -404,7 +419,11 @@ mod tests {
             Vec::new()
         }
 
-        async fn prepare(&self) -> Result<(), Failure> {
+        async fn prepare(
+            &self,
+            _outbox: &Outbox,
+            _cancel: CancellationToken,
+        ) -> Result<(), Failure> {
             Err(Failure::new(
                 ErrorCode::PveUnreachable,
                 "cannot settle open transactions",
