@@ -1,7 +1,8 @@
 //! The daemon stopped in the middle of a provision, with the hub dispatching work:
 //! - SIGTERM while the restore task runs at PVE: the agent stops waiting (never the task: no
 //!   `DELETE /nodes/{node}/tasks/{upid}`), journals where the transaction stands and exits
-//!   promptly; the next start follows the journaled UPID to its end, the restore is never sent
+//!   promptly, also when the SIGTERM comes while a start follows the journaled UPID; the next
+//!   start follows the journaled UPID to its end, the restore is never sent
 //!   again, and the provision's result reaches the hub once (settled: failed, its own guest
 //!   destroyed).
 //! - SIGKILL right after a phase's journal record: the phase's event reaches the hub after the
@@ -116,7 +117,28 @@ fn sigterm_during_a_restore_aborts_no_task_and_the_next_start_finishes_it() {
     assert!(!hub.snapshot().results.contains_key(&txn));
     assert_eq!(journal_upid(&w, 6200).as_deref(), Some(upid.as_str()));
 
-    // The next start follows the journaled UPID to its end and finishes the transaction.
+    // The next start follows the journaled UPID; a SIGTERM while it does stops that waiting
+    // too, just as promptly, and still aborts nothing.
+    let agent = AgentDaemon::spawn(&w.files.config_path, FAST_TIMING, &env);
+    agent.wait_for_log("settling a transaction a previous run left open", WAIT);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        task_status(&w, &upid).as_deref(),
+        Some("running"),
+        "the restore task ended before the second SIGTERM: the test proves nothing"
+    );
+    let term = Instant::now();
+    let (status, log) = agent.terminate(Duration::from_secs(20));
+    let took = term.elapsed();
+    assert!(status.success(), "run exited {status}:\n{log}");
+    assert!(
+        took < Duration::from_secs(4),
+        "took {took:?} to stop:\n{log}"
+    );
+    assert_eq!(task_status(&w, &upid).as_deref(), Some("running"));
+    assert!(!hub.snapshot().results.contains_key(&txn));
+
+    // The start after that follows the journaled UPID to its end and settles the transaction.
     let agent = AgentDaemon::spawn(&w.files.config_path, FAST_TIMING, &env);
     let state = hub.wait_for("the result after the restart", WAIT, |s| {
         s.results.contains_key(&txn)

@@ -127,30 +127,6 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         summary.pending_messages,
         summary.open_dispatches
     );
-    if let Err(f) = runner.prepare(&outbox, shutdown.clone()).await {
-        let report = DaemonReport {
-            sessions: 0,
-            outbox_depth: outbox.depth(),
-            open_dispatches: outbox.open_dispatch_count(),
-        };
-        outbox.close().await;
-        if shutdown.is_cancelled() {
-            // SIGTERM while a transaction left open was being followed: its UPID stays in
-            // the journal and the next start follows it on. Nothing was aborted.
-            tracing::info!(
-                "stopped while settling open transactions ([{}] {}); the next start takes them up from the journal",
-                f.code,
-                f.message
-            );
-            return Ok(report);
-        }
-        return Err(f);
-    }
-    let (acks_tx, mut acks_rx) = mpsc::unbounded_channel();
-    let dispatcher = Dispatcher::new(runner, inventory.clone(), outbox.clone(), acks_tx);
-    if let Err(e) = dispatcher.resume().await {
-        tracing::error!("cannot read the open dispatches: {e}");
-    }
     let notifier = Arc::new(notifier);
     // The watchdog vouches for the daemon's own loops, never for the hub: a loop still for
     // two ping intervals (the whole WatchdogSec) stops the pings.
@@ -174,6 +150,40 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         liveness.clone(),
         background.clone(),
     ));
+    // Settling what a previous run left open may follow a PVE task for a long time: the
+    // watchdog is fed meanwhile and SIGTERM stops the waiting.
+    if summary.open_dispatches > 0 {
+        notifier.status("settling transactions a previous run left open");
+    }
+    let prepared = liveness
+        .beat_while(DaemonLoop::Hub, runner.prepare(&outbox, shutdown.clone()))
+        .await;
+    if let Err(f) = prepared {
+        background.cancel();
+        let report = DaemonReport {
+            sessions: 0,
+            outbox_depth: outbox.depth(),
+            open_dispatches: outbox.open_dispatch_count(),
+        };
+        outbox.close().await;
+        if shutdown.is_cancelled() {
+            notifier.stopping("stopping");
+            // SIGTERM while a transaction left open was being followed: its UPID stays in
+            // the journal and the next start follows it on. Nothing was aborted.
+            tracing::info!(
+                "stopped while settling open transactions ([{}] {}); the next start takes them up from the journal",
+                f.code,
+                f.message
+            );
+            return Ok(report);
+        }
+        return Err(f);
+    }
+    let (acks_tx, mut acks_rx) = mpsc::unbounded_channel();
+    let dispatcher = Dispatcher::new(runner, inventory.clone(), outbox.clone(), acks_tx);
+    if let Err(e) = dispatcher.resume().await {
+        tracing::error!("cannot read the open dispatches: {e}");
+    }
     let mut sessions = 0u64;
     match endpoint {
         None => {
