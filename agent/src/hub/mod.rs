@@ -18,11 +18,14 @@
 //! Other commands report through [`outbox::spool`]; the daemon moves what they spooled into
 //! the outbox.
 //!
-//! [`run_daemon`] ties them together: open the outbox, resume open dispatches, then either
-//! idle until SIGTERM (no `[hub]`: reports wait in the outbox) or keep a session with the hub,
-//! reconnecting with backoff. SIGTERM stops new work, lets running transactions reach a
-//! journaled step (up to [`session::SHUTDOWN_GRACE`]), flushes the outbox to the hub if a
-//! session is up, and closes the outbox.
+//! [`run_daemon`] ties them together: open the outbox, feed systemd's watchdog while the
+//! daemon's own loops turn ([`Liveness`]; a hub outage is reported, never a reason to stop
+//! the pings), settle what a previous run left open, resume open dispatches, then either idle
+//! until SIGTERM (no `[hub]`: reports wait in the outbox) or keep a session with the hub,
+//! reconnecting with backoff. SIGTERM stops new work and every wait for PVE (never a PVE task:
+//! the journal holds each transaction's UPID and the next start follows it), lets running
+//! transactions reach a journaled step (up to [`session::SHUTDOWN_GRACE`]), flushes the
+//! outbox to the hub if a session is up, and closes the outbox.
 //!
 //! Nothing here ever logs or returns the hub credential.
 //!
