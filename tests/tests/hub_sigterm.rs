@@ -251,6 +251,17 @@ fn a_phase_event_survives_a_sigkill_right_after_its_journal_record() {
             .map(|(m, e)| (m, e.phase, e.detail.clone()))
             .collect::<Vec<_>>()
     );
+    // It was stored by the next start (the kill came before the first run could store it).
+    let sessions: Vec<u64> = state
+        .frames
+        .iter()
+        .filter(|f| f.id == Some(id))
+        .map(|f| f.session)
+        .collect();
+    assert!(
+        !sessions.is_empty() && sessions.iter().all(|s| *s == 2),
+        "the event of record {RECORD} came in sessions {sessions:?}"
+    );
     let event = &applied[0].1;
     assert_eq!(event.txn, txn);
     assert_eq!(event.phase, phase);
