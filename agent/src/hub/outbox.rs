@@ -914,6 +914,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_blocking_event_is_synced_on_return_and_stored_once_per_record() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let AgentMessage::Event(ev) = event(1) else {
+            unreachable!()
+        };
+        let id3 = event_message_id(ev.txn, 3);
+        assert_eq!(id3, event_message_id(ev.txn, 3), "the id is stable");
+        assert_ne!(id3, event_message_id(ev.txn, 4));
+        assert_ne!(id3, event_message_id(txn(2), 3));
+        {
+            let (outbox, _) = Outbox::open(dir.path()).expect("open");
+            outbox.push_event_blocking(id3, ev.clone()).expect("push");
+            // The same record reported again (after a crash) is stored once.
+            outbox.push_event_blocking(id3, ev.clone()).expect("again");
+            outbox
+                .push_event_blocking(event_message_id(ev.txn, 4), ev.clone())
+                .expect("next record");
+            assert_eq!(outbox.depth(), 2);
+            // Dropped without close: what returned is on disk.
+            drop(outbox);
+        }
+        let mut tries = 0;
+        let (outbox, summary) = loop {
+            // The writer thread of the dropped handle ends once its channel is gone.
+            match Outbox::open(dir.path()) {
+                Ok(o) => break o,
+                Err(e) if tries < 250 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("the outbox stayed locked after its handle was dropped: {e}"),
+            }
+        };
+        assert_eq!(summary.pending_messages, 2);
+        let pending = all_pending(&outbox).await;
+        assert_eq!(pending[0].id, id3);
+        outbox.close().await;
+    }
+
+    #[tokio::test]
     async fn a_result_is_stored_once_under_an_id_derived_from_its_transaction() {
         let dir = tempfile::tempdir().expect("tmp");
         let (outbox, _) = Outbox::open(dir.path()).expect("open");
