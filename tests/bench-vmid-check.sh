@@ -12,7 +12,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 runs=${1:-100}
 cd "$root"
 cargo build --release --quiet -p felhom-agent
-work=$(mktemp -d)
+# Not under /tmp: the agent refuses a state_dir that does not survive a reboot.
+mkdir -p "$root/target/tmp"
+work=$(mktemp -d "$root/target/tmp/vmid-check-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 python3 - "$work" <<'PY'
 import os, random, sys

@@ -14,7 +14,9 @@ printf '\n== building felhom-agent\n' >&2
 cargo build --quiet -p felhom-agent
 agent="$root/target/debug/felhom-agent"
 
-work=$(mktemp -d /tmp/felhom-demo.XXXXXX)
+# Not under /tmp: the agent refuses a state_dir that does not survive a reboot.
+mkdir -p "$root/target/tmp"
+work=$(mktemp -d "$root/target/tmp/felhom-demo.XXXXXX")
 fake_pid=""
 cleanup() {
   [ -n "$fake_pid" ] && kill "$fake_pid" 2>/dev/null && wait "$fake_pid" 2>/dev/null || true

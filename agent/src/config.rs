@@ -489,6 +489,15 @@ impl Config {
                 state_dir.display().to_string()
             )));
         }
+        // And a folder emptied at boot or kept in memory would forget, after a reboot, the
+        // guests this agent created (and the PVE tasks it was following).
+        if let Some(why) = state_dir_volatility(&state_dir) {
+            return Err(invalid(format!(
+                "config {}: state_dir {:?} {why}; its journal decides which guests this agent may destroy and must survive a reboot: set state_dir to a folder on persistent disk, e.g. /var/lib/felhom-agent (the default)",
+                path.display(),
+                state_dir.display().to_string()
+            )));
+        }
         Ok(Config {
             path: path.to_path_buf(),
             node,
@@ -532,6 +541,49 @@ fn tls_trust(
         (None, Some(ca)) => Ok(Some(TlsTrust::CaFile(ca.clone()))),
         (None, None) => Ok(None),
     }
+}
+
+/// Folders that do not survive a reboot on a Proxmox VE node (Debian: `/tmp` may be tmpfs or
+/// cleaned at boot, `/run` and `/dev/shm` are tmpfs).
+pub const VOLATILE_PREFIXES: [&str; 3] = ["/tmp", "/run", "/dev/shm"];
+
+/// `RAMFS_MAGIC` of `linux/magic.h` (nix names tmpfs but not ramfs).
+const RAMFS_MAGIC: u32 = 0x8584_58f6;
+
+/// Why `state_dir` would not survive a reboot, or `None`: it is in memory (tmpfs, ramfs:
+/// `statfs` of the folder, or of its nearest existing parent when it does not exist yet), it
+/// lies under one of [`VOLATILE_PREFIXES`], or it names a parent (`..`), which would make the
+/// prefix check meaningless. A folder whose file system cannot be read is not refused here
+/// (`doctor` reports it).
+pub fn state_dir_volatility(state_dir: &Path) -> Option<String> {
+    if state_dir
+        .components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Some("contains `..`".to_string());
+    }
+    if let Some(fs) = memory_file_system(state_dir) {
+        return Some(format!("is on {fs}, which lives in memory"));
+    }
+    VOLATILE_PREFIXES
+        .iter()
+        .find(|p| state_dir.starts_with(p))
+        .map(|p| format!("is under {p}, which does not survive a reboot"))
+}
+
+/// `tmpfs` or `ramfs` when the file system holding `path` (or its nearest existing parent)
+/// is one of them.
+pub fn memory_file_system(path: &Path) -> Option<&'static str> {
+    let probe = path.ancestors().find(|p| p.exists())?;
+    let fs = nix::sys::statfs::statfs(probe).ok()?;
+    let ty = fs.filesystem_type();
+    if ty == nix::sys::statfs::TMPFS_MAGIC {
+        return Some("tmpfs");
+    }
+    // The magic is a 32-bit value; the C type is wider on 64-bit targets.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let magic = ty.0 as u32;
+    (magic == RAMFS_MAGIC).then_some("ramfs")
 }
 
 /// Parse a SHA-256 fingerprint: 64 hex digits, colons optional, any case.
@@ -719,6 +771,64 @@ mod tests {
         )
         .expect("absolute");
         assert_eq!(ok.state_dir, PathBuf::from("/var/lib/felhom-agent"));
+    }
+
+    #[test]
+    fn a_state_dir_that_does_not_survive_a_reboot_is_refused() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let load = |dir: &str| {
+            Config::parse(
+                Path::new("/etc/felhom-agent/agent.toml"),
+                &sample(&t, &format!("state_dir = \"{dir}\"")),
+            )
+        };
+        // Under a prefix emptied at boot (on this machine /tmp is on the root file system, so
+        // the prefix alone refuses it).
+        for dir in [
+            "/tmp/felhom-agent",
+            "/run/felhom-agent",
+            "/tmp",
+            "/var/lib/../../tmp/x",
+        ] {
+            let err = load(dir).expect_err(dir);
+            assert_eq!(err.code, ErrorCode::ConfigInvalid);
+            for part in [
+                "/etc/felhom-agent/agent.toml",
+                "state_dir",
+                dir,
+                "/var/lib/felhom-agent",
+            ] {
+                assert!(err.message.contains(part), "{dir}: {part}: {}", err.message);
+            }
+        }
+        assert!(load("/tmp/x")
+            .expect_err("tmp")
+            .message
+            .contains("is under /tmp"));
+        // On tmpfs: /dev/shm is tmpfs here; the file system check speaks first.
+        let err = load("/dev/shm/felhom-agent/state").expect_err("tmpfs");
+        assert!(err.message.contains("is on tmpfs"), "{}", err.message);
+        // Look-alikes of the prefixes are fine.
+        for dir in ["/var/lib/felhom-agent", "/tmpfoo/felhom", "/srv/run/felhom"] {
+            let c = load(dir).unwrap_or_else(|e| panic!("{dir}: {}", e.message));
+            assert_eq!(c.state_dir, PathBuf::from(dir));
+        }
+    }
+
+    #[test]
+    fn the_file_system_check_reads_the_nearest_existing_parent() {
+        assert_eq!(memory_file_system(Path::new("/dev/shm")), Some("tmpfs"));
+        assert_eq!(
+            memory_file_system(Path::new("/dev/shm/not/yet/made")),
+            Some("tmpfs")
+        );
+        assert_eq!(
+            memory_file_system(Path::new(env!("CARGO_MANIFEST_DIR"))),
+            None
+        );
+        // A tmpfs found through the file system, not the name.
+        assert!(state_dir_volatility(Path::new("/dev/shm/a")).is_some_and(|w| w.contains("tmpfs")));
     }
 
     #[test]

@@ -494,8 +494,28 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
             ),
         }
     }
+    // Config::load refuses a volatile state_dir; checked again here in case the folder was
+    // mounted over (tmpfs) after the config was written.
+    if let Some(why) = crate::config::state_dir_volatility(&cfg.state_dir) {
+        r.fail(
+            "state_dir",
+            ErrorCode::ConfigInvalid,
+            format!(
+                "{} {why}; its journal must survive a reboot: set state_dir in {} to a folder on persistent disk, e.g. /var/lib/felhom-agent",
+                cfg.state_dir.display(),
+                cfg.path.display()
+            ),
+        );
+        return;
+    }
     match std::fs::metadata(&cfg.state_dir) {
-        Ok(m) if m.is_dir() => r.pass("state_dir", format!("{} exists", cfg.state_dir.display())),
+        Ok(m) if m.is_dir() => r.pass(
+            "state_dir",
+            format!(
+                "{} exists, on persistent disk (not in memory, not under /tmp, /run, /dev/shm)",
+                cfg.state_dir.display()
+            ),
+        ),
         Ok(_) => r.fail(
             "state_dir",
             ErrorCode::ConfigInvalid,

@@ -42,6 +42,38 @@ pub fn workspace_root() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
+/// The environment variable that moves [`state_base`].
+pub const STATE_BASE_ENV: &str = "FELHOM_TEST_STATE_BASE";
+
+/// Where the bed makes the agent's folders (config, state dir): `$FELHOM_TEST_STATE_BASE`, else
+/// cargo's `target/tmp` beside the running test binary (what `CARGO_TARGET_TMPDIR` names for
+/// integration tests). Never under `/tmp`: the agent refuses a `state_dir` that does not
+/// survive a reboot (under `/tmp`, `/run`, `/dev/shm`, or on tmpfs/ramfs), and this panics
+/// when the base is such a folder.
+pub fn state_base() -> PathBuf {
+    let base = std::env::var_os(STATE_BASE_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            // <target>/<profile>/deps/<test binary>
+            let exe = std::env::current_exe()
+                .unwrap_or_else(|e| panic!("cannot find the running test binary: {e}"));
+            exe.ancestors()
+                .nth(3)
+                .map(|target| target.join("tmp"))
+                .unwrap_or_else(|| workspace_root().join("target").join("tmp"))
+        });
+    fs::create_dir_all(&base)
+        .unwrap_or_else(|e| panic!("cannot create the test state base {}: {e}", base.display()));
+    if let Some(why) = felhom_agent::config::state_dir_volatility(&base) {
+        panic!(
+            "the test state base {} {why}: the agent would refuse every state_dir in it; set \
+             {STATE_BASE_ENV} to a folder on persistent disk",
+            base.display()
+        );
+    }
+    base
+}
+
 /// The folder of the scenario files, `tests/fakepve/scenarios`.
 pub fn scenarios_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fakepve/scenarios")
@@ -1032,8 +1064,8 @@ impl Default for AgentOptions {
     }
 }
 
-/// An agent configuration for one [`FakePve`], in a temporary directory that lives as long
-/// as this value: `agent.toml`, `pve-token` (0600), `vmlist`, `state/`, `bootstrap.d/`,
+/// An agent configuration for one [`FakePve`], in a temporary directory under [`state_base`]
+/// (never `/tmp`) that lives as long as this value: `agent.toml`, `pve-token` (0600), `vmlist`, `state/`, `bootstrap.d/`,
 /// `checks.d/`, and `datacenter.cfg` when asked for.
 #[derive(Debug)]
 pub struct AgentFiles {
@@ -1102,7 +1134,7 @@ impl AgentFiles {
     pub fn write(pve: &FakePve, opts: &AgentOptions) -> AgentFiles {
         let dir = tempfile::Builder::new()
             .prefix("felhom-agent-")
-            .tempdir()
+            .tempdir_in(state_base())
             .unwrap_or_else(|e| panic!("cannot make a temporary directory: {e}"));
         let p = |name: &str| dir.path().join(name);
         let files = AgentFiles {

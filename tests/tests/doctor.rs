@@ -1,6 +1,8 @@
 //! `felhom-agent doctor` against fakepve: all pass; a wrong pin exits 6 with
 //! `tls_pin_mismatch`; a token file of mode 0644 exits 6 with `config_invalid` before any
-//! request; a token without the privileges fails the privileges check.
+//! request; a token without the privileges fails the privileges check; a state_dir that does
+//! not survive a reboot (under /tmp, or on tmpfs like /dev/shm) exits 6 naming the file and
+//! the key.
 
 use std::os::unix::fs::PermissionsExt;
 
@@ -242,6 +244,47 @@ fn a_symlinked_or_world_writable_metrics_folder_warns_and_doctor_writes_nothing_
             0,
             "doctor wrote into {}",
             d.display()
+        );
+    }
+}
+
+#[test]
+fn a_volatile_state_dir_exits_6_naming_the_file_and_the_key() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let original = files.config_text();
+    let state_line = original
+        .lines()
+        .find(|l| l.starts_with("state_dir = "))
+        .expect("state_dir line")
+        .to_string();
+    for (dir, why) in [
+        ("/tmp/felhom-agent-doctor", "is under /tmp"),
+        ("/dev/shm/felhom-agent-doctor", "is on tmpfs"),
+    ] {
+        let text = original.replace(&state_line, &format!("state_dir = \"{dir}\""));
+        std::fs::write(&files.config_path, text).expect("rewrite");
+        let run = run_agent(&files.config_path, &["doctor", "--json"]);
+        let doc = run.json();
+        assert_eq!(run.code, Some(6), "{dir}: {doc:#}");
+        assert_eq!(doc["ok"], json!(false));
+        let config = check(&doc, "config");
+        assert_eq!(config["status"], "fail", "{dir}: {doc:#}");
+        assert_eq!(config["code"], "config_invalid");
+        let message = config["message"].as_str().expect("message");
+        for part in [
+            files.config_path.to_str().expect("utf8"),
+            "state_dir",
+            dir,
+            why,
+            "/var/lib/felhom-agent",
+        ] {
+            assert!(message.contains(part), "{dir}: no {part:?} in {message}");
+        }
+        assert!(!std::path::Path::new(dir).exists(), "doctor created {dir}");
+        assert!(
+            pve.requests().is_empty(),
+            "doctor talked to PVE with a refused config"
         );
     }
 }

@@ -1,7 +1,8 @@
 //! systemd notifications from `felhom-agent run`, read from a real datagram socket named by
 //! `NOTIFY_SOCKET`: READY=1 only once the hub session is up (at once without a hub),
-//! WATCHDOG=1 only while the hub was heard from recently, STOPPING=1 at SIGTERM. Without a hub,
-//! reports wait in the outbox.
+//! WATCHDOG=1 while the agent's own loops turn, also while the hub is away (an outage is a
+//! STATUS= line, not a restart), and no more once the hub loop hangs; STOPPING=1 at SIGTERM.
+//! Without a hub, reports wait in the outbox.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
@@ -15,8 +16,9 @@ use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use hub_protocol::{AgentMessage, Outcome, Phase, TxnId, TxnKind, TxnResult};
 
 const WAIT: Duration = Duration::from_secs(20);
-/// WATCHDOG_USEC for the agent: it pings every half of it.
-const WATCHDOG_USEC: &str = "400000";
+/// WATCHDOG_USEC for the agent (WatchdogSec=1s): it pings every half of it.
+const WATCHDOG_USEC: &str = "1000000";
+const WATCHDOG_SEC: Duration = Duration::from_secs(1);
 
 /// The socket systemd would listen on, read by a thread that keeps every datagram with the
 /// time it arrived (so the agent's queue never fills).
@@ -150,8 +152,28 @@ fn count(messages: &[String], prefix: &str) -> usize {
     messages.iter().filter(|m| m.starts_with(prefix)).count()
 }
 
+/// The longest time in `[from, to)` without a datagram starting with `prefix` (the edges
+/// count as datagrams).
+fn longest_gap(socket: &NotifySocket, prefix: &str, from: Instant, to: Instant) -> Duration {
+    let mut times: Vec<Instant> = socket
+        .received
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(at, m)| *at >= from && *at < to && m.starts_with(prefix))
+        .map(|(at, _)| *at)
+        .collect();
+    times.insert(0, from);
+    times.push(to);
+    times
+        .windows(2)
+        .map(|w| w[1].saturating_duration_since(w[0]))
+        .max()
+        .unwrap_or_default()
+}
+
 #[test]
-fn ready_waits_for_the_session_and_the_watchdog_follows_the_hub() {
+fn ready_waits_for_the_session_and_a_hub_outage_does_not_starve_the_watchdog() {
     let pve = FakePve::demo();
     let mut hub = DevHub::start(DevHubOptions::default());
     let files = AgentFiles::write(
@@ -164,7 +186,7 @@ fn ready_waits_for_the_session_and_the_watchdog_follows_the_hub() {
     hub.stop();
     let notify = NotifySocket::new();
     let t0 = Instant::now();
-    let agent = AgentDaemon::spawn(
+    let mut agent = AgentDaemon::spawn(
         &files.config_path,
         FAST_TIMING,
         &[
@@ -172,18 +194,13 @@ fn ready_waits_for_the_session_and_the_watchdog_follows_the_hub() {
             ("WATCHDOG_USEC", WATCHDOG_USEC),
         ],
     );
-    // The hub is down: not ready, and no watchdog pings.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The hub is down from the start: not ready, but alive (the pings go on).
+    notify.wait_for_count("WATCHDOG=1", 3, t0, WAIT);
     let before = notify.since(t0);
     assert_eq!(
         count(&before, "READY=1"),
         0,
         "READY before the session: {before:?}"
-    );
-    assert_eq!(
-        count(&before, "WATCHDOG=1"),
-        0,
-        "pinged while the hub was never heard: {before:?}"
     );
 
     let t1 = Instant::now();
@@ -198,28 +215,34 @@ fn ready_waits_for_the_session_and_the_watchdog_follows_the_hub() {
     let t2 = Instant::now();
     notify.wait_for_count("WATCHDOG=1", 3, t2, WAIT);
 
-    // The hub goes silent: the pings stop (after a few heartbeats of silence, 1 s each) and
-    // stay stopped while it is gone. Pings come every 200 ms while the hub is heard, so a
-    // quiet of 2 s is ten missed pings.
+    // The hub goes away for four times WatchdogSec (and longer than the agent's own silence
+    // limit of three heartbeats): systemd would restart an agent that missed one ping for
+    // WatchdogSec. The pings go on, never more than WatchdogSec apart, and the agent lives.
     hub.stop();
     let stopped = Instant::now();
-    let quiet_from = notify.wait_for_quiet("WATCHDOG=1", Duration::from_secs(2), stopped, WAIT);
-    std::thread::sleep(Duration::from_secs(1));
-    let down = notify.since(quiet_from + Duration::from_millis(1));
-    assert_eq!(
-        count(&down, "WATCHDOG=1"),
-        0,
-        "pinged while the hub was gone: {down:?}"
+    std::thread::sleep(WATCHDOG_SEC * 4);
+    let back = Instant::now();
+    let gap = longest_gap(&notify, "WATCHDOG=1", stopped, back);
+    assert!(
+        gap < WATCHDOG_SEC,
+        "a watchdog gap of {gap:?} while the hub was away: systemd would have restarted the agent; {:?}",
+        notify.since(stopped)
     );
-    // One status line for the outage, not one per reconnect attempt.
+    assert!(agent.alive(), "the agent exited while the hub was away");
+    // The outage is reported: one status line, not one per reconnect attempt.
     let outage = notify.since(stopped);
-    assert!(count(&outage, "STATUS=hub unreachable") <= 2, "{outage:?}");
+    let statuses = count(&outage, "STATUS=hub unreachable");
+    assert!((1..=2).contains(&statuses), "{outage:?}");
+    assert!(
+        agent.log().contains("reconnecting"),
+        "the outage is not in the log:\n{}",
+        agent.log()
+    );
 
-    // And they come back with the hub.
-    let t3 = Instant::now();
+    // The same process reconnects when the hub is back: no restart was needed.
     hub.restart();
     hub.wait_for("the second session", WAIT, |s| s.sessions == 2);
-    notify.wait_for("WATCHDOG=1", t3, WAIT);
+    notify.wait_for("WATCHDOG=1", back, WAIT);
 
     let t4 = Instant::now();
     let (status, log) = agent.terminate(WAIT);
@@ -233,6 +256,51 @@ fn ready_waits_for_the_session_and_the_watchdog_follows_the_hub() {
         1,
         "READY sent more than once: {all:?}"
     );
+}
+
+#[test]
+fn a_hub_loop_that_stops_turning_starves_the_watchdog() {
+    let pve = FakePve::demo();
+    let hub = DevHub::start(DevHubOptions::default());
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            hub: Some(hub.hub_options()),
+            ..AgentOptions::default()
+        },
+    );
+    let notify = NotifySocket::new();
+    let t0 = Instant::now();
+    // The test hook makes the session loop await forever 3 s after the start, while the rest
+    // of the process (the runtime, the watchdog task) goes on.
+    let timing = format!("{FAST_TIMING},hang_hub_loop_after_ms=3000");
+    let agent = AgentDaemon::spawn(
+        &files.config_path,
+        &timing,
+        &[
+            ("NOTIFY_SOCKET", notify.path.as_str()),
+            ("WATCHDOG_USEC", WATCHDOG_USEC),
+        ],
+    );
+    hub.wait_for("the session", WAIT, |s| s.sessions == 1);
+    // The loop hangs 3 s after the start, or at once if the session came up later.
+    let hang_at = (t0 + Duration::from_secs(3)).max(Instant::now());
+    notify.wait_for_count("WATCHDOG=1", 2, t0, WAIT);
+    // Once the loop hangs, the pings stop for good (within the tolerance of WatchdogSec and
+    // one ping interval): quiet for three times WatchdogSec.
+    let quiet_from = notify.wait_for_quiet("WATCHDOG=1", WATCHDOG_SEC * 3, t0, WAIT);
+    assert!(
+        quiet_from < hang_at + WATCHDOG_SEC * 2,
+        "the pings went on {:?} after the hang",
+        quiet_from.saturating_duration_since(hang_at)
+    );
+    assert!(
+        quiet_from > t0 + Duration::from_secs(2),
+        "the pings stopped before the hang"
+    );
+    agent.wait_for_log("hub loop has not turned", WAIT);
+    let log = agent.kill();
+    assert!(log.contains("stops turning"), "{log}");
 }
 
 fn seed_result(state_dir: &Path) -> TxnId {

@@ -126,7 +126,7 @@ impl<R: Reporter> ProgressReporter<R> {
 }
 
 impl<R: Reporter> Reporter for ProgressReporter<R> {
-    fn phase(&self, state: &State) {
+    fn phase(&self, state: &State, record: u64) {
         if let Ok(mut v) = self.view.lock() {
             let same = v.live.as_ref().is_some_and(|l| l.phase == state.phase());
             if same {
@@ -147,7 +147,7 @@ impl<R: Reporter> Reporter for ProgressReporter<R> {
                 v.live = Some(live);
             }
         }
-        self.inner.phase(state);
+        self.inner.phase(state, record);
     }
 
     fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {

@@ -63,9 +63,15 @@ pub trait DispatchRunner: Send + Sync + 'static {
     fn capabilities(&self) -> Vec<&'static str>;
 
     /// Called once when `run` starts, before any dispatch is taken or resumed: settle the
-    /// transactions a crashed run left open (DESIGN rule 6). An error stops `run` with that
-    /// failure (systemd starts it again). The default does nothing.
-    fn prepare(&self) -> impl Future<Output = Result<(), Failure>> + Send {
+    /// transactions a crashed run left open (DESIGN rule 6), reporting their phases to
+    /// `outbox`; `cancel` (the shutdown) stops the waiting, never PVE's work. An error stops
+    /// `run` with that failure (systemd starts it again). The default does nothing.
+    fn prepare(
+        &self,
+        outbox: &Outbox,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<(), Failure>> + Send {
+        let _ = (outbox, cancel);
         async { Ok(()) }
     }
 
@@ -113,6 +119,11 @@ impl EventSink {
     /// The transaction.
     pub fn txn(&self) -> TxnId {
         self.txn
+    }
+
+    /// The outbox the events go to.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
     }
 
     /// Set the vmid once the transaction has one (the restore-test picks it from its band).

@@ -18,11 +18,14 @@
 //! Other commands report through [`outbox::spool`]; the daemon moves what they spooled into
 //! the outbox.
 //!
-//! [`run_daemon`] ties them together: open the outbox, resume open dispatches, then either
-//! idle until SIGTERM (no `[hub]`: reports wait in the outbox) or keep a session with the hub,
-//! reconnecting with backoff. SIGTERM stops new work, lets running transactions reach a
-//! journaled step (up to [`session::SHUTDOWN_GRACE`]), flushes the outbox to the hub if a
-//! session is up, and closes the outbox.
+//! [`run_daemon`] ties them together: open the outbox, feed systemd's watchdog while the
+//! daemon's own loops turn ([`Liveness`]; a hub outage is reported, never a reason to stop
+//! the pings), settle what a previous run left open, resume open dispatches, then either idle
+//! until SIGTERM (no `[hub]`: reports wait in the outbox) or keep a session with the hub,
+//! reconnecting with backoff. SIGTERM stops new work and every wait for PVE (never a PVE task:
+//! the journal holds each transaction's UPID and the next start follows it), lets running
+//! transactions reach a journaled step (up to [`session::SHUTDOWN_GRACE`]), flushes the
+//! outbox to the hub if a session is up, and closes the outbox.
 //!
 //! Nothing here ever logs or returns the hub credential.
 //!
@@ -41,7 +44,7 @@ pub mod store;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
@@ -52,7 +55,7 @@ pub use dispatch::{
     MAX_CONCURRENT_TRANSACTIONS,
 };
 pub use inventory::PveInventory;
-pub use notify::{Notifier, WatchdogPolicy};
+pub use notify::{DaemonLoop, Liveness, Notifier};
 pub use outbox::{derived_message_id, spool, Outbox, OutboxError};
 pub use session::{HubEndpoint, SessionEnd, Timing};
 
@@ -130,8 +133,56 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         summary.pending_messages,
         summary.open_dispatches
     );
-    if let Err(f) = runner.prepare().await {
+    let notifier = Arc::new(notifier);
+    // The watchdog vouches for the daemon's own loops, never for the hub: a loop still for
+    // two ping intervals (the whole WatchdogSec) stops the pings.
+    let liveness = Arc::new(Liveness::new(
+        notifier
+            .watchdog_interval()
+            .map_or(Duration::from_secs(60), |every| every * 2)
+            .max(notify::LIVENESS_TICK * 4),
+    ));
+    let background = CancellationToken::new();
+    if let Some(every) = notifier.watchdog_interval() {
+        tokio::spawn(watchdog_loop(
+            every,
+            notifier.clone(),
+            liveness.clone(),
+            background.clone(),
+        ));
+    }
+    tokio::spawn(spool_ingester(
+        outbox.clone(),
+        liveness.clone(),
+        background.clone(),
+    ));
+    // Settling what a previous run left open may follow a PVE task for a long time: the
+    // watchdog is fed meanwhile and SIGTERM stops the waiting.
+    if summary.open_dispatches > 0 {
+        notifier.status("settling transactions a previous run left open");
+    }
+    let prepared = liveness
+        .beat_while(DaemonLoop::Hub, runner.prepare(&outbox, shutdown.clone()))
+        .await;
+    if let Err(f) = prepared {
+        background.cancel();
+        let report = DaemonReport {
+            sessions: 0,
+            outbox_depth: outbox.depth(),
+            open_dispatches: outbox.open_dispatch_count(),
+        };
         outbox.close().await;
+        if shutdown.is_cancelled() {
+            notifier.stopping("stopping");
+            // SIGTERM while a transaction left open was being followed: its UPID stays in
+            // the journal and the next start follows it on. Nothing was aborted.
+            tracing::info!(
+                "stopped while settling open transactions ([{}] {}); the next start takes them up from the journal",
+                f.code,
+                f.message
+            );
+            return Ok(report);
+        }
         return Err(f);
     }
     let (acks_tx, mut acks_rx) = mpsc::unbounded_channel();
@@ -139,27 +190,13 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
     if let Err(e) = dispatcher.resume().await {
         tracing::error!("cannot read the open dispatches: {e}");
     }
-    let notifier = Arc::new(notifier);
-    let health = Arc::new(Mutex::new(WatchdogPolicy::new(
-        endpoint.is_some(),
-        Duration::from_secs(30),
-    )));
-    let background = CancellationToken::new();
-    if let Some(every) = notifier.watchdog_interval() {
-        tokio::spawn(watchdog_loop(
-            every,
-            notifier.clone(),
-            health.clone(),
-            background.clone(),
-        ));
-    }
-    tokio::spawn(spool_ingester(outbox.clone(), background.clone()));
+    let contact = Arc::new(HubContact::default());
     if let Some(dir) = settings.metrics_dir.clone() {
         tokio::spawn(metrics_loop(
             dir,
             settings.state_dir.clone(),
             endpoint.is_some(),
-            health.clone(),
+            contact.clone(),
             outbox.clone(),
             background.clone(),
         ));
@@ -171,7 +208,9 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
             tracing::info!(
                 "no [hub] configured: reports wait in the outbox until a hub is configured"
             );
-            shutdown.cancelled().await;
+            liveness
+                .beat_while(DaemonLoop::Hub, shutdown.cancelled())
+                .await;
             notifier.stopping("stopping");
             dispatcher.shutdown(settings.timing.shutdown_grace).await;
         }
@@ -211,10 +250,11 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
                 pool: &settings.pool,
                 outbox: &outbox,
                 dispatcher: &dispatcher,
-                health: &health,
+                liveness: &liveness,
                 notifier: &notifier,
                 ready_sent: &ready_sent,
                 inventory_now: &inventory_now,
+                contact: &contact,
                 started,
             };
             let mut backoff =
@@ -222,6 +262,7 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
             let mut last_status: Option<String> = None;
             loop {
                 let outcome = ctx.run(&mut acks_rx, &stop_session).await;
+                liveness.beat(DaemonLoop::Hub);
                 if outcome.welcomed {
                     sessions += 1;
                     backoff.reset();
@@ -240,15 +281,27 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
                     delay.as_secs_f32(),
                     backoff.attempts()
                 );
-                let status = format!("hub unreachable ({}); reconnecting", outcome.end);
+                // An outage is reported, not punished: the watchdog keeps being fed while this
+                // loop turns, so systemd does not restart an agent that only lost its hub.
+                let status = format!(
+                    "hub unreachable ({}); reconnecting; running transactions go on",
+                    outcome.end
+                );
                 if last_status.as_deref() != Some(status.as_str()) {
                     notifier.status(&status);
                     last_status = Some(status);
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = stop_session.cancelled() => break,
-                    _ = shutdown.cancelled() => break,
+                let stopped = liveness
+                    .beat_while(DaemonLoop::Hub, async {
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => false,
+                            _ = stop_session.cancelled() => true,
+                            _ = shutdown.cancelled() => true,
+                        }
+                    })
+                    .await;
+                if stopped {
+                    break;
                 }
             }
             // Whatever way the loop ended, work must have stopped before the outbox closes.
@@ -279,29 +332,70 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
 
 /// Moves messages other commands spooled into the outbox, at start and every
 /// [`outbox::SPOOL_POLL_INTERVAL`].
-async fn spool_ingester(outbox: Outbox, stop: CancellationToken) {
+async fn spool_ingester(outbox: Outbox, liveness: Arc<Liveness>, stop: CancellationToken) {
     loop {
+        liveness.beat(DaemonLoop::Spool);
         match outbox.ingest_spool().await {
             Ok(0) => {}
             Ok(n) => tracing::info!("moved {n} spooled reports into the outbox"),
             Err(OutboxError::Closed) => return,
             Err(e) => tracing::warn!("cannot move spooled reports into the outbox: {e}"),
         }
-        tokio::select! {
-            _ = tokio::time::sleep(outbox::SPOOL_POLL_INTERVAL) => {}
-            _ = stop.cancelled() => return,
+        let stopped = liveness
+            .beat_while(DaemonLoop::Spool, async {
+                tokio::select! {
+                    _ = tokio::time::sleep(outbox::SPOOL_POLL_INTERVAL) => false,
+                    _ = stop.cancelled() => true,
+                }
+            })
+            .await;
+        if stopped {
+            return;
         }
     }
 }
 
+/// When the hub was last heard from in the current session (none between sessions): what
+/// `felhom_hub_connected` reports.
+#[derive(Debug, Default)]
+pub struct HubContact(std::sync::Mutex<Option<Instant>>);
+
+impl HubContact {
+    /// How long after the last frame from the hub it still counts as connected.
+    pub const WITHIN: Duration = Duration::from_secs(30);
+
+    /// A frame came from the hub.
+    pub fn heard(&self) {
+        if let Ok(mut at) = self.0.lock() {
+            *at = Some(Instant::now());
+        }
+    }
+
+    /// The session ended.
+    pub fn lost(&self) {
+        if let Ok(mut at) = self.0.lock() {
+            *at = None;
+        }
+    }
+
+    /// Whether the hub was heard from within [`Self::WITHIN`] in a session still open.
+    pub fn connected(&self, now: Instant) -> bool {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|at| *at)
+            .is_some_and(|at| now.saturating_duration_since(at) <= Self::WITHIN)
+    }
+}
+
 /// Keeps the metrics files current: the hub's (connected while the hub was heard from within
-/// the watchdog's silence limit; outbox depth) within a second of a change and at least every
+/// [`HubContact::WITHIN`] in an open session; outbox depth) within a second of a change and at least every
 /// [`crate::metrics::DAEMON_INTERVAL`], the journal's every [`crate::metrics::DAEMON_INTERVAL`].
 async fn metrics_loop(
     dir: PathBuf,
     state_dir: PathBuf,
     hub_configured: bool,
-    health: Arc<Mutex<WatchdogPolicy>>,
+    contact: Arc<HubContact>,
     outbox: Outbox,
     stop: CancellationToken,
 ) {
@@ -311,11 +405,7 @@ async fn metrics_loop(
     let mut hub_at: Option<Instant> = None;
     let mut journal_at: Option<Instant> = None;
     loop {
-        let connected = hub_configured
-            && health
-                .lock()
-                .map(|h| h.last_heard().is_some() && h.healthy(Instant::now()))
-                .unwrap_or(false);
+        let connected = hub_configured && contact.connected(Instant::now());
         let now = (connected, outbox.depth());
         let mut result = Ok(());
         if written != Some(now) || hub_at.is_none_or(|t| t.elapsed() >= every) {
@@ -348,23 +438,35 @@ async fn metrics_loop(
     }
 }
 
+/// Pings systemd's watchdog every `every` while [`Liveness`] says every loop turns; a still
+/// loop is logged once and the pings stop, so systemd restarts the agent.
 async fn watchdog_loop(
     every: Duration,
     notifier: Arc<Notifier>,
-    health: Arc<Mutex<WatchdogPolicy>>,
+    liveness: Arc<Liveness>,
     stop: CancellationToken,
 ) {
+    let mut reported = false;
     loop {
+        match liveness.check(Instant::now()) {
+            Ok(()) => {
+                reported = false;
+                notifier.watchdog();
+            }
+            Err((lp, still)) if !reported => {
+                reported = true;
+                tracing::error!(
+                    "the {} has not turned for {:.1} s: no watchdog ping; systemd restarts the agent after WatchdogSec",
+                    lp.as_str(),
+                    still.as_secs_f32()
+                );
+                notifier.status(&format!("{} stuck: watchdog pings stopped", lp.as_str()));
+            }
+            Err(_) => {}
+        }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stop.cancelled() => return,
-        }
-        let healthy = health
-            .lock()
-            .map(|h| h.healthy(Instant::now()))
-            .unwrap_or(false);
-        if healthy {
-            notifier.watchdog();
         }
     }
 }
@@ -434,7 +536,11 @@ mod tests {
             Vec::new()
         }
 
-        async fn prepare(&self) -> Result<(), Failure> {
+        async fn prepare(
+            &self,
+            _outbox: &Outbox,
+            _cancel: CancellationToken,
+        ) -> Result<(), Failure> {
             Err(Failure::new(
                 ErrorCode::PveUnreachable,
                 "cannot settle open transactions",

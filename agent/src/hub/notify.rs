@@ -6,9 +6,10 @@
 //! call does nothing. The watchdog interval is half of `$WATCHDOG_USEC`, and only when
 //! `$WATCHDOG_PID` is unset or names this process.
 //!
-//! This module only sends; when to send is the session's decision ([`WatchdogPolicy`]): the
-//! agent pings the watchdog only while the hub was heard from recently, so systemd restarts an
-//! agent whose session is stuck.
+//! This module only sends; when to ping the watchdog is [`Liveness`]'s decision: the agent
+//! pings while its own loops (the hub loop, the spool ingester) keep turning, whether or not
+//! the hub answers. A hub outage is reported (`STATUS=`, the log), never punished with a
+//! restart: a restart cannot bring a hub back, and it would interrupt running transactions.
 
 use std::io;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
@@ -149,53 +150,88 @@ pub fn watchdog_interval(
     (usec > 0).then(|| Duration::from_micros(usec / 2))
 }
 
-/// When the agent may tell systemd it is alive: always without a hub, and with a hub only
-/// while the hub was heard from within twice its heartbeat interval.
-#[derive(Debug, Clone)]
-pub struct WatchdogPolicy {
-    hub_configured: bool,
-    last_heard: Option<Instant>,
-    heartbeat: Duration,
+/// The daemon's loops whose turning the watchdog vouches for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonLoop {
+    /// The hub loop: the session, or the reconnect wait between sessions, or the idle wait
+    /// without a hub.
+    Hub,
+    /// The loop moving spooled reports into the outbox.
+    Spool,
 }
 
-/// How many heartbeat intervals of silence the watchdog tolerates.
-pub const WATCHDOG_SILENCE_FACTOR: u32 = 2;
+impl DaemonLoop {
+    const ALL: [DaemonLoop; 2] = [DaemonLoop::Hub, DaemonLoop::Spool];
 
-impl WatchdogPolicy {
-    /// A policy; `heartbeat` is replaced by the welcome's interval once a session is up.
-    pub fn new(hub_configured: bool, heartbeat: Duration) -> Self {
+    /// The loop's name in the log and the status line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DaemonLoop::Hub => "hub loop",
+            DaemonLoop::Spool => "spool ingester",
+        }
+    }
+}
+
+/// How often a live loop says so: far more often than any watchdog interval.
+pub const LIVENESS_TICK: Duration = Duration::from_millis(100);
+
+/// When the agent may tell systemd it is alive: while every [`DaemonLoop`] turned within
+/// `tolerance`. The hub's silence plays no part: the hub loop turns while it reconnects.
+#[derive(Debug)]
+pub struct Liveness {
+    beats: std::sync::Mutex<[Option<Instant>; 2]>,
+    tolerance: Duration,
+}
+
+impl Liveness {
+    /// A tracker; a loop that never beat counts as alive for `tolerance` from now (the start).
+    pub fn new(tolerance: Duration) -> Self {
+        let now = Instant::now();
         Self {
-            hub_configured,
-            last_heard: None,
-            heartbeat,
+            beats: std::sync::Mutex::new([Some(now); 2]),
+            tolerance,
         }
     }
 
-    /// Something arrived from the hub at `at`.
-    pub fn heard(&mut self, at: Instant) {
-        self.last_heard = Some(at);
-    }
-
-    /// The heartbeat interval of the current session.
-    pub fn set_heartbeat(&mut self, heartbeat: Duration) {
-        self.heartbeat = heartbeat;
-    }
-
-    /// When the hub was last heard from.
-    pub fn last_heard(&self) -> Option<Instant> {
-        self.last_heard
-    }
-
-    /// Whether to ping the watchdog at `now`.
-    pub fn healthy(&self, now: Instant) -> bool {
-        if !self.hub_configured {
-            return true;
+    /// `lp` turned at `at`.
+    pub fn beat_at(&self, lp: DaemonLoop, at: Instant) {
+        if let Ok(mut b) = self.beats.lock() {
+            b[lp as usize] = Some(at);
         }
-        match self.last_heard {
-            Some(at) => {
-                now.saturating_duration_since(at) <= self.heartbeat * WATCHDOG_SILENCE_FACTOR
+    }
+
+    /// `lp` turned now.
+    pub fn beat(&self, lp: DaemonLoop) {
+        self.beat_at(lp, Instant::now());
+    }
+
+    /// `Ok` when every loop turned within the tolerance at `now`, else the first loop that
+    /// did not and how long it has been still.
+    pub fn check(&self, now: Instant) -> Result<(), (DaemonLoop, Duration)> {
+        let Ok(b) = self.beats.lock() else {
+            return Err((DaemonLoop::Hub, Duration::MAX));
+        };
+        for lp in DaemonLoop::ALL {
+            let still =
+                b[lp as usize].map_or(Duration::MAX, |at| now.saturating_duration_since(at));
+            if still > self.tolerance {
+                return Err((lp, still));
             }
-            None => false,
+        }
+        Ok(())
+    }
+
+    /// Await `fut` while beating for `lp` every [`LIVENESS_TICK`]: for waits that are bounded
+    /// by their own timeouts (connect, handshake, the reconnect delay, the idle wait).
+    pub async fn beat_while<F: std::future::Future>(&self, lp: DaemonLoop, fut: F) -> F::Output {
+        let mut tick = tokio::time::interval(LIVENESS_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                out = &mut fut => return out,
+                _ = tick.tick() => self.beat(lp),
+            }
         }
     }
 }
@@ -275,21 +311,39 @@ mod tests {
     }
 
     #[test]
-    fn the_watchdog_is_fed_only_while_the_hub_was_heard_recently() {
+    fn the_watchdog_is_fed_while_every_loop_turns() {
         let t0 = Instant::now();
-        let beat = Duration::from_secs(10);
-        let without_hub = WatchdogPolicy::new(false, beat);
-        assert!(without_hub.healthy(t0 + Duration::from_secs(3600)));
+        let l = Liveness::new(Duration::from_secs(10));
+        assert_eq!(l.check(t0 + Duration::from_secs(5)), Ok(()));
+        l.beat_at(DaemonLoop::Hub, t0 + Duration::from_secs(8));
+        // The spool ingester has been still since the start.
+        assert_eq!(
+            l.check(t0 + Duration::from_secs(12)).map_err(|(lp, _)| lp),
+            Err(DaemonLoop::Spool)
+        );
+        l.beat_at(DaemonLoop::Spool, t0 + Duration::from_secs(12));
+        assert_eq!(l.check(t0 + Duration::from_secs(12)), Ok(()));
+        // The hub loop stopped turning: no ping, whatever the hub does.
+        assert_eq!(
+            l.check(t0 + Duration::from_secs(19)).map_err(|(lp, _)| lp),
+            Err(DaemonLoop::Hub)
+        );
+    }
 
-        let mut p = WatchdogPolicy::new(true, beat);
-        assert!(!p.healthy(t0), "never heard: not healthy");
-        p.heard(t0);
-        assert!(p.healthy(t0 + Duration::from_secs(20)));
-        assert!(!p.healthy(t0 + Duration::from_secs(21)));
-        p.set_heartbeat(Duration::from_secs(30));
-        assert!(p.healthy(t0 + Duration::from_secs(60)));
-        assert!(!p.healthy(t0 + Duration::from_secs(61)));
-        p.heard(t0 + Duration::from_secs(100));
-        assert!(p.healthy(t0 + Duration::from_secs(110)));
+    #[tokio::test]
+    async fn beat_while_beats_until_the_wait_ends() {
+        let l = Liveness::new(Duration::from_millis(200));
+        let out = l
+            .beat_while(DaemonLoop::Hub, async {
+                tokio::time::sleep(Duration::from_millis(450)).await;
+                7
+            })
+            .await;
+        assert_eq!(out, 7);
+        let now = Instant::now();
+        // The hub loop beat during the wait; the spool ingester did not.
+        assert_eq!(l.check(now).map_err(|(lp, _)| lp), Err(DaemonLoop::Spool));
+        l.beat(DaemonLoop::Spool);
+        assert_eq!(l.check(Instant::now()), Ok(()));
     }
 }

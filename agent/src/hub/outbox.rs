@@ -152,6 +152,12 @@ pub fn derived_message_id(txn: TxnId, purpose: &str) -> MessageId {
     MessageId::from_ulid(ulid)
 }
 
+/// The id of the event that reports a transaction's `record`-th journal record: the same for
+/// every report of that record, so an event reported again after a crash is applied once.
+pub fn event_message_id(txn: TxnId, record: u64) -> MessageId {
+    derived_message_id(txn, &format!("event {record}"))
+}
+
 /// The current time as a protocol timestamp (UTC, millisecond precision). Fails only if the
 /// clock gives a year the protocol cannot write.
 pub fn now_timestamp() -> Result<Timestamp, hub_protocol::InvalidTimestamp> {
@@ -288,12 +294,32 @@ fn other_type_name(message: &AgentMessage) -> &'static str {
 
 type Reply<T> = oneshot::Sender<Result<T, OutboxError>>;
 
+/// Where an append's answer goes: an awaiting task, or a caller blocked on a std channel
+/// (a journal record that may not count as done before its event is stored).
+enum AppendReply {
+    Async(Reply<u64>),
+    Blocking(std::sync::mpsc::SyncSender<Result<u64, OutboxError>>),
+}
+
+impl AppendReply {
+    fn send(self, result: Result<u64, OutboxError>) {
+        match self {
+            AppendReply::Async(tx) => {
+                let _ = tx.send(result);
+            }
+            AppendReply::Blocking(tx) => {
+                let _ = tx.send(result);
+            }
+        }
+    }
+}
+
 enum Request {
     Append {
         id: MessageId,
         kind: &'static str,
         frame: String,
-        reply: Reply<u64>,
+        reply: AppendReply,
     },
     Ack(Vec<MessageId>),
     PendingAfter {
@@ -421,10 +447,41 @@ impl Outbox {
             id,
             kind,
             frame,
-            reply,
+            reply: AppendReply::Async(reply),
         })?;
         rx.await.map_err(|_| OutboxError::Closed)??;
         Ok(id)
+    }
+
+    /// Store an event under `id` and return once it is synced to disk, blocking the calling
+    /// thread (the writer is a thread of its own, so this never waits for the caller's
+    /// runtime). The same `id` stored again is applied once by the hub.
+    pub fn push_event_blocking(
+        &self,
+        id: MessageId,
+        event: hub_protocol::Event,
+    ) -> Result<(), OutboxError> {
+        let message = AgentMessage::Event(event);
+        let ts = now_timestamp().map_err(|e| OutboxError::Encode {
+            type_name: "event",
+            id,
+            detail: e.to_string(),
+        })?;
+        let envelope = Envelope::new(PROTOCOL_VERSION, id, ts, message);
+        let frame = encode(&envelope).map_err(|e| OutboxError::Encode {
+            type_name: envelope.type_name(),
+            id,
+            detail: e.to_string(),
+        })?;
+        let (reply, rx) = std::sync::mpsc::sync_channel(1);
+        self.send(Request::Append {
+            id,
+            kind: kind::EVENT,
+            frame,
+            reply: AppendReply::Blocking(reply),
+        })?;
+        rx.recv().map_err(|_| OutboxError::Closed)??;
+        Ok(())
     }
 
     /// Move the spooled messages into the outbox, oldest first, keeping their ids and
@@ -456,7 +513,7 @@ impl Outbox {
                 id,
                 kind,
                 frame,
-                reply,
+                reply: AppendReply::Async(reply),
             })?;
             rx.await.map_err(|_| OutboxError::Closed)??;
             let _ = std::fs::remove_file(&path);
@@ -647,7 +704,7 @@ impl Writer {
         close
     }
 
-    fn append_group(&mut self, appends: Vec<(MessageId, &'static str, String, Reply<u64>)>) {
+    fn append_group(&mut self, appends: Vec<(MessageId, &'static str, String, AppendReply)>) {
         // A newer unsolicited inventory supersedes the older ones still waiting.
         if appends.iter().any(|(_, k, _, _)| *k == kind::INVENTORY) {
             let stale: Vec<Ulid> = self
@@ -675,7 +732,7 @@ impl Writer {
                 drop(records);
                 self.publish();
                 for ((_, _, _, reply), seq) in appends.into_iter().zip(seqs) {
-                    let _ = reply.send(Ok(seq));
+                    reply.send(Ok(seq));
                 }
             }
             Err(StoreError::BadRecord { .. }) if appends.len() > 1 => {
@@ -693,14 +750,14 @@ impl Writer {
                         .map(|s| s.first().copied().unwrap_or(0))
                         .map_err(OutboxError::from);
                     self.publish();
-                    let _ = reply.send(result);
+                    reply.send(result);
                 }
             }
             Err(e) => {
                 drop(records);
                 let e = OutboxError::from(e);
                 for (_, _, _, reply) in appends {
-                    let _ = reply.send(Err(e.clone()));
+                    reply.send(Err(e.clone()));
                 }
             }
         }
@@ -853,6 +910,47 @@ mod tests {
             pending.iter().map(|o| o.id).collect::<Vec<_>>(),
             vec![ids[1], ids[3], ids[4]]
         );
+        outbox.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_blocking_event_is_synced_on_return_and_stored_once_per_record() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let AgentMessage::Event(ev) = event(1) else {
+            unreachable!()
+        };
+        let id3 = event_message_id(ev.txn, 3);
+        assert_eq!(id3, event_message_id(ev.txn, 3), "the id is stable");
+        assert_ne!(id3, event_message_id(ev.txn, 4));
+        assert_ne!(id3, event_message_id(txn(2), 3));
+        {
+            let (outbox, _) = Outbox::open(dir.path()).expect("open");
+            outbox.push_event_blocking(id3, ev.clone()).expect("push");
+            // The same record reported again (after a crash) is stored once.
+            outbox.push_event_blocking(id3, ev.clone()).expect("again");
+            outbox
+                .push_event_blocking(event_message_id(ev.txn, 4), ev.clone())
+                .expect("next record");
+            assert_eq!(outbox.depth(), 2);
+            // Dropped without close: what returned is on disk.
+            drop(outbox);
+        }
+        let mut tries = 0;
+        let (outbox, summary) = loop {
+            // The writer thread of the dropped handle ends once its channel is gone.
+            match Outbox::open(dir.path()) {
+                Ok(o) => break o,
+                Err(e) if tries < 250 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("the outbox stayed locked after its handle was dropped: {e}"),
+            }
+        };
+        assert_eq!(summary.pending_messages, 2);
+        let pending = all_pending(&outbox).await;
+        assert_eq!(pending[0].id, id3);
         outbox.close().await;
     }
 

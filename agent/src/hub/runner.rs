@@ -1,5 +1,6 @@
 //! The provision executor behind the hub's [`DispatchRunner`] seam, and the reporters that
-//! carry transaction phases and results to the hub.
+//! carry transaction phases and results to the hub (phases synced into the outbox before the
+//! journal record counts as done).
 //!
 //! A dispatch runs exactly the transaction the command line runs (`--selftest=provision`,
 //! `destroy`, `--selftest=restore`), under the dispatch's own transaction id, so a re-dispatch
@@ -9,13 +10,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use hub_protocol::{capability, AgentMessage, Dispatch, DispatchAction, TxnId, TxnResult};
-use tokio::sync::mpsc;
+use hub_protocol::{capability, AgentMessage, Dispatch, DispatchAction, Event, TxnId, TxnResult};
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
 use super::dispatch::{DispatchRunner, EventSink, RunEnd};
-use super::outbox::spool;
+use super::outbox::{event_message_id, now_timestamp, spool, Outbox};
 use crate::config::Config;
 use crate::error::{exit_status, ExitStatus, Failure};
 use crate::guest::checks::CheckResult;
@@ -44,39 +44,67 @@ fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure)
     }
 }
 
-/// Reports to the daemon's outbox through a dispatch's [`EventSink`]: phase changes as
-/// events, in order. The result itself is stored by the dispatcher.
-pub struct SinkReporter {
-    tx: mpsc::UnboundedSender<State>,
+/// Reports a transaction's phases to the daemon's outbox, each event synced before
+/// [`Reporter::phase`] returns, so a journal record counts as done only once its event is
+/// stored: a kill right after a phase cannot lose it. The event's id is derived from the
+/// transaction and the journal record ([`event_message_id`]), so the same record reported
+/// again after a crash is applied once by the hub. The daemon's dispatches store their result
+/// through the dispatcher; a transaction settled at start (`spool_results`) spools it.
+pub struct OutboxReporter {
+    outbox: Outbox,
+    spool_results: Option<PathBuf>,
 }
 
-impl SinkReporter {
-    /// A reporter feeding `sink`; the returned task forwards the events and ends when the
-    /// reporter is dropped.
-    pub fn new(sink: EventSink) -> (Self, tokio::task::JoinHandle<()>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<State>();
-        let task = tokio::spawn(async move {
-            let mut sink = sink;
-            while let Some(state) = rx.recv().await {
-                sink.set_vmid(state.vmid());
-                let error = state.failure().map(error_info);
-                let detail =
-                    Some(format!("step {}", state.step())).filter(|_| !state.is_terminal());
-                if let Err(e) = sink.phase(state.phase(), detail, error).await {
-                    tracing::error!(error = %e, "a phase event could not be stored for the hub");
-                }
+impl OutboxReporter {
+    /// Phases to `outbox`; results are left to the dispatcher.
+    pub fn new(outbox: Outbox) -> Self {
+        Self {
+            outbox,
+            spool_results: None,
+        }
+    }
+
+    /// Phases to `outbox`; results spooled into `state_dir` (for transactions no dispatch
+    /// runs, e.g. those settled at start).
+    pub fn spooling_results(outbox: Outbox, state_dir: PathBuf) -> Self {
+        Self {
+            outbox,
+            spool_results: Some(state_dir),
+        }
+    }
+}
+
+impl Reporter for OutboxReporter {
+    fn phase(&self, state: &State, record: u64) {
+        let txn = TxnId::from_ulid(state.txn());
+        let at = match now_timestamp() {
+            Ok(at) => at,
+            Err(e) => {
+                tracing::error!(%txn, error = %e, "a phase event could not be stored for the hub");
+                return;
             }
-        });
-        (Self { tx }, task)
+        };
+        let event = Event {
+            txn,
+            kind: state.kind(),
+            vmid: state.vmid(),
+            phase: state.phase(),
+            at,
+            detail: Some(format!("step {}", state.step())).filter(|_| !state.is_terminal()),
+            error: state.failure().map(error_info),
+        };
+        if let Err(e) = self
+            .outbox
+            .push_event_blocking(event_message_id(txn, record), event)
+        {
+            tracing::error!(%txn, record, error = %e, "a phase event could not be stored for the hub; the journal holds the phase");
+        }
     }
-}
-
-impl Reporter for SinkReporter {
-    fn phase(&self, state: &State) {
-        let _ = self.tx.send(state.clone());
-    }
-    fn result(&self, _state: &State, _checks: &[CheckResult]) -> Result<(), String> {
-        Ok(())
+    fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {
+        match &self.spool_results {
+            Some(dir) => SpoolReporter::new(dir.clone()).result(state, checks),
+            None => Ok(()),
+        }
     }
 }
 
@@ -94,7 +122,7 @@ impl SpoolReporter {
 }
 
 impl Reporter for SpoolReporter {
-    fn phase(&self, _state: &State) {}
+    fn phase(&self, _state: &State, _record: u64) {}
     fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {
         let result = wire_result(state, checks)
             .ok_or_else(|| format!("transaction {} is still open", state.txn()))?;
@@ -125,9 +153,9 @@ impl DispatchRunner for ProvisionRunner {
         ]
     }
 
-    async fn prepare(&self) -> Result<(), Failure> {
-        let reporter = SpoolReporter::new(self.cfg.state_dir.clone());
-        service::prepare(&self.cfg, &reporter, &CancellationToken::new())
+    async fn prepare(&self, outbox: &Outbox, cancel: CancellationToken) -> Result<(), Failure> {
+        let reporter = OutboxReporter::spooling_results(outbox.clone(), self.cfg.state_dir.clone());
+        service::prepare(&self.cfg, &reporter, &cancel)
             .await
             .map(|_| ())
     }
@@ -139,7 +167,7 @@ impl DispatchRunner for ProvisionRunner {
         cancel: CancellationToken,
     ) -> RunEnd {
         let txn: Ulid = dispatch.txn.ulid();
-        let (reporter, forward) = SinkReporter::new(events);
+        let reporter = OutboxReporter::new(events.outbox().clone());
         let (kind, vmid) = match &dispatch.action {
             DispatchAction::Provision { vmid, .. } => (TxnKind::Provision, Some(*vmid)),
             DispatchAction::Destroy { vmid } => (TxnKind::Destroy, Some(*vmid)),
@@ -204,17 +232,31 @@ impl DispatchRunner for ProvisionRunner {
             match ran {
                 Ok(d) => Some(d),
                 Err(f) => {
-                    drop(reporter);
-                    let _ = forward.await;
                     return RunEnd::Finished(early_result(dispatch.txn, kind, vmid, &f));
                 }
             }
         };
-        drop(reporter);
-        let _ = forward.await;
         match driven {
             // Stopped by the shutdown half-way: the next start takes it up from the journal.
-            Some(d) if d.halted.is_some() && cancel.is_cancelled() => RunEnd::Interrupted,
+            Some(d) if d.halted.is_some() && cancel.is_cancelled() => {
+                match d.state.upid() {
+                    Some(upid) => tracing::warn!(
+                        txn = %d.state.txn(),
+                        vmid = d.state.vmid(),
+                        "shutdown: transaction {} stopped waiting for PVE task {upid} at phase {}; the task was not aborted and the next start follows it to its end",
+                        d.state.txn(),
+                        d.state.phase().as_str()
+                    ),
+                    None => tracing::warn!(
+                        txn = %d.state.txn(),
+                        vmid = d.state.vmid(),
+                        "shutdown: transaction {} stopped at phase {} (journaled); the next start takes it up",
+                        d.state.txn(),
+                        d.state.phase().as_str()
+                    ),
+                }
+                RunEnd::Interrupted
+            }
             Some(d) => match wire_result(&d.state, &d.checks) {
                 Some(r) => RunEnd::Finished(r),
                 None => RunEnd::Interrupted,

@@ -25,7 +25,7 @@
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
 use super::dispatch::{DispatchRunner, Dispatcher, InventoryRead};
-use super::notify::{Notifier, WatchdogPolicy};
+use super::notify::{DaemonLoop, Liveness, Notifier, LIVENESS_TICK};
 use super::outbox::{now_timestamp, Outbox};
 use crate::config::{HubConfig, Secret};
 use crate::error::{ErrorCode, Failure};
@@ -76,7 +76,7 @@ pub const MAX_ACK_IDS: usize = 1000;
 /// The environment variable that shortens the timing for development and tests (only in a
 /// build with the `test-hooks` feature; the package is built without it):
 /// `backoff_initial_ms=…,backoff_cap_ms=…,inventory_poll_ms=…,connect_timeout_ms=…,
-/// handshake_timeout_ms=…,shutdown_grace_ms=…`.
+/// handshake_timeout_ms=…,shutdown_grace_ms=…,hang_hub_loop_after_ms=…`.
 #[cfg(feature = "test-hooks")]
 pub const TIMING_ENV: &str = "FELHOM_AGENT_HUB_TIMING";
 
@@ -96,6 +96,9 @@ pub struct Timing {
     pub inventory_poll: Duration,
     /// Shutdown grace for running transactions.
     pub shutdown_grace: Duration,
+    /// Test builds only: the session loop stops turning (awaits forever) this long after the
+    /// start, to show that the watchdog then stops being fed.
+    pub hang_hub_loop_after: Option<Duration>,
 }
 
 impl Default for Timing {
@@ -107,6 +110,7 @@ impl Default for Timing {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             inventory_poll: INVENTORY_POLL_INTERVAL,
             shutdown_grace: SHUTDOWN_GRACE,
+            hang_hub_loop_after: None,
         }
     }
 }
@@ -155,6 +159,8 @@ impl Timing {
                 "handshake_timeout_ms" => t.handshake_timeout = d,
                 "inventory_poll_ms" => t.inventory_poll = d,
                 "shutdown_grace_ms" => t.shutdown_grace = d,
+                #[cfg(feature = "test-hooks")]
+                "hang_hub_loop_after_ms" => t.hang_hub_loop_after = Some(d),
                 other => return Err(format!("unknown key `{other}`")),
             }
         }
@@ -395,14 +401,16 @@ pub struct SessionContext<'a, R, I> {
     pub outbox: &'a Outbox,
     /// The dispatcher.
     pub dispatcher: &'a Dispatcher<R, I>,
-    /// When the hub was last heard from (shared with the watchdog).
-    pub health: &'a Mutex<WatchdogPolicy>,
+    /// Where the session loop says it turns (read by the watchdog).
+    pub liveness: &'a Liveness,
     /// systemd.
     pub notifier: &'a Notifier,
     /// Set once READY=1 was sent.
     pub ready_sent: &'a AtomicBool,
     /// Asks the inventory poller for an inventory now.
     pub inventory_now: &'a Notify,
+    /// When the hub was last heard from (for the metrics).
+    pub contact: &'a super::HubContact,
     /// When the agent started (for the heartbeat's uptime).
     pub started: Instant,
 }
@@ -455,9 +463,8 @@ struct Session<'s, 'a, R, I> {
 
 impl<R: DispatchRunner, I: InventoryRead> SessionContext<'_, R, I> {
     fn heard(&self) {
-        if let Ok(mut h) = self.health.lock() {
-            h.heard(Instant::now());
-        }
+        self.liveness.beat(DaemonLoop::Hub);
+        self.contact.heard();
     }
 
     fn hello(&self) -> Hello {
@@ -478,10 +485,15 @@ impl<R: DispatchRunner, I: InventoryRead> SessionContext<'_, R, I> {
         acks: &mut mpsc::UnboundedReceiver<MessageId>,
         stop: &CancellationToken,
     ) -> SessionOutcome {
-        let connected = tokio::select! {
-            r = self.endpoint.connect(self.timing.connect_timeout) => r,
-            _ = stop.cancelled() => Err(SessionEnd::Stopped),
-        };
+        let connected = self
+            .liveness
+            .beat_while(DaemonLoop::Hub, async {
+                tokio::select! {
+                    r = self.endpoint.connect(self.timing.connect_timeout) => r,
+                    _ = stop.cancelled() => Err(SessionEnd::Stopped),
+                }
+            })
+            .await;
         let ws = match connected {
             Ok(ws) => ws,
             Err(end) => {
@@ -501,7 +513,12 @@ impl<R: DispatchRunner, I: InventoryRead> SessionContext<'_, R, I> {
             heartbeat_seq: 0,
             sent_up_to: 0,
         };
-        if let Err(end) = session.handshake(stop).await {
+        let handshake = self
+            .liveness
+            .beat_while(DaemonLoop::Hub, session.handshake(stop))
+            .await;
+        if let Err(end) = handshake {
+            self.contact.lost();
             session.close().await;
             return SessionOutcome {
                 welcomed: false,
@@ -509,11 +526,20 @@ impl<R: DispatchRunner, I: InventoryRead> SessionContext<'_, R, I> {
             };
         }
         let end = session.serve(acks, stop).await;
+        self.contact.lost();
         session.close().await;
         SessionOutcome {
             welcomed: true,
             end,
         }
+    }
+}
+
+/// Completes at `started + after` (never without `after`, which only test builds set).
+async fn hang_after(after: Option<Duration>, started: Instant) {
+    match after {
+        Some(after) => tokio::time::sleep_until((started + after).into()).await,
+        None => std::future::pending::<()>().await,
     }
 }
 
@@ -618,9 +644,6 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
                     self.version = w.version;
                     self.heartbeat =
                         Duration::from_secs(u64::from(w.heartbeat_interval_secs.get()));
-                    if let Ok(mut h) = self.ctx.health.lock() {
-                        h.set_heartbeat(self.heartbeat);
-                    }
                     self.send_acks(vec![env.id]).await?;
                     tracing::info!(
                         session = %w.session,
@@ -703,6 +726,8 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + self.heartbeat, self.heartbeat);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut alive = tokio::time::interval(LIVENESS_TICK);
+        alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Everything waiting is re-sent first, in order, then each new message as it is
         // stored. The backlog goes out one batch per turn of the loop, so the hub's acks and
         // dispatches are read in between and neither side blocks on a full socket.
@@ -723,6 +748,11 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
                     self.send_acks(ids).await?;
                 }
                 _ = ticker.tick() => self.beat().await?,
+                _ = alive.tick() => self.ctx.liveness.beat(DaemonLoop::Hub),
+                () = hang_after(self.ctx.timing.hang_hub_loop_after, self.ctx.started) => {
+                    tracing::warn!("test hook: the hub loop stops turning now");
+                    std::future::pending::<()>().await;
+                }
                 incoming = self.ws.next() => match incoming {
                     None => return Err(SessionEnd::Closed),
                     Some(Err(e)) => return Err(SessionEnd::Transport(e.to_string())),

@@ -63,8 +63,12 @@ pub const KILL_AT_ENV: &str = "FELHOM_AGENT_KILL_AT";
 
 /// Where the executor reports phase changes and the final result (the outbox for the hub).
 pub trait Reporter: Send + Sync {
-    /// A transaction's state was journaled (a phase change, or a step within a phase).
-    fn phase(&self, state: &State);
+    /// A transaction's state was journaled (a phase change, or a step within a phase) as its
+    /// `record`-th journal record. The record number is the event's identity: the same record
+    /// reported again (after a crash between the journal record and the report) is applied
+    /// once by the hub. A reporter that keeps events must have stored this one durably when
+    /// it returns: only then does the journal record count as done.
+    fn phase(&self, state: &State, record: u64);
     /// The result of a transaction is final (settled, whatever the outcome); queue it for the
     /// hub. Called once per settled transaction, never for a dry run. `Err` says why it could
     /// not be stored.
@@ -86,7 +90,7 @@ pub fn report_final(reporter: &dyn Reporter, state: &State, checks: &[CheckResul
 pub struct LogReporter;
 
 impl Reporter for LogReporter {
-    fn phase(&self, _state: &State) {}
+    fn phase(&self, _state: &State, _record: u64) {}
     fn result(&self, _state: &State, _checks: &[CheckResult]) -> Result<(), String> {
         Ok(())
     }
@@ -377,7 +381,8 @@ impl<'a> Executor<'a> {
         if self.kill_at == Some((true, self.journal_count)) {
             kill_self("before-journal");
         }
-        self.journal
+        let journaled = self
+            .journal
             .record(s)
             .map_err(|e| Failure::new(e.code(), e.to_string()))?;
         if self.kill_at == Some((false, self.journal_count)) {
@@ -392,7 +397,10 @@ impl<'a> Executor<'a> {
             s.phase().as_str(),
             s.step().as_str(),
         );
-        self.reporter.phase(s);
+        // The record counts as done once its event is stored (a reporter that keeps events
+        // syncs it before returning). A kill between the two is made good by the next start,
+        // which reports the last journaled record again under the same identity.
+        self.reporter.phase(s, journaled.records);
         Ok(())
     }
 

@@ -275,7 +275,12 @@ pub async fn settle_open(
         };
         // Re-read under the lock: the other process may have settled it meanwhile.
         let state = match journal.get(t.state.txn()) {
-            Ok(Some(fresh)) if !fresh.state.is_terminal() => fresh.state,
+            Ok(Some(fresh)) if !fresh.state.is_terminal() => {
+                // The last record's event may have been lost with the process: report it
+                // again (same identity, applied once).
+                reporter.phase(&fresh.state, fresh.records);
+                fresh.state
+            }
             _ => continue,
         };
         tracing::warn!(txn = %state.txn(), vmid, phase = state.phase().as_str(), "settling a transaction a previous run left open");
@@ -441,6 +446,10 @@ pub async fn resume(
     let pve = pve_client(cfg).ok()?;
     let journal = open_journal(cfg).ok()?;
     let _lock = VmidLock::try_acquire(&cfg.state_dir, vmid, Some(state.txn())).ok()?;
+    if let Ok(Some(journaled)) = journal.get(state.txn()) {
+        // The last record's event may have been lost with the process: report it again.
+        reporter.phase(&journaled.state, journaled.records);
+    }
     let mut exec = Executor::new(cfg, &pve, &journal, reporter, cancel);
     let driven = exec.settle(state).await;
     refresh_metrics(cfg, &journal);
