@@ -245,6 +245,9 @@ impl HubEndpoint {
 
     /// Open a websocket to the hub with the bearer credential.
     pub async fn connect(&self, timeout: Duration) -> Result<HubSocket, SessionEnd> {
+        if let Some(pin) = &self.pin {
+            pin.reset();
+        }
         let mut request = self
             .url
             .as_str()
