@@ -367,6 +367,8 @@ pub fn load_packs(dir: &Path) -> Result<Vec<Check>, CheckError> {
         let path = path.to_owned();
         move |source| CheckError::Read { path, source }
     };
+    crate::config::check_trusted_dir(dir, "checks_dir")
+        .map_err(|reason| CheckError::Untrusted { reason })?;
     let mut packs: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io(dir))?
         .map(|e| e.map(|e| e.path()))
@@ -381,7 +383,13 @@ pub fn load_packs(dir: &Path) -> Result<Vec<Check>, CheckError> {
     }
     let mut all: Vec<Check> = Vec::new();
     for pack in packs {
-        let text = std::fs::read_to_string(&pack).map_err(io(&pack))?;
+        let text = read_trusted(&pack).map_err(|e| match e {
+            Ok(reason) => CheckError::Untrusted { reason },
+            Err(source) => CheckError::Read {
+                path: pack.clone(),
+                source,
+            },
+        })?;
         for check in parse_pack(&text, &pack)? {
             if let Some(first) = all.iter().find(|c| c.name == check.name) {
                 return Err(CheckError::Duplicate {
@@ -394,6 +402,20 @@ pub fn load_packs(dir: &Path) -> Result<Vec<Check>, CheckError> {
         }
     }
     Ok(all)
+}
+
+/// Read a pack, checked on the open file (owner root or the agent's user, not writable by group
+/// or others). `Err(Ok(reason))` when it is not trusted.
+fn read_trusted(path: &Path) -> Result<String, Result<String, std::io::Error>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(Err)?;
+    let meta = file.metadata().map_err(Err)?;
+    if let Some(why) = crate::config::untrusted_reason(path, &meta, "check pack") {
+        return Err(Ok(why));
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(Err)?;
+    Ok(text)
 }
 
 /// The values placeholders are filled with for one guest.
@@ -469,6 +491,12 @@ pub enum CheckError {
         path: PathBuf,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// The folder or a pack may be changed by someone other than root.
+    #[error("check packs are not trusted: {reason}")]
+    Untrusted {
+        /// What is wrong and how to fix it.
+        reason: String,
     },
     /// A pack is not valid TOML of the pack format.
     #[error("check pack {path} is invalid: {message}")]
