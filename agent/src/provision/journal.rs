@@ -488,8 +488,27 @@ impl Journal {
         }
     }
 
-    /// One record line: the state, numbered and timestamped, within the per-record cap.
+    /// One record line: the state, numbered and timestamped, within the per-record cap. A
+    /// state over the cap is stored reduced (its failure message clipped) rather than refused:
+    /// a refused record would stop the transaction before its cleanup.
     fn encode(&self, state: &State, seq: u64) -> Result<String, JournalError> {
+        match self.encode_exact(state, seq) {
+            Err(JournalError::RecordTooLarge { size, .. }) => {
+                let reduced = state.reduced();
+                let line = self.encode_exact(&reduced, seq)?;
+                tracing::warn!(
+                    txn = %state.txn(),
+                    "journal record {seq} of transaction {} was {size} bytes, over the cap; it is stored with its failure message clipped ({} bytes)",
+                    state.txn(),
+                    line.len()
+                );
+                Ok(line)
+            }
+            other => other,
+        }
+    }
+
+    fn encode_exact(&self, state: &State, seq: u64) -> Result<String, JournalError> {
         let txn = state.txn();
         let record = Record {
             seq,
