@@ -477,7 +477,7 @@ pub async fn run_bootstrap<E: GuestExec>(
 
     if let Some(marker) = read_marker(exec, settings).await? {
         if marker.txn == txn {
-            tracing::info!(vmid, txn, profile = %marker.profile, "bootstrap already recorded for this transaction; not running it again");
+            tracing::info!(vmid, txn, profile = %crate::error::outside_text(&marker.profile), "bootstrap already recorded for this transaction; not running it again");
             return Ok(BootstrapReport {
                 marker,
                 reused: true,
@@ -615,7 +615,7 @@ async fn read_marker<E: GuestExec>(
     match serde_json::from_slice::<BootstrapMarker>(&outcome.stdout.bytes) {
         Ok(marker) => Ok(Some(marker)),
         Err(e) => {
-            tracing::warn!(vmid, error = %e, path = MARKER_PATH, "unreadable bootstrap marker in the guest; it will be replaced");
+            tracing::warn!(vmid, error = %crate::error::outside_text(&e.to_string()), path = MARKER_PATH, "unreadable bootstrap marker in the guest; it will be replaced");
             Ok(None)
         }
     }

@@ -851,7 +851,7 @@ fn osquery_rows(outcome: &ExecOutcome, timeout: Duration, cap: usize) -> Result<
         .lines()
         .map(str::trim)
         .find(|l| l.starts_with("Error:") || l.starts_with("ERROR:"))
-        .map(|l| l.chars().take(300).collect::<String>());
+        .map(crate::error::outside_text);
     match outcome.exit {
         GuestExit::TimedOut => {
             return Err(format!(
