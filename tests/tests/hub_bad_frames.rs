@@ -191,3 +191,40 @@ fn hub_text_cannot_forge_log_lines_or_grow_the_journal() {
         journal.len()
     );
 }
+
+/// A welcome whose session name is 900 KiB with a newline in it: the agent logs it as part of
+/// one line, escaped and clipped, and the session works.
+#[test]
+fn a_huge_session_name_is_logged_clipped_on_one_line() {
+    let pve = FakePve::demo();
+    let name = format!("evil\nFORGED-SESSION {}", "s".repeat(900 * 1024));
+    let hub = DevHub::start(DevHubOptions {
+        session_name: Some(name),
+        ..DevHubOptions::default()
+    });
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            hub: Some(hub.hub_options()),
+            ..AgentOptions::default()
+        },
+    );
+    let agent = AgentDaemon::spawn(&files.config_path, FAST_TIMING, &[]);
+    hub.wait_for("the session", WAIT, |s| {
+        s.sessions == 1 && !s.inventories.is_empty()
+    });
+    agent.wait_for_log("connected to the hub", WAIT);
+    let log = agent.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("FORGED-SESSION"))
+        .collect();
+    assert!(!lines.is_empty(), "the session name is logged");
+    for line in &lines {
+        assert!(
+            line.contains("connected to the hub"),
+            "a line of its own: {line:.200}"
+        );
+        assert!(line.len() < 2048, "clipped: {} bytes", line.len());
+    }
+}
