@@ -149,9 +149,20 @@ fn load_roots(path: &Path) -> Result<RootCertStore, TlsSetupError> {
         path: path.display().to_string(),
         detail,
     };
+    // Checked on the open file: whoever may change it decides whom the agent trusts.
+    let mut file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| err(e.to_string()))?;
+    if let Some(why) = crate::config::untrusted_reason(path, &meta, "CA file") {
+        return Err(err(why));
+    }
+    let mut pem = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(&mut file, 4 * 1024 * 1024),
+        &mut pem,
+    )
+    .map_err(|e| err(e.to_string()))?;
     let mut roots = RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(path).map_err(|e| err(e.to_string()))?;
-    for cert in certs {
+    for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| err(e.to_string()))?;
         roots.add(cert).map_err(|e| err(e.to_string()))?;
     }

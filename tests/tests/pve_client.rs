@@ -381,6 +381,19 @@ async fn ca_file_trust_works() {
     );
     let client = client_for(&files);
     assert_eq!(client.cluster_vms().await.expect("resources").len(), 2);
+    // A CA file others may change is not trusted.
+    use std::os::unix::fs::PermissionsExt;
+    let ca = files.dir().join("ca.pem");
+    std::fs::copy(pve.cafile(), &ca).expect("copy the CA");
+    std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let text = files.config_text().replace(
+        &pve.cafile().display().to_string(),
+        &ca.display().to_string(),
+    );
+    std::fs::write(&files.config_path, text).expect("rewrite");
+    let cfg = Config::load(&files.config_path).expect("config loads");
+    let err = PveClient::new(&cfg.pve).expect_err("a world-writable CA file");
+    assert!(err.to_string().contains("0666"), "{err}");
 }
 
 #[tokio::test]
