@@ -29,6 +29,7 @@ umask 022
 mkdir -p "$work/certs" "$work/state" "$work/bootstrap.d" "$work/checks.d" "$work/bin" "$work/pct-state" "$work/metrics"
 cp -a packaging/bootstrap.d/default "$work/bootstrap.d/"
 cp -a packaging/checks.d/default.toml "$work/checks.d/"
+chmod -R go-w "$work/bootstrap.d" "$work/checks.d"
 
 printf '\n== building the guest root filesystem template\n' >&2
 tests/testbed/build-rootfs.sh >&2
