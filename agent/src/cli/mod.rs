@@ -110,6 +110,17 @@ pub fn is_capped_transport(meta: &tracing::Metadata<'_>) -> bool {
     })
 }
 
+/// Make this process non-dumpable: no core dump (its memory holds the PVE token secret and the
+/// hub credential) and no ptrace or `/proc/<pid>/mem` by other users, also for a run from a
+/// shell whose core limit is unlimited. Programs it starts are dumpable again after `exec`.
+pub fn harden_process() {
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::warn!(
+            "cannot mark the process non-dumpable ({e}); a core dump would hold the secrets"
+        );
+    }
+}
+
 /// A token cancelled on SIGINT or SIGTERM.
 pub fn shutdown_token() -> CancellationToken {
     let token = CancellationToken::new();
