@@ -25,9 +25,13 @@ cleanup() {
 trap cleanup EXIT
 
 host=127.0.0.77
+# The agent refuses config, profile and check folders and a state dir that group or others may
+# write, whatever the caller's umask.
+umask 022
 mkdir -p "$work/certs" "$work/state" "$work/bootstrap.d" "$work/checks.d" "$work/bin" "$work/pct-state" "$work/metrics"
 cp -a packaging/bootstrap.d/default "$work/bootstrap.d/"
 cp -a packaging/checks.d/default.toml "$work/checks.d/"
+chmod -R go-w "$work/bootstrap.d" "$work/checks.d"
 
 printf '\n== building the guest root filesystem template\n' >&2
 tests/testbed/build-rootfs.sh >&2

@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -309,12 +309,27 @@ fn invalid(msg: String) -> Failure {
 impl Config {
     /// Read and validate the configuration at `path`, including the secret files it names.
     pub fn load(path: &Path) -> Result<Self, Failure> {
-        let text = fs::read_to_string(path).map_err(|e| {
+        use std::io::Read;
+        let cannot = |e: std::io::Error| {
             invalid(format!(
                 "cannot read config {}: {e}; create it (see /usr/share/doc/felhom-agent/agent.toml.example) or pass --config",
                 path.display()
             ))
-        })?;
+        };
+        let mut file = fs::File::open(path).map_err(cannot)?;
+        // Checked on the open file: the file read is the file checked.
+        let meta = file.metadata().map_err(cannot)?;
+        if !meta.is_file() {
+            return Err(invalid(format!(
+                "config {} is not a regular file",
+                path.display()
+            )));
+        }
+        if let Some(why) = untrusted_reason(path, &meta, "config") {
+            return Err(invalid(why));
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(cannot)?;
         Self::parse(path, &text)
     }
 
@@ -620,24 +635,109 @@ fn validate_token_id(id: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Read a secret file, refusing group- or world-accessible files.
-pub fn read_secret_file(path: &Path) -> Result<Secret, Failure> {
-    let meta = fs::metadata(path).map_err(|e| {
-        invalid(format!(
-            "cannot read secret file {}: {e}; create it with mode 0600",
+/// Whether `uid` may own a file the agent trusts: root, or the user the agent runs as.
+fn trusted_owner(uid: u32) -> bool {
+    uid == 0 || uid == nix::unistd::geteuid().as_raw()
+}
+
+/// Why `meta` (of `path`, a `what`) cannot be trusted: owned by someone else than root (or
+/// the agent's own user), or writable by group or others. `None` when it can.
+pub fn untrusted_reason(path: &Path, meta: &fs::Metadata, what: &str) -> Option<String> {
+    let mode = meta.mode() & 0o7777;
+    if !trusted_owner(meta.uid()) {
+        return Some(format!(
+            "{what} {} is owned by uid {}, not root; whoever owns it could change what the agent does: `chown root:root {}`",
+            path.display(),
+            meta.uid(),
             path.display()
-        ))
-    })?;
-    let mode = meta.permissions().mode() & 0o777;
+        ));
+    }
+    if mode & 0o022 != 0 {
+        return Some(format!(
+            "{what} {} has mode {mode:04o}, writable by group or others; run `chmod go-w {}`",
+            path.display(),
+            path.display()
+        ));
+    }
+    None
+}
+
+/// Check that the folder `path` (a `what`: `checks_dir`, `bootstrap_dir`, `state_dir`) is a
+/// folder owned by root (or the agent's own user) and not writable by group or others.
+pub fn check_trusted_dir(path: &Path, what: &str) -> Result<(), String> {
+    let meta =
+        fs::metadata(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{what} {} is not a folder", path.display()));
+    }
+    match untrusted_reason(path, &meta, what) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
+}
+
+/// The largest secret file read.
+const MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+/// Read a secret file: opened without following a symlink, then checked on the open file (a
+/// regular file, owned by root or the agent's own user, no access for group or others).
+pub fn read_secret_file(path: &Path) -> Result<Secret, Failure> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(nix::libc::ELOOP) {
+                invalid(format!(
+                    "secret file {} is a symbolic link; a secret file must be a regular file owned by root with mode 0600: replace the link with the file",
+                    path.display()
+                ))
+            } else {
+                invalid(format!(
+                    "cannot read secret file {}: {e}; create it owned by root with mode 0600",
+                    path.display()
+                ))
+            }
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| invalid(format!("cannot read secret file {}: {e}", path.display())))?;
+    if !meta.is_file() {
+        return Err(invalid(format!(
+            "secret file {} is not a regular file; put the secret in a regular file owned by root with mode 0600",
+            path.display()
+        )));
+    }
+    if !trusted_owner(meta.uid()) {
+        return Err(invalid(format!(
+            "secret file {} is owned by uid {}, not root; run `chown root:root {}` (and rotate the secret if others could read it)",
+            path.display(),
+            meta.uid(),
+            path.display()
+        )));
+    }
+    let mode = meta.mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(invalid(format!(
-            "secret file {} has mode {mode:04o}, group or others can read it; run `chmod 600 {}` (and rotate the secret if others could read it)",
+            "secret file {} has mode {mode:04o}, group or others can read or change it; run `chmod 600 {}` (and rotate the secret if others could read it)",
             path.display(),
             path.display()
         )));
     }
-    let text = fs::read_to_string(path)
+    let mut bytes = Vec::new();
+    file.take(MAX_SECRET_BYTES + 1)
+        .read_to_end(&mut bytes)
         .map_err(|e| invalid(format!("cannot read secret file {}: {e}", path.display())))?;
+    if bytes.len() as u64 > MAX_SECRET_BYTES {
+        return Err(invalid(format!(
+            "secret file {} is larger than {MAX_SECRET_BYTES} bytes; it must hold only the secret",
+            path.display()
+        )));
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|_| invalid(format!("secret file {} is not UTF-8 text", path.display())))?;
     let secret = text.trim();
     if secret.is_empty() {
         return Err(invalid(format!("secret file {} is empty", path.display())));
@@ -656,6 +756,7 @@ pub fn short_hostname() -> Result<String, String> {
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
 
     fn secret_file(dir: &Path, mode: u32) -> PathBuf {
         let p = dir.join("token");
@@ -949,5 +1050,55 @@ mod tests {
         assert!(validate_token_id("felhom@pve!agent").is_ok());
         assert!(validate_token_id("felhom@pve").is_err());
         assert!(validate_token_id("felhom!agent").is_err());
+    }
+    #[test]
+    fn a_secret_file_that_is_a_symlink_is_refused() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&t, &link).expect("symlink");
+        let err = read_secret_file(&link).expect_err("a symlink must be refused");
+        assert!(err.message.contains("symbolic link"), "{}", err.message);
+        assert!(!err.message.contains("11111111"), "{}", err.message);
+        read_secret_file(&t).expect("the file itself is accepted");
+    }
+
+    #[test]
+    fn a_secret_file_of_another_owner_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            // chown needs root; the suite runs as root (tests/run.sh).
+            panic!("this test must run as root");
+        }
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        nix::unistd::chown(&t, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
+        let err = read_secret_file(&t).expect_err("owned by nobody");
+        assert!(err.message.contains("uid 65534"), "{}", err.message);
+        assert!(err.message.contains("chown root:root"), "{}", err.message);
+        assert!(!err.message.contains("11111111"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_group_writable_folder_or_config_is_refused() {
+        let d = tempfile::tempdir().expect("tmp");
+        let checks = d.path().join("checks.d");
+        fs::create_dir(&checks).expect("mkdir");
+        fs::set_permissions(&checks, fs::Permissions::from_mode(0o755)).expect("chmod");
+        check_trusted_dir(&checks, "checks_dir").expect("0755 is trusted");
+        fs::set_permissions(&checks, fs::Permissions::from_mode(0o775)).expect("chmod");
+        let err = check_trusted_dir(&checks, "checks_dir").expect_err("group-writable");
+        assert!(err.contains("0775") && err.contains("chmod go-w"), "{err}");
+        let t = secret_file(d.path(), 0o600);
+        let cfg = d.path().join("agent.toml");
+        fs::write(&cfg, sample(&t, "")).expect("write");
+        fs::set_permissions(&cfg, fs::Permissions::from_mode(0o644)).expect("chmod");
+        Config::load(&cfg).expect("a 0644 config loads");
+        fs::set_permissions(&cfg, fs::Permissions::from_mode(0o666)).expect("chmod");
+        let err = Config::load(&cfg).expect_err("a world-writable config");
+        assert!(
+            err.message.contains("writable by group or others"),
+            "{}",
+            err.message
+        );
     }
 }

@@ -106,7 +106,7 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
             r.pass(
                 "config",
                 format!(
-                    "{} is valid (node {}, pool {}), token secret file {} is private",
+                    "{} is valid and writable by root only (node {}, pool {}); token secret file {} is a regular file owned by root, mode 0600 or stricter",
                     c.path.display(),
                     c.node,
                     c.pool,
@@ -494,6 +494,29 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
             ),
         }
     }
+    for (name, dir) in [
+        ("bootstrap_dir", &cfg.provision.bootstrap_dir),
+        ("checks_dir", &cfg.provision.checks_dir),
+        ("restore_checks_dir", &cfg.restore_test.checks_dir),
+    ] {
+        if name == "restore_checks_dir" && *dir == cfg.provision.checks_dir {
+            continue;
+        }
+        match crate::config::check_trusted_dir(dir, name) {
+            Ok(()) => r.pass(
+                name,
+                format!(
+                    "{} is owned by root and writable by root only",
+                    dir.display()
+                ),
+            ),
+            Err(why) => r.fail(
+                name,
+                ErrorCode::ConfigInvalid,
+                format!("{why}; until then every provision is refused by its preflight"),
+            ),
+        }
+    }
     // Config::load refuses a volatile state_dir; checked again here in case the folder was
     // mounted over (tmpfs) after the config was written.
     if let Some(why) = crate::config::state_dir_volatility(&cfg.state_dir) {
@@ -509,13 +532,22 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
         return;
     }
     match std::fs::metadata(&cfg.state_dir) {
-        Ok(m) if m.is_dir() => r.pass(
-            "state_dir",
-            format!(
-                "{} exists, on persistent disk (not in memory, not under /tmp, /run, /dev/shm)",
-                cfg.state_dir.display()
-            ),
-        ),
+        Ok(m) if m.is_dir() => {
+            match crate::config::untrusted_reason(&cfg.state_dir, &m, "state_dir") {
+                None => r.pass(
+                    "state_dir",
+                    format!(
+                        "{} exists, on persistent disk (not in memory, not under /tmp, /run, /dev/shm), owned by root and writable by root only",
+                        cfg.state_dir.display()
+                    ),
+                ),
+                Some(why) => r.fail(
+                    "state_dir",
+                    ErrorCode::ConfigInvalid,
+                    format!("{why}; its journal decides which guests this agent may destroy"),
+                ),
+            }
+        }
         Ok(_) => r.fail(
             "state_dir",
             ErrorCode::ConfigInvalid,

@@ -40,6 +40,35 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
     }
 }
 
+/// How much of a string from outside (hub, guest) goes into a log line or a message.
+pub const OUTSIDE_TEXT_MAX_BYTES: usize = 256;
+
+/// `text` from outside made safe for one log line or message: control characters (newlines
+/// included) escaped as `\n`, `\u{1b}`, …, and the result clipped to about
+/// [`OUTSIDE_TEXT_MAX_BYTES`] on a character boundary, saying how much was cut.
+pub fn outside_text(text: &str) -> String {
+    outside_text_max(text, OUTSIDE_TEXT_MAX_BYTES)
+}
+
+/// [`outside_text`] with another limit.
+pub fn outside_text_max(text: &str, max_bytes: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max_bytes) + 32);
+    let mut used = 0;
+    for c in text.chars() {
+        if out.len() >= max_bytes {
+            out.push_str(&format!(" … ({} more bytes clipped)", text.len() - used));
+            return out;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+        used += c.len_utf8();
+    }
+    out
+}
+
 /// Process exit statuses (DESIGN section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -91,6 +120,17 @@ impl Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outside_text_is_one_clipped_line() {
+        let t = outside_text("a\nb\r\u{1b}[31mc");
+        assert_eq!(t, "a\\nb\\r\\u{1b}[31mc");
+        let big = "é".repeat(1 << 19);
+        let t = outside_text(&big);
+        assert!(t.len() < OUTSIDE_TEXT_MAX_BYTES + 64, "{}", t.len());
+        assert!(t.ends_with("more bytes clipped)"), "{t}");
+        assert_eq!(outside_text("plain"), "plain");
+    }
 
     #[test]
     fn codes_map_to_design_exit_statuses() {

@@ -12,6 +12,7 @@ fn main() -> ExitCode {
         }
     };
     felhom_agent::cli::init_tracing_for(&cli);
+    felhom_agent::cli::harden_process();
     let status = felhom_agent::cli::run(cli);
     ExitCode::from(status.code())
 }

@@ -23,12 +23,20 @@ use crate::config::{format_fingerprint, TlsTrust};
 pub struct PinObserver(Arc<Mutex<Option<[u8; 32]>>>);
 
 impl PinObserver {
-    /// The fingerprint of the last mismatching certificate, formatted `AB:CD:…`.
+    /// The fingerprint of the last mismatching certificate, formatted `AB:CD:…`, taken: the
+    /// next call answers `None` until another mismatch, so a later failure of another kind is
+    /// never reported as a pin mismatch.
     pub fn mismatch(&self) -> Option<String> {
         self.0
             .lock()
             .ok()
-            .and_then(|g| g.as_ref().map(format_fingerprint))
+            .and_then(|mut g| g.take().map(|fp| format_fingerprint(&fp)))
+    }
+    /// Forget what was seen (called before each new connection).
+    pub fn reset(&self) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = None;
+        }
     }
     fn record(&self, fp: [u8; 32]) {
         if let Ok(mut g) = self.0.lock() {
@@ -55,6 +63,7 @@ impl ServerCertVerifier for PinVerifier {
     ) -> Result<ServerCertVerified, rustls::Error> {
         let fp: [u8; 32] = Sha256::digest(end_entity.as_ref()).into();
         if fp == self.pin {
+            self.observer.reset();
             Ok(ServerCertVerified::assertion())
         } else {
             self.observer.record(fp);
@@ -140,9 +149,20 @@ fn load_roots(path: &Path) -> Result<RootCertStore, TlsSetupError> {
         path: path.display().to_string(),
         detail,
     };
+    // Checked on the open file: whoever may change it decides whom the agent trusts.
+    let mut file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| err(e.to_string()))?;
+    if let Some(why) = crate::config::untrusted_reason(path, &meta, "CA file") {
+        return Err(err(why));
+    }
+    let mut pem = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(&mut file, 4 * 1024 * 1024),
+        &mut pem,
+    )
+    .map_err(|e| err(e.to_string()))?;
     let mut roots = RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(path).map_err(|e| err(e.to_string()))?;
-    for cert in certs {
+    for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| err(e.to_string()))?;
         roots.add(cert).map_err(|e| err(e.to_string()))?;
     }

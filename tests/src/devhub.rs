@@ -63,6 +63,8 @@ pub struct DevHubOptions {
     /// Acknowledge what the agent sends (off: nothing is acked, so the agent keeps re-sending
     /// after reconnects).
     pub ack: bool,
+    /// The session name the welcome carries (default `devhub-<n>`): a hostile hub's text.
+    pub session_name: Option<String>,
 }
 
 impl std::fmt::Debug for DevHubOptions {
@@ -86,6 +88,7 @@ impl Default for DevHubOptions {
             heartbeat_interval_secs: 1,
             tls: false,
             ack: true,
+            session_name: None,
         }
     }
 }
@@ -681,7 +684,11 @@ async fn serve_connection(
                 };
                 let welcome = Welcome {
                     version,
-                    session: format!("devhub-{session}"),
+                    session: shared
+                        .opts
+                        .session_name
+                        .clone()
+                        .unwrap_or_else(|| format!("devhub-{session}")),
                     heartbeat_interval_secs: std::num::NonZeroU32::new(
                         shared.opts.heartbeat_interval_secs.max(1),
                     )

@@ -1151,13 +1151,17 @@ impl AgentFiles {
             metrics_dir: p("metrics"),
             dir,
         };
-        for d in [
-            &files.state_dir,
-            &files.bootstrap_dir,
-            &files.checks_dir,
-            &files.metrics_dir,
+        // The agent refuses folders and files it reads that group or others may change
+        // (whatever the umask of the test run).
+        for (d, mode) in [
+            (&files.state_dir, 0o700),
+            (&files.bootstrap_dir, 0o755),
+            (&files.checks_dir, 0o755),
+            (&files.metrics_dir, 0o755),
         ] {
             fs::create_dir_all(d).unwrap_or_else(|e| panic!("cannot create {}: {e}", d.display()));
+            fs::set_permissions(d, fs::Permissions::from_mode(mode))
+                .unwrap_or_else(|e| panic!("cannot chmod {}: {e}", d.display()));
         }
         write_private(
             &files.token_secret_file,
@@ -1225,6 +1229,8 @@ impl AgentFiles {
         }
         fs::write(&files.config_path, text)
             .unwrap_or_else(|e| panic!("cannot write {}: {e}", files.config_path.display()));
+        fs::set_permissions(&files.config_path, fs::Permissions::from_mode(0o644))
+            .unwrap_or_else(|e| panic!("cannot chmod {}: {e}", files.config_path.display()));
         files
     }
 

@@ -34,6 +34,15 @@ pub fn install_default_profile_and_checks(files: &AgentFiles) {
         &root.join("packaging/checks.d/default.toml"),
         &files.checks_dir.join("default.toml"),
     );
+    // `cp -a` keeps the checkout's modes; the agent refuses what group or others may write.
+    let ok = std::process::Command::new("chmod")
+        .arg("-R")
+        .arg("go-w")
+        .arg(&files.bootstrap_dir)
+        .arg(&files.checks_dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "chmod -R go-w of the profile and check folders failed");
 }
 
 /// Real seconds per PVE second in a world whose scenario does not set its own.

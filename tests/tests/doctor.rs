@@ -2,7 +2,8 @@
 //! `tls_pin_mismatch`; a token file of mode 0644 exits 6 with `config_invalid` before any
 //! request; a token without the privileges fails the privileges check; a state_dir that does
 //! not survive a reboot (under /tmp, or on tmpfs like /dev/shm) exits 6 naming the file and
-//! the key.
+//! the key; a token file that is a symlink or owned by another user and a group-writable state
+//! dir each get a failing line.
 
 use std::os::unix::fs::PermissionsExt;
 
@@ -287,4 +288,65 @@ fn a_volatile_state_dir_exits_6_naming_the_file_and_the_key() {
             "doctor talked to PVE with a refused config"
         );
     }
+}
+
+#[test]
+fn untrusted_files_and_folders_each_get_a_clear_line() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    // A token file that is a symlink (to a file that would pass on its own): refused.
+    let real = files.dir().join("pve-token.real");
+    std::fs::rename(&files.token_secret_file, &real).expect("move");
+    std::os::unix::fs::symlink(&real, &files.token_secret_file).expect("symlink");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    let msg = check(&doc, "config")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        msg.contains("symbolic link") && msg.contains("pve-token"),
+        "{msg}"
+    );
+    assert!(
+        pve.requests().is_empty(),
+        "nothing sent with an untrusted token file"
+    );
+    std::fs::remove_file(&files.token_secret_file).expect("rm link");
+    std::fs::rename(&real, &files.token_secret_file).expect("move back");
+    // A token file owned by another user: refused.
+    nix::unistd::chown(
+        &files.token_secret_file,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        None,
+    )
+    .expect("chown (the suite runs as root)");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    let msg = check(&doc, "config")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        msg.contains("uid 65534") && msg.contains("chown root:root"),
+        "{msg}"
+    );
+    nix::unistd::chown(&files.token_secret_file, Some(nix::unistd::geteuid()), None)
+        .expect("chown back");
+    // A group-writable state_dir: its own failing line.
+    std::fs::set_permissions(&files.state_dir, std::fs::Permissions::from_mode(0o770))
+        .expect("chmod");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    let state = check(&doc, "state_dir");
+    assert_eq!(state["status"], "fail", "{doc:#}");
+    assert!(
+        state["message"].as_str().unwrap_or("").contains("0770"),
+        "{state}"
+    );
+    assert_eq!(check(&doc, "config")["status"], "pass", "{doc:#}");
+    assert!(!run.stdout.contains(&pve.token_secret()));
 }

@@ -69,10 +69,14 @@ fn a_ca_file_is_trusted() {
 #[test]
 fn a_wrong_pin_is_refused_before_the_token_is_sent() {
     let pve = FakePve::demo();
-    let hub = tls_hub();
+    let mut hub = tls_hub();
     let files = files(&pve, &hub, Some("ab".repeat(32)), None);
     let mut agent = AgentDaemon::spawn(&files.config_path, FAST_TIMING, &[]);
     agent.wait_for_log("tls_pin_mismatch", WAIT);
+    assert!(
+        !agent.log().contains("cannot connect"),
+        "only pin mismatches so far"
+    );
     std::thread::sleep(Duration::from_millis(500));
     assert!(agent.alive());
     let state = hub.snapshot();
@@ -87,6 +91,10 @@ fn a_wrong_pin_is_refused_before_the_token_is_sent() {
         log.replace(':', "").contains(&real),
         "the log does not name the certificate seen:\n{log}"
     );
+    // The hub goes away: the next failure is a refused connection, reported as such and not
+    // as the pin mismatch seen before it.
+    hub.stop();
+    agent.wait_for_log("cannot connect", WAIT);
     let (status, log) = agent.terminate(WAIT);
     assert!(status.success(), "run exited {status}:\n{log}");
     assert!(!log.contains(hub.token()));

@@ -121,6 +121,45 @@ fn missing_default_profile_is_refused_before_any_write() {
     refused_both_ways(&w, &[], "profile_invalid", &["default"]);
 }
 
+#[test]
+fn a_group_writable_checks_or_bootstrap_folder_is_refused_before_any_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = World::demo();
+    let chmod = |p: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod")
+    };
+    chmod(&w.files.checks_dir, 0o775);
+    refused_both_ways(
+        &w,
+        &[],
+        "checks_invalid",
+        &["checks.d", "0775", "chmod go-w"],
+    );
+    chmod(&w.files.checks_dir, 0o755);
+    chmod(&w.files.bootstrap_dir, 0o757);
+    refused_both_ways(
+        &w,
+        &[],
+        "profile_invalid",
+        &["bootstrap.d", "0757", "chmod go-w"],
+    );
+    chmod(&w.files.bootstrap_dir, 0o755);
+    // doctor names both.
+    chmod(&w.files.checks_dir, 0o770);
+    let run = w.agent(&["doctor", "--json"]);
+    let doc = run.json();
+    let check = doc["checks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == "checks_dir"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(check["status"], "fail", "{doc:#}");
+    assert!(
+        check["message"].as_str().unwrap_or("").contains("0770"),
+        "{doc:#}"
+    );
+}
+
 fn policy_world(policy: &str) -> World {
     let opts = AgentOptions {
         extra_toml: format!("\n[policy]\n{policy}\n"),

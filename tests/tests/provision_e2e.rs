@@ -339,3 +339,64 @@ fn every_settled_selftest_leaves_its_final_result_for_the_hub() {
         .expect("the refused destroy's result");
     assert!(refused_msg.contains("ownership_unproven"), "{refused_msg}");
 }
+
+/// A guest whose osquery prints a 1 MiB value and many rows: its checks fail, the guest is
+/// destroyed through the gate all the same, the journal stays readable and the result waiting
+/// for the hub stays small.
+#[test]
+fn a_guest_printing_a_huge_value_is_still_destroyed_and_bounded() {
+    let w = World::demo();
+    // The bootstrap runs in the guest before its checks: it makes the osquery stand-in report
+    // one failed unit with a 1 MiB description and 60 more with 4 KiB ones.
+    let run_script = w.files.bootstrap_dir.join("default").join("run");
+    std::fs::write(
+        &run_script,
+        "#!/bin/sh\nset -eu\nmkdir -p /usr/share/osquery-standin\n\
+         awk 'BEGIN { s = \"x\"; while (length(s) < 1048576) s = s s; \
+         printf \"huge.service\\t%s\\tloaded\\tfailed\\tfailed\\tenabled\\n\", s; \
+         d = substr(s, 1, 4096); \
+         for (i = 0; i < 60; i++) printf \"u%d.service\\t%s\\tloaded\\tfailed\\tfailed\\tenabled\\n\", i, d }' \
+         >> /usr/share/osquery-standin/systemd_units\n",
+    )
+    .expect("write run");
+    let run = w.agent(&["--selftest=provision", "-vmid", "127", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "check_failed");
+    assert_eq!(doc["destroyed"], json!(true));
+    assert_eq!(w.pve.deletes_for(127).len(), 1, "the gated destroy ran");
+    assert!(w.pve.guest(127).is_none(), "the guest is gone");
+    let units = doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "no-failed-units")
+        .cloned()
+        .expect("the units check");
+    assert_eq!(units["status"], "fail", "{units}");
+    assert_eq!(units["row_count"], 61, "counted in full");
+    assert_eq!(units["rows_truncated"], true);
+    assert!(
+        run.stdout.len() < 256 * 1024,
+        "the printed result is bounded: {} bytes",
+        run.stdout.len()
+    );
+    assert!(
+        run.stderr.lines().all(|l| l.len() < 16 * 1024),
+        "no log line carries the guest's value"
+    );
+    // The journal reads back, and the result for the hub is far below its frame cap.
+    let journal = w.agent(&["journal", "--json"]);
+    assert_eq!(journal.code, Some(0), "{}", journal.stderr);
+    let _: Value = serde_json::from_str(&journal.stdout).expect("journal --json parses");
+    let messages = spooled(&w);
+    let result = messages
+        .iter()
+        .find(|m| m.contains(doc["txn"].as_str().expect("txn")))
+        .expect("the result waits for the hub");
+    assert!(
+        result.len() < 128 * 1024,
+        "the result is {} bytes",
+        result.len()
+    );
+}

@@ -381,6 +381,19 @@ async fn ca_file_trust_works() {
     );
     let client = client_for(&files);
     assert_eq!(client.cluster_vms().await.expect("resources").len(), 2);
+    // A CA file others may change is not trusted.
+    use std::os::unix::fs::PermissionsExt;
+    let ca = files.dir().join("ca.pem");
+    std::fs::copy(pve.cafile(), &ca).expect("copy the CA");
+    std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let text = files.config_text().replace(
+        &pve.cafile().display().to_string(),
+        &ca.display().to_string(),
+    );
+    std::fs::write(&files.config_path, text).expect("rewrite");
+    let cfg = Config::load(&files.config_path).expect("config loads");
+    let err = PveClient::new(&cfg.pve).expect_err("a world-writable CA file");
+    assert!(err.to_string().contains("0666"), "{err}");
 }
 
 #[tokio::test]
@@ -461,4 +474,54 @@ async fn task_timeout_names_the_upid() {
     .expect_err("timeout");
     assert_eq!(err.code(), ErrorCode::TaskTimeout);
     assert!(err.to_string().contains(upid.as_str()));
+}
+
+#[tokio::test]
+async fn an_answer_over_8_mib_is_refused_naming_the_path() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let client = client_for(&files);
+    // Config values are free text PVE hands back in the config answer; ten keys of 960 KiB
+    // (the control endpoint takes 1 MiB a request) make that answer larger than the client reads.
+    for i in 0..10 {
+        pve.guest_set(
+            200,
+            json!({"config": {format!("description{i}"): "x".repeat(960 * 1024)}}),
+        );
+    }
+    let before = pve.requests().len();
+    let err = client
+        .config_get("pve1", GuestKind::Lxc, 200)
+        .await
+        .expect_err("a 9 MiB answer must be refused");
+    let msg = err.to_string();
+    assert!(msg.contains("8 MiB"), "{msg}");
+    assert!(msg.contains("/nodes/pve1/lxc/200/config"), "{msg}");
+    assert_no_secret(&pve, &msg);
+    assert!(
+        msg.len() < 1024,
+        "the message stays short: {} bytes",
+        msg.len()
+    );
+    assert!(
+        pve.requests().len() > before,
+        "the request reached the server"
+    );
+}
+
+#[tokio::test]
+async fn a_pin_mismatch_is_not_reported_for_a_later_unrelated_failure() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let text = files
+        .config_text()
+        .replace(pve.sha256_hex(), &"ab".repeat(32));
+    std::fs::write(&files.config_path, text).expect("rewrite");
+    let client = client_for(&files);
+    let err = client.version().await.expect_err("pin mismatch");
+    assert_eq!(err.code(), ErrorCode::TlsPinMismatch, "{err}");
+    // The server goes away: the next failure is a refused connection, not a pin mismatch.
+    drop(pve);
+    let err = client.version().await.expect_err("nothing listens");
+    assert_eq!(err.code(), ErrorCode::PveUnreachable, "{err}");
 }

@@ -71,17 +71,29 @@ fn init_tracing_quiet(global: &GlobalOpts, quiet: bool) {
         (1, _) => "debug",
         _ => "trace",
     };
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_env("FELHOM_AGENT_LOG")
         .unwrap_or_else(|_| EnvFilter::new(format!("warn,felhom_agent={level}")));
+    // Applied after the operator's filter, whatever it says: the transport libraries log
+    // raw requests (the hub's upgrade request with its `Authorization` header) below `info`.
+    let cap = tracing_subscriber::filter::filter_fn(|meta| !is_capped_transport(meta));
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
         .with_timer(UtcTime::rfc_3339());
     let _ = match global.log_format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .finish()
+            .with(cap)
+            .try_init(),
         LogFormat::Human | LogFormat::Auto => builder
             .with_ansi(std::io::stderr().is_terminal())
             .with_target(false)
+            .finish()
+            .with(cap)
             .try_init(),
     };
 }
@@ -90,6 +102,45 @@ fn init_tracing_quiet(global: &GlobalOpts, quiet: bool) {
 /// JSON.
 fn live_view(global: &GlobalOpts) -> bool {
     global.log_format != LogFormat::Json && std::io::stderr().is_terminal()
+}
+
+/// The libraries that see credentials on the wire (the websocket handshake, HTTP headers, TLS):
+/// their events below `info` are never logged, at any `FELHOM_AGENT_LOG` setting.
+const CAPPED_TARGETS: &[&str] = &[
+    "tungstenite",
+    "tokio_tungstenite",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "reqwest",
+    "rustls",
+    "tokio_rustls",
+    "http",
+];
+
+/// Whether an event or span is one of those the cap drops.
+pub fn is_capped_transport(meta: &tracing::Metadata<'_>) -> bool {
+    if *meta.level() <= tracing::Level::INFO {
+        return false;
+    }
+    let target = meta.target();
+    CAPPED_TARGETS.iter().any(|t| {
+        target == *t
+            || target
+                .strip_prefix(t)
+                .is_some_and(|rest| rest.starts_with("::"))
+    })
+}
+
+/// Make this process non-dumpable: no core dump (its memory holds the PVE token secret and the
+/// hub credential) and no ptrace or `/proc/<pid>/mem` by other users, also for a run from a
+/// shell whose core limit is unlimited. Programs it starts are dumpable again after `exec`.
+pub fn harden_process() {
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::warn!(
+            "cannot mark the process non-dumpable ({e}); a core dump would hold the secrets"
+        );
+    }
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

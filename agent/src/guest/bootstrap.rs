@@ -244,6 +244,14 @@ pub enum BootstrapError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The folder or a file of the profile may be changed by someone other than root.
+    #[error("bootstrap profile {profile:?} is not trusted: {reason}; a profile runs as root in the guest")]
+    Untrusted {
+        /// The profile.
+        profile: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// The transaction id cannot name a folder in the guest.
     #[error("transaction id {txn:?} cannot be used for a bootstrap (letters, digits, '_' and '-', at most 64)")]
     InvalidTxn {
@@ -292,6 +300,7 @@ impl BootstrapError {
             | Self::RunNotExecutable { .. }
             | Self::UnsupportedEntry { .. }
             | Self::ProfileTooLarge { .. }
+            | Self::Untrusted { .. }
             | Self::ProfileIo { .. } => ErrorCode::ConfigInvalid,
             Self::Exec { source, .. } if source.guest_down() => ErrorCode::LaunchUnproven,
             Self::Exec { .. }
@@ -326,7 +335,15 @@ pub fn load_profile(bootstrap_dir: &Path, name: &str) -> Result<BootstrapProfile
             name: name.to_owned(),
         });
     }
+    let untrusted = |reason: String| BootstrapError::Untrusted {
+        profile: name.to_owned(),
+        reason,
+    };
+    crate::config::check_trusted_dir(bootstrap_dir, "bootstrap_dir").map_err(untrusted)?;
     let dir = bootstrap_dir.join(name);
+    if dir.is_dir() {
+        crate::config::check_trusted_dir(&dir, "bootstrap profile folder").map_err(untrusted)?;
+    }
     let run = dir.join("run");
     let meta = match fs::metadata(&run) {
         Ok(m) => m,
@@ -340,6 +357,9 @@ pub fn load_profile(bootstrap_dir: &Path, name: &str) -> Result<BootstrapProfile
     };
     if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
         return Err(BootstrapError::RunNotExecutable { path: run });
+    }
+    if let Some(why) = crate::config::untrusted_reason(&run, &meta, "run script") {
+        return Err(untrusted(why));
     }
     let mut profile = BootstrapProfile {
         name: name.to_owned(),
@@ -403,6 +423,16 @@ fn walk_files(
             format!("{prefix}/{name}")
         };
         let meta = fs::symlink_metadata(&path).map_err(io(&path))?;
+        let checked = meta.is_dir() || meta.is_file();
+        if let Some(reason) = checked
+            .then(|| crate::config::untrusted_reason(&path, &meta, "profile entry"))
+            .flatten()
+        {
+            return Err(BootstrapError::Untrusted {
+                profile: profile.name.clone(),
+                reason,
+            });
+        }
         if meta.is_dir() {
             profile.dirs.push(relative.clone());
             walk_files(&path, &relative, profile, total)?;
@@ -447,7 +477,7 @@ pub async fn run_bootstrap<E: GuestExec>(
 
     if let Some(marker) = read_marker(exec, settings).await? {
         if marker.txn == txn {
-            tracing::info!(vmid, txn, profile = %marker.profile, "bootstrap already recorded for this transaction; not running it again");
+            tracing::info!(vmid, txn, profile = %crate::error::outside_text(&marker.profile), "bootstrap already recorded for this transaction; not running it again");
             return Ok(BootstrapReport {
                 marker,
                 reused: true,
@@ -585,7 +615,7 @@ async fn read_marker<E: GuestExec>(
     match serde_json::from_slice::<BootstrapMarker>(&outcome.stdout.bytes) {
         Ok(marker) => Ok(Some(marker)),
         Err(e) => {
-            tracing::warn!(vmid, error = %e, path = MARKER_PATH, "unreadable bootstrap marker in the guest; it will be replaced");
+            tracing::warn!(vmid, error = %crate::error::outside_text(&e.to_string()), path = MARKER_PATH, "unreadable bootstrap marker in the guest; it will be replaced");
             Ok(None)
         }
     }

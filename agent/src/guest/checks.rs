@@ -367,6 +367,8 @@ pub fn load_packs(dir: &Path) -> Result<Vec<Check>, CheckError> {
         let path = path.to_owned();
         move |source| CheckError::Read { path, source }
     };
+    crate::config::check_trusted_dir(dir, "checks_dir")
+        .map_err(|reason| CheckError::Untrusted { reason })?;
     let mut packs: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io(dir))?
         .map(|e| e.map(|e| e.path()))
@@ -381,7 +383,13 @@ pub fn load_packs(dir: &Path) -> Result<Vec<Check>, CheckError> {
     }
     let mut all: Vec<Check> = Vec::new();
     for pack in packs {
-        let text = std::fs::read_to_string(&pack).map_err(io(&pack))?;
+        let text = read_trusted(&pack).map_err(|e| match e {
+            Ok(reason) => CheckError::Untrusted { reason },
+            Err(source) => CheckError::Read {
+                path: pack.clone(),
+                source,
+            },
+        })?;
         for check in parse_pack(&text, &pack)? {
             if let Some(first) = all.iter().find(|c| c.name == check.name) {
                 return Err(CheckError::Duplicate {
@@ -394,6 +402,20 @@ pub fn load_packs(dir: &Path) -> Result<Vec<Check>, CheckError> {
         }
     }
     Ok(all)
+}
+
+/// Read a pack, checked on the open file (owner root or the agent's user, not writable by group
+/// or others). `Err(Ok(reason))` when it is not trusted.
+fn read_trusted(path: &Path) -> Result<String, Result<String, std::io::Error>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(Err)?;
+    let meta = file.metadata().map_err(Err)?;
+    if let Some(why) = crate::config::untrusted_reason(path, &meta, "check pack") {
+        return Err(Ok(why));
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(Err)?;
+    Ok(text)
 }
 
 /// The values placeholders are filled with for one guest.
@@ -469,6 +491,12 @@ pub enum CheckError {
         path: PathBuf,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// The folder or a pack may be changed by someone other than root.
+    #[error("check packs are not trusted: {reason}")]
+    Untrusted {
+        /// What is wrong and how to fix it.
+        reason: String,
     },
     /// A pack is not valid TOML of the pack format.
     #[error("check pack {path} is invalid: {message}")]
@@ -672,7 +700,65 @@ pub async fn run_checks<E: GuestExec>(
         tracing::info!(vmid = guest.vmid, check = %result.name, status = result.status.as_str(), "osquery check");
         results.push(result);
     }
+    bound_results(&mut results);
     results
+}
+
+/// The longest column name kept in a reported row.
+pub const MAX_COLUMN_BYTES: usize = 64;
+/// The longest value kept in a reported row; longer values are clipped, saying how much.
+pub const MAX_VALUE_BYTES: usize = 256;
+/// The most columns kept in a reported row.
+pub const MAX_COLUMNS: usize = 16;
+/// The most bytes of one reported row (names and values).
+pub const MAX_ROW_BYTES: usize = 2048;
+/// The most bytes of rows reported for all checks of one guest together: the results go into
+/// the outbox and to the hub, whose records and frames are capped.
+pub const MAX_REPORTED_ROW_BYTES: usize = 32 * 1024;
+/// The longest message of a check result.
+pub const MAX_RESULT_MESSAGE_BYTES: usize = 1024;
+
+/// Bound what the guest said in `results`: values, column names and messages escaped and
+/// clipped, at most [`MAX_COLUMNS`] columns and [`MAX_ROW_BYTES`] per row, and rows dropped
+/// once all results together hold [`MAX_REPORTED_ROW_BYTES`]. A result that lost rows says so
+/// (`rows_truncated`); `row_count` stays what the query returned.
+pub fn bound_results(results: &mut [CheckResult]) {
+    let mut budget = MAX_REPORTED_ROW_BYTES;
+    for result in results.iter_mut() {
+        if let Some(m) = &result.message {
+            result.message = Some(crate::error::outside_text_max(m, MAX_RESULT_MESSAGE_BYTES));
+        }
+        let rows = std::mem::take(&mut result.rows);
+        for row in rows {
+            let mut kept = Row::new();
+            let mut size = 0;
+            let columns = row.len();
+            for (column, value) in row {
+                let column = crate::error::outside_text_max(&column, MAX_COLUMN_BYTES);
+                let value = crate::error::outside_text_max(&value, MAX_VALUE_BYTES);
+                let entry = column.len() + value.len();
+                if kept.len() >= MAX_COLUMNS || size + entry > MAX_ROW_BYTES {
+                    break;
+                }
+                size += entry;
+                kept.insert(column, value);
+            }
+            if kept.len() < columns {
+                kept.insert(
+                    "_clipped".to_owned(),
+                    format!("{} of {columns} columns kept", kept.len()),
+                );
+            }
+            // What the row costs on the wire, JSON escapes included.
+            let size = serde_json::to_string(&kept).map_or(MAX_ROW_BYTES * 2, |t| t.len() + 1);
+            if size > budget {
+                result.rows_truncated = true;
+                break;
+            }
+            budget -= size;
+            result.rows.push(kept);
+        }
+    }
 }
 
 /// Run one check; `Err` is an `error` result with this message.
@@ -748,7 +834,10 @@ fn judge_column(
         if found != value {
             return Ok((
                 CheckStatus::Fail,
-                Some(format!("expected {column} == {value:?}, found {found:?}")),
+                Some(format!(
+                    "expected {column} == {value:?}, found {:?}",
+                    crate::error::outside_text(found)
+                )),
             ));
         }
     }
@@ -762,7 +851,7 @@ fn osquery_rows(outcome: &ExecOutcome, timeout: Duration, cap: usize) -> Result<
         .lines()
         .map(str::trim)
         .find(|l| l.starts_with("Error:") || l.starts_with("ERROR:"))
-        .map(|l| l.chars().take(300).collect::<String>());
+        .map(crate::error::outside_text);
     match outcome.exit {
         GuestExit::TimedOut => {
             return Err(format!(
@@ -800,6 +889,53 @@ fn osquery_rows(outcome: &ExecOutcome, timeout: Duration, cap: usize) -> Result<
 mod tests {
     use super::*;
     use crate::guest::exec::Captured;
+
+    #[test]
+    fn reported_rows_are_bounded_whatever_the_guest_prints() {
+        let huge = "v\n".repeat(4 * 1024);
+        let row: Row = (0..40)
+            .map(|i| (format!("col{i:02}"), huge.clone()))
+            .chain([("x".repeat(10_000), "short".to_owned())])
+            .collect();
+        let mut results: Vec<CheckResult> = (0..5)
+            .map(|i| CheckResult {
+                name: format!("c{i}"),
+                status: CheckStatus::Fail,
+                rows: vec![row.clone(); 20],
+                row_count: 20,
+                rows_truncated: false,
+                message: Some(format!("found {huge}")),
+                duration_ms: 1,
+            })
+            .collect();
+        bound_results(&mut results);
+        let wire = serde_json::to_string(&results).unwrap();
+        assert!(
+            wire.len() < MAX_REPORTED_ROW_BYTES + 5 * (MAX_RESULT_MESSAGE_BYTES + 1024),
+            "{} bytes",
+            wire.len()
+        );
+        for r in &results {
+            assert!(r.message.as_deref().unwrap().len() <= MAX_RESULT_MESSAGE_BYTES + 64);
+            assert!(!r.message.as_deref().unwrap().contains('\n'));
+            assert_eq!(r.row_count, 20);
+            for row in &r.rows {
+                assert!(row.len() <= MAX_COLUMNS + 1);
+                assert!(row
+                    .values()
+                    .all(|v| v.len() <= MAX_VALUE_BYTES + 64 && !v.contains('\n')));
+                assert!(
+                    row.contains_key("_clipped"),
+                    "the row says columns were cut"
+                );
+            }
+        }
+        assert!(results[0].rows.len() > 1, "the first result keeps rows");
+        assert!(
+            results[4].rows_truncated && results[4].rows.len() < 20,
+            "later ones are cut"
+        );
+    }
 
     #[test]
     fn expectations_parse_and_print() {

@@ -212,13 +212,14 @@ impl ExecOutcome {
     }
 }
 
-/// The last non-empty line of a text, cut to 300 characters.
+/// The last non-empty line of a text (guest output), control characters escaped and clipped
+/// to about 256 bytes: it goes into messages and log lines.
 pub(crate) fn last_line(text: &str) -> Option<String> {
     text.lines()
         .rev()
         .map(str::trim)
         .find(|l| !l.is_empty())
-        .map(|l| l.chars().take(300).collect())
+        .map(crate::error::outside_text)
 }
 
 /// What to push into a guest.

@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use hub_protocol::{
-    decode, encode, negotiate, Ack, AgentEnvelope, AgentMessage, Envelope, Heartbeat, Hello,
-    HubEnvelope, HubMessage, MessageId, ProtocolError, ProtocolErrorCode, HANDSHAKE_VERSION,
-    MAX_FRAME_BYTES, PROTOCOL_VERSION, SUPPORTED_VERSIONS,
+    decode, encode, negotiate, Ack, AgentEnvelope, AgentMessage, DispatchAction, Envelope,
+    Heartbeat, Hello, HubEnvelope, HubMessage, MessageId, ProtocolError, ProtocolErrorCode,
+    HANDSHAKE_VERSION, MAX_FRAME_BYTES, PROTOCOL_VERSION, SUPPORTED_VERSIONS,
 };
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
@@ -49,7 +49,7 @@ use super::dispatch::{DispatchRunner, Dispatcher, InventoryRead};
 use super::notify::{DaemonLoop, Liveness, Notifier, LIVENESS_TICK};
 use super::outbox::{now_timestamp, Outbox};
 use crate::config::{HubConfig, Secret};
-use crate::error::{ErrorCode, Failure};
+use crate::error::{outside_text, ErrorCode, Failure};
 use crate::tls::PinObserver;
 
 /// Connecting (TCP, TLS, websocket upgrade) may take this long.
@@ -199,6 +199,30 @@ fn config_invalid(message: String) -> Failure {
     Failure::new(ErrorCode::ConfigInvalid, message)
 }
 
+/// The longest backup volume id a dispatch may name (PVE volids are far shorter).
+pub const MAX_DISPATCH_SOURCE_BYTES: usize = 1024;
+/// The longest storage id a dispatch may name.
+pub const MAX_DISPATCH_STORAGE_BYTES: usize = 128;
+
+/// Why a dispatch's strings are too long to be used (they end up in the journal, the results
+/// and the log), if they are.
+fn oversized_dispatch_field(action: &DispatchAction) -> Option<String> {
+    if let DispatchAction::Provision { from, storage, .. } = action {
+        for (field, value, max) in [
+            ("from", from, MAX_DISPATCH_SOURCE_BYTES),
+            ("storage", storage, MAX_DISPATCH_STORAGE_BYTES),
+        ] {
+            if value.len() > max {
+                return Some(format!(
+                    "dispatch field `{field}` holds {} bytes; at most {max} are accepted",
+                    value.len()
+                ));
+            }
+        }
+    }
+    None
+}
+
 impl HubEndpoint {
     /// Check `[hub]` and build its TLS connector. Nothing is sent.
     pub fn new(cfg: &HubConfig) -> Result<Self, Failure> {
@@ -251,6 +275,9 @@ impl HubEndpoint {
 
     /// Open a websocket to the hub with the bearer credential.
     pub async fn connect(&self, timeout: Duration) -> Result<HubSocket, SessionEnd> {
+        if let Some(pin) = &self.pin {
+            pin.reset();
+        }
         let mut request = self
             .url
             .as_str()
@@ -645,11 +672,12 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
                     self.heartbeat =
                         Duration::from_secs(u64::from(w.heartbeat_interval_secs.get()));
                     self.send_acks(vec![env.id]).await?;
+                    let session = outside_text(&w.session);
                     tracing::info!(
-                        session = %w.session,
+                        session = %session,
                         "connected to the hub at {} (session {}, protocol {}, heartbeat every {} s)",
                         self.ctx.endpoint.url(),
-                        w.session,
+                        session,
                         w.version,
                         self.heartbeat.as_secs()
                     );
@@ -657,7 +685,8 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
                 }
                 HubMessage::ProtocolError(pe) => {
                     return Err(SessionEnd::Handshake(format!(
-                        "the hub refused the hello: {pe}"
+                        "the hub refused the hello: {}",
+                        outside_text(&pe.to_string())
                     )));
                 }
                 other => {
@@ -686,7 +715,10 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
 
     async fn bad_frame(&mut self, error: ProtocolError) -> Result<(), SessionEnd> {
         self.bad_frames += 1;
-        tracing::warn!("the hub sent a frame that cannot be used: {error}");
+        tracing::warn!(
+            "the hub sent a frame that cannot be used: {}",
+            outside_text(&error.to_string())
+        );
         self.send_protocol_error(error).await?;
         if self.bad_frames > MAX_BAD_FRAMES_PER_SESSION {
             return Err(SessionEnd::TooManyBadFrames);
@@ -846,6 +878,11 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
         }
         match env.message {
             HubMessage::Dispatch(d) => {
+                if let Some(why) = oversized_dispatch_field(&d.action) {
+                    let pe = ProtocolError::new(ProtocolErrorCode::Malformed, why)
+                        .with_offending_id(Some(env.id));
+                    return self.bad_frame(pe).await;
+                }
                 tracing::debug!(txn = %d.txn, "dispatch {} (message {})", d.txn, env.id);
                 self.ctx.dispatcher.accept(env.id, d);
                 Ok(())
@@ -856,7 +893,8 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
             }
             HubMessage::ProtocolError(pe) => {
                 tracing::warn!(
-                    "the hub did not accept one of our messages (it stays in the outbox): {pe}"
+                    "the hub did not accept one of our messages (it stays in the outbox): {}",
+                    outside_text(&pe.to_string())
                 );
                 self.send_acks(vec![env.id]).await
             }

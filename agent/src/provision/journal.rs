@@ -575,14 +575,30 @@ impl Journal {
         }
     }
 
-    /// One record line: the state, numbered and timestamped, within the per-record cap.
+    /// One record line: the state, numbered and timestamped, within the per-record cap. A
+    /// state over the cap is stored reduced (its failure message clipped) rather than refused:
+    /// a refused record would stop the transaction before its cleanup.
     fn encode(
         &self,
         state: &State,
         seq: u64,
         phase_done: Option<PhaseDone>,
     ) -> Result<String, JournalError> {
-        self.encode_at(state, seq, phase_done, time::OffsetDateTime::now_utc())
+        let at = time::OffsetDateTime::now_utc();
+        match self.encode_at(state, seq, phase_done, at) {
+            Err(JournalError::RecordTooLarge { size, .. }) => {
+                let reduced = state.reduced();
+                let line = self.encode_at(&reduced, seq, phase_done, at)?;
+                tracing::warn!(
+                    txn = %state.txn(),
+                    "journal record {seq} of transaction {} was {size} bytes, over the cap; it is stored with its failure message clipped ({} bytes)",
+                    state.txn(),
+                    line.len()
+                );
+                Ok(line)
+            }
+            other => other,
+        }
     }
 
     fn encode_at(

@@ -985,6 +985,16 @@ pub struct State {
 }
 
 impl State {
+    /// The same state with its failure message cut to a few hundred bytes: what the journal
+    /// stores when the whole record would be over its cap, so a cap never stops a cleanup.
+    pub fn reduced(&self) -> State {
+        let mut reduced = self.clone();
+        if let Some(f) = &mut reduced.failure {
+            f.message = crate::error::outside_text(&f.message);
+        }
+        reduced
+    }
+
     /// A new transaction, waiting for its vmid verdict.
     pub fn new(request: Request) -> State {
         State {

@@ -21,6 +21,8 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// One request may take this long (PVE answers 401 after a deliberate ~3 s delay).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest PVE answer body read; a larger one is an error naming the request path.
+pub const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
 
 /// How reads are retried after transient failures. Writes are never retried.
 #[derive(Debug, Clone, Copy)]
@@ -174,7 +176,7 @@ impl PveClient {
             .extensions()
             .get::<hyper::ext::ReasonPhrase>()
             .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
-        let bytes = resp.bytes().await.map_err(|e| self.transport_error(&e))?;
+        let bytes = self.read_body(req, resp).await?;
         if !status.is_success() {
             let reason = reason.or_else(|| status.canonical_reason().map(str::to_string));
             return Err(PveError::Api(decode_error(
@@ -198,6 +200,38 @@ impl PveClient {
                 detail: "no {\"data\": …} envelope".to_string(),
             }),
         }
+    }
+
+    /// Read an answer's body, refusing one over [`MAX_RESPONSE_BYTES`] (guest agent output
+    /// reaches the agent through these bodies).
+    async fn read_body(
+        &self,
+        req: &ApiRequest,
+        mut resp: reqwest::Response,
+    ) -> Result<Vec<u8>, PveError> {
+        let too_large = || PveError::Decode {
+            method: req.method.as_str(),
+            path: req.path.clone(),
+            detail: format!(
+                "the answer is larger than the {} MiB limit and was not read; check what the \
+                 guest or the node returns for this request",
+                MAX_RESPONSE_BYTES / (1024 * 1024)
+            ),
+        };
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
+        {
+            return Err(too_large());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| self.transport_error(&e))? {
+            if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 
     fn transport_error(&self, e: &reqwest::Error) -> PveError {

@@ -361,6 +361,13 @@ pub fn decode_error(
         .unwrap_or_else(|| format!("HTTP {status}"));
     let kind = classify(status, &message);
     let path = path.split('?').next().unwrap_or(path).to_string();
+    // PVE's own wordings are short; what is longer came from elsewhere (a guest, a backup).
+    let message = clip_pve_text(message, MAX_API_MESSAGE_BYTES);
+    let errors = errors
+        .into_iter()
+        .take(32)
+        .map(|(k, v)| (clip_pve_text(k, 128), clip_pve_text(v, 512)))
+        .collect();
     ApiError {
         method,
         path,
@@ -368,6 +375,17 @@ pub fn decode_error(
         message,
         errors,
         kind,
+    }
+}
+
+/// The longest error message kept from a PVE answer.
+pub const MAX_API_MESSAGE_BYTES: usize = 2048;
+
+fn clip_pve_text(text: String, max: usize) -> String {
+    if text.len() <= max {
+        text
+    } else {
+        crate::error::outside_text_max(&text, max)
     }
 }
 

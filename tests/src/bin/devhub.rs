@@ -146,6 +146,7 @@ fn main() -> ExitCode {
         heartbeat_interval_secs: args.heartbeat,
         tls: args.tls,
         ack: args.ack,
+        session_name: None,
     });
     say(json!({
         "url": hub.url(),

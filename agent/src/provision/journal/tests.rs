@@ -522,3 +522,35 @@ fn each_phase_that_ends_is_journaled_with_its_duration() {
     let text = std::fs::read_to_string(j.path_of(t)).expect("read");
     assert_eq!(text.matches("\"phase_done\"").count(), expected.len());
 }
+
+#[test]
+fn a_failure_record_over_the_cap_is_stored_reduced_not_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limits = Limits {
+        max_record_bytes: 4096,
+        max_file_bytes: 64 * 1024,
+    };
+    let j = Journal::open_with_limits(dir.path(), limits).expect("open");
+    let t = txn(11);
+    let st = states(t, 120);
+    j.record(&st[0]).expect("vmid accepted");
+    j.record(&st[1]).expect("submitted");
+    // Guest or PVE text fills the failure message to the machine's own clip (4 KiB).
+    let failed = next(
+        &st[1],
+        Event::TaskEnded {
+            upid: UPID.to_string(),
+            exit: TaskExit::Error {
+                message: "guest said: ".to_string() + &"x\n".repeat(8000),
+            },
+        },
+    );
+    let stored = j.record(&failed).expect("stored reduced, not refused");
+    let back = j.get(t).expect("readable").expect("present");
+    assert_eq!(back.records, 3);
+    assert_eq!(back.state.phase(), failed.phase());
+    let message = &back.state.failure().expect("a failure").message;
+    assert!(message.len() < 512, "{} bytes", message.len());
+    assert!(message.starts_with("guest said") || message.contains("guest said"));
+    assert_eq!(stored.state, back.state);
+}

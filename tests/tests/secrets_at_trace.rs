@@ -1,0 +1,80 @@
+//! No secret in any output at any log level: the daemon runs with `FELHOM_AGENT_LOG=trace`
+//! against the development hub (a provision dispatched, a reconnect after a hub restart) and
+//! a command-line provision runs against fakepve at trace as well; neither the hub token nor
+//! the PVE token secret appears in what they print. The websocket and HTTP libraries log the
+//! raw upgrade request (its `Authorization` header included) at trace unless capped.
+
+use std::time::Duration;
+
+use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
+use felhom_tests::fakepve::AgentOptions;
+use felhom_tests::world::World;
+use hub_protocol::{DispatchAction, Outcome};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Panics without printing `text` (it may hold the secret).
+fn assert_absent(text: &str, secret: &str, what: &str) {
+    assert!(!secret.is_empty());
+    assert!(
+        !text.contains(secret),
+        "{what} appears in the output at trace level ({} bytes of output, not shown)",
+        text.len()
+    );
+}
+
+#[test]
+fn no_token_is_printed_even_at_trace_level() {
+    let mut hub = DevHub::start(DevHubOptions::default());
+    let opts = AgentOptions {
+        hub: Some(hub.hub_options()),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(felhom_tests::fakepve::demo_scenario(), &opts);
+    let path = w.path();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str()), ("FELHOM_AGENT_LOG", "trace")],
+    );
+    hub.wait_for("the session", WAIT, |s| s.sessions == 1);
+    let txn = hub.dispatch(DispatchAction::Provision {
+        vmid: 6300,
+        from: "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst".to_string(),
+        storage: "local-lvm".to_string(),
+        keep: false,
+        profile: None,
+    });
+    let state = hub.wait_for("the provision's result", WAIT, |s| {
+        s.results.contains_key(&txn)
+    });
+    assert_eq!(state.results[&txn][0].1.outcome, Outcome::Ok);
+    // A reconnect sends the upgrade request, credential included, once more.
+    hub.stop();
+    hub.restart();
+    hub.wait_for("the second session", WAIT, |s| s.sessions >= 2);
+    let (_, log) = agent.terminate(WAIT);
+    assert!(
+        log.contains("TRACE") || log.contains("DEBUG"),
+        "the daemon logged below info: FELHOM_AGENT_LOG=trace was in effect"
+    );
+    assert_absent(&log, hub.token(), "the hub token");
+    assert_absent(&log, &w.pve.token_secret(), "the PVE token secret");
+
+    // A command-line provision at trace.
+    let out = w
+        .command()
+        .env("FELHOM_AGENT_LOG", "trace")
+        .args(["--selftest=provision", "-vmid", "6301", "--json"])
+        .output()
+        .expect("run the agent");
+    assert_eq!(out.status.code(), Some(0));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("DEBUG") || text.contains("TRACE"));
+    assert_absent(&text, &w.pve.token_secret(), "the PVE token secret");
+    assert_absent(&text, hub.token(), "the hub token");
+}
