@@ -419,7 +419,7 @@ impl Journal {
             }),
             _ => None,
         };
-        let line = self.encode_at(state, read.records, phase_done, now)?;
+        let line = self.encode_reduced_if_needed(state, read.records, phase_done, now)?;
         if !log.fits(line.len() as u64) {
             return Err(self.file_full(txn, &path));
         }
@@ -584,7 +584,16 @@ impl Journal {
         seq: u64,
         phase_done: Option<PhaseDone>,
     ) -> Result<String, JournalError> {
-        let at = time::OffsetDateTime::now_utc();
+        self.encode_reduced_if_needed(state, seq, phase_done, time::OffsetDateTime::now_utc())
+    }
+
+    fn encode_reduced_if_needed(
+        &self,
+        state: &State,
+        seq: u64,
+        phase_done: Option<PhaseDone>,
+        at: time::OffsetDateTime,
+    ) -> Result<String, JournalError> {
         match self.encode_at(state, seq, phase_done, at) {
             Err(JournalError::RecordTooLarge { size, .. }) => {
                 let reduced = state.reduced();
