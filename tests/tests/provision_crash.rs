@@ -3,7 +3,7 @@
 //! write of the transaction (the fake holds the answer; the request, and the task it starts,
 //! are already in PVE), for an LXC and a QEMU guest. Then a later writing command settles what
 //! it left. Every transaction must settle; a guest is destroyed only with proof of ownership; no
-//! foreign guest is ever written; no guest is left without a record; and every `needs_human`
+//! foreign guest is ever written; no guest is left without a record; and no `needs_human`
 //! may be left: [`ALLOWED_NEEDS_HUMAN`] is empty, so every kill point settles without a person.
 
 use std::collections::BTreeMap;
