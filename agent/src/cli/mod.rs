@@ -128,6 +128,77 @@ pub fn run(cli: Cli) -> ExitStatus {
     out.status
 }
 
+/// `journal refresh|resolve|cancel`.
+async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
+    use crate::service::journal_ops;
+    match op {
+        JournalOp::Refresh => {
+            let report = journal_ops::refresh(cfg).await;
+            if let Ok(r) = &report {
+                for row in r.changed() {
+                    if row.state.resolution().is_some() {
+                        report_resolution(cfg, &row.state);
+                    }
+                }
+            }
+            output::journal_refresh(report)
+        }
+        JournalOp::Resolve { txn, reason } => {
+            if reason.trim().is_empty() {
+                return usage("--reason must say what was done by hand");
+            }
+            let resolved = journal_ops::resolve(cfg, &txn, &reason);
+            let queued = resolved
+                .as_ref()
+                .ok()
+                .map(|state| report_resolution(cfg, state));
+            output::journal_resolve(resolved, queued.flatten())
+        }
+        JournalOp::Cancel { txn } => {
+            let reporter = SpoolReporter::new(cfg.state_dir.clone());
+            output::journal_cancel(
+                journal_ops::cancel(cfg, &txn, &reporter, shutdown_token()).await,
+            )
+        }
+    }
+}
+
+/// Queue a closed `needs_human` for the hub (when one is configured) as an event of the
+/// transaction; the daemon sends it. Returns what happened, for the output.
+fn report_resolution(cfg: &Config, state: &crate::provision::machine::State) -> Option<String> {
+    cfg.hub.as_ref()?;
+    let resolution = state.resolution()?;
+    let at = match crate::hub::outbox::now_timestamp() {
+        Ok(t) => t,
+        Err(e) => return Some(format!("not queued for the hub: {e}")),
+    };
+    let event = hub_protocol::Event {
+        txn: hub_protocol::TxnId::from_ulid(state.txn()),
+        kind: state.kind(),
+        vmid: state.vmid(),
+        phase: state.phase(),
+        at,
+        detail: Some(format!(
+            "needs_human closed by {}: {}",
+            match resolution.by {
+                crate::provision::machine::ResolvedBy::Operator => "an operator",
+                crate::provision::machine::ResolvedBy::Refresh => "a journal refresh",
+            },
+            resolution.reason
+        )),
+        error: None,
+    };
+    Some(
+        match crate::hub::spool(&cfg.state_dir, hub_protocol::AgentMessage::Event(event)) {
+            Ok(_) => "queued for the hub".to_string(),
+            Err(e) => {
+                tracing::error!(txn = %state.txn(), error = %e, "the closure could not be queued for the hub; it is in the journal");
+                format!("not queued for the hub: {e}")
+            }
+        },
+    )
+}
+
 async fn dispatch(cli: Cli) -> CommandOutput {
     let selftest_opts_given = cli.selftest_opts.vmid.is_some()
         || cli.selftest_opts.from.is_some()
@@ -196,7 +267,8 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Command::Doctor => output::doctor(&crate::doctor::check_all(&cli.global.config).await),
                 Command::Guests => output::guests(service::guests(&cfg).await),
                 Command::VmidCheck { vmid } => output::vmid_check(service::vmid_check(&cfg, &vmid).await),
-                Command::Journal => output::journal(service::journal_rows(&cfg)),
+                Command::Journal { op: None } => output::journal(service::journal_rows(&cfg)),
+                Command::Journal { op: Some(op) } => journal_op(&cfg, op).await,
                 Command::Destroy { vmid } => {
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(
