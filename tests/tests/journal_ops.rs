@@ -390,3 +390,46 @@ fn the_hub_receives_a_resolution() {
     let (status, log) = agent.terminate(Duration::from_secs(30));
     assert!(status.success(), "run exited {status}:\n{log}");
 }
+
+#[test]
+fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
+    let w = World::demo();
+    let mut config = std::fs::read_to_string(&w.files.config_path).expect("config");
+    config.push_str("\n[journal]\nkeep_days = 0\n");
+    std::fs::write(&w.files.config_path, config).expect("config");
+
+    let run = w.agent(&["--selftest=provision", "-vmid", "170", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let done = text(&run.json()["txn"]);
+    // The next writing command compacts: the settled transaction moves, the kept one stays.
+    let kept = keep(&w, 171);
+    let live: Vec<String> = journal(&w).iter().map(|t| text(&t["txn"])).collect();
+    assert!(!live.contains(&done), "{live:?}");
+    assert!(live.contains(&kept), "{live:?}");
+    let run = w.agent(&["journal", "--all", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let archived = doc["archived"].as_array().expect("archived");
+    let a = archived
+        .iter()
+        .find(|t| t["txn"] == done.as_str())
+        .unwrap_or_else(|| panic!("{doc:#}"));
+    assert_eq!(a["destroyed"], json!(true), "{a:#}");
+    assert!(archived.iter().all(|t| t["txn"] != kept.as_str()));
+    let files: Vec<_> = std::fs::read_dir(w.state_dir().join("journal").join("archive"))
+        .expect("archive dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .collect();
+    assert_eq!(files.len(), 1, "one month's file");
+    assert!(!w
+        .state_dir()
+        .join("journal")
+        .join(format!("{done}.log"))
+        .exists());
+
+    // The kept guest's claim is untouched: its gated destroy still runs.
+    let run = w.agent(&["destroy", "-vmid", "171", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(w.pve.deletes_for(171).len(), 1);
+}

@@ -137,6 +137,9 @@ pub enum Command {
     /// The transactions, their phase and whether destroy is armed; with refresh, resolve or
     /// cancel, act on them (see `felhom-agent journal --help`).
     Journal {
+        /// Also list the archived transactions (settled ones older than `[journal] keep_days`).
+        #[arg(long)]
+        all: bool,
         /// What to do with the journal (default: list it).
         #[command(subcommand)]
         op: Option<JournalOp>,

@@ -267,8 +267,14 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Command::Doctor => output::doctor(&crate::doctor::check_all(&cli.global.config).await),
                 Command::Guests => output::guests(service::guests(&cfg).await),
                 Command::VmidCheck { vmid } => output::vmid_check(service::vmid_check(&cfg, &vmid).await),
-                Command::Journal { op: None } => output::journal(service::journal_rows(&cfg)),
-                Command::Journal { op: Some(op) } => journal_op(&cfg, op).await,
+                Command::Journal { op: None, all } => output::journal(
+                    service::journal_rows(&cfg),
+                    all.then(|| service::archived_rows(&cfg)),
+                ),
+                Command::Journal { op: Some(_), all: true } => {
+                    usage("--all belongs to `journal` alone")
+                }
+                Command::Journal { op: Some(op), .. } => journal_op(&cfg, op).await,
                 Command::Destroy { vmid } => {
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(

@@ -262,16 +262,44 @@ pub fn vmid_check(verdict: Result<(VmidVerdict, FullGuestList), Failure>) -> Com
 }
 
 /// `journal`.
-pub fn journal(rows: Result<Vec<JournalRow>, Failure>) -> CommandOutput {
+pub fn journal(
+    rows: Result<Vec<JournalRow>, Failure>,
+    archived: Option<Result<Vec<JournalRow>, Failure>>,
+) -> CommandOutput {
     let rows = match rows {
         Ok(r) => r,
         Err(f) => return CommandOutput::failure(&f),
     };
+    let archived = match archived.transpose() {
+        Ok(a) => a,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut human = journal_table(&rows);
+    if rows.is_empty() {
+        human.push_str("(no transactions yet)\n");
+    }
+    let mut json = json!({"transactions": rows});
+    if let Some(a) = &archived {
+        human.push_str(&format!(
+            "\narchived ({} settled transaction(s) older than [journal] keep_days):\n",
+            a.len()
+        ));
+        human.push_str(&journal_table(a));
+        json["archived"] = json!(a);
+    }
+    CommandOutput {
+        json,
+        human,
+        status: ExitStatus::Ok,
+    }
+}
+
+fn journal_table(rows: &[JournalRow]) -> String {
     let mut human = format!(
         "{:<26}  {:<18} {:>10}  {:<12} {:<6} {:<9} {}\n",
         "TXN", "KIND", "VMID", "PHASE", "ARMED", "DESTROYED", "UPDATED"
     );
-    for r in &rows {
+    for r in rows {
         human.push_str(&format!(
             "{:<26}  {:<18} {:>10}  {:<12} {:<6} {:<9} {}\n",
             r.txn.to_string(),
@@ -292,14 +320,7 @@ pub fn journal(rows: Result<Vec<JournalRow>, Failure>) -> CommandOutput {
             human.push_str(&format!("{:<28}closed at {}: {}\n", "", res.at, res.reason));
         }
     }
-    if rows.is_empty() {
-        human.push_str("(no transactions yet)\n");
-    }
-    CommandOutput {
-        json: json!({"transactions": rows}),
-        human,
-        status: ExitStatus::Ok,
-    }
+    human
 }
 
 /// `journal resolve`: exit 0 when closed, else the refusal's status.

@@ -637,5 +637,8 @@ fn to_txn_state(read: FileRead, path: PathBuf) -> Option<TxnState> {
     }
 }
 
+mod archive;
+pub use archive::{Compacted, ARCHIVE_DIR, ARCHIVE_MAX_FILE_BYTES};
+
 #[cfg(test)]
 mod tests;

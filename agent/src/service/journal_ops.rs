@@ -35,7 +35,7 @@ fn named(journal: &Journal, input: &str) -> Result<State, Failure> {
         )
     })?;
     journal
-        .get(txn)
+        .get_any(txn)
         .map_err(journal_failure)?
         .map(|t| t.state)
         .ok_or_else(|| {
@@ -275,6 +275,7 @@ pub async fn refresh(cfg: &Config) -> Result<RefreshReport, Failure> {
         }
         rows.push(row);
     }
+    super::compact(cfg, &journal);
     Ok(RefreshReport { at, rows })
 }
 

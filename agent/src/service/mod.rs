@@ -84,7 +84,17 @@ pub async fn prepare(
     let pve = pve_client(cfg)?;
     let journal = open_journal(cfg)?;
     settle_open(cfg, &pve, &journal, reporter, cancel).await?;
+    compact(cfg, &journal);
     Ok(Prepared { pve, journal })
+}
+
+/// Move settled transactions older than `[journal] keep_days` into the journal's archive. A
+/// failure is logged and changes nothing: the transactions stay where they are.
+pub fn compact(cfg: &Config, journal: &Journal) {
+    let keep = std::time::Duration::from_secs(u64::from(cfg.journal_keep_days) * 86_400);
+    if let Err(e) = journal.compact(keep, time::OffsetDateTime::now_utc()) {
+        tracing::warn!(error = %e, "could not move old transactions to the journal's archive; they stay in the journal folder");
+    }
 }
 
 /// Open the client and the journal for a dry run: nothing is settled, nothing written.
@@ -211,6 +221,16 @@ pub fn journal_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
     open_journal(cfg)?
         .list()
         .map_err(|e| Failure::new(e.code(), e.to_string()))
+}
+
+/// `journal --all`: the archived transactions (those `journal` no longer lists), oldest first.
+pub fn archived_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
+    Ok(open_journal(cfg)?
+        .archived()
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?
+        .iter()
+        .map(JournalRow::from)
+        .collect())
 }
 
 /// Settle every open transaction a crashed run left (DESIGN rule 6): finish an armed cleanup,
@@ -414,7 +434,7 @@ pub async fn destroy(
 /// The journaled state of a transaction, if this agent knows it.
 pub fn known(cfg: &Config, txn: Ulid) -> Option<State> {
     let journal = open_journal(cfg).ok()?;
-    journal.get(txn).ok().flatten().map(|t| t.state)
+    journal.get_any(txn).ok().flatten().map(|t| t.state)
 }
 
 /// Settle a transaction a dispatch finds open in the journal (the agent died while it ran):
