@@ -163,6 +163,14 @@ fn refresh_disarms_a_kept_guest_removed_behind_the_agents_back_and_destroy_is_re
     let o = txn_of(&w, &gone);
     assert_eq!(o["destroy_armed"], json!(false), "{o:#}");
     assert!(text(&o["disarmed"]).contains("journal refresh"), "{o:#}");
+    let human = w.agent(&["journal"]);
+    assert!(
+        human
+            .stdout
+            .contains("disarmed: guest 160 was not in the full guest list"),
+        "{}",
+        human.stdout
+    );
     assert_eq!(txn_of(&w, &stays)["destroy_armed"], json!(true));
 
     // A guest put back at 160 later is never destroyed on the withdrawn claim.
@@ -184,11 +192,23 @@ fn a_copy_with_the_marker_is_present_without_proof_and_disarms_the_claim() {
     let origin = keep(&w, 162);
     swap_for_copy(&w, 162);
     let before = w.pve.requests().len();
+    let human = w.agent(&["journal", "refresh"]);
+    assert_eq!(human.code, Some(0), "{}\n{}", human.stdout, human.stderr);
+    assert!(
+        human.stdout.contains("present WITHOUT its proof")
+            && human.stdout.contains("changed: destroy disarmed")
+            && human
+                .stdout
+                .contains("1 changed; nothing was written to PVE"),
+        "{}",
+        human.stdout
+    );
+    // Already withdrawn: a second refresh does not look at it again.
     let (run, doc) = refresh(&w);
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
-    let r = row(&doc, &origin);
-    assert_eq!(r["finding"], "present_without_proof", "{doc:#}");
-    assert!(text(&r["change"]).contains("copy"), "{doc:#}");
+    assert_eq!(doc["changed"], json!(0), "{doc:#}");
+    let o = txn_of(&w, &origin);
+    assert!(text(&o["disarmed"]).contains("copy"), "{o:#}");
     assert!(writes_since(&w, before).is_empty());
     let run = w.agent(&["destroy", "-vmid", "162", "--json"]);
     assert_eq!(run.code, Some(7), "{}\n{}", run.stdout, run.stderr);
@@ -432,4 +452,23 @@ fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
     let run = w.agent(&["destroy", "-vmid", "171", "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     assert_eq!(w.pve.deletes_for(171).len(), 1);
+}
+
+#[test]
+fn the_help_of_each_journal_verb_says_what_it_does_never_does_and_its_exit_codes() {
+    for (verb, never, refused) in [
+        ("refresh", "Never writes to PVE", ", 6 "),
+        ("resolve", "Never touches PVE", ", 3 refused"),
+        ("cancel", "ownership gate", ", 3 refused"),
+    ] {
+        let out = std::process::Command::new(felhom_tests::agent::agent_bin())
+            .args(["journal", verb, "--help"])
+            .output()
+            .expect("run agent");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{verb}: {help}");
+        assert!(help.contains(never), "{verb}: {help}");
+        assert!(help.contains("Exit codes: 0"), "{verb}: {help}");
+        assert!(help.contains(refused), "{verb}: {help}");
+    }
 }
