@@ -472,3 +472,45 @@ fn the_help_of_each_journal_verb_says_what_it_does_never_does_and_its_exit_codes
         assert!(help.contains(refused), "{verb}: {help}");
     }
 }
+
+#[test]
+fn the_daemon_refreshes_the_journal_and_tells_the_hub_of_a_closure() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let w = World::with_options(
+        demo_scenario(),
+        &AgentOptions {
+            hub: Some(hub.hub_options()),
+            ..AgentOptions::default()
+        },
+    );
+    let (_origin, stuck) = needs_human(&w, 168);
+    let kept = keep(&w, 169);
+    remove_by_hand(&w, 168);
+    remove_by_hand(&w, 169);
+    let before = w.pve.requests().len();
+
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("FELHOM_AGENT_REFRESH_MS", "300")],
+    );
+    hub.wait_for("the closure by the refresh", Duration::from_secs(60), |s| {
+        s.events.iter().any(|(_, e)| {
+            e.txn.to_string() == stuck
+                && e.detail
+                    .as_deref()
+                    .is_some_and(|d| d.contains("guest gone"))
+        })
+    });
+    let t = txn_of(&w, &stuck);
+    assert_eq!(t["resolution"]["by"], "refresh", "{t:#}");
+    let k = txn_of(&w, &kept);
+    assert_eq!(k["destroy_armed"], json!(false), "{k:#}");
+    assert!(text(&k["disarmed"]).contains("journal refresh"), "{k:#}");
+    let (status, log) = agent.terminate(Duration::from_secs(30));
+    assert!(status.success(), "run exited {status}:\n{log}");
+    assert!(
+        writes_since(&w, before).is_empty(),
+        "the refresh wrote to PVE"
+    );
+}

@@ -137,7 +137,7 @@ async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
             if let Ok(r) = &report {
                 for row in r.changed() {
                     if row.state.resolution().is_some() {
-                        report_resolution(cfg, &row.state);
+                        crate::hub::aftercare::spool_resolution(cfg, &row.state);
                     }
                 }
             }
@@ -151,7 +151,7 @@ async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
             let queued = resolved
                 .as_ref()
                 .ok()
-                .map(|state| report_resolution(cfg, state));
+                .map(|state| crate::hub::aftercare::spool_resolution(cfg, state));
             output::journal_resolve(resolved, queued.flatten())
         }
         JournalOp::Cancel { txn } => {
@@ -161,42 +161,6 @@ async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
             )
         }
     }
-}
-
-/// Queue a closed `needs_human` for the hub (when one is configured) as an event of the
-/// transaction; the daemon sends it. Returns what happened, for the output.
-fn report_resolution(cfg: &Config, state: &crate::provision::machine::State) -> Option<String> {
-    cfg.hub.as_ref()?;
-    let resolution = state.resolution()?;
-    let at = match crate::hub::outbox::now_timestamp() {
-        Ok(t) => t,
-        Err(e) => return Some(format!("not queued for the hub: {e}")),
-    };
-    let event = hub_protocol::Event {
-        txn: hub_protocol::TxnId::from_ulid(state.txn()),
-        kind: state.kind(),
-        vmid: state.vmid(),
-        phase: state.phase(),
-        at,
-        detail: Some(format!(
-            "needs_human closed by {}: {}",
-            match resolution.by {
-                crate::provision::machine::ResolvedBy::Operator => "an operator",
-                crate::provision::machine::ResolvedBy::Refresh => "a journal refresh",
-            },
-            resolution.reason
-        )),
-        error: None,
-    };
-    Some(
-        match crate::hub::spool(&cfg.state_dir, hub_protocol::AgentMessage::Event(event)) {
-            Ok(_) => "queued for the hub".to_string(),
-            Err(e) => {
-                tracing::error!(txn = %state.txn(), error = %e, "the closure could not be queued for the hub; it is in the journal");
-                format!("not queued for the hub: {e}")
-            }
-        },
-    )
 }
 
 async fn dispatch(cli: Cli) -> CommandOutput {

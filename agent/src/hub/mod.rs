@@ -29,6 +29,7 @@
 //! The hub is a front end, like the command line: it calls the transaction service
 //! (`crate::service`) and never a command-line module.
 
+pub mod aftercare;
 pub mod backoff;
 pub mod dispatch;
 pub mod facts;
@@ -105,7 +106,17 @@ pub async fn run(cfg: &Config, shutdown: CancellationToken) -> Result<DaemonRepo
         timing,
     };
     let runner = Arc::new(runner::ProvisionRunner::new(Arc::new(cfg.clone())));
-    run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await
+    let refresh_stop = shutdown.child_token();
+    let refresher = tokio::spawn(aftercare::refresh_loop(
+        Arc::new(cfg.clone()),
+        aftercare::refresh_interval(),
+        refresh_stop.clone(),
+    ));
+    let ended = run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await;
+    // A refresh in progress is dropped between two journal writes; it runs again next time.
+    refresh_stop.cancel();
+    refresher.abort();
+    ended
 }
 
 /// The daemon: see the module docs. Returns when `shutdown` fired and everything stopped, or
