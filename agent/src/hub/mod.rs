@@ -13,7 +13,9 @@
 //! - [`backoff`]: reconnect delays (capped exponential, full jitter);
 //! - [`notify`]: systemd `READY=1`, `WATCHDOG=1`, `STOPPING=1`;
 //! - [`inventory`]: the inventory the hub may see, from PVE and the full guest list;
-//! - [`facts`]: host facts for the hello.
+//! - [`facts`]: host facts for the hello;
+//! - [`aftercare`]: the daily journal refresh against PVE, and a closed `needs_human` as an
+//!   event for the hub.
 //!
 //! Other commands report through [`outbox::spool`]; the daemon moves what they spooled into
 //! the outbox.
