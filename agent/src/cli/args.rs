@@ -331,6 +331,62 @@ mod tests {
     }
 
     #[test]
+    fn journal_verbs_parse_with_one_dash_flags() {
+        let cli = parse(&[
+            "felhom-agent",
+            "journal",
+            "resolve",
+            "01M8PVF4ZJGKG5D6KGFRA5Z6S1",
+            "-reason",
+            "removed by hand",
+            "-json",
+        ])
+        .expect("parses");
+        match cli.command {
+            Some(Command::Journal {
+                op: Some(JournalOp::Resolve { txn, reason }),
+                all: false,
+            }) => {
+                assert_eq!(txn, "01M8PVF4ZJGKG5D6KGFRA5Z6S1");
+                assert_eq!(reason, "removed by hand");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(cli.global.json);
+        assert!(
+            parse(&["felhom-agent", "journal", "resolve", "X"]).is_err(),
+            "--reason is required"
+        );
+        assert!(matches!(
+            parse(&["felhom-agent", "journal", "-all"])
+                .expect("parses")
+                .command,
+            Some(Command::Journal {
+                op: None,
+                all: true
+            })
+        ));
+        assert!(matches!(
+            parse(&["felhom-agent", "journal", "refresh"])
+                .expect("parses")
+                .command,
+            Some(Command::Journal {
+                op: Some(JournalOp::Refresh),
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&["felhom-agent", "journal", "cancel", "X"])
+                .expect("parses")
+                .command,
+            Some(Command::Journal {
+                op: Some(JournalOp::Cancel { .. }),
+                ..
+            })
+        ));
+    }
+
+    #[test]
     fn vmid_check_takes_positional() {
         let cli = parse(&["felhom-agent", "vmid-check", "0120", "--json"]).expect("parses");
         match cli.command {
