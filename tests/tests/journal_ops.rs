@@ -141,6 +141,21 @@ fn refresh_disarms_a_kept_guest_removed_behind_the_agents_back_and_destroy_is_re
     let o = txn_of(&w, &stays);
     assert_eq!(o["destroy_armed"], json!(true), "{o:#}");
 
+    // A token PVE does not accept says nothing about the guest either.
+    w.pve.fail(
+        "GET",
+        "/nodes/pve1/lxc/161/config",
+        401,
+        "authentication failure",
+        // A 401 is not retried: one answer.
+        Some(1),
+    );
+    let (run, doc) = refresh(&w);
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    assert!(row(&doc, &stays)["change"].is_null(), "{doc:#}");
+    assert_eq!(txn_of(&w, &stays)["destroy_armed"], json!(true));
+    assert!(txn_of(&w, &stays)["disarmed"].is_null());
+
     // Once PVE answers, the kept guest that is still there keeps its claim.
     let (run, doc) = refresh(&w);
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);

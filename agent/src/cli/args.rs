@@ -164,7 +164,8 @@ through the pool token again, and record what is there: the guest with this tran
 A kept guest found gone or without its proof is disarmed for good (a later `destroy` is refused). \
 A needs_human transaction whose guest is gone is closed with \"guest gone\". An open transaction \
 is only reported: `journal cancel` or the next writing command settles it.\n\n\
-Never writes to PVE. A PVE error that may pass changes nothing. A transaction whose vmid lock is \
+Never writes to PVE. A PVE error that says nothing about the guest (unreachable, 5xx, \
+token refused) changes nothing; a 403 for the guest counts as present without its proof. A transaction whose vmid lock is \
 held by a running agent is skipped and said so.",
         after_help = "Exit codes: 0 done (also with skipped locks), 6 the guest list, the journal or \
 PVE could not be read for some guest (nothing was changed for it; run it again later)."

@@ -16,7 +16,7 @@ use crate::inventory::GuestType;
 use crate::provision::effects::Reporter;
 use crate::provision::machine::{Finding, GuestView, OutcomeKind, ResolvedBy, State};
 use crate::provision::{BirthIdentity, Journal, VmidLock};
-use crate::pve::{GuestKind, PveClient};
+use crate::pve::{ApiErrorKind, GuestKind, PveClient};
 use crate::timefmt::now_rfc3339;
 
 fn journal_failure(e: crate::provision::JournalError) -> Failure {
@@ -156,7 +156,8 @@ fn concern(state: &State) -> Option<&'static str> {
 }
 
 /// The guest at `vmid`: presence from the full guest list, marker and identity from the config
-/// through the pool token. `Err` for a read that may pass (nothing is decided on it).
+/// through the pool token. `Err` for a read that says nothing about the guest (nothing is
+/// decided on it).
 async fn observe(
     cfg: &Config,
     pve: &PveClient,
@@ -191,10 +192,20 @@ async fn observe(
                 identity: BirthIdentity::from_config(&config),
             })
         }
-        Err(e) if e.is_transient() => Err(e.to_string()),
-        Err(e) => Ok(GuestView::Unreadable {
-            reason: e.to_string(),
-        }),
+        // PVE's answer about this guest: outside the pool token's reach (403), or refused
+        // (its config does not exist). Anything else (the token refused, PVE unreachable, no
+        // quorum, a TLS failure, an answer that does not decode) says nothing about the guest.
+        Err(e)
+            if !e.is_transient()
+                && e.api().is_some_and(|a| {
+                    matches!(a.kind, ApiErrorKind::Permission | ApiErrorKind::Refusal)
+                }) =>
+        {
+            Ok(GuestView::Unreadable {
+                reason: e.to_string(),
+            })
+        }
+        Err(e) => Err(e.to_string()),
     }
 }
 
