@@ -71,7 +71,12 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// `[policy]`: what a provision may use at most, whoever asks (command line or hub).
     pub policy: Policy,
+    /// `[journal] keep_days`: settled transactions older than this move to the archive.
+    pub journal_keep_days: u32,
 }
+
+/// Bounds of `[journal] keep_days` (0: archive every settled transaction at once).
+pub const JOURNAL_KEEP_DAYS: std::ops::RangeInclusive<u32> = 0..=36500;
 
 /// `[policy]`: the node's limits, which no request (the hub's included) can exceed. Each list
 /// is optional; `None` is no limit, an empty list allows nothing.
@@ -247,6 +252,13 @@ struct RawConfig {
     restore_test: Option<RawRestoreTest>,
     metrics: Option<RawMetrics>,
     policy: Option<RawPolicy>,
+    journal: Option<RawJournal>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawJournal {
+    keep_days: Option<u32>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -417,6 +429,15 @@ impl Config {
                 })
             }
         };
+        let journal_keep_days = raw.journal.unwrap_or_default().keep_days.unwrap_or(90);
+        if !JOURNAL_KEEP_DAYS.contains(&journal_keep_days) {
+            return Err(invalid(format!(
+                "{}: [journal] keep_days = {journal_keep_days} is out of range; use {} to {} days (default 90)",
+                path.display(),
+                JOURNAL_KEEP_DAYS.start(),
+                JOURNAL_KEEP_DAYS.end()
+            )));
+        }
         let p = raw.provision.unwrap_or_default();
         let rt = raw.restore_test.unwrap_or_default();
         let launch_timeout_secs = p.launch_timeout_secs.unwrap_or(180);
@@ -530,6 +551,7 @@ impl Config {
             restore_test,
             metrics,
             policy,
+            journal_keep_days,
         })
     }
 }
@@ -787,6 +809,27 @@ mod tests {
         assert!(
             !dbg.contains("11111111-2222"),
             "secret leaked into Debug: {dbg}"
+        );
+    }
+
+    #[test]
+    fn journal_keep_days_defaults_to_90_and_is_bounded() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let c = Config::parse(Path::new("/x.toml"), &sample(&t, "")).expect("valid");
+        assert_eq!(c.journal_keep_days, 90);
+        let with = |text: &str| {
+            Config::parse(
+                Path::new("/x.toml"),
+                &format!("{}\n[journal]\n{text}\n", sample(&t, "")),
+            )
+        };
+        assert_eq!(with("keep_days = 0").expect("0").journal_keep_days, 0);
+        let err = with("keep_days = 36501").expect_err("out of range");
+        assert!(err.message.contains("keep_days"), "{}", err.message);
+        assert_eq!(
+            with("keep = 3").expect_err("unknown key").code,
+            ErrorCode::ConfigInvalid
         );
     }
 

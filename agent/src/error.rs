@@ -22,7 +22,11 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::StorageInvalid
         | ErrorCode::ProfileInvalid
         | ErrorCode::ChecksInvalid
-        | ErrorCode::PolicyDenied => ExitStatus::Refused,
+        | ErrorCode::PolicyDenied
+        // A journal verb on a transaction in the wrong state: nothing was written.
+        | ErrorCode::NotNeedsHuman
+        | ErrorCode::TxnNotOpen
+        | ErrorCode::TxnUnknown => ExitStatus::Refused,
         ErrorCode::PveRefused
         | ErrorCode::TaskFailed
         | ErrorCode::TaskTimeout
@@ -141,6 +145,9 @@ mod tests {
             ErrorCode::ProfileInvalid,
             ErrorCode::ChecksInvalid,
             ErrorCode::PolicyDenied,
+            ErrorCode::NotNeedsHuman,
+            ErrorCode::TxnNotOpen,
+            ErrorCode::TxnUnknown,
         ] {
             assert_eq!(exit_status(code), ExitStatus::Refused, "{code}");
         }

@@ -202,11 +202,18 @@ pub enum ErrorCode {
     ChecksInvalid,
     /// Preflight: the request is outside the node's `[policy]`.
     PolicyDenied,
+    /// `journal resolve`: the transaction is not awaiting a human (settled otherwise, already
+    /// closed, or still open).
+    NotNeedsHuman,
+    /// `journal cancel`: the transaction is already settled.
+    TxnNotOpen,
+    /// The journal has no transaction with that id.
+    TxnUnknown,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -228,6 +235,9 @@ impl ErrorCode {
         ErrorCode::ProfileInvalid,
         ErrorCode::ChecksInvalid,
         ErrorCode::PolicyDenied,
+        ErrorCode::NotNeedsHuman,
+        ErrorCode::TxnNotOpen,
+        ErrorCode::TxnUnknown,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -254,6 +264,9 @@ impl ErrorCode {
             ErrorCode::ProfileInvalid => "profile_invalid",
             ErrorCode::ChecksInvalid => "checks_invalid",
             ErrorCode::PolicyDenied => "policy_denied",
+            ErrorCode::NotNeedsHuman => "not_needs_human",
+            ErrorCode::TxnNotOpen => "txn_not_open",
+            ErrorCode::TxnUnknown => "txn_unknown",
         }
     }
 }
@@ -418,8 +431,11 @@ mod tests {
             (ErrorCode::ProfileInvalid, "profile_invalid"),
             (ErrorCode::ChecksInvalid, "checks_invalid"),
             (ErrorCode::PolicyDenied, "policy_denied"),
+            (ErrorCode::NotNeedsHuman, "not_needs_human"),
+            (ErrorCode::TxnNotOpen, "txn_not_open"),
+            (ErrorCode::TxnUnknown, "txn_unknown"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 21);
+        assert_eq!(ErrorCode::ALL.len(), 24);
     }
 
     #[test]

@@ -128,6 +128,10 @@ def os_error_text(stderr):
     return 'Input/output error'
 
 
+# A guest's own path (not its tasks, config or status): what a destroy DELETEs.
+GUEST_PATH = re.compile(r'^/api2/json/nodes/[^/]+/(lxc|qemu)/\d+$')
+
+
 class ScenarioError(Exception):
     """The scenario file cannot be served as written."""
 
@@ -832,6 +836,34 @@ class ScenarioPve(fake_server.FakePve):
             answer['truncated'] = 1
         return answer
 
+    # Every guest DELETE the agent sends must free only what the guest's config references:
+    # `destroy-unreferenced-disks=1` frees every volume of the vmid on every storage (orphans of
+    # an earlier holder of the vmid; on shared storage another cluster's disk) and `purge=1`
+    # edits backup, replication and HA jobs (pve-api-facts §7). PVE would obey either; the bed
+    # records each such request so that every test can fail on it (tests/src/fakepve.rs checks
+    # the list when the fake is dropped).
+    destroy_violations = ()
+
+    def _check_destroy(self, request):
+        if request.method != 'DELETE' or not GUEST_PATH.match(request.path):
+            return
+        query = dict(p.split('=', 1) if '=' in p else (p, '') for p in request.query_string.split('&') if p)
+        bad = [k for k in ('destroy-unreferenced-disks', 'purge') if query.get(k, '0') not in ('0', '')]
+        missing = [k for k in ('destroy-unreferenced-disks', 'purge') if k not in query]
+        if bad or missing:
+            self.destroy_violations = tuple(self.destroy_violations) + (
+                '{0} {1}?{2}: {3}'.format(request.method, request.path, request.query_string,
+                                          ', '.join(['{0} set'.format(k) for k in bad]
+                                                    + ['{0} not said (0)'.format(k) for k in missing])),)
+
+    def violations(self):
+        """The guest DELETEs that asked PVE to free more than the guest's config references."""
+        return list(self.destroy_violations)
+
+    def clear_violations(self):
+        """Forget the recorded violations (a test that sent one on purpose)."""
+        self.destroy_violations = ()
+
     async def _answer(self, request, handler, generic, path_node):
         # pmxcfs has the new config (the `lock: create` placeholder) in .vmlist before PVE
         # answers the create with its UPID: keep the file in step before every answer.
@@ -849,6 +881,7 @@ class ScenarioPve(fake_server.FakePve):
 
     def _record(self, request, body):
         self.write_vmlist()
+        self._check_destroy(request)
         query = request.query_string.encode()
         query = fake_server.SECRET_FORM.sub(rb'\g<1>***', query)
         self.requests.append((request.method, request.path, fake_server.redact(body, request.content_type),

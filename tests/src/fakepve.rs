@@ -579,6 +579,22 @@ impl FakePve {
         );
     }
 
+    /// The guest DELETEs that asked PVE to free more than the guest's config references
+    /// (`destroy-unreferenced-disks` or `purge` not `0`), as the wrapper recorded them.
+    pub fn destroy_violations(&self) -> Vec<String> {
+        self.try_call("violations", json!([]), json!({}))
+            .ok()
+            .as_ref()
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Every request the fake received, oldest first.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         let answer = self
@@ -678,7 +694,17 @@ impl FakePve {
 
 impl Drop for FakePve {
     fn drop(&mut self) {
+        // Every guest DELETE of every test frees only what the config references.
+        let violations = if std::thread::panicking() {
+            Vec::new()
+        } else {
+            self.destroy_violations()
+        };
         let _ = self.stop();
+        assert!(
+            violations.is_empty(),
+            "guest DELETEs that free more than the config references: {violations:?}"
+        );
         if std::thread::panicking() {
             eprintln!(
                 "--- fakepve {} log ---\n{}--- end of fakepve log ---",

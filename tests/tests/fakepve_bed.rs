@@ -200,6 +200,17 @@ async fn control_records_requests_and_injects_faults() {
     assert!(pve.deletes_for(10).is_empty());
     // 101 is untouched.
     assert_eq!(pve.guest(101).expect("guest 101")["status"], "running");
+    // A guest DELETE that asks for more than the config references is recorded, so that
+    // dropping the fake fails the test that sent it (this one sent it on purpose).
+    let violations = pve.destroy_violations();
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(
+        violations[0].contains("purge set")
+            && violations[0].contains("destroy-unreferenced-disks not said"),
+        "{violations:?}"
+    );
+    pve.call("clear_violations", json!([]), json!({}));
+    assert!(pve.destroy_violations().is_empty());
 }
 
 #[tokio::test]

@@ -136,14 +136,16 @@ pub enum Command {
     /// .vmlist, hub. Writes nothing. Exit 0 when all pass, 6 otherwise.
     Doctor,
     /// The transactions, their phase and whether destroy is armed; with --stats, how long
-    /// each phase takes.
+    /// each phase takes; with refresh, resolve or cancel, act on them (see `felhom-agent
+    /// journal --help`).
     #[command(
         long_about = "The transactions, their phase and whether destroy is armed.\n\n\
 With --stats: per kind of transaction and per phase, how many times the phase ended and how \
 long it lasted (p50, p95 and max in seconds, nearest-rank percentiles), and the outcomes \
 counted (`open` for transactions not settled). A phase lasts from the journal record that \
 entered it to the record that entered the next phase; the last phase of a transaction has no \
-duration. Reads the journal only: no PVE call, nothing written."
+duration. Reads the journal only: no PVE call, nothing written.\n\n\
+With a verb (refresh, resolve, cancel): act on the journal; see each verb's --help."
     )]
     Journal {
         /// Print per-phase durations (count, p50, p95, max) and outcome counts per kind.
@@ -153,12 +155,74 @@ duration. Reads the journal only: no PVE call, nothing written."
         /// a unit, s, m, h or d (e.g. 90m, 36h, 7d).
         #[arg(long, value_name = "DURATION", requires = "stats")]
         since: Option<String>,
+        /// Also list the archived transactions (settled ones older than `[journal] keep_days`).
+        #[arg(long)]
+        all: bool,
+        /// What to do with the journal (default: list it).
+        #[command(subcommand)]
+        op: Option<JournalOp>,
     },
     /// Gated destroy of a guest this agent created; anything else is refused (exit 7).
     Destroy {
         /// The vmid of the guest to destroy.
         #[arg(long, value_name = "N", required = true)]
         vmid: String,
+    },
+}
+
+/// The journal's verbs.
+#[derive(Debug, Subcommand)]
+pub enum JournalOp {
+    /// Re-read every guest the journal may still own or concern and record what PVE shows.
+    #[command(
+        long_about = "For every transaction that may still own or concern a guest (open, \
+needs_human, or kept with destroy armed), read the node's full guest list and the guest's config \
+through the pool token again, and record what is there: the guest with this transaction's proof \
+(marker and birth identity), a guest without it, or nothing.\n\n\
+A kept guest found gone or without its proof is disarmed for good (a later `destroy` is refused). \
+A needs_human transaction whose guest is gone is closed with \"guest gone\". An open transaction \
+is only reported: `journal cancel` or the next writing command settles it.\n\n\
+Never writes to PVE. A PVE error that says nothing about the guest (unreachable, 5xx, \
+token refused) changes nothing; a 403 for the guest counts as present without its proof. A transaction whose vmid lock is \
+held by a running agent is skipped and said so.",
+        after_help = "Exit codes: 0 done (also with skipped locks), 6 the guest list, the journal or \
+PVE could not be read for some guest (nothing was changed for it; run it again later)."
+    )]
+    Refresh,
+    /// Close a needs_human transaction after handling it by hand.
+    #[command(
+        long_about = "Close a needs_human transaction after you have handled its guest by hand \
+(removed it, or taken it over). The reason (clipped to 512 bytes) and the time are journaled, \
+`journal` shows them, and when a hub is configured the closure is queued for it (the daemon \
+sends it, at once when it runs, else at its next start). A destroy claim the transaction still \
+held is withdrawn.\n\n\
+Never touches PVE. Takes the vmid's lock like every writer.",
+        after_help = "Exit codes: 0 closed, 2 usage, 3 refused: the transaction is not awaiting a \
+human (not_needs_human), is unknown (txn_unknown), or its vmid is locked by a running agent \
+(vmid_in_use); 6 the journal could not be written."
+    )]
+    Resolve {
+        /// The transaction id (see `felhom-agent journal`).
+        #[arg(value_name = "TXN")]
+        txn: String,
+        /// What was done by hand, for the journal and the hub.
+        #[arg(long, value_name = "TEXT", required = true)]
+        reason: String,
+    },
+    /// Settle one open transaction whose process is gone.
+    #[command(
+        long_about = "Settle one open transaction whose process is gone (its vmid lock is free), \
+exactly as the next writing command would: the recorded restore task and the guest are read \
+again, a cleanup runs only through the ownership gate (marker and birth identity re-read right \
+before the DELETE), and anything unproven ends needs_human without a write to PVE.",
+        after_help = "Exit codes: 0 settled, 3 refused: its vmid lock is held by a running agent \
+(vmid_in_use), it is not open (txn_not_open) or unknown (txn_unknown); 7 settled as needs_human; \
+6 PVE or the journal could not be read (the transaction stays open)."
+    )]
+    Cancel {
+        /// The transaction id (see `felhom-agent journal`).
+        #[arg(value_name = "TXN")]
+        txn: String,
     },
 }
 
@@ -283,6 +347,64 @@ mod tests {
     fn unknown_single_dash_word_is_not_rewritten() {
         let out = normalize_args(["x", "-nonsense", "--", "-vmid"].map(OsString::from));
         assert_eq!(out, ["x", "-nonsense", "--", "-vmid"].map(OsString::from));
+    }
+
+    #[test]
+    fn journal_verbs_parse_with_one_dash_flags() {
+        let cli = parse(&[
+            "felhom-agent",
+            "journal",
+            "resolve",
+            "01M8PVF4ZJGKG5D6KGFRA5Z6S1",
+            "-reason",
+            "removed by hand",
+            "-json",
+        ])
+        .expect("parses");
+        match cli.command {
+            Some(Command::Journal {
+                op: Some(JournalOp::Resolve { txn, reason }),
+                all: false,
+                ..
+            }) => {
+                assert_eq!(txn, "01M8PVF4ZJGKG5D6KGFRA5Z6S1");
+                assert_eq!(reason, "removed by hand");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(cli.global.json);
+        assert!(
+            parse(&["felhom-agent", "journal", "resolve", "X"]).is_err(),
+            "--reason is required"
+        );
+        assert!(matches!(
+            parse(&["felhom-agent", "journal", "-all"])
+                .expect("parses")
+                .command,
+            Some(Command::Journal {
+                op: None,
+                all: true,
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&["felhom-agent", "journal", "refresh"])
+                .expect("parses")
+                .command,
+            Some(Command::Journal {
+                op: Some(JournalOp::Refresh),
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&["felhom-agent", "journal", "cancel", "X"])
+                .expect("parses")
+                .command,
+            Some(Command::Journal {
+                op: Some(JournalOp::Cancel { .. }),
+                ..
+            })
+        ));
     }
 
     #[test]

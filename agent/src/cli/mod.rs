@@ -201,6 +201,41 @@ pub fn run(cli: Cli) -> ExitStatus {
     out.status
 }
 
+/// `journal refresh|resolve|cancel`.
+async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
+    use crate::service::journal_ops;
+    match op {
+        JournalOp::Refresh => {
+            let report = journal_ops::refresh(cfg).await;
+            if let Ok(r) = &report {
+                for row in r.changed() {
+                    if row.state.resolution().is_some() {
+                        crate::hub::aftercare::spool_resolution(cfg, &row.state);
+                    }
+                }
+            }
+            output::journal_refresh(report)
+        }
+        JournalOp::Resolve { txn, reason } => {
+            if reason.trim().is_empty() {
+                return usage("--reason must say what was done by hand");
+            }
+            let resolved = journal_ops::resolve(cfg, &txn, &reason);
+            let queued = resolved
+                .as_ref()
+                .ok()
+                .map(|state| crate::hub::aftercare::spool_resolution(cfg, state));
+            output::journal_resolve(resolved, queued.flatten())
+        }
+        JournalOp::Cancel { txn } => {
+            let reporter = SpoolReporter::new(cfg.state_dir.clone());
+            output::journal_cancel(
+                journal_ops::cancel(cfg, &txn, &reporter, shutdown_token()).await,
+            )
+        }
+    }
+}
+
 async fn dispatch(cli: Cli) -> CommandOutput {
     let selftest_opts_given = cli.selftest_opts.vmid.is_some()
         || cli.selftest_opts.from.is_some()
@@ -279,14 +314,24 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Command::Doctor => output::doctor(&crate::doctor::check_all(&cli.global.config).await),
                 Command::Guests => output::guests(service::guests(&cfg).await),
                 Command::VmidCheck { vmid } => output::vmid_check(service::vmid_check(&cfg, &vmid).await),
-                Command::Journal { stats: false, .. } => output::journal(service::journal_rows(&cfg)),
-                Command::Journal { stats: true, since } => {
+                Command::Journal { op: Some(_), all: true, .. } => {
+                    usage("--all belongs to `journal` alone")
+                }
+                Command::Journal { op: Some(_), stats: true, .. } => {
+                    usage("--stats belongs to `journal` alone")
+                }
+                Command::Journal { op: Some(op), .. } => journal_op(&cfg, op).await,
+                Command::Journal { stats: true, since, .. } => {
                     let since_s = match since.as_deref().map(crate::metrics::stats::parse_since).transpose() {
                         Ok(s) => s,
                         Err(msg) => return usage(&msg),
                     };
                     output::journal_stats(service::journal_stats(&cfg, since_s))
                 }
+                Command::Journal { op: None, all, .. } => output::journal(
+                    service::journal_rows(&cfg),
+                    all.then(|| service::archived_rows(&cfg)),
+                ),
                 Command::Destroy { vmid } => {
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(

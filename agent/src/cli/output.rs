@@ -262,16 +262,44 @@ pub fn vmid_check(verdict: Result<(VmidVerdict, FullGuestList), Failure>) -> Com
 }
 
 /// `journal`.
-pub fn journal(rows: Result<Vec<JournalRow>, Failure>) -> CommandOutput {
+pub fn journal(
+    rows: Result<Vec<JournalRow>, Failure>,
+    archived: Option<Result<Vec<JournalRow>, Failure>>,
+) -> CommandOutput {
     let rows = match rows {
         Ok(r) => r,
         Err(f) => return CommandOutput::failure(&f),
     };
+    let archived = match archived.transpose() {
+        Ok(a) => a,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut human = journal_table(&rows);
+    if rows.is_empty() {
+        human.push_str("(no transactions yet)\n");
+    }
+    let mut json = json!({"transactions": rows});
+    if let Some(a) = &archived {
+        human.push_str(&format!(
+            "\narchived ({} settled transaction(s) older than [journal] keep_days):\n",
+            a.len()
+        ));
+        human.push_str(&journal_table(a));
+        json["archived"] = json!(a);
+    }
+    CommandOutput {
+        json,
+        human,
+        status: ExitStatus::Ok,
+    }
+}
+
+fn journal_table(rows: &[JournalRow]) -> String {
     let mut human = format!(
         "{:<26}  {:<18} {:>10}  {:<12} {:<6} {:<9} {}\n",
         "TXN", "KIND", "VMID", "PHASE", "ARMED", "DESTROYED", "UPDATED"
     );
-    for r in &rows {
+    for r in rows {
         human.push_str(&format!(
             "{:<26}  {:<18} {:>10}  {:<12} {:<6} {:<9} {}\n",
             r.txn.to_string(),
@@ -288,12 +316,40 @@ pub fn journal(rows: Result<Vec<JournalRow>, Failure>) -> CommandOutput {
         if let Some(why) = &r.disarmed {
             human.push_str(&format!("{:<28}disarmed: {why}\n", ""));
         }
+        if let Some(res) = &r.resolution {
+            human.push_str(&format!("{:<28}closed at {}: {}\n", "", res.at, res.reason));
+        }
     }
-    if rows.is_empty() {
-        human.push_str("(no transactions yet)\n");
+    human
+}
+
+/// `journal resolve`: exit 0 when closed, else the refusal's status.
+pub fn journal_resolve(resolved: Result<State, Failure>, hub: Option<String>) -> CommandOutput {
+    let state = match resolved {
+        Ok(s) => s,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let resolution = state.resolution();
+    let mut human = format!(
+        "transaction {} (vmid {}) closed by hand: {}\n",
+        state.txn(),
+        state
+            .vmid()
+            .map_or_else(|| "-".to_string(), |v| v.to_string()),
+        resolution.map_or("", |r| r.reason.as_str())
+    );
+    if let Some(h) = &hub {
+        human.push_str(&format!("hub: {h}\n"));
     }
     CommandOutput {
-        json: json!({"transactions": rows}),
+        json: json!({
+            "txn": state.txn().to_string(),
+            "vmid": state.vmid(),
+            "outcome": state.outcome_kind().map(|o| o.as_str()),
+            "resolution": resolution,
+            "destroy_armed": state.destroy_armed(),
+            "hub": hub,
+        }),
         human,
         status: ExitStatus::Ok,
     }
@@ -309,6 +365,70 @@ pub fn journal_stats(stats: Result<crate::metrics::stats::Stats, Failure>) -> Co
         },
         Err(f) => CommandOutput::failure(&f),
     }
+}
+
+/// `journal refresh`: exit 0, or 6 when some guest could not be read.
+pub fn journal_refresh(
+    report: Result<crate::service::journal_ops::RefreshReport, Failure>,
+) -> CommandOutput {
+    let report = match report {
+        Ok(r) => r,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut human = String::new();
+    for r in &report.rows {
+        let finding = r
+            .finding
+            .map(|f| match f {
+                crate::provision::machine::Finding::PresentWithProof => "present with its proof",
+                crate::provision::machine::Finding::PresentWithoutProof => {
+                    "present WITHOUT its proof"
+                }
+                crate::provision::machine::Finding::Absent => "absent",
+            })
+            .unwrap_or("not read");
+        human.push_str(&format!(
+            "{}  vmid {:>10}  {:<11}  {finding}\n",
+            r.txn, r.vmid, r.concern
+        ));
+        if let Some(c) = &r.change {
+            human.push_str(&format!("{:<28}changed: {c}\n", ""));
+        }
+        if let Some(s) = &r.skipped {
+            human.push_str(&format!("{:<28}skipped: {s}\n", ""));
+        }
+    }
+    let changed = report.changed().count();
+    human.push_str(&format!(
+        "journal refresh: {} transaction(s) looked at, {changed} changed; nothing was written to PVE\n",
+        report.rows.len()
+    ));
+    CommandOutput {
+        json: json!({"at": report.at, "transactions": report.rows, "changed": changed}),
+        human,
+        status: if report.had_errors() {
+            ExitStatus::Environment
+        } else {
+            ExitStatus::Ok
+        },
+    }
+}
+
+/// `journal cancel`: the settled transaction; exit 0 unless it ended `needs_human` (7) or the
+/// drive halted.
+pub fn journal_cancel(ran: Result<Driven, Failure>) -> CommandOutput {
+    let driven = match ran {
+        Ok(d) => d,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut out = driven_output(&driven);
+    out.human = format!("settled through the ownership gate:\n{}", out.human);
+    out.status = match (&driven.halted, driven.state.outcome_kind()) {
+        (Some(_), _) => out.status,
+        (None, Some(crate::provision::machine::OutcomeKind::NeedsHuman)) => ExitStatus::NeedsHuman,
+        (None, _) => ExitStatus::Ok,
+    };
+    out
 }
 
 /// `doctor`: exit 0 when nothing failed, 6 otherwise.

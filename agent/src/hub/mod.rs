@@ -13,7 +13,9 @@
 //! - [`backoff`]: reconnect delays (capped exponential, full jitter);
 //! - [`notify`]: systemd `READY=1`, `WATCHDOG=1`, `STOPPING=1`;
 //! - [`inventory`]: the inventory the hub may see, from PVE and the full guest list;
-//! - [`facts`]: host facts for the hello.
+//! - [`facts`]: host facts for the hello;
+//! - [`aftercare`]: the daily journal refresh against PVE, and a closed `needs_human` as an
+//!   event for the hub.
 //!
 //! Other commands report through [`outbox::spool`]; the daemon moves what they spooled into
 //! the outbox.
@@ -32,6 +34,7 @@
 //! The hub is a front end, like the command line: it calls the transaction service
 //! (`crate::service`) and never a command-line module.
 
+pub mod aftercare;
 pub mod backoff;
 pub mod dispatch;
 pub mod facts;
@@ -111,7 +114,17 @@ pub async fn run(cfg: &Config, shutdown: CancellationToken) -> Result<DaemonRepo
         metrics_dir: Some(cfg.metrics.dir.clone()),
     };
     let runner = Arc::new(runner::ProvisionRunner::new(Arc::new(cfg.clone())));
-    run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await
+    let refresh_stop = shutdown.child_token();
+    let refresher = tokio::spawn(aftercare::refresh_loop(
+        Arc::new(cfg.clone()),
+        aftercare::refresh_interval(),
+        refresh_stop.clone(),
+    ));
+    let ended = run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await;
+    // A refresh in progress is dropped between two journal writes; it runs again next time.
+    refresh_stop.cancel();
+    refresher.abort();
+    ended
 }
 
 /// The daemon: see the module docs. Returns when `shutdown` fired and everything stopped, or

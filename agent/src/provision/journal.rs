@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use ulid::Ulid;
 
-use super::machine::{OutcomeKind, Phase, State, Step, TxnKind};
+use super::machine::{OutcomeKind, Phase, Resolution, State, Step, TxnKind};
 use crate::durable_log::{self, sync_dir, EncodeError, LogError, LogFile, OpenMode, Reject};
 use crate::error::{ErrorCode, Failure};
 use crate::timefmt::rfc3339;
@@ -280,6 +280,8 @@ pub struct JournalRow {
     pub outcome: Option<OutcomeKind>,
     /// The error, if any.
     pub error: Option<Failure>,
+    /// How a `needs_human` outcome was closed (who, why, when), if it was.
+    pub resolution: Option<Resolution>,
 }
 
 impl From<&TxnState> for JournalRow {
@@ -299,6 +301,7 @@ impl From<&TxnState> for JournalRow {
             updated_at: t.updated_at.clone(),
             outcome: s.outcome_kind(),
             error: s.failure().cloned(),
+            resolution: s.resolution().cloned(),
         }
     }
 }
@@ -774,6 +777,9 @@ fn to_txn_state(read: FileRead, path: PathBuf) -> Option<TxnState> {
         }
     }
 }
+
+mod archive;
+pub use archive::{Compacted, ARCHIVE_DIR, ARCHIVE_MAX_FILE_BYTES};
 
 #[cfg(test)]
 mod tests;

@@ -982,6 +982,9 @@ pub struct State {
     /// Why destroy was withdrawn (the guest was seen gone, or without its proof).
     #[serde(default)]
     disarmed: Option<String>,
+    /// How a `needs_human` outcome was closed after it was handled outside the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resolution: Option<Resolution>,
 }
 
 impl State {
@@ -1013,6 +1016,7 @@ impl State {
             outcome: None,
             identity: None,
             disarmed: None,
+            resolution: None,
         }
     }
 
@@ -2384,6 +2388,9 @@ fn recover_task(
         },
     }
 }
+
+mod aftercare;
+pub use aftercare::{Finding, Resolution, ResolvedBy, RESOLUTION_REASON_MAX_BYTES};
 
 #[cfg(test)]
 mod tests;

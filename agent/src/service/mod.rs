@@ -13,6 +13,7 @@
 //! It may use `metrics`, `provision`, `guest`, `inventory`, `vmid`, `pve`, `config`, `error` and the
 //! hub's wire types (`hub_protocol`), never `cli` or `hub`.
 
+pub mod journal_ops;
 pub mod restore_test;
 
 use std::fs::DirBuilder;
@@ -84,7 +85,17 @@ pub async fn prepare(
     let pve = pve_client(cfg)?;
     let journal = open_journal(cfg)?;
     settle_open(cfg, &pve, &journal, reporter, cancel).await?;
+    compact(cfg, &journal);
     Ok(Prepared { pve, journal })
+}
+
+/// Move settled transactions older than `[journal] keep_days` into the journal's archive. A
+/// failure is logged and changes nothing: the transactions stay where they are.
+pub fn compact(cfg: &Config, journal: &Journal) {
+    let keep = std::time::Duration::from_secs(u64::from(cfg.journal_keep_days) * 86_400);
+    if let Err(e) = journal.compact(keep, time::OffsetDateTime::now_utc()) {
+        tracing::warn!(error = %e, "could not move old transactions to the journal's archive; they stay in the journal folder");
+    }
 }
 
 /// Open the client and the journal for a dry run: nothing is settled, nothing written.
@@ -253,6 +264,16 @@ pub fn journal_stats(cfg: &Config, since_s: Option<u64>) -> Result<metrics::stat
     ))
 }
 
+/// `journal --all`: the archived transactions (those `journal` no longer lists), oldest first.
+pub fn archived_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
+    Ok(open_journal(cfg)?
+        .archived()
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?
+        .iter()
+        .map(JournalRow::from)
+        .collect())
+}
+
 /// Settle every open transaction a crashed run left (DESIGN rule 6): finish an armed cleanup,
 /// or mark it `needs_human`. Transactions whose vmid lock is held belong to a live process and
 /// are left alone. Returns how many were settled.
@@ -268,36 +289,67 @@ pub async fn settle_open(
         .map_err(|e| Failure::new(e.code(), e.to_string()))?;
     let mut settled = 0;
     for t in open {
-        let Some(vmid) = t.state.vmid() else { continue };
-        let _lock = match VmidLock::try_acquire(&cfg.state_dir, vmid, Some(t.state.txn())) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::info!(txn = %t.state.txn(), vmid, reason = %e, "open transaction belongs to a running agent; left alone");
-                continue;
+        if let SettleOne::Settled(driven) =
+            settle_one(cfg, pve, journal, reporter, cancel, &t.state).await
+        {
+            if let Some(h) = driven.halted {
+                return Err(h);
             }
-        };
-        // Re-read under the lock: the other process may have settled it meanwhile.
-        let state = match journal.get(t.state.txn()) {
-            Ok(Some(fresh)) if !fresh.state.is_terminal() => {
-                // The last record's event may have been lost with the process: report it
-                // again (same identity, applied once).
-                reporter.phase(&fresh.state, fresh.records);
-                fresh.state
-            }
-            _ => continue,
-        };
-        tracing::warn!(txn = %state.txn(), vmid, phase = state.phase().as_str(), "settling a transaction a previous run left open");
-        let mut exec = Executor::new(cfg, pve, journal, reporter, cancel.clone());
-        let driven = exec.settle(state).await;
-        if let Some(h) = driven.halted {
-            return Err(h);
+            settled += 1;
         }
-        if let Some(o) = driven.state.outcome() {
-            tracing::warn!(txn = %o.txn, vmid, outcome = o.outcome.as_str(), phase = o.phase.as_str(), destroyed = o.destroyed, "settled");
-        }
-        settled += 1;
     }
     Ok(settled)
+}
+
+/// What [`settle_one`] did with one open transaction.
+#[derive(Debug)]
+pub enum SettleOne {
+    /// It was settled (or its drive halted: see [`Driven::halted`]).
+    Settled(Box<Driven>),
+    /// Its vmid lock is held by a running process: left alone (the reason names the holder).
+    Held(String),
+    /// It has no vmid, or was settled meanwhile: nothing to do.
+    NotOpen,
+}
+
+/// Settle one open transaction as every writing command does before it writes: under its
+/// vmid's lock, re-read from the journal, observed and driven by the machine's recovery (an
+/// armed cleanup only through a fresh ownership re-check).
+pub async fn settle_one(
+    cfg: &Config,
+    pve: &PveClient,
+    journal: &Journal,
+    reporter: &dyn Reporter,
+    cancel: &CancellationToken,
+    open: &State,
+) -> SettleOne {
+    let Some(vmid) = open.vmid() else {
+        return SettleOne::NotOpen;
+    };
+    let _lock = match VmidLock::try_acquire(&cfg.state_dir, vmid, Some(open.txn())) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::info!(txn = %open.txn(), vmid, reason = %e, "open transaction belongs to a running agent; left alone");
+            return SettleOne::Held(e.to_string());
+        }
+    };
+    // Re-read under the lock: the other process may have settled it meanwhile.
+    let state = match journal.get(open.txn()) {
+        Ok(Some(fresh)) if !fresh.state.is_terminal() => {
+            // The last record's event may have been lost with the process: report it again
+            // (same identity, applied once).
+            reporter.phase(&fresh.state, fresh.records);
+            fresh.state
+        }
+        _ => return SettleOne::NotOpen,
+    };
+    tracing::warn!(txn = %state.txn(), vmid, phase = state.phase().as_str(), "settling a transaction a previous run left open");
+    let mut exec = Executor::new(cfg, pve, journal, reporter, cancel.clone());
+    let driven = exec.settle(state).await;
+    if let Some(o) = driven.state.outcome() {
+        tracing::warn!(txn = %o.txn, vmid, outcome = o.outcome.as_str(), phase = o.phase.as_str(), destroyed = o.destroyed, "settled");
+    }
+    SettleOne::Settled(Box::new(driven))
 }
 
 /// A provision transaction (an operator's selftest or a hub dispatch) under `txn`. `Err` when
@@ -433,7 +485,7 @@ pub async fn destroy(
 /// The journaled state of a transaction, if this agent knows it.
 pub fn known(cfg: &Config, txn: Ulid) -> Option<State> {
     let journal = open_journal(cfg).ok()?;
-    journal.get(txn).ok().flatten().map(|t| t.state)
+    journal.get_any(txn).ok().flatten().map(|t| t.state)
 }
 
 /// Settle a transaction a dispatch finds open in the journal (the agent died while it ran):

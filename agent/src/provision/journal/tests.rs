@@ -5,6 +5,8 @@ use crate::provision::machine::{step, Event, GuestView, Marker, Request, TaskExi
 use crate::pve::GuestKind;
 use std::fs::OpenOptions;
 use std::io::Write;
+use std::time::Duration;
+use time::OffsetDateTime;
 
 const UPID: &str = "UPID:pve1:0003A2F1:01B7E4C0:6650C0DE:vzrestore:120:felhom@pve!agent:";
 
@@ -553,4 +555,91 @@ fn a_failure_record_over_the_cap_is_stored_reduced_not_refused() {
     assert!(message.len() < 512, "{} bytes", message.len());
     assert!(message.starts_with("guest said") || message.contains("guest said"));
     assert_eq!(stored.state, back.state);
+}
+
+fn refused_at_submit(txn: Ulid, vmid: u32) -> Vec<State> {
+    let st = states(txn, vmid);
+    let refused = next(
+        &st[0],
+        Event::SubmitRefused(Failure::new(
+            ErrorCode::PveRefused,
+            format!("CT {vmid} already exists on node 'pve1'"),
+        )),
+    );
+    vec![st[0].clone(), refused]
+}
+
+#[test]
+fn compaction_archives_old_settled_transactions_but_nothing_that_may_own_a_guest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    // vmid 200: one settled transaction. vmid 201: a settled one, then an open one, then a
+    // settled one newer than the open one (kept: the open one may still own the guest).
+    write_all(&j, &refused_at_submit(txn(1), 200));
+    write_all(&j, &refused_at_submit(txn(2), 201));
+    write_all(&j, &states(txn(3), 201));
+    write_all(&j, &refused_at_submit(txn(4), 201));
+    let day = Duration::from_secs(86_400);
+    let now = OffsetDateTime::now_utc();
+
+    // Too young: nothing moves.
+    assert_eq!(j.compact(day, now).expect("compact").archived, 0);
+    assert_eq!(j.replay().expect("replay").len(), 4);
+
+    let later = now + Duration::from_secs(2 * 86_400);
+    let done = j.compact(day, later).expect("compact");
+    assert_eq!(done.archived, 2, "{done:?}");
+    let live: Vec<Ulid> = j
+        .replay()
+        .expect("replay")
+        .iter()
+        .map(|t| t.state.txn())
+        .collect();
+    assert_eq!(live, vec![txn(3), txn(4)]);
+    assert!(!j.path_of(txn(1)).exists() && !j.path_of(txn(2)).exists());
+    let archived: Vec<Ulid> = j
+        .archived()
+        .expect("archived")
+        .iter()
+        .map(|t| t.state.txn())
+        .collect();
+    assert_eq!(archived, vec![txn(1), txn(2)]);
+    assert_eq!(done.files.len(), 1);
+    let name = done.files[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    assert!(
+        name.len() == "YYYY-MM.log".len() && name.ends_with(".log"),
+        "{name}"
+    );
+
+    // An old transaction id is still found (a re-dispatch answers from it), and the owner
+    // record of a vmid with an open transaction is unchanged.
+    assert!(j.get(txn(1)).expect("get").is_none());
+    let found = j.get_any(txn(1)).expect("get_any").expect("archived");
+    assert_eq!(found.state.outcome_kind(), Some(OutcomeKind::Failed));
+    assert_eq!(
+        j.last_owner_record(201)
+            .expect("owner")
+            .map(|t| t.state.txn()),
+        Some(txn(4))
+    );
+
+    // A crash after the append but before the file was removed: the next compaction removes
+    // it without appending it twice.
+    write_all(&j, &refused_at_submit(txn(1), 200));
+    let again = j
+        .compact(day, later + Duration::from_secs(86_400))
+        .expect("compact");
+    assert_eq!(again.archived, 1);
+    assert_eq!(j.archived().expect("archived").len(), 2);
+    let lines: usize = fs::read_dir(j.archive_dir())
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| fs::read_to_string(e.path()).expect("read").lines().count())
+        .sum();
+    assert_eq!(lines, 2, "each transaction archived once");
 }

@@ -2256,3 +2256,123 @@ fn a_crash_before_the_marker_write_settles_through_the_gate_on_the_description_l
     assert_eq!(names(&effects), ["journal"]);
     assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman));
 }
+
+// ----- after the fact: journal refresh and resolve -----
+
+/// A transaction settled `needs_human`: a leftover at the vmid it cannot prove is its own.
+fn settled_needs_human() -> State {
+    let (s, _) = recover(&at(Step::ProbeLeftover), &obs(running(), not_ours()));
+    assert_eq!(s.outcome_kind(), Some(OutcomeKind::NeedsHuman));
+    s
+}
+
+#[test]
+fn a_refresh_withdraws_a_kept_claim_only_when_the_proof_is_gone() {
+    let origin = settled_kept();
+    let m = origin.marker();
+    assert!(origin.holds_claim());
+    assert_eq!(origin.finding(&ours(&m)), Finding::PresentWithProof);
+    assert!(origin.refreshed(&ours(&m), "t".into()).is_none());
+    assert!(origin
+        .refreshed(&ours_locked(&m, "backup"), "t".into())
+        .is_none());
+    for (view, says, finding) in [
+        (
+            GuestView::Absent,
+            "not in the full guest list",
+            Finding::Absent,
+        ),
+        (copy_of(&m), "a copy", Finding::PresentWithoutProof),
+        (
+            not_ours(),
+            "no longer showed marker",
+            Finding::PresentWithoutProof,
+        ),
+        (
+            unreadable(),
+            "could not be read",
+            Finding::PresentWithoutProof,
+        ),
+    ] {
+        assert_eq!(origin.finding(&view), finding, "{view:?}");
+        let next = origin
+            .refreshed(&view, "2026-11-30T00:00:00Z".into())
+            .unwrap_or_else(|| panic!("{view:?} withdraws the claim"));
+        assert!(!next.destroy_armed() && !next.holds_claim(), "{view:?}");
+        let why = next.disarmed().unwrap_or_default();
+        assert!(
+            why.contains(says) && why.contains("journal refresh"),
+            "{why}"
+        );
+        assert!(
+            next.resolution().is_none(),
+            "a kept guest is not a needs_human"
+        );
+        // Withdrawn for good: a later refresh changes nothing, a destroy is refused.
+        assert!(next.refreshed(&ours(&m), "t".into()).is_none());
+        let (d, effects) = State::for_destroy(other_txn(), VMID, GuestKind::Lxc, Some(&next));
+        assert_eq!(d.outcome_kind(), Some(OutcomeKind::Refused));
+        assert!(!names(&effects).contains(&"destroy"), "{effects:?}");
+    }
+}
+
+#[test]
+fn a_refresh_never_changes_an_open_transaction() {
+    for target in [Step::Task, Step::WriteMarker, Step::Start, Step::Checks] {
+        let s = at(target);
+        for view in [GuestView::Absent, not_ours(), unreadable()] {
+            assert!(
+                s.refreshed(&view, "t".into()).is_none(),
+                "{target:?} {view:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_needs_human_is_closed_once_by_an_operator_or_by_a_refresh_that_sees_it_gone() {
+    let s = settled_needs_human();
+    assert!(s.awaits_human());
+    // Still there: a refresh leaves it to the human.
+    assert!(s.refreshed(&not_ours(), "t".into()).is_none());
+
+    let closed = s
+        .resolved(
+            ResolvedBy::Operator,
+            "removed by hand\n",
+            "2026-11-30T00:00:00Z".into(),
+        )
+        .expect("closes");
+    let r = closed.resolution().expect("resolution");
+    assert_eq!(r.by, ResolvedBy::Operator);
+    assert_eq!(r.reason, "removed by hand");
+    assert_eq!(r.at, "2026-11-30T00:00:00Z");
+    assert_eq!(closed.outcome_kind(), Some(OutcomeKind::NeedsHuman));
+    assert!(!closed.awaits_human());
+    assert!(closed
+        .resolved(ResolvedBy::Operator, "again", "t".into())
+        .is_none());
+    assert!(closed.refreshed(&GuestView::Absent, "t".into()).is_none());
+    // Only a needs_human can be closed.
+    assert!(settled_kept()
+        .resolved(ResolvedBy::Operator, "x", "t".into())
+        .is_none());
+    assert!(at(Step::Task)
+        .resolved(ResolvedBy::Operator, "x", "t".into())
+        .is_none());
+
+    let gone = s
+        .refreshed(&GuestView::Absent, "t".into())
+        .expect("a refresh closes it");
+    let r = gone.resolution().expect("resolution");
+    assert_eq!(r.by, ResolvedBy::Refresh);
+    assert!(r.reason.contains("guest gone"), "{}", r.reason);
+
+    // A resolution survives the journal's round trip; older records without one still read.
+    let json = serde_json::to_value(&closed).expect("encode");
+    let back: State = serde_json::from_value(json.clone()).expect("decode");
+    assert_eq!(back, closed);
+    let mut old = serde_json::to_value(&s).expect("encode");
+    old.as_object_mut().expect("object").remove("resolution");
+    assert_eq!(serde_json::from_value::<State>(old).expect("decode"), s);
+}

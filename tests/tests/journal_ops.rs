@@ -1,0 +1,531 @@
+//! The journal verbs of a node that runs for years: `journal refresh` compares the journal's
+//! claims with PVE (kept guests removed behind the agent's back lose their claim, a
+//! `needs_human` whose guest is gone is closed), `journal resolve` closes a `needs_human` an
+//! operator handled by hand, `journal cancel` settles one transaction a dead process left open
+//! through the ownership gate. Every request PVE received is counted at fakepve.
+
+use std::time::Duration;
+
+use felhom_agent::provision::VmidLock;
+use felhom_tests::agent::AgentRun;
+use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
+use felhom_tests::fakepve::{demo_scenario, AgentOptions, RecordedRequest};
+use felhom_tests::world::World;
+use serde_json::{json, Value};
+
+fn journal(w: &World) -> Vec<Value> {
+    let run = w.agent(&["journal", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    run.json()["transactions"]
+        .as_array()
+        .expect("transactions")
+        .clone()
+}
+
+fn txn_of(w: &World, txn: &str) -> Value {
+    journal(w)
+        .into_iter()
+        .find(|t| t["txn"] == txn)
+        .unwrap_or_else(|| panic!("transaction {txn} not in the journal"))
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+/// The writes PVE received after request number `from`.
+fn writes_since(w: &World, from: usize) -> Vec<RecordedRequest> {
+    w.pve.requests()[from..]
+        .iter()
+        .filter(|r| r.is_write())
+        .cloned()
+        .collect()
+}
+
+/// A kept provision of `vmid`; returns its transaction id.
+fn keep(w: &World, vmid: u32) -> String {
+    let vmid = vmid.to_string();
+    let run = w.agent(&["--selftest=provision", "-vmid", &vmid, "--keep", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["destroy_armed"], json!(true), "{doc:#}");
+    text(&doc["txn"])
+}
+
+/// Root removes guest `vmid` outside the agent; the live `.vmlist` is rewritten as pmxcfs does.
+fn remove_by_hand(w: &World, vmid: u32) {
+    w.pve.call("remove_guest", json!([vmid]), json!({}));
+    w.pve.call("write_vmlist", json!([]), json!({}));
+}
+
+/// Root swaps guest `vmid` for a copy carrying its tags and description but a new MAC.
+fn swap_for_copy(w: &World, vmid: u32) {
+    let cfg = w.pve.guest(vmid).expect("guest")["config"].clone();
+    w.pve.call("remove_guest", json!([vmid]), json!({}));
+    w.pve.call(
+        "add_ct",
+        json!([vmid, "copy"]),
+        json!({"pool": "felhom", "status": "running", "config": {
+            "hostname": "copy",
+            "tags": cfg["tags"],
+            "description": cfg["description"],
+            "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:0C:0F:0A,ip=dhcp,type=veth",
+        }}),
+    );
+    w.pve.call("write_vmlist", json!([]), json!({}));
+}
+
+/// A `needs_human` transaction: a destroy of a kept guest that was swapped for a copy.
+fn needs_human(w: &World, vmid: u32) -> (String, String) {
+    let origin = keep(w, vmid);
+    swap_for_copy(w, vmid);
+    let run = w.agent(&["destroy", "-vmid", &vmid.to_string(), "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(7), "{doc:#}\n{}", run.stderr);
+    assert_eq!(
+        txn_of(w, &text(&doc["txn"]))["outcome"],
+        "needs_human",
+        "{doc:#}"
+    );
+    assert!(w.pve.deletes_for(vmid).is_empty());
+    (origin, text(&doc["txn"]))
+}
+
+fn refresh(w: &World) -> (AgentRun, Value) {
+    let run = w.agent(&["journal", "refresh", "--json"]);
+    let doc = run.json();
+    (run, doc)
+}
+
+fn row<'a>(doc: &'a Value, txn: &str) -> &'a Value {
+    doc["transactions"]
+        .as_array()
+        .expect("transactions")
+        .iter()
+        .find(|r| r["txn"] == txn)
+        .unwrap_or_else(|| panic!("{txn} not looked at: {doc:#}"))
+}
+
+fn run_killed(w: &World, args: &[&str], kill_at: &str) -> AgentRun {
+    let mut cmd = w.command();
+    cmd.args(args).env("FELHOM_AGENT_KILL_AT", kill_at);
+    cmd.output().expect("run agent").into()
+}
+
+#[test]
+fn refresh_disarms_a_kept_guest_removed_behind_the_agents_back_and_destroy_is_refused() {
+    let w = World::demo();
+    let gone = keep(&w, 160);
+    let stays = keep(&w, 161);
+    remove_by_hand(&w, 160);
+
+    // A passing PVE error on the guest that stays changes nothing for it.
+    w.pve.fail(
+        "GET",
+        "/nodes/pve1/lxc/161/config",
+        503,
+        "Service Unavailable",
+        Some(4),
+    );
+    let before = w.pve.requests().len();
+    let (run, doc) = refresh(&w);
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    let r = row(&doc, &gone);
+    assert_eq!(r["finding"], "absent", "{doc:#}");
+    assert!(text(&r["change"]).contains("disarmed"), "{doc:#}");
+    let r = row(&doc, &stays);
+    assert!(r["finding"].is_null(), "{doc:#}");
+    assert!(r["change"].is_null(), "{doc:#}");
+    assert!(text(&r["skipped"]).contains("161"), "{doc:#}");
+    assert!(writes_since(&w, before).is_empty());
+    let o = txn_of(&w, &stays);
+    assert_eq!(o["destroy_armed"], json!(true), "{o:#}");
+
+    // A token PVE does not accept says nothing about the guest either.
+    w.pve.fail(
+        "GET",
+        "/nodes/pve1/lxc/161/config",
+        401,
+        "authentication failure",
+        // A 401 is not retried: one answer.
+        Some(1),
+    );
+    let (run, doc) = refresh(&w);
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    assert!(row(&doc, &stays)["change"].is_null(), "{doc:#}");
+    assert_eq!(txn_of(&w, &stays)["destroy_armed"], json!(true));
+    assert!(txn_of(&w, &stays)["disarmed"].is_null());
+
+    // Once PVE answers, the kept guest that is still there keeps its claim.
+    let (run, doc) = refresh(&w);
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(
+        row(&doc, &stays)["finding"],
+        "present_with_proof",
+        "{doc:#}"
+    );
+    assert_eq!(doc["changed"], json!(0), "{doc:#}");
+    assert!(
+        doc["transactions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["txn"] != gone.as_str()),
+        "a withdrawn claim is no longer looked at: {doc:#}"
+    );
+    assert!(writes_since(&w, before).is_empty());
+
+    let o = txn_of(&w, &gone);
+    assert_eq!(o["destroy_armed"], json!(false), "{o:#}");
+    assert!(text(&o["disarmed"]).contains("journal refresh"), "{o:#}");
+    let human = w.agent(&["journal"]);
+    assert!(
+        human
+            .stdout
+            .contains("disarmed: guest 160 was not in the full guest list"),
+        "{}",
+        human.stdout
+    );
+    assert_eq!(txn_of(&w, &stays)["destroy_armed"], json!(true));
+
+    // A guest put back at 160 later is never destroyed on the withdrawn claim.
+    w.pve.call(
+        "add_ct",
+        json!([160, "back"]),
+        json!({"pool": "felhom", "config": {"hostname": "back"}}),
+    );
+    w.pve.call("write_vmlist", json!([]), json!({}));
+    let run = w.agent(&["destroy", "-vmid", "160", "--json"]);
+    assert_eq!(run.code, Some(7), "{}\n{}", run.stdout, run.stderr);
+    assert!(w.pve.deletes_for(160).is_empty());
+    assert!(w.pve.guest(160).is_some());
+}
+
+#[test]
+fn a_copy_with_the_marker_is_present_without_proof_and_disarms_the_claim() {
+    let w = World::demo();
+    let origin = keep(&w, 162);
+    swap_for_copy(&w, 162);
+    let before = w.pve.requests().len();
+    let human = w.agent(&["journal", "refresh"]);
+    assert_eq!(human.code, Some(0), "{}\n{}", human.stdout, human.stderr);
+    assert!(
+        human.stdout.contains("present WITHOUT its proof")
+            && human.stdout.contains("changed: destroy disarmed")
+            && human
+                .stdout
+                .contains("1 changed; nothing was written to PVE"),
+        "{}",
+        human.stdout
+    );
+    // Already withdrawn: a second refresh does not look at it again.
+    let (run, doc) = refresh(&w);
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["changed"], json!(0), "{doc:#}");
+    let o = txn_of(&w, &origin);
+    assert!(text(&o["disarmed"]).contains("copy"), "{o:#}");
+    assert!(writes_since(&w, before).is_empty());
+    let run = w.agent(&["destroy", "-vmid", "162", "--json"]);
+    assert_eq!(run.code, Some(7), "{}\n{}", run.stdout, run.stderr);
+    assert!(w.pve.deletes_for(162).is_empty());
+}
+
+#[test]
+fn resolve_closes_a_needs_human_and_refuses_anything_else() {
+    let w = World::demo();
+    let (origin, stuck) = needs_human(&w, 163);
+    let before = w.pve.requests().len();
+
+    // The origin settled `ok`: not a needs_human.
+    let run = w.agent(&["journal", "resolve", &origin, "--reason", "x", "--json"]);
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["error"]["code"], "not_needs_human");
+
+    let unknown = ulid::Ulid::new().to_string();
+    let run = w.agent(&["journal", "resolve", &unknown, "--reason", "x", "--json"]);
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["error"]["code"], "txn_unknown");
+
+    // While another process holds the vmid's lock, it waits its turn.
+    {
+        let _held = VmidLock::try_acquire(&w.state_dir(), 163, None).expect("lock");
+        let run = w.agent(&["journal", "resolve", &stuck, "--reason", "x", "--json"]);
+        assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+        assert_eq!(run.json()["error"]["code"], "vmid_in_use");
+        assert!(txn_of(&w, &stuck)["resolution"].is_null());
+    }
+
+    let long = format!("removed by hand{}", "!".repeat(2000));
+    let run = w.agent(&["journal", "resolve", &stuck, "--reason", &long, "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let t = txn_of(&w, &stuck);
+    assert_eq!(t["outcome"], "needs_human", "{t:#}");
+    let reason = text(&t["resolution"]["reason"]);
+    assert!(reason.starts_with("removed by hand"), "{t:#}");
+    assert_eq!(reason.len(), 512, "the reason is clipped: {t:#}");
+    assert_eq!(t["resolution"]["by"], "operator", "{t:#}");
+    assert!(text(&t["resolution"]["at"]).ends_with('Z'), "{t:#}");
+
+    // Closed once: a second resolve is refused, and a refresh no longer looks at it.
+    let run = w.agent(&["journal", "resolve", &stuck, "--reason", "again", "--json"]);
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["error"]["code"], "not_needs_human");
+    let (run, doc) = refresh(&w);
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert!(
+        doc["transactions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["txn"] != stuck.as_str()),
+        "{doc:#}"
+    );
+    assert!(
+        w.pve.requests()[before..]
+            .iter()
+            .all(|r| !r.targets_vmid(163) || r.method == "GET"),
+        "resolve and refresh only read"
+    );
+    assert!(writes_since(&w, before).is_empty());
+    assert!(
+        w.pve.guest(163).is_some(),
+        "the copy is left to the operator"
+    );
+}
+
+#[test]
+fn refresh_closes_a_needs_human_whose_guest_is_gone() {
+    let w = World::demo();
+    let (_origin, stuck) = needs_human(&w, 164);
+    // Still there: nothing changes.
+    let (run, doc) = refresh(&w);
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(row(&doc, &stuck)["finding"], "present_without_proof");
+    assert!(row(&doc, &stuck)["change"].is_null(), "{doc:#}");
+    assert!(txn_of(&w, &stuck)["resolution"].is_null());
+
+    remove_by_hand(&w, 164);
+    let before = w.pve.requests().len();
+    let (run, doc) = refresh(&w);
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(row(&doc, &stuck)["finding"], "absent");
+    assert!(writes_since(&w, before).is_empty());
+    let t = txn_of(&w, &stuck);
+    assert_eq!(t["resolution"]["by"], "refresh", "{t:#}");
+    assert!(
+        text(&t["resolution"]["reason"]).contains("guest gone"),
+        "{t:#}"
+    );
+}
+
+#[test]
+fn cancel_settles_a_crash_left_transaction_through_the_gate() {
+    let w = World::demo();
+    let crash = |vmid: u32| {
+        // Record 5 is the armed state before the start (created, marker read back).
+        let first = run_killed(
+            &w,
+            &["--selftest=provision", "-vmid", &vmid.to_string(), "--json"],
+            "after-journal:5",
+        );
+        assert_eq!(first.code, None, "not killed: {}", first.stdout);
+        let t = journal(&w)
+            .into_iter()
+            .find(|t| t["vmid"] == vmid)
+            .expect("open transaction");
+        assert!(t["outcome"].is_null(), "{t:#}");
+        assert_eq!(t["destroy_armed"], json!(true), "{t:#}");
+        text(&t["txn"])
+    };
+    let proven = crash(165);
+    let swapped = {
+        // While 165's lock is held, the next provision's settle leaves 165 open.
+        let held = VmidLock::try_acquire(&w.state_dir(), 165, None).expect("lock");
+        let swapped = crash(166);
+        swap_for_copy(&w, 166);
+        // A held lock: cancel is refused, nothing done.
+        let run = w.agent(&["journal", "cancel", &proven, "--json"]);
+        assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+        assert_eq!(run.json()["error"]["code"], "vmid_in_use");
+        drop(held);
+        swapped
+    };
+    assert!(w.pve.deletes_for(165).is_empty());
+    assert!(txn_of(&w, &proven)["outcome"].is_null());
+
+    // The swapped guest has no proof: needs_human, no write to the copy.
+    let before = w.pve.requests().len();
+    let run = w.agent(&["journal", "cancel", &swapped, "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(7), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "needs_human", "{doc:#}");
+    let sent: Vec<RecordedRequest> = w.pve.requests()[before..]
+        .iter()
+        .filter(|r| r.is_write())
+        .cloned()
+        .collect();
+    assert!(sent.is_empty(), "cancel wrote: {sent:?}");
+    assert!(w.pve.guest(166).is_some());
+    // Only the named transaction was settled.
+    assert!(txn_of(&w, &proven)["outcome"].is_null());
+
+    // Proven: the gated destroy runs, one DELETE.
+    let run = w.agent(&["journal", "cancel", &proven, "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    assert_eq!(w.pve.deletes_for(165).len(), 1);
+    assert!(w.pve.guest(165).is_none());
+
+    // Settled: a second cancel is refused.
+    let run = w.agent(&["journal", "cancel", &proven, "--json"]);
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["error"]["code"], "txn_not_open");
+    assert_eq!(w.pve.deletes_for(165).len(), 1);
+    assert!(w.pve.deletes_for(166).is_empty());
+}
+
+#[test]
+fn the_hub_receives_a_resolution() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let w = World::with_options(
+        demo_scenario(),
+        &AgentOptions {
+            hub: Some(hub.hub_options()),
+            ..AgentOptions::default()
+        },
+    );
+    let (_origin, stuck) = needs_human(&w, 167);
+    let run = w.agent(&[
+        "journal",
+        "resolve",
+        &stuck,
+        "--reason",
+        "removed by hand",
+        "--json",
+    ]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["hub"], "queued for the hub");
+
+    let agent = AgentDaemon::spawn(&w.files.config_path, FAST_TIMING, &[]);
+    let state = hub.wait_for("the resolution event", Duration::from_secs(60), |s| {
+        s.events.iter().any(|(_, e)| {
+            e.txn.to_string() == stuck
+                && e.detail
+                    .as_deref()
+                    .is_some_and(|d| d.contains("removed by hand"))
+        })
+    });
+    let closures = state
+        .events
+        .iter()
+        .filter(|(_, e)| e.txn.to_string() == stuck)
+        .count();
+    assert_eq!(closures, 1, "the closure arrives once");
+    let (status, log) = agent.terminate(Duration::from_secs(30));
+    assert!(status.success(), "run exited {status}:\n{log}");
+}
+
+#[test]
+fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
+    let w = World::demo();
+    let mut config = std::fs::read_to_string(&w.files.config_path).expect("config");
+    config.push_str("\n[journal]\nkeep_days = 0\n");
+    std::fs::write(&w.files.config_path, config).expect("config");
+
+    let run = w.agent(&["--selftest=provision", "-vmid", "170", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let done = text(&run.json()["txn"]);
+    // The next writing command compacts: the settled transaction moves, the kept one stays.
+    let kept = keep(&w, 171);
+    let live: Vec<String> = journal(&w).iter().map(|t| text(&t["txn"])).collect();
+    assert!(!live.contains(&done), "{live:?}");
+    assert!(live.contains(&kept), "{live:?}");
+    let run = w.agent(&["journal", "--all", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let archived = doc["archived"].as_array().expect("archived");
+    let a = archived
+        .iter()
+        .find(|t| t["txn"] == done.as_str())
+        .unwrap_or_else(|| panic!("{doc:#}"));
+    assert_eq!(a["destroyed"], json!(true), "{a:#}");
+    assert!(archived.iter().all(|t| t["txn"] != kept.as_str()));
+    let files: Vec<_> = std::fs::read_dir(w.state_dir().join("journal").join("archive"))
+        .expect("archive dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .collect();
+    assert_eq!(files.len(), 1, "one month's file");
+    assert!(!w
+        .state_dir()
+        .join("journal")
+        .join(format!("{done}.log"))
+        .exists());
+
+    // The kept guest's claim is untouched: its gated destroy still runs.
+    let run = w.agent(&["destroy", "-vmid", "171", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(w.pve.deletes_for(171).len(), 1);
+}
+
+#[test]
+fn the_help_of_each_journal_verb_says_what_it_does_never_does_and_its_exit_codes() {
+    for (verb, never, refused) in [
+        ("refresh", "Never writes to PVE", ", 6 "),
+        ("resolve", "Never touches PVE", ", 3 refused"),
+        ("cancel", "ownership gate", ", 3 refused"),
+    ] {
+        let out = std::process::Command::new(felhom_tests::agent::agent_bin())
+            .args(["journal", verb, "--help"])
+            .output()
+            .expect("run agent");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{verb}: {help}");
+        assert!(help.contains(never), "{verb}: {help}");
+        assert!(help.contains("Exit codes: 0"), "{verb}: {help}");
+        assert!(help.contains(refused), "{verb}: {help}");
+    }
+}
+
+#[test]
+fn the_daemon_refreshes_the_journal_and_tells_the_hub_of_a_closure() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let w = World::with_options(
+        demo_scenario(),
+        &AgentOptions {
+            hub: Some(hub.hub_options()),
+            ..AgentOptions::default()
+        },
+    );
+    let (_origin, stuck) = needs_human(&w, 168);
+    let kept = keep(&w, 169);
+    remove_by_hand(&w, 168);
+    remove_by_hand(&w, 169);
+    let before = w.pve.requests().len();
+
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("FELHOM_AGENT_REFRESH_MS", "300")],
+    );
+    hub.wait_for("the closure by the refresh", Duration::from_secs(60), |s| {
+        s.events.iter().any(|(_, e)| {
+            e.txn.to_string() == stuck
+                && e.detail
+                    .as_deref()
+                    .is_some_and(|d| d.contains("guest gone"))
+        })
+    });
+    let t = txn_of(&w, &stuck);
+    assert_eq!(t["resolution"]["by"], "refresh", "{t:#}");
+    let k = txn_of(&w, &kept);
+    assert_eq!(k["destroy_armed"], json!(false), "{k:#}");
+    assert!(text(&k["disarmed"]).contains("journal refresh"), "{k:#}");
+    let (status, log) = agent.terminate(Duration::from_secs(30));
+    assert!(status.success(), "run exited {status}:\n{log}");
+    assert!(
+        writes_since(&w, before).is_empty(),
+        "the refresh wrote to PVE"
+    );
+}
