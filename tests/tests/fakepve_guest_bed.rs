@@ -556,7 +556,7 @@ async fn pct_refuses_what_pve_says_is_stopped_absent_or_a_vm() {
     let (status, body) = send(
         &pve,
         reqwest::Method::DELETE,
-        "/nodes/pve1/lxc/250?purge=1",
+        "/nodes/pve1/lxc/250?purge=0&destroy-unreferenced-disks=0",
         &[],
     )
     .await;
