@@ -75,6 +75,38 @@ pub fn tasks_take_time(scenario: &mut Value) {
 }
 
 impl World {
+    /// A world whose selftest source is the scenario's QEMU backup ([`crate::fakepve::QEMU_BACKUP`],
+    /// the demo's config), restored in `restore_secs` PVE seconds, whose guest agent behaves as
+    /// `guest` says (see `add_qemu_backup`).
+    pub fn qemu(restore_secs: u32, guest: Value) -> World {
+        let mut s = crate::fakepve::demo_scenario();
+        s["attrs"] = serde_json::json!({"qemu_restore_secs": restore_secs});
+        crate::fakepve::add_qemu_backup(&mut s, crate::fakepve::qemu_backup_config(), guest);
+        let opts = AgentOptions {
+            selftest_source: Some(crate::fakepve::QEMU_BACKUP.to_string()),
+            ..AgentOptions::default()
+        };
+        World::with_options(s, &opts)
+    }
+
+    /// The transactions `journal --json` lists (it must exit 0).
+    pub fn journal(&self) -> Vec<Value> {
+        let run = self.agent(&["journal", "--json"]);
+        assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+        run.json()["transactions"]
+            .as_array()
+            .expect("transactions")
+            .clone()
+    }
+
+    /// Transaction `txn` as `journal --json` lists it.
+    pub fn journal_txn(&self, txn: &str) -> Value {
+        self.journal()
+            .into_iter()
+            .find(|t| t["txn"] == txn)
+            .unwrap_or_else(|| panic!("transaction {txn} not in the journal"))
+    }
+
     /// A world for `scenario` with these agent options.
     ///
     /// The fake and the bed are joined ([`GuestBed::join_scenario`]): every backup of the

@@ -13,22 +13,6 @@ use felhom_tests::fakepve::{demo_scenario, AgentOptions, RecordedRequest};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
-fn journal(w: &World) -> Vec<Value> {
-    let run = w.agent(&["journal", "--json"]);
-    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    run.json()["transactions"]
-        .as_array()
-        .expect("transactions")
-        .clone()
-}
-
-fn txn_of(w: &World, txn: &str) -> Value {
-    journal(w)
-        .into_iter()
-        .find(|t| t["txn"] == txn)
-        .unwrap_or_else(|| panic!("transaction {txn} not in the journal"))
-}
-
 fn text(v: &Value) -> String {
     v.as_str().unwrap_or_default().to_string()
 }
@@ -83,7 +67,7 @@ fn needs_human(w: &World, vmid: u32) -> (String, String) {
     let doc = run.json();
     assert_eq!(run.code, Some(7), "{doc:#}\n{}", run.stderr);
     assert_eq!(
-        txn_of(w, &text(&doc["txn"]))["outcome"],
+        w.journal_txn(&text(&doc["txn"]))["outcome"],
         "needs_human",
         "{doc:#}"
     );
@@ -138,7 +122,7 @@ fn refresh_disarms_a_kept_guest_removed_behind_the_agents_back_and_destroy_is_re
     assert!(r["change"].is_null(), "{doc:#}");
     assert!(text(&r["skipped"]).contains("161"), "{doc:#}");
     assert!(writes_since(&w, before).is_empty());
-    let o = txn_of(&w, &stays);
+    let o = w.journal_txn(&stays);
     assert_eq!(o["destroy_armed"], json!(true), "{o:#}");
 
     // A token PVE does not accept says nothing about the guest either.
@@ -153,8 +137,8 @@ fn refresh_disarms_a_kept_guest_removed_behind_the_agents_back_and_destroy_is_re
     let (run, doc) = refresh(&w);
     assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
     assert!(row(&doc, &stays)["change"].is_null(), "{doc:#}");
-    assert_eq!(txn_of(&w, &stays)["destroy_armed"], json!(true));
-    assert!(txn_of(&w, &stays)["disarmed"].is_null());
+    assert_eq!(w.journal_txn(&stays)["destroy_armed"], json!(true));
+    assert!(w.journal_txn(&stays)["disarmed"].is_null());
 
     // Once PVE answers, the kept guest that is still there keeps its claim.
     let (run, doc) = refresh(&w);
@@ -175,7 +159,7 @@ fn refresh_disarms_a_kept_guest_removed_behind_the_agents_back_and_destroy_is_re
     );
     assert!(writes_since(&w, before).is_empty());
 
-    let o = txn_of(&w, &gone);
+    let o = w.journal_txn(&gone);
     assert_eq!(o["destroy_armed"], json!(false), "{o:#}");
     assert!(text(&o["disarmed"]).contains("journal refresh"), "{o:#}");
     let human = w.agent(&["journal"]);
@@ -186,7 +170,7 @@ fn refresh_disarms_a_kept_guest_removed_behind_the_agents_back_and_destroy_is_re
         "{}",
         human.stdout
     );
-    assert_eq!(txn_of(&w, &stays)["destroy_armed"], json!(true));
+    assert_eq!(w.journal_txn(&stays)["destroy_armed"], json!(true));
 
     // A guest put back at 160 later is never destroyed on the withdrawn claim.
     w.pve.call(
@@ -222,7 +206,7 @@ fn a_copy_with_the_marker_is_present_without_proof_and_disarms_the_claim() {
     let (run, doc) = refresh(&w);
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["changed"], json!(0), "{doc:#}");
-    let o = txn_of(&w, &origin);
+    let o = w.journal_txn(&origin);
     assert!(text(&o["disarmed"]).contains("copy"), "{o:#}");
     assert!(writes_since(&w, before).is_empty());
     let run = w.agent(&["destroy", "-vmid", "162", "--json"]);
@@ -252,13 +236,13 @@ fn resolve_closes_a_needs_human_and_refuses_anything_else() {
         let run = w.agent(&["journal", "resolve", &stuck, "--reason", "x", "--json"]);
         assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
         assert_eq!(run.json()["error"]["code"], "vmid_in_use");
-        assert!(txn_of(&w, &stuck)["resolution"].is_null());
+        assert!(w.journal_txn(&stuck)["resolution"].is_null());
     }
 
     let long = format!("removed by hand{}", "!".repeat(2000));
     let run = w.agent(&["journal", "resolve", &stuck, "--reason", &long, "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    let t = txn_of(&w, &stuck);
+    let t = w.journal_txn(&stuck);
     assert_eq!(t["outcome"], "needs_human", "{t:#}");
     let reason = text(&t["resolution"]["reason"]);
     assert!(reason.starts_with("removed by hand"), "{t:#}");
@@ -302,7 +286,7 @@ fn refresh_closes_a_needs_human_whose_guest_is_gone() {
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(row(&doc, &stuck)["finding"], "present_without_proof");
     assert!(row(&doc, &stuck)["change"].is_null(), "{doc:#}");
-    assert!(txn_of(&w, &stuck)["resolution"].is_null());
+    assert!(w.journal_txn(&stuck)["resolution"].is_null());
 
     remove_by_hand(&w, 164);
     let before = w.pve.requests().len();
@@ -310,7 +294,7 @@ fn refresh_closes_a_needs_human_whose_guest_is_gone() {
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(row(&doc, &stuck)["finding"], "absent");
     assert!(writes_since(&w, before).is_empty());
-    let t = txn_of(&w, &stuck);
+    let t = w.journal_txn(&stuck);
     assert_eq!(t["resolution"]["by"], "refresh", "{t:#}");
     assert!(
         text(&t["resolution"]["reason"]).contains("guest gone"),
@@ -329,7 +313,8 @@ fn cancel_settles_a_crash_left_transaction_through_the_gate() {
             "after-journal:5",
         );
         assert_eq!(first.code, None, "not killed: {}", first.stdout);
-        let t = journal(&w)
+        let t = w
+            .journal()
             .into_iter()
             .find(|t| t["vmid"] == vmid)
             .expect("open transaction");
@@ -351,7 +336,7 @@ fn cancel_settles_a_crash_left_transaction_through_the_gate() {
         swapped
     };
     assert!(w.pve.deletes_for(165).is_empty());
-    assert!(txn_of(&w, &proven)["outcome"].is_null());
+    assert!(w.journal_txn(&proven)["outcome"].is_null());
 
     // The swapped guest has no proof: needs_human, no write to the copy.
     let before = w.pve.requests().len();
@@ -367,7 +352,7 @@ fn cancel_settles_a_crash_left_transaction_through_the_gate() {
     assert!(sent.is_empty(), "cancel wrote: {sent:?}");
     assert!(w.pve.guest(166).is_some());
     // Only the named transaction was settled.
-    assert!(txn_of(&w, &proven)["outcome"].is_null());
+    assert!(w.journal_txn(&proven)["outcome"].is_null());
 
     // Proven: the gated destroy runs, one DELETE.
     let run = w.agent(&["journal", "cancel", &proven, "--json"]);
@@ -438,7 +423,7 @@ fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
     let done = text(&run.json()["txn"]);
     // The next writing command compacts: the settled transaction moves, the kept one stays.
     let kept = keep(&w, 171);
-    let live: Vec<String> = journal(&w).iter().map(|t| text(&t["txn"])).collect();
+    let live: Vec<String> = w.journal().iter().map(|t| text(&t["txn"])).collect();
     assert!(!live.contains(&done), "{live:?}");
     assert!(live.contains(&kept), "{live:?}");
     let run = w.agent(&["journal", "--all", "--json"]);
@@ -517,9 +502,9 @@ fn the_daemon_refreshes_the_journal_and_tells_the_hub_of_a_closure() {
                     .is_some_and(|d| d.contains("guest gone"))
         })
     });
-    let t = txn_of(&w, &stuck);
+    let t = w.journal_txn(&stuck);
     assert_eq!(t["resolution"]["by"], "refresh", "{t:#}");
-    let k = txn_of(&w, &kept);
+    let k = w.journal_txn(&kept);
     assert_eq!(k["destroy_armed"], json!(false), "{k:#}");
     assert!(text(&k["disarmed"]).contains("journal refresh"), "{k:#}");
     let (status, log) = agent.terminate(Duration::from_secs(30));

@@ -21,22 +21,6 @@ fn guest_deletes(w: &World) -> Vec<RecordedRequest> {
         .collect()
 }
 
-fn journal(w: &World) -> Vec<Value> {
-    let run = w.agent(&["journal", "--json"]);
-    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    run.json()["transactions"]
-        .as_array()
-        .expect("transactions")
-        .clone()
-}
-
-fn txn_of(w: &World, txn: &str) -> Value {
-    journal(w)
-        .into_iter()
-        .find(|t| t["txn"] == txn)
-        .unwrap_or_else(|| panic!("transaction {txn} not in the journal"))
-}
-
 fn config_of(w: &World, vmid: u32) -> Value {
     w.pve
         .guest(vmid)
@@ -151,13 +135,13 @@ fn a_copy_with_the_marker_at_the_vmid_of_a_kept_container_is_never_destroyed() {
     assert!(w.pve.guest(150).is_some(), "the copy is still there");
 
     // The journal shows the refusal and the withdrawn claim.
-    let txns = journal(&w);
+    let txns = w.journal();
     let refusal = txns
         .iter()
         .find(|t| t["txn"] == doc["txn"])
         .expect("the destroy is journaled");
     assert_eq!(refusal["outcome"], "needs_human", "{refusal:#}");
-    let o = txn_of(&w, &origin);
+    let o = w.journal_txn(&origin);
     assert_eq!(o["destroy_armed"], json!(false), "{o:#}");
     assert!(text(&o["disarmed"]).contains("copy"), "{o:#}");
 
@@ -180,7 +164,7 @@ fn a_kept_guest_removed_behind_the_agents_back_is_disarmed_and_never_destroyed_l
     assert_eq!(doc["outcome"], "refused", "{doc:#}");
     assert!(text(&doc["error"]["message"]).contains("gone"), "{doc:#}");
     assert!(guest_deletes(&w).is_empty());
-    let o = txn_of(&w, &origin);
+    let o = w.journal_txn(&origin);
     assert_eq!(o["destroy_armed"], json!(false), "{o:#}");
     assert!(text(&o["disarmed"]).contains("gone"), "{o:#}");
 
@@ -297,7 +281,7 @@ fn a_qemu_guest_restored_from_a_backup_of_the_kept_vm_is_never_destroyed() {
     assert!(msg.contains("vmgenid"), "{msg}");
     assert!(guest_deletes(&w).is_empty(), "{:?}", guest_deletes(&w));
     assert!(w.pve.guest(320).is_some());
-    assert_eq!(txn_of(&w, &origin)["destroy_armed"], json!(false));
+    assert_eq!(w.journal_txn(&origin)["destroy_armed"], json!(false));
 }
 
 fn run_killed(w: &World, args: &[&str], kill_at: &str) -> AgentRun {
@@ -340,7 +324,8 @@ fn a_crash_between_the_restore_and_the_marker_write_is_settled_through_the_gate(
         assert!(!text(&cfg["tags"]).contains("felhom"), "{kill_at}: {cfg:#}");
 
         settle(&w, 141);
-        let t = journal(&w)
+        let t = w
+            .journal()
             .into_iter()
             .find(|t| t["vmid"] == 140)
             .expect("the crashed transaction");
@@ -361,7 +346,8 @@ fn the_settle_of_an_armed_transaction_whose_guest_was_swapped_destroys_nothing()
         "after-journal:5",
     );
     assert_eq!(first.code, None, "not killed: {}", first.stdout);
-    let open = journal(&w)
+    let open = w
+        .journal()
         .into_iter()
         .find(|t| t["vmid"] == 142)
         .expect("open transaction");
@@ -380,7 +366,7 @@ fn the_settle_of_an_armed_transaction_whose_guest_was_swapped_destroys_nothing()
     let before = w.pve.requests().len();
     settle(&w, 143);
 
-    let t = txn_of(&w, &text(&open["txn"]));
+    let t = w.journal_txn(&text(&open["txn"]));
     assert_eq!(t["outcome"], "needs_human", "{t:#}");
     assert_eq!(t["destroy_armed"], json!(false), "{t:#}");
     assert!(text(&t["disarmed"]).contains("copy"), "{t:#}");
@@ -409,10 +395,11 @@ fn a_passing_pve_error_at_the_recheck_keeps_the_claim_and_the_next_command_finis
     let run = destroy(&w, 153);
     assert_ne!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     assert!(guest_deletes(&w).is_empty(), "{:?}", guest_deletes(&w));
-    let o = txn_of(&w, &origin);
+    let o = w.journal_txn(&origin);
     assert_eq!(o["destroy_armed"], json!(true), "{o:#}");
     assert!(o["disarmed"].is_null(), "{o:#}");
-    let open: Vec<Value> = journal(&w)
+    let open: Vec<Value> = w
+        .journal()
         .into_iter()
         .filter(|t| t["vmid"] == 153 && t["outcome"].is_null())
         .collect();
@@ -422,7 +409,7 @@ fn a_passing_pve_error_at_the_recheck_keeps_the_claim_and_the_next_command_finis
     settle(&w, 154);
     assert_eq!(w.pve.deletes_for(153).len(), 1);
     assert!(w.pve.guest(153).is_none());
-    let d = txn_of(&w, &text(&open[0]["txn"]));
+    let d = w.journal_txn(&text(&open[0]["txn"]));
     assert_eq!(d["destroyed"], json!(true), "{d:#}");
 }
 

@@ -11,9 +11,6 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use felhom_tests::agent::AgentRun;
-use felhom_tests::fakepve::{
-    add_qemu_backup, demo_scenario, qemu_backup_config, AgentOptions, QEMU_BACKUP,
-};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
@@ -72,18 +69,10 @@ fn lxc_world() -> World {
 }
 
 fn qemu_world() -> World {
-    let mut s = demo_scenario();
-    s["attrs"] = json!({"qemu_restore_secs": 30});
-    add_qemu_backup(
-        &mut s,
-        qemu_backup_config(),
+    World::qemu(
+        30,
         json!({"agent": true, "boot_secs": 2, "start_secs": 2, "stop_secs": 1}),
-    );
-    let opts = AgentOptions {
-        selftest_source: Some(QEMU_BACKUP.to_string()),
-        ..AgentOptions::default()
-    };
-    World::with_options(s, &opts)
+    )
 }
 
 const KINDS: [Kind; 2] = [

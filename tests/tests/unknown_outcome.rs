@@ -13,9 +13,6 @@
 //!   full guest list showed nothing for the whole settle window.
 
 use felhom_tests::agent::AgentRun;
-use felhom_tests::fakepve::{
-    add_qemu_backup, demo_scenario, qemu_backup_config, AgentOptions, QEMU_BACKUP,
-};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
@@ -89,18 +86,10 @@ fn assert_foreign_untouched(w: &World) {
 }
 
 fn qemu_world() -> World {
-    let mut s = demo_scenario();
-    s["attrs"] = json!({"qemu_restore_secs": 30});
-    add_qemu_backup(
-        &mut s,
-        qemu_backup_config(),
+    World::qemu(
+        30,
         json!({"agent": true, "boot_secs": 0, "start_secs": 0, "stop_secs": 0}),
-    );
-    let opts = AgentOptions {
-        selftest_source: Some(QEMU_BACKUP.to_string()),
-        ..AgentOptions::default()
-    };
-    World::with_options(s, &opts)
+    )
 }
 
 /// The 5xx-but-created case: the task is found, followed, proven and cleaned up.

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::identity::BirthIdentity;
 use super::journal::Journal;
 use super::machine::{
     recover, step, Effect, Event, GuestView, Marker, PlanStep, RecoveryObservation, State,
@@ -793,21 +792,7 @@ impl<'a> Executor<'a> {
             _ => guest,
         };
         match self.pve.config_get(&entry.node, kind, vmid).await {
-            Ok(cfg) => {
-                let text = |k: &str| {
-                    cfg.get(k)
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("")
-                        .to_string()
-                };
-                let lock = cfg.get("lock").and_then(|v| v.as_str()).map(str::to_string);
-                Ok(GuestView::Present {
-                    tags: text("tags"),
-                    description: text("description"),
-                    lock,
-                    identity: BirthIdentity::from_config(&cfg),
-                })
-            }
+            Ok(cfg) => Ok(GuestView::from_config(&cfg)),
             Err(e) if e.is_transient() => Err(e.to_string()),
             Err(e) => Ok(GuestView::Unreadable {
                 reason: e.to_string(),

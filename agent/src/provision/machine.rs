@@ -345,6 +345,18 @@ impl GuestView {
         }
     }
 
+    /// A present guest as its config reads (`GET .../config`): tags, description, lock and
+    /// birth identity.
+    pub fn from_config(config: &std::collections::BTreeMap<String, serde_json::Value>) -> Self {
+        let text = |k: &str| config.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        GuestView::Present {
+            tags: text("tags").unwrap_or_default(),
+            description: text("description").unwrap_or_default(),
+            lock: text("lock"),
+            identity: BirthIdentity::from_config(config),
+        }
+    }
+
     /// The birth identity seen, when the guest is present and was read.
     pub fn identity(&self) -> Option<&BirthIdentity> {
         match self {

@@ -15,7 +15,7 @@ use crate::error::{ErrorCode, Failure};
 use crate::inventory::GuestType;
 use crate::provision::effects::Reporter;
 use crate::provision::machine::{Finding, GuestView, OutcomeKind, ResolvedBy, State};
-use crate::provision::{BirthIdentity, Journal, VmidLock};
+use crate::provision::{Journal, VmidLock};
 use crate::pve::{ApiErrorKind, GuestKind, PveClient};
 use crate::timefmt::now_rfc3339;
 
@@ -174,24 +174,7 @@ async fn observe(
         _ => guest,
     };
     match pve.config_get(&entry.node, kind, vmid).await {
-        Ok(config) => {
-            let text = |k: &str| {
-                config
-                    .get(k)
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("")
-                    .to_string()
-            };
-            Ok(GuestView::Present {
-                tags: text("tags"),
-                description: text("description"),
-                lock: config
-                    .get("lock")
-                    .and_then(|v| v.as_str())
-                    .map(str::to_string),
-                identity: BirthIdentity::from_config(&config),
-            })
-        }
+        Ok(config) => Ok(GuestView::from_config(&config)),
         // PVE's answer about this guest: outside the pool token's reach (403), or refused
         // (its config does not exist). Anything else (the token refused, PVE unreachable, no
         // quorum, a TLS failure, an answer that does not decode) says nothing about the guest.
