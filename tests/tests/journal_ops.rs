@@ -239,9 +239,22 @@ fn resolve_closes_a_needs_human_and_refuses_anything_else() {
         assert!(w.journal_txn(&stuck)["resolution"].is_null());
     }
 
+    // The metrics show it waiting for a person (the alert `felhom_needs_human > 0` fires).
+    let needs_human_gauge = || {
+        let text = std::fs::read_to_string(w.files.metrics_dir.join("felhom_transactions.prom"))
+            .expect("felhom_transactions.prom");
+        text.lines()
+            .find_map(|l| l.strip_prefix("felhom_needs_human "))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no felhom_needs_human in:\n{text}"))
+    };
+    assert_eq!(needs_human_gauge(), "1");
+
     let long = format!("removed by hand{}", "!".repeat(2000));
     let run = w.agent(&["journal", "resolve", &stuck, "--reason", &long, "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    // Closed: the gauge drops at once, so the alert clears.
+    assert_eq!(needs_human_gauge(), "0");
     let t = w.journal_txn(&stuck);
     assert_eq!(t["outcome"], "needs_human", "{t:#}");
     let reason = text(&t["resolution"]["reason"]);

@@ -228,7 +228,7 @@ pub struct TxnTimings {
     pub started_at: String,
     /// The outcome once settled, `None` while open.
     pub outcome: Option<OutcomeKind>,
-    /// Whether it is settled `needs_human` or open and waiting for a person.
+    /// Whether it is settled `needs_human` and not closed, or open and waiting for a person.
     pub needs_human: bool,
     /// Each phase that ended, in order, with its duration.
     pub phases: Vec<PhaseDone>,
@@ -545,8 +545,10 @@ impl Journal {
                 kind: s.kind(),
                 started_at,
                 outcome: s.outcome_kind(),
-                needs_human: s.outcome_kind() == Some(OutcomeKind::NeedsHuman)
-                    || s.phase() == Phase::NeedsHuman,
+                // A `needs_human` an operator closed (`journal resolve`) or a refresh saw gone
+                // no longer waits for a person.
+                needs_human: s.awaits_human()
+                    || (s.outcome_kind().is_none() && s.phase() == Phase::NeedsHuman),
                 phases: read.phases,
             });
         }

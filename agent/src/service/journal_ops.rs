@@ -96,6 +96,8 @@ pub fn resolve(cfg: &Config, input: &str, reason: &str) -> Result<State, Failure
         .ok_or_else(|| not_needs_human(&state))?;
     journal.append(&closed).map_err(journal_failure)?;
     tracing::info!(txn = %closed.txn(), vmid = ?closed.vmid(), "needs_human transaction closed by hand");
+    // felhom_needs_human drops at once (its alert clears).
+    super::refresh_metrics(cfg, &journal);
     Ok(closed)
 }
 
@@ -270,6 +272,7 @@ pub async fn refresh(cfg: &Config) -> Result<RefreshReport, Failure> {
         rows.push(row);
     }
     super::compact(cfg, &journal);
+    super::refresh_metrics(cfg, &journal);
     Ok(RefreshReport { at, rows })
 }
 

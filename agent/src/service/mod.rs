@@ -228,7 +228,7 @@ pub fn journal_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
 }
 
 /// Rewrite the journal's metrics file after a transaction; a failure is a warning only.
-fn refresh_metrics(cfg: &Config, journal: &Journal) {
+pub(crate) fn refresh_metrics(cfg: &Config, journal: &Journal) {
     if let Err(e) = metrics::update_transactions(&cfg.metrics.dir, journal) {
         tracing::warn!("metrics not updated: {e}");
     }
