@@ -847,6 +847,34 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
     }
 }
 
+/// One API request to `pve` with the scenario's token, a form body when `form` is not empty:
+/// (HTTP status, JSON body).
+pub async fn api_send(
+    pve: &FakePve,
+    method: reqwest::Method,
+    path: &str,
+    form: &[(&str, &str)],
+) -> (u16, Value) {
+    let mut req = pve
+        .https_client()
+        .request(method, format!("{}{path}", pve.api_url()))
+        .header("Authorization", pve.auth_header());
+    if !form.is_empty() {
+        req = req
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .body(form_urlencode(form));
+    }
+    let resp = req.send().await.expect("request to fakepve");
+    let status = resp.status().as_u16();
+    let body = resp.json::<Value>().await.expect("JSON answer");
+    (status, body)
+}
+
+/// [`api_send`] of a GET.
+pub async fn api_get(pve: &FakePve, path: &str) -> (u16, Value) {
+    api_send(pve, reqwest::Method::GET, path, &[]).await
+}
+
 /// `application/x-www-form-urlencoded` text of these pairs (how PVE clients send parameters).
 pub fn form_urlencode(pairs: &[(&str, &str)]) -> String {
     fn enc(s: &str) -> String {

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use felhom_tests::fakepve::{
-    demo_scenario, form_urlencode, https_client_for, vmlist_text, AgentFiles, AgentOptions,
-    FakePve, PveTrust, VmlistEntry,
+    api_get as get, api_send as send, demo_scenario, https_client_for, vmlist_text, AgentFiles,
+    AgentOptions, FakePve, PveTrust, VmlistEntry,
 };
 use nix::errno::Errno;
 use nix::sys::signal::kill;
@@ -16,32 +16,6 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 const DEMO_BACKUP: &str = "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst";
-
-/// GET with the scenario's token: (status, JSON body).
-async fn get(pve: &FakePve, path: &str) -> (u16, Value) {
-    send(pve, reqwest::Method::GET, path, &[]).await
-}
-
-async fn send(
-    pve: &FakePve,
-    method: reqwest::Method,
-    path: &str,
-    form: &[(&str, &str)],
-) -> (u16, Value) {
-    let client = pve.https_client();
-    let mut req = client
-        .request(method, format!("{}{path}", pve.api_url()))
-        .header("Authorization", pve.auth_header());
-    if !form.is_empty() {
-        req = req
-            .header("Content-Type", "application/x-www-form-urlencoded")
-            .body(form_urlencode(form));
-    }
-    let resp = req.send().await.expect("request to fakepve");
-    let status = resp.status().as_u16();
-    let body = resp.json::<Value>().await.expect("JSON answer");
-    (status, body)
-}
 
 fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))

@@ -8,37 +8,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use felhom_tests::fakepve::{
-    add_qemu_backup, demo_scenario, form_urlencode, qemu_backup_config, FakePve, QEMU_BACKUP,
+    add_qemu_backup, api_get as get, api_send as send, demo_scenario, qemu_backup_config, FakePve,
+    QEMU_BACKUP,
 };
 use felhom_tests::guestbed::{processes_with_marker, unique_marker, GuestBed};
 use serde_json::{json, Value};
 
 const LXC_BACKUP: &str = "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst";
-
-async fn send(
-    pve: &FakePve,
-    method: reqwest::Method,
-    path: &str,
-    form: &[(&str, &str)],
-) -> (u16, Value) {
-    let client = pve.https_client();
-    let mut req = client
-        .request(method, format!("{}{path}", pve.api_url()))
-        .header("Authorization", pve.auth_header());
-    if !form.is_empty() {
-        req = req
-            .header("Content-Type", "application/x-www-form-urlencoded")
-            .body(form_urlencode(form));
-    }
-    let resp = req.send().await.expect("request to fakepve");
-    let status = resp.status().as_u16();
-    let body = resp.json::<Value>().await.expect("JSON answer");
-    (status, body)
-}
-
-async fn get(pve: &FakePve, path: &str) -> (u16, Value) {
-    send(pve, reqwest::Method::GET, path, &[]).await
-}
 
 async fn post(pve: &FakePve, path: &str, form: &[(&str, &str)]) -> (u16, Value) {
     send(pve, reqwest::Method::POST, path, form).await
