@@ -13,8 +13,12 @@ runs=${1:-100}
 cd "$root"
 cargo build --release --quiet -p felhom-agent
 # Not under /tmp: the agent refuses a state_dir that does not survive a reboot.
-mkdir -p "$root/target/tmp"
-work=$(mktemp -d "$root/target/tmp/vmid-check-bench.XXXXXX")
+# The agent refuses a state_dir under /tmp, /run or /dev/shm (or on tmpfs): a checkout there
+# keeps its work folder in /var/tmp instead.
+base=${FELHOM_TEST_STATE_BASE:-$root/target/tmp}
+case "$base/" in /tmp/* | /run/* | /dev/shm/*) base=/var/tmp/felhom-agent-tests ;; esac
+mkdir -p "$base"
+work=$(mktemp -d "$base/vmid-check-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 python3 - "$work" <<'PY'
 import os, random, sys

@@ -15,8 +15,12 @@ cargo build --quiet -p felhom-agent
 agent="$root/target/debug/felhom-agent"
 
 # Not under /tmp: the agent refuses a state_dir that does not survive a reboot.
-mkdir -p "$root/target/tmp"
-work=$(mktemp -d "$root/target/tmp/felhom-demo.XXXXXX")
+# The agent refuses a state_dir under /tmp, /run or /dev/shm (or on tmpfs): a checkout there
+# keeps its work folder in /var/tmp instead.
+base=${FELHOM_TEST_STATE_BASE:-$root/target/tmp}
+case "$base/" in /tmp/* | /run/* | /dev/shm/*) base=/var/tmp/felhom-agent-tests ;; esac
+mkdir -p "$base"
+work=$(mktemp -d "$base/felhom-demo.XXXXXX")
 fake_pid=""
 cleanup() {
   [ -n "$fake_pid" ] && kill "$fake_pid" 2>/dev/null && wait "$fake_pid" 2>/dev/null || true

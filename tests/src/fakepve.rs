@@ -47,21 +47,35 @@ pub const STATE_BASE_ENV: &str = "FELHOM_TEST_STATE_BASE";
 
 /// Where the bed makes the agent's folders (config, state dir): `$FELHOM_TEST_STATE_BASE`, else
 /// cargo's `target/tmp` beside the running test binary (what `CARGO_TARGET_TMPDIR` names for
-/// integration tests). Never under `/tmp`: the agent refuses a `state_dir` that does not
-/// survive a reboot (under `/tmp`, `/run`, `/dev/shm`, or on tmpfs/ramfs), and this panics
-/// when the base is such a folder.
+/// integration tests), else, when the checkout itself is in such a place (a clone under `/tmp`),
+/// [`PERSISTENT_STATE_BASE`]. The agent refuses a `state_dir` that does not survive a reboot
+/// (under `/tmp`, `/run`, `/dev/shm`, or on tmpfs/ramfs); this panics when even the fallback is
+/// such a folder.
 pub fn state_base() -> PathBuf {
-    let base = std::env::var_os(STATE_BASE_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
+    let base = match std::env::var_os(STATE_BASE_ENV) {
+        Some(p) => PathBuf::from(p),
+        None => {
             // <target>/<profile>/deps/<test binary>
             let exe = std::env::current_exe()
                 .unwrap_or_else(|e| panic!("cannot find the running test binary: {e}"));
-            exe.ancestors()
+            let target_tmp = exe
+                .ancestors()
                 .nth(3)
                 .map(|target| target.join("tmp"))
-                .unwrap_or_else(|| workspace_root().join("target").join("tmp"))
-        });
+                .unwrap_or_else(|| workspace_root().join("target").join("tmp"));
+            fs::create_dir_all(&target_tmp).unwrap_or_else(|e| {
+                panic!(
+                    "cannot create the test state base {}: {e}",
+                    target_tmp.display()
+                )
+            });
+            if felhom_agent::config::state_dir_volatility(&target_tmp).is_some() {
+                PathBuf::from(PERSISTENT_STATE_BASE)
+            } else {
+                target_tmp
+            }
+        }
+    };
     fs::create_dir_all(&base)
         .unwrap_or_else(|e| panic!("cannot create the test state base {}: {e}", base.display()));
     if let Some(why) = felhom_agent::config::state_dir_volatility(&base) {
@@ -73,6 +87,11 @@ pub fn state_base() -> PathBuf {
     }
     base
 }
+
+/// The test state base when the checkout is in a folder the agent refuses as a `state_dir`
+/// (`/var/tmp` survives a reboot, so the agent accepts it). Each test's folder in it is a
+/// temporary directory removed when the test ends.
+pub const PERSISTENT_STATE_BASE: &str = "/var/tmp/felhom-agent-tests";
 
 /// The folder of the scenario files, `tests/fakepve/scenarios`.
 pub fn scenarios_dir() -> PathBuf {
