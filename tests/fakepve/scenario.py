@@ -207,9 +207,11 @@ class ScenarioPve(fake_server.FakePve):
                 lines.append('token:{0}:0:{1}::'.format(token, int((self.token_privsep or {}).get(token, 1))))
         lines.append('')
         for name in sorted(self.pools):
-            storages = sorted(self.pool_info.get(name, {}).get('storage', ()))
-            lines.append('pool:{0}::{1}:{2}:'.format(name, ','.join(sorted(str(v) for v in self.pools[name])),
-                                                      ','.join(storages)))
+            meta = self.pool_info.get(name, {})
+            storages = sorted(meta.get('storage', ()))
+            lines.append('pool:{0}:{1}:{2}:{3}:'.format(name, encode_cfg_text(meta.get('comment') or ''),
+                                                         ','.join(sorted(str(v) for v in self.pools[name])),
+                                                         ','.join(storages)))
         lines.append('')
         roles, acls = [], []
         for n, (who, path, names) in enumerate(self.user_cfg_grants):
@@ -228,6 +230,14 @@ class ScenarioPve(fake_server.FakePve):
         with open(tmp, 'w', encoding='utf-8') as fh:
             fh.write(text)
         os.replace(tmp, self.user_cfg_path)
+
+    def _sync_pools(self):
+        # pmxcfs has the new user.cfg as soon as PVE wrote it (the pool join of a restore, a pool
+        # member removed, a destroyed guest leaving its pool): the live file follows at once,
+        # not at the next tick of the .vmlist keeper.
+        super()._sync_pools()
+        if self.user_cfg_path:
+            self.write_user_cfg()
 
     # ------------------------------------------------------------- permissions
 
@@ -1000,6 +1010,13 @@ def backup_format(volname):
         if volname.endswith('.' + fmt):
             return fmt
     return volname.rsplit('.', 1)[-1]
+
+
+def encode_cfg_text(text):
+    """A free-text field of user.cfg (a pool's comment) as PVE writes it: percent-encoded, so a
+    `:` or a newline never splits the record (pve-api-facts.md §3.4: `Some%20comment`)."""
+    return ''.join(c if c.isascii() and (c.isalnum() or c in '._-') else
+                   ''.join('%{0:02X}'.format(b) for b in c.encode('utf-8')) for c in text)
 
 
 # ---------------------------------------------------------------------- scenario

@@ -462,6 +462,17 @@ impl FakePve {
         self.dir.path()
     }
 
+    /// The fake's live `.vmlist` (pmxcfs's `/etc/pve/.vmlist`), rewritten as guests come and go.
+    pub fn vmlist_path(&self) -> PathBuf {
+        self.dir.path().join("vmlist")
+    }
+
+    /// The fake's live `user.cfg` (pmxcfs's `/etc/pve/user.cfg`): users, tokens, pools with
+    /// their members, ACLs; rewritten at once when pool membership changes.
+    pub fn user_cfg_path(&self) -> PathBuf {
+        self.dir.path().join("user.cfg")
+    }
+
     /// The scenario as it was started (with this instance's host and certdir).
     pub fn scenario(&self) -> &Value {
         &self.scenario
@@ -1214,7 +1225,7 @@ impl AgentFiles {
             config_path: p("agent.toml"),
             state_dir: p("state"),
             vmlist_path: match opts.vmlist {
-                VmlistSource::Live => pve.dir().join("vmlist"),
+                VmlistSource::Live => pve.vmlist_path(),
                 _ => p("vmlist"),
             },
             token_secret_file: p("pve-token"),

@@ -543,3 +543,98 @@ async fn a_create_answered_5xx_runs_on_and_an_lxc_restore_can_fail_in_its_pool_j
     let (status, _) = get(&pve, "/nodes/pve1/lxc/202/config").await;
     assert_eq!(status, 403, "outside the pool, the token cannot read it");
 }
+
+/// The member field of pool `pool`'s line in a user.cfg text, or `None` without such a line.
+fn pool_members(user_cfg: &str, pool: &str) -> Option<String> {
+    user_cfg.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        (fields.len() == 6 && fields[0] == "pool" && fields[1] == pool && fields[5].is_empty())
+            .then(|| fields[3].to_string())
+    })
+}
+
+#[tokio::test]
+async fn live_user_cfg_follows_restores_into_the_pool_member_removal_and_destroys() {
+    let mut scenario = demo_scenario();
+    felhom_tests::world::tasks_take_time(&mut scenario);
+    scenario["pools"] = json!({"felhom": {"comment": "tenant: a"}});
+    // An operator's token that may edit the pool (the agent's never holds Pool.Allocate).
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        scenario["grants"]
+            .as_array_mut()
+            .expect("grants")
+            .push(json!([who, "/pool/felhom", ["Pool.Allocate"]]));
+    }
+    let pve = FakePve::start(scenario);
+    let path = pve.user_cfg_path();
+    let read = || std::fs::read_to_string(&path).expect("live user.cfg");
+    let members = || pool_members(&read(), "felhom").unwrap_or_else(|| panic!("{}", read()));
+    // The comment is encoded so its ':' cannot split the record.
+    assert!(
+        read().contains("pool:felhom:tenant%3A%20a:"),
+        "the pool line: {}",
+        read()
+    );
+    assert_eq!(members(), "200,300");
+
+    let restore = |vmid: &'static str| {
+        [
+            ("vmid", vmid),
+            ("restore", "1"),
+            ("ostemplate", DEMO_BACKUP),
+            ("storage", "local-lvm"),
+            ("pool", "felhom"),
+        ]
+    };
+    for vmid in ["1000", "201"] {
+        let (status, body) = send(
+            &pve,
+            reqwest::Method::POST,
+            "/nodes/pve1/lxc",
+            &restore(vmid),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Read the moment each task is seen stopped: the pool join was written with it. Members
+    // are sorted as strings (pmxcfs's order), so 1000 comes first.
+    stopped_restore_task(&pve, 1000).await;
+    stopped_restore_task(&pve, 201).await;
+    assert_eq!(members(), "1000,200,201,300");
+
+    // A member removed from the pool through the API.
+    let (status, body) = send(
+        &pve,
+        reqwest::Method::PUT,
+        "/pools/felhom",
+        &[("vms", "1000"), ("delete", "1")],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(members(), "200,201,300");
+
+    // A destroyed guest leaves its pool with its destroy task.
+    let (status, body) = send(
+        &pve,
+        reqwest::Method::DELETE,
+        "/nodes/pve1/lxc/201?purge=0&destroy-unreferenced-disks=0",
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let upid = body["data"].as_str().expect("destroy UPID").to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let task = pve.tasks().into_iter().find(|t| t["upid"] == upid.as_str());
+        if task.is_some_and(|t| t["status"] == "stopped") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the destroy of 201 did not end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(pve.guest(201).is_none(), "201 is destroyed");
+    assert_eq!(members(), "200,300");
+    // Written by rename: no temporary file is left beside it.
+    let tmp = path.with_file_name("user.cfg.tmp");
+    assert!(!tmp.exists(), "{} left behind", tmp.display());
+}
