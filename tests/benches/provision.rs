@@ -43,11 +43,11 @@ fn one(slow: bool, vmid: u32) -> (f64, usize) {
     let files = AgentFiles::for_fake(&pve);
     felhom_tests::world::install_default_profile_and_checks(&files);
     let before = pve.requests().len();
-    let path = format!(
-        "{}:{}",
-        bed.bin_dir().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = felhom_tests::world::bed_path(&bed);
+    let _helper = files
+        .exec_socket
+        .as_deref()
+        .map(|socket| felhom_tests::agent::ExecHelper::start(&files.config_path, socket, &path));
     let started = Instant::now();
     let out = agent_command(&files.config_path)
         .env("PATH", path)

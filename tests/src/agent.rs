@@ -76,3 +76,122 @@ pub fn run_agent(config: &Path, args: &[&str]) -> AgentRun {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", agent_bin().display()));
     out.into()
 }
+
+/// How long the exec helper may take from spawn until its socket accepts connections.
+pub const HELPER_READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// `felhom-agent exec-helper` as a child process for one test: the root helper that runs
+/// `pct exec`/`pct push` for the agent, listening on its own socket. Its stderr goes to a log
+/// file beside the socket; it is killed (SIGKILL) when the value is dropped.
+pub struct ExecHelper {
+    child: std::process::Child,
+    socket: PathBuf,
+    log_path: PathBuf,
+}
+
+impl std::fmt::Debug for ExecHelper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecHelper")
+            .field("pid", &self.child.id())
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecHelper {
+    /// Start `$FELHOM_AGENT_BIN exec-helper --config <config> --socket <socket>` with `PATH`
+    /// set to `path` (where it finds `pct`), and wait until the socket accepts a connection.
+    /// Panics with the helper's log when it exits or does not listen within
+    /// [`HELPER_READY_TIMEOUT`].
+    pub fn start(config: &Path, socket: &Path, path: &str) -> ExecHelper {
+        let log_path = socket.with_extension("log");
+        let log = std::fs::File::create(&log_path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
+        let child = Command::new(agent_bin())
+            .env_remove("FELHOM_AGENT_CONFIG")
+            .env_remove("FELHOM_AGENT_LOG")
+            .env_remove("LISTEN_FDS")
+            .env_remove("LISTEN_PID")
+            .env("PATH", path)
+            .arg("exec-helper")
+            .arg("--config")
+            .arg(config)
+            .arg("--socket")
+            .arg(socket)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {} exec-helper: {e}", agent_bin().display()));
+        let mut helper = ExecHelper {
+            child,
+            socket: socket.to_path_buf(),
+            log_path,
+        };
+        let deadline = std::time::Instant::now() + HELPER_READY_TIMEOUT;
+        loop {
+            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+                return helper;
+            }
+            if let Ok(Some(status)) = helper.child.try_wait() {
+                panic!(
+                    "the exec helper exited ({status}) before its socket {} accepted a connection; its log:\n{}",
+                    socket.display(),
+                    helper.log()
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the exec helper's socket {} did not accept a connection within {HELPER_READY_TIMEOUT:?}; its log:\n{}",
+                socket.display(),
+                helper.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// The helper's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// What it wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Whether the process still runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL it and wait; returns its log.
+    pub fn kill(mut self) -> String {
+        self.stop();
+        self.log()
+    }
+
+    fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ExecHelper {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- felhom-agent exec-helper log ---\n{}--- end of log ---",
+                self.log()
+            );
+        }
+    }
+}

@@ -1130,6 +1130,12 @@ pub struct AgentOptions {
     pub hub: Option<HubOptions>,
     /// Raw TOML appended at the end (e.g. another table).
     pub extra_toml: String,
+    /// LXC exec through the root exec helper: `[exec] helper_socket` names
+    /// [`AgentFiles::exec_socket`] and `user_cfg_path` the fake's live `user.cfg`. The helper
+    /// process itself is started by [`crate::world::World`] (or the test, with
+    /// [`crate::agent::ExecHelper`]). `false`: no `[exec]` table (the agent, as root, runs `pct`
+    /// itself).
+    pub exec_helper: bool,
 }
 
 impl Default for AgentOptions {
@@ -1144,6 +1150,7 @@ impl Default for AgentOptions {
             datacenter_cfg: None,
             hub: None,
             extra_toml: String::new(),
+            exec_helper: false,
         }
     }
 }
@@ -1170,6 +1177,10 @@ pub struct AgentFiles {
     pub checks_dir: PathBuf,
     /// `[metrics] dir` (0755, created empty).
     pub metrics_dir: PathBuf,
+    /// `[exec] helper_socket`, when the agent execs into containers through the helper.
+    pub exec_socket: Option<PathBuf>,
+    /// `user_cfg_path`: the fake's live `user.cfg`.
+    pub user_cfg_path: PathBuf,
 }
 
 /// A TOML basic string.
@@ -1233,8 +1244,18 @@ impl AgentFiles {
             bootstrap_dir: p("bootstrap.d"),
             checks_dir: p("checks.d"),
             metrics_dir: p("metrics"),
+            exec_socket: opts.exec_helper.then(|| p("exec.sock")),
+            user_cfg_path: pve.user_cfg_path(),
             dir,
         };
+        if let Some(socket) = &files.exec_socket {
+            // sun_path holds 108 bytes with its NUL.
+            assert!(
+                socket.as_os_str().len() < 108,
+                "the exec helper socket {} is too long for a Unix socket; set {STATE_BASE_ENV} to a shorter folder",
+                socket.display()
+            );
+        }
         // The agent refuses folders and files it reads that group or others may change
         // (whatever the umask of the test run).
         for (d, mode) in [
@@ -1267,7 +1288,7 @@ impl AgentFiles {
             PveTrust::CaFile => format!("ca_file = {}", toml_path(pve.cafile())),
         };
         let mut text = format!(
-            "node = {}\npool = {}\nstate_dir = {}\nvmlist_path = {}\ndatacenter_cfg = {}\n\n\
+            "node = {}\npool = {}\nstate_dir = {}\nvmlist_path = {}\ndatacenter_cfg = {}\n{}\n\
              [pve]\nurl = {}\ntoken_id = {}\ntoken_secret_file = {}\n{trust}\n\n\
              [metrics]\ndir = {}\n\n\
              [provision]\nstorage = {}\nbootstrap_dir = {}\nchecks_dir = {}\n",
@@ -1276,6 +1297,11 @@ impl AgentFiles {
             toml_path(&files.state_dir),
             toml_path(&files.vmlist_path),
             toml_path(&files.datacenter_cfg),
+            if files.exec_socket.is_some() {
+                format!("user_cfg_path = {}\n", toml_path(&files.user_cfg_path))
+            } else {
+                String::new()
+            },
             toml_string(pve.url()),
             toml_string(&pve.token_id()),
             toml_path(&files.token_secret_file),
@@ -1290,6 +1316,12 @@ impl AgentFiles {
             .or_else(|| first_backup_volid(pve.scenario()))
         {
             text.push_str(&format!("selftest_source = {}\n", toml_string(&source)));
+        }
+        if let Some(socket) = &files.exec_socket {
+            text.push_str(&format!(
+                "\n[exec]\nhelper_socket = {}\n",
+                toml_path(socket)
+            ));
         }
         if let Some(hub) = &opts.hub {
             let token_file = files.dir.path().join("hub-token");

@@ -90,6 +90,19 @@ impl PctFault {
     }
 }
 
+/// One start of `pct` through a bed's wrapper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PctCall {
+    /// The process that started it.
+    pub parent_pid: u32,
+    /// `exec`, `push`, `status`, …
+    pub sub: String,
+    /// The first argument after the subcommand (the vmid).
+    pub vmid: String,
+    /// The command line of the process that started it, arguments joined with spaces.
+    pub parent_cmdline: String,
+}
+
 /// One test's containers.
 #[derive(Debug)]
 pub struct GuestBed {
@@ -112,10 +125,16 @@ impl GuestBed {
             .unwrap_or_else(|e| panic!("cannot lay out the guest bed: {e}"));
         let wrapper = dir.path().join("bin/pct");
         // The wrapper records the environment pct was started with (pct-env.last), so tests can
-        // prove what reached pct itself.
+        // prove what reached pct itself, and every call with the process that started it
+        // (pct-calls.log: parent pid, subcommand, vmid, the parent's command line), so tests can
+        // prove which process runs pct.
         let script = format!(
-            "#!/bin/sh\nenv > '{}'\nFELHOM_PCT_STATE='{}' exec '{}' \"$@\"\n",
+            "#!/bin/sh\nenv > '{}'\n\
+             parent=$(tr '\\000\\t\\n' '   ' < /proc/$PPID/cmdline 2>/dev/null)\n\
+             printf '%s\\t%s\\t%s\\t%s\\n' \"$PPID\" \"${{1:-}}\" \"${{2:-}}\" \"$parent\" >> '{}'\n\
+             FELHOM_PCT_STATE='{}' exec '{}' \"$@\"\n",
             dir.path().join("pct-env.last").display(),
+            dir.path().join("pct-calls.log").display(),
             dir.path().join("state").display(),
             pct_stand_in().display()
         );
@@ -133,6 +152,23 @@ impl GuestBed {
     /// The environment the last `pct` of this bed was started with (`KEY=value` lines).
     pub fn last_pct_env(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("pct-env.last")).unwrap_or_default()
+    }
+
+    /// Every `pct` this bed's wrapper started so far, in order, with the process that started it.
+    pub fn pct_calls(&self) -> Vec<PctCall> {
+        std::fs::read_to_string(self.dir.path().join("pct-calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let mut f = line.splitn(4, '\t');
+                Some(PctCall {
+                    parent_pid: f.next()?.parse().ok()?,
+                    sub: f.next()?.to_string(),
+                    vmid: f.next()?.to_string(),
+                    parent_cmdline: f.next().unwrap_or("").trim_end().to_string(),
+                })
+            })
+            .collect()
     }
 
     /// A folder holding `pct` (the wrapper), to put on an agent's `PATH`.

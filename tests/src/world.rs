@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::agent::{agent_command, AgentRun};
+use crate::agent::{agent_command, AgentRun, ExecHelper};
 use crate::fakepve::{workspace_root, AgentFiles, AgentOptions, FakePve};
 use crate::guestbed::GuestBed;
 
@@ -48,8 +48,11 @@ pub fn install_default_profile_and_checks(files: &AgentFiles) {
 /// Real seconds per PVE second in a world whose scenario does not set its own.
 pub const TIME_SCALE: f64 = 0.01;
 
-/// The fake PVE, the guest bed and the agent's files.
+/// The fake PVE, the guest bed, the agent's files and the exec helper.
 pub struct World {
+    /// The root exec helper the agent's LXC execs go through (`None` when the agent options
+    /// said `exec_helper: false`). Declared first, so it is killed before the rest goes.
+    pub helper: Option<ExecHelper>,
     /// The fake PVE.
     pub pve: FakePve,
     /// The guest bed (its `pct` wrapper goes first on the agent's `PATH`).
@@ -72,6 +75,15 @@ pub fn tasks_take_time(scenario: &mut Value) {
             attrs["ct_secs"] = serde_json::json!({"create": 30, "destroy": 10});
         }
     }
+}
+
+/// `PATH` with the bed's `pct` first.
+pub fn bed_path(bed: &GuestBed) -> String {
+    format!(
+        "{}:{}",
+        bed.bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
 }
 
 impl World {
@@ -113,7 +125,9 @@ impl World {
     /// scenario restores a guest with a real root filesystem (unless its volume says
     /// `"guest": false`), the fake keeps each container's state for the `pct` stand-in, and a
     /// VM's guest agent runs commands in its root filesystem.
-    /// Tasks take time ([`tasks_take_time`]).
+    /// Tasks take time ([`tasks_take_time`]). Unless `opts.exec_helper` is false, the agent
+    /// is split as on a node: its execs into containers go to an exec helper process of this
+    /// world ([`World::helper`]), which alone runs the bed's `pct`.
     pub fn with_options(mut scenario: Value, opts: &AgentOptions) -> World {
         tasks_take_time(&mut scenario);
         let bed = GuestBed::new();
@@ -121,7 +135,46 @@ impl World {
         let pve = FakePve::start(scenario);
         let files = AgentFiles::write(&pve, opts);
         install_default_profile_and_checks(&files);
-        World { pve, bed, files }
+        let helper = files
+            .exec_socket
+            .as_ref()
+            .map(|socket| ExecHelper::start(&files.config_path, socket, &bed_path(&bed)));
+        World {
+            helper,
+            pve,
+            bed,
+            files,
+        }
+    }
+
+    /// The exec helper (panics when the world has none).
+    pub fn helper(&self) -> &ExecHelper {
+        self.helper
+            .as_ref()
+            .unwrap_or_else(|| panic!("this world has no exec helper (exec_helper: false)"))
+    }
+
+    /// Assert that every `pct exec` and `pct push` so far was started by this world's exec
+    /// helper, never by the agent, and return how many there were. The agent's `PATH` holds the
+    /// bed's `pct` too, so an agent that ran `pct` itself would be seen here.
+    pub fn assert_pct_only_from_helper(&self) -> usize {
+        let helper = self.helper();
+        let calls: Vec<_> = self
+            .bed
+            .pct_calls()
+            .into_iter()
+            .filter(|c| c.sub == "exec" || c.sub == "push")
+            .collect();
+        let strays: Vec<_> = calls
+            .iter()
+            .filter(|c| c.parent_pid != helper.pid() || !c.parent_cmdline.contains(" exec-helper "))
+            .collect();
+        assert!(
+            strays.is_empty(),
+            "pct exec/push started by a process other than the exec helper (pid {}): {strays:#?}",
+            helper.pid()
+        );
+        calls.len()
     }
 
     /// A world for `scenario` with the default agent options.
@@ -136,11 +189,7 @@ impl World {
 
     /// `PATH` for the agent: the bed's `pct` first.
     pub fn path(&self) -> String {
-        format!(
-            "{}:{}",
-            self.bed.bin_dir().display(),
-            std::env::var("PATH").unwrap_or_default()
-        )
+        bed_path(&self.bed)
     }
 
     /// The agent command for this world (config and `PATH` set).

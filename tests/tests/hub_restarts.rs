@@ -71,11 +71,12 @@ fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
         },
     );
     felhom_tests::world::install_default_profile_and_checks(&files);
-    let path = format!(
-        "{}:{}",
-        bed.bin_dir().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = felhom_tests::world::bed_path(&bed);
+    // The agent's execs into containers go through the root exec helper, as on a node.
+    let _helper = files
+        .exec_socket
+        .as_deref()
+        .map(|socket| felhom_tests::agent::ExecHelper::start(&files.config_path, socket, &path));
     let mut agent = AgentDaemon::spawn(&files.config_path, FAST_TIMING, &[("PATH", path.as_str())]);
     hub.wait_for("the first session", SETTLE, |s| s.sessions >= 1);
 
