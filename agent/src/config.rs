@@ -57,6 +57,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// The cluster-wide guest list.
     pub vmlist_path: PathBuf,
+    /// PVE's users, groups, pools and ACLs (`/etc/pve/user.cfg`): the exec helper reads the
+    /// agent's pool's members from it.
+    pub user_cfg_path: PathBuf,
     /// `datacenter.cfg`, read by `doctor` for the `next-id` lint.
     pub datacenter_cfg: PathBuf,
     /// The PVE API.
@@ -73,6 +76,22 @@ pub struct Config {
     pub policy: Policy,
     /// `[journal] keep_days`: settled transactions older than this move to the archive.
     pub journal_keep_days: u32,
+    /// `[agent] user`: the system user the agent runs as, if not root. The exec helper accepts
+    /// callers with this user's uid (and root).
+    pub agent_user: Option<String>,
+    /// `[exec]`: how the agent runs commands in LXC containers.
+    pub exec: ExecConfig,
+}
+
+/// The default socket of the root exec helper.
+pub const DEFAULT_EXEC_HELPER_SOCKET: &str = "/run/felhom-agent/exec.sock";
+
+/// `[exec]`.
+#[derive(Debug, Clone, Default)]
+pub struct ExecConfig {
+    /// `helper_socket`: the root exec helper's socket (absolute). `None`: the default
+    /// ([`DEFAULT_EXEC_HELPER_SOCKET`]) is used when the agent does not run as root.
+    pub helper_socket: Option<PathBuf>,
 }
 
 /// Bounds of `[journal] keep_days` (0: archive every settled transaction at once).
@@ -245,7 +264,10 @@ struct RawConfig {
     pool: String,
     state_dir: Option<PathBuf>,
     vmlist_path: Option<PathBuf>,
+    user_cfg_path: Option<PathBuf>,
     datacenter_cfg: Option<PathBuf>,
+    agent: Option<RawAgent>,
+    exec: Option<RawExec>,
     pve: RawPve,
     hub: Option<RawHub>,
     provision: Option<RawProvision>,
@@ -253,6 +275,18 @@ struct RawConfig {
     metrics: Option<RawMetrics>,
     policy: Option<RawPolicy>,
     journal: Option<RawJournal>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    user: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawExec {
+    helper_socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -534,6 +568,42 @@ impl Config {
                 state_dir.display().to_string()
             )));
         }
+        let agent_user = raw.agent.unwrap_or_default().user;
+        if let Some(user) = &agent_user {
+            if !valid_user_name(user) {
+                return Err(invalid(format!(
+                    "config {}: [agent] user {:?} is not a system user name (lowercase letters, digits, `_`, `-`, at most 32, not starting with a digit or `-`); set the user the agent runs as, e.g. felhom-agent",
+                    path.display(),
+                    user
+                )));
+            }
+        }
+        let exec = ExecConfig {
+            helper_socket: raw.exec.unwrap_or_default().helper_socket,
+        };
+        if let Some(sock) = &exec.helper_socket {
+            if !sock.is_absolute()
+                || sock
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                return Err(invalid(format!(
+                    "config {}: [exec] helper_socket {:?} must be an absolute path without `..` (default {DEFAULT_EXEC_HELPER_SOCKET})",
+                    path.display(),
+                    sock.display().to_string()
+                )));
+            }
+        }
+        let user_cfg_path = raw
+            .user_cfg_path
+            .unwrap_or_else(|| PathBuf::from("/etc/pve/user.cfg"));
+        if !user_cfg_path.is_absolute() {
+            return Err(invalid(format!(
+                "config {}: user_cfg_path {:?} is relative; give the absolute path (default /etc/pve/user.cfg)",
+                path.display(),
+                user_cfg_path.display().to_string()
+            )));
+        }
         Ok(Config {
             path: path.to_path_buf(),
             node,
@@ -542,6 +612,7 @@ impl Config {
             vmlist_path: raw
                 .vmlist_path
                 .unwrap_or_else(|| PathBuf::from("/etc/pve/.vmlist")),
+            user_cfg_path,
             datacenter_cfg: raw
                 .datacenter_cfg
                 .unwrap_or_else(|| PathBuf::from("/etc/pve/datacenter.cfg")),
@@ -552,6 +623,8 @@ impl Config {
             metrics,
             policy,
             journal_keep_days,
+            agent_user,
+            exec,
         })
     }
 }
@@ -639,6 +712,17 @@ pub fn format_fingerprint(fp: &[u8; 32]) -> String {
         .map(|b| format!("{b:02X}"))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+/// A system user name as Debian's `adduser --system` accepts it: lowercase letters, digits,
+/// `_` and `-`, 1 to 32 characters, not starting with a digit or `-`.
+pub fn valid_user_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && !name.starts_with(|c: char| c.is_ascii_digit() || c == '-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
 fn validate_token_id(id: &str) -> Result<(), &'static str> {
@@ -810,6 +894,49 @@ mod tests {
             !dbg.contains("11111111-2222"),
             "secret leaked into Debug: {dbg}"
         );
+    }
+
+    #[test]
+    fn exec_helper_keys_default_and_are_checked() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let c = Config::parse(Path::new("/x.toml"), &sample(&t, "")).expect("valid");
+        assert_eq!(c.user_cfg_path, PathBuf::from("/etc/pve/user.cfg"));
+        assert_eq!(c.agent_user, None);
+        assert_eq!(c.exec.helper_socket, None);
+        let with = |top: &str, tail: &str| {
+            Config::parse(
+                Path::new("/x.toml"),
+                &format!("{}\n{tail}\n", sample(&t, top)),
+            )
+        };
+        let c = with(
+            "user_cfg_path = \"/srv/user.cfg\"",
+            "[agent]\nuser = \"felhom-agent\"\n[exec]\nhelper_socket = \"/run/x/exec.sock\"",
+        )
+        .expect("valid");
+        assert_eq!(c.user_cfg_path, PathBuf::from("/srv/user.cfg"));
+        assert_eq!(c.agent_user.as_deref(), Some("felhom-agent"));
+        assert_eq!(
+            c.exec.helper_socket.as_deref(),
+            Some(Path::new("/run/x/exec.sock"))
+        );
+        for (top, tail, key) in [
+            ("user_cfg_path = \"user.cfg\"", "", "user_cfg_path"),
+            ("", "[agent]\nuser = \"Bad User\"", "[agent] user"),
+            ("", "[agent]\nuser = \"\"", "[agent] user"),
+            ("", "[exec]\nhelper_socket = \"exec.sock\"", "helper_socket"),
+            (
+                "",
+                "[exec]\nhelper_socket = \"/run/../etc/x\"",
+                "helper_socket",
+            ),
+            ("", "[exec]\nsocket = \"/x\"", "socket"),
+        ] {
+            let err = with(top, tail).expect_err(key);
+            assert_eq!(err.code, ErrorCode::ConfigInvalid);
+            assert!(err.message.contains(key), "{key}: {}", err.message);
+        }
     }
 
     #[test]
