@@ -3,10 +3,11 @@
 //!
 //! Checks: config (unknown keys, secret file mode), PVE TLS (pin or CA), the token, the
 //! token's effective privileges on the pool and storages, the pool, `.vmlist`, the `next-id`
-//! range, the state dir and the hub. Each check passes, warns or fails with a message saying
+//! range, the state dir, how LXC exec is done (the exec helper answers) and the hub. Each check passes, warns or fails with a message saying
 //! what to fix; the command exits 0 when nothing failed and 6 otherwise.
 //!
-//! It returns a [`DoctorReport`]; the command line prints it. It may use `config`, `pve`,
+//! It returns a [`DoctorReport`]; the command line prints it. It may use `config`, `pve`, the exec
+//! helper's client,
 //! `inventory`, `vmid` and `error`, never a front end.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,6 +18,7 @@ use serde::Serialize;
 
 use crate::config::{Config, TlsTrust};
 use crate::error::ErrorCode;
+use crate::exec_helper::client::{probe, ExecMode};
 use crate::pve::types::Permissions;
 use crate::pve::{PveClient, PveError};
 
@@ -138,6 +140,7 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
     check_pve(&cfg, &mut r).await;
     check_local_files(&cfg, &mut r);
     check_metrics(&cfg, &mut r);
+    check_exec(&cfg, &mut r).await;
     check_hub(&cfg, &mut r).await;
     r.ok = r.checks.iter().all(|c| c.status != CheckStatus::Fail);
     r
@@ -564,6 +567,29 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
                 cfg.state_dir.display()
             ),
         ),
+    }
+}
+
+/// How the agent reaches into containers, and whether the exec helper answers when it is the
+/// way.
+async fn check_exec(cfg: &Config, r: &mut DoctorReport) {
+    let mode = ExecMode::of_process(cfg);
+    match &mode {
+        ExecMode::Direct => r.pass("exec", format!("LXC exec: {}", mode.describe())),
+        ExecMode::Helper { socket, .. } => match probe(socket).await {
+            Ok(()) => r.pass(
+                "exec",
+                format!("LXC exec: {}; it answers", mode.describe()),
+            ),
+            Err(e) => r.fail(
+                "exec",
+                ErrorCode::ExecHelperUnavailable,
+                format!(
+                    "LXC exec: {}, but it does not answer: {e}; start it (`systemctl start felhom-agent-exec.socket`) or run the agent as root",
+                    mode.describe()
+                ),
+            ),
+        },
     }
 }
 

@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -355,6 +356,27 @@ pub enum ExecError {
         /// Expected versus found.
         detail: String,
     },
+    /// The root exec helper, which runs `pct` for an agent that is not root, cannot be reached
+    /// or broke off the exchange.
+    #[error("the exec helper at {} did not serve the request for {guest}: {detail}; start it (`systemctl start felhom-agent-exec.socket`) or run the agent as root", socket.display())]
+    HelperUnavailable {
+        /// The guest.
+        guest: GuestRef,
+        /// The helper's socket.
+        socket: PathBuf,
+        /// What went wrong (connect, read, write, timeout, a malformed answer).
+        detail: String,
+    },
+    /// The root exec helper refused the request (nothing ran in the guest).
+    #[error("the exec helper refused the request for {guest} ({code}): {message}")]
+    HelperRefused {
+        /// The guest.
+        guest: GuestRef,
+        /// The helper's stable code.
+        code: ErrorCode,
+        /// The helper's message, clipped.
+        message: String,
+    },
 }
 
 impl ExecError {
@@ -362,6 +384,8 @@ impl ExecError {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Spawn { .. } => ErrorCode::ConfigInvalid,
+            Self::HelperUnavailable { .. } => ErrorCode::ExecHelperUnavailable,
+            Self::HelperRefused { code, .. } => *code,
             _ => ErrorCode::LaunchUnproven,
         }
     }
@@ -401,6 +425,75 @@ pub trait GuestExec: Send + Sync {
         guest_path: &str,
         mode: u32,
     ) -> impl Future<Output = Result<PushReceipt, ExecError>> + Send;
+}
+
+/// A boxed future of the exec seam.
+pub type ExecFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ExecError>> + Send + 'a>>;
+
+/// [`GuestExec`] as a trait object (its futures boxed), for code that receives an exec whose
+/// type it does not know (the executor's LXC exec: `pct` directly, or through the exec
+/// helper). Every [`GuestExec`] is one; `Box<dyn DynGuestExec>` is a [`GuestExec`] again.
+pub trait DynGuestExec: Send + Sync {
+    /// [`GuestExec::guest`].
+    fn dyn_guest(&self) -> GuestRef;
+    /// [`GuestExec::exec`], boxed.
+    fn dyn_exec<'a>(&'a self, request: &'a ExecRequest) -> ExecFuture<'a, ExecOutcome>;
+    /// [`GuestExec::push_file`], boxed.
+    fn dyn_push_file<'a>(
+        &'a self,
+        source: &'a PushSource,
+        guest_path: &'a str,
+        mode: u32,
+    ) -> ExecFuture<'a, PushReceipt>;
+}
+
+impl<T: GuestExec> DynGuestExec for T {
+    fn dyn_guest(&self) -> GuestRef {
+        self.guest()
+    }
+
+    fn dyn_exec<'a>(&'a self, request: &'a ExecRequest) -> ExecFuture<'a, ExecOutcome> {
+        Box::pin(self.exec(request))
+    }
+
+    fn dyn_push_file<'a>(
+        &'a self,
+        source: &'a PushSource,
+        guest_path: &'a str,
+        mode: u32,
+    ) -> ExecFuture<'a, PushReceipt> {
+        Box::pin(self.push_file(source, guest_path, mode))
+    }
+}
+
+impl GuestExec for Box<dyn DynGuestExec> {
+    fn guest(&self) -> GuestRef {
+        self.as_ref().dyn_guest()
+    }
+
+    async fn exec(&self, request: &ExecRequest) -> Result<ExecOutcome, ExecError> {
+        self.as_ref().dyn_exec(request).await
+    }
+
+    async fn push_file(
+        &self,
+        source: &PushSource,
+        guest_path: &str,
+        mode: u32,
+    ) -> Result<PushReceipt, ExecError> {
+        self.as_ref().dyn_push_file(source, guest_path, mode).await
+    }
+}
+
+/// Makes the exec of one LXC container on behalf of one journal transaction: how the agent
+/// reaches into containers (`pct` itself when it runs as root, else the root exec helper, which
+/// checks the transaction's claim on the vmid).
+pub trait LxcExecFactory: Send + Sync {
+    /// The exec of container `vmid` for transaction `txn`.
+    fn lxc_exec(&self, vmid: u32, txn: ulid::Ulid) -> Box<dyn DynGuestExec>;
+    /// How it reaches into containers, for logs and `doctor` (e.g. `pct` or the helper's
+    /// socket).
+    fn describe(&self) -> String;
 }
 
 /// Exec ids: `<prefix>-<n>`, unique per exec, put into the command's environment as

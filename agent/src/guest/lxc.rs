@@ -370,6 +370,21 @@ impl GuestExec for LxcExec {
     }
 }
 
+/// The agent runs `pct` itself (it is root): every container's exec is an [`LxcExec`] with this
+/// configuration.
+impl super::exec::LxcExecFactory for PctConfig {
+    fn lxc_exec(&self, vmid: u32, _txn: ulid::Ulid) -> Box<dyn super::exec::DynGuestExec> {
+        Box::new(LxcExec::new(vmid, self.clone()))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "`{}` run by the agent itself (as root)",
+            self.program.display()
+        )
+    }
+}
+
 /// Turn `pct`'s own refusals (before it ran anything) into errors. Only an exact match counts:
 /// a non-zero exit, nothing on stdout, and stderr that is just pct's message.
 fn classify_pct_failure(guest: GuestRef, outcome: &ExecOutcome) -> Option<ExecError> {

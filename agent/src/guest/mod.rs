@@ -27,8 +27,8 @@ pub use checks::{
     CheckSettings, CheckStatus, Expectation,
 };
 pub use exec::{
-    Captured, ExecError, ExecIds, ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef,
-    PushReceipt, PushSource,
+    Captured, DynGuestExec, ExecError, ExecFuture, ExecIds, ExecOutcome, ExecRequest, GuestExec,
+    GuestExit, GuestRef, LxcExecFactory, PushReceipt, PushSource,
 };
 pub use lxc::{LxcExec, PctConfig};
 pub use qemu::{AgentApiError, AgentExecStatus, GuestAgentApi, QemuConfig, QemuExec};

@@ -12,6 +12,7 @@
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -27,8 +28,9 @@ use crate::guest::bootstrap::{load_profile, run_bootstrap, BootstrapSettings};
 use crate::guest::checks::{
     load_packs, run_checks, CheckContext, CheckResult, CheckSettings, CheckStatus,
 };
+use crate::guest::exec::{DynGuestExec, LxcExecFactory};
 use crate::guest::exec::{ExecError, ExecRequest, GuestExec, GuestRef};
-use crate::guest::lxc::{LxcExec, PctConfig};
+use crate::guest::lxc::PctConfig;
 use crate::guest::qemu::{QemuConfig, QemuExec};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
 use crate::pve::request::{LxcRestore, QemuRestore};
@@ -130,7 +132,8 @@ pub struct Executor<'a> {
     reporter: &'a dyn Reporter,
     cancel: CancellationToken,
     timeouts: Timeouts,
-    pct: PctConfig,
+    /// How containers are reached: `pct` itself, or the root exec helper.
+    lxc: Arc<dyn LxcExecFactory>,
     /// Check results of the transaction being driven.
     checks: Vec<CheckResult>,
     /// The dry-run plan of the transaction being driven.
@@ -195,26 +198,17 @@ fn kill_self(point: &str) {
 }
 
 impl<'a> Executor<'a> {
-    /// An executor for this node.
+    /// An executor for this node that reaches into containers through `lxc` (the service
+    /// chooses: `pct` itself as root, else the root exec helper; every exec names the
+    /// transaction being driven).
     pub fn new(
         cfg: &'a Config,
         pve: &'a PveClient,
         journal: &'a Journal,
         reporter: &'a dyn Reporter,
         cancel: CancellationToken,
+        lxc: Arc<dyn LxcExecFactory>,
     ) -> Self {
-        let scratch = scratch_dir(cfg);
-        if let Err(e) = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&scratch)
-        {
-            tracing::warn!(path = %scratch.display(), error = %e, "cannot create the scratch dir for files pushed into guests");
-        }
-        let pct = PctConfig {
-            scratch_dir: scratch,
-            ..PctConfig::default()
-        };
         Self {
             cfg,
             pve,
@@ -225,7 +219,7 @@ impl<'a> Executor<'a> {
                 launch_proof: cfg.provision.launch_timeout,
                 ..Timeouts::default()
             },
-            pct,
+            lxc,
             checks: Vec::new(),
             plan: None,
             halted: None,
@@ -532,7 +526,7 @@ impl<'a> Executor<'a> {
                 },
             }),
             Effect::ProveLaunch { vmid, guest } => {
-                Some(match self.prove_launch(vmid, guest).await {
+                Some(match self.prove_launch(vmid, guest, state.txn()).await {
                     Ok(()) => Event::LaunchProven,
                     Err(message) => Event::LaunchUnproven { message },
                 })
@@ -873,9 +867,11 @@ impl<'a> Executor<'a> {
             })
     }
 
-    fn exec_for(&self, vmid: u32, guest: GuestKind) -> AnyExec<'_> {
+    /// The exec of guest `vmid` for transaction `txn` (the exec helper checks the
+    /// transaction's claim on the vmid).
+    fn exec_for(&self, vmid: u32, guest: GuestKind, txn: ulid::Ulid) -> AnyExec<'_> {
         match guest {
-            GuestKind::Lxc => AnyExec::Lxc(LxcExec::new(vmid, self.pct.clone())),
+            GuestKind::Lxc => AnyExec::Lxc(self.lxc.lxc_exec(vmid, txn)),
             GuestKind::Qemu => AnyExec::Qemu(QemuExec::new(
                 self.pve,
                 self.cfg.node.clone(),
@@ -885,10 +881,15 @@ impl<'a> Executor<'a> {
         }
     }
 
-    async fn prove_launch(&self, vmid: u32, guest: GuestKind) -> Result<(), String> {
+    async fn prove_launch(
+        &self,
+        vmid: u32,
+        guest: GuestKind,
+        txn: ulid::Ulid,
+    ) -> Result<(), String> {
         let node = &self.cfg.node;
         let deadline = Instant::now() + self.timeouts.launch_proof;
-        let exec = self.exec_for(vmid, guest);
+        let exec = self.exec_for(vmid, guest, txn);
         let mut last: String;
         loop {
             match self.pve.status_current(node, guest, vmid).await {
@@ -945,7 +946,7 @@ impl<'a> Executor<'a> {
             .unwrap_or(DEFAULT_PROFILE);
         let profile =
             load_profile(&self.cfg.provision.bootstrap_dir, name).map_err(|e| e.to_string())?;
-        let exec = self.exec_for(vmid, guest);
+        let exec = self.exec_for(vmid, guest, state.txn());
         let report = run_bootstrap(
             &exec,
             &profile,
@@ -993,7 +994,7 @@ impl<'a> Executor<'a> {
             .with("vmid", vmid.to_string())
             .with("node", self.cfg.node.clone())
             .with("txn", txn.to_string());
-        let exec = self.exec_for(vmid, guest);
+        let exec = self.exec_for(vmid, guest, txn);
         self.checks = run_checks(&exec, &checks, &ctx, &CheckSettings::default()).await;
         let bad: Vec<String> = self
             .checks
@@ -1174,7 +1175,7 @@ fn submit_refusal(e: &PveError, vmid: u32, node: &str) -> Failure {
 
 /// Either guest exec, so the effects can run the same code for both kinds.
 enum AnyExec<'a> {
-    Lxc(LxcExec),
+    Lxc(Box<dyn DynGuestExec>),
     Qemu(QemuExec<&'a PveClient>),
 }
 
@@ -1212,6 +1213,23 @@ impl GuestExec for AnyExec<'_> {
 /// Where a transaction's scratch files go.
 pub fn scratch_dir(cfg: &Config) -> PathBuf {
     cfg.state_dir.join("scratch")
+}
+
+/// How the agent runs `pct` itself (as root): the defaults, bytes to push staged in the
+/// [`scratch_dir`] (created 0700 here).
+pub fn direct_pct(cfg: &Config) -> PctConfig {
+    let scratch = scratch_dir(cfg);
+    if let Err(e) = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&scratch)
+    {
+        tracing::warn!(path = %scratch.display(), error = %e, "cannot create the scratch dir for files pushed into guests");
+    }
+    PctConfig {
+        scratch_dir: scratch,
+        ..PctConfig::default()
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod restore_test;
 
 use std::fs::DirBuilder;
 use std::os::unix::fs::DirBuilderExt;
+use std::sync::Arc;
 
 use hub_protocol::{ErrorInfo, TxnId, TxnResult};
 use tokio_util::sync::CancellationToken;
@@ -26,6 +27,7 @@ use ulid::Ulid;
 use crate::config::Config;
 use crate::error::{ErrorCode, Failure};
 use crate::guest::checks::CheckResult;
+use crate::guest::LxcExecFactory;
 use crate::inventory::{
     join, read_full_list, FullGuestList, GuestType, GuestsReport, Membership, PoolView,
     ResourceRow, SystemListCommands,
@@ -87,6 +89,12 @@ pub async fn prepare(
     settle_open(cfg, &pve, &journal, reporter, cancel).await?;
     compact(cfg, &journal);
     Ok(Prepared { pve, journal })
+}
+
+/// How this process reaches into LXC containers: the root exec helper when `[exec]
+/// helper_socket` is set or the agent does not run as root, else `pct` itself.
+pub fn lxc_route(cfg: &Config) -> Arc<dyn LxcExecFactory> {
+    crate::exec_helper::client::lxc_route(cfg, crate::provision::effects::direct_pct(cfg))
 }
 
 /// Move settled transactions older than `[journal] keep_days` into the journal's archive. A
@@ -344,7 +352,7 @@ pub async fn settle_one(
         _ => return SettleOne::NotOpen,
     };
     tracing::warn!(txn = %state.txn(), vmid, phase = state.phase().as_str(), "settling a transaction a previous run left open");
-    let mut exec = Executor::new(cfg, pve, journal, reporter, cancel.clone());
+    let mut exec = Executor::new(cfg, pve, journal, reporter, cancel.clone(), lxc_route(cfg));
     let driven = exec.settle(state).await;
     if let Some(o) = driven.state.outcome() {
         tracing::warn!(txn = %o.txn, vmid, outcome = o.outcome.as_str(), phase = o.phase.as_str(), destroyed = o.destroyed, "settled");
@@ -429,7 +437,14 @@ pub async fn provision(
     // The preflight (DESIGN rule 9): before the first journal intent; reads only. A refusal
     // becomes the transaction's first event, so nothing is journaled or written.
     let (report, first) = preflight::gate(cfg, &prepared.pve, &request, first).await;
-    let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
+    let mut exec = Executor::new(
+        cfg,
+        &prepared.pve,
+        &prepared.journal,
+        reporter,
+        cancel,
+        lxc_route(cfg),
+    );
     let driven = exec.drive(State::new(request), first).await;
     if !req.dry_run {
         refresh_metrics(cfg, &prepared.journal);
@@ -464,7 +479,14 @@ pub async fn destroy(
         origin.as_ref().map(|t| &t.state),
     );
     // A refusal is only journaled (nothing is sent to PVE); the hub learns of it all the same.
-    let mut exec = Executor::new(cfg, &prepared.pve, &prepared.journal, reporter, cancel);
+    let mut exec = Executor::new(
+        cfg,
+        &prepared.pve,
+        &prepared.journal,
+        reporter,
+        cancel,
+        lxc_route(cfg),
+    );
     let driven = exec.drive_effects(state, effects).await;
     refresh_metrics(cfg, &prepared.journal);
     // The guest was seen gone or without its proof: the origin's claim is withdrawn in its
@@ -505,7 +527,7 @@ pub async fn resume(
         // The last record's event may have been lost with the process: report it again.
         reporter.phase(&journaled.state, journaled.records);
     }
-    let mut exec = Executor::new(cfg, &pve, &journal, reporter, cancel);
+    let mut exec = Executor::new(cfg, &pve, &journal, reporter, cancel, lxc_route(cfg));
     let driven = exec.settle(state).await;
     refresh_metrics(cfg, &journal);
     Some(driven)

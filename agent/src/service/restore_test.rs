@@ -254,7 +254,14 @@ pub async fn run(
         ),
         _ => None,
     };
-    let mut exec = Executor::new(cfg, pve, &prepared.journal, reporter, cancel);
+    let mut exec = Executor::new(
+        cfg,
+        pve,
+        &prepared.journal,
+        reporter,
+        cancel,
+        super::lxc_route(cfg),
+    );
     let driven: Driven = exec.drive(State::new(request), first).await;
 
     let outcome = driven.state.outcome_kind();
