@@ -364,3 +364,36 @@ pub fn kill_processes_with_marker(marker: &str) -> usize {
     }
     left.len()
 }
+
+/// The live children of process `pid` (pid, command line), zombies excluded.
+pub fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // `pid (comm) S ppid …`: comm may hold spaces and parentheses; the last ')' ends it.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("");
+        let ppid: Option<u32> = fields.next().and_then(|p| p.parse().ok());
+        if ppid != Some(pid) || state.starts_with('Z') {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .unwrap_or_default();
+        found.push((child, cmdline));
+    }
+    found
+}

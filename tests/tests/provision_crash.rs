@@ -256,6 +256,19 @@ fn settle_and_check(w: &World, initial: &[u32], point: &str, tally: &mut Tally) 
             "{point}: guest {vmid} left behind silently by {t:#}"
         );
     }
+    // Every exec into a guest went through the helper, and nothing it started still runs (a
+    // killed agent's command is stopped with its connection).
+    w.assert_pct_only_from_helper();
+    let helper = w.helper().pid();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !felhom_tests::guestbed::children_of(helper).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{point}: the exec helper still runs {:?}",
+            felhom_tests::guestbed::children_of(helper)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     for t in &crashed {
         if t["outcome"] == "needs_human" {
             let msg = t["error"]["message"].as_str().unwrap_or("");
@@ -273,11 +286,34 @@ fn settle_and_check(w: &World, initial: &[u32], point: &str, tally: &mut Tally) 
     }
 }
 
+/// A part of the walk, for a run by hand: `FELHOM_CRASH_WALK=<kind>[:<first>-<last>]` walks only
+/// that kind (`lxc`, `qemu`) and, with a range, only those journal boundaries and no kill
+/// mid-request. Unset (the suite): everything.
+fn walk_filter() -> Option<(String, Option<(u32, u32)>)> {
+    let v = std::env::var("FELHOM_CRASH_WALK").ok()?;
+    let (kind, range) = match v.split_once(':') {
+        Some((kind, range)) => (kind, Some(range)),
+        None => (v.as_str(), None),
+    };
+    let range = range.map(|r| {
+        let (a, b) = r.split_once('-').unwrap_or((r, r));
+        (
+            a.parse().expect("FELHOM_CRASH_WALK: first boundary"),
+            b.parse().expect("FELHOM_CRASH_WALK: last boundary"),
+        )
+    });
+    Some((kind.to_string(), range))
+}
+
 fn walk(kind: &Kind) -> Tally {
     let mut tally = Tally::default();
+    let range = walk_filter().and_then(|(_, r)| r);
     // Kills at every journal boundary.
     for when in ["before-journal", "after-journal"] {
         for k in 1..=40u32 {
+            if range.is_some_and(|(a, b)| k < a || k > b) {
+                continue;
+            }
             let w = (kind.world)();
             let initial = full_list(&w);
             let point = format!("{} {when}:{k}", kind.name);
@@ -298,7 +334,12 @@ fn walk(kind: &Kind) -> Tally {
         }
     }
     // Kills in the middle of each PVE write of the transaction.
-    for n in 1..=held_writes(kind).len() {
+    let mid_request = if range.is_some() {
+        0
+    } else {
+        held_writes(kind).len()
+    };
+    for n in 1..=mid_request {
         let w = (kind.world)();
         let initial = full_list(&w);
         let Some(request) = kill_in_request(&w, kind, n) else {
@@ -326,7 +367,11 @@ fn walk(kind: &Kind) -> Tally {
 #[test]
 fn sigkill_at_every_phase_boundary_and_mid_request_settles_safely() {
     let mut failures = Vec::new();
+    let filter = walk_filter();
     for kind in &KINDS {
+        if filter.as_ref().is_some_and(|(k, _)| k != kind.name) {
+            continue;
+        }
         let started = Instant::now();
         let tally = walk(kind);
         let reasons: Vec<String> = tally
@@ -343,7 +388,7 @@ fn sigkill_at_every_phase_boundary_and_mid_request_settles_safely() {
             reasons.join(", "),
             started.elapsed().as_secs_f64()
         ));
-        if tally.covered < 20 {
+        if filter.is_none() && tally.covered < 20 {
             failures.push(format!(
                 "{}: only {} kill points were reached",
                 kind.name, tally.covered
@@ -351,4 +396,96 @@ fn sigkill_at_every_phase_boundary_and_mid_request_settles_safely() {
         }
     }
     assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// The agent is SIGKILLed while a bootstrap it runs through the exec helper is still running in
+/// the container: the helper stops that command at once (nothing of it keeps running, the
+/// helper has no child left), stays up for the next agent, and the settling run cleans up
+/// through the gate without any further exec into the guest, and without a person.
+#[test]
+fn a_killed_agent_leaves_no_exec_running_in_the_helper() {
+    use felhom_tests::guestbed::{
+        children_of, kill_processes_with_marker, processes_with_marker, unique_marker,
+        wait_processes_gone,
+    };
+    let mut w = lxc_world();
+    let marker = unique_marker("killed-agent");
+    let run_script = w.files.bootstrap_dir.join("default/run");
+    std::fs::write(
+        &run_script,
+        format!("#!/bin/sh\necho started\nexec sh -c 'while :; do sleep 1; done' {marker}\n"),
+    )
+    .expect("write the slow profile");
+    let mut child = w
+        .command()
+        .args(PROVISION)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn agent");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while processes_with_marker(&marker).is_empty() {
+        if child.try_wait().expect("wait agent").is_some() {
+            panic!("the provision ended before its bootstrap ran");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bootstrap did not start in the guest"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let helper_pid = w.helper().pid();
+    assert!(
+        !children_of(helper_pid).is_empty(),
+        "the bootstrap runs under the helper"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+
+    let left = wait_processes_gone(&marker, Duration::from_secs(10));
+    if !left.is_empty() {
+        kill_processes_with_marker(&marker);
+        panic!("the killed agent's bootstrap still runs in the guest: {left:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !children_of(helper_pid).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the helper still runs {:?}",
+            children_of(helper_pid)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        w.helper.as_mut().expect("helper").alive(),
+        "the helper outlives a killed agent"
+    );
+
+    // The settling run: a gated destroy of our guest, no exec into it.
+    let execs_before = w.bed.pct_calls().len();
+    let mut cmd = w.command();
+    cmd.args(["destroy", "-vmid", "141", "--json"])
+        .env("FELHOM_AGENT_SUBMIT_SETTLE_MS", SETTLE_MS.to_string());
+    let second: AgentRun = cmd.output().expect("run agent").into();
+    assert_eq!(second.code, Some(7), "{}\n{}", second.stdout, second.stderr);
+    let t = w
+        .journal()
+        .into_iter()
+        .find(|t| t["vmid"] == VMID)
+        .expect("the transaction");
+    assert_eq!(t["outcome"], "failed", "{t:#}");
+    assert!(w.pve.guest(VMID).is_none(), "the guest is destroyed: {t:#}");
+    assert!(
+        w.pve
+            .deletes_for(VMID)
+            .iter()
+            .any(|r| !r.path.contains("/tasks/")),
+        "through the gate"
+    );
+    let after: Vec<_> = w.bed.pct_calls().split_off(execs_before);
+    assert!(
+        after.iter().all(|c| c.sub != "exec" && c.sub != "push"),
+        "the settling run execs into the guest: {after:#?}"
+    );
+    w.assert_pct_only_from_helper();
 }

@@ -400,3 +400,55 @@ fn a_guest_printing_a_huge_value_is_still_destroyed_and_bounded() {
         result.len()
     );
 }
+
+#[test]
+fn lxc_execs_and_pushes_run_only_in_the_exec_helper() {
+    let w = World::demo();
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    // The agent's PATH holds the bed's pct too: an agent that ran pct itself would show up.
+    let calls = w.bed.pct_calls();
+    let execs = calls.iter().filter(|c| c.sub == "exec").count();
+    let pushes = calls.iter().filter(|c| c.sub == "push").count();
+    assert!(
+        execs >= 2 && pushes >= 1,
+        "the launch proof, the bootstrap and the checks exec and push: {calls:#?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.sub == "exec" || c.sub == "push")
+            .all(|c| c.vmid == "120"),
+        "{calls:#?}"
+    );
+    assert_eq!(w.assert_pct_only_from_helper(), execs + pushes);
+}
+
+#[test]
+fn with_the_exec_helper_down_a_provision_fails_and_its_guest_is_still_destroyed() {
+    let mut w = World::demo();
+    let socket = w.helper().socket().display().to_string();
+    w.helper.take().expect("helper").kill();
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(doc["outcome"], "failed", "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(5), "{doc:#}");
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains(&socket)
+            && message.contains("systemctl start felhom-agent-exec.socket")
+            && message.contains("120"),
+        "the operator learns which socket and what to do: {message}"
+    );
+    assert!(w.pve.guest(120).is_none(), "the guest is destroyed");
+    assert!(
+        w.pve
+            .deletes_for(120)
+            .iter()
+            .any(|r| !r.path.contains("/tasks/")),
+        "through the gate's DELETE"
+    );
+    assert!(w.bed.pct_calls().is_empty(), "{:#?}", w.bed.pct_calls());
+}
