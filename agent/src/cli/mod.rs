@@ -178,6 +178,15 @@ pub fn load_config(global: &GlobalOpts) -> Result<Config, CommandOutput> {
 
 /// Run the command line, print its output, and return the exit status.
 pub fn run(cli: Cli) -> ExitStatus {
+    // The exec helper takes its socket from systemd before any thread starts, and runs its
+    // own runtime.
+    if let Some(Command::ExecHelper { socket }) = &cli.command {
+        if cli.selftest.is_some() {
+            eprintln!("usage error: --selftest cannot be combined with a command");
+            return ExitStatus::Usage;
+        }
+        return crate::exec_helper::server::main(&cli.global.config, socket.as_deref());
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -339,6 +348,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     )
                 }
                 Command::Run => output::daemon(crate::hub::run(&cfg, shutdown_token()).await),
+                Command::ExecHelper { .. } => usage("exec-helper runs on its own (felhom-agent exec-helper)"),
             }
         }
     }

@@ -11,5 +11,8 @@
 //! `user.cfg` (the vmid must be in the agent's pool). A request never names a host path: pushed
 //! files travel inline. Environment values and stdin are never logged.
 
+pub mod authorize;
 pub mod client;
 pub mod proto;
+pub mod server;
+pub mod user_cfg;
