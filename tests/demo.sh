@@ -3,7 +3,9 @@
 # backup; containers as real root filesystems behind the `pct` stand-in; the agent configured
 # with a pinned certificate and a pool-scoped token. Then the operator's commands: doctor, the
 # full guest list, vmid verdicts, a full `--selftest=provision` with its phases, a refused
-# foreign vmid, a refused reserved vmid, a self-restore-test, and the journal.
+# foreign vmid, a refused reserved vmid, a self-restore-test, and the journal. As on a node,
+# the agent's execs into containers go through the root exec helper (`felhom-agent exec-helper`
+# on its own socket), which alone runs `pct`.
 # Nothing outside 127.0.0.0/8 is touched.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +24,9 @@ case "$base/" in /tmp/* | /run/* | /dev/shm/*) base=/var/tmp/felhom-agent-tests 
 mkdir -p "$base"
 work=$(mktemp -d "$base/felhom-demo.XXXXXX")
 fake_pid=""
+helper_pid=""
 cleanup() {
+  [ -n "$helper_pid" ] && kill "$helper_pid" 2>/dev/null && wait "$helper_pid" 2>/dev/null || true
   [ -n "$fake_pid" ] && kill "$fake_pid" 2>/dev/null && wait "$fake_pid" 2>/dev/null || true
   rm -rf "$work"
 }
@@ -88,6 +92,7 @@ pool = "felhom"
 state_dir = "$work/state"
 vmlist_path = "$work/vmlist"
 datacenter_cfg = "$work/datacenter.cfg"
+user_cfg_path = "$work/user.cfg"
 
 [pve]
 url = "$url"
@@ -103,8 +108,21 @@ checks_dir = "$work/checks.d"
 
 [metrics]
 dir = "$work/metrics"
+
+[exec]
+helper_socket = "$work/exec.sock"
 TOML
 printf 'next-id: lower=100,upper=1000000\n' >"$work/datacenter.cfg"
+
+printf '\n== starting the exec helper on %s\n' "$work/exec.sock" >&2
+"$agent" exec-helper --config "$work/agent.toml" --socket "$work/exec.sock" 2>"$work/exec-helper.log" &
+helper_pid=$!
+for _ in $(seq 1 200); do
+  [ -S "$work/exec.sock" ] && break
+  kill -0 "$helper_pid" 2>/dev/null || { cat "$work/exec-helper.log" >&2; exit 1; }
+  sleep 0.05
+done
+[ -S "$work/exec.sock" ] || { echo "the exec helper did not listen on $work/exec.sock" >&2; exit 1; }
 
 run() {
   printf '\n$ felhom-agent %s\n' "$*"

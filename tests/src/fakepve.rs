@@ -1150,7 +1150,7 @@ impl Default for AgentOptions {
             datacenter_cfg: None,
             hub: None,
             extra_toml: String::new(),
-            exec_helper: false,
+            exec_helper: true,
         }
     }
 }

@@ -447,6 +447,17 @@ fn a_killed_agent_leaves_no_exec_running_in_the_helper() {
         kill_processes_with_marker(&marker);
         panic!("the killed agent's bootstrap still runs in the guest: {left:?}");
     }
+    // The helper stops the request as at its timeout: the kill, then the sweep of its tag in
+    // the container; it logs the request's end after both.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.helper().log().contains("timed out after") {
+        assert!(
+            Instant::now() < deadline,
+            "the helper did not stop the request: {}",
+            w.helper().log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
     while !children_of(helper_pid).is_empty() {
         assert!(

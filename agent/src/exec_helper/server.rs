@@ -10,7 +10,10 @@
 //! frame is read (within [`READ_TIMEOUT`] and [`MAX_REQUEST_FRAME`]), decoded, authorized
 //! ([`super::authorize`], fresh files each time), run with [`LxcExec`] (caller timeouts and
 //! output caps clamped to [`MAX_TIMEOUT`] and [`MAX_OUTPUT_CAP`], pushed bytes staged in the
-//! helper's own 0700 scratch folder) and answered in one frame. At most
+//! helper's own 0700 scratch folder) and answered in one frame. The caller keeps its side
+//! open until the answer: a caller that goes away (the agent killed, its transaction dropped)
+//! stops its command as at the command's timeout (SIGTERM, grace, SIGKILL, then the sweep of
+//! its tag inside the container), so nothing runs on for a transaction nobody drives. At most
 //! [`MAX_CONNECTIONS`] connections are served at once; more wait in the socket's backlog.
 //!
 //! Each request is logged with the caller's uid, the vmid, the transaction, the op, the argv
@@ -23,8 +26,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use super::authorize::{authorize, Owners, Refusal};
 use super::proto::{
@@ -42,6 +47,9 @@ pub const MAX_CONNECTIONS: usize = 16;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long writing the response may take.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a request whose caller went away may take to stop (the exec's SIGTERM grace and the
+/// sweep inside the container).
+pub const STOP_WAIT: Duration = Duration::from_secs(30);
 /// A socket-activated helper exits after this long without a connection.
 pub const IDLE_EXIT: Duration = Duration::from_secs(120);
 
@@ -366,8 +374,39 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
         Err(e) => return refuse_malformed(&mut stream, uid, &e).await,
     };
     drop(body);
-    let response = run_request(ctx, uid, request).await;
-    respond(&mut stream, &response).await;
+    let (vmid, txn) = (request.vmid, request.txn);
+    let stop = CancellationToken::new();
+    let response = {
+        let (mut from_caller, _) = stream.split();
+        let run = run_request(ctx, uid, request, &stop);
+        tokio::pin!(run);
+        tokio::select! {
+            response = &mut run => Some(response),
+            () = caller_gone(&mut from_caller) => {
+                tracing::warn!(uid, vmid, txn = %txn, "the caller went away before the answer: stopping its request");
+                stop.cancel();
+                // The exec ends as at its timeout; a push is dropped (its pct killed) if it
+                // does not end by then.
+                let _ = tokio::time::timeout(STOP_WAIT, run).await;
+                None
+            }
+        }
+    };
+    if let Some(response) = response {
+        respond(&mut stream, &response).await;
+    }
+}
+
+/// Resolves once the caller closed its side of the connection (or it failed): a caller sends
+/// nothing after its request and reads until the answer. Stray bytes are read and ignored.
+async fn caller_gone<R: tokio::io::AsyncRead + Unpin>(from_caller: &mut R) {
+    let mut buf = [0u8; 256];
+    loop {
+        match from_caller.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
 }
 
 async fn refuse_malformed(stream: &mut UnixStream, uid: u32, e: &ProtoError) {
@@ -407,7 +446,7 @@ fn describe(op: &Op) -> String {
     }
 }
 
-async fn run_request(ctx: &Ctx, uid: u32, request: Request) -> Response {
+async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationToken) -> Response {
     let Request { vmid, txn, op } = request;
     let what = describe(&op);
     let verdict = {
@@ -432,7 +471,7 @@ async fn run_request(ctx: &Ctx, uid: u32, request: Request) -> Response {
         Op::Exec(mut r) => {
             r.timeout = r.timeout.min(MAX_TIMEOUT);
             r.output_cap = r.output_cap.min(MAX_OUTPUT_CAP);
-            match lxc.exec(&r).await {
+            match lxc.exec_until(&r, stop).await {
                 Ok(o) => {
                     tracing::info!(uid, vmid, txn = %txn, "ran {what}: {}", o.summary());
                     Response::from_outcome(&o)

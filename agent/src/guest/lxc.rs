@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
 
 use super::exec::{
     check_guest_path, guest_argv, hash_local_file, sha256_hex, sweep_request, verify_pushed,
@@ -116,8 +117,28 @@ impl LxcExec {
         program.clone()
     }
 
+    /// [`GuestExec::exec`] that also ends when `stop` fires (the caller went away): the command
+    /// is then stopped as at its timeout (SIGTERM to `pct`'s process group, the grace, SIGKILL,
+    /// then the sweep inside the container for whatever still carries its tag) and the outcome
+    /// says [`GuestExit::TimedOut`].
+    pub async fn exec_until(
+        &self,
+        request: &ExecRequest,
+        stop: &CancellationToken,
+    ) -> Result<ExecOutcome, ExecError> {
+        let (outcome, exec_id) = self.run_tagged(request, Some(stop)).await?;
+        if outcome.exit == GuestExit::TimedOut {
+            self.sweep(&exec_id).await;
+        }
+        Ok(outcome)
+    }
+
     /// Run `request` through `pct exec` under a fresh exec id; returns the outcome and the id.
-    async fn run_tagged(&self, request: &ExecRequest) -> Result<(ExecOutcome, String), ExecError> {
+    async fn run_tagged(
+        &self,
+        request: &ExecRequest,
+        stop: Option<&CancellationToken>,
+    ) -> Result<(ExecOutcome, String), ExecError> {
         let guest = self.guest_ref();
         let exec_id = self.ids.next_id();
         let inner = guest_argv(request, &exec_id)
@@ -136,6 +157,7 @@ impl LxcExec {
                 request.stdin.as_deref(),
                 request.timeout,
                 request.output_cap,
+                stop,
             )
             .await?;
         if let Some(err) = classify_pct_failure(guest, &outcome) {
@@ -147,7 +169,7 @@ impl LxcExec {
     /// Kill, inside the container, whatever still carries `exec_id` after a timeout.
     async fn sweep(&self, exec_id: &str) {
         let request = sweep_request(exec_id, Duration::ZERO, self.config.sweep_timeout);
-        match self.run_tagged(&request).await {
+        match self.run_tagged(&request, None).await {
             Ok((o, _)) if o.success() => {
                 let killed = o.stdout.text().split_whitespace().count();
                 if killed > 0 {
@@ -167,13 +189,15 @@ impl LxcExec {
         }
     }
 
-    /// Spawn `pct` with `args` in its own process group and wait for it, its timeout, or both.
+    /// Spawn `pct` with `args` in its own process group and wait for it, its timeout, or both
+    /// (`stop` firing counts as the timeout).
     async fn run_pct(
         &self,
         args: Vec<OsString>,
         stdin: Option<&[u8]>,
         timeout: Duration,
         cap: usize,
+        stop: Option<&CancellationToken>,
     ) -> Result<ExecOutcome, ExecError> {
         let guest = self.guest_ref();
         let program = self.resolve_program();
@@ -219,7 +243,18 @@ impl LxcExec {
             .take()
             .map(|r| tokio::spawn(read_capped(r, Arc::clone(&stderr_buf), cap)));
 
-        let exit = match tokio::time::timeout(timeout, child.wait()).await {
+        let stopped = async {
+            match stop {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let waited = tokio::select! {
+            r = child.wait() => Ok(r),
+            () = tokio::time::sleep(timeout) => Err(()),
+            () = stopped => Err(()),
+        };
+        let exit = match waited {
             Ok(Ok(status)) => {
                 group.disarm();
                 match (status.code(), status.signal()) {
@@ -232,7 +267,7 @@ impl LxcExec {
                 group.kill();
                 return Err(ExecError::Wait { guest, source });
             }
-            Err(_elapsed) => {
+            Err(()) => {
                 group.signal(Signal::SIGTERM);
                 let _ = tokio::time::timeout(self.config.kill_grace, child.wait()).await;
                 // Also after the leader ended: members that ignored SIGTERM are still there.
@@ -287,7 +322,7 @@ impl LxcExec {
             format!("{:o}", mode & 0o7777).into(),
         ];
         let outcome = self
-            .run_pct(args, None, self.config.push_timeout, 64 * 1024)
+            .run_pct(args, None, self.config.push_timeout, 64 * 1024, None)
             .await?;
         let stderr = outcome.stderr.text().trim().to_owned();
         match outcome.exit {
@@ -325,7 +360,7 @@ impl GuestExec for LxcExec {
     }
 
     async fn exec(&self, request: &ExecRequest) -> Result<ExecOutcome, ExecError> {
-        let (outcome, exec_id) = self.run_tagged(request).await?;
+        let (outcome, exec_id) = self.run_tagged(request, None).await?;
         if outcome.exit == GuestExit::TimedOut {
             self.sweep(&exec_id).await;
         }
