@@ -3,13 +3,23 @@
 //! request; a token without the privileges fails the privileges check; a state_dir that does
 //! not survive a reboot (under /tmp, or on tmpfs like /dev/shm) exits 6 naming the file and
 //! the key; a token file that is a symlink or owned by another user and a group-writable state
-//! dir each get a failing line.
+//! dir each get a failing line; the `exec` check names how LXC exec is done and fails when the
+//! exec helper does not answer.
 
 use std::os::unix::fs::PermissionsExt;
 
-use felhom_tests::agent::run_agent;
-use felhom_tests::fakepve::{AgentFiles, FakePve};
+use felhom_tests::agent::{run_agent, ExecHelper};
+use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use serde_json::{json, Value};
+
+/// The exec helper of `files` (doctor only probes it; nothing runs `pct`).
+fn helper(files: &AgentFiles) -> ExecHelper {
+    ExecHelper::start(
+        &files.config_path,
+        files.exec_socket.as_deref().expect("exec helper socket"),
+        &std::env::var("PATH").unwrap_or_default(),
+    )
+}
 
 fn check<'a>(doc: &'a Value, name: &str) -> &'a Value {
     doc["checks"]
@@ -22,6 +32,7 @@ fn check<'a>(doc: &'a Value, name: &str) -> &'a Value {
 fn all_checks_pass_against_the_demo() {
     let pve = FakePve::demo();
     let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
     let run = run_agent(&files.config_path, &["doctor", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
@@ -35,9 +46,24 @@ fn all_checks_pass_against_the_demo() {
         "vmlist",
         "state_dir",
         "metrics",
+        "exec",
     ] {
         assert_eq!(check(&doc, name)["status"], "pass", "{name}: {doc:#}");
     }
+    let exec = check(&doc, "exec")["message"].as_str().unwrap_or("");
+    assert!(
+        exec.contains("root exec helper")
+            && exec.contains(
+                &files
+                    .exec_socket
+                    .as_ref()
+                    .expect("socket")
+                    .display()
+                    .to_string()
+            )
+            && exec.contains("it answers"),
+        "{exec}"
+    );
     assert!(
         pve.writes().is_empty(),
         "doctor wrote to PVE: {:?}",
@@ -176,6 +202,7 @@ fn a_token_whose_user_lacks_the_pool_grant_names_the_user_grant() {
 fn human_output_names_each_check() {
     let pve = FakePve::demo();
     let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
     let run = run_agent(&files.config_path, &["-doctor"]);
     // `-doctor` is not a flag: clap sees an unknown argument and exits 2.
     assert_eq!(run.code, Some(2), "{}", run.stderr);
@@ -193,6 +220,7 @@ fn next_id_range_that_covers_reserved_vmids_warns() {
         ..Default::default()
     };
     let files = AgentFiles::write(&pve, &opts);
+    let _helper = helper(&files);
     let run = run_agent(&files.config_path, &["doctor", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "a warning does not fail doctor: {doc:#}");
@@ -349,4 +377,47 @@ fn untrusted_files_and_folders_each_get_a_clear_line() {
     );
     assert_eq!(check(&doc, "config")["status"], "pass", "{doc:#}");
     assert!(!run.stdout.contains(&pve.token_secret()));
+}
+
+#[test]
+fn exec_check_names_the_mode_and_fails_when_the_helper_does_not_answer() {
+    let pve = FakePve::demo();
+    // The helper socket configured, nothing listening.
+    let files = AgentFiles::for_fake(&pve);
+    let socket = files.exec_socket.clone().expect("socket");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    let exec = check(&doc, "exec");
+    assert_eq!(exec["status"], "fail", "{exec}");
+    assert_eq!(exec["code"], "exec_helper_unavailable", "{exec}");
+    let msg = exec["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(&socket.display().to_string())
+            && msg.contains("systemctl start felhom-agent-exec.socket"),
+        "{msg}"
+    );
+    // A helper that was there and is gone (a stale socket file): the same.
+    helper(&files).kill();
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    assert_eq!(check(&doc, "exec")["status"], "fail", "{doc:#}");
+
+    // No [exec] and the agent runs as root: pct itself.
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            exec_helper: false,
+            ..AgentOptions::default()
+        },
+    );
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    let exec = check(&doc, "exec");
+    assert_eq!(exec["status"], "pass", "{exec}");
+    assert!(
+        exec["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("runs `pct exec`/`pct push` itself"),
+        "{exec}"
+    );
 }
