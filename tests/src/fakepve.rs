@@ -1290,7 +1290,7 @@ impl AgentFiles {
         let mut text = format!(
             "node = {}\npool = {}\nstate_dir = {}\nvmlist_path = {}\ndatacenter_cfg = {}\n{}\n\
              [pve]\nurl = {}\ntoken_id = {}\ntoken_secret_file = {}\n{trust}\n\n\
-             [metrics]\ndir = {}\n\n\
+             [metrics]\ndir = {}\n\n{}\
              [provision]\nstorage = {}\nbootstrap_dir = {}\nchecks_dir = {}\n",
             toml_string(&opts.node),
             toml_string(&pool),
@@ -1306,6 +1306,11 @@ impl AgentFiles {
             toml_string(&pve.token_id()),
             toml_path(&files.token_secret_file),
             toml_path(&files.metrics_dir),
+            // Before [provision], which a test's extra TOML may extend.
+            match &files.exec_socket {
+                Some(socket) => format!("[exec]\nhelper_socket = {}\n\n", toml_path(socket)),
+                None => String::new(),
+            },
             toml_string(&opts.storage),
             toml_path(&files.bootstrap_dir),
             toml_path(&files.checks_dir),
@@ -1316,12 +1321,6 @@ impl AgentFiles {
             .or_else(|| first_backup_volid(pve.scenario()))
         {
             text.push_str(&format!("selftest_source = {}\n", toml_string(&source)));
-        }
-        if let Some(socket) = &files.exec_socket {
-            text.push_str(&format!(
-                "\n[exec]\nhelper_socket = {}\n",
-                toml_path(socket)
-            ));
         }
         if let Some(hub) = &opts.hub {
             let token_file = files.dir.path().join("hub-token");
