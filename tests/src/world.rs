@@ -147,6 +147,24 @@ impl World {
         }
     }
 
+    /// Start the exec helper again (after a change of `agent.toml`: it reads its config once).
+    pub fn restart_helper(&mut self) {
+        let socket = self
+            .files
+            .exec_socket
+            .clone()
+            .unwrap_or_else(|| panic!("this world has no exec helper (exec_helper: false)"));
+        if let Some(old) = self.helper.take() {
+            old.kill();
+        }
+        let _ = std::fs::remove_file(&socket);
+        self.helper = Some(ExecHelper::start(
+            &self.files.config_path,
+            &socket,
+            &bed_path(&self.bed),
+        ));
+    }
+
     /// The exec helper (panics when the world has none).
     pub fn helper(&self) -> &ExecHelper {
         self.helper

@@ -452,3 +452,50 @@ fn with_the_exec_helper_down_a_provision_fails_and_its_guest_is_still_destroyed(
     );
     assert!(w.bed.pct_calls().is_empty(), "{:#?}", w.bed.pct_calls());
 }
+
+#[test]
+fn a_refusal_by_the_exec_helper_fails_the_provision_and_the_gate_still_cleans_up() {
+    let mut w = World::demo();
+    // The helper reads a user.cfg from before the restore: the new container is not in the
+    // pool there, so it refuses every exec into it (PVE and the agent see it in the pool).
+    let frozen = w.files.dir().join("user.cfg.frozen");
+    std::fs::copy(&w.files.user_cfg_path, &frozen).expect("copy user.cfg");
+    let text = w.files.config_text().replace(
+        &format!(
+            "user_cfg_path = {}",
+            felhom_tests::fakepve::toml_string(&w.files.user_cfg_path.display().to_string())
+        ),
+        &format!(
+            "user_cfg_path = {}",
+            felhom_tests::fakepve::toml_string(&frozen.display().to_string())
+        ),
+    );
+    assert!(text.contains("user.cfg.frozen"), "{text}");
+    std::fs::write(&w.files.config_path, text).expect("write agent.toml");
+    w.restart_helper();
+
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "failed", "not needs_human: {doc:#}");
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("exec_not_in_pool") && message.contains("120"),
+        "the helper's code reaches the operator: {message}"
+    );
+    assert!(w.pve.guest(120).is_none(), "the guest is destroyed");
+    assert!(
+        w.bed
+            .pct_calls()
+            .iter()
+            .all(|c| c.sub != "exec" && c.sub != "push"),
+        "nothing ran in the guest: {:#?}",
+        w.bed.pct_calls()
+    );
+    assert!(
+        w.helper().log().contains("exec_not_in_pool"),
+        "{}",
+        w.helper().log()
+    );
+}
