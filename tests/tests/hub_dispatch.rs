@@ -93,6 +93,12 @@ fn a_named_profile_runs_and_destroy_and_re_dispatch_go_through_the_gate() {
 
     let (status, log) = agent.terminate(WAIT);
     assert!(status.success(), "run exited {status}:\n{log}");
+    // The daemon's execs into the guest went through the exec helper only.
+    assert!(
+        w.assert_pct_only_from_helper() >= 1,
+        "{:#?}",
+        w.bed.pct_calls()
+    );
 }
 
 #[test]

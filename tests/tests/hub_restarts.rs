@@ -73,7 +73,7 @@ fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
     felhom_tests::world::install_default_profile_and_checks(&files);
     let path = felhom_tests::world::bed_path(&bed);
     // The agent's execs into containers go through the root exec helper, as on a node.
-    let _helper = files
+    let helper = files
         .exec_socket
         .as_deref()
         .map(|socket| felhom_tests::agent::ExecHelper::start(&files.config_path, socket, &path));
@@ -236,4 +236,15 @@ fn twenty_hub_restarts_lose_nothing_and_apply_nothing_twice() {
     let (status, log) = agent.terminate(Duration::from_secs(30));
     assert!(status.success(), "run exited {status}:\n{log}");
     assert!(!log.contains(hub.token()), "the agent logged the hub token");
+    // Every exec and push into the guests came from the exec helper, never from the agent.
+    let helper = helper.expect("the exec helper");
+    let strays: Vec<_> = bed
+        .pct_calls()
+        .into_iter()
+        .filter(|c| (c.sub == "exec" || c.sub == "push") && c.parent_pid != helper.pid())
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "pct not started by the helper: {strays:#?}"
+    );
 }

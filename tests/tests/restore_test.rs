@@ -93,6 +93,12 @@ fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
     assert_eq!(doc["outcome"], "ok");
     assert_eq!(doc["destroyed"], json!(true));
     assert_eq!(doc["kind"], "selftest-restore");
+    // The copy's checks ran through the exec helper only.
+    assert!(
+        w.world.assert_pct_only_from_helper() >= 1,
+        "{:#?}",
+        w.world.bed.pct_calls()
+    );
 
     let post = w
         .world
