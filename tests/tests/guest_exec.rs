@@ -349,3 +349,41 @@ async fn a_push_whose_task_failed_behind_exit_zero_is_detected() {
     assert!(matches!(err, ExecError::PushUnverified { .. }), "{err}");
     assert!(err.to_string().contains("failed to create file"), "{err}");
 }
+
+/// `exec_until` (what the exec helper runs when its caller may go away): the stop ends a
+/// command long before its timeout, as a timeout would, the sweep included, so even a command
+/// that escaped pct's process group is gone.
+#[tokio::test]
+async fn a_stopped_exec_ends_at_once_and_leaves_nothing_even_when_it_escaped() {
+    let bed = GuestBed::new();
+    bed.add_ct(101);
+    bed.add_fault(101, PctFault::ExecEscape);
+    let ct = bed.lxc(101);
+    let marker = unique_marker("stopped");
+    let request = ExecRequest::new([
+        "/bin/sh",
+        "-c",
+        "trap '' TERM; while :; do sleep 1; done",
+        &marker,
+    ])
+    .timeout(Duration::from_secs(600));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let trigger = stop.clone();
+    let watch = marker.clone();
+    tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while processes_with_marker(&watch).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        trigger.cancel();
+    });
+    let started = Instant::now();
+    let outcome = ct.exec_until(&request, &stop).await.unwrap();
+    assert_eq!(outcome.exit, GuestExit::TimedOut);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "stopped, not timed out: {:?}",
+        started.elapsed()
+    );
+    assert_no_leftovers(&marker);
+}
