@@ -43,6 +43,16 @@ impl Helper {
     /// `user.cfg` and `extra` appended to the agent's config; `pct` is a wrapper that logs each
     /// call to `calls` and runs the bed's `pct`.
     fn start(w: &World, extra: &str) -> Helper {
+        Self::launch(w, extra, false)
+    }
+
+    /// Like [`Helper::start`], but the socket is bound by `systemd-socket-activate`, which
+    /// starts the helper on the first connection with the socket as fd 3 (`LISTEN_FDS`).
+    fn activated(w: &World, extra: &str) -> Helper {
+        Self::launch(w, extra, true)
+    }
+
+    fn launch(w: &World, extra: &str, activated: bool) -> Helper {
         // A folder others may enter, so a caller of another uid can reach the socket (its own
         // mode and group decide who may connect).
         let dir = tempfile::Builder::new()
@@ -78,9 +88,22 @@ impl Helper {
         std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         let socket = dir.path().join("exec.sock");
         let log = dir.path().join("helper.log");
-        let child = agent_command(&config)
-            .args(["exec-helper", "--socket"])
-            .arg(&socket)
+        let mut cmd = if activated {
+            let mut c = Command::new("systemd-socket-activate");
+            c.arg("-l")
+                .arg(&socket)
+                .arg(felhom_tests::agent::agent_bin())
+                .arg("--config")
+                .arg(&config)
+                .arg("exec-helper")
+                .env_remove("FELHOM_AGENT_CONFIG");
+            c
+        } else {
+            let mut c = agent_command(&config);
+            c.args(["exec-helper", "--socket"]).arg(&socket);
+            c
+        };
+        let child = cmd
             .env(
                 "PATH",
                 format!(
@@ -494,4 +517,36 @@ fn callers_of_other_uids_and_malformed_frames_are_refused_and_the_helper_keeps_s
         log.contains("exec_caller_refused") && log.contains("65534"),
         "{log}"
     );
+}
+
+#[test]
+fn a_socket_activated_helper_serves_the_socket_systemd_passes_it() {
+    let w = World::demo();
+    // Without --socket and without systemd's socket: nothing to serve, exit 6.
+    let run = agent_command(&w.files.config_path)
+        .arg("exec-helper")
+        .env_remove("LISTEN_FDS")
+        .env_remove("LISTEN_PID")
+        .output()
+        .expect("run the helper");
+    assert_eq!(run.status.code(), Some(6), "{run:?}");
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("felhom-agent-exec.socket"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let mut h = Helper::activated(&w, "");
+    let r = h.call(&exec_request(160, STRANGER_TXN, &["/bin/true"]));
+    assert_eq!(code(&r), "exec_not_owned", "{r:#}\n{}", h.log_text());
+    // The same process serves the next connection.
+    let r = h.call(&json!({"v": 1}));
+    assert_eq!(code(&r), "exec_request_invalid", "{r:#}");
+    assert!(h.alive(), "{}", h.log_text());
+    assert!(
+        h.log_text().contains("exec helper ready"),
+        "{}",
+        h.log_text()
+    );
+    assert!(h.pct_calls().is_empty());
 }
