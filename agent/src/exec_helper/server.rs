@@ -144,7 +144,8 @@ pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
             Err(msg) => return fail(ErrorCode::ConfigInvalid, msg),
         },
     };
-    let cfg = match Config::load(config_path) {
+    // The helper talks to neither PVE nor the hub: it never reads their secrets.
+    let cfg = match Config::load_without_secrets(config_path) {
         Ok(c) => c,
         Err(f) => return fail(f.code, f.message),
     };
