@@ -56,6 +56,10 @@ impl Helper {
     }
 
     fn launch(w: &World, extra: &str, activated: bool) -> Helper {
+        Self::launch_env(w, extra, activated, &[])
+    }
+
+    fn launch_env(w: &World, extra: &str, activated: bool, env: &[(&str, &str)]) -> Helper {
         // A folder others may enter, so a caller of another uid can reach the socket (its own
         // mode and group decide who may connect).
         let dir = tempfile::Builder::new()
@@ -92,10 +96,13 @@ impl Helper {
         let socket = dir.path().join("exec.sock");
         let log = dir.path().join("helper.log");
         let mut cmd = if activated {
+            // It hands the program only the variables given with -E (and LISTEN_*).
             let mut c = Command::new("systemd-socket-activate");
-            c.arg("-l")
-                .arg(&socket)
-                .arg(felhom_tests::agent::agent_bin())
+            c.arg("-l").arg(&socket);
+            for (k, v) in env {
+                c.arg("-E").arg(format!("{k}={v}"));
+            }
+            c.arg(felhom_tests::agent::agent_bin())
                 .arg("--config")
                 .arg(&config)
                 .arg("exec-helper")
@@ -116,6 +123,7 @@ impl Helper {
                 ),
             )
             .env("FELHOM_AGENT_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
@@ -586,4 +594,35 @@ fn a_socket_activated_helper_serves_the_socket_systemd_passes_it() {
         h.log_text()
     );
     assert!(h.pct_calls().is_empty());
+    drop(h);
+
+    // Idle (the test build shortens the two minutes): it exits 0, for systemd to start it
+    // again on the next connection. It does not exit while a connection is open.
+    let mut h = Helper::launch_env(&w, "", true, &[("FELHOM_AGENT_EXEC_IDLE_MS", "1500")]);
+    let started = Instant::now();
+    let held = UnixStream::connect(&h.socket).expect("connect");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        h.alive(),
+        "exited with a connection open:\n{}",
+        h.log_text()
+    );
+    drop(held);
+    let status = loop {
+        if let Ok(Some(status)) = h.child.try_wait() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the idle helper never exited:\n{}",
+            h.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(0), "{}", h.log_text());
+    assert!(
+        h.log_text().contains("no connection for"),
+        "{}",
+        h.log_text()
+    );
 }

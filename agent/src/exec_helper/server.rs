@@ -50,6 +50,24 @@ pub const HANGUP_POLL: Duration = Duration::from_millis(500);
 /// A socket-activated helper exits after this long without a connection.
 pub const IDLE_EXIT: Duration = Duration::from_secs(120);
 
+/// The environment variable that shortens [`IDLE_EXIT`] in tests (milliseconds; only in a
+/// build with the `test-hooks` feature).
+#[cfg(feature = "test-hooks")]
+pub const IDLE_ENV: &str = "FELHOM_AGENT_EXEC_IDLE_MS";
+
+/// The idle time before a socket-activated helper exits: [`IDLE_EXIT`], or the test build's
+/// override.
+fn idle_exit() -> Duration {
+    #[cfg(feature = "test-hooks")]
+    if let Some(ms) = std::env::var(IDLE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return Duration::from_millis(ms.max(10));
+    }
+    IDLE_EXIT
+}
+
 /// What the helper needs for every request.
 struct Ctx {
     cfg: Config,
@@ -217,7 +235,7 @@ pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
 }
 
 async fn serve(source: Source, ctx: Arc<Ctx>) -> ExitStatus {
-    let (std_listener, bound, idle_exit) = match source {
+    let (std_listener, bound, activated) = match source {
         Source::Activated(l) => (l, None, true),
         Source::Bound(l, p) => (l, Some(p), false),
     };
@@ -250,6 +268,7 @@ async fn serve(source: Source, ctx: Arc<Ctx>) -> ExitStatus {
             .agent_uid
             .map_or_else(String::new, |u| format!(" and uid {u}"))
     );
+    let idle = idle_exit();
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let active = Arc::new(AtomicUsize::new(0));
     // When the last connection was accepted or ended.
@@ -274,9 +293,9 @@ async fn serve(source: Source, ctx: Arc<Ctx>) -> ExitStatus {
             a = listener.accept() => a,
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
-            () = tokio::time::sleep(Duration::from_secs(1)), if idle_exit => {
-                if active.load(Ordering::SeqCst) == 0 && idle_for(&last_activity) >= IDLE_EXIT {
-                    tracing::info!("no connection for {}s: exiting until the next one", IDLE_EXIT.as_secs());
+            () = tokio::time::sleep(idle.min(Duration::from_secs(1))), if activated => {
+                if active.load(Ordering::SeqCst) == 0 && idle_for(&last_activity) >= idle {
+                    tracing::info!("no connection for {:.1}s: exiting until the next one", idle.as_secs_f64());
                     break;
                 }
                 continue;
