@@ -626,3 +626,78 @@ fn a_socket_activated_helper_serves_the_socket_systemd_passes_it() {
         h.log_text()
     );
 }
+
+#[test]
+fn an_open_provision_runs_commands_through_the_helper_during_its_bootstrap_and_not_after() {
+    let w = World::demo();
+    // A bootstrap profile that says when it started, then takes a while.
+    let run = w.files.bootstrap_dir.join("default/run");
+    std::fs::write(&run, "#!/bin/sh\n: > /root/bootstrap-started\nsleep 8\n").expect("profile");
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let h = Helper::start(&w, "");
+    let log = w.files.dir().join("provision.log");
+    let mut provision = w
+        .command()
+        .args(["--selftest=provision", "-vmid", "162", "--json"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("provision");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rootfs_file(&w, 162, "/root/bootstrap-started").is_none() {
+        if let Ok(Some(status)) = provision.try_wait() {
+            panic!(
+                "the provision ended ({status}) before its bootstrap ran:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "the bootstrap never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let txn = std::fs::read_dir(w.state_dir().join("journal"))
+        .expect("journal")
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".log"))
+                .map(str::to_string)
+        })
+        .next()
+        .expect("the provision's journal file");
+    let r = h.call(&exec_request(
+        162,
+        &txn,
+        &["/bin/sh", "-c", "echo during-bootstrap"],
+    ));
+    assert!(
+        matches!(provision.try_wait(), Ok(None)),
+        "the provision ended before the helper answered"
+    );
+    let stdout = r["exec"]["stdout"].as_str().unwrap_or("");
+    assert_eq!(
+        r["exec"]["exit"],
+        json!({"exited": 0}),
+        "{r:#}\n{}",
+        h.log_text()
+    );
+    assert_eq!(stdout, b64(b"during-bootstrap\n"), "{r:#}");
+    let step = w.journal_txn(&txn)["step"].clone();
+    assert!(
+        step == "bootstrap" || step == "prove_launch",
+        "journaled step while the bootstrap ran: {step}"
+    );
+
+    // The provision ends, destroys its test guest: the claim is gone with it.
+    let status = provision.wait().expect("wait");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let before = h.pct_calls_for(162);
+    let r = h.call(&exec_request(162, &txn, &["/bin/true"]));
+    assert_eq!(code(&r), "exec_not_owned", "{r:#}");
+    assert_eq!(h.pct_calls_for(162), before);
+}
