@@ -581,6 +581,48 @@ fn a_socket_activated_helper_serves_the_socket_systemd_passes_it() {
         String::from_utf8_lossy(&run.stderr)
     );
 
+    // --socket on a path that holds something else than a socket: refused, left as it was.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let not_a_socket = dir.path().join("exec.sock");
+    std::fs::write(&not_a_socket, "precious\n").expect("write");
+    let run = agent_command(&w.files.config_path)
+        .arg("exec-helper")
+        .arg("--socket")
+        .arg(&not_a_socket)
+        .output()
+        .expect("run the helper");
+    assert_eq!(run.status.code(), Some(6), "{run:?}");
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("is not a socket"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&not_a_socket).expect("still there"),
+        "precious\n"
+    );
+    // A stale socket (a helper killed without cleaning up) is replaced.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind"));
+    let mut child = agent_command(&w.files.config_path)
+        .arg("exec-helper")
+        .arg("--socket")
+        .arg(&stale)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the helper");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&stale).is_err() {
+        assert!(
+            matches!(child.try_wait(), Ok(None)),
+            "the helper did not replace the stale socket"
+        );
+        assert!(Instant::now() < deadline, "the helper never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+
     let mut h = Helper::activated(&w, "");
     let r = h.call(&exec_request(160, STRANGER_TXN, &["/bin/true"]));
     assert_eq!(code(&r), "exec_not_owned", "{r:#}\n{}", h.log_text());
