@@ -355,6 +355,10 @@ fn invalid(msg: String) -> Failure {
 impl Config {
     /// Read and validate the configuration at `path`, including the secret files it names.
     pub fn load(path: &Path) -> Result<Self, Failure> {
+        Self::load_with(path, true)
+    }
+
+    fn load_with(path: &Path, read_secrets: bool) -> Result<Self, Failure> {
         use std::io::Read;
         let cannot = |e: std::io::Error| {
             invalid(format!(
@@ -376,11 +380,29 @@ impl Config {
         }
         let mut text = String::new();
         file.read_to_string(&mut text).map_err(cannot)?;
-        Self::parse(path, &text)
+        Self::parse_with(path, &text, read_secrets)
+    }
+
+    /// [`Config::load`] without reading the secret files (their paths are still validated;
+    /// the secrets are empty): for the root exec helper, which talks to neither PVE nor the
+    /// hub, and must start whoever owns those files (the agent's user may own them).
+    pub fn load_without_secrets(path: &Path) -> Result<Self, Failure> {
+        Self::load_with(path, false)
     }
 
     /// Validate configuration text that was read from `path`.
     pub fn parse(path: &Path, text: &str) -> Result<Self, Failure> {
+        Self::parse_with(path, text, true)
+    }
+
+    fn parse_with(path: &Path, text: &str, read_secrets: bool) -> Result<Self, Failure> {
+        let read_secret = |p: &Path| {
+            if read_secrets {
+                read_secret_file(p)
+            } else {
+                Ok(Secret::new(String::new()))
+            }
+        };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             invalid(format!(
                 "config {} is invalid: {}",
@@ -430,7 +452,7 @@ impl Config {
                 raw.pve.token_id
             ))
         })?;
-        let token_secret = read_secret_file(&raw.pve.token_secret_file)?;
+        let token_secret = read_secret(&raw.pve.token_secret_file)?;
         let pve = PveConfig {
             url: raw.pve.url.trim_end_matches('/').to_string(),
             token_id: raw.pve.token_id,
@@ -454,7 +476,7 @@ impl Config {
                     h.tls_fingerprint.as_deref(),
                     h.ca_file.as_ref(),
                 )?;
-                let token = read_secret_file(&h.token_file)?;
+                let token = read_secret(&h.token_file)?;
                 Some(HubConfig {
                     url: h.url,
                     token_file: h.token_file,
@@ -894,6 +916,21 @@ mod tests {
             !dbg.contains("11111111-2222"),
             "secret leaked into Debug: {dbg}"
         );
+    }
+
+    #[test]
+    fn the_exec_helper_loads_the_config_without_reading_secret_files() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o644);
+        let path = d.path().join("agent.toml");
+        fs::write(&path, sample(&t, "")).expect("write");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod");
+        // A secret file the agent would refuse (readable by others) does not stop the helper,
+        // and nothing of it is read.
+        assert!(Config::load(&path).is_err());
+        let c = Config::load_without_secrets(&path).expect("loads");
+        assert_eq!(c.pve.token_secret.expose(), "");
+        assert_eq!(c.pve.token_secret_file, t);
     }
 
     #[test]

@@ -448,9 +448,9 @@ fn a_killed_agent_leaves_no_exec_running_in_the_helper() {
         panic!("the killed agent's bootstrap still runs in the guest: {left:?}");
     }
     // The helper stops the request as at its timeout: the kill, then the sweep of its tag in
-    // the container; it logs the request's end after both.
+    // the container; it logs the hang-up after both.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !w.helper().log().contains("timed out after") {
+    while !w.helper().log().contains("stopped and swept") {
         assert!(
             Instant::now() < deadline,
             "the helper did not stop the request: {}",

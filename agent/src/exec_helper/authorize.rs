@@ -61,18 +61,25 @@ impl Owners {
 /// Check all three before running a request for `vmid` on behalf of `txn`. Blocking (reads
 /// files, may run `pct list` / `qm list`): call it off the async threads.
 pub fn authorize(cfg: &Config, owners: Owners, vmid: u32, txn: TxnId) -> Result<(), Refusal> {
-    let state = read_claim(&cfg.state_dir, owners, txn)?;
+    let state = read_claim(&cfg.state_dir, owners, vmid, txn)?;
     check_claim(&state, vmid, &cfg.pool, txn)?;
     check_on_node(cfg, vmid)?;
     check_in_pool(cfg, vmid)
 }
 
-/// The last journaled state of `txn`, read as hostile input.
-pub fn read_claim(state_dir: &Path, owners: Owners, txn: TxnId) -> Result<State, Refusal> {
+/// The last journaled state of `txn`, read as hostile input (`vmid`: the container asked for,
+/// for the messages).
+pub fn read_claim(
+    state_dir: &Path,
+    owners: Owners,
+    vmid: u32,
+    txn: TxnId,
+) -> Result<State, Refusal> {
     let ulid = txn.ulid();
     let dir = state_dir.join(JOURNAL_DIR);
     let path = dir.join(file_name(ulid));
-    let not_owned = |why: String| Refusal::new(ErrorCode::ExecNotOwned, why);
+    let not_owned =
+        |why: String| Refusal::new(ErrorCode::ExecNotOwned, format!("container {vmid}: {why}"));
     let unreadable = |what: &str, e: Errno| {
         not_owned(format!(
             "transaction {txn}: {what} cannot be opened ({}); nothing was run. Check `felhom-agent \

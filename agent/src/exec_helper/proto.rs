@@ -508,6 +508,11 @@ pub struct WireReceipt {
     pub mode: u32,
 }
 
+/// A message or detail cut to fit under [`MAX_MESSAGE_BYTES`] (control characters escaped).
+fn clip(text: &str) -> String {
+    crate::error::outside_text_max(text, MAX_MESSAGE_BYTES - 128)
+}
+
 /// Which [`ExecError`] (or the helper's own refusal) an error response stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -552,7 +557,7 @@ impl WireError {
     pub fn refused(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             code,
-            message: message.into(),
+            message: clip(&message.into()),
             kind: ErrorKind::Refused,
             detail: None,
         }
@@ -576,9 +581,9 @@ impl WireError {
         };
         Self {
             code: e.code(),
-            message: e.to_string(),
+            message: clip(&e.to_string()),
             kind,
-            detail,
+            detail: detail.map(|d| clip(&d)),
         }
     }
 
@@ -692,7 +697,11 @@ impl Response {
             return Err(ProtoError::Version(raw.v));
         }
         if let Self::Error(e) = &raw.body {
-            if e.message.len() > MAX_MESSAGE_BYTES {
+            if e.message.len() > MAX_MESSAGE_BYTES
+                || e.detail
+                    .as_ref()
+                    .is_some_and(|d| d.len() > MAX_MESSAGE_BYTES)
+            {
                 return Err(invalid("response: error message too long"));
             }
         }
@@ -843,6 +852,17 @@ mod tests {
             read_frame(&mut r, 16).await,
             Err(ProtoError::Truncated { .. })
         ));
+    }
+
+    #[test]
+    fn error_messages_fit_the_limit() {
+        let long = "x\n".repeat(10_000);
+        let e = Response::Error(WireError::refused(ErrorCode::ExecNotOwned, long));
+        let back = Response::decode(&e.encode()).expect("a long message is clipped, not refused");
+        let Response::Error(w) = back else {
+            panic!("error")
+        };
+        assert!(w.message.len() <= MAX_MESSAGE_BYTES && !w.message.contains('\n'));
     }
 
     #[test]

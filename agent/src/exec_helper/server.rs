@@ -10,11 +10,13 @@
 //! frame is read (within [`READ_TIMEOUT`] and [`MAX_REQUEST_FRAME`]), decoded, authorized
 //! ([`super::authorize`], fresh files each time), run with [`LxcExec`] (caller timeouts and
 //! output caps clamped to [`MAX_TIMEOUT`] and [`MAX_OUTPUT_CAP`], pushed bytes staged in the
-//! helper's own 0700 scratch folder) and answered in one frame. The caller keeps its side
-//! open until the answer: a caller that goes away (the agent killed, its transaction dropped)
-//! stops its command as at the command's timeout (SIGTERM, grace, SIGKILL, then the sweep of
-//! its tag inside the container), so nothing runs on for a transaction nobody drives. At most
+//! helper's own 0700 scratch folder) and answered in one frame. At most
 //! [`MAX_CONNECTIONS`] connections are served at once; more wait in the socket's backlog.
+//!
+//! A caller that closes the connection while its command runs (the agent killed, its
+//! transaction dropped) has the command stopped as at its timeout: SIGTERM to its `pct`'s
+//! process group, the grace, SIGKILL, then the sweep of its tag inside the container, so nothing
+//! runs on for a transaction nobody drives, even a command that escaped the group.
 //!
 //! Each request is logged with the caller's uid, the vmid, the transaction, the op, the argv
 //! (or the pushed path, mode and size), the names of the env variables, the size of stdin and
@@ -26,7 +28,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -47,11 +48,31 @@ pub const MAX_CONNECTIONS: usize = 16;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long writing the response may take.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a request whose caller went away may take to stop (the exec's SIGTERM grace and the
-/// sweep inside the container).
+/// How often a running request checks that its caller is still connected.
+pub const HANGUP_POLL: Duration = Duration::from_millis(500);
+/// How long a command whose caller hung up may take to stop (the SIGTERM grace and the sweep
+/// inside the container).
 pub const STOP_WAIT: Duration = Duration::from_secs(30);
 /// A socket-activated helper exits after this long without a connection.
 pub const IDLE_EXIT: Duration = Duration::from_secs(120);
+
+/// The environment variable that shortens [`IDLE_EXIT`] in tests (milliseconds; only in a
+/// build with the `test-hooks` feature).
+#[cfg(feature = "test-hooks")]
+pub const IDLE_ENV: &str = "FELHOM_AGENT_EXEC_IDLE_MS";
+
+/// The idle time before a socket-activated helper exits: [`IDLE_EXIT`], or the test build's
+/// override.
+fn idle_exit() -> Duration {
+    #[cfg(feature = "test-hooks")]
+    if let Some(ms) = std::env::var(IDLE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return Duration::from_millis(ms.max(10));
+    }
+    IDLE_EXIT
+}
 
 /// What the helper needs for every request.
 struct Ctx {
@@ -147,7 +168,8 @@ pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
             Err(msg) => return fail(ErrorCode::ConfigInvalid, msg),
         },
     };
-    let cfg = match Config::load(config_path) {
+    // The helper talks to neither PVE nor the hub: it never reads their secrets.
+    let cfg = match Config::load_without_secrets(config_path) {
         Ok(c) => c,
         Err(f) => return fail(f.code, f.message),
     };
@@ -219,7 +241,7 @@ pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
 }
 
 async fn serve(source: Source, ctx: Arc<Ctx>) -> ExitStatus {
-    let (std_listener, bound, idle_exit) = match source {
+    let (std_listener, bound, activated) = match source {
         Source::Activated(l) => (l, None, true),
         Source::Bound(l, p) => (l, Some(p), false),
     };
@@ -252,6 +274,7 @@ async fn serve(source: Source, ctx: Arc<Ctx>) -> ExitStatus {
             .agent_uid
             .map_or_else(String::new, |u| format!(" and uid {u}"))
     );
+    let idle = idle_exit();
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let active = Arc::new(AtomicUsize::new(0));
     // When the last connection was accepted or ended.
@@ -276,9 +299,9 @@ async fn serve(source: Source, ctx: Arc<Ctx>) -> ExitStatus {
             a = listener.accept() => a,
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
-            () = tokio::time::sleep(Duration::from_secs(1)), if idle_exit => {
-                if active.load(Ordering::SeqCst) == 0 && idle_for(&last_activity) >= IDLE_EXIT {
-                    tracing::info!("no connection for {}s: exiting until the next one", IDLE_EXIT.as_secs());
+            () = tokio::time::sleep(idle.min(Duration::from_secs(1))), if activated => {
+                if active.load(Ordering::SeqCst) == 0 && idle_for(&last_activity) >= idle {
+                    tracing::info!("no connection for {:.1}s: exiting until the next one", idle.as_secs_f64());
                     break;
                 }
                 continue;
@@ -374,37 +397,26 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
         Err(e) => return refuse_malformed(&mut stream, uid, &e).await,
     };
     drop(body);
-    let (vmid, txn) = (request.vmid, request.txn);
-    let stop = CancellationToken::new();
-    let response = {
-        let (mut from_caller, _) = stream.split();
-        let run = run_request(ctx, uid, request, &stop);
-        tokio::pin!(run);
-        tokio::select! {
-            response = &mut run => Some(response),
-            () = caller_gone(&mut from_caller) => {
-                tracing::warn!(uid, vmid, txn = %txn, "the caller went away before the answer: stopping its request");
-                stop.cancel();
-                // The exec ends as at its timeout; a push is dropped (its pct killed) if it
-                // does not end by then.
-                let _ = tokio::time::timeout(STOP_WAIT, run).await;
-                None
-            }
-        }
-    };
-    if let Some(response) = response {
+    if let Some(response) = run_request(ctx, uid, request, &stream).await {
         respond(&mut stream, &response).await;
     }
 }
 
-/// Resolves once the caller closed its side of the connection (or it failed): a caller sends
-/// nothing after its request and reads until the answer. Stray bytes are read and ignored.
-async fn caller_gone<R: tokio::io::AsyncRead + Unpin>(from_caller: &mut R) {
-    let mut buf = [0u8; 256];
+/// Resolves when the caller has closed its end of the connection entirely (`POLLHUP`; a
+/// caller that only shut down its sending side is still there to read the answer).
+async fn hung_up(stream: &UnixStream) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut tick = tokio::time::interval(HANGUP_POLL);
     loop {
-        match from_caller.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        tick.tick().await;
+        let mut fds = [PollFd::new(stream.as_fd(), PollFlags::empty())];
+        if poll(&mut fds, PollTimeout::ZERO).is_ok()
+            && fds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+        {
+            return;
         }
     }
 }
@@ -446,7 +458,14 @@ fn describe(op: &Op) -> String {
     }
 }
 
-async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationToken) -> Response {
+/// Authorize and run one request; `None` when the caller hung up while it ran (the command was
+/// killed: nothing outlives the caller's interest in it).
+async fn run_request(
+    ctx: &Ctx,
+    uid: u32,
+    request: Request,
+    stream: &UnixStream,
+) -> Option<Response> {
     let Request { vmid, txn, op } = request;
     let what = describe(&op);
     let verdict = {
@@ -463,7 +482,7 @@ async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationT
     };
     if let Err(r) = verdict {
         tracing::warn!(uid, vmid, txn = %txn, code = %r.code, "refused {what}: {}", r.message);
-        return Response::Error(WireError::refused(r.code, r.message));
+        return Some(Response::Error(WireError::refused(r.code, r.message)));
     }
     let lxc = LxcExec::new(vmid, ctx.pct.clone());
     let started = Instant::now();
@@ -471,7 +490,22 @@ async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationT
         Op::Exec(mut r) => {
             r.timeout = r.timeout.min(MAX_TIMEOUT);
             r.output_cap = r.output_cap.min(MAX_OUTPUT_CAP);
-            match lxc.exec_until(&r, stop).await {
+            let stop = CancellationToken::new();
+            let run = lxc.exec_until(&r, &stop);
+            tokio::pin!(run);
+            let ran = tokio::select! {
+                ran = &mut run => ran,
+                () = hung_up(stream) => {
+                    stop.cancel();
+                    let stopped = tokio::time::timeout(STOP_WAIT, run).await;
+                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: the command was {}", match stopped {
+                        Ok(Ok(_)) => "stopped and swept",
+                        Ok(Err(_)) | Err(_) => "killed",
+                    });
+                    return None;
+                }
+            };
+            match ran {
                 Ok(o) => {
                     tracing::info!(uid, vmid, txn = %txn, "ran {what}: {}", o.summary());
                     Response::from_outcome(&o)
@@ -483,7 +517,15 @@ async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationT
             }
         }
         Op::Push { path, mode, data } => {
-            match lxc.push_file(&PushSource::Bytes(data), &path, mode).await {
+            let source = PushSource::Bytes(data);
+            let pushed = tokio::select! {
+                pushed = lxc.push_file(&source, &path, mode) => pushed,
+                () = hung_up(stream) => {
+                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: the push was stopped");
+                    return None;
+                }
+            };
+            match pushed {
                 Ok(receipt) => {
                     tracing::info!(uid, vmid, txn = %txn, "ran {what}: sha256 {}", receipt.sha256);
                     Response::from_receipt(&receipt)
@@ -496,5 +538,5 @@ async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationT
         }
     };
     tracing::debug!(vmid, txn = %txn, "request took {:.3}s", started.elapsed().as_secs_f64());
-    response
+    Some(response)
 }
