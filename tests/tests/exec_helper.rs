@@ -198,6 +198,18 @@ impl Helper {
     }
 }
 
+/// The demo world without the bed's own exec helper: these tests start and configure the
+/// helper themselves.
+fn world() -> World {
+    World::with_options(
+        felhom_tests::fakepve::demo_scenario(),
+        &felhom_tests::fakepve::AgentOptions {
+            exec_helper: false,
+            ..felhom_tests::fakepve::AgentOptions::default()
+        },
+    )
+}
+
 fn frame(body: &[u8]) -> Vec<u8> {
     let mut out = (body.len() as u32).to_be_bytes().to_vec();
     out.extend_from_slice(body);
@@ -268,7 +280,7 @@ fn rootfs_file(w: &World, vmid: u32, path: &str) -> Option<Vec<u8>> {
 
 #[test]
 fn only_the_armed_transaction_runs_commands_in_its_pooled_container() {
-    let w = World::demo();
+    let w = world();
     let txn = keep(&w, 160);
     // A container the agent did not create, in the pool, carrying (copied) the marker of the
     // kept transaction: the helper must go by the journal, not by what the guest shows.
@@ -494,7 +506,7 @@ fn call_as(socket: &Path, uid: u32, gid: u32, body: &Value) -> Value {
 
 #[test]
 fn callers_of_other_uids_and_malformed_frames_are_refused_and_the_helper_keeps_serving() {
-    let w = World::demo();
+    let w = world();
     // The agent runs as `daemon` (uid 1): the socket is root:daemon 0660.
     let mut h = Helper::start(&w, "[agent]\nuser = \"daemon\"\n");
     let meta = std::fs::metadata(&h.socket).expect("socket");
@@ -566,7 +578,7 @@ fn callers_of_other_uids_and_malformed_frames_are_refused_and_the_helper_keeps_s
 
 #[test]
 fn a_socket_activated_helper_serves_the_socket_systemd_passes_it() {
-    let w = World::demo();
+    let w = world();
     // Without --socket and without systemd's socket: nothing to serve, exit 6.
     let run = agent_command(&w.files.config_path)
         .arg("exec-helper")
@@ -671,7 +683,7 @@ fn a_socket_activated_helper_serves_the_socket_systemd_passes_it() {
 
 #[test]
 fn an_open_provision_runs_commands_through_the_helper_during_its_bootstrap_and_not_after() {
-    let w = World::demo();
+    let w = world();
     // A bootstrap profile that says when it started, then takes a while.
     let run = w.files.bootstrap_dir.join("default/run");
     std::fs::write(&run, "#!/bin/sh\n: > /root/bootstrap-started\nsleep 8\n").expect("profile");

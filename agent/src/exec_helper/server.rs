@@ -496,9 +496,10 @@ async fn run_request(
             let ran = tokio::select! {
                 ran = &mut run => ran,
                 () = hung_up(stream) => {
+                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: stopping the command");
                     stop.cancel();
                     let stopped = tokio::time::timeout(STOP_WAIT, run).await;
-                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: the command was {}", match stopped {
+                    tracing::warn!(uid, vmid, txn = %txn, "the command of the caller that hung up was {}", match stopped {
                         Ok(Ok(_)) => "stopped and swept",
                         Ok(Err(_)) | Err(_) => "killed",
                     });
