@@ -104,6 +104,11 @@ impl ExecHelper {
     /// Panics with the helper's log when it exits or does not listen within
     /// [`HELPER_READY_TIMEOUT`].
     pub fn start(config: &Path, socket: &Path, path: &str) -> ExecHelper {
+        Self::start_env(config, socket, path, &[])
+    }
+
+    /// [`ExecHelper::start`] with extra environment variables (e.g. `FELHOM_AGENT_LOG`).
+    pub fn start_env(config: &Path, socket: &Path, path: &str, env: &[(&str, &str)]) -> ExecHelper {
         let log_path = socket.with_extension("log");
         let log = std::fs::File::create(&log_path)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
@@ -113,6 +118,7 @@ impl ExecHelper {
             .env_remove("LISTEN_FDS")
             .env_remove("LISTEN_PID")
             .env("PATH", path)
+            .envs(env.iter().copied())
             .arg("exec-helper")
             .arg("--config")
             .arg(config)

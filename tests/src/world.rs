@@ -149,6 +149,11 @@ impl World {
 
     /// Start the exec helper again (after a change of `agent.toml`: it reads its config once).
     pub fn restart_helper(&mut self) {
+        self.restart_helper_env(&[]);
+    }
+
+    /// [`World::restart_helper`] with extra environment variables for the helper.
+    pub fn restart_helper_env(&mut self, env: &[(&str, &str)]) {
         let socket = self
             .files
             .exec_socket
@@ -158,10 +163,11 @@ impl World {
             old.kill();
         }
         let _ = std::fs::remove_file(&socket);
-        self.helper = Some(ExecHelper::start(
+        self.helper = Some(ExecHelper::start_env(
             &self.files.config_path,
             &socket,
             &bed_path(&self.bed),
+            env,
         ));
     }
 

@@ -1,7 +1,8 @@
 //! No secret in any output at any log level: the daemon runs with `FELHOM_AGENT_LOG=trace`
 //! against the development hub (a provision dispatched, a reconnect after a hub restart) and
-//! a command-line provision runs against fakepve at trace as well; neither the hub token nor
-//! the PVE token secret appears in what they print. The websocket and HTTP libraries log the
+//! a command-line provision runs against fakepve at trace as well, their execs through the exec
+//! helper, itself at trace; neither the hub token nor the PVE token secret appears in what any
+//! of them prints. The websocket and HTTP libraries log the
 //! raw upgrade request (its `Authorization` header included) at trace unless capped.
 
 use std::time::Duration;
@@ -30,7 +31,8 @@ fn no_token_is_printed_even_at_trace_level() {
         hub: Some(hub.hub_options()),
         ..AgentOptions::default()
     };
-    let w = World::with_options(felhom_tests::fakepve::demo_scenario(), &opts);
+    let mut w = World::with_options(felhom_tests::fakepve::demo_scenario(), &opts);
+    w.restart_helper_env(&[("FELHOM_AGENT_LOG", "trace")]);
     let path = w.path();
     let agent = AgentDaemon::spawn(
         &w.files.config_path,
@@ -77,4 +79,15 @@ fn no_token_is_printed_even_at_trace_level() {
     assert!(text.contains("DEBUG") || text.contains("TRACE"));
     assert_absent(&text, &w.pve.token_secret(), "the PVE token secret");
     assert_absent(&text, hub.token(), "the hub token");
+
+    // The exec helper ran every exec of both provisions, at trace.
+    assert!(w.assert_pct_only_from_helper() >= 2);
+    // Stopped first: a helper dropped during a panic prints its log.
+    let helper_log = w.helper.take().expect("the exec helper").kill();
+    assert!(
+        helper_log.contains("DEBUG") || helper_log.contains("TRACE"),
+        "the helper logged below info"
+    );
+    assert_absent(&helper_log, &w.pve.token_secret(), "the PVE token secret");
+    assert_absent(&helper_log, hub.token(), "the hub token");
 }
