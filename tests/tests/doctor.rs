@@ -32,11 +32,17 @@ fn check<'a>(doc: &'a Value, name: &str) -> &'a Value {
 fn all_checks_pass_against_the_demo() {
     let pve = FakePve::demo();
     let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let helper = helper(&files);
     let run = run_agent(&files.config_path, &["doctor", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["ok"], json!(true));
+    // The probe reached the helper itself (not only the socket), which ran nothing.
+    assert!(
+        helper.log().contains("answered a probe"),
+        "{}",
+        helper.log()
+    );
     for name in [
         "config",
         "pve_tls",

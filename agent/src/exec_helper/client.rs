@@ -21,7 +21,7 @@ use tokio::net::UnixStream;
 use super::proto::{
     encode_request, read_frame, write_frame, ErrorKind, Op, ProtoError, Request, Response,
     MAX_BLOB_BYTES, MAX_MESSAGE_BYTES, MAX_OUTPUT_CAP, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME,
-    MAX_TIMEOUT,
+    MAX_TIMEOUT, PROBE_VERSION,
 };
 use crate::config::{Config, DEFAULT_EXEC_HELPER_SOCKET};
 use crate::error::outside_text_max;
@@ -425,7 +425,8 @@ pub async fn probe(socket: &Path) -> Result<(), String> {
                 }
                 _ => format!("connecting failed: {e}"),
             })?;
-        write_frame(&mut stream, br#"{"v":0}"#, MAX_REQUEST_FRAME)
+        let probe = format!(r#"{{"v":{PROBE_VERSION}}}"#);
+        write_frame(&mut stream, probe.as_bytes(), MAX_REQUEST_FRAME)
             .await
             .map_err(|e| format!("sending the probe failed: {e}"))?;
         let answer = read_frame(

@@ -31,6 +31,9 @@
 //! [`ExecError`] the helper met when it ran the request (`refused`: the helper itself refused
 //! it), so the caller can rebuild the error ([`WireError::into_exec_error`]).
 //!
+//! A body of `{"v":0}` ([`PROBE_VERSION`]) is a probe: the helper refuses it as another version
+//! (`exec_request_invalid`), which shows that it answers, and runs nothing.
+//!
 //! Limits: a pushed file or stdin of at most [`MAX_BLOB_BYTES`] (16 MiB, 21.4 MiB as base64);
 //! a request frame of at most [`MAX_REQUEST_FRAME`] (24 MiB, which leaves room for the rest);
 //! argv and env of at most [`MAX_ARGS`] entries and [`MAX_ARGS_BYTES`] together; timeouts and
@@ -55,6 +58,8 @@ use hub_protocol::TxnId;
 
 /// The version of the request and response format.
 pub const PROTO_VERSION: u32 = 1;
+/// The version of a probe (`{"v":0}`): refused, logged as a probe.
+pub const PROBE_VERSION: u64 = 0;
 /// The most bytes of a pushed file or of stdin.
 pub const MAX_BLOB_BYTES: usize = 16 * 1024 * 1024;
 /// The largest request frame body: a [`MAX_BLOB_BYTES`] blob as base64 (22,369,624 bytes) and

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use super::authorize::{authorize, Owners, Refusal};
 use super::proto::{
     decode_request, read_frame, write_frame, Op, ProtoError, Request, Response, WireError,
-    MAX_OUTPUT_CAP, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME, MAX_TIMEOUT,
+    MAX_OUTPUT_CAP, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME, MAX_TIMEOUT, PROBE_VERSION,
 };
 use crate::config::Config;
 use crate::error::{outside_text, ErrorCode, ExitStatus};
@@ -422,7 +422,17 @@ async fn hung_up(stream: &UnixStream) {
 }
 
 async fn refuse_malformed(stream: &mut UnixStream, uid: u32, e: &ProtoError) {
-    tracing::warn!(uid, code = %e.code(), "refused a malformed request: {e}");
+    match e {
+        // A connection closed before its first byte (a readiness check) sent no request.
+        ProtoError::Truncated { got: 0, want: 4 } => {
+            tracing::debug!(uid, "a connection closed without a request");
+        }
+        // `doctor`'s probe (see the proto docs): answered with the refusal, which is the point.
+        ProtoError::Version(PROBE_VERSION) => {
+            tracing::info!(uid, "answered a probe (`felhom-agent doctor`)");
+        }
+        _ => tracing::warn!(uid, code = %e.code(), "refused a malformed request: {e}"),
+    }
     if matches!(e, ProtoError::Io(_) | ProtoError::Truncated { .. }) {
         // Nobody is left to read an answer.
         return;
