@@ -117,14 +117,6 @@ impl HelperExec {
                 ))
             })?
             .map_err(|e| self.unavailable(format!("reading the answer failed: {e}")))?;
-        // One answer per connection: anything behind it is not from a helper of this version.
-        let mut extra = [0u8; 1];
-        if matches!(
-            tokio::time::timeout(Duration::from_millis(200), stream.read(&mut extra)).await,
-            Ok(Ok(n)) if n > 0
-        ) {
-            return Err(self.unavailable("it sent more than one answer"));
-        }
         Response::decode(&answer).map_err(|e| match e {
             ProtoError::Version(v) => self.unavailable(format!(
                 "it answered in protocol version {v}; install the same felhom-agent version for the agent and the helper"
