@@ -13,9 +13,6 @@
 //! helper's own 0700 scratch folder) and answered in one frame. At most
 //! [`MAX_CONNECTIONS`] connections are served at once; more wait in the socket's backlog.
 //!
-//! A caller that closes the connection while its command runs has the command killed (its
-//! `pct`'s process group), as the agent itself does when it stops waiting.
-//!
 //! Each request is logged with the caller's uid, the vmid, the transaction, the op, the argv
 //! (or the pushed path, mode and size), the names of the env variables, the size of stdin and
 //! the result. Env values, stdin and pushed bytes are never logged.
@@ -45,8 +42,6 @@ pub const MAX_CONNECTIONS: usize = 16;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long writing the response may take.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often a running request checks that its caller is still connected.
-pub const HANGUP_POLL: Duration = Duration::from_millis(500);
 /// A socket-activated helper exits after this long without a connection.
 pub const IDLE_EXIT: Duration = Duration::from_secs(120);
 
@@ -391,28 +386,8 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
         Err(e) => return refuse_malformed(&mut stream, uid, &e).await,
     };
     drop(body);
-    if let Some(response) = run_request(ctx, uid, request, &stream).await {
-        respond(&mut stream, &response).await;
-    }
-}
-
-/// Resolves when the caller has closed its end of the connection entirely (`POLLHUP`; a
-/// caller that only shut down its sending side is still there to read the answer).
-async fn hung_up(stream: &UnixStream) {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    use std::os::fd::AsFd;
-    let mut tick = tokio::time::interval(HANGUP_POLL);
-    loop {
-        tick.tick().await;
-        let mut fds = [PollFd::new(stream.as_fd(), PollFlags::empty())];
-        if poll(&mut fds, PollTimeout::ZERO).is_ok()
-            && fds[0]
-                .revents()
-                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
-        {
-            return;
-        }
-    }
+    let response = run_request(ctx, uid, request).await;
+    respond(&mut stream, &response).await;
 }
 
 async fn refuse_malformed(stream: &mut UnixStream, uid: u32, e: &ProtoError) {
@@ -452,14 +427,7 @@ fn describe(op: &Op) -> String {
     }
 }
 
-/// Authorize and run one request; `None` when the caller hung up while it ran (the command was
-/// killed: nothing outlives the caller's interest in it).
-async fn run_request(
-    ctx: &Ctx,
-    uid: u32,
-    request: Request,
-    stream: &UnixStream,
-) -> Option<Response> {
+async fn run_request(ctx: &Ctx, uid: u32, request: Request) -> Response {
     let Request { vmid, txn, op } = request;
     let what = describe(&op);
     let verdict = {
@@ -476,7 +444,7 @@ async fn run_request(
     };
     if let Err(r) = verdict {
         tracing::warn!(uid, vmid, txn = %txn, code = %r.code, "refused {what}: {}", r.message);
-        return Some(Response::Error(WireError::refused(r.code, r.message)));
+        return Response::Error(WireError::refused(r.code, r.message));
     }
     let lxc = LxcExec::new(vmid, ctx.pct.clone());
     let started = Instant::now();
@@ -484,14 +452,7 @@ async fn run_request(
         Op::Exec(mut r) => {
             r.timeout = r.timeout.min(MAX_TIMEOUT);
             r.output_cap = r.output_cap.min(MAX_OUTPUT_CAP);
-            let ran = tokio::select! {
-                ran = lxc.exec(&r) => ran,
-                () = hung_up(stream) => {
-                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: the command was killed");
-                    return None;
-                }
-            };
-            match ran {
+            match lxc.exec(&r).await {
                 Ok(o) => {
                     tracing::info!(uid, vmid, txn = %txn, "ran {what}: {}", o.summary());
                     Response::from_outcome(&o)
@@ -503,15 +464,7 @@ async fn run_request(
             }
         }
         Op::Push { path, mode, data } => {
-            let source = PushSource::Bytes(data);
-            let pushed = tokio::select! {
-                pushed = lxc.push_file(&source, &path, mode) => pushed,
-                () = hung_up(stream) => {
-                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: the push was stopped");
-                    return None;
-                }
-            };
-            match pushed {
+            match lxc.push_file(&PushSource::Bytes(data), &path, mode).await {
                 Ok(receipt) => {
                     tracing::info!(uid, vmid, txn = %txn, "ran {what}: sha256 {}", receipt.sha256);
                     Response::from_receipt(&receipt)
@@ -524,5 +477,5 @@ async fn run_request(
         }
     };
     tracing::debug!(vmid, txn = %txn, "request took {:.3}s", started.elapsed().as_secs_f64());
-    Some(response)
+    response
 }
