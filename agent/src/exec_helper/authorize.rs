@@ -284,3 +284,92 @@ fn check_in_pool(cfg: &Config, vmid: u32) -> Result<(), Refusal> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TXN: &str = "01JD0000000000000000000000";
+
+    fn txn() -> TxnId {
+        TxnId::parse(TXN).expect("txn")
+    }
+
+    fn state_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(d.path().join(JOURNAL_DIR)).expect("journal");
+        d
+    }
+
+    fn refusal(d: &Path) -> Refusal {
+        read_claim(d, Owners { agent_uid: None }, 101, txn()).expect_err("refused")
+    }
+
+    #[test]
+    fn a_missing_journal_or_transaction_is_not_owned() {
+        let d = tempfile::tempdir().expect("tmp");
+        let r = refusal(d.path());
+        assert_eq!(r.code, ErrorCode::ExecNotOwned);
+        assert!(
+            r.message.contains("101") && r.message.contains(TXN),
+            "{}",
+            r.message
+        );
+        std::fs::create_dir(d.path().join(JOURNAL_DIR)).expect("journal");
+        assert!(refusal(d.path()).message.contains("does not exist"));
+    }
+
+    #[test]
+    fn links_fifos_and_foreign_files_in_the_journal_are_refused_unread() {
+        let d = state_dir();
+        let file = d.path().join(JOURNAL_DIR).join(format!("{TXN}.log"));
+        // A link to a file of root's.
+        std::os::unix::fs::symlink("/etc/passwd", &file).expect("symlink");
+        assert!(refusal(d.path()).message.contains("symbolic link"));
+        std::fs::remove_file(&file).expect("rm");
+        // A FIFO: opening it must not block, and it is no journal file.
+        nix::unistd::mkfifo(&file, Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        assert!(refusal(d.path()).message.contains("not a regular file"));
+        std::fs::remove_file(&file).expect("rm");
+        // A file of another user (not root, not the agent's user).
+        std::fs::write(&file, "{}\n{}\n").expect("write");
+        nix::unistd::chown(&file, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
+        let r = refusal(d.path());
+        assert!(r.message.contains("uid 65534"), "{}", r.message);
+        // The same file is trusted when 65534 is the agent's user, and then read as a journal
+        // (this one is not a valid journal file).
+        let r = read_claim(
+            d.path(),
+            Owners {
+                agent_uid: Some(65534),
+            },
+            101,
+            txn(),
+        )
+        .expect_err("not a journal");
+        assert!(r.message.contains("cannot be read"), "{}", r.message);
+    }
+
+    #[test]
+    fn a_journal_folder_that_is_a_link_is_refused() {
+        let d = tempfile::tempdir().expect("tmp");
+        let elsewhere = tempfile::tempdir().expect("tmp");
+        std::fs::write(elsewhere.path().join(format!("{TXN}.log")), "{}\n").expect("write");
+        std::os::unix::fs::symlink(elsewhere.path(), d.path().join(JOURNAL_DIR)).expect("link");
+        let r = refusal(d.path());
+        assert_eq!(r.code, ErrorCode::ExecNotOwned);
+        assert!(r.message.contains("journal folder"), "{}", r.message);
+    }
+
+    #[test]
+    fn a_journal_folder_of_another_user_is_refused() {
+        let d = state_dir();
+        nix::unistd::chown(
+            &d.path().join(JOURNAL_DIR),
+            Some(nix::unistd::Uid::from_raw(65534)),
+            None,
+        )
+        .expect("chown");
+        assert!(refusal(d.path()).message.contains("uid 65534"));
+    }
+}

@@ -1,6 +1,9 @@
 //! The exec helper's wire format: one request and one response per connection on a Unix stream
 //! socket.
 //!
+//! The caller sends one request frame, then nothing more, and keeps the connection open until
+//! it has read the response frame; the helper then closes it.
+//!
 //! A frame is a 4-byte big-endian length, then that many bytes of JSON. A length above the
 //! limit ([`MAX_REQUEST_FRAME`] for a request, [`MAX_RESPONSE_FRAME`] for a response) is refused
 //! before a byte of the body is read. Byte strings (stdin, a pushed file, output) are standard

@@ -13,10 +13,11 @@
 //! helper's own 0700 scratch folder) and answered in one frame. At most
 //! [`MAX_CONNECTIONS`] connections are served at once; more wait in the socket's backlog.
 //!
-//! A caller that closes the connection while its command runs (the agent killed, its
-//! transaction dropped) has the command stopped as at its timeout: SIGTERM to its `pct`'s
-//! process group, the grace, SIGKILL, then the sweep of its tag inside the container, so nothing
-//! runs on for a transaction nobody drives, even a command that escaped the group.
+//! A caller that closes the connection before the answer (the agent killed, its transaction
+//! dropped) has its request stopped: a command as at its timeout (SIGTERM to its `pct`'s process
+//! group, the grace, SIGKILL, then the sweep of its tag inside the container), a push with its
+//! `pct` killed; nothing runs on for a transaction nobody drives, even a command that escaped
+//! the group.
 //!
 //! Each request is logged with the caller's uid, the vmid, the transaction, the op, the argv
 //! (or the pushed path, mode and size), the names of the env variables, the size of stdin and
@@ -28,6 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -48,10 +50,8 @@ pub const MAX_CONNECTIONS: usize = 16;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long writing the response may take.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often a running request checks that its caller is still connected.
-pub const HANGUP_POLL: Duration = Duration::from_millis(500);
-/// How long a command whose caller hung up may take to stop (the SIGTERM grace and the sweep
-/// inside the container).
+/// How long a request whose caller went away may take to stop (the exec's SIGTERM grace and the
+/// sweep inside the container).
 pub const STOP_WAIT: Duration = Duration::from_secs(30);
 /// A socket-activated helper exits after this long without a connection.
 pub const IDLE_EXIT: Duration = Duration::from_secs(120);
@@ -397,26 +397,40 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
         Err(e) => return refuse_malformed(&mut stream, uid, &e).await,
     };
     drop(body);
-    if let Some(response) = run_request(ctx, uid, request, &stream).await {
+    let (vmid, txn) = (request.vmid, request.txn);
+    let what = describe(&request.op);
+    let stop = CancellationToken::new();
+    let response = {
+        let (mut from_caller, _) = stream.split();
+        let run = run_request(ctx, uid, request, &stop);
+        tokio::pin!(run);
+        tokio::select! {
+            response = &mut run => Some(response),
+            () = caller_gone(&mut from_caller) => {
+                tracing::warn!(uid, vmid, txn = %txn, "the caller went away during {what}: stopping it");
+                stop.cancel();
+                // The exec ends as at its timeout; a push is dropped (its pct killed) if it
+                // does not end by then.
+                let stopped = tokio::time::timeout(STOP_WAIT, run).await.is_ok();
+                tracing::warn!(uid, vmid, txn = %txn, "the request of the caller that went away was {}", if stopped { "stopped and swept" } else { "killed" });
+                None
+            }
+        }
+    };
+    if let Some(response) = response {
         respond(&mut stream, &response).await;
     }
 }
 
-/// Resolves when the caller has closed its end of the connection entirely (`POLLHUP`; a
-/// caller that only shut down its sending side is still there to read the answer).
-async fn hung_up(stream: &UnixStream) {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    use std::os::fd::AsFd;
-    let mut tick = tokio::time::interval(HANGUP_POLL);
+/// Resolves once the caller closed its side of the connection (or it failed): a caller sends
+/// nothing after its request and keeps the connection open until the answer (see the proto
+/// docs). Stray bytes are read and ignored.
+async fn caller_gone<R: tokio::io::AsyncRead + Unpin>(from_caller: &mut R) {
+    let mut buf = [0u8; 256];
     loop {
-        tick.tick().await;
-        let mut fds = [PollFd::new(stream.as_fd(), PollFlags::empty())];
-        if poll(&mut fds, PollTimeout::ZERO).is_ok()
-            && fds[0]
-                .revents()
-                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
-        {
-            return;
+        match from_caller.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
         }
     }
 }
@@ -468,14 +482,7 @@ fn describe(op: &Op) -> String {
     }
 }
 
-/// Authorize and run one request; `None` when the caller hung up while it ran (the command was
-/// killed: nothing outlives the caller's interest in it).
-async fn run_request(
-    ctx: &Ctx,
-    uid: u32,
-    request: Request,
-    stream: &UnixStream,
-) -> Option<Response> {
+async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationToken) -> Response {
     let Request { vmid, txn, op } = request;
     let what = describe(&op);
     let verdict = {
@@ -492,7 +499,7 @@ async fn run_request(
     };
     if let Err(r) = verdict {
         tracing::warn!(uid, vmid, txn = %txn, code = %r.code, "refused {what}: {}", r.message);
-        return Some(Response::Error(WireError::refused(r.code, r.message)));
+        return Response::Error(WireError::refused(r.code, r.message));
     }
     let lxc = LxcExec::new(vmid, ctx.pct.clone());
     let started = Instant::now();
@@ -500,23 +507,7 @@ async fn run_request(
         Op::Exec(mut r) => {
             r.timeout = r.timeout.min(MAX_TIMEOUT);
             r.output_cap = r.output_cap.min(MAX_OUTPUT_CAP);
-            let stop = CancellationToken::new();
-            let run = lxc.exec_until(&r, &stop);
-            tokio::pin!(run);
-            let ran = tokio::select! {
-                ran = &mut run => ran,
-                () = hung_up(stream) => {
-                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: stopping the command");
-                    stop.cancel();
-                    let stopped = tokio::time::timeout(STOP_WAIT, run).await;
-                    tracing::warn!(uid, vmid, txn = %txn, "the command of the caller that hung up was {}", match stopped {
-                        Ok(Ok(_)) => "stopped and swept",
-                        Ok(Err(_)) | Err(_) => "killed",
-                    });
-                    return None;
-                }
-            };
-            match ran {
+            match lxc.exec_until(&r, stop).await {
                 Ok(o) => {
                     tracing::info!(uid, vmid, txn = %txn, "ran {what}: {}", o.summary());
                     Response::from_outcome(&o)
@@ -528,15 +519,7 @@ async fn run_request(
             }
         }
         Op::Push { path, mode, data } => {
-            let source = PushSource::Bytes(data);
-            let pushed = tokio::select! {
-                pushed = lxc.push_file(&source, &path, mode) => pushed,
-                () = hung_up(stream) => {
-                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: the push was stopped");
-                    return None;
-                }
-            };
-            match pushed {
+            match lxc.push_file(&PushSource::Bytes(data), &path, mode).await {
                 Ok(receipt) => {
                     tracing::info!(uid, vmid, txn = %txn, "ran {what}: sha256 {}", receipt.sha256);
                     Response::from_receipt(&receipt)
@@ -549,5 +532,5 @@ async fn run_request(
         }
     };
     tracing::debug!(vmid, txn = %txn, "request took {:.3}s", started.elapsed().as_secs_f64());
-    Some(response)
+    response
 }
