@@ -10,6 +10,9 @@
 //! the vmid), the node's guest list (the vmid must be an LXC container on this node) and
 //! `user.cfg` (the vmid must be in the agent's pool). A request never names a host path: pushed
 //! files travel inline. Environment values and stdin are never logged.
+//!
+//! [`client`] is the agent's side: [`client::HelperExec`] and the choice between the helper and
+//! `pct` itself ([`client::ExecMode`]).
 
 pub mod authorize;
 pub mod client;
