@@ -367,8 +367,9 @@ pub enum ExecError {
         /// What went wrong (connect, read, write, timeout, a malformed answer).
         detail: String,
     },
-    /// The root exec helper refused the request (nothing ran in the guest).
-    #[error("the exec helper refused the request for {guest} ({code}): {message}")]
+    /// The root exec helper refused the request (nothing ran in the guest), or met an error
+    /// of its own running it.
+    #[error("the exec helper did not run the request for {guest} ({code}): {message}")]
     HelperRefused {
         /// The guest.
         guest: GuestRef,
