@@ -26,7 +26,7 @@ const LAYERS: &[&[&str]] = &[
     &["guest"],
     &["pve"],
     &["vmid"],
-    &["inventory", "tls", "durable_log"],
+    &["inventory", "tls", "durable_log", "privdrop"],
     &["config"],
     &["error", "timefmt"],
 ];
