@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds every cargo-fuzz target in agent/fuzz and runs each one briefly: the parsers of
-# /etc/pve/.vmlist, `pct list` and `qm list`, and the vmid policy; then the hub protocol's
+# /etc/pve/.vmlist, `pct list` and `qm list`, the vmid policy and the exec helper's request
+# decoder (what an unprivileged caller sends the root helper); then the hub protocol's
 # frame decoder (hub-protocol/fuzz).
 #
 # cargo-fuzz passes nightly-only flags to rustc (-Zsanitizer=address and the sanitizer-coverage

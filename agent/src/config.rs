@@ -57,6 +57,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// The cluster-wide guest list.
     pub vmlist_path: PathBuf,
+    /// PVE's users, groups, pools and ACLs (`/etc/pve/user.cfg`): the exec helper reads the
+    /// agent's pool's members from it.
+    pub user_cfg_path: PathBuf,
     /// `datacenter.cfg`, read by `doctor` for the `next-id` lint.
     pub datacenter_cfg: PathBuf,
     /// The PVE API.
@@ -73,8 +76,23 @@ pub struct Config {
     pub policy: Policy,
     /// `[journal] keep_days`: settled transactions older than this move to the archive.
     pub journal_keep_days: u32,
-    /// `[agent]`: how the agent process itself runs.
-    pub agent: AgentConfig,
+    /// `[agent] user`: the system user the agent runs as, if not root. The exec helper accepts
+    /// callers with this user's uid (and root); a command-line run started as root switches to
+    /// it for good after reading the config and the secrets ([`crate::privdrop`]).
+    pub agent_user: Option<String>,
+    /// `[exec]`: how the agent runs commands in LXC containers.
+    pub exec: ExecConfig,
+}
+
+/// The default socket of the root exec helper.
+pub const DEFAULT_EXEC_HELPER_SOCKET: &str = "/run/felhom-agent/exec.sock";
+
+/// `[exec]`.
+#[derive(Debug, Clone, Default)]
+pub struct ExecConfig {
+    /// `helper_socket`: the root exec helper's socket (absolute). `None`: the default
+    /// ([`DEFAULT_EXEC_HELPER_SOCKET`]) is used when the agent does not run as root.
+    pub helper_socket: Option<PathBuf>,
 }
 
 /// Bounds of `[journal] keep_days` (0: archive every settled transaction at once).
@@ -183,15 +201,6 @@ pub struct RestoreTestConfig {
     pub checks_dir: PathBuf,
 }
 
-/// `[agent]`.
-#[derive(Debug, Clone, Default)]
-pub struct AgentConfig {
-    /// The system user the agent runs as. A command-line run started as root switches to it
-    /// for good after reading the config and the secrets ([`crate::privdrop`]); the systemd
-    /// units start the daemon as this user already.
-    pub user: Option<String>,
-}
-
 /// The credential names under `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`), read
 /// instead of the configured secret files when present: `pve-token` for `[pve]
 /// token_secret_file`, `hub-token` for `[hub] token_file`.
@@ -263,7 +272,10 @@ struct RawConfig {
     pool: String,
     state_dir: Option<PathBuf>,
     vmlist_path: Option<PathBuf>,
+    user_cfg_path: Option<PathBuf>,
     datacenter_cfg: Option<PathBuf>,
+    agent: Option<RawAgent>,
+    exec: Option<RawExec>,
     pve: RawPve,
     hub: Option<RawHub>,
     provision: Option<RawProvision>,
@@ -271,13 +283,18 @@ struct RawConfig {
     metrics: Option<RawMetrics>,
     policy: Option<RawPolicy>,
     journal: Option<RawJournal>,
-    agent: Option<RawAgent>,
 }
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawAgent {
     user: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawExec {
+    helper_socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -346,6 +363,10 @@ fn invalid(msg: String) -> Failure {
 impl Config {
     /// Read and validate the configuration at `path`, including the secret files it names.
     pub fn load(path: &Path) -> Result<Self, Failure> {
+        Self::load_with(path, true)
+    }
+
+    fn load_with(path: &Path, read_secrets: bool) -> Result<Self, Failure> {
         use std::io::Read;
         let cannot = |e: std::io::Error| {
             invalid(format!(
@@ -367,11 +388,30 @@ impl Config {
         }
         let mut text = String::new();
         file.read_to_string(&mut text).map_err(cannot)?;
-        Self::parse(path, &text)
+        Self::parse_with(path, &text, read_secrets)
+    }
+
+    /// [`Config::load`] without reading the secret files (their paths are still validated;
+    /// the secrets are empty): for the root exec helper, which talks to neither PVE nor the
+    /// hub, and must start whoever owns those files (the agent's user may own them).
+    pub fn load_without_secrets(path: &Path) -> Result<Self, Failure> {
+        Self::load_with(path, false)
     }
 
     /// Validate configuration text that was read from `path`.
     pub fn parse(path: &Path, text: &str) -> Result<Self, Failure> {
+        Self::parse_with(path, text, true)
+    }
+
+    fn parse_with(path: &Path, text: &str, read_secrets: bool) -> Result<Self, Failure> {
+        let creds = credentials_dir();
+        let secret_of = |p: &Path, name: &str| {
+            if read_secrets {
+                read_secret(p, name, creds.as_deref())
+            } else {
+                Ok((p.to_path_buf(), Secret::new(String::new())))
+            }
+        };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             invalid(format!(
                 "config {} is invalid: {}",
@@ -421,12 +461,8 @@ impl Config {
                 raw.pve.token_id
             ))
         })?;
-        let creds = credentials_dir();
-        let (token_secret_file, token_secret) = read_secret(
-            &raw.pve.token_secret_file,
-            CREDENTIAL_PVE_TOKEN,
-            creds.as_deref(),
-        )?;
+        let (token_secret_file, token_secret) =
+            secret_of(&raw.pve.token_secret_file, CREDENTIAL_PVE_TOKEN)?;
         let pve = PveConfig {
             url: raw.pve.url.trim_end_matches('/').to_string(),
             token_id: raw.pve.token_id,
@@ -450,8 +486,7 @@ impl Config {
                     h.tls_fingerprint.as_deref(),
                     h.ca_file.as_ref(),
                 )?;
-                let (token_file, token) =
-                    read_secret(&h.token_file, CREDENTIAL_HUB_TOKEN, creds.as_deref())?;
+                let (token_file, token) = secret_of(&h.token_file, CREDENTIAL_HUB_TOKEN)?;
                 Some(HubConfig {
                     url: h.url,
                     token_file,
@@ -460,21 +495,6 @@ impl Config {
                 })
             }
         };
-        let agent_user = raw.agent.unwrap_or_default().user;
-        if let Some(u) = &agent_user {
-            if u.is_empty()
-                || u.len() > 32
-                || !u
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-                || u.starts_with('-')
-            {
-                return Err(invalid(format!(
-                    "config {}: [agent] user {u:?} is not a user name; use the system user of the package, felhom-agent",
-                    path.display()
-                )));
-            }
-        }
         let journal_keep_days = raw.journal.unwrap_or_default().keep_days.unwrap_or(90);
         if !JOURNAL_KEEP_DAYS.contains(&journal_keep_days) {
             return Err(invalid(format!(
@@ -580,6 +600,42 @@ impl Config {
                 state_dir.display().to_string()
             )));
         }
+        let agent_user = raw.agent.unwrap_or_default().user;
+        if let Some(user) = &agent_user {
+            if !valid_user_name(user) {
+                return Err(invalid(format!(
+                    "config {}: [agent] user {:?} is not a system user name (lowercase letters, digits, `_`, `-`, at most 32, not starting with a digit or `-`); set the user the agent runs as, e.g. felhom-agent",
+                    path.display(),
+                    user
+                )));
+            }
+        }
+        let exec = ExecConfig {
+            helper_socket: raw.exec.unwrap_or_default().helper_socket,
+        };
+        if let Some(sock) = &exec.helper_socket {
+            if !sock.is_absolute()
+                || sock
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                return Err(invalid(format!(
+                    "config {}: [exec] helper_socket {:?} must be an absolute path without `..` (default {DEFAULT_EXEC_HELPER_SOCKET})",
+                    path.display(),
+                    sock.display().to_string()
+                )));
+            }
+        }
+        let user_cfg_path = raw
+            .user_cfg_path
+            .unwrap_or_else(|| PathBuf::from("/etc/pve/user.cfg"));
+        if !user_cfg_path.is_absolute() {
+            return Err(invalid(format!(
+                "config {}: user_cfg_path {:?} is relative; give the absolute path (default /etc/pve/user.cfg)",
+                path.display(),
+                user_cfg_path.display().to_string()
+            )));
+        }
         Ok(Config {
             path: path.to_path_buf(),
             node,
@@ -588,6 +644,7 @@ impl Config {
             vmlist_path: raw
                 .vmlist_path
                 .unwrap_or_else(|| PathBuf::from("/etc/pve/.vmlist")),
+            user_cfg_path,
             datacenter_cfg: raw
                 .datacenter_cfg
                 .unwrap_or_else(|| PathBuf::from("/etc/pve/datacenter.cfg")),
@@ -598,7 +655,8 @@ impl Config {
             metrics,
             policy,
             journal_keep_days,
-            agent: AgentConfig { user: agent_user },
+            agent_user,
+            exec,
         })
     }
 }
@@ -686,6 +744,17 @@ pub fn format_fingerprint(fp: &[u8; 32]) -> String {
         .map(|b| format!("{b:02X}"))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+/// A system user name as Debian's `adduser --system` accepts it: lowercase letters, digits,
+/// `_` and `-`, 1 to 32 characters, not starting with a digit or `-`.
+pub fn valid_user_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && !name.starts_with(|c: char| c.is_ascii_digit() || c == '-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
 fn validate_token_id(id: &str) -> Result<(), &'static str> {
@@ -823,7 +892,7 @@ pub fn check_trusted_state_dir(cfg: &Config) -> Result<(), String> {
     if !meta.is_dir() {
         return Err(format!("state_dir {} is not a folder", path.display()));
     }
-    match untrusted_state_dir_reason(path, &meta, cfg.agent.user.as_deref()) {
+    match untrusted_state_dir_reason(path, &meta, cfg.agent_user.as_deref()) {
         Some(why) => Err(why),
         None => Ok(()),
     }
@@ -941,6 +1010,64 @@ mod tests {
             !dbg.contains("11111111-2222"),
             "secret leaked into Debug: {dbg}"
         );
+    }
+
+    #[test]
+    fn the_exec_helper_loads_the_config_without_reading_secret_files() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o644);
+        let path = d.path().join("agent.toml");
+        fs::write(&path, sample(&t, "")).expect("write");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod");
+        // A secret file the agent would refuse (readable by others) does not stop the helper,
+        // and nothing of it is read.
+        assert!(Config::load(&path).is_err());
+        let c = Config::load_without_secrets(&path).expect("loads");
+        assert_eq!(c.pve.token_secret.expose(), "");
+        assert_eq!(c.pve.token_secret_file, t);
+    }
+
+    #[test]
+    fn exec_helper_keys_default_and_are_checked() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let c = Config::parse(Path::new("/x.toml"), &sample(&t, "")).expect("valid");
+        assert_eq!(c.user_cfg_path, PathBuf::from("/etc/pve/user.cfg"));
+        assert_eq!(c.agent_user, None);
+        assert_eq!(c.exec.helper_socket, None);
+        let with = |top: &str, tail: &str| {
+            Config::parse(
+                Path::new("/x.toml"),
+                &format!("{}\n{tail}\n", sample(&t, top)),
+            )
+        };
+        let c = with(
+            "user_cfg_path = \"/srv/user.cfg\"",
+            "[agent]\nuser = \"felhom-agent\"\n[exec]\nhelper_socket = \"/run/x/exec.sock\"",
+        )
+        .expect("valid");
+        assert_eq!(c.user_cfg_path, PathBuf::from("/srv/user.cfg"));
+        assert_eq!(c.agent_user.as_deref(), Some("felhom-agent"));
+        assert_eq!(
+            c.exec.helper_socket.as_deref(),
+            Some(Path::new("/run/x/exec.sock"))
+        );
+        for (top, tail, key) in [
+            ("user_cfg_path = \"user.cfg\"", "", "user_cfg_path"),
+            ("", "[agent]\nuser = \"Bad User\"", "[agent] user"),
+            ("", "[agent]\nuser = \"\"", "[agent] user"),
+            ("", "[exec]\nhelper_socket = \"exec.sock\"", "helper_socket"),
+            (
+                "",
+                "[exec]\nhelper_socket = \"/run/../etc/x\"",
+                "helper_socket",
+            ),
+            ("", "[exec]\nsocket = \"/x\"", "socket"),
+        ] {
+            let err = with(top, tail).expect_err(key);
+            assert_eq!(err.code, ErrorCode::ConfigInvalid);
+            assert!(err.message.contains(key), "{key}: {}", err.message);
+        }
     }
 
     #[test]

@@ -536,7 +536,7 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
             match crate::config::untrusted_state_dir_reason(
                 &cfg.state_dir,
                 &m,
-                cfg.agent.user.as_deref(),
+                cfg.agent_user.as_deref(),
             ) {
                 None => r.pass(
                     "state_dir",

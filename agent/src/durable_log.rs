@@ -339,6 +339,25 @@ impl LogFile {
         }))
     }
 
+    /// A file already opened by the caller (for reading only: the caller chose how to open
+    /// it, e.g. without following links), known as `path` in messages.
+    pub fn from_opened(path: &Path, file: File, limits: Limits) -> Result<Self, LogError> {
+        let len = file
+            .metadata()
+            .map_err(|source| LogError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .len();
+        Ok(LogFile {
+            path: path.to_path_buf(),
+            file,
+            limits,
+            len,
+            tail: false,
+        })
+    }
+
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path

@@ -26,7 +26,12 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         // A journal verb on a transaction in the wrong state: nothing was written.
         | ErrorCode::NotNeedsHuman
         | ErrorCode::TxnNotOpen
-        | ErrorCode::TxnUnknown => ExitStatus::Refused,
+        | ErrorCode::TxnUnknown
+        // The exec helper refused a request: nothing ran in the guest.
+        | ErrorCode::ExecCallerRefused
+        | ErrorCode::ExecNotOwned
+        | ErrorCode::ExecNotInPool
+        | ErrorCode::ExecRequestInvalid => ExitStatus::Refused,
         ErrorCode::PveRefused
         | ErrorCode::TaskFailed
         | ErrorCode::TaskTimeout
@@ -37,7 +42,8 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         ErrorCode::PveUnreachable
         | ErrorCode::PveAuth
         | ErrorCode::TlsPinMismatch
-        | ErrorCode::ConfigInvalid => ExitStatus::Environment,
+        | ErrorCode::ConfigInvalid
+        | ErrorCode::ExecHelperUnavailable => ExitStatus::Environment,
         ErrorCode::OwnershipUnproven => ExitStatus::NeedsHuman,
         // A full band is a skip, not a failure.
         ErrorCode::BandFull => ExitStatus::Ok,
@@ -148,6 +154,10 @@ mod tests {
             ErrorCode::NotNeedsHuman,
             ErrorCode::TxnNotOpen,
             ErrorCode::TxnUnknown,
+            ErrorCode::ExecCallerRefused,
+            ErrorCode::ExecNotOwned,
+            ErrorCode::ExecNotInPool,
+            ErrorCode::ExecRequestInvalid,
         ] {
             assert_eq!(exit_status(code), ExitStatus::Refused, "{code}");
         }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod doctor;
 pub mod durable_log;
 pub mod error;
+pub mod exec_helper;
 pub mod guest;
 pub mod hub;
 pub mod inventory;

@@ -209,11 +209,22 @@ pub enum ErrorCode {
     TxnNotOpen,
     /// The journal has no transaction with that id.
     TxnUnknown,
+    /// The exec helper: the connecting process is neither root nor the agent's user.
+    ExecCallerRefused,
+    /// The exec helper: no open (or kept) transaction of the journal holds an armed claim on
+    /// the vmid, or the vmid is not an LXC container on this node.
+    ExecNotOwned,
+    /// The exec helper: the vmid is not in the agent's pool in `user.cfg`.
+    ExecNotInPool,
+    /// The exec helper: the request is malformed, too large or of another version.
+    ExecRequestInvalid,
+    /// The exec helper cannot be reached (its socket is missing or refuses connections).
+    ExecHelperUnavailable,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 29] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -238,6 +249,11 @@ impl ErrorCode {
         ErrorCode::NotNeedsHuman,
         ErrorCode::TxnNotOpen,
         ErrorCode::TxnUnknown,
+        ErrorCode::ExecCallerRefused,
+        ErrorCode::ExecNotOwned,
+        ErrorCode::ExecNotInPool,
+        ErrorCode::ExecRequestInvalid,
+        ErrorCode::ExecHelperUnavailable,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -267,6 +283,11 @@ impl ErrorCode {
             ErrorCode::NotNeedsHuman => "not_needs_human",
             ErrorCode::TxnNotOpen => "txn_not_open",
             ErrorCode::TxnUnknown => "txn_unknown",
+            ErrorCode::ExecCallerRefused => "exec_caller_refused",
+            ErrorCode::ExecNotOwned => "exec_not_owned",
+            ErrorCode::ExecNotInPool => "exec_not_in_pool",
+            ErrorCode::ExecRequestInvalid => "exec_request_invalid",
+            ErrorCode::ExecHelperUnavailable => "exec_helper_unavailable",
         }
     }
 }
@@ -435,7 +456,7 @@ mod tests {
             (ErrorCode::TxnNotOpen, "txn_not_open"),
             (ErrorCode::TxnUnknown, "txn_unknown"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 24);
+        assert_eq!(ErrorCode::ALL.len(), 29);
     }
 
     #[test]

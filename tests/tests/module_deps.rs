@@ -22,6 +22,7 @@ const LAYERS: &[&[&str]] = &[
     &["service", "doctor"],
     &["metrics"],
     &["preflight"],
+    &["exec_helper"],
     &["provision"],
     &["guest"],
     &["pve"],

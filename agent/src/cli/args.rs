@@ -168,6 +168,32 @@ With a verb (refresh, resolve, cancel): act on the journal; see each verb's --he
         #[arg(long, value_name = "N", required = true)]
         vmid: String,
     },
+    /// The root exec helper: runs `pct exec` / `pct push` for an agent that does not run as
+    /// root (started by systemd through felhom-agent-exec.socket).
+    #[command(
+        long_about = "The root exec helper. `pct exec` and `pct push` need root; an agent that runs as \
+an unprivileged system user ([agent] user) asks this helper, over a Unix socket, to run a command in \
+an LXC container or to copy a file into one. The helper does nothing else.\n\n\
+Who may call it: only processes of root and of the [agent] user (checked with SO_PEERCRED on \
+every connection; anyone else gets exec_caller_refused). Before every request it reads, fresh: \
+the journal in state_dir (the transaction named must be open, or settled and kept, with an armed \
+claim on exactly this vmid; else exec_not_owned), the node's full guest list (the vmid must be an \
+LXC container on this node; else exec_not_owned) and user_cfg_path (the vmid must be in the \
+config's pool; else exec_not_in_pool). A malformed, oversized or other-version request gets \
+exec_request_invalid. A request never names a file on the node: pushed files travel inside it.\n\n\
+How it starts: systemd socket activation, felhom-agent-exec.socket (default \
+/run/felhom-agent/exec.sock) starts felhom-agent-exec.service on the first connection; the helper \
+exits after two idle minutes. With --socket PATH it binds PATH itself (mode 0660, group of the \
+[agent] user), which is for tests and debugging. It logs every request (caller uid, vmid, \
+transaction, argv, result), never environment values or stdin.",
+        after_help = "Exit codes: 0 stopped (idle or SIGTERM), 6 the config, the [agent] user or the socket \
+is unusable."
+    )]
+    ExecHelper {
+        /// Bind this socket path instead of taking the socket from systemd.
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+    },
 }
 
 /// The journal's verbs.

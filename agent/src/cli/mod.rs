@@ -182,7 +182,7 @@ pub fn load_config(global: &GlobalOpts) -> Result<Config, CommandOutput> {
 /// goes through here.
 pub fn load_config_as_agent(global: &GlobalOpts) -> Result<Config, CommandOutput> {
     let cfg = load_config(global)?;
-    if let Some(user) = &cfg.agent.user {
+    if let Some(user) = &cfg.agent_user {
         crate::privdrop::drop_to(user).map_err(|f| CommandOutput::failure(&f))?;
     }
     Ok(cfg)
@@ -190,6 +190,15 @@ pub fn load_config_as_agent(global: &GlobalOpts) -> Result<Config, CommandOutput
 
 /// Run the command line, print its output, and return the exit status.
 pub fn run(cli: Cli) -> ExitStatus {
+    // The exec helper takes its socket from systemd before any thread starts, and runs its
+    // own runtime.
+    if let Some(Command::ExecHelper { socket }) = &cli.command {
+        if cli.selftest.is_some() {
+            eprintln!("usage error: --selftest cannot be combined with a command");
+            return ExitStatus::Usage;
+        }
+        return crate::exec_helper::server::main(&cli.global.config, socket.as_deref());
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -351,6 +360,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     )
                 }
                 Command::Run => output::daemon(crate::hub::run(&cfg, shutdown_token()).await),
+                Command::ExecHelper { .. } => usage("exec-helper runs on its own (felhom-agent exec-helper)"),
             }
         }
     }

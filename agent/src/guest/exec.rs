@@ -52,7 +52,7 @@ impl fmt::Display for GuestRef {
 /// The command runs with only `PATH` ([`GUEST_PATH`]), `LANG=C.UTF-8`, `HOME=/root`, the
 /// variables given here and the exec tag. Environment values are visible in the guest's and the
 /// node's process lists while the command starts: hand secrets over in a pushed file or on stdin.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ExecRequest {
     /// The program and its arguments; the program is looked up on the guest's `PATH`.
     pub argv: Vec<String>,

@@ -50,6 +50,11 @@ pub const JOURNAL_DIR: &str = "journal";
 
 const FILE_EXT: &str = "log";
 
+/// The name of transaction `txn`'s file in the journal folder.
+pub fn file_name(txn: Ulid) -> String {
+    format!("{txn}.{FILE_EXT}")
+}
+
 /// Errors of the journal. Every message names the transaction or file and says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -358,7 +363,7 @@ impl Journal {
 
     /// The file of transaction `txn`.
     pub fn path_of(&self, txn: Ulid) -> PathBuf {
-        self.dir.join(format!("{txn}.{FILE_EXT}"))
+        self.dir.join(file_name(txn))
     }
 
     /// Start the journal of a new transaction with its first state. Refused if the transaction
@@ -757,6 +762,24 @@ fn read_back(line: &str, path: &Path, line_no: usize) -> Result<Record, JournalE
             line: line_no,
             reason: "the record just written does not read back".to_string(),
         })
+}
+
+/// The last state of transaction `txn` from its journal file, which the caller opened itself
+/// (read-only; the exec helper opens it without following links and checks its owner). The
+/// same caps and checks as [`Journal::get`]: at most [`MAX_FILE_BYTES`], every record in
+/// sequence and of `txn`. `None`: the file holds no valid record.
+pub fn read_opened(
+    file: fs::File,
+    path: &Path,
+    txn: Ulid,
+) -> Result<Option<TxnState>, JournalError> {
+    let journal = Journal {
+        dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        limits: Limits::default(),
+    };
+    let mut log = LogFile::from_opened(path, file, journal.log_limits()).map_err(log_error(txn))?;
+    let read = journal.read_file(&mut log, txn)?;
+    Ok(to_txn_state(read, path.to_path_buf()))
 }
 
 fn to_txn_state(read: FileRead, path: PathBuf) -> Option<TxnState> {

@@ -2376,3 +2376,66 @@ fn a_needs_human_is_closed_once_by_an_operator_or_by_a_refresh_that_sees_it_gone
     old.as_object_mut().expect("object").remove("resolution");
     assert_eq!(serde_json::from_value::<State>(old).expect("decode"), s);
 }
+
+// ----- what the root exec helper accepts as an armed claim -----
+
+#[test]
+fn the_exec_helper_accepts_every_step_that_runs_commands_in_the_guest_and_nothing_before_the_arm() {
+    use crate::exec_helper::authorize::check_claim;
+    let id = hub_protocol::TxnId::from_ulid(txn());
+    // The launch proof, bootstrap and checks exec into the guest; the executor journals the
+    // state of each step before it runs the step.
+    for step in [
+        Step::Start,
+        Step::ProveLaunch,
+        Step::Bootstrap,
+        Step::Checks,
+        Step::Report,
+    ] {
+        for keep in [false, true] {
+            let s = at_with(step, GuestKind::Lxc, keep);
+            assert!(
+                check_claim(&s, VMID, "felhom", id).is_ok(),
+                "{step} keep={keep}: {:?}",
+                check_claim(&s, VMID, "felhom", id)
+            );
+            // Another vmid, another pool, a VM: never.
+            assert!(check_claim(&s, VMID + 1, "felhom", id).is_err());
+            assert!(check_claim(&s, VMID, "other", id).is_err());
+        }
+        let vm = at_with(step, GuestKind::Qemu, false);
+        assert!(check_claim(&vm, VMID, "felhom", id).is_err(), "{step}");
+    }
+    // Before the marker is read back, nothing is armed.
+    for step in [
+        Step::Validate,
+        Step::Submit,
+        Step::Task,
+        Step::WriteMarker,
+        Step::VerifyMarker,
+    ] {
+        let s = at_with(step, GuestKind::Lxc, false);
+        let refused = check_claim(&s, VMID, "felhom", id).expect_err("not armed");
+        assert_eq!(refused.code, ErrorCode::ExecNotOwned, "{step}");
+        assert!(
+            refused.message.contains(&VMID.to_string()),
+            "{}",
+            refused.message
+        );
+    }
+    // Settled and kept: its claim holds. Settled and destroyed (the test guest's end): none.
+    assert!(check_claim(&settled_kept(), VMID, "felhom", id).is_ok());
+    let mut s = at_with(Step::Recheck, GuestKind::Lxc, false);
+    for _ in 0..10 {
+        if s.is_terminal() {
+            break;
+        }
+        let e = towards(&s, Step::Done);
+        s = apply(&s, e).0;
+    }
+    assert!(s.is_terminal());
+    assert!(check_claim(&s, VMID, "felhom", id).is_err(), "{s:?}");
+    // Withdrawn by a refresh that saw the guest gone.
+    let gone = settled_kept().disarmed_by("guest 120 was not in the full guest list");
+    assert!(check_claim(&gone, VMID, "felhom", id).is_err());
+}

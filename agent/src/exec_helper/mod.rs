@@ -1,0 +1,17 @@
+//! The root exec helper: a small process that runs as root and does only what needs root on a
+//! Proxmox VE node, exec and push into LXC containers (`pct exec` / `pct push`), for an agent
+//! that runs as an unprivileged system user.
+//!
+//! It listens on a Unix stream socket (socket-activated by systemd as
+//! `felhom-agent-exec.socket`, default `/run/felhom-agent/exec.sock`). Each connection carries
+//! one request and one response ([`proto`]). Its callers are not trusted: the peer's uid must be
+//! root or the agent's user (`[agent] user`), and before every request the helper reads, fresh
+//! and bounded, the journal in `state_dir` (the transaction named must hold an armed claim on
+//! the vmid), the node's guest list (the vmid must be an LXC container on this node) and
+//! `user.cfg` (the vmid must be in the agent's pool). A request never names a host path: pushed
+//! files travel inline. Environment values and stdin are never logged.
+
+pub mod authorize;
+pub mod proto;
+pub mod server;
+pub mod user_cfg;

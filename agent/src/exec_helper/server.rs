@@ -1,0 +1,528 @@
+//! `felhom-agent exec-helper`: the root helper's server.
+//!
+//! It takes its listening socket from systemd socket activation (`LISTEN_FDS`/`LISTEN_PID`,
+//! one socket, fd 3; `felhom-agent-exec.socket`) and exits after [`IDLE_EXIT`] without a
+//! connection (systemd starts it again on the next one), or binds `--socket PATH` itself (mode
+//! 0660, group of `[agent] user`) and runs until SIGTERM.
+//!
+//! Each connection: the peer's uid (`SO_PEERCRED`) must be 0 or the uid of `[agent] user`
+//! (resolved at start), else `exec_caller_refused` before anything is read. Then one request
+//! frame is read (within [`READ_TIMEOUT`] and [`MAX_REQUEST_FRAME`]), decoded, authorized
+//! ([`super::authorize`], fresh files each time), run with [`LxcExec`] (caller timeouts and
+//! output caps clamped to [`MAX_TIMEOUT`] and [`MAX_OUTPUT_CAP`], pushed bytes staged in the
+//! helper's own 0700 scratch folder) and answered in one frame. At most
+//! [`MAX_CONNECTIONS`] connections are served at once; more wait in the socket's backlog.
+//!
+//! A caller that closes the connection while its command runs has the command killed (its
+//! `pct`'s process group), as the agent itself does when it stops waiting.
+//!
+//! Each request is logged with the caller's uid, the vmid, the transaction, the op, the argv
+//! (or the pushed path, mode and size), the names of the env variables, the size of stdin and
+//! the result. Env values, stdin and pushed bytes are never logged.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+
+use super::authorize::{authorize, Owners, Refusal};
+use super::proto::{
+    decode_request, read_frame, write_frame, Op, ProtoError, Request, Response, WireError,
+    MAX_OUTPUT_CAP, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME, MAX_TIMEOUT,
+};
+use crate::config::Config;
+use crate::error::{outside_text, ErrorCode, ExitStatus};
+use crate::guest::exec::{GuestExec, PushSource};
+use crate::guest::lxc::{LxcExec, PctConfig};
+
+/// How many connections are served at once.
+pub const MAX_CONNECTIONS: usize = 16;
+/// How long a caller may take to send its request.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long writing the response may take.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a running request checks that its caller is still connected.
+pub const HANGUP_POLL: Duration = Duration::from_millis(500);
+/// A socket-activated helper exits after this long without a connection.
+pub const IDLE_EXIT: Duration = Duration::from_secs(120);
+
+/// The environment variable that shortens [`IDLE_EXIT`] in tests (milliseconds; only in a
+/// build with the `test-hooks` feature).
+#[cfg(feature = "test-hooks")]
+pub const IDLE_ENV: &str = "FELHOM_AGENT_EXEC_IDLE_MS";
+
+/// The idle time before a socket-activated helper exits: [`IDLE_EXIT`], or the test build's
+/// override.
+fn idle_exit() -> Duration {
+    #[cfg(feature = "test-hooks")]
+    if let Some(ms) = std::env::var(IDLE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return Duration::from_millis(ms.max(10));
+    }
+    IDLE_EXIT
+}
+
+/// What the helper needs for every request.
+struct Ctx {
+    cfg: Config,
+    owners: Owners,
+    pct: PctConfig,
+}
+
+/// Where the listening socket comes from.
+enum Source {
+    /// Passed by systemd.
+    Activated(std::os::unix::net::UnixListener),
+    /// Bound by the helper at this path.
+    Bound(std::os::unix::net::UnixListener, PathBuf),
+}
+
+fn fail(code: ErrorCode, message: String) -> ExitStatus {
+    tracing::error!(code = %code, "{message}");
+    crate::error::exit_status(code)
+}
+
+/// The socket systemd passed, if this process was socket-activated (`LISTEN_PID` is this
+/// process and `LISTEN_FDS` is 1). Must run before any other thread starts.
+fn activated_socket() -> Result<Option<std::os::unix::net::UnixListener>, String> {
+    let pid_ok = std::env::var("LISTEN_PID")
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        == Some(std::process::id());
+    let fds = std::env::var("LISTEN_FDS").ok();
+    if !pid_ok || fds.is_none() {
+        return Ok(None);
+    }
+    if fds.as_deref().map(str::trim) != Some("1") {
+        return Err(format!(
+            "systemd passed {} sockets (LISTEN_FDS); felhom-agent-exec.socket must have exactly one ListenStream",
+            outside_text(fds.as_deref().unwrap_or(""))
+        ));
+    }
+    let mut fds = listenfd::ListenFd::from_env();
+    fds.take_unix_listener(0)
+        .map_err(|e| format!("the socket systemd passed (fd 3) is not a Unix stream socket: {e}"))
+}
+
+/// Bind `path`: a stale socket there is removed, anything else is refused; mode 0660, group
+/// `gid` when given.
+fn bind_socket(path: &Path, gid: Option<u32>) -> Result<std::os::unix::net::UnixListener, String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(|e| {
+            format!("cannot remove the stale socket {}: {e}", path.display())
+        })?,
+        Ok(_) => {
+            return Err(format!(
+                "{} exists and is not a socket; the helper will not remove it. Remove it by hand or pass another --socket",
+                path.display()
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot inspect {}: {e}", path.display())),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
+        format!(
+            "cannot bind {}: {e}; check that its folder exists",
+            path.display()
+        )
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
+    if let Some(gid) = gid {
+        nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))
+            .map_err(|e| format!("cannot give {} to group {gid}: {e}", path.display()))?;
+    }
+    Ok(listener)
+}
+
+/// The helper's private scratch folder (mode 0700, a fresh name) under `$RUNTIME_DIRECTORY`
+/// or the temporary folder.
+fn scratch_dir() -> Result<PathBuf, String> {
+    let base = std::env::var_os("RUNTIME_DIRECTORY")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(std::env::temp_dir);
+    nix::unistd::mkdtemp(&base.join("felhom-exec-helper.XXXXXX"))
+        .map_err(|e| format!("cannot create a scratch folder in {}: {e}", base.display()))
+}
+
+/// Run the helper: `felhom-agent exec-helper [--config PATH] [--socket PATH]`.
+pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
+    // First, while this is the only thread: the activation variables are read and removed.
+    let activated = match socket {
+        Some(_) => None,
+        None => match activated_socket() {
+            Ok(s) => s,
+            Err(msg) => return fail(ErrorCode::ConfigInvalid, msg),
+        },
+    };
+    // The helper talks to neither PVE nor the hub: it never reads their secrets.
+    let cfg = match Config::load_without_secrets(config_path) {
+        Ok(c) => c,
+        Err(f) => return fail(f.code, f.message),
+    };
+    let (agent_uid, agent_gid) = match &cfg.agent_user {
+        None => (None, None),
+        Some(name) => match nix::unistd::User::from_name(name) {
+            Ok(Some(u)) => (Some(u.uid.as_raw()), Some(u.gid.as_raw())),
+            Ok(None) => {
+                return fail(
+                    ErrorCode::ConfigInvalid,
+                    format!(
+                        "[agent] user {name:?} in {} does not exist on this node; create it (`adduser --system {name}`) or fix the setting",
+                        cfg.path.display()
+                    ),
+                )
+            }
+            Err(e) => {
+                return fail(
+                    ErrorCode::ConfigInvalid,
+                    format!("cannot look up [agent] user {name:?}: {e}"),
+                )
+            }
+        },
+    };
+    let source = match (activated, socket) {
+        (Some(l), _) => Source::Activated(l),
+        (None, Some(path)) => match bind_socket(path, agent_gid) {
+            Ok(l) => Source::Bound(l, path.to_path_buf()),
+            Err(msg) => return fail(ErrorCode::ConfigInvalid, msg),
+        },
+        (None, None) => {
+            return fail(
+                ErrorCode::ConfigInvalid,
+                "no socket to serve: start the helper through felhom-agent-exec.socket (systemd socket activation) or pass --socket PATH".to_string(),
+            )
+        }
+    };
+    let scratch = match scratch_dir() {
+        Ok(d) => d,
+        Err(msg) => return fail(ErrorCode::ConfigInvalid, msg),
+    };
+    let ctx = Arc::new(Ctx {
+        cfg,
+        owners: Owners { agent_uid },
+        pct: PctConfig {
+            scratch_dir: scratch.clone(),
+            ..PctConfig::default()
+        },
+    });
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(
+                ErrorCode::ConfigInvalid,
+                format!("cannot start the async runtime: {e}"),
+            )
+        }
+    };
+    let status = runtime.block_on(serve(source, ctx));
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    if let Err(e) = std::fs::remove_dir_all(&scratch) {
+        tracing::warn!(path = %scratch.display(), "cannot remove the scratch folder: {e}");
+    }
+    status
+}
+
+async fn serve(source: Source, ctx: Arc<Ctx>) -> ExitStatus {
+    let (std_listener, bound, activated) = match source {
+        Source::Activated(l) => (l, None, true),
+        Source::Bound(l, p) => (l, Some(p), false),
+    };
+    let listener = match std_listener
+        .set_nonblocking(true)
+        .and_then(|()| UnixListener::from_std(std_listener))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            return fail(
+                ErrorCode::ConfigInvalid,
+                format!("cannot listen on the socket: {e}"),
+            )
+        }
+    };
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(
+                ErrorCode::ConfigInvalid,
+                format!("cannot watch SIGTERM: {e}"),
+            )
+        }
+    };
+    tracing::info!(
+        socket = %bound.as_deref().map_or_else(|| "from systemd".to_string(), |p| p.display().to_string()),
+        agent_uid = ?ctx.owners.agent_uid,
+        "exec helper ready: callers root{}",
+        ctx.owners
+            .agent_uid
+            .map_or_else(String::new, |u| format!(" and uid {u}"))
+    );
+    let idle = idle_exit();
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let active = Arc::new(AtomicUsize::new(0));
+    // When the last connection was accepted or ended.
+    let last_activity = Arc::new(std::sync::Mutex::new(Instant::now()));
+    let idle_for =
+        |last: &std::sync::Mutex<Instant>| last.lock().map_or(Duration::ZERO, |t| t.elapsed());
+    let touch = |last: &std::sync::Mutex<Instant>| {
+        if let Ok(mut t) = last.lock() {
+            *t = Instant::now();
+        }
+    };
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            () = tokio::time::sleep(idle.min(Duration::from_secs(1))), if activated => {
+                if active.load(Ordering::SeqCst) == 0 && idle_for(&last_activity) >= idle {
+                    tracing::info!("no connection for {:.1}s: exiting until the next one", idle.as_secs_f64());
+                    break;
+                }
+                continue;
+            }
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        touch(&last_activity);
+        active.fetch_add(1, Ordering::SeqCst);
+        let ctx = ctx.clone();
+        let active = active.clone();
+        let last = last_activity.clone();
+        tokio::spawn(async move {
+            handle(stream, &ctx).await;
+            touch(&last);
+            active.fetch_sub(1, Ordering::SeqCst);
+            drop(permit);
+        });
+    }
+    if let Some(path) = bound {
+        let _ = std::fs::remove_file(path);
+    }
+    ExitStatus::Ok
+}
+
+async fn respond(stream: &mut UnixStream, response: &Response) {
+    let body = response.encode();
+    match tokio::time::timeout(
+        WRITE_TIMEOUT,
+        write_frame(stream, &body, MAX_RESPONSE_FRAME),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("could not send the response: {e}"),
+        Err(_) => tracing::warn!(
+            "could not send the response within {}s",
+            WRITE_TIMEOUT.as_secs()
+        ),
+    }
+}
+
+/// One connection: caller check, one request, one response.
+async fn handle(mut stream: UnixStream, ctx: &Ctx) {
+    let uid = match stream.peer_cred() {
+        Ok(c) => c.uid(),
+        Err(e) => {
+            tracing::warn!("cannot read the caller's credentials: {e}; connection dropped");
+            return;
+        }
+    };
+    if !(uid == 0 || Some(uid) == ctx.owners.agent_uid) {
+        tracing::warn!(
+            uid,
+            code = %ErrorCode::ExecCallerRefused,
+            "refused a caller with uid {uid}: only root and the agent's user may call the exec helper"
+        );
+        let msg = format!(
+            "uid {uid} may not use the exec helper; only root{} may. Run the agent as that user, or set [agent] user in {}",
+            ctx.owners
+                .agent_uid
+                .map_or_else(String::new, |u| format!(" and the agent's user (uid {u})")),
+            ctx.cfg.path.display()
+        );
+        respond(
+            &mut stream,
+            &Response::Error(WireError::refused(ErrorCode::ExecCallerRefused, msg)),
+        )
+        .await;
+        return;
+    }
+    let body = match tokio::time::timeout(READ_TIMEOUT, read_frame(&mut stream, MAX_REQUEST_FRAME))
+        .await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return refuse_malformed(&mut stream, uid, &e).await,
+        Err(_) => {
+            let e = ProtoError::Invalid(format!(
+                "no complete request within {}s",
+                READ_TIMEOUT.as_secs()
+            ));
+            return refuse_malformed(&mut stream, uid, &e).await;
+        }
+    };
+    let request = match decode_request(&body) {
+        Ok(r) => r,
+        Err(e) => return refuse_malformed(&mut stream, uid, &e).await,
+    };
+    drop(body);
+    if let Some(response) = run_request(ctx, uid, request, &stream).await {
+        respond(&mut stream, &response).await;
+    }
+}
+
+/// Resolves when the caller has closed its end of the connection entirely (`POLLHUP`; a
+/// caller that only shut down its sending side is still there to read the answer).
+async fn hung_up(stream: &UnixStream) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut tick = tokio::time::interval(HANGUP_POLL);
+    loop {
+        tick.tick().await;
+        let mut fds = [PollFd::new(stream.as_fd(), PollFlags::empty())];
+        if poll(&mut fds, PollTimeout::ZERO).is_ok()
+            && fds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+        {
+            return;
+        }
+    }
+}
+
+async fn refuse_malformed(stream: &mut UnixStream, uid: u32, e: &ProtoError) {
+    tracing::warn!(uid, code = %e.code(), "refused a malformed request: {e}");
+    if matches!(e, ProtoError::Io(_) | ProtoError::Truncated { .. }) {
+        // Nobody is left to read an answer.
+        return;
+    }
+    let msg = format!(
+        "{e}; the request was not run. The agent and the helper must be the same felhom-agent version"
+    );
+    respond(stream, &Response::Error(WireError::refused(e.code(), msg))).await;
+}
+
+/// What a request is, for the log: never env values, stdin or pushed bytes.
+fn describe(op: &Op) -> String {
+    match op {
+        Op::Exec(r) => format!(
+            "exec argv={} env_keys=[{}] stdin_bytes={} timeout={}s output_cap={}",
+            outside_text(&format!("{:?}", r.argv)),
+            outside_text(
+                &r.env
+                    .iter()
+                    .map(|(k, _)| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            r.stdin.as_ref().map_or(0, Vec::len),
+            r.timeout.as_secs(),
+            r.output_cap
+        ),
+        Op::Push { path, mode, data } => format!(
+            "push path={} mode={mode:o} bytes={}",
+            outside_text(path),
+            data.len()
+        ),
+    }
+}
+
+/// Authorize and run one request; `None` when the caller hung up while it ran (the command was
+/// killed: nothing outlives the caller's interest in it).
+async fn run_request(
+    ctx: &Ctx,
+    uid: u32,
+    request: Request,
+    stream: &UnixStream,
+) -> Option<Response> {
+    let Request { vmid, txn, op } = request;
+    let what = describe(&op);
+    let verdict = {
+        let cfg = ctx.cfg.clone();
+        let owners = ctx.owners;
+        tokio::task::spawn_blocking(move || authorize(&cfg, owners, vmid, txn))
+            .await
+            .unwrap_or_else(|e| {
+                Err(Refusal {
+                    code: ErrorCode::ExecNotOwned,
+                    message: format!("the authorization of {vmid} failed: {e}; nothing was run"),
+                })
+            })
+    };
+    if let Err(r) = verdict {
+        tracing::warn!(uid, vmid, txn = %txn, code = %r.code, "refused {what}: {}", r.message);
+        return Some(Response::Error(WireError::refused(r.code, r.message)));
+    }
+    let lxc = LxcExec::new(vmid, ctx.pct.clone());
+    let started = Instant::now();
+    let response = match op {
+        Op::Exec(mut r) => {
+            r.timeout = r.timeout.min(MAX_TIMEOUT);
+            r.output_cap = r.output_cap.min(MAX_OUTPUT_CAP);
+            let ran = tokio::select! {
+                ran = lxc.exec(&r) => ran,
+                () = hung_up(stream) => {
+                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: the command was killed");
+                    return None;
+                }
+            };
+            match ran {
+                Ok(o) => {
+                    tracing::info!(uid, vmid, txn = %txn, "ran {what}: {}", o.summary());
+                    Response::from_outcome(&o)
+                }
+                Err(e) => {
+                    tracing::warn!(uid, vmid, txn = %txn, code = %e.code(), "{what} failed: {e}");
+                    Response::Error(WireError::from_exec_error(&e))
+                }
+            }
+        }
+        Op::Push { path, mode, data } => {
+            let source = PushSource::Bytes(data);
+            let pushed = tokio::select! {
+                pushed = lxc.push_file(&source, &path, mode) => pushed,
+                () = hung_up(stream) => {
+                    tracing::warn!(uid, vmid, txn = %txn, "the caller hung up during {what}: the push was stopped");
+                    return None;
+                }
+            };
+            match pushed {
+                Ok(receipt) => {
+                    tracing::info!(uid, vmid, txn = %txn, "ran {what}: sha256 {}", receipt.sha256);
+                    Response::from_receipt(&receipt)
+                }
+                Err(e) => {
+                    tracing::warn!(uid, vmid, txn = %txn, code = %e.code(), "{what} failed: {e}");
+                    Response::Error(WireError::from_exec_error(&e))
+                }
+            }
+        }
+    };
+    tracing::debug!(vmid, txn = %txn, "request took {:.3}s", started.elapsed().as_secs_f64());
+    Some(response)
+}

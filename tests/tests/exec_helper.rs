@@ -1,0 +1,703 @@
+//! The root exec helper (`felhom-agent exec-helper`), the real binary on a real Unix socket:
+//! it runs a command or a push only for a caller of root or the agent's user, only in an LXC
+//! container that a transaction of this agent holds an armed claim on (the journal a kept
+//! `--selftest=provision` wrote in the fakepve guest bed), that is in the node's guest list and
+//! in the pool's `user.cfg` line (the fake writes both live, as pmxcfs does). Every `pct` the
+//! helper starts is counted by a wrapper in front of the bed's `pct` stand-in.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use felhom_agent::exec_helper::proto::Response;
+use felhom_tests::agent::agent_command;
+use felhom_tests::fakepve::toml_string;
+use felhom_tests::guestbed::{
+    kill_processes_with_marker, processes_with_marker, unique_marker, wait_processes_gone,
+};
+use felhom_tests::world::World;
+use serde_json::{json, Value};
+
+/// A transaction id no journal holds.
+const STRANGER_TXN: &str = "01JD00000000000000000000ZZ";
+
+/// A running helper; killed on drop.
+struct Helper {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+    calls: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Helper {
+    /// Start `exec-helper --socket` for world `w`, with `user_cfg_path` on the fake's live
+    /// `user.cfg` and `extra` appended to the agent's config; `pct` is a wrapper that logs each
+    /// call to `calls` and runs the bed's `pct`.
+    fn start(w: &World, extra: &str) -> Helper {
+        Self::launch(w, extra, false)
+    }
+
+    /// Like [`Helper::start`], but the socket is bound by `systemd-socket-activate`, which
+    /// starts the helper on the first connection with the socket as fd 3 (`LISTEN_FDS`).
+    fn activated(w: &World, extra: &str) -> Helper {
+        Self::launch(w, extra, true)
+    }
+
+    fn launch(w: &World, extra: &str, activated: bool) -> Helper {
+        Self::launch_env(w, extra, activated, &[])
+    }
+
+    fn launch_env(w: &World, extra: &str, activated: bool, env: &[(&str, &str)]) -> Helper {
+        // A folder others may enter, so a caller of another uid can reach the socket (its own
+        // mode and group decide who may connect).
+        let dir = tempfile::Builder::new()
+            .prefix("felhom-exec-")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let calls = dir.path().join("pct-calls.log");
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).expect("bin");
+        let wrapper = bin.join("pct");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\necho \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+                calls.display(),
+                w.bed.pct().display()
+            ),
+        )
+        .expect("wrapper");
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let config = w.files.dir().join("helper.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "user_cfg_path = {}\n{}\n{extra}\n",
+                toml_string(&w.pve.dir().join("user.cfg").display().to_string()),
+                w.files.config_text()
+            ),
+        )
+        .expect("helper config");
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let socket = dir.path().join("exec.sock");
+        let log = dir.path().join("helper.log");
+        let mut cmd = if activated {
+            // It hands the program only the variables given with -E (and LISTEN_*).
+            let mut c = Command::new("systemd-socket-activate");
+            c.arg("-l").arg(&socket);
+            for (k, v) in env {
+                c.arg("-E").arg(format!("{k}={v}"));
+            }
+            c.arg(felhom_tests::agent::agent_bin())
+                .arg("--config")
+                .arg(&config)
+                .arg("exec-helper")
+                .env_remove("FELHOM_AGENT_CONFIG");
+            c
+        } else {
+            let mut c = agent_command(&config);
+            c.args(["exec-helper", "--socket"]).arg(&socket);
+            c
+        };
+        let child = cmd
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("FELHOM_AGENT_LOG", "info")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start the helper");
+        let mut helper = Helper {
+            child,
+            socket,
+            log,
+            calls,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&helper.socket).is_err() {
+            if let Ok(Some(status)) = helper.child.try_wait() {
+                panic!("the helper exited ({status}):\n{}", helper.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the helper never listened:\n{}",
+                helper.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        helper
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The `pct` command lines the helper ran.
+    fn pct_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.calls)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn pct_calls_for(&self, vmid: u32) -> usize {
+        let word = vmid.to_string();
+        self.pct_calls()
+            .iter()
+            .filter(|l| l.split_whitespace().nth(1) == Some(word.as_str()))
+            .count()
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Send raw bytes; the response body, or `None` when the helper closed without one.
+    fn raw(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let mut s = UnixStream::connect(&self.socket).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(120)))
+            .expect("timeout");
+        // The helper may answer and close before reading everything sent.
+        let _ = s.write_all(bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).ok()?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).ok()?;
+        Some(body)
+    }
+
+    /// One request (a JSON value), its response as JSON.
+    fn call(&self, request: &Value) -> Value {
+        let body = serde_json::to_vec(request).expect("json");
+        let response = self.raw(&frame(&body)).expect("a response");
+        serde_json::from_slice(&response).expect("response JSON")
+    }
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut out = (body.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+fn b64(bytes: &[u8]) -> String {
+    // Standard base64 with padding, written out here so the test does not share the agent's
+    // encoder.
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn exec_request(vmid: u32, txn: &str, argv: &[&str]) -> Value {
+    json!({"v": 1, "op": "exec", "vmid": vmid, "txn": txn, "argv": argv, "timeout_ms": 30000})
+}
+
+fn code(response: &Value) -> &str {
+    response["error"]["code"].as_str().unwrap_or("")
+}
+
+/// A kept provision of `vmid`; its transaction id.
+fn keep(w: &World, vmid: u32) -> String {
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        &vmid.to_string(),
+        "--keep",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["destroy_armed"], json!(true), "{doc:#}");
+    doc["txn"].as_str().expect("txn").to_string()
+}
+
+/// Wait until the fake's live `user.cfg` satisfies `pred`.
+fn wait_user_cfg(w: &World, pred: impl Fn(&str) -> bool) {
+    let path = w.pve.dir().join("user.cfg");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if pred(&text) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "user.cfg never changed:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn rootfs_file(w: &World, vmid: u32, path: &str) -> Option<Vec<u8>> {
+    std::fs::read(w.bed.guest_path(vmid, path)).ok()
+}
+
+#[test]
+fn only_the_armed_transaction_runs_commands_in_its_pooled_container() {
+    let w = World::demo();
+    let txn = keep(&w, 160);
+    // A container the agent did not create, in the pool, carrying (copied) the marker of the
+    // kept transaction: the helper must go by the journal, not by what the guest shows.
+    let cfg = w.pve.guest(160).expect("160")["config"].clone();
+    w.pve.call(
+        "add_ct",
+        json!([161, "copy"]),
+        json!({"pool": "felhom", "status": "running", "config": {
+            "hostname": "copy", "tags": cfg["tags"], "description": cfg["description"],
+        }}),
+    );
+    w.pve.call("write_vmlist", json!([]), json!({}));
+    w.bed.add_ct(161);
+    wait_user_cfg(&w, |t| {
+        t.lines()
+            .any(|l| l.starts_with("pool:felhom:") && l.contains("160") && l.contains("161"))
+    });
+    let mut h = Helper::start(&w, "");
+
+    // (4) The armed transaction, its container in the node's list and in the pool: the
+    // command runs in the guest, with its env and stdin, and its output comes back.
+    let secret = "s3cret-env-value-7f3a";
+    let stdin = "stdin-bytes-91c2\n";
+    let mut req = exec_request(
+        160,
+        &txn,
+        &[
+            "/bin/sh",
+            "-c",
+            "echo out; echo err >&2; cat; echo \"$HELPER_SECRET\" > /root/helper-env; exit 3",
+        ],
+    );
+    req["env"] = json!([["HELPER_SECRET", secret]]);
+    req["stdin"] = json!(b64(stdin.as_bytes()));
+    let body = h
+        .raw(&frame(&serde_json::to_vec(&req).expect("json")))
+        .expect("a response");
+    let response = Response::decode(&body).expect("a valid response");
+    let Response::Exec(outcome) = response else {
+        panic!("expected an outcome, got {response:?}\n{}", h.log_text());
+    };
+    let outcome = outcome.into_outcome(1 << 20).expect("outcome");
+    assert_eq!(outcome.exit_code(), Some(3), "{outcome:?}");
+    assert_eq!(outcome.stdout.text(), format!("out\n{stdin}"));
+    assert_eq!(outcome.stderr.text(), "err\n");
+    assert_eq!(
+        rootfs_file(&w, 160, "/root/helper-env").as_deref(),
+        Some(format!("{secret}\n").as_bytes()),
+        "the env variable reached the command in the container"
+    );
+    assert!(h.pct_calls_for(160) >= 1, "{:?}", h.pct_calls());
+
+    // A push: the bytes travel in the request, arrive in the container, and are verified.
+    let data: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let r = h.call(&json!({
+        "v": 1, "op": "push", "vmid": 160, "txn": txn,
+        "path": "/root/pushed.bin", "mode": 0o640, "data": b64(&data),
+    }));
+    assert_eq!(r["push"]["size"], json!(70_000), "{r:#}");
+    assert_eq!(r["push"]["mode"], json!(0o640), "{r:#}");
+    assert_eq!(
+        rootfs_file(&w, 160, "/root/pushed.bin").as_deref(),
+        Some(&data[..])
+    );
+    let meta = std::fs::metadata(w.bed.guest_path(160, "/root/pushed.bin")).expect("pushed");
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+
+    // A caller that hangs up while its command runs: the command is killed, nothing is left.
+    let marker = unique_marker("hangup");
+    let req = exec_request(
+        160,
+        &txn,
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("sleep 30; touch /root/late # {marker}"),
+        ],
+    );
+    let mut s = UnixStream::connect(&h.socket).expect("connect");
+    s.write_all(&frame(&serde_json::to_vec(&req).expect("json")))
+        .expect("send");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while processes_with_marker(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the command never started:\n{}",
+            h.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(s);
+    let left = wait_processes_gone(&marker, Duration::from_secs(10));
+    if !left.is_empty() {
+        kill_processes_with_marker(&marker);
+        panic!(
+            "the command outlived its caller: {left:?}\n{}",
+            h.log_text()
+        );
+    }
+    assert!(h.log_text().contains("hung up"), "{}", h.log_text());
+
+    // (1) The kept transaction's id for the copy at 161, and an id no journal holds: refused,
+    // and no `pct` ever ran for 161 (its root filesystem is untouched).
+    for t in [txn.as_str(), STRANGER_TXN] {
+        let r = h.call(&exec_request(161, t, &["/bin/sh", "-c", "touch /root/ran"]));
+        assert_eq!(code(&r), "exec_not_owned", "{r:#}");
+        assert!(
+            r["error"]["message"].as_str().unwrap_or("").contains("161"),
+            "{r:#}"
+        );
+        let r = h.call(&json!({
+            "v": 1, "op": "push", "vmid": 161, "txn": t,
+            "path": "/root/ran", "mode": 0o644, "data": b64(b"x"),
+        }));
+        assert_eq!(code(&r), "exec_not_owned", "{r:#}");
+    }
+    // A link in the journal that names the kept transaction's file under another id is not
+    // followed.
+    let journal = w.state_dir().join("journal");
+    std::os::unix::fs::symlink(
+        journal.join(format!("{txn}.log")),
+        journal.join(format!("{STRANGER_TXN}.log")),
+    )
+    .expect("symlink");
+    let r = h.call(&exec_request(
+        160,
+        STRANGER_TXN,
+        &["/bin/sh", "-c", "touch /root/ran"],
+    ));
+    assert_eq!(code(&r), "exec_not_owned", "{r:#}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("symbolic link"),
+        "{r:#}\n{:?}",
+        std::fs::read_dir(&journal).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+    std::fs::remove_file(journal.join(format!("{STRANGER_TXN}.log"))).expect("unlink");
+    assert_eq!(h.pct_calls_for(161), 0, "{:?}", h.pct_calls());
+    assert!(rootfs_file(&w, 161, "/root/ran").is_none());
+    assert!(rootfs_file(&w, 160, "/root/ran").is_none());
+
+    // (2) The armed container taken out of the pool (root, outside the agent): refused with
+    // exec_not_in_pool, and `pct` does not run.
+    let before = h.pct_calls_for(160);
+    w.pve.guest_set(160, json!({"pool": null}));
+    w.pve.call("write_vmlist", json!([]), json!({}));
+    wait_user_cfg(&w, |t| {
+        t.lines()
+            .filter(|l| l.starts_with("pool:felhom:"))
+            .all(|l| {
+                !l.split(':')
+                    .nth(3)
+                    .unwrap_or("")
+                    .split(',')
+                    .any(|v| v == "160")
+            })
+    });
+    let r = h.call(&exec_request(
+        160,
+        &txn,
+        &["/bin/sh", "-c", "touch /root/ran"],
+    ));
+    assert_eq!(code(&r), "exec_not_in_pool", "{r:#}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("pool felhom"),
+        "{r:#}"
+    );
+    assert_eq!(h.pct_calls_for(160), before, "{:?}", h.pct_calls());
+    assert!(rootfs_file(&w, 160, "/root/ran").is_none());
+
+    // Every request was logged with its vmid and transaction; env values and stdin never.
+    assert!(h.alive(), "{}", h.log_text());
+    let log = h.log_text();
+    assert!(log.contains(&txn) && log.contains("160"), "{log}");
+    assert!(log.contains("HELPER_SECRET"), "env keys are logged: {log}");
+    assert!(!log.contains(secret), "an env value was logged: {log}");
+    assert!(!log.contains("stdin-bytes-91c2"), "stdin was logged: {log}");
+}
+
+/// A client of uid `uid` and group `gid` (a small python3 program): sends `body` in one frame,
+/// returns the response JSON.
+fn call_as(socket: &Path, uid: u32, gid: u32, body: &Value) -> Value {
+    let script = "import socket,struct,sys\n\
+        s=socket.socket(socket.AF_UNIX)\n\
+        s.connect(sys.argv[1])\n\
+        b=sys.stdin.buffer.read()\n\
+        s.sendall(struct.pack('>I',len(b))+b)\n\
+        def rd(n):\n    d=b''\n    while len(d)<n:\n        c=s.recv(n-len(d))\n        \
+        if not c: raise SystemExit('closed after %d bytes' % len(d))\n        d+=c\n    return d\n\
+        n=struct.unpack('>I',rd(4))[0]\n\
+        sys.stdout.buffer.write(rd(n))\n";
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(socket)
+        .uid(uid)
+        .gid(gid)
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&serde_json::to_vec(body).expect("json"))
+        .expect("write");
+    let out = child.wait_with_output().expect("python3");
+    assert!(
+        out.status.success(),
+        "client as uid {uid}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("response JSON")
+}
+
+#[test]
+fn callers_of_other_uids_and_malformed_frames_are_refused_and_the_helper_keeps_serving() {
+    let w = World::demo();
+    // The agent runs as `daemon` (uid 1): the socket is root:daemon 0660.
+    let mut h = Helper::start(&w, "[agent]\nuser = \"daemon\"\n");
+    let meta = std::fs::metadata(&h.socket).expect("socket");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((meta.uid(), meta.gid()), (0, 1));
+    }
+    let req = exec_request(160, STRANGER_TXN, &["/bin/true"]);
+
+    // (3) uid 65534 in the socket's group: it may connect, and is refused by its uid.
+    let r = call_as(&h.socket, 65534, 1, &req);
+    assert_eq!(code(&r), "exec_caller_refused", "{r:#}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("65534"),
+        "{r:#}"
+    );
+    // The agent's uid passes the caller check and meets the authorization.
+    let r = call_as(&h.socket, 1, 1, &req);
+    assert_eq!(code(&r), "exec_not_owned", "{r:#}");
+
+    // Malformed frames: each refused with a code, and the helper goes on serving.
+    let huge = u32::MAX.to_be_bytes();
+    let oversize = h.raw(&huge).expect("an answer to an oversize length");
+    let oversize: Value = serde_json::from_slice(&oversize).expect("json");
+    assert_eq!(code(&oversize), "exec_request_invalid", "{oversize:#}");
+    assert!(
+        oversize["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("larger than the limit"),
+        "{oversize:#}"
+    );
+    let bad_json = h.raw(&frame(b"{\"v\":1,\"op\":")).expect("an answer");
+    let bad_json: Value = serde_json::from_slice(&bad_json).expect("json");
+    assert_eq!(code(&bad_json), "exec_request_invalid", "{bad_json:#}");
+    let mut v2 = req.clone();
+    v2["v"] = json!(2);
+    let r = h.call(&v2);
+    assert_eq!(code(&r), "exec_request_invalid", "{r:#}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("version 2"),
+        "{r:#}"
+    );
+    let mut host_path = json!({"v": 1, "op": "push", "vmid": 160, "txn": STRANGER_TXN,
+        "path": "/root/x", "mode": 420, "data": ""});
+    host_path["source"] = json!("/etc/shadow");
+    let r = h.call(&host_path);
+    assert_eq!(code(&r), "exec_request_invalid", "{r:#}");
+    // A frame cut short: the helper drops it without an answer.
+    assert!(h.raw(&frame(b"{}")[..5]).is_none());
+
+    assert!(h.alive(), "{}", h.log_text());
+    let r = h.call(&req);
+    assert_eq!(code(&r), "exec_not_owned", "{r:#}");
+    assert!(h.pct_calls().is_empty(), "{:?}", h.pct_calls());
+    let log = h.log_text();
+    assert!(
+        log.contains("exec_caller_refused") && log.contains("65534"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_socket_activated_helper_serves_the_socket_systemd_passes_it() {
+    let w = World::demo();
+    // Without --socket and without systemd's socket: nothing to serve, exit 6.
+    let run = agent_command(&w.files.config_path)
+        .arg("exec-helper")
+        .env_remove("LISTEN_FDS")
+        .env_remove("LISTEN_PID")
+        .output()
+        .expect("run the helper");
+    assert_eq!(run.status.code(), Some(6), "{run:?}");
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("felhom-agent-exec.socket"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let mut h = Helper::activated(&w, "");
+    let r = h.call(&exec_request(160, STRANGER_TXN, &["/bin/true"]));
+    assert_eq!(code(&r), "exec_not_owned", "{r:#}\n{}", h.log_text());
+    // The same process serves the next connection.
+    let r = h.call(&json!({"v": 1}));
+    assert_eq!(code(&r), "exec_request_invalid", "{r:#}");
+    assert!(h.alive(), "{}", h.log_text());
+    assert!(
+        h.log_text().contains("exec helper ready"),
+        "{}",
+        h.log_text()
+    );
+    assert!(h.pct_calls().is_empty());
+    drop(h);
+
+    // Idle (the test build shortens the two minutes): it exits 0, for systemd to start it
+    // again on the next connection. It does not exit while a connection is open.
+    let mut h = Helper::launch_env(&w, "", true, &[("FELHOM_AGENT_EXEC_IDLE_MS", "1500")]);
+    let started = Instant::now();
+    let held = UnixStream::connect(&h.socket).expect("connect");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        h.alive(),
+        "exited with a connection open:\n{}",
+        h.log_text()
+    );
+    drop(held);
+    let status = loop {
+        if let Ok(Some(status)) = h.child.try_wait() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the idle helper never exited:\n{}",
+            h.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(0), "{}", h.log_text());
+    assert!(
+        h.log_text().contains("no connection for"),
+        "{}",
+        h.log_text()
+    );
+}
+
+#[test]
+fn an_open_provision_runs_commands_through_the_helper_during_its_bootstrap_and_not_after() {
+    let w = World::demo();
+    // A bootstrap profile that says when it started, then takes a while.
+    let run = w.files.bootstrap_dir.join("default/run");
+    std::fs::write(&run, "#!/bin/sh\n: > /root/bootstrap-started\nsleep 8\n").expect("profile");
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let h = Helper::start(&w, "");
+    let log = w.files.dir().join("provision.log");
+    let mut provision = w
+        .command()
+        .args(["--selftest=provision", "-vmid", "162", "--json"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("provision");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rootfs_file(&w, 162, "/root/bootstrap-started").is_none() {
+        if let Ok(Some(status)) = provision.try_wait() {
+            panic!(
+                "the provision ended ({status}) before its bootstrap ran:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "the bootstrap never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let txn = std::fs::read_dir(w.state_dir().join("journal"))
+        .expect("journal")
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".log"))
+                .map(str::to_string)
+        })
+        .next()
+        .expect("the provision's journal file");
+    let r = h.call(&exec_request(
+        162,
+        &txn,
+        &["/bin/sh", "-c", "echo during-bootstrap"],
+    ));
+    assert!(
+        matches!(provision.try_wait(), Ok(None)),
+        "the provision ended before the helper answered"
+    );
+    let stdout = r["exec"]["stdout"].as_str().unwrap_or("");
+    assert_eq!(
+        r["exec"]["exit"],
+        json!({"exited": 0}),
+        "{r:#}\n{}",
+        h.log_text()
+    );
+    assert_eq!(stdout, b64(b"during-bootstrap\n"), "{r:#}");
+    let step = w.journal_txn(&txn)["step"].clone();
+    assert!(
+        step == "bootstrap" || step == "prove_launch",
+        "journaled step while the bootstrap ran: {step}"
+    );
+
+    // The provision ends, destroys its test guest: the claim is gone with it.
+    let status = provision.wait().expect("wait");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let before = h.pct_calls_for(162);
+    let r = h.call(&exec_request(162, &txn, &["/bin/true"]));
+    assert_eq!(code(&r), "exec_not_owned", "{r:#}");
+    assert_eq!(h.pct_calls_for(162), before);
+}
