@@ -9,10 +9,13 @@
 # 2. dpkg-deb/dpkg -x: every expected file with its mode and nothing else, the conffiles, the
 #    control fields, the maintainer scripts (and the postinst run against stubs), the
 #    man page renders without warnings, the completions load, the binary runs, the tmpfiles
-#    snippet creates the state directory 0700.
+#    sysusers snippet creates the system user (in www-data), the tmpfiles snippet creates the
+#    state directory 0700 owned by it, lets its group read agent.toml and gives it an ACL on
+#    node_exporter's textfile folder.
 # 3. systemd-analyze verify on the unpacked units (any message fails), and
 #    systemd-analyze security --offline=true: the exposure of each service, which must not
-#    rise above the figure documented in systemd/README.md.
+#    rise above the figure documented in systemd/README.md; the daemon and the restore test
+#    run as a non-root User= with no capabilities.
 # 4. the Prometheus alert rules: promtool check rules and promtool test rules (the rules'
 #    unit tests) on the shipped files; the Grafana dashboard parses.
 # 5. lintian: errors and warnings fail (deliberate exceptions are overridden in the package,
@@ -24,8 +27,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 # The highest accepted exposure (systemd-analyze security) per service: systemd/README.md.
-MAX_EXPOSURE_AGENT=5.5
-MAX_EXPOSURE_RESTORE=5.1
+MAX_EXPOSURE_AGENT=2.5
+MAX_EXPOSURE_RESTORE=2.5
+# The root exec helper keeps the sandbox that `pct exec` into containers allows.
+MAX_EXPOSURE_EXEC=5.3
 
 step() { printf '\n== package: %s\n' "$*" >&2; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -55,7 +60,7 @@ field() { dpkg-deb --field "$deb" "$1"; }
 [ "$(field Section)" = admin ] || fail "Section is $(field Section), want admin"
 [ "$(field Architecture)" = "$(dpkg --print-architecture)" ] || fail "Architecture is $(field Architecture)"
 depends=$(field Depends)
-for dep in libc6 init-system-helpers pve-container qemu-server; do
+for dep in libc6 init-system-helpers systemd pve-container qemu-server; do
   grep -qw -- "$dep" <<<"$depends" || fail "Depends lacks $dep: $depends"
 done
 grep -q '^Maintainer: .\+ <.\+@.\+>$' "$work/control" || fail "Maintainer is not 'Name <address>'"
@@ -75,7 +80,10 @@ expected_files="\
 -rw-r--r-- ./lib/systemd/system/felhom-agent.service
 -rw-r--r-- ./lib/systemd/system/felhom-restore-test.service
 -rw-r--r-- ./lib/systemd/system/felhom-restore-test.timer
+-rw-r--r-- ./lib/systemd/system/felhom-agent-exec.socket
+-rw-r--r-- ./lib/systemd/system/felhom-agent-exec.service
 -rw-r--r-- ./usr/lib/tmpfiles.d/felhom-agent.conf
+-rw-r--r-- ./usr/lib/sysusers.d/felhom-agent.conf
 -rw-r--r-- ./etc/felhom-agent/agent.toml.example
 -rw-r--r-- ./etc/felhom-agent/checks.d/default.toml
 -rwxr-xr-x ./etc/felhom-agent/bootstrap.d/default/run
@@ -111,6 +119,9 @@ for pair in \
   systemd/felhom-agent.service:lib/systemd/system/felhom-agent.service \
   systemd/felhom-restore-test.service:lib/systemd/system/felhom-restore-test.service \
   systemd/felhom-restore-test.timer:lib/systemd/system/felhom-restore-test.timer \
+  systemd/felhom-agent-exec.socket:lib/systemd/system/felhom-agent-exec.socket \
+  systemd/felhom-agent-exec.service:lib/systemd/system/felhom-agent-exec.service \
+  packaging/felhom-agent.sysusers:usr/lib/sysusers.d/felhom-agent.conf \
   packaging/agent.toml.example:etc/felhom-agent/agent.toml.example \
   packaging/checks.d/default.toml:etc/felhom-agent/checks.d/default.toml \
   packaging/bootstrap.d/default/run:etc/felhom-agent/bootstrap.d/default/run \
@@ -122,7 +133,7 @@ for pair in \
   packaging/grafana/felhom-agent.json:usr/share/felhom-agent/grafana/felhom-agent.json; do
   cmp -s "${pair%%:*}" "$r/${pair#*:}" || fail "/${pair#*:} differs from ${pair%%:*}"
 done
-ok "units, example config, check pack, bootstrap profile, tmpfiles, READMEs, alert rules, dashboard are the sources"
+ok "units, example config, check pack, bootstrap profile, sysusers, tmpfiles, READMEs, alert rules, dashboard are the sources"
 
 step "alert rules (promtool)"
 command -v promtool >/dev/null 2>&1 || fail "promtool is missing: tests/setup.sh installs it (Debian package prometheus)"
@@ -184,12 +195,52 @@ grep -q '^complete -c felhom-agent .*-l selftest' "$r/usr/share/fish/vendor_comp
   fail "the fish completion does not complete --selftest"
 ok "completions: bash loads, zsh #compdef, fish completes --selftest"
 
-step "tmpfiles: the state directory"
-mkdir -p "$work/tmpfiles-root"
-systemd-tmpfiles --root="$work/tmpfiles-root" --create "$r/usr/lib/tmpfiles.d/felhom-agent.conf"
-mode=$(stat -c '%a %U %G' "$work/tmpfiles-root/var/lib/felhom-agent")
-[ "$mode" = "700 root root" ] || fail "tmpfiles made /var/lib/felhom-agent $mode, want 700 root root"
-ok "tmpfiles creates /var/lib/felhom-agent 0700 root:root"
+step "sysusers and tmpfiles: the user, the state directory, the config, the metrics ACL"
+# A scratch root with a base passwd/group (root, and www-data as on every Debian system).
+tr=$work/tmpfiles-root
+mkdir -p "$tr/etc/felhom-agent" "$tr/var/lib/prometheus/node-exporter"
+printf 'root:x:0:0:root:/root:/bin/bash\n' >"$tr/etc/passwd"
+printf 'root:x:0:\nwww-data:x:33:\n' >"$tr/etc/group"
+: >"$tr/etc/shadow"
+: >"$tr/etc/gshadow"
+systemd-sysusers --root="$tr" "$r/usr/lib/sysusers.d/felhom-agent.conf" 2>"$work/sysusers.err" ||
+  fail "systemd-sysusers failed on the shipped snippet: $(cat "$work/sysusers.err")"
+agent_uid=$(awk -F: '$1 == "felhom-agent" { print $3 }' "$tr/etc/passwd")
+agent_gid=$(awk -F: '$1 == "felhom-agent" { print $4 }' "$tr/etc/passwd")
+[ -n "$agent_uid" ] && [ "$agent_uid" -ne 0 ] || fail "sysusers made no non-root felhom-agent: $(cat "$tr/etc/passwd")"
+awk -F: -v u="$agent_uid" '$1 == "felhom-agent" && $3 == u && $7 == "/usr/sbin/nologin" { f = 1 } END { exit !f }' \
+  "$tr/etc/passwd" || fail "felhom-agent is not a nologin system user: $(cat "$tr/etc/passwd")"
+grep -qE '^www-data:x:33:(.*,)?felhom-agent(,.*)?$' "$tr/etc/group" ||
+  fail "felhom-agent is not a member of www-data: $(cat "$tr/etc/group")"
+printf 'pool = "x"\n' >"$tr/etc/felhom-agent/agent.toml"
+chmod 0600 "$tr/etc/felhom-agent/agent.toml"
+systemd-tmpfiles --root="$tr" --create "$r/usr/lib/tmpfiles.d/felhom-agent.conf" 2>"$work/tmpfiles.err" ||
+  fail "systemd-tmpfiles failed: $(cat "$work/tmpfiles.err")"
+mode=$(stat -c '%a %u %g' "$tr/var/lib/felhom-agent")
+[ "$mode" = "700 $agent_uid $agent_gid" ] ||
+  fail "tmpfiles made /var/lib/felhom-agent $mode, want 700 $agent_uid $agent_gid (felhom-agent)"
+mode=$(stat -c '%a %u %g' "$tr/etc/felhom-agent/agent.toml")
+[ "$mode" = "640 0 $agent_gid" ] || fail "tmpfiles left agent.toml $mode, want 640 0 $agent_gid (root:felhom-agent)"
+# The ACL line names the user, which only the host's user database resolves (acl_from_text
+# ignores --root): checked with the host's nobody in its place, on an existing folder (an
+# entry for that uid with rwx) and on a missing one (nothing done, no error).
+acl_line=$(grep '^a+ /var/lib/prometheus/node-exporter ' "$r/usr/lib/tmpfiles.d/felhom-agent.conf") ||
+  fail "the tmpfiles snippet has no ACL line for the node_exporter textfile folder"
+grep -q ' u:felhom-agent:rwx$' <<<"$acl_line" || fail "the ACL line does not give felhom-agent rwx: $acl_line"
+sed 's/u:felhom-agent:/u:nobody:/' <<<"$acl_line" >"$work/acl.conf"
+systemd-tmpfiles --root="$tr" --create "$work/acl.conf" 2>"$work/acl.err" ||
+  fail "the ACL line failed: $(cat "$work/acl.err")"
+python3 - "$tr/var/lib/prometheus/node-exporter" "$(id -u nobody)" <<'PY' || fail "no rwx ACL entry for the user on the textfile folder"
+import os, struct, sys
+raw = os.getxattr(sys.argv[1], "system.posix_acl_access")
+entries = [struct.unpack_from("<HHI", raw, 4 + 8 * i) for i in range((len(raw) - 4) // 8)]
+sys.exit(0 if any(tag == 2 and perm == 7 and uid == int(sys.argv[2]) for tag, perm, uid in entries) else 1)
+PY
+rm -r "$tr/var/lib/prometheus"
+systemd-tmpfiles --root="$tr" --create "$work/acl.conf" 2>"$work/acl.err" ||
+  fail "the ACL line fails when node_exporter is not installed: $(cat "$work/acl.err")"
+[ ! -e "$tr/var/lib/prometheus" ] || fail "the ACL line created the textfile folder"
+ok "sysusers: felhom-agent uid $agent_uid (nologin, in www-data); tmpfiles: state dir 0700 felhom-agent, agent.toml 0640 root:felhom-agent, textfile folder ACL u:felhom-agent:rwx when it exists"
 
 step "maintainer scripts"
 for s in postinst prerm postrm; do
@@ -198,11 +249,11 @@ for s in postinst prerm postrm; do
   sh -n "$f" || fail "DEBIAN/$s has a syntax error"
   grep -q '#DEBHELPER#' "$f" && fail "DEBIAN/$s still holds #DEBHELPER#"
 done
-# postinst against stubs, installing into a scratch DPKG_ROOT: it enables the daemon and the
-# timer, creates the state directory 0700 and exits 0.
+# postinst against stubs, installing into a scratch DPKG_ROOT: it creates the user, enables the
+# daemon, the exec helper's socket and the timer, creates the state directory 0700 and exits 0.
 stubs=$work/stubs
 mkdir -p "$stubs" "$work/dpkg-root"
-for cmd in deb-systemd-helper deb-systemd-invoke systemctl systemd-tmpfiles; do
+for cmd in deb-systemd-helper deb-systemd-invoke systemctl systemd-tmpfiles systemd-sysusers; do
   printf '#!/bin/sh\necho "%s $*" >>"%s"\n' "$cmd" "$work/calls" >"$stubs/$cmd"
   chmod 755 "$stubs/$cmd"
 done
@@ -210,7 +261,9 @@ done
 DPKG_ROOT=$work/dpkg-root PATH="$stubs:$PATH" sh "$work/DEBIAN/postinst" configure "" ||
   fail "postinst configure failed"
 for want in "deb-systemd-helper enable felhom-agent.service" \
+  "deb-systemd-helper enable felhom-agent-exec.socket" \
   "deb-systemd-helper enable felhom-restore-test.timer" \
+  "systemd-sysusers --root=$work/dpkg-root felhom-agent.conf" \
   "systemd-tmpfiles --root=$work/dpkg-root --create felhom-agent.conf"; do
   grep -qxF "$want" "$work/calls" || fail "postinst did not run: $want (ran: $(tr '\n' ';' <"$work/calls"))"
 done
@@ -218,11 +271,15 @@ grep -q 'start felhom-agent.service\|restart felhom-agent.service' "$work/calls"
   fail "postinst into a DPKG_ROOT started the daemon: $(cat "$work/calls")"
 [ "$(stat -c %a "$work/dpkg-root/var/lib/felhom-agent")" = 700 ] ||
   fail "postinst did not create the state directory 0700"
+cp "$work/calls" "$work/calls.postinst"
 : >"$work/calls"
 PATH="$stubs:$PATH" sh "$work/DEBIAN/postrm" purge || fail "postrm purge failed"
-grep -qxF "deb-systemd-helper purge felhom-agent.service felhom-restore-test.timer" "$work/calls" ||
+grep -qxF "deb-systemd-helper purge felhom-agent.service felhom-agent-exec.socket felhom-restore-test.timer" "$work/calls" ||
   fail "postrm purge did not purge the units' state: $(cat "$work/calls")"
-ok "postinst enables felhom-agent.service and felhom-restore-test.timer, makes the state dir 0700; postrm purges"
+# sysusers runs before tmpfiles: the tmpfiles snippet names the user.
+awk '/^systemd-sysusers /{ u = NR } /^systemd-tmpfiles /{ t = NR } END { exit !(u && t && u < t) }' \
+  "$work/calls.postinst" || fail "postinst does not create the user before running tmpfiles"
+ok "postinst creates the user, enables felhom-agent.service, felhom-agent-exec.socket and felhom-restore-test.timer, makes the state dir 0700; postrm purges"
 
 step "units: not before agent.toml exists"
 for u in felhom-agent.service felhom-restore-test.service; do
@@ -237,7 +294,8 @@ vroot=$work/vroot
 mkdir -p "$vroot/lib/systemd/system"
 cp -a /lib/systemd/system/. "$vroot/lib/systemd/system/"
 cp -a "$r/." "$vroot/"
-units=(felhom-agent.service felhom-restore-test.service felhom-restore-test.timer)
+units=(felhom-agent.service felhom-restore-test.service felhom-restore-test.timer
+  felhom-agent-exec.socket felhom-agent-exec.service)
 paths=()
 for u in "${units[@]}"; do paths+=("$vroot/lib/systemd/system/$u"); done
 set +e
@@ -265,6 +323,27 @@ exposure() {
 }
 exposure felhom-agent.service "$MAX_EXPOSURE_AGENT"
 exposure felhom-restore-test.service "$MAX_EXPOSURE_RESTORE"
+exposure felhom-agent-exec.service "$MAX_EXPOSURE_EXEC"
+
+step "units: who runs as whom"
+unit_key() { sed -n "s/^$2=//p" "$r/lib/systemd/system/$1" | tail -n 1; }
+for u in felhom-agent.service felhom-restore-test.service; do
+  user=$(unit_key "$u" User)
+  [ -n "$user" ] && [ "$user" != root ] && [ "$user" != 0 ] || fail "$u has no non-root User= (User=$user)"
+  [ "$user" = felhom-agent ] || fail "$u runs as $user, not the package's user felhom-agent"
+  grep -qx 'CapabilityBoundingSet=' "$r/lib/systemd/system/$u" || fail "$u keeps capabilities"
+  grep -qx 'Wants=felhom-agent-exec.socket' "$r/lib/systemd/system/$u" || fail "$u does not want the exec helper's socket"
+  grep -qx 'LoadCredential=pve-token:/etc/felhom-agent/pve-token' "$r/lib/systemd/system/$u" ||
+    fail "$u does not hand over the PVE token secret with LoadCredential="
+done
+[ -z "$(unit_key felhom-agent-exec.service User)" ] || fail "the exec helper must run as root"
+grep -qx 'ExecStart=/usr/bin/felhom-agent exec-helper' "$r/lib/systemd/system/felhom-agent-exec.service" ||
+  fail "felhom-agent-exec.service does not run felhom-agent exec-helper"
+for kv in ListenStream=/run/felhom-agent/exec.sock SocketUser=root SocketGroup=felhom-agent \
+  SocketMode=0660 Accept=no; do
+  grep -qx "$kv" "$r/lib/systemd/system/felhom-agent-exec.socket" || fail "felhom-agent-exec.socket lacks $kv"
+done
+ok "the daemon and the restore test run as felhom-agent with no capabilities, secrets by LoadCredential=; the helper as root on a 0660 root:felhom-agent socket"
 
 step "lintian"
 if command -v lintian >/dev/null 2>&1; then

@@ -77,7 +77,8 @@ pub struct Config {
     /// `[journal] keep_days`: settled transactions older than this move to the archive.
     pub journal_keep_days: u32,
     /// `[agent] user`: the system user the agent runs as, if not root. The exec helper accepts
-    /// callers with this user's uid (and root).
+    /// callers with this user's uid (and root); a command-line run started as root switches to
+    /// it for good after reading the config and the secrets ([`crate::privdrop`]).
     pub agent_user: Option<String>,
     /// `[exec]`: how the agent runs commands in LXC containers.
     pub exec: ExecConfig,
@@ -199,6 +200,13 @@ pub struct RestoreTestConfig {
     /// The check pack folder for restored copies (default: `provision.checks_dir`).
     pub checks_dir: PathBuf,
 }
+
+/// The credential names under `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`), read
+/// instead of the configured secret files when present: `pve-token` for `[pve]
+/// token_secret_file`, `hub-token` for `[hub] token_file`.
+pub const CREDENTIAL_PVE_TOKEN: &str = "pve-token";
+/// See [`CREDENTIAL_PVE_TOKEN`].
+pub const CREDENTIAL_HUB_TOKEN: &str = "hub-token";
 
 /// The default `[metrics] dir`: Debian's node_exporter textfile collector folder.
 pub const DEFAULT_METRICS_DIR: &str = "/var/lib/prometheus/node-exporter";
@@ -396,11 +404,12 @@ impl Config {
     }
 
     fn parse_with(path: &Path, text: &str, read_secrets: bool) -> Result<Self, Failure> {
-        let read_secret = |p: &Path| {
+        let creds = credentials_dir();
+        let secret_of = |p: &Path, name: &str| {
             if read_secrets {
-                read_secret_file(p)
+                read_secret(p, name, creds.as_deref())
             } else {
-                Ok(Secret::new(String::new()))
+                Ok((p.to_path_buf(), Secret::new(String::new())))
             }
         };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
@@ -452,11 +461,12 @@ impl Config {
                 raw.pve.token_id
             ))
         })?;
-        let token_secret = read_secret(&raw.pve.token_secret_file)?;
+        let (token_secret_file, token_secret) =
+            secret_of(&raw.pve.token_secret_file, CREDENTIAL_PVE_TOKEN)?;
         let pve = PveConfig {
             url: raw.pve.url.trim_end_matches('/').to_string(),
             token_id: raw.pve.token_id,
-            token_secret_file: raw.pve.token_secret_file,
+            token_secret_file,
             token_secret,
             tls: pve_tls,
         };
@@ -476,10 +486,10 @@ impl Config {
                     h.tls_fingerprint.as_deref(),
                     h.ca_file.as_ref(),
                 )?;
-                let token = read_secret(&h.token_file)?;
+                let (token_file, token) = secret_of(&h.token_file, CREDENTIAL_HUB_TOKEN)?;
                 Some(HubConfig {
                     url: h.url,
-                    token_file: h.token_file,
+                    token_file,
                     token,
                     tls,
                 })
@@ -799,6 +809,90 @@ pub fn check_trusted_dir(path: &Path, what: &str) -> Result<(), String> {
         return Err(format!("{what} {} is not a folder", path.display()));
     }
     match untrusted_reason(path, &meta, what) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
+}
+
+/// `$CREDENTIALS_DIRECTORY` when systemd set it (an absolute path), else `None`.
+pub fn credentials_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(std::env::var_os("CREDENTIALS_DIRECTORY")?);
+    dir.is_absolute().then_some(dir)
+}
+
+/// Read the secret configured at `configured`, or, when `creds` (systemd's credentials folder)
+/// holds a credential named `name`, that one instead. Returns the file read and the secret;
+/// both go through [`read_secret_file`]'s checks (a credential is owned by the service's user,
+/// mode 0400).
+pub fn read_secret(
+    configured: &Path,
+    name: &str,
+    creds: Option<&Path>,
+) -> Result<(PathBuf, Secret), Failure> {
+    if let Some(dir) = creds {
+        let cred = dir.join(name);
+        if fs::symlink_metadata(&cred).is_ok() {
+            return read_secret_file(&cred).map(|s| (cred, s));
+        }
+    }
+    match read_secret_file(configured) {
+        Ok(s) => Ok((configured.to_path_buf(), s)),
+        Err(f) if creds.is_none() && !nix::unistd::geteuid().is_root() => Err(Failure::new(
+            f.code,
+            format!(
+                "{}; the agent runs as uid {} and the secret files are root's: start it through its systemd unit, which hands them over with LoadCredential={name}:{} (or run the command as root)",
+                f.message,
+                nix::unistd::geteuid(),
+                configured.display()
+            ),
+        )),
+        Err(f) => Err(f),
+    }
+}
+
+/// The uid of the `[agent] user`, when it is set and exists.
+pub fn agent_user_uid(user: Option<&str>) -> Option<u32> {
+    let name = user?;
+    nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
+}
+
+/// Why the state folder (`path`, `meta`) cannot be trusted, or `None`: as [`untrusted_reason`],
+/// except that a folder owned by the `[agent] user` is accepted too (a run as root, before or
+/// without switching to that user, finds the folder the user owns). Never writable by group
+/// or others.
+pub fn untrusted_state_dir_reason(
+    path: &Path,
+    meta: &fs::Metadata,
+    agent_user: Option<&str>,
+) -> Option<String> {
+    if agent_user_uid(agent_user) == Some(meta.uid()) {
+        let mode = meta.mode() & 0o7777;
+        return (mode & 0o022 != 0).then(|| {
+            format!(
+                "state_dir {} has mode {mode:04o}, writable by group or others; run `chmod 700 {}`",
+                path.display(),
+                path.display()
+            )
+        });
+    }
+    untrusted_reason(path, meta, "state_dir").map(|why| match agent_user {
+        Some(u) => format!("{why} (or `chown {u}:{u}`, the agent's user)"),
+        None => why,
+    })
+}
+
+/// [`untrusted_state_dir_reason`] for `cfg.state_dir`, which must be a folder.
+pub fn check_trusted_state_dir(cfg: &Config) -> Result<(), String> {
+    let path = &cfg.state_dir;
+    let meta =
+        fs::metadata(path).map_err(|e| format!("cannot read state_dir {}: {e}", path.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("state_dir {} is not a folder", path.display()));
+    }
+    match untrusted_state_dir_reason(path, &meta, cfg.agent_user.as_deref()) {
         Some(why) => Err(why),
         None => Ok(()),
     }
@@ -1268,6 +1362,73 @@ mod tests {
         assert!(err.message.contains("symbolic link"), "{}", err.message);
         assert!(!err.message.contains("11111111"), "{}", err.message);
         read_secret_file(&t).expect("the file itself is accepted");
+    }
+
+    #[test]
+    fn a_credential_is_read_instead_of_the_configured_file_and_checked_the_same() {
+        let d = tempfile::tempdir().expect("tmp");
+        let configured = secret_file(d.path(), 0o600);
+        let creds = d.path().join("creds");
+        fs::create_dir(&creds).expect("mkdir");
+        let cred = creds.join(CREDENTIAL_PVE_TOKEN);
+        fs::write(&cred, "from-the-credential\n").expect("write");
+        fs::set_permissions(&cred, fs::Permissions::from_mode(0o400)).expect("chmod");
+        let (from, secret) =
+            read_secret(&configured, CREDENTIAL_PVE_TOKEN, Some(&creds)).expect("credential");
+        assert_eq!(
+            (from.as_path(), secret.expose()),
+            (cred.as_path(), "from-the-credential")
+        );
+        // Another name is not there: the configured file.
+        let (from, secret) =
+            read_secret(&configured, CREDENTIAL_HUB_TOKEN, Some(&creds)).expect("configured");
+        assert_eq!(from, configured);
+        assert_eq!(secret.expose(), "11111111-2222-4333-8444-555555555555");
+        // Without a credentials folder: the configured file.
+        let (from, _) = read_secret(&configured, CREDENTIAL_PVE_TOKEN, None).expect("configured");
+        assert_eq!(from, configured);
+        // A credential others may read is refused like a secret file.
+        fs::set_permissions(&cred, fs::Permissions::from_mode(0o644)).expect("chmod");
+        let err = read_secret(&configured, CREDENTIAL_PVE_TOKEN, Some(&creds)).expect_err("0644");
+        assert!(
+            err.message.contains(&cred.display().to_string()),
+            "{}",
+            err.message
+        );
+        assert!(
+            !err.message.contains("from-the-credential"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn a_state_dir_of_the_agent_user_is_trusted_only_for_that_user() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("this test must run as root");
+        }
+        let d = tempfile::tempdir().expect("tmp");
+        let state = d.path().join("state");
+        fs::create_dir(&state).expect("mkdir");
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
+        nix::unistd::chown(&state, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
+        let meta = fs::metadata(&state).expect("stat");
+        assert_eq!(
+            untrusted_state_dir_reason(&state, &meta, Some("nobody")),
+            None
+        );
+        let why = untrusted_state_dir_reason(&state, &meta, None).expect("not trusted without it");
+        assert!(why.contains("uid 65534"), "{why}");
+        let why = untrusted_state_dir_reason(&state, &meta, Some("root")).expect("another user");
+        assert!(
+            why.contains("chown root:root") && why.contains("chown root:root"),
+            "{why}"
+        );
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o770)).expect("chmod");
+        let meta = fs::metadata(&state).expect("stat");
+        let why =
+            untrusted_state_dir_reason(&state, &meta, Some("nobody")).expect("group-writable");
+        assert!(why.contains("0770"), "{why}");
     }
 
     #[test]

@@ -536,12 +536,17 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
     }
     match std::fs::metadata(&cfg.state_dir) {
         Ok(m) if m.is_dir() => {
-            match crate::config::untrusted_reason(&cfg.state_dir, &m, "state_dir") {
+            match crate::config::untrusted_state_dir_reason(
+                &cfg.state_dir,
+                &m,
+                cfg.agent_user.as_deref(),
+            ) {
                 None => r.pass(
                     "state_dir",
                     format!(
-                        "{} exists, on persistent disk (not in memory, not under /tmp, /run, /dev/shm), owned by root and writable by root only",
-                        cfg.state_dir.display()
+                        "{} exists, on persistent disk (not in memory, not under /tmp, /run, /dev/shm), owned by uid {} and writable by its owner only",
+                        cfg.state_dir.display(),
+                        std::os::unix::fs::MetadataExt::uid(&m)
                     ),
                 ),
                 Some(why) => r.fail(

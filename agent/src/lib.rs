@@ -16,6 +16,7 @@ pub mod hub;
 pub mod inventory;
 pub mod metrics;
 pub mod preflight;
+pub mod privdrop;
 pub mod provision;
 pub mod pve;
 pub mod service;

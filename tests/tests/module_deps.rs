@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["guest"],
     &["pve"],
     &["vmid"],
-    &["inventory", "tls", "durable_log"],
+    &["inventory", "tls", "durable_log", "privdrop"],
     &["config"],
     &["error", "timefmt"],
 ];

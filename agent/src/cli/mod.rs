@@ -176,6 +176,18 @@ pub fn load_config(global: &GlobalOpts) -> Result<Config, CommandOutput> {
     Config::load(&global.config).map_err(|f| CommandOutput::failure(&f))
 }
 
+/// Load the config (and its secrets, as whoever started the run), then, when the run started
+/// as root and `[agent] user` is set, switch to that user for good ([`crate::privdrop`]).
+/// Every command but `doctor` (which writes nothing and looks at the files as root sees them)
+/// goes through here.
+pub fn load_config_as_agent(global: &GlobalOpts) -> Result<Config, CommandOutput> {
+    let cfg = load_config(global)?;
+    if let Some(user) = &cfg.agent_user {
+        crate::privdrop::drop_to(user).map_err(|f| CommandOutput::failure(&f))?;
+    }
+    Ok(cfg)
+}
+
 /// Run the command line, print its output, and return the exit status.
 pub fn run(cli: Cli) -> ExitStatus {
     // The exec helper takes its socket from systemd before any thread starts, and runs its
@@ -258,7 +270,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
             usage("--vmid/--from/--storage/--keep/--dry-run belong to --selftest (destroy takes its own --vmid after the command)")
         }
         (Some(kind), None) => {
-            let cfg = match load_config(&cli.global) {
+            let cfg = match load_config_as_agent(&cli.global) {
                 Ok(c) => c,
                 Err(out) => return out,
             };
@@ -315,7 +327,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
             if let Command::Doctor = cmd {
                 return output::doctor(&crate::doctor::check_all(&cli.global.config).await);
             }
-            let cfg = match load_config(&cli.global) {
+            let cfg = match load_config_as_agent(&cli.global) {
                 Ok(c) => c,
                 Err(out) => return out,
             };

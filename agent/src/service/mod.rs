@@ -138,7 +138,7 @@ pub fn open_journal(cfg: &Config) -> Result<Journal, Failure> {
             })?;
     }
     // The journal there decides which guests this agent may destroy.
-    crate::config::check_trusted_dir(&cfg.state_dir, "state_dir")
+    crate::config::check_trusted_state_dir(cfg)
         .map_err(|why| Failure::new(ErrorCode::ConfigInvalid, why))?;
     Journal::open(&cfg.state_dir).map_err(|e| Failure::new(e.code(), e.to_string()))
 }
