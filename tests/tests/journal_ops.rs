@@ -4,6 +4,7 @@
 //! operator handled by hand, `journal cancel` settles one transaction a dead process left open
 //! through the ownership gate. Every request PVE received is counted at fakepve.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use felhom_agent::provision::VmidLock;
@@ -424,6 +425,19 @@ fn the_hub_receives_a_resolution() {
     assert!(status.success(), "run exited {status}:\n{log}");
 }
 
+/// The series of a metrics file: `name{labels}` to value.
+fn series(w: &World) -> BTreeMap<String, f64> {
+    let text = std::fs::read_to_string(w.files.metrics_dir.join("felhom_transactions.prom"))
+        .expect("felhom_transactions.prom");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (name, v) = l.rsplit_once(' ')?;
+            Some((name.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
 #[test]
 fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
     let w = World::demo();
@@ -431,40 +445,119 @@ fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
     config.push_str("\n[journal]\nkeep_days = 0\n");
     std::fs::write(&w.files.config_path, config).expect("config");
 
-    let run = w.agent(&["--selftest=provision", "-vmid", "170", "--json"]);
+    // Five green provisions: each writing command first moves the settled ones before it to
+    // the archive. The counters never go down for it.
+    let mut done = Vec::new();
+    let mut seen: BTreeMap<String, f64> = BTreeMap::new();
+    for vmid in 170..175 {
+        let run = w.agent(&["--selftest=provision", "-vmid", &vmid.to_string(), "--json"]);
+        assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+        done.push(text(&run.json()["txn"]));
+        let now = series(&w);
+        for (name, before) in &seen {
+            let after = now.get(name).copied().unwrap_or(0.0);
+            assert!(
+                after >= *before,
+                "{name} went down from {before} to {after} after the provision of {vmid}"
+            );
+        }
+        seen = now;
+    }
+    let ok = "felhom_transactions_total{kind=\"selftest-provision\",outcome=\"ok\"}";
+    assert_eq!(seen.get(ok), Some(&5.0), "{seen:#?}");
+    let validated = seen
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("felhom_phase_duration_seconds_count{kind=\"selftest-provision\"")
+        })
+        .map(|(_, v)| *v)
+        .fold(0.0, f64::max);
+    assert!(
+        validated >= 5.0,
+        "each provision's phases are counted: {seen:#?}"
+    );
+
+    // The next writing command compacts: the settled transactions move, the kept one stays.
+    let kept = keep(&w, 175);
+    let after = series(&w);
+    for (name, before) in &seen {
+        let now = after.get(name).copied().unwrap_or(0.0);
+        assert!(now >= *before, "{name} went down from {before} to {now}");
+    }
+    // Five archived and the kept one (settled ok, its claim kept).
+    assert_eq!(after.get(ok), Some(&6.0), "{after:#?}");
+
+    let journal_dir = w.state_dir().join("journal");
+    let mut entries: Vec<String> = std::fs::read_dir(&journal_dir)
+        .expect("journal dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    entries.sort();
+    assert_eq!(
+        entries,
+        vec![format!("{kept}.log"), "archive".to_string()],
+        "the kept transaction's file and the archive, nothing else"
+    );
+    let mut in_archive: Vec<String> = std::fs::read_dir(journal_dir.join("archive"))
+        .expect("archive dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    in_archive.sort();
+    assert_eq!(in_archive.len(), 3, "{in_archive:?}");
+    assert_eq!(
+        in_archive[0], ".lock",
+        "the compaction lock: {in_archive:?}"
+    );
+    assert!(
+        in_archive[1].len() == "YYYY-MM.log".len() && in_archive[1].ends_with(".log"),
+        "one month's file: {in_archive:?}"
+    );
+    assert_eq!(in_archive[2], "totals.json", "{in_archive:?}");
+
+    // `journal` lists the kept one and, having fewer than 50 settled ones, the five from the
+    // archive; `--all` lists the same six.
+    let run = w.agent(&["journal", "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    let done = text(&run.json()["txn"]);
-    // The next writing command compacts: the settled transaction moves, the kept one stays.
-    let kept = keep(&w, 171);
-    let live: Vec<String> = w.journal().iter().map(|t| text(&t["txn"])).collect();
-    assert!(!live.contains(&done), "{live:?}");
-    assert!(live.contains(&kept), "{live:?}");
+    let doc = run.json();
+    let listed: Vec<String> = doc["transactions"]
+        .as_array()
+        .expect("transactions")
+        .iter()
+        .map(|t| text(&t["txn"]))
+        .collect();
+    let mut six = done.clone();
+    six.push(kept.clone());
+    assert_eq!(listed, six, "{doc:#}");
+    assert_eq!(doc["not_shown"], json!(0), "{doc:#}");
     let run = w.agent(&["journal", "--all", "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     let doc = run.json();
-    let archived = doc["archived"].as_array().expect("archived");
-    let a = archived
+    let live: Vec<String> = doc["transactions"]
+        .as_array()
+        .expect("transactions")
         .iter()
-        .find(|t| t["txn"] == done.as_str())
-        .unwrap_or_else(|| panic!("{doc:#}"));
-    assert_eq!(a["destroyed"], json!(true), "{a:#}");
-    assert!(archived.iter().all(|t| t["txn"] != kept.as_str()));
-    let files: Vec<_> = std::fs::read_dir(w.state_dir().join("journal").join("archive"))
-        .expect("archive dir")
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|t| text(&t["txn"]))
         .collect();
-    assert_eq!(files.len(), 1, "one month's file");
-    assert!(!w
-        .state_dir()
-        .join("journal")
-        .join(format!("{done}.log"))
-        .exists());
+    assert_eq!(live, vec![kept.clone()], "{doc:#}");
+    let archived = doc["archived"].as_array().expect("archived");
+    let ids: Vec<String> = archived.iter().map(|t| text(&t["txn"])).collect();
+    assert_eq!(ids, done, "{doc:#}");
+    assert!(
+        archived.iter().all(|t| t["destroyed"] == json!(true)),
+        "{doc:#}"
+    );
 
     // The kept guest's claim is untouched: its gated destroy still runs.
-    let run = w.agent(&["destroy", "-vmid", "171", "--json"]);
+    let run = w.agent(&["destroy", "-vmid", "175", "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(w.pve.deletes_for(171).len(), 1);
+    assert_eq!(w.pve.deletes_for(175).len(), 1);
+    let last = series(&w);
+    for (name, before) in &after {
+        let now = last.get(name).copied().unwrap_or(0.0);
+        assert!(now >= *before, "{name} went down from {before} to {now}");
+    }
 }
 
 #[test]
