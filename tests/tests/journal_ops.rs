@@ -439,6 +439,74 @@ fn series(w: &World) -> BTreeMap<String, f64> {
 }
 
 #[test]
+fn a_resolution_killed_before_its_spool_reaches_the_hub_once_after_a_restart() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let w = World::with_options(
+        demo_scenario(),
+        &AgentOptions {
+            hub: Some(hub.hub_options()),
+            ..AgentOptions::default()
+        },
+    );
+    let (_origin, stuck) = needs_human(&w, 166);
+    let run = run_killed(
+        &w,
+        &[
+            "journal",
+            "resolve",
+            &stuck,
+            "--reason",
+            "restored by hand",
+            "--json",
+        ],
+        "after-resolve-journal",
+    );
+    assert_eq!(run.code, None, "killed: {}\n{}", run.stdout, run.stderr);
+    let t = w.journal_txn(&stuck);
+    assert_eq!(t["resolution"]["reason"], "restored by hand", "{t:#}");
+    let spool = w.state_dir().join("outbox").join("spool");
+    let spooled = std::fs::read_dir(&spool)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| {
+                    std::fs::read_to_string(e.path()).is_ok_and(|f| f.contains("restored by hand"))
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(spooled, 0, "the kill came before the spool");
+
+    let closures = |s: &felhom_tests::devhub::HubState| {
+        s.events
+            .iter()
+            .filter(|(_, e)| {
+                e.txn.to_string() == stuck
+                    && e.detail
+                        .as_deref()
+                        .is_some_and(|d| d.contains("restored by hand"))
+            })
+            .count()
+    };
+    for start in 0..2 {
+        let agent = AgentDaemon::spawn(&w.files.config_path, FAST_TIMING, &[]);
+        // This start's session is up (its spool moved into the outbox and sent).
+        let state = hub.wait_for("the resolution event", Duration::from_secs(60), |s| {
+            closures(s) > 0 && s.hellos.len() > start
+        });
+        assert_eq!(closures(&state), 1, "start {start}: applied once");
+        agent.wait_for_log("connected to the hub", Duration::from_secs(30));
+        let (status, log) = agent.terminate(Duration::from_secs(30));
+        assert!(status.success(), "run exited {status}:\n{log}");
+        let notes = std::fs::read_dir(w.state_dir().join("unreported"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert_eq!(notes, 0, "nothing left to report after start {start}");
+    }
+    let state = hub.wait_for("the state", Duration::from_secs(1), |_| true);
+    assert_eq!(closures(&state), 1);
+}
+
+#[test]
 fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
     let w = World::demo();
     let mut config = std::fs::read_to_string(&w.files.config_path).expect("config");
