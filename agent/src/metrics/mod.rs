@@ -346,6 +346,52 @@ mod tests {
     }
 
     #[test]
+    fn archived_totals_add_to_the_live_counts() {
+        let mut archived = ArchiveTotals::default();
+        archived.transactions = 3;
+        archived
+            .outcomes
+            .entry("provision".into())
+            .or_default()
+            .insert("ok".into(), 3);
+        let b = archived
+            .phases
+            .entry("provision".into())
+            .or_default()
+            .entry(Phase::Submitted)
+            .or_default();
+        for s in [0.05, 2.0, 4000.0] {
+            b.observe(s);
+        }
+        let live = TxnTimings {
+            txn: Ulid::new(),
+            kind: TxnKind::Provision,
+            started_at: "2026-01-01T00:00:00Z".into(),
+            outcome: Some(OutcomeKind::Ok),
+            needs_human: false,
+            phases: vec![PhaseDone {
+                phase: Phase::Submitted,
+                seconds: 0.3,
+            }],
+        };
+        let text = transactions_text(&[live], &archived);
+        assert_exposition(&text);
+        assert!(text.contains("felhom_transactions_total{kind=\"provision\",outcome=\"ok\"} 4\n"));
+        let b = "felhom_phase_duration_seconds_bucket{kind=\"provision\",phase=\"submitted\"";
+        assert!(text.contains(&format!("{b},le=\"0.1\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"0.5\"}} 2\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"2.5\"}} 3\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"3600\"}} 3\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"+Inf\"}} 4\n")), "{text}");
+        assert!(text.contains(
+            "felhom_phase_duration_seconds_count{kind=\"provision\",phase=\"submitted\"} 4\n"
+        ));
+        assert!(text.contains(
+            "felhom_phase_duration_seconds_sum{kind=\"provision\",phase=\"submitted\"} 4002.35\n"
+        ));
+    }
+
+    #[test]
     fn hub_and_restore_test_texts() {
         assert_exposition(&hub_text(true, 3));
         assert!(hub_text(false, 3).contains("felhom_hub_connected 0\n"));

@@ -806,3 +806,44 @@ fn archive_totals_count_each_transaction_once_across_a_kill_between_append_and_t
     fs::write(&totals, copy).expect("totals back");
     assert_eq!(counted(&j), more);
 }
+
+#[test]
+fn archive_records_written_without_phase_durations_still_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    for n in 1..=3 {
+        write_all(&j, &refused_at_submit(txn(n), 500 + n as u32));
+    }
+    let later = OffsetDateTime::now_utc() + Duration::from_secs(5);
+    j.compact(Duration::ZERO, later).expect("compact");
+    let log = fs::read_dir(j.archive_dir())
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .find(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .expect("an archive file")
+        .path();
+    // The same records as an agent that did not keep phase durations wrote them.
+    let text = fs::read_to_string(&log).expect("archive");
+    assert_eq!(text.matches("\"phases\"").count(), 3, "durations are kept");
+    let mut old = String::new();
+    for line in text.lines() {
+        let (payload, _) = durable_log::decode_line(line.as_bytes()).expect("line");
+        let mut v: serde_json::Value = serde_json::from_str(payload).expect("json");
+        v.as_object_mut().expect("object").remove("phases");
+        old.push_str(
+            &durable_log::Limits {
+                max_record_bytes: 1 << 20,
+                max_file_bytes: 1 << 30,
+            }
+            .encode(&v.to_string())
+            .expect("encode"),
+        );
+    }
+    fs::write(&log, old).expect("old archive");
+    fs::remove_file(j.archive_dir().join(TOTALS_FILE)).expect("rm totals");
+    let view = j.timings_with_archive().expect("view");
+    assert_eq!(view.archived.transactions, 3);
+    assert!(view.archived.phases.values().all(|m| m.is_empty()));
+    assert_eq!(j.archived().expect("archived").len(), 3);
+    assert_eq!(j.all_timings().expect("all").len(), 3);
+}
