@@ -629,6 +629,51 @@ fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
 }
 
 #[test]
+fn journal_lists_what_may_own_a_guest_and_the_last_50_settled_and_says_what_it_leaves_out() {
+    let w = World::demo();
+    let kept = keep(&w, 176);
+    // Sixty settled transactions after it: destroys of vmids the agent never created, each
+    // refused and journaled.
+    let mut refused = Vec::new();
+    for vmid in 600..660 {
+        let run = w.agent(&["destroy", "-vmid", &vmid.to_string(), "--json"]);
+        assert_eq!(run.code, Some(7), "{}\n{}", run.stdout, run.stderr);
+        refused.push(text(&run.json()["txn"]));
+    }
+    let run = w.agent(&["journal", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let listed: Vec<String> = doc["transactions"]
+        .as_array()
+        .expect("transactions")
+        .iter()
+        .map(|t| text(&t["txn"]))
+        .collect();
+    let mut want = vec![kept.clone()];
+    want.extend(refused[10..].iter().cloned());
+    assert_eq!(listed.len(), 51, "{doc:#}");
+    assert_eq!(listed, want, "the kept one and the 50 newest settled");
+    assert_eq!(doc["not_shown"], json!(10), "{doc:#}");
+
+    let run = w.agent(&["journal"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("10 older settled transaction(s) not shown")
+            && run.stdout.contains("journal --all"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains(&kept) && !run.stdout.contains(&refused[9]));
+
+    let run = w.agent(&["journal", "--all", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["transactions"].as_array().expect("rows").len(), 61);
+    assert_eq!(doc["archived"].as_array().expect("archived").len(), 0);
+}
+
+#[test]
 fn the_help_of_each_journal_verb_says_what_it_does_never_does_and_its_exit_codes() {
     for (verb, never, refused) in [
         ("refresh", "Never writes to PVE", ", 6 "),
