@@ -20,7 +20,9 @@
 //! missing, of another bucket layout, or counts more than a file holds. Compaction rewrites it
 //! (temporary file, fsync, rename) after its appends and before it removes the moved
 //! transactions' files, with their ids in `recent` until they are removed, so a transaction
-//! in both places (a crash between) is counted once.
+//! in both places (a crash between) is counted once. Readers of the totals with the journal
+//! folder (the metrics, `journal --stats`, the listing) hold the archive's lock shared, so
+//! they never see a compaction half done.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -634,7 +636,12 @@ impl Journal {
         let live = self.replay()?;
         let (concern, mut settled): (Vec<&TxnState>, Vec<&TxnState>) =
             live.iter().partition(|t| !archivable(&t.state));
-        settled.sort_by(|a, b| (&b.updated_at, b.state.txn()).cmp(&(&a.updated_at, a.state.txn())));
+        // Newest first, by the instant (RFC 3339 texts of different precision do not sort).
+        settled.sort_by_cached_key(|t| {
+            let at = OffsetDateTime::parse(&t.updated_at, &Rfc3339)
+                .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+            std::cmp::Reverse((at, t.state.txn()))
+        });
         let live_hidden = settled.len().saturating_sub(others) as u64;
         settled.truncate(others);
         // Fewer settled ones in the folder than asked for: the rest from the archive.
