@@ -173,6 +173,7 @@ pub fn resolve(cfg: &Config, input: &str, reason: &str) -> Result<State, Failure
         .ok_or_else(|| not_needs_human(&state))?;
     note_unreported(cfg, closed.txn())?;
     journal.append(&closed).map_err(journal_failure)?;
+    #[cfg(feature = "test-hooks")]
     crate::provision::effects::kill_point("after-resolve-journal");
     tracing::info!(txn = %closed.txn(), vmid = ?closed.vmid(), "needs_human transaction closed by hand");
     // felhom_needs_human drops at once (its alert clears).
