@@ -554,6 +554,26 @@ fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
     }
     // Five archived and the kept one (settled ok, its claim kept).
     assert_eq!(after.get(ok), Some(&6.0), "{after:#?}");
+    // `journal --stats` counts the archived ones too, with their phase durations.
+    let run = w.agent(&["journal", "--stats", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let stats = run.json();
+    assert_eq!(stats["transactions"], json!(6), "{stats:#}");
+    let kind = stats["kinds"]
+        .as_array()
+        .expect("kinds")
+        .iter()
+        .find(|k| k["kind"] == "selftest-provision")
+        .unwrap_or_else(|| panic!("{stats:#}"));
+    assert_eq!(kind["outcomes"]["ok"], json!(6), "{stats:#}");
+    assert!(
+        kind["phases"]
+            .as_array()
+            .expect("phases")
+            .iter()
+            .any(|p| p["count"].as_u64() >= Some(6)),
+        "the archived phase durations count: {stats:#}"
+    );
 
     let journal_dir = w.state_dir().join("journal");
     let mut entries: Vec<String> = std::fs::read_dir(&journal_dir)
