@@ -144,11 +144,11 @@ fn main() {
         "  journal folder before retention: {} files",
         files_in(&live)
     );
-    let (list_before, rows) = time(3, || j.list().expect("list"));
-    assert_eq!(rows.len() as u64, n + OPEN);
+    let (list_before, listing) = time(3, || j.list_recent(50).expect("list"));
+    assert_eq!(listing.rows.len() as u64, OPEN + 50.min(n));
     let (open_before, _) = time(3, || j.open_transactions().expect("open"));
     println!(
-        "  before: `journal` rows {} ; settle step (open transactions) {}",
+        "  before: `journal` (open ones + the 50 newest settled) {} ; settle step (open transactions) {}",
         ms(list_before),
         ms(open_before)
     );
@@ -168,16 +168,28 @@ fn main() {
         "  journal folder after retention: {} files (the open ones) + archive/ with {archive_files} file(s)",
         files_in(&live)
     );
-    let (list_after, rows) = time(RUNS, || j.list().expect("list"));
-    assert_eq!(rows.len() as u64, OPEN);
+    let (list_after, listing) = time(RUNS, || j.list_recent(50).expect("list"));
+    assert_eq!(listing.rows.len() as u64, OPEN + 50.min(n));
+    assert_eq!(listing.not_shown, n.saturating_sub(50));
     let (open_after, open_rows) = time(RUNS, || j.open_transactions().expect("open"));
     assert_eq!(open_rows.len() as u64, OPEN);
     let (compact_idle, _) = time(RUNS, || j.compact(keep, later).expect("compact"));
+    assert_eq!(
+        files_in(&j.archive_dir()),
+        archive_files,
+        "the retention check writes nothing"
+    );
     println!(
-        "  after: `journal` rows {} (goal < 100 ms); settle step: open transactions {} + retention check {} (goal < 10 ms)",
+        "  after: `journal` (open ones + the 50 newest from the archive's end) {} (goal < 100 ms); settle step: open transactions {} + retention check {} (goal < 10 ms)",
         ms(list_after),
         ms(open_after),
         ms(compact_idle)
+    );
+    let (metrics, view) = time(RUNS, || j.timings_with_archive().expect("metrics view"));
+    assert_eq!(view.archived.transactions, n);
+    println!(
+        "  metrics (journal folder + the archive's totals): {}",
+        ms(metrics)
     );
     let (all, archived) = time(1, || j.archived().expect("archive"));
     println!(

@@ -4,6 +4,7 @@
 //! operator handled by hand, `journal cancel` settles one transaction a dead process left open
 //! through the ownership gate. Every request PVE received is counted at fakepve.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use felhom_agent::provision::VmidLock;
@@ -424,6 +425,87 @@ fn the_hub_receives_a_resolution() {
     assert!(status.success(), "run exited {status}:\n{log}");
 }
 
+/// The series of a metrics file: `name{labels}` to value.
+fn series(w: &World) -> BTreeMap<String, f64> {
+    let text = std::fs::read_to_string(w.files.metrics_dir.join("felhom_transactions.prom"))
+        .expect("felhom_transactions.prom");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (name, v) = l.rsplit_once(' ')?;
+            Some((name.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_resolution_killed_before_its_spool_reaches_the_hub_once_after_a_restart() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let w = World::with_options(
+        demo_scenario(),
+        &AgentOptions {
+            hub: Some(hub.hub_options()),
+            ..AgentOptions::default()
+        },
+    );
+    let (_origin, stuck) = needs_human(&w, 166);
+    let run = run_killed(
+        &w,
+        &[
+            "journal",
+            "resolve",
+            &stuck,
+            "--reason",
+            "restored by hand",
+            "--json",
+        ],
+        "after-resolve-journal",
+    );
+    assert_eq!(run.code, None, "killed: {}\n{}", run.stdout, run.stderr);
+    let t = w.journal_txn(&stuck);
+    assert_eq!(t["resolution"]["reason"], "restored by hand", "{t:#}");
+    let spool = w.state_dir().join("outbox").join("spool");
+    let spooled = std::fs::read_dir(&spool)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| {
+                    std::fs::read_to_string(e.path()).is_ok_and(|f| f.contains("restored by hand"))
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(spooled, 0, "the kill came before the spool");
+
+    let closures = |s: &felhom_tests::devhub::HubState| {
+        s.events
+            .iter()
+            .filter(|(_, e)| {
+                e.txn.to_string() == stuck
+                    && e.detail
+                        .as_deref()
+                        .is_some_and(|d| d.contains("restored by hand"))
+            })
+            .count()
+    };
+    for start in 0..2 {
+        let agent = AgentDaemon::spawn(&w.files.config_path, FAST_TIMING, &[]);
+        // This start's session is up (its spool moved into the outbox and sent).
+        let state = hub.wait_for("the resolution event", Duration::from_secs(60), |s| {
+            closures(s) > 0 && s.hellos.len() > start
+        });
+        assert_eq!(closures(&state), 1, "start {start}: applied once");
+        agent.wait_for_log("connected to the hub", Duration::from_secs(30));
+        let (status, log) = agent.terminate(Duration::from_secs(30));
+        assert!(status.success(), "run exited {status}:\n{log}");
+        let notes = std::fs::read_dir(w.state_dir().join("unreported"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert_eq!(notes, 0, "nothing left to report after start {start}");
+    }
+    let state = hub.wait_for("the state", Duration::from_secs(1), |_| true);
+    assert_eq!(closures(&state), 1);
+}
+
 #[test]
 fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
     let w = World::demo();
@@ -431,40 +513,184 @@ fn old_settled_transactions_move_to_the_archive_and_claims_stay() {
     config.push_str("\n[journal]\nkeep_days = 0\n");
     std::fs::write(&w.files.config_path, config).expect("config");
 
-    let run = w.agent(&["--selftest=provision", "-vmid", "170", "--json"]);
+    // Five green provisions: each writing command first moves the settled ones before it to
+    // the archive. The counters never go down for it.
+    let mut done = Vec::new();
+    let mut seen: BTreeMap<String, f64> = BTreeMap::new();
+    for vmid in 170..175 {
+        let run = w.agent(&["--selftest=provision", "-vmid", &vmid.to_string(), "--json"]);
+        assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+        done.push(text(&run.json()["txn"]));
+        let now = series(&w);
+        for (name, before) in &seen {
+            let after = now.get(name).copied().unwrap_or(0.0);
+            assert!(
+                after >= *before,
+                "{name} went down from {before} to {after} after the provision of {vmid}"
+            );
+        }
+        seen = now;
+    }
+    let ok = "felhom_transactions_total{kind=\"selftest-provision\",outcome=\"ok\"}";
+    assert_eq!(seen.get(ok), Some(&5.0), "{seen:#?}");
+    let validated = seen
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("felhom_phase_duration_seconds_count{kind=\"selftest-provision\"")
+        })
+        .map(|(_, v)| *v)
+        .fold(0.0, f64::max);
+    assert!(
+        validated >= 5.0,
+        "each provision's phases are counted: {seen:#?}"
+    );
+
+    // The next writing command compacts: the settled transactions move, the kept one stays.
+    let kept = keep(&w, 175);
+    let after = series(&w);
+    for (name, before) in &seen {
+        let now = after.get(name).copied().unwrap_or(0.0);
+        assert!(now >= *before, "{name} went down from {before} to {now}");
+    }
+    // Five archived and the kept one (settled ok, its claim kept).
+    assert_eq!(after.get(ok), Some(&6.0), "{after:#?}");
+    // `journal --stats` counts the archived ones too, with their phase durations.
+    let run = w.agent(&["journal", "--stats", "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    let done = text(&run.json()["txn"]);
-    // The next writing command compacts: the settled transaction moves, the kept one stays.
-    let kept = keep(&w, 171);
-    let live: Vec<String> = w.journal().iter().map(|t| text(&t["txn"])).collect();
-    assert!(!live.contains(&done), "{live:?}");
-    assert!(live.contains(&kept), "{live:?}");
+    let stats = run.json();
+    assert_eq!(stats["transactions"], json!(6), "{stats:#}");
+    let kind = stats["kinds"]
+        .as_array()
+        .expect("kinds")
+        .iter()
+        .find(|k| k["kind"] == "selftest-provision")
+        .unwrap_or_else(|| panic!("{stats:#}"));
+    assert_eq!(kind["outcomes"]["ok"], json!(6), "{stats:#}");
+    assert!(
+        kind["phases"]
+            .as_array()
+            .expect("phases")
+            .iter()
+            .any(|p| p["count"].as_u64() >= Some(6)),
+        "the archived phase durations count: {stats:#}"
+    );
+
+    let journal_dir = w.state_dir().join("journal");
+    let mut entries: Vec<String> = std::fs::read_dir(&journal_dir)
+        .expect("journal dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    entries.sort();
+    assert_eq!(
+        entries,
+        vec![format!("{kept}.log"), "archive".to_string()],
+        "the kept transaction's file and the archive, nothing else"
+    );
+    let mut in_archive: Vec<String> = std::fs::read_dir(journal_dir.join("archive"))
+        .expect("archive dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    in_archive.sort();
+    assert_eq!(in_archive.len(), 3, "{in_archive:?}");
+    assert_eq!(
+        in_archive[0], ".lock",
+        "the compaction lock: {in_archive:?}"
+    );
+    assert!(
+        in_archive[1].len() == "YYYY-MM.log".len() && in_archive[1].ends_with(".log"),
+        "one month's file: {in_archive:?}"
+    );
+    assert_eq!(in_archive[2], "totals.json", "{in_archive:?}");
+
+    // `journal` lists the kept one and, having fewer than 50 settled ones, the five from the
+    // archive; `--all` lists the same six.
+    let run = w.agent(&["journal", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let listed: Vec<String> = doc["transactions"]
+        .as_array()
+        .expect("transactions")
+        .iter()
+        .map(|t| text(&t["txn"]))
+        .collect();
+    let mut six = done.clone();
+    six.push(kept.clone());
+    assert_eq!(listed, six, "{doc:#}");
+    assert_eq!(doc["not_shown"], json!(0), "{doc:#}");
     let run = w.agent(&["journal", "--all", "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     let doc = run.json();
-    let archived = doc["archived"].as_array().expect("archived");
-    let a = archived
+    let live: Vec<String> = doc["transactions"]
+        .as_array()
+        .expect("transactions")
         .iter()
-        .find(|t| t["txn"] == done.as_str())
-        .unwrap_or_else(|| panic!("{doc:#}"));
-    assert_eq!(a["destroyed"], json!(true), "{a:#}");
-    assert!(archived.iter().all(|t| t["txn"] != kept.as_str()));
-    let files: Vec<_> = std::fs::read_dir(w.state_dir().join("journal").join("archive"))
-        .expect("archive dir")
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|t| text(&t["txn"]))
         .collect();
-    assert_eq!(files.len(), 1, "one month's file");
-    assert!(!w
-        .state_dir()
-        .join("journal")
-        .join(format!("{done}.log"))
-        .exists());
+    assert_eq!(live, vec![kept.clone()], "{doc:#}");
+    let archived = doc["archived"].as_array().expect("archived");
+    let ids: Vec<String> = archived.iter().map(|t| text(&t["txn"])).collect();
+    assert_eq!(ids, done, "{doc:#}");
+    assert!(
+        archived.iter().all(|t| t["destroyed"] == json!(true)),
+        "{doc:#}"
+    );
 
     // The kept guest's claim is untouched: its gated destroy still runs.
-    let run = w.agent(&["destroy", "-vmid", "171", "--json"]);
+    let run = w.agent(&["destroy", "-vmid", "175", "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(w.pve.deletes_for(171).len(), 1);
+    assert_eq!(w.pve.deletes_for(175).len(), 1);
+    let last = series(&w);
+    for (name, before) in &after {
+        let now = last.get(name).copied().unwrap_or(0.0);
+        assert!(now >= *before, "{name} went down from {before} to {now}");
+    }
+}
+
+#[test]
+fn journal_lists_what_may_own_a_guest_and_the_last_50_settled_and_says_what_it_leaves_out() {
+    let w = World::demo();
+    let kept = keep(&w, 176);
+    // Sixty settled transactions after it: destroys of vmids the agent never created, each
+    // refused and journaled.
+    let mut refused = Vec::new();
+    for vmid in 600..660 {
+        let run = w.agent(&["destroy", "-vmid", &vmid.to_string(), "--json"]);
+        assert_eq!(run.code, Some(7), "{}\n{}", run.stdout, run.stderr);
+        refused.push(text(&run.json()["txn"]));
+    }
+    let run = w.agent(&["journal", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let listed: Vec<String> = doc["transactions"]
+        .as_array()
+        .expect("transactions")
+        .iter()
+        .map(|t| text(&t["txn"]))
+        .collect();
+    let mut want = vec![kept.clone()];
+    want.extend(refused[10..].iter().cloned());
+    assert_eq!(listed.len(), 51, "{doc:#}");
+    assert_eq!(listed, want, "the kept one and the 50 newest settled");
+    assert_eq!(doc["not_shown"], json!(10), "{doc:#}");
+
+    let run = w.agent(&["journal"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("10 older settled transaction(s) not shown")
+            && run.stdout.contains("journal --all"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains(&kept) && !run.stdout.contains(&refused[9]));
+
+    let run = w.agent(&["journal", "--all", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["transactions"].as_array().expect("rows").len(), 61);
+    assert_eq!(doc["archived"].as_array().expect("archived").len(), 0);
 }
 
 #[test]

@@ -139,12 +139,15 @@ pub enum Command {
     /// each phase takes; with refresh, resolve or cancel, act on them (see `felhom-agent
     /// journal --help`).
     #[command(
-        long_about = "The transactions, their phase and whether destroy is armed.\n\n\
+        long_about = "The transactions, their phase and whether destroy is armed: every open \
+transaction, every needs_human one, every kept one (destroy armed), and the 50 settled ones written \
+last (from the journal folder, then the archive); it says how many older ones are not shown. With \
+--all: every transaction, the archive's too.\n\n\
 With --stats: per kind of transaction and per phase, how many times the phase ended and how \
 long it lasted (p50, p95 and max in seconds, nearest-rank percentiles), and the outcomes \
 counted (`open` for transactions not settled). A phase lasts from the journal record that \
 entered it to the record that entered the next phase; the last phase of a transaction has no \
-duration. Reads the journal only: no PVE call, nothing written.\n\n\
+duration. Reads the journal and its archive only: no PVE call, nothing written.\n\n\
 With a verb (refresh, resolve, cancel): act on the journal; see each verb's --help."
     )]
     Journal {
@@ -155,7 +158,8 @@ With a verb (refresh, resolve, cancel): act on the journal; see each verb's --he
         /// a unit, s, m, h or d (e.g. 90m, 36h, 7d).
         #[arg(long, value_name = "DURATION", requires = "stats")]
         since: Option<String>,
-        /// Also list the archived transactions (settled ones older than `[journal] keep_days`).
+        /// List every transaction: the whole journal folder and the archive (settled ones older
+        /// than `[journal] keep_days`), not only the open, needs_human, kept and 50 newest.
         #[arg(long)]
         all: bool,
         /// What to do with the journal (default: list it).

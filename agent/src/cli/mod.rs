@@ -349,10 +349,13 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     };
                     output::journal_stats(service::journal_stats(&cfg, since_s))
                 }
-                Command::Journal { op: None, all, .. } => output::journal(
+                Command::Journal { op: None, all: true, .. } => output::journal(
                     service::journal_rows(&cfg),
-                    all.then(|| service::archived_rows(&cfg)),
+                    Some(service::archived_rows(&cfg)),
                 ),
+                Command::Journal { op: None, .. } => {
+                    output::journal_recent(service::journal_listing(&cfg))
+                }
                 Command::Destroy { vmid } => {
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(

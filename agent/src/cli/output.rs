@@ -10,7 +10,7 @@ use crate::guest::checks::CheckResult;
 use crate::hub::DaemonReport;
 use crate::inventory::{FullGuestList, GuestsReport};
 use crate::preflight::PreflightReport;
-use crate::provision::journal::JournalRow;
+use crate::provision::journal::{JournalRow, Listing};
 use crate::provision::machine::State;
 use crate::service::restore_test::RestoreTestRun;
 use crate::service::{Driven, TxnRun};
@@ -289,6 +289,31 @@ pub fn journal(
     }
     CommandOutput {
         json,
+        human,
+        status: ExitStatus::Ok,
+    }
+}
+
+/// `felhom-agent journal`: what may still own or concern a guest and the settled ones written
+/// last; says how many older ones `--all` would add.
+pub fn journal_recent(listing: Result<Listing, Failure>) -> CommandOutput {
+    let listing = match listing {
+        Ok(l) => l,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut human = journal_table(&listing.rows);
+    if listing.rows.is_empty() {
+        human.push_str("(no transactions yet)\n");
+    }
+    if listing.not_shown > 0 {
+        human.push_str(&format!(
+            "\n{} older settled transaction(s) not shown; `felhom-agent journal --all` lists \
+             every one (the archive too)\n",
+            listing.not_shown
+        ));
+    }
+    CommandOutput {
+        json: json!({"transactions": listing.rows, "not_shown": listing.not_shown}),
         human,
         status: ExitStatus::Ok,
     }

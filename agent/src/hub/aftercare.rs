@@ -12,7 +12,7 @@ use std::time::Duration;
 use hub_protocol::{AgentMessage, Event, TxnId};
 use tokio_util::sync::CancellationToken;
 
-use super::outbox::{now_timestamp, spool};
+use super::outbox::{event_message_id, now_timestamp, spool_as};
 use crate::config::Config;
 use crate::provision::machine::{ResolvedBy, State};
 use crate::service::journal_ops;
@@ -61,20 +61,41 @@ pub async fn refresh_loop(cfg: Arc<Config>, every: Duration, stop: CancellationT
 }
 
 /// Spool a closed `needs_human` for the hub (when one is configured) as an event of its
-/// transaction; the daemon sends it. Returns what happened, for the operator.
+/// transaction, under an id derived from the transaction and the closure's journal record (the
+/// same closure spooled again is applied once); the daemon sends it. Returns what happened, for
+/// the operator.
 pub fn spool_resolution(cfg: &Config, state: &State) -> Option<String> {
     cfg.hub.as_ref()?;
-    let resolution = state.resolution()?;
-    let at = match now_timestamp() {
-        Ok(t) => t,
-        Err(e) => return Some(format!("not queued for the hub: {e}")),
+    state.resolution()?;
+    let record = match journal_ops::closure_record(cfg, state.txn()) {
+        Ok(Some((_, record))) => record,
+        Ok(None) => return Some("not queued for the hub: it is not in the journal".to_string()),
+        Err(e) => return Some(format!("not queued for the hub: {}", e.message)),
     };
+    Some(match spool_closure(cfg, state, record) {
+        Ok(()) => {
+            journal_ops::reported(cfg, state.txn());
+            "queued for the hub".to_string()
+        }
+        Err(e) => {
+            tracing::error!(txn = %state.txn(), error = %e, "the closure could not be queued for the hub; it is in the journal and the daemon's next start queues it");
+            format!("not queued for the hub: {e}")
+        }
+    })
+}
+
+fn spool_closure(cfg: &Config, state: &State, record: u64) -> Result<(), String> {
+    let Some(resolution) = state.resolution() else {
+        return Ok(());
+    };
+    let at = now_timestamp().map_err(|e| e.to_string())?;
     let by = match resolution.by {
         ResolvedBy::Operator => "an operator",
         ResolvedBy::Refresh => "a journal refresh",
     };
+    let txn = TxnId::from_ulid(state.txn());
     let event = Event {
-        txn: TxnId::from_ulid(state.txn()),
+        txn,
         kind: state.kind(),
         vmid: state.vmid(),
         phase: state.phase(),
@@ -82,11 +103,37 @@ pub fn spool_resolution(cfg: &Config, state: &State) -> Option<String> {
         detail: Some(format!("needs_human closed by {by}: {}", resolution.reason)),
         error: None,
     };
-    Some(match spool(&cfg.state_dir, AgentMessage::Event(event)) {
-        Ok(_) => "queued for the hub".to_string(),
-        Err(e) => {
-            tracing::error!(txn = %state.txn(), error = %e, "the closure could not be queued for the hub; it is in the journal");
-            format!("not queued for the hub: {e}")
+    spool_as(
+        &cfg.state_dir,
+        event_message_id(txn, record),
+        AgentMessage::Event(event),
+    )
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+}
+
+/// At the daemon's start: spool the closures a kill left journaled but not spooled (see
+/// [`journal_ops::UNREPORTED_DIR`]); a note whose closure was never journaled is dropped.
+/// Returns how many were spooled.
+pub fn report_unreported(cfg: &Config) -> usize {
+    let mut spooled = 0;
+    for txn in journal_ops::unreported(cfg) {
+        match journal_ops::closure_record(cfg, txn) {
+            Ok(Some((state, record))) => match spool_closure(cfg, &state, record) {
+                Ok(()) => {
+                    tracing::info!(%txn, record, "a closure journaled before a crash is queued for the hub");
+                    journal_ops::reported(cfg, txn);
+                    spooled += 1;
+                }
+                Err(e) => {
+                    tracing::error!(%txn, error = %e, "the closure of {txn} could not be queued for the hub; the next start tries again");
+                }
+            },
+            Ok(None) => journal_ops::reported(cfg, txn),
+            Err(e) => {
+                tracing::warn!(%txn, error = %e.message, "cannot read the closure of {txn}; the next start tries again");
+            }
         }
-    })
+    }
+    spooled
 }

@@ -114,6 +114,7 @@ pub async fn run(cfg: &Config, shutdown: CancellationToken) -> Result<DaemonRepo
         metrics_dir: Some(cfg.metrics.dir.clone()),
     };
     let runner = Arc::new(runner::ProvisionRunner::new(Arc::new(cfg.clone())));
+    aftercare::report_unreported(cfg);
     let refresh_stop = shutdown.child_token();
     let refresher = tokio::spawn(aftercare::refresh_loop(
         Arc::new(cfg.clone()),

@@ -182,9 +182,20 @@ fn kind_of(message: &AgentMessage) -> Result<&'static str, OutboxError> {
 /// Leave `message` for the `run` daemon to move into the outbox (see the module docs), from a
 /// process that does not own the outbox. Returns once the spool file is synced.
 pub fn spool(state_dir: &Path, message: AgentMessage) -> Result<MessageId, OutboxError> {
+    let (_, id) = classify(&message)?;
+    spool_as(state_dir, id, message)
+}
+
+/// [`spool`] under the id `id` (an event's id derived from its journal record, so the same
+/// record spooled again is applied once by the hub).
+pub fn spool_as(
+    state_dir: &Path,
+    id: MessageId,
+    message: AgentMessage,
+) -> Result<MessageId, OutboxError> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let (_, id) = classify(&message)?;
+    classify(&message)?;
     let ts = now_timestamp().map_err(|e| OutboxError::Encode {
         type_name: other_type_name(&message),
         id,

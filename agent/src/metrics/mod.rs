@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::provision::journal::TxnTimings;
+use crate::provision::journal::{ArchiveTotals, PhaseBuckets, TxnTimings};
 use crate::provision::machine::{OutcomeKind, Phase, TxnKind};
 use crate::provision::Journal;
 
@@ -36,9 +36,7 @@ pub const RESTORE_TEST_FILE: &str = "felhom_restore_test.prom";
 pub const DAEMON_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Upper bounds of the phase-duration histogram buckets, seconds.
-pub const BUCKETS: [f64; 13] = [
-    0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-];
+pub const BUCKETS: [f64; 13] = crate::provision::journal::PHASE_BUCKETS;
 
 /// Every kind of transaction, for series that exist before the first transaction.
 const KINDS: [TxnKind; 4] = [
@@ -74,25 +72,45 @@ fn num(v: f64) -> String {
 }
 
 /// The journal-derived exposition: phase-duration histograms, transactions by outcome, and
-/// the transactions that need a person.
-pub fn transactions_text(timings: &[TxnTimings]) -> String {
+/// the transactions that need a person. `timings` are the journal folder's transactions,
+/// `archived` the totals of those moved to the archive (so the counters never go down when
+/// old transactions are archived).
+pub fn transactions_text(timings: &[TxnTimings], archived: &ArchiveTotals) -> String {
     use std::collections::BTreeMap;
-    let mut hist: BTreeMap<(&str, Phase), Vec<f64>> = BTreeMap::new();
-    let mut totals: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    let mut hist: BTreeMap<(String, Phase), PhaseBuckets> = BTreeMap::new();
+    let mut totals: BTreeMap<(String, String), u64> = BTreeMap::new();
     for k in KINDS {
         for o in OUTCOMES {
-            totals.insert((k.as_str(), o.as_str()), 0);
+            totals.insert((k.as_str().to_string(), o.as_str().to_string()), 0);
+        }
+    }
+    for (kind, outcomes) in &archived.outcomes {
+        for (outcome, n) in outcomes {
+            *totals.entry((kind.clone(), outcome.clone())).or_default() += n;
+        }
+    }
+    for (kind, phases) in &archived.phases {
+        for (phase, b) in phases {
+            let h = hist.entry((kind.clone(), *phase)).or_default();
+            h.le.resize(BUCKETS.len(), 0);
+            for (n, add) in h.le.iter_mut().zip(&b.le) {
+                *n += add;
+            }
+            h.count += b.count;
+            h.sum += b.sum;
         }
     }
     let mut needs_human = 0u64;
     for t in timings {
         for p in &t.phases {
-            hist.entry((t.kind.as_str(), p.phase))
+            hist.entry((t.kind.as_str().to_string(), p.phase))
                 .or_default()
-                .push(p.seconds);
+                .observe(p.seconds);
         }
         if let Some(o) = t.outcome {
-            *totals.entry((t.kind.as_str(), o.as_str())).or_default() += 1;
+            *totals
+                .entry((t.kind.as_str().to_string(), o.as_str().to_string()))
+                .or_default() += 1;
         }
         if t.needs_human {
             needs_human += 1;
@@ -103,40 +121,38 @@ pub fn transactions_text(timings: &[TxnTimings]) -> String {
         &mut s,
         "felhom_phase_duration_seconds",
         "histogram",
-        "How long each phase of a transaction lasted, from the journal.",
+        "How long each phase of a transaction lasted, from the journal and its archive.",
     );
-    for ((kind, phase), values) in &hist {
+    for ((kind, phase), h) in &hist {
         let labels = format!("kind=\"{kind}\",phase=\"{}\"", phase.as_str());
-        for le in BUCKETS {
-            let n = values.iter().filter(|v| **v <= le).count();
+        for (le, n) in BUCKETS.iter().zip(h.le.iter().chain(std::iter::repeat(&0))) {
             let _ = writeln!(
                 s,
                 "felhom_phase_duration_seconds_bucket{{{labels},le=\"{}\"}} {n}",
-                num(le)
+                num(*le)
             );
         }
         let _ = writeln!(
             s,
             "felhom_phase_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-            values.len()
+            h.count
         );
-        let sum: f64 = values.iter().sum();
         let _ = writeln!(
             s,
             "felhom_phase_duration_seconds_sum{{{labels}}} {}",
-            num((sum * 1000.0).round() / 1000.0)
+            num((h.sum * 1000.0).round() / 1000.0)
         );
         let _ = writeln!(
             s,
             "felhom_phase_duration_seconds_count{{{labels}}} {}",
-            values.len()
+            h.count
         );
     }
     header(
         &mut s,
         "felhom_transactions_total",
         "counter",
-        "Settled transactions in the journal, by kind and outcome.",
+        "Settled transactions in the journal and its archive, by kind and outcome.",
     );
     for ((kind, outcome), n) in &totals {
         let _ = writeln!(
@@ -260,8 +276,13 @@ pub fn restore_test_text(f: &RestoreTestFigures<'_>) -> String {
 /// Rewrite [`TRANSACTIONS_FILE`] from the journal. The error's message names the folder or
 /// journal file and what to do; a caller logs it and never fails a transaction for it.
 pub fn update_transactions(dir: &Path, journal: &Journal) -> Result<(), String> {
-    let timings = journal.timings().map_err(|e| e.to_string())?;
-    textfile::write(dir, TRANSACTIONS_FILE, &transactions_text(&timings)).map_err(|e| e.to_string())
+    let view = journal.timings_with_archive().map_err(|e| e.to_string())?;
+    textfile::write(
+        dir,
+        TRANSACTIONS_FILE,
+        &transactions_text(&view.live, &view.archived),
+    )
+    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -308,7 +329,7 @@ mod tests {
         t2.outcome = Some(OutcomeKind::Ok);
         t2.needs_human = false;
         t2.phases[0].seconds = 40.0;
-        let text = transactions_text(&[t, t2]);
+        let text = transactions_text(&[t, t2], &ArchiveTotals::default());
         assert_exposition(&text);
         let b = "felhom_phase_duration_seconds_bucket{kind=\"provision\",phase=\"submitted\"";
         assert!(text.contains(&format!("{b},le=\"0.1\"}} 0\n")), "{text}");
@@ -322,6 +343,52 @@ mod tests {
             .contains("felhom_transactions_total{kind=\"provision\",outcome=\"needs_human\"} 1\n"));
         assert!(text.contains("felhom_transactions_total{kind=\"destroy\",outcome=\"ok\"} 0\n"));
         assert!(text.contains("felhom_needs_human 1\n"));
+    }
+
+    #[test]
+    fn archived_totals_add_to_the_live_counts() {
+        let mut archived = ArchiveTotals::default();
+        archived.transactions = 3;
+        archived
+            .outcomes
+            .entry("provision".into())
+            .or_default()
+            .insert("ok".into(), 3);
+        let b = archived
+            .phases
+            .entry("provision".into())
+            .or_default()
+            .entry(Phase::Submitted)
+            .or_default();
+        for s in [0.05, 2.0, 4000.0] {
+            b.observe(s);
+        }
+        let live = TxnTimings {
+            txn: Ulid::new(),
+            kind: TxnKind::Provision,
+            started_at: "2026-01-01T00:00:00Z".into(),
+            outcome: Some(OutcomeKind::Ok),
+            needs_human: false,
+            phases: vec![PhaseDone {
+                phase: Phase::Submitted,
+                seconds: 0.3,
+            }],
+        };
+        let text = transactions_text(&[live], &archived);
+        assert_exposition(&text);
+        assert!(text.contains("felhom_transactions_total{kind=\"provision\",outcome=\"ok\"} 4\n"));
+        let b = "felhom_phase_duration_seconds_bucket{kind=\"provision\",phase=\"submitted\"";
+        assert!(text.contains(&format!("{b},le=\"0.1\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"0.5\"}} 2\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"2.5\"}} 3\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"3600\"}} 3\n")), "{text}");
+        assert!(text.contains(&format!("{b},le=\"+Inf\"}} 4\n")), "{text}");
+        assert!(text.contains(
+            "felhom_phase_duration_seconds_count{kind=\"provision\",phase=\"submitted\"} 4\n"
+        ));
+        assert!(text.contains(
+            "felhom_phase_duration_seconds_sum{kind=\"provision\",phase=\"submitted\"} 4002.35\n"
+        ));
     }
 
     #[test]

@@ -190,6 +190,16 @@ fn parse_kill_at() -> Option<(bool, u32)> {
     }
 }
 
+/// Test hook (only with the `test-hooks` feature): SIGKILL the process here when
+/// `FELHOM_AGENT_KILL_AT` names this point (e.g. `after-resolve-journal`). Nothing in a
+/// package build (callers are compiled only with the feature).
+#[cfg(feature = "test-hooks")]
+pub fn kill_point(name: &str) {
+    if std::env::var(KILL_AT_ENV).ok().as_deref() == Some(name) {
+        kill_self(name);
+    }
+}
+
 fn kill_self(point: &str) {
     tracing::warn!(point, "test kill switch: SIGKILL now");
     let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);

@@ -473,15 +473,25 @@ impl Journal {
     /// Every transaction's last state, oldest first (ULID order). Fails on the first corrupt
     /// file; torn last lines are ignored with a warning.
     pub fn replay(&self) -> Result<Vec<TxnState>, JournalError> {
+        Ok(self
+            .replay_with_phases()?
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect())
+    }
+
+    /// [`Journal::replay`] with each transaction's phase durations (what the archive keeps).
+    fn replay_with_phases(&self) -> Result<Vec<(TxnState, Vec<PhaseDone>)>, JournalError> {
         let mut out = Vec::new();
         for (txn, path) in self.files()? {
             let mut log = self.open_existing(txn, &path, OpenMode::Read)?;
-            let read = self.read_file(&mut log, txn)?;
+            let mut read = self.read_file(&mut log, txn)?;
+            let phases = std::mem::take(&mut read.phases);
             if let Some(t) = to_txn_state(read, path) {
-                out.push(t);
+                out.push((t, phases));
             }
         }
-        out.sort_by_key(|t| t.state.txn());
+        out.sort_by_key(|(t, _)| t.state.txn());
         Ok(out)
     }
 
@@ -529,7 +539,7 @@ impl Journal {
             .collect())
     }
 
-    /// The rows of `felhom-agent journal`, oldest first.
+    /// Every transaction of the journal folder as rows, oldest first (`journal --all`).
     pub fn list(&self) -> Result<Vec<JournalRow>, JournalError> {
         Ok(self.replay()?.iter().map(JournalRow::from).collect())
     }
@@ -804,7 +814,10 @@ fn to_txn_state(read: FileRead, path: PathBuf) -> Option<TxnState> {
 }
 
 mod archive;
-pub use archive::{Compacted, ARCHIVE_DIR, ARCHIVE_MAX_FILE_BYTES};
+pub use archive::{
+    ArchiveTotals, Compacted, Listing, PhaseBuckets, TimingsView, ARCHIVE_DIR,
+    ARCHIVE_MAX_FILE_BYTES, PHASE_BUCKETS, TOTALS_FILE,
+};
 
 #[cfg(test)]
 mod tests;

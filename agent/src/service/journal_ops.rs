@@ -19,6 +19,83 @@ use crate::provision::{Journal, VmidLock};
 use crate::pve::{ApiErrorKind, GuestKind, PveClient};
 use crate::timefmt::now_rfc3339;
 
+/// The folder of the closures the hub has not been told of yet: `<state_dir>/unreported/<txn>`,
+/// written (synced) before a closure is journaled and removed once its event is spooled, so a
+/// kill between the journal and the spool is reported by the daemon's next start.
+pub const UNREPORTED_DIR: &str = "unreported";
+
+/// Note that transaction `txn`'s next record must reach the hub (only with a hub configured).
+fn note_unreported(cfg: &Config, txn: Ulid) -> Result<(), Failure> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if cfg.hub.is_none() {
+        return Ok(());
+    }
+    let dir = cfg.state_dir.join(UNREPORTED_DIR);
+    let path = dir.join(txn.to_string());
+    let fail = |p: &std::path::Path, e: std::io::Error| {
+        Failure::new(
+            ErrorCode::ConfigInvalid,
+            format!(
+                "cannot write {}: {e}; nothing was journaled. Check the state dir's disk and \
+                 permissions, then run the command again",
+                p.display()
+            ),
+        )
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| fail(&dir, e))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| fail(&path, e))?;
+    std::fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| fail(&dir, e))
+}
+
+/// The transactions whose closure may not have reached the hub yet.
+pub fn unreported(cfg: &Config) -> Vec<Ulid> {
+    let Ok(entries) = std::fs::read_dir(cfg.state_dir.join(UNREPORTED_DIR)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Ulid> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| Ulid::from_string(e.file_name().to_str()?).ok())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Transaction `txn`'s closure is spooled for the hub (or was never journaled).
+pub fn reported(cfg: &Config, txn: Ulid) {
+    let path = cfg.state_dir.join(UNREPORTED_DIR).join(txn.to_string());
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove {}; the closure will be reported again (the hub applies it once)", path.display());
+        }
+    }
+}
+
+/// A closed `needs_human` as it is journaled and reported: its state, and the number of its
+/// journal record (1-based: the event's identity).
+pub fn closure_record(cfg: &Config, txn: Ulid) -> Result<Option<(State, u64)>, Failure> {
+    let journal = open_journal(cfg)?;
+    Ok(journal
+        .get_any(txn)
+        .map_err(journal_failure)?
+        .filter(|t| t.state.resolution().is_some())
+        .map(|t| (t.state, t.records)))
+}
+
 fn journal_failure(e: crate::provision::JournalError) -> Failure {
     Failure::new(e.code(), e.to_string())
 }
@@ -94,7 +171,10 @@ pub fn resolve(cfg: &Config, input: &str, reason: &str) -> Result<State, Failure
     let closed = state
         .resolved(ResolvedBy::Operator, reason, now_rfc3339())
         .ok_or_else(|| not_needs_human(&state))?;
+    note_unreported(cfg, closed.txn())?;
     journal.append(&closed).map_err(journal_failure)?;
+    #[cfg(feature = "test-hooks")]
+    crate::provision::effects::kill_point("after-resolve-journal");
     tracing::info!(txn = %closed.txn(), vmid = ?closed.vmid(), "needs_human transaction closed by hand");
     // felhom_needs_human drops at once (its alert clears).
     super::refresh_metrics(cfg, &journal);
@@ -264,6 +344,9 @@ pub async fn refresh(cfg: &Config) -> Result<RefreshReport, Failure> {
         };
         row.finding = Some(state.finding(&view));
         if let Some(next) = state.refreshed(&view, at.clone()) {
+            if state.resolution().is_none() && next.resolution().is_some() {
+                note_unreported(cfg, next.txn())?;
+            }
             journal.append(&next).map_err(journal_failure)?;
             row.change = Some(change_text(&state, &next));
             tracing::warn!(txn = %next.txn(), vmid, change = row.change.as_deref().unwrap_or(""), "journal refresh");

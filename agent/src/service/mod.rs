@@ -35,7 +35,7 @@ use crate::inventory::{
 use crate::metrics;
 use crate::preflight::{self, PreflightReport};
 use crate::provision::effects::{Executor, Reporter};
-use crate::provision::journal::JournalRow;
+use crate::provision::journal::{JournalRow, Listing};
 use crate::provision::machine::{Event, Request, State, TxnKind};
 use crate::provision::{Journal, VmidLock};
 use crate::pve::types::backup_kind_from_volid;
@@ -235,6 +235,18 @@ pub fn journal_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
         .map_err(|e| Failure::new(e.code(), e.to_string()))
 }
 
+/// How many settled transactions `felhom-agent journal` shows besides those that may still
+/// own or concern a guest.
+pub const LIST_SETTLED: usize = 50;
+
+/// `felhom-agent journal`: every open, `needs_human` and kept transaction and the
+/// [`LIST_SETTLED`] settled ones written last.
+pub fn journal_listing(cfg: &Config) -> Result<Listing, Failure> {
+    open_journal(cfg)?
+        .list_recent(LIST_SETTLED)
+        .map_err(|e| Failure::new(e.code(), e.to_string()))
+}
+
 /// Rewrite the journal's metrics file after a transaction; a failure is a warning only.
 pub(crate) fn refresh_metrics(cfg: &Config, journal: &Journal) {
     if let Err(e) = metrics::update_transactions(&cfg.metrics.dir, journal) {
@@ -243,10 +255,10 @@ pub(crate) fn refresh_metrics(cfg: &Config, journal: &Journal) {
 }
 
 /// `journal --stats`: the figures of the transactions started within the last `since_s`
-/// seconds (all when `None`), from the journal only.
+/// seconds (all when `None`), from the journal and its archive.
 pub fn journal_stats(cfg: &Config, since_s: Option<u64>) -> Result<metrics::stats::Stats, Failure> {
     let timings = open_journal(cfg)?
-        .timings()
+        .all_timings()
         .map_err(|e| Failure::new(e.code(), e.to_string()))?;
     let cutoff = since_s.map(|s| {
         let back = time::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX));
@@ -274,10 +286,13 @@ pub fn journal_stats(cfg: &Config, since_s: Option<u64>) -> Result<metrics::stat
 
 /// `journal --all`: the archived transactions (those `journal` no longer lists), oldest first.
 pub fn archived_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
-    Ok(open_journal(cfg)?
+    let journal = open_journal(cfg)?;
+    Ok(journal
         .archived()
         .map_err(|e| Failure::new(e.code(), e.to_string()))?
         .iter()
+        // One a compaction archived but could not remove yet is listed once, from the folder.
+        .filter(|t| !journal.path_of(t.state.txn()).exists())
         .map(JournalRow::from)
         .collect())
 }

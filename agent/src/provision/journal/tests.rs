@@ -643,3 +643,207 @@ fn compaction_archives_old_settled_transactions_but_nothing_that_may_own_a_guest
         .sum();
     assert_eq!(lines, 2, "each transaction archived once");
 }
+
+/// Settled transactions counted, and phase durations counted, as the metrics see them.
+fn counted(j: &Journal) -> (u64, u64, f64) {
+    let view = j.timings_with_archive().expect("view");
+    let live_settled = view.live.iter().filter(|t| t.outcome.is_some()).count() as u64;
+    let live_phases: u64 = view.live.iter().map(|t| t.phases.len() as u64).sum();
+    let live_sum: f64 = view
+        .live
+        .iter()
+        .flat_map(|t| t.phases.iter().map(|p| p.seconds))
+        .sum();
+    let archived_phases: u64 = view
+        .archived
+        .phases
+        .values()
+        .flat_map(|m| m.values().map(|b| b.count))
+        .sum();
+    let archived_sum: f64 = view
+        .archived
+        .phases
+        .values()
+        .flat_map(|m| m.values().map(|b| b.sum))
+        .sum();
+    (
+        live_settled + view.archived.transactions,
+        live_phases + archived_phases,
+        ((live_sum + archived_sum) * 1e6).round() / 1e6,
+    )
+}
+
+#[test]
+fn the_default_listing_shows_what_may_own_a_guest_and_the_last_settled_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    for n in 1..=60 {
+        write_all(&j, &refused_at_submit(txn(n), 300 + n as u32));
+    }
+    // Open (it may still own its guest), older than every settled one but one.
+    write_all(&j, &states(txn(0), 299));
+    let listing = j.list_recent(50).expect("listing");
+    let ids: Vec<Ulid> = listing.rows.iter().map(|r| r.txn).collect();
+    let mut want = vec![txn(0)];
+    want.extend((11..=60).map(txn));
+    assert_eq!(
+        ids, want,
+        "the open one and the 50 settled ones written last"
+    );
+    assert_eq!(listing.not_shown, 10);
+    assert_eq!(
+        j.list().expect("all").len(),
+        61,
+        "the whole folder for --all"
+    );
+
+    // Everything settled moves to the archive: the listing takes the newest from there.
+    let later = OffsetDateTime::now_utc() + Duration::from_secs(5);
+    assert_eq!(
+        j.compact(Duration::ZERO, later).expect("compact").archived,
+        60
+    );
+    assert_eq!(j.replay().expect("replay").len(), 1);
+    let listing = j.list_recent(50).expect("listing");
+    let ids: Vec<Ulid> = listing.rows.iter().map(|r| r.txn).collect();
+    assert_eq!(ids, want, "the same rows, read from the archive's end");
+    assert_eq!(listing.not_shown, 10);
+
+    // A few settled in the folder again: they come first, the archive fills up the rest.
+    for n in 61..=65 {
+        write_all(&j, &refused_at_submit(txn(n), 300 + n as u32));
+    }
+    let listing = j.list_recent(50).expect("listing");
+    let ids: Vec<Ulid> = listing.rows.iter().map(|r| r.txn).collect();
+    let mut want = vec![txn(0)];
+    want.extend((16..=65).map(txn));
+    assert_eq!(ids, want);
+    assert_eq!(listing.not_shown, 15);
+}
+
+#[test]
+fn archive_totals_count_each_transaction_once_across_a_kill_between_append_and_totals() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    for n in 1..=5 {
+        write_all(&j, &refused_at_submit(txn(n), 400 + n as u32));
+    }
+    write_all(&j, &states(txn(9), 499));
+    let before = counted(&j);
+    assert_eq!(before.0, 5, "five settled");
+    assert!(
+        before.1 >= 5,
+        "each settled one has a phase duration: {before:?}"
+    );
+
+    let files: Vec<(PathBuf, Vec<u8>)> = (1..=5)
+        .map(|n| {
+            let p = j.path_of(txn(n));
+            let b = fs::read(&p).expect("read");
+            (p, b)
+        })
+        .collect();
+    let totals = j.archive_dir().join(TOTALS_FILE);
+    let later = OffsetDateTime::now_utc() + Duration::from_secs(5);
+    assert_eq!(
+        j.compact(Duration::ZERO, later).expect("compact").archived,
+        5
+    );
+    assert_eq!(j.replay().expect("replay").len(), 1);
+    assert!(totals.exists());
+    assert_eq!(
+        counted(&j),
+        before,
+        "moving to the archive changes no count"
+    );
+
+    // A kill after the archive append, before the totals were written and the files
+    // removed: the archive holds the five, the totals do not, the folder still does.
+    fs::remove_file(&totals).expect("rm totals");
+    for (p, b) in &files {
+        fs::write(p, b).expect("restore");
+    }
+    assert_eq!(counted(&j), before, "counted once, not twice");
+    // The next compaction removes the files without appending them again.
+    assert_eq!(
+        j.compact(Duration::ZERO, later).expect("compact").archived,
+        5
+    );
+    assert_eq!(counted(&j), before);
+    let lines = fs::read_dir(j.archive_dir())
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| fs::read_to_string(e.path()).expect("read").lines().count())
+        .sum::<usize>();
+    assert_eq!(lines, 5);
+
+    // Stale totals (an append they do not count yet) are caught up, not trusted.
+    let stale = fs::read_to_string(&totals).expect("totals");
+    for n in 6..=7 {
+        write_all(&j, &refused_at_submit(txn(n), 400 + n as u32));
+    }
+    let more = counted(&j);
+    assert_eq!(more.0, 7);
+    j.compact(Duration::ZERO, later + Duration::from_secs(5))
+        .expect("compact");
+    fs::write(&totals, &stale).expect("stale totals back");
+    assert_eq!(counted(&j), more);
+    // Totals that count more than the archive holds are rebuilt from it.
+    let log = fs::read_dir(j.archive_dir())
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .find(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .expect("an archive file")
+        .path();
+    let text = fs::read_to_string(&log).expect("archive");
+    let first_two: String = text.split_inclusive('\n').take(2).collect();
+    let copy = fs::read_to_string(&totals).expect("totals");
+    fs::write(&log, &first_two).expect("shorter archive");
+    let shrunk = counted(&j);
+    assert_eq!(shrunk.0, 2, "counted from the two records left");
+    fs::write(&log, &text).expect("archive back");
+    fs::write(&totals, copy).expect("totals back");
+    assert_eq!(counted(&j), more);
+}
+
+#[test]
+fn archive_records_written_without_phase_durations_still_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    for n in 1..=3 {
+        write_all(&j, &refused_at_submit(txn(n), 500 + n as u32));
+    }
+    let later = OffsetDateTime::now_utc() + Duration::from_secs(5);
+    j.compact(Duration::ZERO, later).expect("compact");
+    let log = fs::read_dir(j.archive_dir())
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .find(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .expect("an archive file")
+        .path();
+    // The same records as an agent that did not keep phase durations wrote them.
+    let text = fs::read_to_string(&log).expect("archive");
+    assert_eq!(text.matches("\"phases\"").count(), 3, "durations are kept");
+    let mut old = String::new();
+    for line in text.lines() {
+        let (payload, _) = durable_log::decode_line(line.as_bytes()).expect("line");
+        let mut v: serde_json::Value = serde_json::from_str(payload).expect("json");
+        v.as_object_mut().expect("object").remove("phases");
+        old.push_str(
+            &durable_log::Limits {
+                max_record_bytes: 1 << 20,
+                max_file_bytes: 1 << 30,
+            }
+            .encode(&v.to_string())
+            .expect("encode"),
+        );
+    }
+    fs::write(&log, old).expect("old archive");
+    fs::remove_file(j.archive_dir().join(TOTALS_FILE)).expect("rm totals");
+    let view = j.timings_with_archive().expect("view");
+    assert_eq!(view.archived.transactions, 3);
+    assert!(view.archived.phases.values().all(|m| m.is_empty()));
+    assert_eq!(j.archived().expect("archived").len(), 3);
+    assert_eq!(j.all_timings().expect("all").len(), 3);
+}
