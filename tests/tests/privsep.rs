@@ -98,11 +98,17 @@ fn a_run_started_as_root_writes_as_the_agent_user_and_cannot_write_roots_folders
             m.gid()
         );
     }
-    // The transaction ran (PVE created and destroyed the guest) ...
+    // The transaction ran green as the agent's user: PVE restored and destroyed the guest,
+    // and every command in the container went through the root exec helper.
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     assert!(
         w.pve.writes().iter().any(|r| r.method == "POST"),
         "no restore reached PVE: {}",
         run.stderr
+    );
+    assert!(
+        w.assert_pct_only_from_helper() > 0,
+        "the provision ran no command in its container"
     );
     // ... but the root-only metrics folder stayed out of reach: the write was refused.
     let left: Vec<_> = std::fs::read_dir(&metrics)
@@ -146,7 +152,13 @@ fn without_agent_user_a_root_run_stays_root() {
 #[test]
 fn an_unknown_agent_user_is_refused_before_anything_is_written() {
     assert_root();
-    let w = world(&as_user("felhom-no-such-user"));
+    // No exec helper: it would refuse the same config before the agent runs.
+    let opts = AgentOptions {
+        extra_toml: as_user("felhom-no-such-user"),
+        exec_helper: false,
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(demo_scenario(), &opts);
     let run = w.agent(&["--selftest=provision", "-vmid", "140", "--json"]);
     assert_ne!(run.code, Some(0), "{}", run.stdout);
     let doc = run.json();
