@@ -33,8 +33,13 @@ use crate::guest::exec::{ExecError, ExecRequest, GuestExec, GuestRef};
 use crate::guest::lxc::PctConfig;
 use crate::guest::qemu::{QemuConfig, QemuExec};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
+use crate::pve::guest_config::{is_net_key, is_true, Nic, StoredConfig};
 use crate::pve::request::{LxcRestore, QemuRestore};
 use crate::pve::{wait_task, ApiErrorKind, GuestKind, PveClient, PveError, Upid, WaitOptions};
+use serde_json::Value;
+
+/// A guest's configuration as `GET …/config` answers it.
+type GuestConfig = std::collections::BTreeMap<String, Value>;
 
 /// How long a restore task may run.
 pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
@@ -424,16 +429,35 @@ impl<'a> Executor<'a> {
                 unique,
                 isolate_network,
             } => {
-                let mut extra = if isolate_network {
-                    isolated_net(guest)
-                } else {
-                    Vec::new()
+                // The configuration stored in the backup: what the restore brings along (its
+                // NICs, description, onboot, protection), read as the preflight read it.
+                let stored = match self.pve.extract_config(&node, &volid).await {
+                    Ok(text) => Some(StoredConfig::parse(&text)),
+                    Err(e) if isolate_network => {
+                        // Without it the stored NICs cannot all be overridden: nothing is sent.
+                        return Ok(Some(Event::SubmitRefused(Failure::new(
+                            ErrorCode::BackupMissing,
+                            format!(
+                                "the configuration stored in backup {volid} could not be read                                  ({e}), so the restore of vmid {vmid} on node {node} could not                                  isolate every NIC of the copy; nothing was restored; check                                  that `pvesh get /nodes/{node}/vzdump/extractconfig --volume                                  {volid}` works with the agent's token"
+                            ),
+                        ))));
+                    }
+                    Err(e) => {
+                        tracing::warn!(vmid, volid, error = %e, "the backup's stored config could not be read; restoring with the marker line as its description");
+                        None
+                    }
                 };
-                // The marker's description line goes with the restore itself, so the guest
-                // carries it from its first write. `tags` cannot: PVE checks them on
-                // /vms/<vmid> without the pool fallback, which a pool token does not pass;
-                // they follow with the marker write.
-                extra.push(("description".to_string(), state.marker().description_line()));
+                let selftest = matches!(
+                    state.kind(),
+                    TxnKind::SelftestProvision | TxnKind::SelftestRestore
+                );
+                let mut extra = restore_options(
+                    guest,
+                    isolate_network,
+                    selftest,
+                    stored.as_ref(),
+                    state.marker(),
+                );
                 let target = RestoreTarget {
                     vmid,
                     guest,
@@ -506,35 +530,19 @@ impl<'a> Executor<'a> {
                 marker,
             } => Some(
                 match self
-                    .write_marker(vmid, guest, marker, state.request().isolate_network)
+                    .write_marker(vmid, guest, marker)
                     .await
                 {
                     Ok(()) => Event::MarkerWritten,
                     Err(f) => Event::MarkerWriteFailed(f),
                 },
             ),
-            Effect::Start { vmid, guest } => Some(match self.pve.start(&node, guest, vmid).await {
-                Err(e) => Event::StartFailed {
-                    message: format!(
-                        "start of {} {vmid} on node {node} refused: {e}",
-                        guest.pve_word()
-                    ),
-                },
-                Ok(upid) => match self.wait(upid.as_str(), self.timeouts.power).await? {
-                    Event::TaskEnded {
-                        exit: TaskExit::Ok, ..
-                    } => Event::Started,
-                    Event::TaskEnded {
-                        exit: TaskExit::Error { message },
-                        ..
-                    } => Event::StartFailed {
-                        message: format!("start task {upid} failed: {message}"),
-                    },
-                    _ => Event::StartFailed {
-                        message: format!("start task {upid} did not end in time"),
-                    },
-                },
-            }),
+            Effect::Start { vmid, guest } => {
+                if let Some(refused) = self.check_before_start(state, vmid, guest).await {
+                    return Ok(Some(Event::StartFailed { message: refused }));
+                }
+                Some(self.start(vmid, guest).await?)
+            }
             Effect::ProveLaunch { vmid, guest } => {
                 Some(match self.prove_launch(vmid, guest, state.txn()).await {
                     Ok(()) => Event::LaunchProven,
@@ -607,6 +615,67 @@ impl<'a> Executor<'a> {
                     )
                     .await
             }
+        }
+    }
+
+    /// Start the guest and follow its start task.
+    async fn start(&mut self, vmid: u32, guest: GuestKind) -> Result<Event, Failure> {
+        let node = self.cfg.node.clone();
+        Ok(match self.pve.start(&node, guest, vmid).await {
+                Err(e) => Event::StartFailed {
+                    message: format!(
+                        "start of {} {vmid} on node {node} refused: {e}",
+                        guest.pve_word()
+                    ),
+                },
+                Ok(upid) => match self.wait(upid.as_str(), self.timeouts.power).await? {
+                    Event::TaskEnded {
+                        exit: TaskExit::Ok, ..
+                    } => Event::Started,
+                    Event::TaskEnded {
+                        exit: TaskExit::Error { message },
+                        ..
+                    } => Event::StartFailed {
+                        message: format!("start task {upid} failed: {message}"),
+                    },
+                    _ => Event::StartFailed {
+                        message: format!("start task {upid} did not end in time"),
+                    },
+                },
+            })
+    }
+
+    /// The last read before a selftest guest's first start: its configuration as PVE has it
+    /// now, which must hold no NIC that can reach a network (an isolated restore-test copy)
+    /// and neither `onboot` nor `protection`. `Some(why)`: it is not started, and the
+    /// transaction ends through the gate like any failed start.
+    async fn check_before_start(
+        &self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Option<String> {
+        let isolate = state.request().isolate_network;
+        if !isolate && state.kind() != TxnKind::SelftestProvision {
+            return None;
+        }
+        let node = &self.cfg.node;
+        let what = if isolate {
+            "restore-test copy"
+        } else {
+            "selftest guest"
+        };
+        match self.pve.config_get(node, guest, vmid).await {
+            Err(e) => Some(format!(
+                "the {what} {} {vmid} on node {node} was not started: its configuration could not be read before the start ({e})",
+                guest.pve_word()
+            )),
+            Ok(cfg) => start_refusal(guest, isolate, &cfg).map(|why| {
+                format!(
+                    "the {what} {} {vmid} on node {node} was not started: {why}; it is destroyed through the gate",
+                    guest.pve_word()
+                )
+            }),
         }
     }
 
@@ -775,6 +844,16 @@ impl<'a> Executor<'a> {
     /// 5xx that may pass) is an `Err` with the reason instead of an unreadable guest: an armed
     /// transaction must not lose its proof to a passing error.
     async fn observe_checked(&self, vmid: u32, guest: GuestKind) -> Result<GuestView, String> {
+        self.observe_with_config(vmid, guest).await.map(|(v, _)| v)
+    }
+
+    /// [`Executor::observe_checked`], with the config it read (when the guest was present and
+    /// readable).
+    async fn observe_with_config(
+        &self,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Result<(GuestView, Option<GuestConfig>), String> {
         let list = match read_full_list(
             &self.cfg.vmlist_path,
             &self.cfg.node,
@@ -782,13 +861,16 @@ impl<'a> Executor<'a> {
         ) {
             Ok(l) => l,
             Err(e) => {
-                return Ok(GuestView::Unreadable {
-                    reason: e.to_string(),
-                })
+                return Ok((
+                    GuestView::Unreadable {
+                        reason: e.to_string(),
+                    },
+                    None,
+                ))
             }
         };
         let Some(entry) = list.lookup(vmid) else {
-            return Ok(GuestView::Absent);
+            return Ok((GuestView::Absent, None));
         };
         let kind = match entry.kind {
             GuestType::Qemu => GuestKind::Qemu,
@@ -796,11 +878,14 @@ impl<'a> Executor<'a> {
             _ => guest,
         };
         match self.pve.config_get(&entry.node, kind, vmid).await {
-            Ok(cfg) => Ok(GuestView::from_config(&cfg)),
+            Ok(cfg) => Ok((GuestView::from_config(&cfg), Some(cfg))),
             Err(e) if e.is_transient() => Err(e.to_string()),
-            Err(e) => Ok(GuestView::Unreadable {
-                reason: e.to_string(),
-            }),
+            Err(e) => Ok((
+                GuestView::Unreadable {
+                    reason: e.to_string(),
+                },
+                None,
+            )),
         }
     }
 
@@ -812,7 +897,19 @@ impl<'a> Executor<'a> {
         vmid: u32,
         guest: GuestKind,
     ) -> Result<GuestView, Failure> {
-        self.observe_checked(vmid, guest).await.map_err(|reason| {
+        self.observe_for_proof_with_config(state, vmid, guest)
+            .await
+            .map(|(v, _)| v)
+    }
+
+    /// [`Executor::observe_for_proof`], with the config it read.
+    async fn observe_for_proof_with_config(
+        &self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Result<(GuestView, Option<GuestConfig>), Failure> {
+        self.observe_with_config(vmid, guest).await.map_err(|reason| {
             Failure::new(
                 ErrorCode::PveUnreachable,
                 format!(
@@ -831,7 +928,6 @@ impl<'a> Executor<'a> {
         vmid: u32,
         guest: GuestKind,
         marker: Marker,
-        isolate: bool,
     ) -> Result<(), Failure> {
         let node = &self.cfg.node;
         let cfg = self
@@ -852,19 +948,10 @@ impl<'a> Executor<'a> {
                 marker.merged_description(&text("description")),
             ),
         ];
-        // The restore-test copy must never meet the network as a twin of the original: its
-        // first NIC was restored with no bridge and the link down, and every other NIC is
-        // removed here, before it is ever started.
-        let delete: Vec<String> = if isolate {
-            cfg.keys()
-                .filter(|k| is_net_key(k) && k.as_str() != "net0")
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
-        };
+        // A restore-test copy's NICs were all isolated by the restore request itself (see
+        // `restore_options`) and are checked again before its start (`check_before_start`).
         self.pve
-            .config_put(node, guest, vmid, &set, &delete)
+            .config_put(node, guest, vmid, &set, &[])
             .await
             .map_err(|e| {
                 Failure::new(
@@ -1069,10 +1156,39 @@ impl<'a> Executor<'a> {
             }
         }
         // The last read before the DELETE: the full list and the config, marker and birth
-        // identity. Nothing else is sent between this read and the DELETE.
-        let seen = self.observe_for_proof(state, vmid, guest).await?;
+        // identity. Nothing else is sent between this read and the DELETE but, for a guest
+        // whose backup carried `protection`, the lifting of it and one more read.
+        let (seen, cfg) = self
+            .observe_for_proof_with_config(state, vmid, guest)
+            .await?;
         if !state.proves(&seen) {
             return Ok(Event::GuestObserved(seen));
+        }
+        let protected = cfg
+            .as_ref()
+            .and_then(|c| c.get("protection"))
+            .is_some_and(|v| v.as_str().map_or(v.as_u64() == Some(1), is_true));
+        if protected {
+            // PVE refuses to destroy a protected guest (pve-guest-common
+            // `PVE/AbstractConfig.pm` `check_protection`, called by pve-container and
+            // qemu-server `destroy_vm`). This one is proven ours: lift it, then prove again.
+            tracing::info!(vmid, "lifting the protection this guest's backup carried before its destroy");
+            if let Err(e) = self
+                .pve
+                .config_put(&node, guest, vmid, &[], &["protection".to_string()])
+                .await
+            {
+                return ended(TaskExit::Error {
+                    message: format!(
+                        "{} {vmid} carries protection, which could not be lifted before its destroy: {e}",
+                        guest.pve_word()
+                    ),
+                });
+            }
+            let again = self.observe_for_proof(state, vmid, guest).await?;
+            if !state.proves(&again) {
+                return Ok(Event::GuestObserved(again));
+            }
         }
         match self.pve.destroy(&node, guest, vmid).await {
             Err(e) => ended(TaskExit::Error {
@@ -1088,19 +1204,85 @@ impl<'a> Executor<'a> {
     }
 }
 
-/// The network of an isolated restore: the first NIC replaced by one on no bridge with its
-/// link down (the others are removed with the marker write, before the first start).
-pub fn isolated_net(guest: GuestKind) -> Vec<(String, String)> {
-    let net0 = match guest {
-        GuestKind::Lxc => "name=eth0,link_down=1",
-        GuestKind::Qemu => "virtio,link_down=1",
-    };
-    vec![("net0".to_string(), net0.to_string())]
+/// The options a restore request sends besides its target, from the configuration stored in
+/// the backup (`None`: unreadable):
+/// - isolated (restore test): every stored NIC (and `net0` at least) given with no bridge and
+///   its link down. The request's NICs win over the stored ones for a container restored
+///   without `unique` (pve-container `PVE/LXC/Create.pm` `sanitize_and_merge_config`) and for
+///   a VM always (qemu-server `PVE/QemuServer.pm` `restore_merge_config`: the request's
+///   parameters override the backup's); PVE gives each a new MAC.
+/// - a selftest guest (`--selftest=…`, restore test): `onboot=0` and `protection=0`, so a copy
+///   never starts at the node's boot and its destroy is never refused; the request's keys win
+///   for both kinds (same functions).
+/// - `description`: the marker line first, then the backup's own description, so the guest
+///   carries the marker from its first write and keeps the customer's notes (a description
+///   given with the restore replaces the stored one). `tags` cannot go with it: PVE checks them
+///   on `/vms/<vmid>` without the pool fallback, which a pool token does not pass; they follow
+///   with the marker write.
+pub fn restore_options(
+    guest: GuestKind,
+    isolate: bool,
+    selftest: bool,
+    stored: Option<&StoredConfig>,
+    marker: Marker,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    if isolate {
+        let mut nics = stored.map(|c| c.nics(guest)).unwrap_or_default();
+        if !nics.iter().any(|n| n.key == "net0") {
+            nics.insert(0, Nic::parse(guest, "net0", ""));
+        }
+        for nic in nics {
+            let value = nic.isolated_value(guest);
+            out.push((nic.key, value));
+        }
+    }
+    if selftest {
+        out.push(("onboot".to_string(), "0".to_string()));
+        out.push(("protection".to_string(), "0".to_string()));
+    }
+    let description = stored.map_or("", StoredConfig::description);
+    out.push((
+        "description".to_string(),
+        marker.merged_description(description),
+    ));
+    out
 }
 
-fn is_net_key(k: &str) -> bool {
-    k.strip_prefix("net")
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+/// Why a guest about to be started for a selftest may not start: a NIC of an isolated copy
+/// that can reach a network, or `onboot`/`protection` set. `None`: it may start.
+pub fn start_refusal(
+    guest: GuestKind,
+    isolate: bool,
+    cfg: &GuestConfig,
+) -> Option<String> {
+    let text = |k: &str| match cfg.get(k) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        Some(Value::Bool(b)) => u8::from(*b).to_string(),
+        _ => String::new(),
+    };
+    let mut wrong: Vec<String> = Vec::new();
+    if isolate {
+        let mut keys: Vec<&String> = cfg.keys().filter(|k| is_net_key(k)).collect();
+        keys.sort();
+        for k in keys {
+            let nic = Nic::parse(guest, k, &text(k));
+            if !nic.is_isolated(guest) {
+                wrong.push(format!("{} can reach a network", nic.describe()));
+            }
+        }
+    }
+    for k in ["onboot", "protection"] {
+        if is_true(&text(k)) {
+            wrong.push(format!("{k} is set"));
+        }
+    }
+    if wrong.is_empty() {
+        None
+    } else {
+        Some(wrong.join("; "))
+    }
 }
 
 /// What a restore request restores where.

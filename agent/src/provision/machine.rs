@@ -718,7 +718,7 @@ pub enum PlanStep {
 pub enum Effect {
     /// Persist this state to the journal (append + fsync) before doing anything after it.
     Journal(Box<State>),
-    /// POST the restore (`restore=1`, `unique=1`, into `pool`, on `storage`); answer with
+    /// POST the restore (`restore=1`, into `pool`, on `storage`); answer with
     /// [`Event::Submitted`], [`Event::SubmitRefused`] or [`Event::SubmitUnknown`].
     SubmitRestore {
         /// Target vmid.
@@ -731,9 +731,13 @@ pub enum Effect {
         storage: String,
         /// Target pool.
         pool: String,
-        /// New MAC addresses; always true.
+        /// `unique=1`: PVE gives the backup's NICs new MAC addresses (and a VM a new SMBIOS
+        /// uuid). True, except for an isolated container: with `unique`, pve-container writes
+        /// every NIC stored in the backup over the request's own (`PVE/LXC/Create.pm`
+        /// `sanitize_and_merge_config`), so its copy is restored with `unique=0` and every
+        /// stored NIC given, each of which PVE gives a new MAC (`parse_lxc_network`).
         unique: bool,
-        /// Restore with the network links down or removed (restore-test).
+        /// Restore with every NIC isolated (restore-test): no bridge, link down.
         isolate_network: bool,
     },
     /// Follow the task to its end; answer [`Event::TaskEnded`] or [`Event::TaskWaitTimedOut`].
@@ -1297,6 +1301,11 @@ impl State {
         self.request.guest
     }
 
+    /// Whether the restore asks for `unique=1` (see [`Effect::SubmitRestore`]).
+    fn unique_restore(&self) -> bool {
+        !(self.request.isolate_network && self.request.guest == GuestKind::Lxc)
+    }
+
     fn recheck_effect(&self, vmid: u32) -> Effect {
         Effect::RecheckOwnership {
             vmid,
@@ -1456,7 +1465,7 @@ impl State {
                     volid: self.request.volid.clone(),
                     storage: self.request.storage.clone(),
                     pool: self.request.pool.clone(),
-                    unique: true,
+                    unique: self.unique_restore(),
                     isolate_network: self.request.isolate_network,
                 },
                 PlanStep::WaitTask,
@@ -1486,7 +1495,7 @@ impl State {
                 volid: self.request.volid.clone(),
                 storage: self.request.storage.clone(),
                 pool: self.request.pool.clone(),
-                unique: true,
+                unique: self.unique_restore(),
                 isolate_network: self.request.isolate_network,
             },
         ]

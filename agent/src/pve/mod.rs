@@ -3,6 +3,7 @@
 //! - [`request`]: requests built without IO (tested as strings);
 //! - [`client`]: the reqwest + rustls transport with token auth and read retries;
 //! - [`error`]: errors with PVE's status and wording, classified;
+//! - [`guest_config`]: stored guest configurations and their property strings, parsed;
 //! - [`task`]: following a UPID to its end;
 //! - [`types`], [`upid`]: what PVE answers, decoded leniently.
 //!
@@ -11,6 +12,7 @@
 
 pub mod client;
 pub mod error;
+pub mod guest_config;
 pub mod request;
 pub mod task;
 pub mod types;

@@ -1088,7 +1088,26 @@ fn happy_path_emits_the_effects_in_order_and_ends_destroyed_ok() {
 }
 
 #[test]
-fn submit_effect_carries_the_request_and_always_unique() {
+fn an_isolated_container_is_restored_without_unique_everything_else_with_it() {
+    for (guest, isolate, unique) in [
+        (GuestKind::Lxc, true, false),
+        (GuestKind::Lxc, false, true),
+        (GuestKind::Qemu, true, true),
+        (GuestKind::Qemu, false, true),
+    ] {
+        let mut req = request(guest, false, false);
+        req.isolate_network = isolate;
+        let (_, effects) = apply(&State::new(req), Event::VmidAccepted);
+        assert!(
+            matches!(&effects[1], Effect::SubmitRestore { unique: u, isolate_network: i, .. } if *u == unique && *i == isolate),
+            "{guest:?} isolate={isolate}: {:?}",
+            effects[1]
+        );
+    }
+}
+
+#[test]
+fn submit_effect_carries_the_request_and_is_unique_for_a_vm() {
     let mut req = request(GuestKind::Qemu, false, false);
     req.kind = TxnKind::SelftestRestore;
     req.isolate_network = true;

@@ -1,0 +1,537 @@
+//! Guest configurations as PVE writes them: the text stored in a backup (what
+//! `vzdump/extractconfig` answers) and the property strings of its values (`net0: name=eth0,
+//! bridge=vmbr0,…`). Parsing only: what a configuration requires of the token, and whether a
+//! guest's network is isolated, is decided by the preflight and the executor.
+//!
+//! Formats, from PVE's source: a config file holds `key: value` lines; the description comes
+//! first as `#` lines, each percent-encoded (pve-common `PVE/Tools.pm` `encode_text` /
+//! `decode_text`, used by qemu-server `PVE/QemuServer.pm` `parse_vm_config` and pve-container
+//! `PVE/LXC/Config.pm` `parse_pct_config`); snapshots and pending changes follow in `[name]`
+//! sections. A NIC's value is a property string: `name=eth0,bridge=vmbr0,tag=10,link_down=1`
+//! for a container (pve-container `parse_lxc_network`), `virtio=BC:24:11:00:00:01,bridge=vmbr0`
+//! for a VM, whose first item may be `<model>` or `<model>=<mac>` (qemu-server
+//! `PVE/QemuServer/Network.pm` `parse_net`).
+
+use super::GuestKind;
+
+/// At most this many keys are kept of a stored configuration (PVE's own have a few dozen).
+const MAX_KEYS: usize = 512;
+/// At most this many characters of a value are kept.
+const MAX_VALUE_CHARS: usize = 8192;
+
+/// The items of a property string: `a=1,b,c=x` → `[("a", Some("1")), ("b", None), …]`.
+pub fn property_items(value: &str) -> Vec<(String, Option<String>)> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| match item.split_once('=') {
+            Some((k, v)) => (k.trim().to_string(), Some(v.trim().to_string())),
+            None => (item.to_string(), None),
+        })
+        .collect()
+}
+
+/// Whether `key` is `netN`.
+pub fn is_net_key(key: &str) -> bool {
+    numbered(key, "net")
+}
+
+/// Whether `key` is `<prefix>N`.
+pub fn numbered(key: &str, prefix: &str) -> bool {
+    key.strip_prefix(prefix)
+        .is_some_and(|n| !n.is_empty() && n.len() <= 3 && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// PVE's boolean in a config value (`1`, `on`, `yes`, `true`).
+pub fn is_true(value: &str) -> bool {
+    matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "1" | "on" | "yes" | "true"
+    )
+}
+
+/// One NIC of a guest configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nic {
+    /// `net0`, `net1`, …
+    pub key: String,
+    /// The interface name inside a container (`name=`).
+    pub name: Option<String>,
+    /// The model of a VM's NIC (`virtio`, `e1000`, …).
+    pub model: Option<String>,
+    /// The bridge (or SDN vnet) it is plugged into.
+    pub bridge: Option<String>,
+    /// The VLAN tag.
+    pub tag: Option<String>,
+    /// The VLAN trunks (`10;20-30`).
+    pub trunks: Option<String>,
+    /// `link_down=1`: disconnected, as if the cable were pulled.
+    pub link_down: bool,
+}
+
+/// The models of a VM NIC that PVE knows (qemu-server `PVE/QemuServer/Network.pm`
+/// `$nic_model_list`); a first item of another name is not a model.
+const QEMU_NIC_MODELS: [&str; 14] = [
+    "e1000",
+    "e1000-82540em",
+    "e1000-82544gc",
+    "e1000-82545em",
+    "e1000e",
+    "i82551",
+    "i82557b",
+    "i82559er",
+    "ne2k_isa",
+    "ne2k_pci",
+    "pcnet",
+    "rtl8139",
+    "virtio",
+    "vmxnet3",
+];
+
+impl Nic {
+    /// The NIC `key` of a guest of `kind` with this value.
+    pub fn parse(kind: GuestKind, key: &str, value: &str) -> Self {
+        let mut nic = Nic {
+            key: key.to_string(),
+            name: None,
+            model: None,
+            bridge: None,
+            tag: None,
+            trunks: None,
+            link_down: false,
+        };
+        for (k, v) in property_items(value) {
+            match (k.as_str(), v) {
+                ("name", Some(v)) => nic.name = Some(v),
+                ("model", Some(v)) => nic.model = Some(v),
+                ("bridge", Some(v)) if !v.is_empty() => nic.bridge = Some(v),
+                ("tag", Some(v)) if !v.is_empty() => nic.tag = Some(v),
+                ("trunks", Some(v)) if !v.is_empty() => nic.trunks = Some(v),
+                ("link_down", Some(v)) => nic.link_down = is_true(&v),
+                (m, _) if kind == GuestKind::Qemu && QEMU_NIC_MODELS.contains(&m) => {
+                    nic.model = Some(m.to_string());
+                }
+                _ => {}
+            }
+        }
+        nic
+    }
+
+    /// Whether this NIC can reach no network: a container's has no bridge and its link down
+    /// (a bridge-less veth has no peer on the host); a VM's has its link down (a VM NIC without
+    /// a bridge is QEMU's user-mode network, which reaches the host's networks, so for a VM
+    /// only the link counts: qemu-server `PVE/QemuServer.pm` `print_netdev_full`).
+    pub fn is_isolated(&self, kind: GuestKind) -> bool {
+        match kind {
+            GuestKind::Lxc => self.link_down && self.bridge.is_none(),
+            GuestKind::Qemu => self.link_down,
+        }
+    }
+
+    /// The value of this NIC isolated: no bridge, link down, nothing else but its name (a
+    /// container's) or model (a VM's). PVE gives it a fresh MAC address (pve-container
+    /// `parse_lxc_network`, qemu-server `add_random_macs`).
+    pub fn isolated_value(&self, kind: GuestKind) -> String {
+        let plain = |s: &str, max: usize| {
+            !s.is_empty()
+                && s.len() <= max
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        };
+        match kind {
+            GuestKind::Lxc => {
+                let fallback = format!("eth{}", self.key.trim_start_matches("net"));
+                let name = self
+                    .name
+                    .as_deref()
+                    .filter(|n| plain(n, 15))
+                    .unwrap_or(&fallback);
+                format!("name={name},link_down=1")
+            }
+            GuestKind::Qemu => {
+                let model = self
+                    .model
+                    .as_deref()
+                    .filter(|m| QEMU_NIC_MODELS.contains(m))
+                    .unwrap_or("virtio");
+                format!("{model},link_down=1")
+            }
+        }
+    }
+
+    /// `net0 (bridge=vmbr0,tag=10)` for messages.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(b) = &self.bridge {
+            parts.push(format!("bridge={b}"));
+        }
+        if let Some(t) = &self.tag {
+            parts.push(format!("tag={t}"));
+        }
+        if let Some(t) = &self.trunks {
+            parts.push(format!("trunks={t}"));
+        }
+        if self.link_down {
+            parts.push("link_down=1".to_string());
+        }
+        if parts.is_empty() {
+            self.key.clone()
+        } else {
+            format!("{} ({})", self.key, parts.join(","))
+        }
+    }
+}
+
+/// The VLAN ids of a trunks value (`10;20-22` → 10, 20, 21, 22), as pve-guest-common
+/// `PVE/GuestHelpers.pm` `get_tags_from_trunk` expands them; at most 4094 ids.
+pub fn trunk_tags(trunks: &str) -> Vec<u16> {
+    let mut out = Vec::new();
+    for part in trunks.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (Ok(a), Ok(b)) = (a.trim().parse::<u16>(), b.trim().parse::<u16>()) else {
+            continue;
+        };
+        let b = if b > a { b } else { a };
+        for t in a..=b.min(4094) {
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// A mount point of a container: a storage volume, or a host path / device (bind or device
+/// mount, root only: pve-container `PVE/API2/LXC.pm` `create_vm`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountPoint {
+    /// `rootfs`, `mp0`, …
+    pub key: String,
+    /// The volume as written (`local-lvm:vm-1-disk-0`, `/srv/data`, `/dev/sdb1`).
+    pub volume: String,
+}
+
+impl MountPoint {
+    /// Whether the volume is a host path or device rather than a storage volume (pve-container
+    /// `PVE/LXC/Config.pm` `classify_mountpoint`: an absolute path is `bind` or `device`).
+    pub fn is_host_path(&self) -> bool {
+        self.volume.starts_with('/')
+    }
+}
+
+/// A host device passed to a VM: `hostpciN` / `usbN` with `host=` (root only) or `mapping=`
+/// (`Mapping.Use` on `/mapping/<pci|usb>/<name>`): qemu-server `PVE/API2/Qemu.pm`
+/// `check_hostpci_perm` and `check_usb_perm`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostDevice {
+    /// `hostpci0`, `usb1`, …
+    pub key: String,
+    /// The mapping it names, if it is a mapped device; `None`: a raw host device.
+    pub mapping: Option<String>,
+}
+
+impl HostDevice {
+    /// The ACL path of its mapping (`/mapping/pci/<name>`, `/mapping/usb/<name>`).
+    pub fn mapping_path(&self) -> Option<String> {
+        let class = if self.key.starts_with("hostpci") {
+            "pci"
+        } else {
+            "usb"
+        };
+        self.mapping
+            .as_ref()
+            .map(|m| format!("/mapping/{class}/{m}"))
+    }
+}
+
+/// The current section of a stored guest configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredConfig {
+    keys: Vec<(String, String)>,
+    description: String,
+}
+
+impl StoredConfig {
+    /// Parse the text PVE stores (and `extractconfig` answers): `#` description lines, then
+    /// `key: value` lines, up to the first `[section]`. Bounded: at most [`MAX_KEYS`] keys,
+    /// values clipped.
+    pub fn parse(text: &str) -> Self {
+        let mut keys: Vec<(String, String)> = Vec::new();
+        let mut description = String::new();
+        for line in text.lines() {
+            let line = line.trim_end_matches('\r');
+            if line.trim_start().starts_with('[') {
+                break; // snapshots and pending changes follow the current config
+            }
+            if let Some(d) = line.strip_prefix('#') {
+                if description.len() < MAX_VALUE_CHARS {
+                    description.push_str(&decode_text(d));
+                    description.push('\n');
+                }
+                continue;
+            }
+            let Some((k, v)) = line.split_once(':') else {
+                continue;
+            };
+            let k = k.trim();
+            let valid = !k.is_empty()
+                && k.len() <= 64
+                && k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+            if !valid || keys.len() >= MAX_KEYS {
+                continue;
+            }
+            let v: String = v.trim().chars().take(MAX_VALUE_CHARS).collect();
+            if k == "description" {
+                // Not PVE's file format, but a value some tools print: take it as well.
+                description = v.replace("\\n", "\n");
+                continue;
+            }
+            keys.push((k.to_string(), v));
+        }
+        let description = description.trim_end_matches('\n').to_string();
+        Self { keys, description }
+    }
+
+    /// Whether nothing was found.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The number of keys.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.keys
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every key, in the order stored.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|(k, _)| k.as_str())
+    }
+
+    /// Whether `key` is set to a true boolean.
+    pub fn flag(&self, key: &str) -> bool {
+        self.get(key).is_some_and(is_true)
+    }
+
+    /// The stored description (decoded; empty when none).
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// Every NIC, in key order.
+    pub fn nics(&self, kind: GuestKind) -> Vec<Nic> {
+        let mut nics: Vec<Nic> = self
+            .keys
+            .iter()
+            .filter(|(k, _)| is_net_key(k))
+            .map(|(k, v)| Nic::parse(kind, k, v))
+            .collect();
+        nics.sort_by_key(|n| n.key[3..].parse::<u32>().unwrap_or(u32::MAX));
+        nics
+    }
+
+    /// Whether the container is unprivileged (`unprivileged: 1`).
+    pub fn unprivileged(&self) -> bool {
+        self.flag("unprivileged")
+    }
+
+    /// Raw `lxc.*` keys (root only; PVE skips them for anyone else at restore).
+    pub fn raw_lxc_keys(&self) -> Vec<&str> {
+        self.keys()
+            .filter(|k| k.starts_with("lxc."))
+            .collect::<Vec<_>>()
+    }
+
+    /// The container's mount points (`rootfs`, `mpN`).
+    pub fn mount_points(&self) -> Vec<MountPoint> {
+        self.keys
+            .iter()
+            .filter(|(k, _)| k == "rootfs" || numbered(k, "mp"))
+            .map(|(k, v)| {
+                let items = property_items(v);
+                let volume = items
+                    .iter()
+                    .find(|(ik, iv)| ik == "volume" && iv.is_some())
+                    .and_then(|(_, iv)| iv.clone())
+                    .or_else(|| {
+                        items
+                            .first()
+                            .filter(|(_, iv)| iv.is_none())
+                            .map(|(ik, _)| ik.clone())
+                    })
+                    .unwrap_or_default();
+                MountPoint {
+                    key: k.clone(),
+                    volume,
+                }
+            })
+            .collect()
+    }
+
+    /// The container's device passthroughs (`devN`, root only).
+    pub fn devices(&self) -> Vec<&str> {
+        self.keys().filter(|k| numbered(k, "dev")).collect()
+    }
+
+    /// The VM's host devices (`hostpciN`, `usbN` that name a host device or a mapping; a USB
+    /// `spice` port is no host device).
+    pub fn host_devices(&self) -> Vec<HostDevice> {
+        self.keys
+            .iter()
+            .filter(|(k, _)| numbered(k, "hostpci") || numbered(k, "usb"))
+            .filter_map(|(k, v)| {
+                let items = property_items(v);
+                let get = |name: &str| {
+                    items
+                        .iter()
+                        .find(|(ik, iv)| ik == name && iv.is_some())
+                        .and_then(|(_, iv)| iv.clone())
+                };
+                let mapping = get("mapping");
+                let host = get("host").or_else(|| {
+                    // `hostpci0: 0000:01:00.0` (the first item is `host`)
+                    items
+                        .first()
+                        .filter(|(ik, iv)| iv.is_none() && !ik.eq_ignore_ascii_case("spice"))
+                        .map(|(ik, _)| ik.clone())
+                });
+                if mapping.is_none() && host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case("spice")) {
+                    return None;
+                }
+                Some(HostDevice {
+                    key: k.clone(),
+                    mapping: if host.is_some() && mapping.is_none() {
+                        None
+                    } else {
+                        mapping
+                    },
+                })
+            })
+            .collect()
+    }
+}
+
+/// pve-common `PVE/Tools.pm` `decode_text`: `%XX` escapes to bytes, read as UTF-8.
+fn decode_text(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            if let Some(v) = hex {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_container_config_is_read_up_to_its_snapshots() {
+        let text = "#customer%20notes%3A\n#second line\narch: amd64\nhostname: web\n\
+                    net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=10.1.2.3/24,type=veth\n\
+                    net1: name=eth1,bridge=vmbr1,tag=20\n\
+                    rootfs: local-lvm:vm-200-disk-0,size=8G\nmp0: /srv/data,mp=/data\n\
+                    mp1: volume=local-lvm:vm-200-disk-1,mp=/var\nonboot: 1\nprotection: 1\n\
+                    lxc.apparmor.profile: unconfined\ndev0: /dev/ttyUSB0\n\
+                    [snap1]\nnet2: name=eth2,bridge=vmbr9\nunprivileged: 1\n";
+        let c = StoredConfig::parse(text);
+        assert_eq!(c.description(), "customer notes:\nsecond line");
+        assert!(!c.unprivileged(), "the snapshot's key does not count");
+        assert!(c.flag("onboot") && c.flag("protection"));
+        let nics = c.nics(GuestKind::Lxc);
+        assert_eq!(nics.len(), 2);
+        assert_eq!(nics[0].bridge.as_deref(), Some("vmbr0"));
+        assert_eq!(nics[1].tag.as_deref(), Some("20"));
+        assert!(!nics[0].is_isolated(GuestKind::Lxc));
+        assert_eq!(nics[1].isolated_value(GuestKind::Lxc), "name=eth1,link_down=1");
+        let host: Vec<String> = c
+            .mount_points()
+            .into_iter()
+            .filter(MountPoint::is_host_path)
+            .map(|m| m.key)
+            .collect();
+        assert_eq!(host, ["mp0"]);
+        assert_eq!(c.raw_lxc_keys(), ["lxc.apparmor.profile"]);
+        assert_eq!(c.devices(), ["dev0"]);
+    }
+
+    #[test]
+    fn vm_nics_read_their_model_and_isolation_counts_the_link_only() {
+        let n = Nic::parse(GuestKind::Qemu, "net3", "e1000=BC:24:11:AA:BB:CC,bridge=vmbr0,firewall=1");
+        assert_eq!(n.model.as_deref(), Some("e1000"));
+        assert_eq!(n.isolated_value(GuestKind::Qemu), "e1000,link_down=1");
+        assert!(!Nic::parse(GuestKind::Qemu, "net0", "virtio").is_isolated(GuestKind::Qemu));
+        assert!(Nic::parse(GuestKind::Qemu, "net0", "virtio,bridge=vmbr0,link_down=1")
+            .is_isolated(GuestKind::Qemu));
+        // A container NIC on a bridge is not isolated, link down or not.
+        assert!(!Nic::parse(GuestKind::Lxc, "net0", "name=eth0,bridge=vmbr0,link_down=1")
+            .is_isolated(GuestKind::Lxc));
+        assert!(Nic::parse(GuestKind::Lxc, "net0", "name=eth0,link_down=1")
+            .is_isolated(GuestKind::Lxc));
+        // A hostile name is not carried over.
+        let odd = Nic::parse(GuestKind::Lxc, "net2", "name=$(reboot),bridge=vmbr0");
+        assert_eq!(odd.isolated_value(GuestKind::Lxc), "name=eth2,link_down=1");
+    }
+
+    #[test]
+    fn host_devices_raw_and_mapped() {
+        let c = StoredConfig::parse(
+            "hostpci0: 0000:01:00.0,pcie=1\nhostpci1: mapping=gpu\nusb0: host=1234:5678\n\
+             usb1: spice\nusb2: mapping=stick\nscsi0: local-lvm:vm-1-disk-0\n",
+        );
+        let d = c.host_devices();
+        let seen: Vec<(&str, Option<String>)> = d
+            .iter()
+            .map(|h| (h.key.as_str(), h.mapping_path()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("hostpci0", None),
+                ("hostpci1", Some("/mapping/pci/gpu".to_string())),
+                ("usb0", None),
+                ("usb2", Some("/mapping/usb/stick".to_string())),
+            ]
+        );
+    }
+
+    #[test]
+    fn trunks_expand_as_pve_does() {
+        assert_eq!(trunk_tags("10;20-22;10"), [10, 20, 21, 22]);
+        assert_eq!(trunk_tags("x;5"), [5]);
+    }
+
+    #[test]
+    fn hostile_text_is_bounded() {
+        let mut text = String::new();
+        for i in 0..2000 {
+            text.push_str(&format!("k{i}: {}\n", "v".repeat(10_000)));
+        }
+        let c = StoredConfig::parse(&text);
+        assert_eq!(c.len(), MAX_KEYS);
+        assert!(c.get("k0").is_some_and(|v| v.len() == MAX_VALUE_CHARS));
+        assert_eq!(decode_text("%zz%4"), "%zz%4");
+    }
+}
