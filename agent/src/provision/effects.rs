@@ -1429,6 +1429,82 @@ mod tests {
     use super::*;
     use crate::pve::error::decode_error;
 
+    const STORED_CT: &str = "#customer notes\narch: amd64\nhostname: web\nonboot: 1\nprotection: 1\n\
+        net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=10.1.2.3/24,type=veth\n\
+        net3: name=lan,bridge=vmbr1,tag=20\nrootfs: local-lvm:vm-200-disk-0,size=8G\n";
+
+    fn marker() -> Marker {
+        Marker::new(ulid::Ulid::from_string("01JD0000000000000000000000").expect("ulid"))
+    }
+
+    fn opts(v: &[(String, String)]) -> Vec<(&str, &str)> {
+        v.iter().map(|(k, x)| (k.as_str(), x.as_str())).collect()
+    }
+
+    #[test]
+    fn an_isolated_copy_overrides_every_stored_nic_and_keeps_the_description() {
+        let stored = StoredConfig::parse(STORED_CT);
+        let o = restore_options(GuestKind::Lxc, true, true, Some(&stored), marker());
+        let line = marker().description_line();
+        assert_eq!(
+            opts(&o),
+            [
+                ("net0", "name=eth0,link_down=1"),
+                ("net3", "name=lan,link_down=1"),
+                ("onboot", "0"),
+                ("protection", "0"),
+                ("description", format!("{line}\ncustomer notes").as_str()),
+            ]
+        );
+        // A VM: every stored NIC by its model.
+        let vm = StoredConfig::parse("net1: e1000=BC:24:11:00:00:02,bridge=vmbr0\nscsi0: x\n");
+        let o = restore_options(GuestKind::Qemu, true, true, Some(&vm), marker());
+        assert_eq!(&opts(&o)[..2], [("net0", "virtio,link_down=1"), ("net1", "e1000,link_down=1")]);
+    }
+
+    #[test]
+    fn a_customer_provision_sends_only_the_description() {
+        let stored = StoredConfig::parse(STORED_CT);
+        let o = restore_options(GuestKind::Lxc, false, false, Some(&stored), marker());
+        assert_eq!(o.len(), 1);
+        assert_eq!(o[0].0, "description");
+        assert!(o[0].1.ends_with("customer notes"));
+        let o = restore_options(GuestKind::Lxc, false, false, None, marker());
+        assert_eq!(opts(&o), [("description", marker().description_line().as_str())]);
+    }
+
+    #[test]
+    fn a_copy_with_a_bridged_or_linked_nic_or_onboot_is_not_started() {
+        let cfg = |pairs: &[(&str, Value)]| -> GuestConfig {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect()
+        };
+        let ok = cfg(&[
+            ("net0", Value::from("name=eth0,link_down=1,hwaddr=BC:24:11:00:00:09")),
+            ("onboot", Value::from(0)),
+        ]);
+        assert_eq!(start_refusal(GuestKind::Lxc, true, &ok), None);
+        let bridged = cfg(&[
+            ("net0", Value::from("name=eth0,link_down=1")),
+            ("net1", Value::from("name=eth1,bridge=vmbr0,ip=10.1.2.3/24")),
+            ("onboot", Value::from(1)),
+        ]);
+        let why = start_refusal(GuestKind::Lxc, true, &bridged).expect("refused");
+        assert!(why.contains("net1 (bridge=vmbr0)") && why.contains("onboot"), "{why}");
+        // A VM NIC without a bridge is user-mode networking: only link_down isolates it.
+        let slirp = cfg(&[("net0", Value::from("virtio=BC:24:11:00:00:01"))]);
+        assert!(start_refusal(GuestKind::Qemu, true, &slirp).is_some());
+        // Not isolated (a selftest provision): NICs do not count, protection does.
+        let protected = cfg(&[
+            ("net0", Value::from("name=eth0,bridge=vmbr0")),
+            ("protection", Value::from(1)),
+        ]);
+        let why = start_refusal(GuestKind::Lxc, false, &protected).expect("refused");
+        assert_eq!(why, "protection is set");
+    }
+
     fn api(status: u16, message: &str) -> PveError {
         PveError::Api(decode_error(
             "POST",
