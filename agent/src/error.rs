@@ -23,6 +23,13 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::ProfileInvalid
         | ErrorCode::ChecksInvalid
         | ErrorCode::PolicyDenied
+        | ErrorCode::SdnDenied
+        | ErrorCode::BackupPrivileged
+        | ErrorCode::BackupMounts
+        | ErrorCode::BackupDevices
+        | ErrorCode::BackupHookscript
+        | ErrorCode::BackupAccess
+        | ErrorCode::TagPolicy
         // A journal verb on a transaction in the wrong state: nothing was written.
         | ErrorCode::NotNeedsHuman
         | ErrorCode::TxnNotOpen
@@ -151,6 +158,13 @@ mod tests {
             ErrorCode::ProfileInvalid,
             ErrorCode::ChecksInvalid,
             ErrorCode::PolicyDenied,
+            ErrorCode::SdnDenied,
+            ErrorCode::BackupPrivileged,
+            ErrorCode::BackupMounts,
+            ErrorCode::BackupDevices,
+            ErrorCode::BackupHookscript,
+            ErrorCode::BackupAccess,
+            ErrorCode::TagPolicy,
             ErrorCode::NotNeedsHuman,
             ErrorCode::TxnNotOpen,
             ErrorCode::TxnUnknown,

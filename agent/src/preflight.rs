@@ -8,6 +8,8 @@
 //! first failing check's. Nothing here prints; callers render [`PreflightReport::to_json`] or
 //! [`PreflightReport::human`].
 
+pub mod restorable;
+
 use std::path::Path;
 
 use serde::Serialize;
@@ -18,9 +20,12 @@ use crate::error::{ErrorCode, Failure};
 use crate::guest::bootstrap::load_profile;
 use crate::guest::checks::load_packs;
 use crate::provision::effects::DEFAULT_PROFILE;
-use crate::provision::machine::{Event, Request, TxnKind};
+use crate::provision::machine::{Event, Marker, Request, TxnKind};
+use crate::pve::guest_config::StoredConfig;
 use crate::pve::types::{BackupVolume, PoolInfo, StorageStatus};
 use crate::pve::{ApiErrorKind, GuestKind, PveClient, PveError};
+use restorable::{access_check, contents_check, network_check, paths_needed, tags_check};
+use restorable::{Asked, ClusterFiles, Held};
 
 /// How one preflight check ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -193,6 +198,24 @@ pub struct PreflightRequest<'a> {
     pub policy: &'a Policy,
     /// The config file, named in messages.
     pub config_path: &'a Path,
+    /// The target vmid, when known (a backup of the same vmid needs no `VM.Backup`).
+    pub vmid: Option<u32>,
+    /// Every NIC of the backup is overridden, isolated (a restore-test copy).
+    pub isolate: bool,
+    /// The API token, named in the grant commands.
+    pub token_id: &'a str,
+    /// The cluster file system's folder (that of `vmlist_path`): `datacenter.cfg`,
+    /// `sdn/vnets.cfg`.
+    pub pve_dir: &'a Path,
+}
+
+/// The owner vmid in a backup volid's name (`…/vzdump-lxc-200-…`).
+pub fn owner_from_volid(volid: &str) -> Option<u32> {
+    volid
+        .split("vzdump-")
+        .nth(1)
+        .and_then(|r| r.split('-').nth(1))
+        .and_then(|v| v.parse().ok())
 }
 
 /// The content type a guest's disks need on the target storage.
@@ -496,10 +519,18 @@ pub fn backup_verdict(
             found.push_str(&format!("; stored config: {summary}"));
         }
         Some(Err(e)) => {
-            found.push_str(&format!(
-                "; its stored config could not be read with this token ({}), which the restore does not need",
-                e.api().map_or_else(|| e.to_string(), |a| a.message.clone())
-            ));
+            if let Some(c) = environment("backup", &e) {
+                return c;
+            }
+            return PreflightCheck::fail(
+                "backup",
+                ErrorCode::BackupMissing,
+                format!(
+                    "the configuration stored in backup {volid} could not be read with this token ({}), so the preflight cannot tell what the restore brings along (NICs, privileges, mount points, hookscript); check `pvesh get /nodes/{}/vzdump/extractconfig --volume {volid}` with the agent's token",
+                    e.api().map_or_else(|| e.to_string(), |a| a.message.clone()),
+                    req.node
+                ),
+            );
         }
     }
     PreflightCheck::pass("backup", found)
@@ -633,7 +664,47 @@ pub async fn run(
     } else {
         None
     };
+    let owner = listing
+        .as_ref()
+        .ok()
+        .and_then(|l| l.iter().find(|v| v.volid == req.volid))
+        .and_then(|v| v.vmid)
+        .and_then(|v| u32::try_from(v).ok())
+        .or_else(|| owner_from_volid(req.volid));
+    let stored_cfg = match &stored {
+        Some(Ok(text)) => Some(StoredConfig::parse(text)),
+        _ => None,
+    };
+    // What the restore needs beyond the request: the token's privileges on the paths PVE
+    // checks inside the task, and the cluster's files.
+    let files = ClusterFiles::read(req.pve_dir);
+    let asked = Asked {
+        node: req.node,
+        guest: req.guest,
+        volid: req.volid,
+        vmid: req.vmid,
+        owner,
+        isolate: req.isolate,
+        token_id: req.token_id,
+    };
+    let held = Held::read(pve, &paths_needed(stored_cfg.as_ref(), &asked, &files)).await;
+    checks.push(access_check(&asked, &held));
     checks.push(backup_verdict(req, listing, stored));
+    match &stored_cfg {
+        Some(sc) => {
+            checks.push(contents_check(sc, &asked, &held));
+            checks.push(network_check(sc, &asked, &files, &held));
+        }
+        None => {
+            for name in ["contents", "network"] {
+                checks.push(PreflightCheck::skipped(
+                    name,
+                    "the backup's stored configuration was not read",
+                ));
+            }
+        }
+    }
+    checks.push(tags_check(&files, &held, Marker::FLEET_TAG, req.token_id));
     checks.push(storage_verdict(req, storage));
     checks.push(pool_verdict(req, pool));
     checks.push(profile_check(req));
@@ -680,6 +751,10 @@ pub async fn for_request(
         },
         policy: &cfg.policy,
         config_path: &cfg.path,
+        vmid: request.vmid,
+        isolate: request.isolate_network,
+        token_id: &cfg.pve.token_id,
+        pve_dir: cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve")),
     };
     run(pve, &req, vmid).await
 }
@@ -749,6 +824,10 @@ mod tests {
             checks_dir: &d.checks,
             policy,
             config_path: Path::new("/etc/felhom-agent/agent.toml"),
+            vmid: Some(120),
+            isolate: false,
+            token_id: "felhom@pve!agent",
+            pve_dir: Path::new("/etc/pve"),
         }
     }
 
@@ -877,7 +956,8 @@ mod tests {
             Ok(vec![vol(VOLID, None, "tar.zst")]),
             Some(Err(api(403, "Permission check failed"))),
         );
-        assert_eq!(c.status, CheckVerdict::Pass, "{c:?}");
+        // Without the stored config nothing tells what the restore brings along: refused.
+        assert_eq!(c.code, Some(ErrorCode::BackupMissing), "{c:?}");
         assert!(c.message.contains("could not be read"), "{c:?}");
     }
 

@@ -202,6 +202,20 @@ pub enum ErrorCode {
     ChecksInvalid,
     /// Preflight: the request is outside the node's `[policy]`.
     PolicyDenied,
+    /// Preflight: the token lacks `SDN.Use` on a bridge (or VLAN) a NIC of the backup is plugged into.
+    SdnDenied,
+    /// Preflight: the backup is of a privileged container.
+    BackupPrivileged,
+    /// Preflight: the backup carries bind or device mount points, device passthrough or raw `lxc.*` keys (root only).
+    BackupMounts,
+    /// Preflight: the backup passes host devices to the VM (root only), or mapped ones the token may not use.
+    BackupDevices,
+    /// Preflight: the backup carries a hookscript.
+    BackupHookscript,
+    /// Preflight: the token may not restore another guest's backup (`VM.Backup` on its owner, `Datastore.AllocateSpace` on its storage).
+    BackupAccess,
+    /// Preflight: the cluster's tag policy refuses the marker's tags to the token.
+    TagPolicy,
     /// `journal resolve`: the transaction is not awaiting a human (settled otherwise, already
     /// closed, or still open).
     NotNeedsHuman,
@@ -224,7 +238,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 29] = [
+    pub const ALL: [ErrorCode; 36] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -246,6 +260,13 @@ impl ErrorCode {
         ErrorCode::ProfileInvalid,
         ErrorCode::ChecksInvalid,
         ErrorCode::PolicyDenied,
+        ErrorCode::SdnDenied,
+        ErrorCode::BackupPrivileged,
+        ErrorCode::BackupMounts,
+        ErrorCode::BackupDevices,
+        ErrorCode::BackupHookscript,
+        ErrorCode::BackupAccess,
+        ErrorCode::TagPolicy,
         ErrorCode::NotNeedsHuman,
         ErrorCode::TxnNotOpen,
         ErrorCode::TxnUnknown,
@@ -280,6 +301,13 @@ impl ErrorCode {
             ErrorCode::ProfileInvalid => "profile_invalid",
             ErrorCode::ChecksInvalid => "checks_invalid",
             ErrorCode::PolicyDenied => "policy_denied",
+            ErrorCode::SdnDenied => "sdn_denied",
+            ErrorCode::BackupPrivileged => "backup_privileged",
+            ErrorCode::BackupMounts => "backup_mounts",
+            ErrorCode::BackupDevices => "backup_devices",
+            ErrorCode::BackupHookscript => "backup_hookscript",
+            ErrorCode::BackupAccess => "backup_access",
+            ErrorCode::TagPolicy => "tag_policy",
             ErrorCode::NotNeedsHuman => "not_needs_human",
             ErrorCode::TxnNotOpen => "txn_not_open",
             ErrorCode::TxnUnknown => "txn_unknown",

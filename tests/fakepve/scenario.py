@@ -276,6 +276,13 @@ class ScenarioPve(fake_server.FakePve):
         who = v.get('userid') or user
         if self.acl is None or '!' not in who or who.split('!')[0] == 'root@pam':
             return await super()._permissions(v, user)
+        if v.get('path') is not None:
+            # pve-access-control src/PVE/API2/AccessControl.pm `permissions`: with a path, only
+            # that path, with what RPCEnvironment `permissions` computes there (inherited
+            # grants and the pools the guest or storage is in included).
+            path = v['path']
+            privs = sorted(p for p in shapes.PRIVILEGES if self.allowed(who, path, p))
+            return {path: dict.fromkeys(privs, 1)} if privs else {}
         owner = who.split('!')[0]
         privsep = int((self.token_privsep or {}).get(who, 1))
         held = {}
@@ -283,9 +290,6 @@ class ScenarioPve(fake_server.FakePve):
             keep = set(p for p in privs if self._held_by(owner, path, p))
             if keep:
                 held.setdefault(path, set()).update(keep)
-        if v.get('path') is not None:
-            held = dict((p, ps) for p, ps in held.items()
-                        if v['path'] == p or p == '/' or v['path'].startswith(p + '/'))
         return dict((path, dict.fromkeys(sorted(privs), 1)) for path, privs in sorted(held.items()))
 
     # ------------------------------------------------------- backups, restores

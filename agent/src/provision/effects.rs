@@ -528,15 +528,10 @@ impl<'a> Executor<'a> {
                 vmid,
                 guest,
                 marker,
-            } => Some(
-                match self
-                    .write_marker(vmid, guest, marker)
-                    .await
-                {
-                    Ok(()) => Event::MarkerWritten,
-                    Err(f) => Event::MarkerWriteFailed(f),
-                },
-            ),
+            } => Some(match self.write_marker(vmid, guest, marker).await {
+                Ok(()) => Event::MarkerWritten,
+                Err(f) => Event::MarkerWriteFailed(f),
+            }),
             Effect::Start { vmid, guest } => {
                 if let Some(refused) = self.check_before_start(state, vmid, guest).await {
                     return Ok(Some(Event::StartFailed { message: refused }));
@@ -622,27 +617,27 @@ impl<'a> Executor<'a> {
     async fn start(&mut self, vmid: u32, guest: GuestKind) -> Result<Event, Failure> {
         let node = self.cfg.node.clone();
         Ok(match self.pve.start(&node, guest, vmid).await {
-                Err(e) => Event::StartFailed {
-                    message: format!(
-                        "start of {} {vmid} on node {node} refused: {e}",
-                        guest.pve_word()
-                    ),
+            Err(e) => Event::StartFailed {
+                message: format!(
+                    "start of {} {vmid} on node {node} refused: {e}",
+                    guest.pve_word()
+                ),
+            },
+            Ok(upid) => match self.wait(upid.as_str(), self.timeouts.power).await? {
+                Event::TaskEnded {
+                    exit: TaskExit::Ok, ..
+                } => Event::Started,
+                Event::TaskEnded {
+                    exit: TaskExit::Error { message },
+                    ..
+                } => Event::StartFailed {
+                    message: format!("start task {upid} failed: {message}"),
                 },
-                Ok(upid) => match self.wait(upid.as_str(), self.timeouts.power).await? {
-                    Event::TaskEnded {
-                        exit: TaskExit::Ok, ..
-                    } => Event::Started,
-                    Event::TaskEnded {
-                        exit: TaskExit::Error { message },
-                        ..
-                    } => Event::StartFailed {
-                        message: format!("start task {upid} failed: {message}"),
-                    },
-                    _ => Event::StartFailed {
-                        message: format!("start task {upid} did not end in time"),
-                    },
+                _ => Event::StartFailed {
+                    message: format!("start task {upid} did not end in time"),
                 },
-            })
+            },
+        })
     }
 
     /// The last read before a selftest guest's first start: its configuration as PVE has it
@@ -909,18 +904,20 @@ impl<'a> Executor<'a> {
         vmid: u32,
         guest: GuestKind,
     ) -> Result<(GuestView, Option<GuestConfig>), Failure> {
-        self.observe_with_config(vmid, guest).await.map_err(|reason| {
-            Failure::new(
-                ErrorCode::PveUnreachable,
-                format!(
-                    "guest {vmid} on node {} could not be read to check the ownership of \
+        self.observe_with_config(vmid, guest)
+            .await
+            .map_err(|reason| {
+                Failure::new(
+                    ErrorCode::PveUnreachable,
+                    format!(
+                        "guest {vmid} on node {} could not be read to check the ownership of \
                      transaction {} ({reason}); nothing was destroyed, the transaction stays open \
                      and the next agent command settles it",
-                    self.cfg.node,
-                    state.txn()
-                ),
-            )
-        })
+                        self.cfg.node,
+                        state.txn()
+                    ),
+                )
+            })
     }
 
     async fn write_marker(
@@ -1172,7 +1169,10 @@ impl<'a> Executor<'a> {
             // PVE refuses to destroy a protected guest (pve-guest-common
             // `PVE/AbstractConfig.pm` `check_protection`, called by pve-container and
             // qemu-server `destroy_vm`). This one is proven ours: lift it, then prove again.
-            tracing::info!(vmid, "lifting the protection this guest's backup carried before its destroy");
+            tracing::info!(
+                vmid,
+                "lifting the protection this guest's backup carried before its destroy"
+            );
             if let Err(e) = self
                 .pve
                 .config_put(&node, guest, vmid, &[], &["protection".to_string()])
@@ -1251,11 +1251,7 @@ pub fn restore_options(
 
 /// Why a guest about to be started for a selftest may not start: a NIC of an isolated copy
 /// that can reach a network, or `onboot`/`protection` set. `None`: it may start.
-pub fn start_refusal(
-    guest: GuestKind,
-    isolate: bool,
-    cfg: &GuestConfig,
-) -> Option<String> {
+pub fn start_refusal(guest: GuestKind, isolate: bool, cfg: &GuestConfig) -> Option<String> {
     let text = |k: &str| match cfg.get(k) {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Number(n)) => n.to_string(),
@@ -1429,7 +1425,8 @@ mod tests {
     use super::*;
     use crate::pve::error::decode_error;
 
-    const STORED_CT: &str = "#customer notes\narch: amd64\nhostname: web\nonboot: 1\nprotection: 1\n\
+    const STORED_CT: &str =
+        "#customer notes\narch: amd64\nhostname: web\nonboot: 1\nprotection: 1\n\
         net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=10.1.2.3/24,type=veth\n\
         net3: name=lan,bridge=vmbr1,tag=20\nrootfs: local-lvm:vm-200-disk-0,size=8G\n";
 
@@ -1459,7 +1456,13 @@ mod tests {
         // A VM: every stored NIC by its model.
         let vm = StoredConfig::parse("net1: e1000=BC:24:11:00:00:02,bridge=vmbr0\nscsi0: x\n");
         let o = restore_options(GuestKind::Qemu, true, true, Some(&vm), marker());
-        assert_eq!(&opts(&o)[..2], [("net0", "virtio,link_down=1"), ("net1", "e1000,link_down=1")]);
+        assert_eq!(
+            &opts(&o)[..2],
+            [
+                ("net0", "virtio,link_down=1"),
+                ("net1", "e1000,link_down=1")
+            ]
+        );
     }
 
     #[test]
@@ -1470,7 +1473,10 @@ mod tests {
         assert_eq!(o[0].0, "description");
         assert!(o[0].1.ends_with("customer notes"));
         let o = restore_options(GuestKind::Lxc, false, false, None, marker());
-        assert_eq!(opts(&o), [("description", marker().description_line().as_str())]);
+        assert_eq!(
+            opts(&o),
+            [("description", marker().description_line().as_str())]
+        );
     }
 
     #[test]
@@ -1482,7 +1488,10 @@ mod tests {
                 .collect()
         };
         let ok = cfg(&[
-            ("net0", Value::from("name=eth0,link_down=1,hwaddr=BC:24:11:00:00:09")),
+            (
+                "net0",
+                Value::from("name=eth0,link_down=1,hwaddr=BC:24:11:00:00:09"),
+            ),
             ("onboot", Value::from(0)),
         ]);
         assert_eq!(start_refusal(GuestKind::Lxc, true, &ok), None);
@@ -1492,7 +1501,10 @@ mod tests {
             ("onboot", Value::from(1)),
         ]);
         let why = start_refusal(GuestKind::Lxc, true, &bridged).expect("refused");
-        assert!(why.contains("net1 (bridge=vmbr0)") && why.contains("onboot"), "{why}");
+        assert!(
+            why.contains("net1 (bridge=vmbr0)") && why.contains("onboot"),
+            "{why}"
+        );
         // A VM NIC without a bridge is user-mode networking: only link_down isolates it.
         let slirp = cfg(&[("net0", Value::from("virtio=BC:24:11:00:00:01"))]);
         assert!(start_refusal(GuestKind::Qemu, true, &slirp).is_some());

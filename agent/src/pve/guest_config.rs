@@ -405,7 +405,11 @@ impl StoredConfig {
                         .filter(|(ik, iv)| iv.is_none() && !ik.eq_ignore_ascii_case("spice"))
                         .map(|(ik, _)| ik.clone())
                 });
-                if mapping.is_none() && host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case("spice")) {
+                if mapping.is_none()
+                    && host
+                        .as_deref()
+                        .is_none_or(|h| h.eq_ignore_ascii_case("spice"))
+                {
                     return None;
                 }
                 Some(HostDevice {
@@ -465,7 +469,10 @@ mod tests {
         assert_eq!(nics[0].bridge.as_deref(), Some("vmbr0"));
         assert_eq!(nics[1].tag.as_deref(), Some("20"));
         assert!(!nics[0].is_isolated(GuestKind::Lxc));
-        assert_eq!(nics[1].isolated_value(GuestKind::Lxc), "name=eth1,link_down=1");
+        assert_eq!(
+            nics[1].isolated_value(GuestKind::Lxc),
+            "name=eth1,link_down=1"
+        );
         let host: Vec<String> = c
             .mount_points()
             .into_iter()
@@ -479,17 +486,26 @@ mod tests {
 
     #[test]
     fn vm_nics_read_their_model_and_isolation_counts_the_link_only() {
-        let n = Nic::parse(GuestKind::Qemu, "net3", "e1000=BC:24:11:AA:BB:CC,bridge=vmbr0,firewall=1");
+        let n = Nic::parse(
+            GuestKind::Qemu,
+            "net3",
+            "e1000=BC:24:11:AA:BB:CC,bridge=vmbr0,firewall=1",
+        );
         assert_eq!(n.model.as_deref(), Some("e1000"));
         assert_eq!(n.isolated_value(GuestKind::Qemu), "e1000,link_down=1");
         assert!(!Nic::parse(GuestKind::Qemu, "net0", "virtio").is_isolated(GuestKind::Qemu));
-        assert!(Nic::parse(GuestKind::Qemu, "net0", "virtio,bridge=vmbr0,link_down=1")
-            .is_isolated(GuestKind::Qemu));
+        assert!(
+            Nic::parse(GuestKind::Qemu, "net0", "virtio,bridge=vmbr0,link_down=1")
+                .is_isolated(GuestKind::Qemu)
+        );
         // A container NIC on a bridge is not isolated, link down or not.
-        assert!(!Nic::parse(GuestKind::Lxc, "net0", "name=eth0,bridge=vmbr0,link_down=1")
-            .is_isolated(GuestKind::Lxc));
-        assert!(Nic::parse(GuestKind::Lxc, "net0", "name=eth0,link_down=1")
-            .is_isolated(GuestKind::Lxc));
+        assert!(
+            !Nic::parse(GuestKind::Lxc, "net0", "name=eth0,bridge=vmbr0,link_down=1")
+                .is_isolated(GuestKind::Lxc)
+        );
+        assert!(
+            Nic::parse(GuestKind::Lxc, "net0", "name=eth0,link_down=1").is_isolated(GuestKind::Lxc)
+        );
         // A hostile name is not carried over.
         let odd = Nic::parse(GuestKind::Lxc, "net2", "name=$(reboot),bridge=vmbr0");
         assert_eq!(odd.isolated_value(GuestKind::Lxc), "name=eth2,link_down=1");

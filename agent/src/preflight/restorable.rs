@@ -1,0 +1,759 @@
+//! What a backup's restore needs that the preflight can know before the first write: read from
+//! the configuration stored in the backup (`vzdump/extractconfig`), the token's privileges on
+//! the paths PVE will check (`GET /access/permissions?path=`) and the cluster files the agent
+//! can read beside `.vmlist` (`datacenter.cfg`, `sdn/vnets.cfg`).
+//!
+//! Each rule is PVE's, checked by PVE only inside the restore task or at the marker write,
+//! where a refusal costs a half-made guest:
+//! - NICs: `SDN.Use` on every bridge a NIC the request does not override is plugged into
+//!   (pve-guest-common `PVE/GuestHelpers.pm` `check_vnet_access`; pve-container
+//!   `PVE/API2/LXC.pm` `create_vm` and `PVE/LXC/Create.pm` `sanitize_and_merge_config`;
+//!   qemu-server `PVE/API2/Qemu.pm` `create_vm` → `check_restore_permissions`);
+//! - a privileged container needs `Sys.Modify` on `/` (pve-container `create_vm`); bind and
+//!   device mount points are root's (same); raw `lxc.*` keys and `devN` are root's;
+//! - a VM's host devices are root's, mapped ones need `Mapping.Use` (qemu-server
+//!   `check_hostpci_perm`, `check_usb_perm`, via `check_mapping_access`);
+//! - a `hookscript` runs as root on the node at every start and only root may set one;
+//! - another guest's backup needs `Datastore.AllocateSpace` on its storage and `VM.Backup` on
+//!   its owner, unless `Datastore.Allocate` on the storage (pve-storage `PVE/Storage.pm`
+//!   `check_volume_access`);
+//! - the marker's tags must pass the cluster's tag policy (pve-guest-common
+//!   `assert_tag_permissions`, `get_allowed_tags`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use super::PreflightCheck;
+use crate::doctor::held_on;
+use crate::error::ErrorCode;
+use crate::pve::guest_config::{trunk_tags, StoredConfig};
+use crate::pve::{GuestKind, PveClient};
+
+/// The zone PVE assumes for a bridge that is no SDN vnet (`check_vnet_access`).
+pub const LOCAL_ZONE: &str = "localnetwork";
+
+/// The privileges the token holds, per path asked.
+#[derive(Debug, Clone, Default)]
+pub struct Held {
+    by_path: BTreeMap<String, BTreeSet<String>>,
+    unreadable: Option<String>,
+}
+
+impl Held {
+    /// Ask PVE for the token's privileges on each path (one request a path; PVE computes
+    /// inheritance, pools and privilege separation).
+    pub async fn read(pve: &PveClient, paths: &BTreeSet<String>) -> Self {
+        let mut held = Held::default();
+        for path in paths {
+            match pve.permissions(None, Some(path)).await {
+                Ok(perms) => {
+                    held.by_path.insert(path.clone(), held_on(&perms, path));
+                }
+                Err(e) => {
+                    held.unreadable = Some(format!("GET /access/permissions?path={path}: {e}"));
+                    break;
+                }
+            }
+        }
+        held
+    }
+
+    /// A table, for tests: path → privileges.
+    pub fn from_table(table: &[(&str, &[&str])]) -> Self {
+        Held {
+            by_path: table
+                .iter()
+                .map(|(p, privs)| (p.to_string(), privs.iter().map(|s| s.to_string()).collect()))
+                .collect(),
+            unreadable: None,
+        }
+    }
+
+    /// Whether `privilege` is held on `path`.
+    pub fn has(&self, path: &str, privilege: &str) -> bool {
+        self.by_path
+            .get(path)
+            .is_some_and(|privs| privs.contains(privilege))
+    }
+}
+
+/// The cluster files read beside `.vmlist`.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterFiles {
+    /// `datacenter.cfg`: `None` when it does not exist (PVE's defaults hold).
+    pub datacenter: Option<Result<String, String>>,
+    /// SDN vnet → zone, from `sdn/vnets.cfg`.
+    pub vnet_zones: BTreeMap<String, String>,
+}
+
+/// At most this much of a cluster file is read.
+const CLUSTER_FILE_MAX: u64 = 1 << 20;
+
+impl ClusterFiles {
+    /// Read them in `pve_dir` (`/etc/pve`, the folder of `vmlist_path`).
+    pub fn read(pve_dir: &Path) -> Self {
+        let read = |name: &str| -> Option<Result<String, String>> {
+            let path = pve_dir.join(name);
+            match std::fs::File::open(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => Some(Err(format!("{}: {e}", path.display()))),
+                Ok(f) => {
+                    use std::io::Read;
+                    let mut text = String::new();
+                    Some(
+                        f.take(CLUSTER_FILE_MAX)
+                            .read_to_string(&mut text)
+                            .map(|_| text)
+                            .map_err(|e| format!("{}: {e}", path.display())),
+                    )
+                }
+            }
+        };
+        let vnet_zones = match read("sdn/vnets.cfg") {
+            Some(Ok(text)) => parse_vnet_zones(&text),
+            _ => BTreeMap::new(),
+        };
+        ClusterFiles {
+            datacenter: read("datacenter.cfg"),
+            vnet_zones,
+        }
+    }
+
+    /// The zone of a bridge: its SDN vnet's, else [`LOCAL_ZONE`].
+    pub fn zone_of(&self, bridge: &str) -> &str {
+        self.vnet_zones
+            .get(bridge)
+            .map_or(LOCAL_ZONE, String::as_str)
+    }
+}
+
+/// `sdn/vnets.cfg` (pve-network `PVE/Network/SDN/VnetPlugin.pm`, a section config):
+/// `vnet: <name>` then indented `zone <zone>` lines.
+pub fn parse_vnet_zones(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("vnet:") {
+            current = Some(name.trim().to_string());
+            continue;
+        }
+        if !line.starts_with(char::is_whitespace) {
+            current = None;
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        if let (Some("zone"), Some(zone), Some(vnet)) = (words.next(), words.next(), &current) {
+            out.insert(vnet.clone(), zone.to_string());
+        }
+    }
+    out
+}
+
+/// What is asked: enough to know which paths and rules apply.
+#[derive(Debug, Clone)]
+pub struct Asked<'a> {
+    /// This node.
+    pub node: &'a str,
+    /// The guest kind restored.
+    pub guest: GuestKind,
+    /// The backup volid.
+    pub volid: &'a str,
+    /// The target vmid (a backup of the same vmid needs no `VM.Backup`).
+    pub vmid: Option<u32>,
+    /// The backup's owner vmid (from PVE's listing or its name).
+    pub owner: Option<u32>,
+    /// Every NIC is overridden, isolated, by the request (a restore-test copy).
+    pub isolate: bool,
+    /// The token (for the grant commands).
+    pub token_id: &'a str,
+}
+
+/// The SDN paths PVE checks `SDN.Use` on for the stored NICs the request does not override.
+pub fn sdn_paths(stored: &StoredConfig, asked: &Asked<'_>, files: &ClusterFiles) -> Vec<String> {
+    if asked.isolate {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for nic in stored.nics(asked.guest) {
+        let Some(bridge) = &nic.bridge else { continue };
+        let base = format!("/sdn/zones/{}/{bridge}", files.zone_of(bridge));
+        let mut paths = Vec::new();
+        if let Some(tag) = &nic.tag {
+            paths.push(format!("{base}/{tag}"));
+        }
+        if let Some(trunks) = &nic.trunks {
+            paths.extend(trunk_tags(trunks).iter().map(|t| format!("{base}/{t}")));
+        }
+        if nic.tag.is_none() && nic.trunks.is_none() {
+            paths.push(base);
+        }
+        for p in paths {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The backup's storage id.
+fn backup_sid(volid: &str) -> &str {
+    volid.split_once(':').map_or("", |(s, _)| s)
+}
+
+/// Every path whose privileges the checks need.
+pub fn paths_needed(
+    stored: Option<&StoredConfig>,
+    asked: &Asked<'_>,
+    files: &ClusterFiles,
+) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    out.insert("/".to_string());
+    let sid = backup_sid(asked.volid);
+    if !sid.is_empty() {
+        out.insert(format!("/storage/{sid}"));
+    }
+    if let Some(owner) = asked.owner {
+        out.insert(format!("/vms/{owner}"));
+    }
+    if let Some(stored) = stored {
+        out.extend(sdn_paths(stored, asked, files));
+        out.extend(
+            stored
+                .host_devices()
+                .iter()
+                .filter_map(|d| d.mapping_path()),
+        );
+    }
+    out
+}
+
+/// `pveum` commands that grant `role` on `path` to the token and to its user (a
+/// privilege-separated token holds only what both hold).
+pub fn grant_commands(path: &str, role: &str, token_id: &str) -> String {
+    let user = token_id.split('!').next().unwrap_or(token_id);
+    format!(
+        "`pveum acl modify {path} --tokens '{token_id}' --roles {role}` and `pveum acl modify {path} --users '{user}' --roles {role}`"
+    )
+}
+
+/// Another guest's backup: `Datastore.AllocateSpace` on its storage and `VM.Backup` on its
+/// owner, unless `Datastore.Allocate` on the storage or the owner is the target vmid.
+pub fn access_check(asked: &Asked<'_>, held: &Held) -> PreflightCheck {
+    let name = "backup_access";
+    if let Some(why) = &held.unreadable {
+        return PreflightCheck::fail(
+            name,
+            ErrorCode::PveRefused,
+            format!("the token's privileges could not be read ({why}); check that PVE answers `pveum user permissions '{}'`", asked.token_id),
+        );
+    }
+    let sid = backup_sid(asked.volid);
+    let storage = format!("/storage/{sid}");
+    let Some(owner) = asked.owner else {
+        return PreflightCheck::pass(name, "the backup names no owner vmid");
+    };
+    if asked.vmid == Some(owner) {
+        return PreflightCheck::pass(
+            name,
+            format!("backup {} is vmid {owner}'s own", asked.volid),
+        );
+    }
+    if held.has(&storage, "Datastore.Allocate") {
+        return PreflightCheck::pass(
+            name,
+            format!("the token holds Datastore.Allocate on {storage}"),
+        );
+    }
+    let owner_path = format!("/vms/{owner}");
+    let mut missing = Vec::new();
+    if !held.has(&storage, "Datastore.AllocateSpace") {
+        missing.push((
+            format!("Datastore.AllocateSpace on {storage}"),
+            grant_commands(&storage, "PVEDatastoreUser", asked.token_id),
+        ));
+    }
+    if !held.has(&owner_path, "VM.Backup") {
+        missing.push((
+            format!("VM.Backup on {owner_path}"),
+            grant_commands(&owner_path, "PVEVMUser", asked.token_id),
+        ));
+    }
+    if missing.is_empty() {
+        return PreflightCheck::pass(
+            name,
+            format!("the token holds Datastore.AllocateSpace on {storage} and VM.Backup on {owner_path} (backup of vmid {owner})"),
+        );
+    }
+    let (what, how): (Vec<String>, Vec<String>) = missing.into_iter().unzip();
+    PreflightCheck::fail(
+        name,
+        ErrorCode::BackupAccess,
+        format!(
+            "backup {} belongs to vmid {owner}; restoring it needs {} (pve-storage check_volume_access), which token {} lacks; grant them: {}",
+            asked.volid,
+            what.join(" and "),
+            asked.token_id,
+            how.join("; ")
+        ),
+    )
+}
+
+/// The stored NICs' bridges: `SDN.Use` on each path PVE checks.
+pub fn network_check(
+    stored: &StoredConfig,
+    asked: &Asked<'_>,
+    files: &ClusterFiles,
+    held: &Held,
+) -> PreflightCheck {
+    let name = "network";
+    if asked.isolate {
+        return PreflightCheck::pass(
+            name,
+            format!(
+                "{} stored NIC(s) are all replaced by isolated ones (no bridge, link down): no SDN.Use needed",
+                stored.nics(asked.guest).len()
+            ),
+        );
+    }
+    let paths = sdn_paths(stored, asked, files);
+    let lacking: Vec<&String> = paths.iter().filter(|p| !held.has(p, "SDN.Use")).collect();
+    if lacking.is_empty() {
+        return PreflightCheck::pass(
+            name,
+            if paths.is_empty() {
+                "the backup's NICs are on no bridge".to_string()
+            } else {
+                format!("the token holds SDN.Use on {}", paths.join(", "))
+            },
+        );
+    }
+    let nics: Vec<String> = stored
+        .nics(asked.guest)
+        .iter()
+        .filter(|n| n.bridge.is_some())
+        .map(|n| n.describe())
+        .collect();
+    let how: Vec<String> = lacking
+        .iter()
+        .map(|p| grant_commands(p, "PVESDNUser", asked.token_id))
+        .collect();
+    PreflightCheck::fail(
+        name,
+        ErrorCode::SdnDenied,
+        format!(
+            "backup {} restores NIC(s) {}; PVE checks SDN.Use on {} inside the restore task (check_vnet_access), and token {} lacks it; grant it: {}",
+            asked.volid,
+            nics.join(", "),
+            lacking
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            asked.token_id,
+            how.join("; ")
+        ),
+    )
+}
+
+/// What the backup carries that only root may restore or that the agent refuses to bring onto
+/// the node.
+pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> PreflightCheck {
+    let name = "contents";
+    let volid = asked.volid;
+    if let Some(script) = stored.get("hookscript") {
+        return PreflightCheck::fail(
+            name,
+            ErrorCode::BackupHookscript,
+            format!(
+                "backup {volid} carries hookscript {:?}, a script PVE runs as root on node {} at every start of the guest, which this token could not remove; remove it from the guest (`{} set <vmid> --delete hookscript`), back it up again and restore that backup",
+                crate::error::outside_text(script),
+                asked.node,
+                match asked.guest {
+                    GuestKind::Lxc => "pct",
+                    GuestKind::Qemu => "qm",
+                }
+            ),
+        );
+    }
+    match asked.guest {
+        GuestKind::Lxc => {
+            if !stored.unprivileged() {
+                let hint = if held.has("/", "Sys.Modify") {
+                    " (the token holds Sys.Modify on /, but the agent restores containers unprivileged only)"
+                } else {
+                    ""
+                };
+                return PreflightCheck::fail(
+                    name,
+                    ErrorCode::BackupPrivileged,
+                    format!(
+                        "backup {volid} is of a privileged container (no `unprivileged: 1`): restoring it needs Sys.Modify on / and its root is the node's root{hint}; convert the guest to an unprivileged container (restore it as root with `pct restore <vmid> {volid} --unprivileged 1`, check it, back it up again) and restore that backup"
+                    ),
+                );
+            }
+            let host: Vec<String> = stored
+                .mount_points()
+                .into_iter()
+                .filter(|m| m.is_host_path())
+                .map(|m| format!("{} ({})", m.key, crate::error::outside_text(&m.volume)))
+                .collect();
+            let raw: Vec<&str> = stored.raw_lxc_keys();
+            let devs = stored.devices();
+            if !host.is_empty() || !raw.is_empty() || !devs.is_empty() {
+                let mut what = Vec::new();
+                if !host.is_empty() {
+                    what.push(format!("bind or device mount point(s) {}", host.join(", ")));
+                }
+                if !devs.is_empty() {
+                    what.push(format!("device passthrough {}", devs.join(", ")));
+                }
+                if !raw.is_empty() {
+                    what.push(format!("raw lxc keys {}", raw.join(", ")));
+                }
+                return PreflightCheck::fail(
+                    name,
+                    ErrorCode::BackupMounts,
+                    format!(
+                        "backup {volid} carries {}, which only root may restore (pve-container create_vm: \"restoring '<mp>' to bind mount is only possible for root\"); remove them from the guest (`pct set <vmid> --delete mp0` …), back it up again and restore that backup",
+                        what.join("; ")
+                    ),
+                );
+            }
+        }
+        GuestKind::Qemu => {
+            let devices = stored.host_devices();
+            let raw: Vec<&str> = devices
+                .iter()
+                .filter(|d| d.mapping.is_none())
+                .map(|d| d.key.as_str())
+                .collect();
+            if !raw.is_empty() {
+                return PreflightCheck::fail(
+                    name,
+                    ErrorCode::BackupDevices,
+                    format!(
+                        "backup {volid} passes host device(s) {} to the VM, which only root may restore (qemu-server: \"only root can set '<key>' config for non-mapped devices\"); use a resource mapping instead (`pvesh create /cluster/mapping/pci …`), or remove them, back the VM up again and restore that backup",
+                        raw.join(", ")
+                    ),
+                );
+            }
+            let unmapped: Vec<String> = devices
+                .iter()
+                .filter_map(|d| d.mapping_path())
+                .filter(|p| !held.has(p, "Mapping.Use"))
+                .collect();
+            if !unmapped.is_empty() {
+                let how: Vec<String> = unmapped
+                    .iter()
+                    .map(|p| grant_commands(p, "PVEMappingUser", asked.token_id))
+                    .collect();
+                return PreflightCheck::fail(
+                    name,
+                    ErrorCode::BackupDevices,
+                    format!(
+                        "backup {volid} uses mapped device(s) on {}, and token {} lacks Mapping.Use there; grant it: {}",
+                        unmapped.join(", "),
+                        asked.token_id,
+                        how.join("; ")
+                    ),
+                );
+            }
+        }
+    }
+    PreflightCheck::pass(
+        name,
+        "no hookscript, host path, host device or privileged container in the backup",
+    )
+}
+
+/// `datacenter.cfg`'s tag policy: the marker adds the tags `felhom` and `felhom-<txn>`; a token
+/// without `Sys.Modify` on `/` may add a tag only when the policy is `free` (PVE's default), or
+/// the tag is listed or (`existing`) already on a guest, and never a registered tag. The
+/// per-transaction tag is new by construction, so only `free` lets the marker through.
+pub fn tags_check(
+    files: &ClusterFiles,
+    held: &Held,
+    fleet_tag: &str,
+    token_id: &str,
+) -> PreflightCheck {
+    let name = "tags";
+    if held.has("/", "Sys.Modify") {
+        return PreflightCheck::pass(
+            name,
+            "the token holds Sys.Modify on /: no tag policy applies to it",
+        );
+    }
+    let text = match &files.datacenter {
+        None => {
+            return PreflightCheck::pass(
+                name,
+                "no datacenter.cfg: PVE's default tag policy (user-allow=free) lets the marker's tags through",
+            )
+        }
+        Some(Err(e)) => {
+            return PreflightCheck::fail(
+                name,
+                ErrorCode::ConfigInvalid,
+                format!("the cluster's tag policy could not be read ({e}); the agent's user must read /etc/pve/datacenter.cfg (group www-data)"),
+            )
+        }
+        Some(Ok(t)) => t,
+    };
+    let policy = TagPolicy::parse(text);
+    let fix = "`pvesh set /cluster/options --user-tag-access user-allow=free`";
+    if policy.user_allow != "free" {
+        return PreflightCheck::fail(
+            name,
+            ErrorCode::TagPolicy,
+            format!(
+                "the cluster's tag policy (datacenter.cfg user-tag-access: user-allow={}) lets token {token_id} add only tags that are listed or already in use, and the marker's tag {fleet_tag}-<transaction> is new for every transaction (pve-guest-common assert_tag_permissions); allow free tags with {fix}, or grant Sys.Modify on /",
+                policy.user_allow
+            ),
+        );
+    }
+    let registered: Vec<&String> = policy
+        .registered
+        .iter()
+        .filter(|t| t.as_str() == fleet_tag || t.starts_with(&format!("{fleet_tag}-")))
+        .collect();
+    if !registered.is_empty() {
+        return PreflightCheck::fail(
+            name,
+            ErrorCode::TagPolicy,
+            format!(
+                "the cluster registers tag(s) {} (datacenter.cfg registered-tags), which only a holder of Sys.Modify on / may set, and the agent's marker uses them; remove them from registered-tags (`pvesh set /cluster/options --registered-tags …`)",
+                registered.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        );
+    }
+    PreflightCheck::pass(
+        name,
+        "the cluster's tag policy (user-allow=free) lets the marker's tags through",
+    )
+}
+
+/// `user-tag-access` and `registered-tags` of `datacenter.cfg` (pve-cluster
+/// `PVE/DataCenterConfig.pm`: `user-tag-access: user-allow=<free|existing|list|none>,
+/// user-allow-list=<tag;…>`, `registered-tags: <tag;…>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TagPolicy {
+    /// `free` (PVE's default), `existing`, `list` or `none`.
+    pub user_allow: String,
+    /// Registered tags.
+    pub registered: Vec<String>,
+}
+
+impl TagPolicy {
+    /// Read from `datacenter.cfg`'s text.
+    pub fn parse(text: &str) -> Self {
+        let mut p = TagPolicy {
+            user_allow: "free".to_string(),
+            registered: Vec::new(),
+        };
+        for line in text.lines() {
+            let Some((k, v)) = line.split_once(':') else {
+                continue;
+            };
+            match k.trim() {
+                "user-tag-access" => {
+                    for item in v.trim().split(',') {
+                        if let Some(("user-allow", a)) =
+                            item.split_once('=').map(|(a, b)| (a.trim(), b.trim()))
+                        {
+                            p.user_allow = a.to_ascii_lowercase();
+                        }
+                    }
+                }
+                "registered-tags" => {
+                    p.registered = v
+                        .split(|c: char| c == ';' || c == ',' || c.is_whitespace())
+                        .filter(|t| !t.is_empty())
+                        .map(str::to_ascii_lowercase)
+                        .collect();
+                }
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "felhom@pve!agent";
+
+    fn asked(guest: GuestKind, isolate: bool) -> Asked<'static> {
+        Asked {
+            node: "pve1",
+            guest,
+            volid: "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst",
+            vmid: Some(120),
+            owner: Some(200),
+            isolate,
+            token_id: TOKEN,
+        }
+    }
+
+    const CT: &str = "arch: amd64\nunprivileged: 1\nrootfs: local-lvm:vm-200-disk-0,size=8G\n\
+                      net0: name=eth0,bridge=vmbr0,ip=10.1.2.3/24\nnet1: name=eth1,bridge=vnet7,tag=30\n\
+                      net2: name=eth2,bridge=vmbr2,trunks=10;12-13\n";
+
+    #[test]
+    fn sdn_paths_follow_check_vnet_access() {
+        let files = ClusterFiles {
+            datacenter: None,
+            vnet_zones: parse_vnet_zones(
+                "vnet: vnet7\n\tzone evpn1\n\ttag 30\n\nvnet: other\n\tzone z2\n",
+            ),
+        };
+        let stored = StoredConfig::parse(CT);
+        assert_eq!(
+            sdn_paths(&stored, &asked(GuestKind::Lxc, false), &files),
+            [
+                "/sdn/zones/localnetwork/vmbr0",
+                "/sdn/zones/evpn1/vnet7/30",
+                "/sdn/zones/localnetwork/vmbr2/10",
+                "/sdn/zones/localnetwork/vmbr2/12",
+                "/sdn/zones/localnetwork/vmbr2/13",
+            ]
+        );
+        assert!(sdn_paths(&stored, &asked(GuestKind::Lxc, true), &files).is_empty());
+    }
+
+    #[test]
+    fn a_bridge_without_sdn_use_is_refused_with_the_grant() {
+        let stored = StoredConfig::parse("unprivileged: 1\nnet0: name=eth0,bridge=vmbr0\n");
+        let files = ClusterFiles::default();
+        let none = Held::from_table(&[]);
+        let c = network_check(&stored, &asked(GuestKind::Lxc, false), &files, &none);
+        assert_eq!(c.code, Some(ErrorCode::SdnDenied), "{c:?}");
+        assert!(
+            c.message
+                .contains("SDN.Use on /sdn/zones/localnetwork/vmbr0"),
+            "{}",
+            c.message
+        );
+        assert!(c.message.contains("pveum acl modify /sdn/zones/localnetwork/vmbr0 --tokens 'felhom@pve!agent' --roles PVESDNUser"), "{}", c.message);
+        assert!(c.message.contains("--users 'felhom@pve'"), "{}", c.message);
+        let held = Held::from_table(&[("/sdn/zones/localnetwork/vmbr0", &["SDN.Use"])]);
+        let c = network_check(&stored, &asked(GuestKind::Lxc, false), &files, &held);
+        assert_eq!(c.code, None, "{c:?}");
+        // An isolated copy needs none.
+        let c = network_check(&stored, &asked(GuestKind::Lxc, true), &files, &none);
+        assert_eq!(c.code, None, "{c:?}");
+    }
+
+    #[test]
+    fn what_only_root_may_restore_is_refused_each_with_its_code() {
+        let none = Held::from_table(&[]);
+        let a = asked(GuestKind::Lxc, false);
+        let cases = [
+            ("arch: amd64\nrootfs: x\n", ErrorCode::BackupPrivileged),
+            (
+                "unprivileged: 1\nmp0: /srv/data,mp=/data\n",
+                ErrorCode::BackupMounts,
+            ),
+            (
+                "unprivileged: 1\nlxc.mount.entry: /dev/x dev/x none bind\n",
+                ErrorCode::BackupMounts,
+            ),
+            (
+                "unprivileged: 1\ndev0: /dev/ttyUSB0\n",
+                ErrorCode::BackupMounts,
+            ),
+            (
+                "unprivileged: 1\nhookscript: local:snippets/x.pl\n",
+                ErrorCode::BackupHookscript,
+            ),
+        ];
+        for (text, code) in cases {
+            let c = contents_check(&StoredConfig::parse(text), &a, &none);
+            assert_eq!(c.code, Some(code), "{text}: {c:?}");
+        }
+        let ok = contents_check(
+            &StoredConfig::parse("unprivileged: 1\nmp0: local-lvm:vm-200-disk-1,mp=/var\n"),
+            &a,
+            &none,
+        );
+        assert_eq!(ok.code, None, "{ok:?}");
+        let vm = asked(GuestKind::Qemu, false);
+        let raw = contents_check(&StoredConfig::parse("hostpci0: 0000:01:00.0\n"), &vm, &none);
+        assert_eq!(raw.code, Some(ErrorCode::BackupDevices));
+        let mapped = StoredConfig::parse("usb0: mapping=stick\n");
+        assert_eq!(
+            contents_check(&mapped, &vm, &none).code,
+            Some(ErrorCode::BackupDevices)
+        );
+        let held = Held::from_table(&[("/mapping/usb/stick", &["Mapping.Use"])]);
+        assert_eq!(contents_check(&mapped, &vm, &held).code, None);
+    }
+
+    #[test]
+    fn another_guests_backup_needs_vm_backup_on_its_owner() {
+        let a = asked(GuestKind::Lxc, false);
+        let space = Held::from_table(&[("/storage/local", &["Datastore.AllocateSpace"])]);
+        let c = access_check(&a, &space);
+        assert_eq!(c.code, Some(ErrorCode::BackupAccess));
+        assert!(c.message.contains("VM.Backup on /vms/200"), "{}", c.message);
+        assert!(
+            !c.message.contains("Datastore.AllocateSpace on"),
+            "{}",
+            c.message
+        );
+        let both = Held::from_table(&[
+            ("/storage/local", &["Datastore.AllocateSpace"]),
+            ("/vms/200", &["VM.Backup"]),
+        ]);
+        assert_eq!(access_check(&a, &both).code, None);
+        let alloc = Held::from_table(&[("/storage/local", &["Datastore.Allocate"])]);
+        assert_eq!(access_check(&a, &alloc).code, None);
+        let own = Asked {
+            vmid: Some(200),
+            ..asked(GuestKind::Lxc, false)
+        };
+        assert_eq!(access_check(&own, &Held::from_table(&[])).code, None);
+    }
+
+    #[test]
+    fn only_a_free_tag_policy_lets_the_marker_through() {
+        let files = |text: &str| ClusterFiles {
+            datacenter: Some(Ok(text.to_string())),
+            vnet_zones: BTreeMap::new(),
+        };
+        let none = Held::from_table(&[]);
+        for (text, refused) in [
+            ("keyboard: en-us\n", false),
+            ("user-tag-access: user-allow=free\n", false),
+            ("user-tag-access: user-allow=existing\n", true),
+            (
+                "user-tag-access: user-allow-list=felhom,user-allow=list\n",
+                true,
+            ),
+            ("user-tag-access: user-allow=none\n", true),
+            ("registered-tags: prod;felhom\n", true),
+            ("registered-tags: prod\n", false),
+        ] {
+            let c = tags_check(&files(text), &none, "felhom", TOKEN);
+            assert_eq!(
+                c.code == Some(ErrorCode::TagPolicy),
+                refused,
+                "{text}: {c:?}"
+            );
+        }
+        let root = Held::from_table(&[("/", &["Sys.Modify"])]);
+        let c = tags_check(
+            &files("user-tag-access: user-allow=none\n"),
+            &root,
+            "felhom",
+            TOKEN,
+        );
+        assert_eq!(c.code, None);
+        assert_eq!(
+            tags_check(&ClusterFiles::default(), &none, "felhom", TOKEN).code,
+            None
+        );
+    }
+}
