@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::config::{Config, TlsTrust};
 use crate::error::ErrorCode;
 use crate::exec_helper::client::{probe, ExecMode};
-use crate::pve::types::Permissions;
+use crate::pve::types::{held_on, Permissions};
 use crate::pve::{PveClient, PveError};
 
 /// The privileges the pool token needs on `/pool/<pool>` (or above it).
@@ -208,6 +208,7 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
             format!("cannot read the token's privileges (GET /access/permissions): {e}"),
         ),
     }
+    check_backups(cfg, client, r).await;
     match client.pool(&cfg.pool).await {
         Ok(Some(_)) => r.pass("pool", format!("pool {} exists", cfg.pool)),
         Ok(None) => r.fail("pool", ErrorCode::ConfigInvalid, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
@@ -215,25 +216,63 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
     }
 }
 
-/// The privileges held on `path`, counting propagated grants on its ancestors.
-pub fn held_on(perms: &Permissions, path: &str) -> BTreeSet<String> {
-    let mut held = BTreeSet::new();
-    for (p, privs) in perms {
-        let applies = p == path
-            || p == "/"
-            || (path.starts_with(p.as_str()) && path.as_bytes().get(p.len()) == Some(&b'/'));
-        if !applies {
-            continue;
-        }
-        for (name, propagate) in privs {
-            let propagates = p == path
-                || propagate.as_u64().is_none_or(|v| v != 0) && propagate.as_bool() != Some(false);
-            if propagates {
-                held.insert(name.clone());
+/// What the configured backups need (the preflight's rules, see
+/// [`crate::preflight::restorable`]): `selftest_source` restored as a selftest guest, each
+/// `[restore_test] sources` entry as an isolated copy; and the cluster's tag policy for the
+/// marker.
+async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
+    use crate::preflight::restorable::{backup_checks, tags_check, ClusterFiles, Held};
+    use crate::preflight::CheckVerdict;
+    let pve_dir = cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve"));
+    let files = ClusterFiles::read(pve_dir);
+    let token = &cfg.pve.token_id;
+    let mut sources: Vec<(&'static str, &str, bool)> = Vec::new();
+    if let Some(src) = &cfg.provision.selftest_source {
+        sources.push(("selftest_source", src.as_str(), false));
+    }
+    for src in &cfg.restore_test.sources {
+        sources.push(("restore_test_sources", src.as_str(), true));
+    }
+    // Per check name: the volids that passed, and the first failure.
+    type Verdict = (Vec<String>, Option<(ErrorCode, String)>);
+    let mut verdicts: BTreeMap<&'static str, Verdict> = BTreeMap::new();
+    for (name, volid, isolate) in sources {
+        let checks = backup_checks(client, &cfg.node, volid, isolate, token, &files).await;
+        let entry = verdicts.entry(name).or_default();
+        match checks.iter().find(|c| c.status == CheckVerdict::Fail) {
+            Some(c) if entry.1.is_none() => {
+                entry.1 = Some((
+                    c.code.unwrap_or(ErrorCode::BackupMissing),
+                    c.message.clone(),
+                ));
             }
+            Some(_) => {}
+            None => entry.0.push(volid.to_string()),
         }
     }
-    held
+    for (name, (fine, failed)) in verdicts {
+        match failed {
+            Some((code, message)) => r.fail(name, code, message),
+            None => r.pass(
+                name,
+                format!(
+                    "{} can be restored by token {token}: privileges, NICs and contents checked",
+                    fine.join(", ")
+                ),
+            ),
+        }
+    }
+    let held = Held::read(client, &BTreeSet::from(["/".to_string()])).await;
+    let tags = tags_check(
+        &files,
+        &held,
+        crate::provision::machine::Marker::FLEET_TAG,
+        token,
+    );
+    match tags.code {
+        Some(code) => r.fail("tag_policy", code, tags.message),
+        None => r.pass("tag_policy", tags.message),
+    }
 }
 
 fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {

@@ -24,9 +24,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::PreflightCheck;
-use crate::doctor::held_on;
 use crate::error::ErrorCode;
 use crate::pve::guest_config::{trunk_tags, StoredConfig};
+use crate::pve::types::held_on;
 use crate::pve::{GuestKind, PveClient};
 
 /// The zone PVE assumes for a bridge that is no SDN vnet (`check_vnet_access`).
@@ -465,6 +465,46 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
         name,
         "no hookscript, host path, host device or privileged container in the backup",
     )
+}
+
+/// The checks of one backup by itself (for `doctor`, which has no request): its stored
+/// configuration read from PVE, then [`access_check`], [`contents_check`] and
+/// [`network_check`] for a restore into some other vmid. `isolate`: restored as a restore-test
+/// copy.
+pub async fn backup_checks(
+    pve: &PveClient,
+    node: &str,
+    volid: &str,
+    isolate: bool,
+    token_id: &str,
+    files: &ClusterFiles,
+) -> Vec<PreflightCheck> {
+    let guest = crate::pve::types::backup_kind_from_volid(volid).unwrap_or(GuestKind::Lxc);
+    let asked = Asked {
+        node,
+        guest,
+        volid,
+        vmid: None,
+        owner: super::owner_from_volid(volid),
+        isolate,
+        token_id,
+    };
+    let stored = pve.extract_config(node, volid).await;
+    let stored = stored.as_deref().map(StoredConfig::parse);
+    let held = Held::read(pve, &paths_needed(stored.as_ref().ok(), &asked, files)).await;
+    let mut out = vec![access_check(&asked, &held)];
+    match &stored {
+        Ok(sc) => {
+            out.push(contents_check(sc, &asked, &held));
+            out.push(network_check(sc, &asked, files, &held));
+        }
+        Err(e) => out.push(PreflightCheck::fail(
+            "backup",
+            ErrorCode::BackupMissing,
+            format!("the configuration stored in backup {volid} could not be read ({e}); check that it exists (`pvesm list {} --content backup`) and that the token may read it", backup_sid(volid)),
+        )),
+    }
+    out
 }
 
 /// `datacenter.cfg`'s tag policy: the marker adds the tags `felhom` and `felhom-<txn>`; a token

@@ -313,6 +313,27 @@ pub struct AgentExecStatus {
 /// `GET /access/permissions`: path → privilege → propagate flag.
 pub type Permissions = BTreeMap<String, BTreeMap<String, serde_json::Value>>;
 
+/// The privileges held on `path`, counting propagated grants on its ancestors.
+pub fn held_on(perms: &Permissions, path: &str) -> std::collections::BTreeSet<String> {
+    let mut held = std::collections::BTreeSet::new();
+    for (p, privs) in perms {
+        let applies = p == path
+            || p == "/"
+            || (path.starts_with(p.as_str()) && path.as_bytes().get(p.len()) == Some(&b'/'));
+        if !applies {
+            continue;
+        }
+        for (name, propagate) in privs {
+            let propagates = p == path
+                || propagate.as_u64().is_none_or(|v| v != 0) && propagate.as_bool() != Some(false);
+            if propagates {
+                held.insert(name.clone());
+            }
+        }
+    }
+    held
+}
+
 /// A pool as `GET /pools?poolid=` answers it.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct PoolInfo {
