@@ -224,7 +224,7 @@ async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
     use crate::preflight::restorable::{backup_checks, tags_check, ClusterFiles, Held};
     use crate::preflight::CheckVerdict;
     let pve_dir = cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve"));
-    let files = ClusterFiles::read(pve_dir);
+    let files = ClusterFiles::read(&cfg.datacenter_cfg, pve_dir);
     let token = &cfg.pve.token_id;
     let mut sources: Vec<(&'static str, &str, bool)> = Vec::new();
     if let Some(src) = &cfg.provision.selftest_source {

@@ -204,9 +204,10 @@ pub struct PreflightRequest<'a> {
     pub isolate: bool,
     /// The API token, named in the grant commands.
     pub token_id: &'a str,
-    /// The cluster file system's folder (that of `vmlist_path`): `datacenter.cfg`,
-    /// `sdn/vnets.cfg`.
+    /// The cluster file system's folder (that of `vmlist_path`): `sdn/vnets.cfg`.
     pub pve_dir: &'a Path,
+    /// The cluster's `datacenter.cfg` (its tag policy).
+    pub datacenter_cfg: &'a Path,
 }
 
 /// The owner vmid in a backup volid's name (`…/vzdump-lxc-200-…`).
@@ -677,7 +678,7 @@ pub async fn run(
     };
     // What the restore needs beyond the request: the token's privileges on the paths PVE
     // checks inside the task, and the cluster's files.
-    let files = ClusterFiles::read(req.pve_dir);
+    let files = ClusterFiles::read(req.datacenter_cfg, req.pve_dir);
     let asked = Asked {
         node: req.node,
         guest: req.guest,
@@ -755,6 +756,7 @@ pub async fn for_request(
         isolate: request.isolate_network,
         token_id: &cfg.pve.token_id,
         pve_dir: cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve")),
+        datacenter_cfg: &cfg.datacenter_cfg,
     };
     run(pve, &req, vmid).await
 }
@@ -828,6 +830,7 @@ mod tests {
             isolate: false,
             token_id: "felhom@pve!agent",
             pve_dir: Path::new("/etc/pve"),
+            datacenter_cfg: Path::new("/etc/pve/datacenter.cfg"),
         }
     }
 

@@ -90,10 +90,10 @@ pub struct ClusterFiles {
 const CLUSTER_FILE_MAX: u64 = 1 << 20;
 
 impl ClusterFiles {
-    /// Read them in `pve_dir` (`/etc/pve`, the folder of `vmlist_path`).
-    pub fn read(pve_dir: &Path) -> Self {
-        let read = |name: &str| -> Option<Result<String, String>> {
-            let path = pve_dir.join(name);
+    /// Read `datacenter_cfg` and `sdn/vnets.cfg` in `pve_dir` (`/etc/pve`, the folder of
+    /// `vmlist_path`).
+    pub fn read(datacenter_cfg: &Path, pve_dir: &Path) -> Self {
+        let read = |path: std::path::PathBuf| -> Option<Result<String, String>> {
             match std::fs::File::open(&path) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => Some(Err(format!("{}: {e}", path.display()))),
@@ -109,12 +109,12 @@ impl ClusterFiles {
                 }
             }
         };
-        let vnet_zones = match read("sdn/vnets.cfg") {
+        let vnet_zones = match read(pve_dir.join("sdn/vnets.cfg")) {
             Some(Ok(text)) => parse_vnet_zones(&text),
             _ => BTreeMap::new(),
         };
         ClusterFiles {
-            datacenter: read("datacenter.cfg"),
+            datacenter: read(datacenter_cfg.to_path_buf()),
             vnet_zones,
         }
     }
