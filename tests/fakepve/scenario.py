@@ -381,6 +381,14 @@ class ScenarioPve(fake_server.FakePve):
             message = 'Connection timed out' if status >= 590 else 'Internal Server Error'
         raise fake_model.PveError(status, message)
 
+    @staticmethod
+    def _check_protection(ct, message):
+        # pve-guest-common src/PVE/AbstractConfig.pm check_protection: the config value's Perl
+        # truth ("0" is false), "<message> - protection mode enabled" (500). fakepve 0.5.0 takes
+        # a stored "0" for true.
+        if truthy(ct.config.get('protection')):
+            raise fake_model.PveError(500, '{0} - protection mode enabled'.format(message))
+
     def _vnet_access(self, user, value):
         # pve-guest-common src/PVE/GuestHelpers.pm check_vnet_access, reached from pve-container
         # src/PVE/LXC.pm check_bridge_access and qemu-server src/PVE/QemuServer.pm
