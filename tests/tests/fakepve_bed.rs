@@ -698,6 +698,9 @@ fn hwaddr(net: &str) -> Option<&str> {
     net.split(',').find_map(|p| p.strip_prefix("hwaddr="))
 }
 
+/// A QEMU restore case: vmid, archive, extra request parameters, the task's exit status.
+type QemuCase<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a str);
+
 const STORED_NET0: &str =
     "name=eth0,bridge=vmbr0,ip=10.1.2.3/24,hwaddr=BC:24:11:12:34:56,type=veth";
 
@@ -878,7 +881,7 @@ async fn qemu_restore_checks_fail_the_task_and_leave_the_stub() {
         form.extend_from_slice(extra);
         form
     };
-    let cases: [(&str, &str, &[(&str, &str)], &str); 3] = [
+    let cases: [QemuCase; 3] = [
         (
             "420",
             QEMU_BACKUP,
