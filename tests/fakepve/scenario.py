@@ -24,8 +24,10 @@ HTTP, same host, its own free port) drives the running fake:
 SIGTERM and SIGINT stop it cleanly (exit status 0).
 
 Beyond fakepve 0.5.0 the wrapper models, each with the PVE behaviour and its source in a
-comment beside the code: QEMU restores (locked `create` outside the pool during the task, the
-backup's stored config at the end) and LXC restores with their backup's config; vmid collisions
+comment beside the code: QEMU restores (locked `create` outside the pool during the task, PVE's
+checks of bridges and host devices, the backup's stored config at the end) and LXC restores
+(PVE's checks in the task, the backup's config merged as PVE merges it); bridge (SDN.Use) and
+tag (datacenter.cfg) permissions; extractconfig; vmid collisions
 only as PVE's synchronous refusal; privilege-separated tokens (the intersection of token and
 user ACLs); a live user.cfg; a create POST answered with a 5xx while its restore task runs on,
 an LXC restore failing in its pool join with the container left behind, answers held back (a
