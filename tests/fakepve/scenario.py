@@ -490,6 +490,17 @@ class ScenarioPve(fake_server.FakePve):
 
     # ------------------------------------------------------------ vzdump
 
+    def stored_config(self, volid):
+        """The guest config stored in backup `volid`: the scenario's `volumes[].config`; for an LXC
+        backup the scenario gives none for, that of an unprivileged container without NICs
+        (vzdump always stores the config, and `unprivileged: 1` is what PVE creates by default);
+        None for another backup without one."""
+        config = (self.backup_configs or {}).get(volid)
+        if config is None and re.search(r'vzdump-lxc-\d+-', volid):
+            config = {'unprivileged': '1'}
+        return config
+
+
     def _routes_vzdump(self):
         return [('GET', '/nodes/{node}/vzdump/extractconfig', self._extractconfig)]
 
@@ -520,7 +531,7 @@ class ScenarioPve(fake_server.FakePve):
             # decompressor's own error; the bed answers the same).
             raise fake_model.PveError(500, "ERROR: file '{0}' does not exist".format(
                 self._volume_path(sid, volname, 'backup')))
-        config = (self.backup_configs or {}).get(volid)
+        config = self.stored_config(volid)
         if config is None:
             raise fake_model.PveError(500, 'ERROR: archive contains no configuration file')
         return backup_config_text(config, kind)
@@ -699,7 +710,7 @@ class ScenarioPve(fake_server.FakePve):
         archive = v.get('ostemplate')
         vmid = int(v['vmid'])
         if v.get('restore') and (archive in (self.backup_configs or {}) or archive in (self.backup_guests or {})):
-            backup = dict((self.backup_configs or {}).get(archive) or {})
+            backup = dict(self.stored_config(archive) or {})
             bed = (self.backup_guests or {}).get(archive)
             given = dict((k, x) for k, x in v.items() if k not in fake_lxc.CREATE_ONLY)
             is_root = user == 'root@pam'
