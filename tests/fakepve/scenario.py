@@ -24,8 +24,10 @@ HTTP, same host, its own free port) drives the running fake:
 SIGTERM and SIGINT stop it cleanly (exit status 0).
 
 Beyond fakepve 0.5.0 the wrapper models, each with the PVE behaviour and its source in a
-comment beside the code: QEMU restores (locked `create` outside the pool during the task, the
-backup's stored config at the end) and LXC restores with their backup's config; vmid collisions
+comment beside the code: QEMU restores (locked `create` outside the pool during the task, PVE's
+checks of bridges and host devices, the backup's stored config at the end) and LXC restores
+(PVE's checks in the task, the backup's config merged as PVE merges it); bridge (SDN.Use) and
+tag (datacenter.cfg) permissions; extractconfig; vmid collisions
 only as PVE's synchronous refusal; privilege-separated tokens (the intersection of token and
 user ACLs); a live user.cfg; a create POST answered with a 5xx while its restore task runs on,
 an LXC restore failing in its pool join with the container left behind, answers held back (a
@@ -132,6 +134,51 @@ def os_error_text(stderr):
 GUEST_PATH = re.compile(r'^/api2/json/nodes/[^/]+/(lxc|qemu)/\d+$')
 
 
+# pve-storage src/PVE/Storage.pm archive_info: a `.tar` backup (plain or compressed, or `.tgz`).
+TAR_ARCHIVE = re.compile(r'\.(tgz|tar(\.(gz|lzo|zst|bz2))?)$')
+
+
+class TaskNotes(object):
+    """Lines a task's worker prints while it runs, and its warnings. rpcenv->warn prints
+    `WARN: <message>` and counts it; a task that ends well after warnings ends `TASK WARNINGS:
+    <n>` (exit status `WARNINGS: <n>`, a success) instead of `TASK OK` (pve-common
+    src/PVE/RESTEnvironment.pm warn, fork_worker). Perl's plain `warn` is just a line."""
+
+    def __init__(self):
+        self.record = None
+        self.pending = []
+        self.warnings = 0
+        self.done = False
+
+    def say(self, text, warn=False):
+        if warn:
+            self.warnings += 1
+            text = 'WARN: ' + text
+        lines = str(text).split('\n')
+        if self.record is not None:
+            self.record['log'].extend(lines)
+        else:
+            self.pending.extend(lines)
+
+    def attach(self, record, base):
+        """The task's record, once fakepve made it: lines said before (a task that ran to its end
+        inside the request, time_scale 0) go after its first `base` lines."""
+        self.record = record
+        record['log'][base:base] = self.pending
+        self.pending = []
+        self.finish()
+
+    def finish(self):
+        rec = self.record
+        if rec is None or self.done or rec.get('status') != 'stopped':
+            return
+        self.done = True
+        if self.warnings and rec.get('exitstatus') == 'OK':
+            rec['exitstatus'] = 'WARNINGS: {0}'.format(self.warnings)
+            if rec['log'] and rec['log'][-1] == 'TASK OK':
+                rec['log'][-1] = 'TASK WARNINGS: {0}'.format(self.warnings)
+
+
 class ScenarioError(Exception):
     """The scenario file cannot be served as written."""
 
@@ -155,6 +202,7 @@ class ScenarioPve(fake_server.FakePve):
     def write_vmlist(self):
         """Rewrite the .vmlist file (atomically) when the guests changed."""
         self.write_user_cfg()
+        self.write_datacenter_cfg()
         if not self.vmlist_path or self.vmlist_frozen:
             return
         ids = {}
@@ -339,21 +387,158 @@ class ScenarioPve(fake_server.FakePve):
             message = 'Connection timed out' if status >= 590 else 'Internal Server Error'
         raise fake_model.PveError(status, message)
 
-    def _restore_tags(self, user, vmid, v):
-        # guest src/PVE/GuestHelpers.pm assert_tag_permissions, called by create_vm of both LXC and
-        # QEMU with the pool undef (pve-api-facts.md §2.4): `tags` in a create or restore request
-        # need VM.Config.Options on /vms/<vmid> itself (or /vms, /), never through a pool, so a
-        # pool-scoped token gets a synchronous 403 before anything exists.
-        if not v.get('tags') or self.acl is None or user.split('!')[0] == 'root@pam':
-            return
-        path = '/vms/{0}'.format(vmid)
-        who = [user.split('!')[0]] + ([user] if '!' in user and int((self.token_privsep or {}).get(user, 1)) else [])
+    @staticmethod
+    def _check_protection(ct, message):
+        # pve-guest-common src/PVE/AbstractConfig.pm check_protection: the config value's Perl
+        # truth ("0" is false), "<message> - protection mode enabled" (500). fakepve 0.5.0 takes
+        # a stored "0" for true.
+        if truthy(ct.config.get('protection')):
+            raise fake_model.PveError(500, '{0} - protection mode enabled'.format(message))
 
-        def held(principal):
-            return any('VM.Config.Options' in privs and granted in ('/', '/vms', path)
-                       for granted, privs in self.acl.get(principal, []))
-        if not all(held(p) for p in who):
-            raise fake_model.PveError(403, 'Permission check failed ({0}, VM.Config.Options)'.format(path))
+    def _vnet_access(self, user, value):
+        # pve-guest-common src/PVE/GuestHelpers.pm check_vnet_access, reached from pve-container
+        # src/PVE/LXC.pm check_bridge_access and qemu-server src/PVE/QemuServer.pm
+        # check_bridge_access (both skip root@pam and a NIC without a bridge): SDN.Use on
+        # /sdn/zones/<zone>/<bridge>/<tag> for a `tag`, on the same path for each VLAN of
+        # `trunks`, and on /sdn/zones/<zone>/<bridge> only when there is neither; the zone of a
+        # plain Linux bridge (no SDN vnet of that name) is `localnetwork`. A refusal is rpcenv's
+        # check: 403 "Permission check failed (<path>, SDN.Use)".
+        if user == 'root@pam':
+            return
+        for path in vnet_paths(value):
+            self.require(user, path, 'SDN.Use')
+
+    def _check_bridge(self, user, net):
+        # fakepve 0.5.0 checks only /sdn/zones/localnetwork/<bridge>; PVE's rule has the VLANs.
+        self._vnet_access(user, net)
+
+    # The live /etc/pve/datacenter.cfg: its keys (scenario `datacenter_cfg`, `/set` merges) and
+    # where it is written (None: nowhere, the policy still applies).
+    datacenter_cfg = None
+    datacenter_cfg_path = None
+    _datacenter_cfg_text = None
+
+    def write_datacenter_cfg(self):
+        """Write datacenter.cfg as pmxcfs holds it: `key: value` lines (pve-cluster
+        src/PVE/DataCenterConfig.pm write_datacenter_config, through JSONSchema dump_config)."""
+        if not self.datacenter_cfg_path:
+            return
+        text = ''.join('{0}: {1}\n'.format(k, v) for k, v in sorted((self.datacenter_cfg or {}).items())
+                       if k != 'path' and v is not None)
+        if text == self._datacenter_cfg_text:
+            return
+        self._datacenter_cfg_text = text
+        tmp = self.datacenter_cfg_path + '.tmp'
+        with open(tmp, 'w', encoding='utf-8') as fh:
+            fh.write(text)
+        os.replace(tmp, self.datacenter_cfg_path)
+
+    def _assert_tag_permissions(self, user, vmid, old, new):
+        # pve-guest-common src/PVE/GuestHelpers.pm assert_tag_permissions: VM.Config.Options on
+        # /vms/<vmid> (check_vm_perm with the pool undef: a pool's roles reach /vms/<vmid> only
+        # once the guest is a member, so never at create or restore); then every tag whose count
+        # differs between old and new is checked, unless the user holds Sys.Modify on `/`:
+        # get_allowed_tags reads datacenter.cfg `user-tag-access` (`user-allow`: free (default),
+        # existing, list, none; `user-allow-list`) and `registered-tags`: with `free` any tag
+        # but a registered one; `existing` the list plus the tags of every guest the user may
+        # VM.Audit; `list` the list; `none` nothing. A registered tag always needs Sys.Modify.
+        # Refusal: raise_perm_exc, 403 "Permission check failed (/, Sys.Modify for modifying
+        # tag '<tag>')".
+        if self.acl is None or user == 'root@pam':
+            return
+        self.require(user, '/vms/{0}'.format(vmid), 'VM.Config.Options')
+        if self.allowed(user, '/', 'Sys.Modify'):
+            return
+        before, after = tag_counts(old), tag_counts(new)
+        changed = [t for t in sorted(set(before) | set(after)) if before.get(t, 0) != after.get(t, 0)]
+        if not changed:
+            return
+        dc = self.datacenter_cfg or {}
+        access = dict(p.split('=', 1) for p in str(dc.get('user-tag-access') or '').split(',') if '=' in p)
+        user_allow = access.get('user-allow', 'free')
+        registered = set(t for t in str(dc.get('registered-tags') or '').split(';') if t)
+        allowed = set()
+        if user_allow != 'none':
+            allowed.update(t for t in str(access.get('user-allow-list') or '').split(';') if t)
+        if user_allow in ('free', 'existing'):
+            for guest in list(self.vms) + list(getattr(self, 'cts', [])):
+                if self.allowed(user, '/vms/{0}'.format(guest.vmid), 'VM.Audit'):
+                    allowed.update(tag_counts(guest.config.get('tags')))
+        allowed -= registered
+        for tag in changed:
+            if (tag not in allowed and user_allow != 'free') or tag in registered:
+                raise fake_model.PveError(403, "Permission check failed (/, Sys.Modify for modifying tag '{0}')"
+                                          .format(tag))
+
+    def _check_modify_perm(self, user, vmid, pool, old, new, deletes, unprivileged):
+        # pve-container src/PVE/LXC.pm check_ct_modify_config_perm: `tags` (set or deleted, at
+        # create, restore and config PUT) go to assert_tag_permissions (above) instead of the
+        # VM.Config.Options-through-the-pool fakepve 0.5.0 checks.
+        if 'tags' in new or 'tags' in deletes:
+            if self.acl is not None and user != 'root@pam':
+                self._assert_tag_permissions(user, vmid, (old or {}).get('tags'),
+                                             new.get('tags') if 'tags' in new else '')
+            new = dict((k, x) for k, x in new.items() if k != 'tags')
+            deletes = [k for k in deletes if k != 'tags']
+        return super()._check_modify_perm(user, vmid, pool, old, new, deletes, unprivileged)
+
+    async def _apply_config(self, vm, user, p):
+        # qemu-server src/PVE/API2/Qemu.pm update_vm_api: a deleted or set `tags` goes through
+        # assert_tag_permissions (old: the config's tags) before the change is written.
+        deletes = [k for k in re.split(r'[,;\s]+', str(p.get('delete') or '')) if k]
+        if 'tags' in deletes:
+            self._assert_tag_permissions(user, vm.vmid, vm.config.get('tags'), '')
+        if 'tags' in p:
+            self._assert_tag_permissions(user, vm.vmid, vm.config.get('tags'), p['tags'])
+        return await super()._apply_config(vm, user, p)
+
+    # ------------------------------------------------------------ vzdump
+
+    def stored_config(self, volid):
+        """The guest config stored in backup `volid`: the scenario's `volumes[].config`; for an LXC
+        backup the scenario gives none for, that of an unprivileged container without NICs
+        (vzdump always stores the config, and `unprivileged: 1` is what PVE creates by default);
+        None for another backup without one."""
+        config = (self.backup_configs or {}).get(volid)
+        if config is None and re.search(r'vzdump-lxc-\d+-', volid):
+            config = {'unprivileged': '1'}
+        return config
+
+
+    def _routes_vzdump(self):
+        return [('GET', '/nodes/{node}/vzdump/extractconfig', self._extractconfig)]
+
+    async def _extractconfig(self, v, user):
+        # pve-manager PVE/API2/VZDump.pm extractconfig: check_volume_access (pve-storage
+        # src/PVE/Storage.pm) with no target vmid, so Datastore.Allocate on the storage, or
+        # Datastore.AllocateSpace there plus VM.Backup on the owner vmid of the backup's name (the
+        # "same owner" case needs a vmid and never applies); then, for a storage volume,
+        # VM.Backup on /vms/<owner> always, Datastore.Allocate or not. The answer is the config
+        # text stored in the archive (Storage.pm extract_vzdump_config), see backup_config_text.
+        volid = str(v['volume'])
+        sid, colon, volname = volid.partition(':')
+        if not colon:
+            if user != 'root@pam':
+                raise fake_model.PveError(500, 'Only root can pass arbitrary filesystem paths.')
+            raise fake_model.PveError(500, "unable to parse volume ID '{0}'".format(volid))
+        store = self.storages.get(sid)
+        if store is None:
+            raise fake_model.PveError(500, "storage '{0}' does not exist".format(sid))
+        vtype, owner, _ = self._parse_volname(store, volname)
+        if vtype != 'backup':
+            raise fake_model.PveError(500, "unable to use volume {0} - content type needs to be 'backup'".format(volid))
+        self._check_access(user, sid, vtype, owner, volid)
+        self.require(user, '/vms/{0}'.format(owner), 'VM.Backup')
+        kind = 'lxc' if re.search(r'vzdump-(lxc|openvz)-', volname) else 'qemu'
+        if volname not in self._volumes(sid):
+            # extract_vzdump_config_tar: the archive file is missing (for a .vma the
+            # decompressor's own error; the bed answers the same).
+            raise fake_model.PveError(500, "ERROR: file '{0}' does not exist".format(
+                self._volume_path(sid, volname, 'backup')))
+        config = self.stored_config(volid)
+        if config is None:
+            raise fake_model.PveError(500, 'ERROR: archive contains no configuration file')
+        return backup_config_text(config, kind)
 
     def _archive_access(self, user, vmid, volid):
         # storage src/PVE/Storage.pm check_volume_access (pve-api-facts.md §2.4): Datastore.Allocate
@@ -389,7 +574,13 @@ class ScenarioPve(fake_server.FakePve):
                 or (pool and self.allowed(user, '/pool/' + pool, 'VM.Allocate'))):
             raise fake_model.PveError(403, 'Permission check failed')
         self._archive_access(user, vmid, archive)
-        self._restore_tags(user, vmid, v)
+        # The request's own NICs: qemu-server src/PVE/API2/Qemu.pm create_vm calls check_bridge_access
+        # on the parameters before the task (403). `tags` in a restore request are not checked at
+        # all: check_vm_modify_config_perm skips them and only the create path (no archive)
+        # calls assert_tag_permissions.
+        for key in sorted(v, key=fake_qemu.natural):
+            if NET_KEY.match(key):
+                self._vnet_access(user, v[key])
         if self._qm_taken(vmid):
             other = self.guest(vmid)
             kind = 'VM' if self.vm(vmid) else 'CT'
@@ -406,7 +597,33 @@ class ScenarioPve(fake_server.FakePve):
         failed = ('unable to restore VM {0} - error before or during data restore, some or all disks were '
                   'not completely restored. VM {0} state is NOT cleaned up.'.format(vmid))
 
+        notes = TaskNotes()
+
         async def body():
+            # qemu-server src/PVE/API2/Qemu.pm create_vm, the restore worker: before any data is
+            # restored, the backup's config (extract_vzdump_config) merged with the request's
+            # keys (QemuServer.pm restore_merge_config: the request's win) goes through
+            # check_restore_permissions: check_bridge_access for every netN (so the backup's NICs
+            # the request does not replace), then check_mapping_access: `usbN` with a host other
+            # than `spice` "only root can set 'usbN' config for real devices", `hostpciN` with a
+            # host "only root can set 'hostpciN' config for non-mapped devices", a `mapping`
+            # needs Mapping.Use on /mapping/usb|pci/<name>. Then restore_file_archive: a `.tar`
+            # archive refuses any option (restore_tar_archive: "cannot pass along options (<keys>)
+            # when restoring from tar archive", keys in Perl hash order, here sorted). A failure
+            # there removes only the create lock, warns that the state is NOT cleaned up and ends
+            # the task with the error itself (no "unable to restore" prefix): the config stays,
+            # empty, outside the pool.
+            try:
+                if archive in (self.backup_configs or {}):
+                    self._restore_permissions(user, dict(backup, **given))
+                if TAR_ARCHIVE.search(archive) and given:
+                    raise fake_model.TaskError('cannot pass along options ({0}) when restoring from tar archive'
+                                               .format(' '.join(sorted(given))))
+            except (fake_model.PveError, fake_model.TaskError) as e:
+                fake_qemu.QemuApi._qm_lock(vm, None)
+                notes.say('error before or during data restore, some or all disks were not completely restored. '
+                          'VM {0} state is NOT cleaned up.'.format(vmid))
+                raise fake_model.TaskError(getattr(e, 'message', None) or str(e)) from e
             await self.pause(self.qemu_restore_secs)
             if self.qemu_restore == 'leftover' or self.volume_exists(archive) is False:
                 # PVE does not clean up a failed QEMU restore: only the create lock goes.
@@ -460,41 +677,166 @@ class ScenarioPve(fake_server.FakePve):
             if pool:
                 self._pool_join(pool, vmid)
             return None
-        upid = await self.task(node, 'qmrestore', vmid, user, body, vm=vm)
+        upid = await self.task(node, 'qmrestore', vmid, user, body, vm=vm, notes=notes)
         self._lost_create_answer(vmid)
         return upid
 
+    def _restore_permissions(self, user, conf):
+        """qemu-server src/PVE/QemuServer.pm check_restore_permissions (check_bridge_access, then
+        check_mapping_access) of a merged restore config; root@pam passes."""
+        if user == 'root@pam':
+            return
+        for key in sorted(conf, key=fake_qemu.natural):
+            if NET_KEY.match(key):
+                self._vnet_access(user, conf[key])
+        for key in sorted(conf, key=fake_qemu.natural):
+            kind = re.match(r'^(usb|hostpci)\d+$', key)
+            if not kind:
+                continue
+            first, props = fake_lxc.split_props(str(conf[key]))
+            host, mapping = props.get('host') or first, props.get('mapping')
+            if kind.group(1) == 'usb' and host:
+                if host.lower() != 'spice':
+                    raise fake_model.TaskError("only root can set '{0}' config for real devices".format(key))
+            elif kind.group(1) == 'hostpci' and host:
+                raise fake_model.TaskError("only root can set '{0}' config for non-mapped devices".format(key))
+            elif mapping:
+                self.require(user, '/mapping/{0}/{1}'.format('usb' if kind.group(1) == 'usb' else 'pci', mapping),
+                             'Mapping.Use')
+            else:
+                raise fake_model.TaskError("either 'host' or 'mapping' must be set.")
+
     async def _lxc_create(self, user, v):
-        # PVE's LXC restore (pve-api-facts.md §4.3, container src/PVE/LXC/Create.pm recover_config):
-        # the config recovered from the archive, merged with the given parameters (those win),
-        # with new disks. fakepve 0.5.0 writes a synthetic config instead, so the backup's config
-        # (scenario `volumes[].config`) is merged in at the end of the task. Collisions stay
-        # fakepve's synchronous `check_vmid_unused` refusal, as PVE (§4.2).
+        # PVE's LXC restore (pve-container src/PVE/API2/LXC.pm create_vm, src/PVE/LXC/Create.pm).
+        # fakepve 0.5.0 writes a synthetic config; the wrapper runs PVE's checks at the start of
+        # the task and merges the backup's config (scenario `volumes[].config`) at its end.
+        # Collisions stay fakepve's synchronous `check_vmid_unused` refusal, as PVE (§4.2).
         archive = v.get('ostemplate')
         vmid = int(v['vmid'])
-        if v.get('restore'):
-            self._restore_tags(user, vmid, v)
         if v.get('restore') and (archive in (self.backup_configs or {}) or archive in (self.backup_guests or {})):
-            backup = dict((self.backup_configs or {}).get(archive) or {})
+            backup = dict(self.stored_config(archive) or {})
             bed = (self.backup_guests or {}).get(archive)
-            given = set(k for k in v if k not in fake_lxc.CREATE_ONLY)
+            given = dict((k, x) for k, x in v.items() if k not in fake_lxc.CREATE_ONLY)
+            is_root = user == 'root@pam'
+            storage = v.get('storage') or 'local'
+            # create_vm: no rootfs/mpN in the request = "storage only mode": the backup's mount
+            # points are recreated on `storage` at their stored sizes.
+            storage_only = not any(k == 'rootfs' or re.fullmatch(r'mp\d+', k) for k in given)
+            # create_vm: the request's `unprivileged` if given (only a true one is written), else
+            # the backup's; a backup without it is a privileged container.
+            if v.get('unprivileged') is not None:
+                unprivileged = 1 if truthy(v['unprivileged']) else None
+            else:
+                unprivileged = backup.get('unprivileged')
+            stored_mounts = sorted((k for k in backup if k == 'rootfs' or re.fullmatch(r'mp\d+', k)),
+                                   key=lambda k: (k != 'rootfs', fake_qemu.natural(k)))
 
-            async def hook(ct):
-                merged = dict((k, x) for k, x in backup.items()
-                              if not (fake_lxc.MOUNT_KEY.match(k) or k in ('lock', 'parent', 'digest')))
-                for key, value in ct.config.items():
-                    if key in given or fake_lxc.MOUNT_KEY.match(key) or key not in merged:
-                        merged[key] = value
-                for key in list(merged):
-                    if re.fullmatch(r'net\d+', key) and key not in given:
-                        value = str(merged[key])
-                        if v.get('unique'):
-                            value = ','.join(p for p in value.split(',') if not p.startswith('hwaddr='))
-                        merged[key] = fake_lxc.normalise(key, value)
-                ct.config = merged
+            async def pre(ct, notes):
+                # create_vm's worker, in its order, before any disk exists: (1) for every netN of
+                # the backup the request does not give, check_bridge_access (SDN.Use, see
+                # _vnet_access); (2) a privileged result (`unprivileged` neither given true nor
+                # stored true) needs Sys.Modify on `/` for a new container; (3) in storage only
+                # mode a stored bind or device mount point: rootfs "restoring rootfs to <type>
+                # mount is only possible by specifying -rootfs manually!", an mpN "restoring
+                # '<mpN>' to <type> mount is only possible for root"; a volume one without a size
+                # "unable to detect disk size - please specify <mpN> (size)". A failure ends the
+                # task "unable to restore CT <vmid> - <error>" and, the container being new
+                # (destroy_config_on_error), removes its config: nothing is left.
+                if self.volume_exists(archive) is False:
+                    return  # fakepve's body reports the missing archive
+                notes.say("recovering backed-up configuration from '{0}'".format(archive))
+                try:
+                    for key in sorted(backup, key=fake_qemu.natural):
+                        if NET_KEY.match(key) and key not in given:
+                            self._vnet_access(user, backup[key])
+                    if not truthy(unprivileged) and not is_root:
+                        self.require(user, '/', 'Sys.Modify')
+                    for key in stored_mounts if storage_only else ():
+                        mount = fake_lxc.parse_mount(backup[key])
+                        kind = fake_lxc.mount_type(mount.get('volume', ''))
+                        if kind != 'volume':
+                            if key == 'rootfs':
+                                raise fake_model.TaskError('restoring rootfs to {0} mount is only possible by '
+                                                           'specifying -rootfs manually!'.format(kind))
+                            if not is_root:
+                                raise fake_model.TaskError("restoring '{0}' to {1} mount is only possible for root"
+                                                           .format(key, kind))
+                        elif not parse_size(mount.get('size')):
+                            raise fake_model.TaskError('unable to detect disk size - please specify {0} (size)'
+                                                       .format(key))
+                except (fake_model.PveError, fake_model.TaskError) as e:
+                    self._drop(ct)
+                    raise fake_model.TaskError('unable to restore CT {0} - {1}'.format(
+                        vmid, getattr(e, 'message', None) or str(e))) from e
+
+            async def post(ct, notes):
+                # Create.pm sanitize_and_merge_config (through restore_configuration), on the
+                # config create_vm built from the request: every key of the backup except digest,
+                # rootfs, snapshots, unprivileged, parent, template, mpN and unusedN; raw `lxc.*`
+                # keys only for root@pam (anyone else gets rpcenv's warning, so the task ends
+                # "TASK WARNINGS: 1"); `features` skipped (a plain warning) for a non-root
+                # restore turning an unprivileged backup privileged; with `unique` a stored netN
+                # is written OVER the request's with a new random hwaddr (same bridge, ip, all
+                # else); otherwise the request's key wins and the stored value (hwaddr verbatim)
+                # fills in. A netN of the request without hwaddr got a random one when create_vm
+                # parsed it (src/PVE/LXC/Config.pm parse_lxc_network). Then hostname ||= CT<vmid>,
+                # memory ||= 512, swap //= 512; storage-only mount points: new volumes of the
+                # stored sizes, bind/device ones (root) restored verbatim after the extraction.
+                notes.say('merging backed-up and given configuration..')
+                built = ct.config
+                conf = dict((k, x) for k, x in built.items() if k in given or k == 'rootfs')
+                if unprivileged is not None:
+                    conf['unprivileged'] = unprivileged
+                raw = []
+                for key in sorted(backup, key=fake_qemu.natural):
+                    value = backup[key]
+                    if key in ('digest', 'rootfs', 'snapshots', 'unprivileged', 'parent', 'template', 'lock') \
+                            or re.fullmatch(r'(mp|unused)\d+', key):
+                        continue
+                    if key.startswith('lxc.'):
+                        raw.append((key, value))
+                        continue
+                    if key == 'features' and not is_root and not truthy(conf.get('unprivileged')) \
+                            and truthy(backup.get('unprivileged')):
+                        notes.say('changing from unprivileged to privileged, skipping features')
+                        continue
+                    if NET_KEY.match(key) and v.get('unique'):
+                        bare = ','.join(p for p in str(value).split(',') if not p.startswith('hwaddr='))
+                        conf[key] = fake_lxc.normalise(key, bare)
+                        continue
+                    conf.setdefault(key, value)
+                if raw and not is_root:
+                    notes.say('\n'.join(['skipping custom lxc options, restore manually as root:',
+                                         '--------------------------------']
+                                        + ['{0}: {1}'.format(k, x) for k, x in raw]
+                                        + ['--------------------------------']), warn=True)
+                elif raw:
+                    conf.update(raw)
+                for key in ('ostype', 'arch'):
+                    if key in built:
+                        conf.setdefault(key, built[key])
+                conf['hostname'] = conf.get('hostname') or 'CT{0}'.format(vmid)
+                conf['memory'] = conf.get('memory') or 512
+                conf.setdefault('swap', 512)
+                if storage_only:
+                    taken = self._taken_volumes()
+                    for key in stored_mounts:
+                        mount = fake_lxc.parse_mount(backup[key])
+                        if fake_lxc.mount_type(mount.get('volume', '')) != 'volume':
+                            conf[key] = backup[key]
+                            continue
+                        size = parse_size(mount.pop('size', None))
+                        if key == 'rootfs':
+                            mine = fake_lxc.parse_mount(conf['rootfs'])
+                            mine['size'] = fake_lxc.format_size(size)
+                            conf['rootfs'] = fake_lxc.print_mount(mine, True)
+                            continue
+                        mount['volume'] = '{0}:{1}'.format(storage, size / float(SIZE_UNITS['G']))
+                        conf[key] = self._realise(vmid, key, fake_lxc.print_mount(mount, False), taken)
+                ct.config = conf
                 if bed is not None:
                     await self.bed_create(ct, 'lxc', bed)
-            self._restore_hooks[vmid] = hook
+            self._restore_hooks[vmid] = (pre, post)
         try:
             upid = await super()._lxc_create(user, v)
         finally:
@@ -532,15 +874,25 @@ class ScenarioPve(fake_server.FakePve):
                                           if k not in ('lock', 'digest'))
         return volid
 
-    async def task(self, node, ttype, tid, user, body, vm=None, lock=True, log=()):
-        hook = self._restore_hooks.get(int(tid)) if ttype == 'vzrestore' and str(tid).isdigit() else None
-        if hook is not None:
+    async def task(self, node, ttype, tid, user, body, vm=None, lock=True, log=(), notes=None):
+        notes = notes or TaskNotes()
+        hooks = self._restore_hooks.get(int(tid)) if ttype == 'vzrestore' and str(tid).isdigit() else None
+        if hooks is not None:
             inner = body
+            pre, post = hooks
 
             async def body():
+                await pre(vm, notes)
                 note = await inner()
-                await hook(vm)
+                await post(vm, notes)
                 return note
+        ran = body
+
+        async def body():
+            note = await ran()
+            # The worker's last words come after the body (fakepve writes them at once).
+            asyncio.get_running_loop().call_soon(notes.finish)
+            return note
         failing = (self.lxc_restore_fail or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
         if failing:
             restored = body
@@ -553,7 +905,9 @@ class ScenarioPve(fake_server.FakePve):
                 # so it is not in the pool and the task ends in error (see lxc_restore_fail).
                 self._pool_leave(int(tid))
                 raise fake_model.TaskError(message)
-        return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
+        upid = await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
+        notes.attach(self.tasks[upid], len(log))
+        return upid
 
     # ------------------------------------------------------------ the guest bed
 
@@ -1016,6 +1370,90 @@ def backup_format(volname):
     return volname.rsplit('.', 1)[-1]
 
 
+def truthy(value):
+    """A PVE boolean given as 1/0, "1"/"0" or JSON true/false."""
+    return str(value).strip().lower() in ('1', 'true', 'yes', 'on')
+
+
+def tag_counts(text):
+    """{tag: count} of a tag list as pve-common src/PVE/ParseUtils.pm split_list splits it
+    (`,` and `;` are white space), as assert_tag_permissions counts them."""
+    out = {}
+    for tag in re.sub(r'[,;]', ' ', str(text or '')).split():
+        out[tag] = out.get(tag, 0) + 1
+    return out
+
+
+NET_KEY = re.compile(r'^net\d+$')
+
+
+def vnet_paths(value):
+    """The paths check_vnet_access (pve-guest-common src/PVE/GuestHelpers.pm) checks SDN.Use on
+    for a NIC value: none without a bridge; /sdn/zones/localnetwork/<bridge>/<tag> with a
+    `tag`; one such path per VLAN of `trunks` (`10;20-30`, ranges expanded, sorted as strings,
+    get_tags_from_trunk); the bridge's own path when there is neither."""
+    _, props = fake_lxc.split_props(str(value))
+    bridge = props.get('bridge')
+    if not bridge:
+        return []
+    base = '/sdn/zones/localnetwork/{0}'.format(bridge)
+    tag, trunks = props.get('tag'), props.get('trunks')
+    paths = []
+    if tag and tag != '0':
+        paths.append('{0}/{1}'.format(base, tag))
+    if trunks:
+        vlans = set()
+        for trunk in trunks.split(';'):
+            first, _, last = trunk.partition('-')
+            if last and last.isdigit() and first.isdigit() and int(last) > int(first):
+                vlans.update(str(n) for n in range(int(first), int(last) + 1))
+            else:
+                vlans.add(first)
+        paths.extend('{0}/{1}'.format(base, n) for n in sorted(vlans))
+    if not ((tag and tag != '0') or trunks):
+        paths.append(base)
+    return paths
+
+
+def encode_conf_text(text):
+    """A description line as a guest config file stores it (pve-common src/PVE/ParseUtils.pm
+    encode_text): control and high-bit characters, `:` and `%` percent-encoded (UTF-8 bytes)."""
+    out = []
+    for c in text:
+        if ' ' <= c <= '~' and c not in ':%':
+            out.append(c)
+        else:
+            out.extend('%{0:02X}'.format(b) for b in c.encode('utf-8'))
+    return ''.join(out)
+
+
+def backup_config_text(config, kind):
+    """The guest config stored in a backup archive, as extractconfig answers it: the description
+    as leading `#` lines, then `key: value` lines sorted by key, then raw `lxc.*` lines
+    (pve-container src/PVE/LXC/Config.pm write_pct_config; qemu-server write_vm_config), one
+    `\n` after each line (pve-storage src/PVE/Storage.pm extract_vzdump_config_tar and _vma
+    collect the output line by line). A VM's archive also has a `#qmdump#map:<dev>:drive-<dev>:
+    <storage>:<format>:` line per backed-up disk after the config (qemu-server
+    src/PVE/VZDump/QemuServer.pm assemble, which also drops `lock:` and `parent:` lines)."""
+    lines = ['#' + encode_conf_text(line) for line in str(config.get('description') or '').split('\n')
+             if config.get('description')]
+    keys = [k for k in config if k not in ('description', 'digest', 'lock', 'parent') and not k.startswith('lxc.')]
+    lines.extend('{0}: {1}'.format(k, config[k]) for k in sorted(keys))
+    lines.extend('{0}: {1}'.format(k, config[k]) for k in config if k.startswith('lxc.'))
+    if kind == 'qemu':
+        for key in sorted(keys, key=fake_qemu.natural):
+            if not fake_qemu.DRIVE_KEY.match(key):
+                continue
+            volume, props = fake_qemu.split_drive(config[key])
+            if fake_qemu.is_cdrom(volume, props) or volume == 'none' or props.get('backup') == '0':
+                continue
+            sid, _, volname = volume.partition(':')
+            ext = volname.rsplit('.', 1)[-1] if '.' in volname.rsplit('/', 1)[-1] else ''
+            fmt = ext if ext in ('raw', 'qcow2', 'vmdk') else 'raw'
+            lines.append('#qmdump#map:{0}:drive-{0}:{1}:{2}:'.format(key, sid, fmt))
+    return ''.join(line + '\n' for line in lines)
+
+
 def encode_cfg_text(text):
     """A free-text field of user.cfg (a pool's comment) as PVE writes it: percent-encoded, so a
     `:` or a newline never splits the record (pve-api-facts.md §3.4: `Some%20comment`)."""
@@ -1051,6 +1489,15 @@ def build(sc):
     pve.bed_owned, pve.bed_inits, pve.bed_execs = {}, {}, {}
     pve.token_privsep = dict(sc.get('token_privsep', {}))
     pve.user_cfg_path = (sc.get('user_cfg') or {}).get('path')
+    dc = sc.get('datacenter_cfg')
+    if dc is not None:
+        if not isinstance(dc, dict):
+            raise ScenarioError('datacenter_cfg must be an object of datacenter.cfg keys (and "path")')
+        pve.datacenter_cfg_path = dc.get('path')
+        pve.datacenter_cfg = dict((k, str(x)) for k, x in dc.items() if k != 'path' and x is not None)
+        access = dict(p.split('=', 1) for p in pve.datacenter_cfg.get('user-tag-access', '').split(',') if '=' in p)
+        if access.get('user-allow', 'free') not in ('none', 'list', 'existing', 'free'):
+            raise ScenarioError("datacenter_cfg user-tag-access: user-allow must be none, list, existing or free")
     pve.bed_pending = []
     bed = sc.get('guest_bed')
     if bed:

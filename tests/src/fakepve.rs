@@ -146,6 +146,14 @@ pub fn add_qemu_backup(scenario: &mut Value, config: Value, guest: Value) {
         .push(json!({"volname": volname, "vmid": 300, "size": 734003200, "config": config, "guest": guest}));
 }
 
+/// Give `scenario` a cluster `datacenter.cfg` with these keys, in the file's own syntax (for
+/// example `{"user-tag-access": "user-allow=existing", "registered-tags": "felhom"}`): the fake
+/// enforces its tag policy on guest creates, restores and config changes and keeps the file
+/// live beside its `.vmlist` ([`FakePve::datacenter_cfg_path`]).
+pub fn with_datacenter_cfg(scenario: &mut Value, keys: Value) {
+    scenario["datacenter_cfg"] = keys;
+}
+
 /// The Python interpreter of the fakepve venv: `$FELHOM_FAKEPVE_PYTHON`, else
 /// `<workspace>/.fakepve-venv/bin/python`. Panics when it does not exist.
 pub fn fakepve_python() -> PathBuf {
@@ -315,6 +323,12 @@ impl FakePve {
             "user_cfg".into(),
             json!({"path": dir.path().join("user.cfg")}),
         );
+        // A scenario's `datacenter_cfg` (the cluster's tag policy, ...) is written beside them as
+        // `datacenter.cfg`, unless it names its own path.
+        if let Some(dc) = obj.get_mut("datacenter_cfg").and_then(Value::as_object_mut) {
+            dc.entry("path")
+                .or_insert_with(|| json!(dir.path().join("datacenter.cfg")));
+        }
         let scenario_path = dir.path().join("scenario.json");
         write_private(
             &scenario_path,
@@ -471,6 +485,22 @@ impl FakePve {
     /// their members, ACLs; rewritten at once when pool membership changes.
     pub fn user_cfg_path(&self) -> PathBuf {
         self.dir.path().join("user.cfg")
+    }
+
+    /// The fake's live `datacenter.cfg` (pmxcfs's `/etc/pve/datacenter.cfg`), written when the
+    /// scenario has `datacenter_cfg` (see [`with_datacenter_cfg`]).
+    pub fn datacenter_cfg_path(&self) -> PathBuf {
+        self.scenario["datacenter_cfg"]["path"]
+            .as_str()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.dir.path().join("datacenter.cfg"))
+    }
+
+    /// Change the running fake's `datacenter.cfg` keys (merged into those it has, e.g.
+    /// `{"user-tag-access": "user-allow=none"}`); the live file follows when the scenario had
+    /// `datacenter_cfg`.
+    pub fn set_datacenter_cfg(&self, keys: Value) {
+        self.set(json!({ "datacenter_cfg": keys }));
     }
 
     /// The scenario as it was started (with this instance's host and certdir).

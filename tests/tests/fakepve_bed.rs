@@ -6,8 +6,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use felhom_tests::fakepve::{
-    api_get as get, api_send as send, demo_scenario, https_client_for, vmlist_text, AgentFiles,
-    AgentOptions, FakePve, PveTrust, VmlistEntry,
+    add_qemu_backup, api_get as get, api_send as send, demo_scenario, https_client_for,
+    qemu_backup_config, vmlist_text, with_datacenter_cfg, AgentFiles, AgentOptions, FakePve,
+    PveTrust, VmlistEntry, QEMU_BACKUP,
 };
 use nix::errno::Errno;
 use nix::sys::signal::kill;
@@ -637,4 +638,469 @@ async fn live_user_cfg_follows_restores_into_the_pool_member_removal_and_destroy
     // Written by rename: no temporary file is left beside it.
     let tmp = path.with_file_name("user.cfg.tmp");
     assert!(!tmp.exists(), "{} left behind", tmp.display());
+}
+
+// ------------------------------------------------------------ restores, as PVE does them
+
+/// Task `upid` once it has stopped (the fake's own record: status, exit status, log).
+async fn stopped_task(pve: &FakePve, upid: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(t) = pve.tasks().into_iter().find(|t| t["upid"] == upid) {
+            if t["status"] == "stopped" {
+                return t;
+            }
+        }
+        assert!(Instant::now() < deadline, "task {upid} did not end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The demo scenario without its SDN.Use grants (the token may use no bridge).
+fn without_sdn_grants(mut s: Value) -> Value {
+    s["grants"]
+        .as_array_mut()
+        .expect("grants")
+        .retain(|g| !g[1].as_str().unwrap_or("").starts_with("/sdn/"));
+    s
+}
+
+/// Add a backup volume of the pool guest 200 (so the pool token may read it) on `local`.
+fn add_lxc_backup(s: &mut Value, volname: &str, config: Value) -> String {
+    s["volumes"]["local"]
+        .as_array_mut()
+        .expect("volumes on local")
+        .push(json!({"volname": volname, "vmid": 200, "config": config}));
+    format!("local:{volname}")
+}
+
+/// POST an LXC restore of `volid` into `vmid` (pool `felhom`, storage `local-lvm`) with these
+/// extra parameters; the answer's status and the UPID (empty on a refusal).
+async fn restore_lxc(
+    pve: &FakePve,
+    vmid: &str,
+    volid: &str,
+    extra: &[(&str, &str)],
+) -> (u16, String) {
+    let mut form = vec![
+        ("vmid", vmid),
+        ("restore", "1"),
+        ("ostemplate", volid),
+        ("storage", "local-lvm"),
+        ("pool", "felhom"),
+    ];
+    form.extend_from_slice(extra);
+    let (status, body) = send(pve, reqwest::Method::POST, "/nodes/pve1/lxc", &form).await;
+    (status, body["data"].as_str().unwrap_or("").to_string())
+}
+
+fn hwaddr(net: &str) -> Option<&str> {
+    net.split(',').find_map(|p| p.strip_prefix("hwaddr="))
+}
+
+/// A QEMU restore case: vmid, archive, extra request parameters, the task's exit status.
+type QemuCase<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a str);
+
+const STORED_NET0: &str =
+    "name=eth0,bridge=vmbr0,ip=10.1.2.3/24,hwaddr=BC:24:11:12:34:56,type=veth";
+
+#[tokio::test]
+async fn lxc_restore_merges_the_backup_config_as_pve_does() {
+    let mut s = demo_scenario();
+    let volid = add_lxc_backup(
+        &mut s,
+        "backup/vzdump-lxc-200-2026_02_01-00_00_00.tar.zst",
+        json!({"net0": STORED_NET0, "unprivileged": "1", "onboot": "1", "protection": "1",
+               "description": "the stored description", "hostname": "stored", "memory": "1024"}),
+    );
+    let pve = FakePve::start(s);
+    let config = |vmid: u32| pve.guest(vmid).expect("the restored container")["config"].clone();
+
+    // unique=1: the stored net0 is written over the request's, with a new random MAC.
+    let (status, upid) = restore_lxc(
+        &pve,
+        "401",
+        &volid,
+        &[("unique", "1"), ("net0", "name=eth0,link_down=1")],
+    )
+    .await;
+    assert_eq!(status, 200, "{upid}");
+    assert_eq!(stopped_task(&pve, &upid).await["exitstatus"], "OK");
+    let cfg = config(401);
+    let net0 = cfg["net0"].as_str().expect("net0");
+    assert!(
+        net0.contains("bridge=vmbr0")
+            && net0.contains("ip=10.1.2.3/24")
+            && !net0.contains("link_down"),
+        "the stored NIC: {net0}"
+    );
+    let mac = hwaddr(net0).expect("a MAC");
+    assert_ne!(mac, "BC:24:11:12:34:56", "a new MAC: {net0}");
+    // The stored keys the request does not give are kept.
+    assert_eq!(cfg["onboot"], "1", "{cfg:#}");
+    assert_eq!(cfg["protection"], "1", "{cfg:#}");
+    assert_eq!(cfg["description"], "the stored description", "{cfg:#}");
+    assert_eq!(cfg["hostname"], "stored", "{cfg:#}");
+    assert_eq!(cfg["unprivileged"], "1", "{cfg:#}");
+    assert_eq!(pve.guest(401).expect("401")["pool"], "felhom");
+
+    // unique=0: the request's net0 wins, with a MAC of its own (it gave none).
+    let (status, upid) =
+        restore_lxc(&pve, "402", &volid, &[("net0", "name=eth0,link_down=1")]).await;
+    assert_eq!(status, 200, "{upid}");
+    assert_eq!(stopped_task(&pve, &upid).await["exitstatus"], "OK");
+    let net0 = config(402)["net0"].as_str().expect("net0").to_string();
+    assert!(
+        net0.contains("link_down=1") && !net0.contains("bridge="),
+        "the request's NIC: {net0}"
+    );
+    let mac = hwaddr(&net0).expect("a MAC");
+    assert_ne!(mac, "BC:24:11:12:34:56", "{net0}");
+    assert_eq!(config(402)["description"], "the stored description");
+
+    // unique=0 without a net0: the stored one, MAC and all.
+    let (status, upid) = restore_lxc(&pve, "403", &volid, &[("description", "given")]).await;
+    assert_eq!(status, 200, "{upid}");
+    assert_eq!(stopped_task(&pve, &upid).await["exitstatus"], "OK");
+    assert_eq!(config(403)["net0"], STORED_NET0);
+    assert_eq!(
+        config(403)["description"],
+        "given",
+        "the request's key wins"
+    );
+}
+
+#[tokio::test]
+async fn lxc_restore_checks_fail_the_task_and_leave_no_container() {
+    let mut s = without_sdn_grants(demo_scenario());
+    let bridged = add_lxc_backup(
+        &mut s,
+        "backup/vzdump-lxc-200-2026_02_01-00_00_00.tar.zst",
+        json!({"net0": STORED_NET0, "unprivileged": "1"}),
+    );
+    let privileged = add_lxc_backup(
+        &mut s,
+        "backup/vzdump-lxc-200-2026_02_02-00_00_00.tar.zst",
+        json!({"hostname": "old-style", "net0": "name=eth0,hwaddr=BC:24:11:12:34:57"}),
+    );
+    let bind = add_lxc_backup(
+        &mut s,
+        "backup/vzdump-lxc-200-2026_02_03-00_00_00.tar.zst",
+        json!({"unprivileged": "1", "rootfs": "local-lvm:vm-200-disk-0,size=8G", "mp0": "/srv/data,mp=/data"}),
+    );
+    let pve = FakePve::start(s);
+    for (vmid, volid, extra, error) in [
+        (
+            "410",
+            &bridged,
+            &[("unique", "1")][..],
+            "unable to restore CT 410 - Permission check failed (/sdn/zones/localnetwork/vmbr0, SDN.Use)",
+        ),
+        ("411", &privileged, &[][..], "unable to restore CT 411 - Permission check failed (/, Sys.Modify)"),
+        (
+            "412",
+            &bind,
+            &[][..],
+            "unable to restore CT 412 - restoring 'mp0' to bind mount is only possible for root",
+        ),
+    ] {
+        let (status, upid) = restore_lxc(&pve, vmid, volid, extra).await;
+        assert_eq!(status, 200, "the checks are inside the task: {upid}");
+        let task = stopped_task(&pve, &upid).await;
+        assert_eq!(task["exitstatus"], error, "{task:#}");
+        let vmid: u32 = vmid.parse().expect("vmid");
+        assert!(pve.guest(vmid).is_none(), "no config is left: {:?}", pve.guest(vmid));
+    }
+    // A NIC the request gives is not the stored one: no bridge to check, the restore works.
+    let (status, upid) =
+        restore_lxc(&pve, "413", &bridged, &[("net0", "name=eth0,link_down=1")]).await;
+    assert_eq!(status, 200, "{upid}");
+    assert_eq!(stopped_task(&pve, &upid).await["exitstatus"], "OK");
+    assert_eq!(pve.guest(413).expect("413")["pool"], "felhom");
+}
+
+#[tokio::test]
+async fn lxc_restore_skips_raw_lxc_keys_for_a_token_with_a_warning() {
+    let mut s = demo_scenario();
+    let volid = add_lxc_backup(
+        &mut s,
+        "backup/vzdump-lxc-200-2026_02_01-00_00_00.tar.zst",
+        json!({"unprivileged": "1", "lxc.apparmor.profile": "unconfined"}),
+    );
+    let pve = FakePve::start(s);
+    let (status, upid) = restore_lxc(&pve, "404", &volid, &[]).await;
+    assert_eq!(status, 200, "{upid}");
+    let task = stopped_task(&pve, &upid).await;
+    assert_eq!(task["exitstatus"], "WARNINGS: 1", "{task:#}");
+    let log: Vec<&str> = task["log"]
+        .as_array()
+        .expect("log")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        log.contains(&"WARN: skipping custom lxc options, restore manually as root:")
+            && log.contains(&"lxc.apparmor.profile: unconfined")
+            && log.last() == Some(&"TASK WARNINGS: 1"),
+        "{log:#?}"
+    );
+    let cfg = pve.guest(404).expect("404")["config"].clone();
+    assert!(cfg.get("lxc.apparmor.profile").is_none(), "{cfg:#}");
+    let (status, body) = get(&pve, &format!("/nodes/pve1/tasks/{upid}/status")).await;
+    assert_eq!(
+        (status, &body["data"]["exitstatus"]),
+        (200, &json!("WARNINGS: 1")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn qemu_restore_checks_fail_the_task_and_leave_the_stub() {
+    let mut s = without_sdn_grants(demo_scenario());
+    add_qemu_backup(&mut s, qemu_backup_config(), json!(false));
+    let local = s["volumes"]["local"].as_array_mut().expect("volumes");
+    local.push(
+        json!({"volname": "backup/vzdump-qemu-300-2026_02_01-00_00_00.tar.zst", "vmid": 300,
+                      "config": {"name": "t", "scsi0": "local-lvm:vm-300-disk-0,size=1G"}}),
+    );
+    local.push(
+        json!({"volname": "backup/vzdump-qemu-300-2026_02_02-00_00_00.vma.zst", "vmid": 300,
+                      "config": {"name": "p", "scsi0": "local-lvm:vm-300-disk-0,size=1G",
+                                 "hostpci0": "0000:01:00.0"}}),
+    );
+    let pve = FakePve::start(s);
+    let restore = |vmid: &'static str,
+                   archive: &'static str,
+                   extra: &'static [(&'static str, &'static str)]| {
+        let mut form = vec![
+            ("vmid", vmid),
+            ("archive", archive),
+            ("storage", "local-lvm"),
+            ("pool", "felhom"),
+        ];
+        form.extend_from_slice(extra);
+        form
+    };
+    let cases: [QemuCase; 3] = [
+        (
+            "420",
+            QEMU_BACKUP,
+            &[],
+            "Permission check failed (/sdn/zones/localnetwork/vmbr0, SDN.Use)",
+        ),
+        (
+            "421",
+            "local:backup/vzdump-qemu-300-2026_02_01-00_00_00.tar.zst",
+            &[("description", "x")],
+            "cannot pass along options (description) when restoring from tar archive",
+        ),
+        (
+            "422",
+            "local:backup/vzdump-qemu-300-2026_02_02-00_00_00.vma.zst",
+            &[],
+            "only root can set 'hostpci0' config for non-mapped devices",
+        ),
+    ];
+    for (vmid, archive, extra, error) in cases {
+        let (status, body) = send(
+            &pve,
+            reqwest::Method::POST,
+            "/nodes/pve1/qemu",
+            &restore(vmid, archive, extra),
+        )
+        .await;
+        assert_eq!(status, 200, "the checks are inside the task: {body}");
+        let task = stopped_task(&pve, body["data"].as_str().expect("UPID")).await;
+        assert_eq!(task["exitstatus"], error, "{task:#}");
+        let note = format!(
+            "error before or during data restore, some or all disks were not completely restored. VM {vmid} state is NOT cleaned up."
+        );
+        assert!(
+            task["log"].as_array().expect("log").contains(&json!(note)),
+            "{task:#}"
+        );
+        let vmid: u32 = vmid.parse().expect("vmid");
+        let stub = pve.guest(vmid).expect("the stub config is left");
+        assert!(stub["lock"].is_null(), "{stub:#}");
+        assert_ne!(stub["pool"], "felhom", "{stub:#}");
+        assert!(stub["config"].get("scsi0").is_none(), "no disk: {stub:#}");
+    }
+    // The request's own NICs are checked before any task (403, nothing created).
+    let (status, body) = send(
+        &pve,
+        reqwest::Method::POST,
+        "/nodes/pve1/qemu",
+        &restore(
+            "423",
+            QEMU_BACKUP,
+            &[
+                ("net0", "virtio,bridge=vmbr0"),
+                ("net1", "virtio,bridge=vmbr1,tag=20"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        body["message"],
+        "Permission check failed (/sdn/zones/localnetwork/vmbr0, SDN.Use)\n"
+    );
+    assert!(pve.guest(423).is_none());
+}
+
+#[tokio::test]
+async fn protection_refuses_a_destroy_until_the_flag_is_cleared() {
+    let mut s = demo_scenario();
+    s["guests"][0]["config"] = json!({"protection": "1"});
+    s["guests"][0]["status"] = json!("stopped");
+    s["guests"][1]["config"]["protection"] = json!("1");
+    let pve = FakePve::start(s);
+    for (kind, vmid, word) in [("lxc", 200, "CT"), ("qemu", 300, "VM")] {
+        let path = format!("/nodes/pve1/{kind}/{vmid}?purge=0&destroy-unreferenced-disks=0");
+        let (status, body) = send(&pve, reqwest::Method::DELETE, &path, &[]).await;
+        assert_eq!(status, 500, "{body}");
+        assert_eq!(
+            body["message"],
+            format!("can't remove {word} {vmid} - protection mode enabled\n")
+        );
+        assert!(pve.guest(vmid).is_some(), "the guest stays");
+        // Clearing the flag is an ordinary option change (VM.Config.Options, the pool's role).
+        let config = format!("/nodes/pve1/{kind}/{vmid}/config");
+        let (status, body) =
+            send(&pve, reqwest::Method::PUT, &config, &[("protection", "0")]).await;
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = send(&pve, reqwest::Method::DELETE, &path, &[]).await;
+        assert_eq!(status, 200, "{body}");
+        let task = stopped_task(&pve, body["data"].as_str().expect("UPID")).await;
+        assert_eq!(task["exitstatus"], "OK", "{task:#}");
+        assert!(pve.guest(vmid).is_none(), "destroyed");
+    }
+}
+
+#[tokio::test]
+async fn the_tag_policy_of_datacenter_cfg_is_enforced() {
+    let mut s = demo_scenario();
+    s["guests"][0]["config"] = json!({"tags": "customer"});
+    s["guests"][1]["config"]["tags"] = json!("prod");
+    s["guests"][2]["config"] = json!({"tags": "foreign"});
+    with_datacenter_cfg(
+        &mut s,
+        json!({"user-tag-access": "user-allow=existing", "registered-tags": "felhom-owned"}),
+    );
+    let pve = FakePve::start(s);
+    let text = std::fs::read_to_string(pve.datacenter_cfg_path()).expect("live datacenter.cfg");
+    assert_eq!(
+        text,
+        "registered-tags: felhom-owned\nuser-tag-access: user-allow=existing\n"
+    );
+    let tags = |vmid: u32| pve.guest(vmid).expect("guest")["config"]["tags"].clone();
+    let put = |kind: &'static str, vmid: u32, value: &'static str| {
+        let pve = &pve;
+        async move {
+            send(
+                pve,
+                reqwest::Method::PUT,
+                &format!("/nodes/pve1/{kind}/{vmid}/config"),
+                &[("tags", value)],
+            )
+            .await
+        }
+    };
+    // A tag no guest the token sees has: Sys.Modify on / needed.
+    for (kind, vmid, value, tag) in [
+        ("lxc", 200, "customer;brandnew", "brandnew"),
+        ("qemu", 300, "prod;foreign", "foreign"),
+        ("lxc", 200, "customer;felhom-owned", "felhom-owned"),
+    ] {
+        let (status, body) = put(kind, vmid, value).await;
+        assert_eq!(status, 403, "{body}");
+        assert_eq!(
+            body["message"],
+            format!("Permission check failed (/, Sys.Modify for modifying tag '{tag}')\n")
+        );
+    }
+    assert_eq!(tags(200), "customer");
+    assert_eq!(tags(300), "prod");
+    // A tag an audited guest already has is allowed.
+    let (status, body) = put("lxc", 200, "customer;prod").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(tags(200), "customer;prod");
+    // A restore request's tags meet the same policy (on /vms/<vmid>, held here directly).
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        pve.call(
+            "grant",
+            json!([who, "/vms/405", "VM.Config.Options"]),
+            json!({}),
+        );
+    }
+    let (status, upid) = restore_lxc(&pve, "405", DEMO_BACKUP, &[("tags", "brandnew")]).await;
+    assert_eq!(status, 403, "{upid}");
+    assert!(pve.guest(405).is_none());
+    // With Sys.Modify on / every tag may be set.
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        pve.call("grant", json!([who, "/", "Sys.Modify"]), json!({}));
+    }
+    let (status, body) = put("lxc", 200, "brandnew;felhom-owned").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(tags(200), "brandnew;felhom-owned");
+    // The policy can change while the fake runs; the live file follows.
+    pve.set_datacenter_cfg(json!({"user-tag-access": "user-allow=none"}));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(pve.datacenter_cfg_path())
+        .unwrap_or_default()
+        .contains("user-allow=none")
+    {
+        assert!(Instant::now() < deadline, "datacenter.cfg did not follow");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn extractconfig_answers_the_stored_config_and_checks_vm_backup() {
+    let mut s = demo_scenario();
+    s["volumes"]["local"][0]["config"]["description"] = json!("line one\nline: two");
+    s["volumes"]["local"].as_array_mut().expect("volumes").push(
+        json!({"volname": "backup/vzdump-lxc-101-2026_01_01-00_00_00.tar.zst", "vmid": 101,
+                     "config": {"hostname": "someone-else"}}),
+    );
+    let pve = FakePve::start(s);
+    let (status, body) = get(
+        &pve,
+        &format!("/nodes/pve1/vzdump/extractconfig?volume={DEMO_BACKUP}"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["data"],
+        "#line one\n#line%3A two\nnet0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=dhcp,type=veth\nunprivileged: 1\n"
+    );
+    // The backup of a guest outside the pool: VM.Backup on its owner is missing.
+    let foreign = "local:backup/vzdump-lxc-101-2026_01_01-00_00_00.tar.zst";
+    let (status, body) = get(
+        &pve,
+        &format!("/nodes/pve1/vzdump/extractconfig?volume={foreign}"),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        body["message"],
+        "Permission check failed (/vms/101, VM.Backup)\n"
+    );
+    // The listing hides it by the same rule.
+    let (status, body) = get(&pve, "/nodes/pve1/storage/local/content?content=backup").await;
+    assert_eq!(status, 200, "{body}");
+    let volids: Vec<&str> = body["data"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|v| v["volid"].as_str())
+        .collect();
+    assert_eq!(volids, vec![DEMO_BACKUP]);
+    // Root reads it.
+    let text = pve.call(
+        "_extractconfig",
+        json!([{"node": "pve1", "volume": foreign}, "root@pam"]),
+        json!({}),
+    );
+    assert_eq!(text, "hostname: someone-else\n");
 }

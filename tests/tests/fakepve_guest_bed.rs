@@ -191,13 +191,13 @@ async fn qemu_restore_is_locked_outside_the_pool_until_its_task_ends_then_has_th
 }
 
 #[tokio::test]
-async fn lxc_restore_carries_its_backup_config_and_the_request_wins() {
+async fn lxc_restore_carries_its_backup_config_and_unique_nics_win_with_new_macs() {
     let bed = GuestBed::new();
     let mut s = demo_scenario();
     s["volumes"]["local"][0]["config"] = json!({
         "hostname": "shop", "memory": "1024", "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=dhcp",
         "net1": "name=eth1,bridge=vmbr1,hwaddr=BC:24:11:00:02:01", "tags": "customer", "description": "the shop",
-        "rootfs": "local-lvm:vm-200-disk-0,size=8G"
+        "rootfs": "local-lvm:vm-200-disk-0,size=8G", "unprivileged": "1"
     });
     bed.join_scenario(&mut s);
     let pve = FakePve::start(s);
@@ -230,9 +230,13 @@ async fn lxc_restore_carries_its_backup_config_and_the_request_wins() {
     );
     assert_eq!(cfg["description"], "the shop");
     assert_eq!(cfg["tags"], "customer");
+    // With unique=1 PVE writes the backup's NIC over the request's, with a new MAC
+    // (pve-container Create.pm sanitize_and_merge_config).
     let net0 = cfg["net0"].as_str().unwrap_or("");
     assert!(
-        net0.contains("link_down=1") && !net0.contains("vmbr0"),
+        net0.contains("bridge=vmbr0")
+            && !net0.contains("link_down")
+            && !net0.contains("BC:24:11:00:02:00"),
         "{net0}"
     );
     let net1 = cfg["net1"].as_str().unwrap_or("");
