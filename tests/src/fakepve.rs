@@ -1270,7 +1270,15 @@ impl AgentFiles {
                 _ => p("vmlist"),
             },
             token_secret_file: p("pve-token"),
-            datacenter_cfg: p("datacenter.cfg"),
+            // The cluster's own file when the scenario has one (its tag policy is the one the
+            // fake enforces), else the agent's copy, written when `opts` asks.
+            datacenter_cfg: if pve.scenario.get("datacenter_cfg").is_some_and(Value::is_object)
+                && opts.datacenter_cfg.is_none()
+            {
+                pve.datacenter_cfg_path()
+            } else {
+                p("datacenter.cfg")
+            },
             bootstrap_dir: p("bootstrap.d"),
             checks_dir: p("checks.d"),
             metrics_dir: p("metrics"),

@@ -202,7 +202,19 @@ fn dry_run_of_a_good_request_passes_every_check_and_writes_nothing() {
     let names: Vec<&str> = checks.iter().filter_map(|c| c["name"].as_str()).collect();
     assert_eq!(
         names,
-        ["vmid", "policy", "backup", "storage", "pool", "profile", "checks"]
+        [
+            "vmid",
+            "policy",
+            "backup_access",
+            "backup",
+            "contents",
+            "network",
+            "tags",
+            "storage",
+            "pool",
+            "profile",
+            "checks"
+        ]
     );
     assert!(
         checks.iter().all(|c| c["status"] == "pass"),
