@@ -1,6 +1,6 @@
 //! The root exec helper: a small process that runs as root and does only what needs root on a
-//! Proxmox VE node, exec and push into LXC containers (`pct exec` / `pct push`), for an agent
-//! that runs as an unprivileged system user.
+//! Proxmox VE node, commands and files into LXC containers (`pct exec`, a file's bytes on its
+//! stdin; never `pct push`), for an agent that runs as an unprivileged system user.
 //!
 //! It listens on a Unix stream socket (socket-activated by systemd as
 //! `felhom-agent-exec.socket`, default `/run/felhom-agent/exec.sock`). Each connection carries
