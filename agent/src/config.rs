@@ -224,14 +224,15 @@ pub const CREDENTIAL_PVE_TOKEN: &str = "pve-token";
 /// See [`CREDENTIAL_PVE_TOKEN`].
 pub const CREDENTIAL_HUB_TOKEN: &str = "hub-token";
 
-/// The default `[metrics] dir`: Debian's node_exporter textfile collector folder.
-pub const DEFAULT_METRICS_DIR: &str = "/var/lib/prometheus/node-exporter";
+/// The default `[metrics] dir`: the agent's own folder (the package makes it, owned by the
+/// agent's user, and ships root-owned links to its files in node_exporter's textfile folder).
+pub const DEFAULT_METRICS_DIR: &str = "/var/lib/felhom-agent-metrics";
 
 /// `[metrics]`.
 #[derive(Debug, Clone)]
 pub struct MetricsConfig {
-    /// node_exporter's textfile collector folder (`--collector.textfile.directory`); default
-    /// [`DEFAULT_METRICS_DIR`]. `[restore_test] metrics_dir` is the older spelling.
+    /// Where the `.prom` files are written (node_exporter reads them through the package's links
+    /// in its textfile folder); default [`DEFAULT_METRICS_DIR`]. `[restore_test] metrics_dir` is the older spelling.
     pub dir: PathBuf,
 }
 
