@@ -46,7 +46,8 @@ if $from_debug; then
   # never carries the test hooks. That build swaps a hook-free binary into target/debug; the
   # workspace build after it (tests/run.sh's command) swaps the test build back. Both builds
   # stay cached, so each swap is a copy.
-  cargo build --locked -q -p felhom-agent --bin felhom-agent >&2
+  # A plain build at the root: the workspace's default-members leave the tests crate out.
+  cargo build --locked -q --bin felhom-agent >&2
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/release"
@@ -56,7 +57,10 @@ if $from_debug; then
   deb_target=$stage
   compress=(--fast)
 else
-  cargo build --locked --release -p felhom-agent --bin felhom-agent >&2
+  # A plain release build at the root, as an operator would run it: the workspace's
+  # default-members leave the tests crate (and its test hooks) out; tests/package.sh checks
+  # that the packaged binary carries no hook.
+  cargo build --locked --release --bin felhom-agent >&2
   docs=$target/release/felhom-docs
   deb_target=$target
   compress=()

@@ -195,7 +195,7 @@ grep -q '^complete -c felhom-agent .*-l selftest' "$r/usr/share/fish/vendor_comp
   fail "the fish completion does not complete --selftest"
 ok "completions: bash loads, zsh #compdef, fish completes --selftest"
 
-step "sysusers and tmpfiles: the user, the state directory, the config, the metrics ACL"
+step "sysusers and tmpfiles: the user, the state directory, the config, the metrics folder and links"
 # A scratch root with a base passwd/group (root, and www-data as on every Debian system).
 tr=$work/tmpfiles-root
 mkdir -p "$tr/etc/felhom-agent" "$tr/var/lib/prometheus/node-exporter"
@@ -221,26 +221,39 @@ mode=$(stat -c '%a %u %g' "$tr/var/lib/felhom-agent")
   fail "tmpfiles made /var/lib/felhom-agent $mode, want 700 $agent_uid $agent_gid (felhom-agent)"
 mode=$(stat -c '%a %u %g' "$tr/etc/felhom-agent/agent.toml")
 [ "$mode" = "640 0 $agent_gid" ] || fail "tmpfiles left agent.toml $mode, want 640 0 $agent_gid (root:felhom-agent)"
-# The ACL line names the user, which only the host's user database resolves (acl_from_text
-# ignores --root): checked with the host's nobody in its place, on an existing folder (an
-# entry for that uid with rwx) and on a missing one (nothing done, no error).
-acl_line=$(grep '^a+ /var/lib/prometheus/node-exporter ' "$r/usr/lib/tmpfiles.d/felhom-agent.conf") ||
-  fail "the tmpfiles snippet has no ACL line for the node_exporter textfile folder"
-grep -q ' u:felhom-agent:rwx$' <<<"$acl_line" || fail "the ACL line does not give felhom-agent rwx: $acl_line"
-sed 's/u:felhom-agent:/u:nobody:/' <<<"$acl_line" >"$work/acl.conf"
-systemd-tmpfiles --root="$tr" --create "$work/acl.conf" 2>"$work/acl.err" ||
-  fail "the ACL line failed: $(cat "$work/acl.err")"
-python3 - "$tr/var/lib/prometheus/node-exporter" "$(id -u nobody)" <<'PY' || fail "no rwx ACL entry for the user on the textfile folder"
-import os, struct, sys
-raw = os.getxattr(sys.argv[1], "system.posix_acl_access")
-entries = [struct.unpack_from("<HHI", raw, 4 + 8 * i) for i in range((len(raw) - 4) // 8)]
-sys.exit(0 if any(tag == 2 and perm == 7 and uid == int(sys.argv[2]) for tag, perm, uid in entries) else 1)
-PY
-rm -r "$tr/var/lib/prometheus"
-systemd-tmpfiles --root="$tr" --create "$work/acl.conf" 2>"$work/acl.err" ||
-  fail "the ACL line fails when node_exporter is not installed: $(cat "$work/acl.err")"
-[ ! -e "$tr/var/lib/prometheus" ] || fail "the ACL line created the textfile folder"
-ok "sysusers: felhom-agent uid $agent_uid (nologin, in www-data); tmpfiles: state dir 0700 felhom-agent, agent.toml 0640 root:felhom-agent, textfile folder ACL u:felhom-agent:rwx when it exists"
+mode=$(stat -c '%a %u %g' "$tr/var/lib/felhom-agent-metrics")
+[ "$mode" = "755 $agent_uid $agent_gid" ] ||
+  fail "tmpfiles made /var/lib/felhom-agent-metrics $mode, want 755 $agent_uid $agent_gid (felhom-agent)"
+for f in felhom_transactions.prom felhom_hub.prom; do
+  link=$tr/var/lib/prometheus/node-exporter/$f
+  [ -L "$link" ] && [ "$(stat -c %u "$link")" = 0 ] &&
+    [ "$(readlink "$link")" = "/var/lib/felhom-agent-metrics/$f" ] ||
+    fail "tmpfiles made no root-owned link $link to /var/lib/felhom-agent-metrics/$f"
+done
+mode=$(stat -c '%a %u %g' "$tr/var/lib/prometheus/node-exporter")
+[ "$mode" = "755 0 0" ] || fail "the textfile folder is $mode after tmpfiles, want 755 0 0 (root's, untouched)"
+ok "sysusers: felhom-agent uid $agent_uid (nologin, in www-data); tmpfiles: state dir 0700 felhom-agent, agent.toml 0640 root:felhom-agent, metrics folder 0755 felhom-agent, root-owned links in the textfile folder"
+
+step "the agent's user may write only in its own folders"
+# Every tmpfiles line and unit that gives felhom-agent write access must name one of the
+# agent's own folders: root writes to no folder the agent's user may write (root's tools
+# follow links such a user could plant).
+"$root/tests/check-agent-grants.sh" "$r/usr/lib/tmpfiles.d/felhom-agent.conf" "$r"/lib/systemd/system/*.service ||
+  fail "a tmpfiles line or unit gives the agent's user write access outside its own folders"
+# The check can fail: the ACL line the package once shipped (rwx for the user on root's
+# textfile folder), a unit that lets the user write there, a folder of root's made the user's.
+cp "$r/usr/lib/tmpfiles.d/felhom-agent.conf" "$work/grant.conf"
+echo 'a+ /var/lib/prometheus/node-exporter - - - - u:felhom-agent:rwx' >>"$work/grant.conf"
+! "$root/tests/check-agent-grants.sh" "$work/grant.conf" 2>/dev/null ||
+  fail "the grant check passed an ACL giving felhom-agent rwx on /var/lib/prometheus/node-exporter"
+printf 'd /etc/felhom-agent 0750 root felhom-agent -\nd /srv/x - felhom-agent felhom-agent -\n' >"$work/grant2.conf"
+[ "$("$root/tests/check-agent-grants.sh" "$work/grant2.conf" 2>&1 | grep -c grants)" = 1 ] ||
+  fail "the grant check missed /srv/x made the user's (or refused /etc/felhom-agent, group read only)"
+sed 's|^ReadWritePaths=.*|ReadWritePaths=/var/lib/felhom-agent-metrics -/var/lib/prometheus/node-exporter|' \
+  "$r/lib/systemd/system/felhom-agent.service" >"$work/grant.service"
+! "$root/tests/check-agent-grants.sh" "$work/grant.service" 2>/dev/null ||
+  fail "the grant check passed a unit giving felhom-agent /var/lib/prometheus/node-exporter"
+ok "tmpfiles and units give felhom-agent write access only to /var/lib/felhom-agent and /var/lib/felhom-agent-metrics"
 
 step "maintainer scripts"
 for s in postinst prerm postrm; do

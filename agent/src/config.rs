@@ -87,12 +87,28 @@ pub struct Config {
 /// The default socket of the root exec helper.
 pub const DEFAULT_EXEC_HELPER_SOCKET: &str = "/run/felhom-agent/exec.sock";
 
+/// The default folder of the nodes' configs in pmxcfs (`nodes/<node>/lxc/<vmid>.conf`).
+pub const DEFAULT_PVE_NODES_DIR: &str = "/etc/pve/nodes";
+
 /// `[exec]`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ExecConfig {
     /// `helper_socket`: the root exec helper's socket (absolute). `None`: the default
     /// ([`DEFAULT_EXEC_HELPER_SOCKET`]) is used when the agent does not run as root.
     pub helper_socket: Option<PathBuf>,
+    /// `pve_nodes_dir`: where the exec helper reads a container's config
+    /// (`<pve_nodes_dir>/<node>/lxc/<vmid>.conf`) before every request (absolute; default
+    /// [`DEFAULT_PVE_NODES_DIR`]).
+    pub pve_nodes_dir: PathBuf,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        Self {
+            helper_socket: None,
+            pve_nodes_dir: PathBuf::from(DEFAULT_PVE_NODES_DIR),
+        }
+    }
 }
 
 /// Bounds of `[journal] keep_days` (0: archive every settled transaction at once).
@@ -208,14 +224,15 @@ pub const CREDENTIAL_PVE_TOKEN: &str = "pve-token";
 /// See [`CREDENTIAL_PVE_TOKEN`].
 pub const CREDENTIAL_HUB_TOKEN: &str = "hub-token";
 
-/// The default `[metrics] dir`: Debian's node_exporter textfile collector folder.
-pub const DEFAULT_METRICS_DIR: &str = "/var/lib/prometheus/node-exporter";
+/// The default `[metrics] dir`: the agent's own folder (the package makes it, owned by the
+/// agent's user, and ships root-owned links to its files in node_exporter's textfile folder).
+pub const DEFAULT_METRICS_DIR: &str = "/var/lib/felhom-agent-metrics";
 
 /// `[metrics]`.
 #[derive(Debug, Clone)]
 pub struct MetricsConfig {
-    /// node_exporter's textfile collector folder (`--collector.textfile.directory`); default
-    /// [`DEFAULT_METRICS_DIR`]. `[restore_test] metrics_dir` is the older spelling.
+    /// Where the `.prom` files are written (node_exporter reads them through the package's links
+    /// in its textfile folder); default [`DEFAULT_METRICS_DIR`]. `[restore_test] metrics_dir` is the older spelling.
     pub dir: PathBuf,
 }
 
@@ -295,6 +312,7 @@ struct RawAgent {
 #[serde(deny_unknown_fields)]
 struct RawExec {
     helper_socket: Option<PathBuf>,
+    pve_nodes_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -610,9 +628,25 @@ impl Config {
                 )));
             }
         }
+        let raw_exec = raw.exec.unwrap_or_default();
         let exec = ExecConfig {
-            helper_socket: raw.exec.unwrap_or_default().helper_socket,
+            helper_socket: raw_exec.helper_socket,
+            pve_nodes_dir: raw_exec
+                .pve_nodes_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_PVE_NODES_DIR)),
         };
+        if !exec.pve_nodes_dir.is_absolute()
+            || exec
+                .pve_nodes_dir
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(invalid(format!(
+                "config {}: [exec] pve_nodes_dir {:?} must be an absolute path without `..` (default {DEFAULT_PVE_NODES_DIR})",
+                path.display(),
+                exec.pve_nodes_dir.display().to_string()
+            )));
+        }
         if let Some(sock) = &exec.helper_socket {
             if !sock.is_absolute()
                 || sock
@@ -1035,6 +1069,7 @@ mod tests {
         assert_eq!(c.user_cfg_path, PathBuf::from("/etc/pve/user.cfg"));
         assert_eq!(c.agent_user, None);
         assert_eq!(c.exec.helper_socket, None);
+        assert_eq!(c.exec.pve_nodes_dir, PathBuf::from("/etc/pve/nodes"));
         let with = |top: &str, tail: &str| {
             Config::parse(
                 Path::new("/x.toml"),
@@ -1043,9 +1078,10 @@ mod tests {
         };
         let c = with(
             "user_cfg_path = \"/srv/user.cfg\"",
-            "[agent]\nuser = \"felhom-agent\"\n[exec]\nhelper_socket = \"/run/x/exec.sock\"",
+            "[agent]\nuser = \"felhom-agent\"\n[exec]\nhelper_socket = \"/run/x/exec.sock\"\npve_nodes_dir = \"/srv/pve/nodes\"",
         )
         .expect("valid");
+        assert_eq!(c.exec.pve_nodes_dir, PathBuf::from("/srv/pve/nodes"));
         assert_eq!(c.user_cfg_path, PathBuf::from("/srv/user.cfg"));
         assert_eq!(c.agent_user.as_deref(), Some("felhom-agent"));
         assert_eq!(
@@ -1063,6 +1099,7 @@ mod tests {
                 "helper_socket",
             ),
             ("", "[exec]\nsocket = \"/x\"", "socket"),
+            ("", "[exec]\npve_nodes_dir = \"nodes\"", "pve_nodes_dir"),
         ] {
             let err = with(top, tail).expect_err(key);
             assert_eq!(err.code, ErrorCode::ConfigInvalid);

@@ -482,7 +482,9 @@ fn check_metrics(cfg: &Config, r: &mut DoctorReport) {
             "metrics",
             format!(
                 "{} is a folder (owner uid {}, mode {:o}); the metrics files are written there \
-                 through random exclusive temporary names, never following a symlink",
+                 through random exclusive temporary names, never following a symlink; \
+                 node_exporter reads them through the package's root-owned links in its \
+                 textfile folder (/var/lib/prometheus/node-exporter)",
                 dir.display(),
                 meta.uid(),
                 meta.mode() & 0o7777

@@ -38,6 +38,8 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::ExecCallerRefused
         | ErrorCode::ExecNotOwned
         | ErrorCode::ExecNotInPool
+        | ErrorCode::ExecGuestPrivileged
+        | ErrorCode::ExecWrongPhase
         | ErrorCode::ExecRequestInvalid => ExitStatus::Refused,
         ErrorCode::PveRefused
         | ErrorCode::TaskFailed
@@ -67,6 +69,25 @@ pub fn outside_text(text: &str) -> String {
     outside_text_max(text, OUTSIDE_TEXT_MAX_BYTES)
 }
 
+/// Whether outside text shows `c` escaped: control characters, and the characters that
+/// reorder or hide text on a terminal or in a browser (bidirectional embeddings, overrides and
+/// isolates, zero-width characters, line and paragraph separators, the byte order mark).
+pub fn must_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{206A}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+        )
+}
+
 /// [`outside_text`] with another limit.
 pub fn outside_text_max(text: &str, max_bytes: usize) -> String {
     let mut out = String::with_capacity(text.len().min(max_bytes) + 32);
@@ -76,7 +97,7 @@ pub fn outside_text_max(text: &str, max_bytes: usize) -> String {
             out.push_str(&format!(" … ({} more bytes clipped)", text.len() - used));
             return out;
         }
-        if c.is_control() {
+        if must_escape(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -150,6 +171,23 @@ mod tests {
     }
 
     #[test]
+    fn bidi_and_zero_width_characters_are_escaped() {
+        let t = outside_text(
+            "ok\u{202E}gnp.exe\u{2066}x\u{2069}\u{200B}\u{200F}\u{2028}\u{2029}\u{FEFF}é",
+        );
+        assert_eq!(
+            t,
+            "ok\\u{202e}gnp.exe\\u{2066}x\\u{2069}\\u{200b}\\u{200f}\\u{2028}\\u{2029}\\u{feff}é"
+        );
+        for c in [
+            '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{2067}', '\u{2068}', '\u{200C}',
+            '\u{200D}', '\u{200E}',
+        ] {
+            assert!(!outside_text(&c.to_string()).contains(c), "{:?}", c);
+        }
+    }
+
+    #[test]
     fn codes_map_to_design_exit_statuses() {
         assert_eq!(exit_status(ErrorCode::VmidReserved).code(), 3);
         for code in [
@@ -171,6 +209,8 @@ mod tests {
             ErrorCode::ExecCallerRefused,
             ErrorCode::ExecNotOwned,
             ErrorCode::ExecNotInPool,
+            ErrorCode::ExecGuestPrivileged,
+            ErrorCode::ExecWrongPhase,
             ErrorCode::ExecRequestInvalid,
         ] {
             assert_eq!(exit_status(code), ExitStatus::Refused, "{code}");

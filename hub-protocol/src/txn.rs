@@ -234,11 +234,18 @@ pub enum ErrorCode {
     ExecRequestInvalid,
     /// The exec helper cannot be reached (its socket is missing or refuses connections).
     ExecHelperUnavailable,
+    /// The exec helper: the container's config is not that of an unprivileged container
+    /// without host access (`unprivileged: 1`, no `lxc.` keys, no host-path mount point, no
+    /// device), or cannot be read.
+    ExecGuestPrivileged,
+    /// The exec helper: the transaction is not open in a step that runs commands in the guest
+    /// (launch proof, bootstrap, checks); kept and settled transactions never are.
+    ExecWrongPhase,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 36] = [
+    pub const ALL: [ErrorCode; 38] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -275,6 +282,8 @@ impl ErrorCode {
         ErrorCode::ExecNotInPool,
         ErrorCode::ExecRequestInvalid,
         ErrorCode::ExecHelperUnavailable,
+        ErrorCode::ExecGuestPrivileged,
+        ErrorCode::ExecWrongPhase,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -316,6 +325,8 @@ impl ErrorCode {
             ErrorCode::ExecNotInPool => "exec_not_in_pool",
             ErrorCode::ExecRequestInvalid => "exec_request_invalid",
             ErrorCode::ExecHelperUnavailable => "exec_helper_unavailable",
+            ErrorCode::ExecGuestPrivileged => "exec_guest_privileged",
+            ErrorCode::ExecWrongPhase => "exec_wrong_phase",
         }
     }
 }
@@ -484,7 +495,7 @@ mod tests {
             (ErrorCode::TxnNotOpen, "txn_not_open"),
             (ErrorCode::TxnUnknown, "txn_unknown"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 29);
+        assert_eq!(ErrorCode::ALL.len(), 31);
     }
 
     #[test]

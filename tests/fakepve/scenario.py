@@ -203,6 +203,7 @@ class ScenarioPve(fake_server.FakePve):
         """Rewrite the .vmlist file (atomically) when the guests changed."""
         self.write_user_cfg()
         self.write_datacenter_cfg()
+        self.write_ct_confs()
         if not self.vmlist_path or self.vmlist_frozen:
             return
         ids = {}
@@ -224,6 +225,49 @@ class ScenarioPve(fake_server.FakePve):
         with open(tmp, 'w', encoding='utf-8') as fh:
             fh.write(text)
         os.replace(tmp, self.vmlist_path)
+
+    # ------------------------------------------------------------- nodes/<node>/lxc/<vmid>.conf
+
+    # Where the containers' configs are written as pmxcfs holds them (`/etc/pve/nodes`; None:
+    # nowhere), and what was written last (path -> text).
+    ct_conf_dir = None
+    _ct_conf_texts = None
+
+    def write_ct_confs(self):
+        """Keep `<ct_conf_dir>/<node>/lxc/<vmid>.conf` for every container, in PVE's format
+        (pve-container src/PVE/LXC/Config.pm write_pct_config: the description as leading `#`
+        lines, then `key: value` lines), and remove the file of a container that is gone."""
+        if not self.ct_conf_dir:
+            return
+        if self._ct_conf_texts is None:
+            self._ct_conf_texts = {}
+        wanted = {}
+        for ct in list(getattr(self, 'cts', [])):
+            config = dict(ct.config or {})
+            lines = ['#' + line for line in str(config.pop('description', '') or '').splitlines()]
+            for key in sorted(config):
+                value = config[key]
+                if value is None:
+                    continue
+                lines.append('{0}: {1}'.format(key, ' '.join(str(value).splitlines())))
+            path = os.path.join(self.ct_conf_dir, str(ct.node), 'lxc', '{0}.conf'.format(int(ct.vmid)))
+            wanted[path] = '\n'.join(lines) + '\n'
+        for path in list(self._ct_conf_texts):
+            if path not in wanted:
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+                del self._ct_conf_texts[path]
+        for path, text in wanted.items():
+            if self._ct_conf_texts.get(path) == text:
+                continue
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = path + '.tmp'
+            with open(tmp, 'w', encoding='utf-8') as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+            self._ct_conf_texts[path] = text
 
     # ------------------------------------------------------------- user.cfg
 
@@ -1498,6 +1542,7 @@ def build(sc):
         access = dict(p.split('=', 1) for p in pve.datacenter_cfg.get('user-tag-access', '').split(',') if '=' in p)
         if access.get('user-allow', 'free') not in ('none', 'list', 'existing', 'free'):
             raise ScenarioError("datacenter_cfg user-tag-access: user-allow must be none, list, existing or free")
+    pve.ct_conf_dir = (sc.get('ct_conf') or {}).get('dir')
     pve.bed_pending = []
     bed = sc.get('guest_bed')
     if bed:

@@ -329,6 +329,8 @@ impl FakePve {
             dc.entry("path")
                 .or_insert_with(|| json!(dir.path().join("datacenter.cfg")));
         }
+        // And the containers' own configs (`nodes/<node>/lxc/<vmid>.conf`), as in /etc/pve.
+        obj.insert("ct_conf".into(), json!({"dir": dir.path().join("nodes")}));
         let scenario_path = dir.path().join("scenario.json");
         write_private(
             &scenario_path,
@@ -479,6 +481,12 @@ impl FakePve {
     /// The fake's live `.vmlist` (pmxcfs's `/etc/pve/.vmlist`), rewritten as guests come and go.
     pub fn vmlist_path(&self) -> PathBuf {
         self.dir.path().join("vmlist")
+    }
+
+    /// The fake's live `nodes` folder (pmxcfs's `/etc/pve/nodes`): every container's config as
+    /// `<node>/lxc/<vmid>.conf`, rewritten as containers come, change and go.
+    pub fn nodes_dir(&self) -> PathBuf {
+        self.dir.path().join("nodes")
     }
 
     /// The fake's live `user.cfg` (pmxcfs's `/etc/pve/user.cfg`): users, tokens, pools with
@@ -1211,6 +1219,8 @@ pub struct AgentFiles {
     pub exec_socket: Option<PathBuf>,
     /// `user_cfg_path`: the fake's live `user.cfg`.
     pub user_cfg_path: PathBuf,
+    /// `[exec] pve_nodes_dir`: the fake's live `nodes` folder.
+    pub pve_nodes_dir: PathBuf,
 }
 
 /// A TOML basic string.
@@ -1272,7 +1282,10 @@ impl AgentFiles {
             token_secret_file: p("pve-token"),
             // The cluster's own file when the scenario has one (its tag policy is the one the
             // fake enforces), else the agent's copy, written when `opts` asks.
-            datacenter_cfg: if pve.scenario.get("datacenter_cfg").is_some_and(Value::is_object)
+            datacenter_cfg: if pve
+                .scenario
+                .get("datacenter_cfg")
+                .is_some_and(Value::is_object)
                 && opts.datacenter_cfg.is_none()
             {
                 pve.datacenter_cfg_path()
@@ -1284,6 +1297,7 @@ impl AgentFiles {
             metrics_dir: p("metrics"),
             exec_socket: opts.exec_helper.then(|| p("exec.sock")),
             user_cfg_path: pve.user_cfg_path(),
+            pve_nodes_dir: pve.nodes_dir(),
             dir,
         };
         if let Some(socket) = &files.exec_socket {
@@ -1346,7 +1360,11 @@ impl AgentFiles {
             toml_path(&files.metrics_dir),
             // Before [provision], which a test's extra TOML may extend.
             match &files.exec_socket {
-                Some(socket) => format!("[exec]\nhelper_socket = {}\n\n", toml_path(socket)),
+                Some(socket) => format!(
+                    "[exec]\nhelper_socket = {}\npve_nodes_dir = {}\n\n",
+                    toml_path(socket),
+                    toml_path(&files.pve_nodes_dir)
+                ),
                 None => String::new(),
             },
             toml_string(&opts.storage),

@@ -69,10 +69,10 @@ pub fn template_rootfs() -> &'static Path {
 /// Ways to make the stand-in misbehave for one container (see `tests/pct/pct`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PctFault {
-    /// `pct push` exits 0 and copies nothing.
-    PushNoop,
-    /// `pct push` exits 0 and copies all but the last byte.
-    PushTruncate,
+    /// `pct exec` exits 0 and runs nothing.
+    ExecNoop,
+    /// The command gets its stdin without the last byte.
+    StdinTruncate,
     /// The command escapes pct's process group and PID namespace.
     ExecEscape,
     /// The root filesystem is mounted read-only.
@@ -82,8 +82,8 @@ pub enum PctFault {
 impl PctFault {
     fn word(self) -> &'static str {
         match self {
-            Self::PushNoop => "push-noop",
-            Self::PushTruncate => "push-truncate",
+            Self::ExecNoop => "exec-noop",
+            Self::StdinTruncate => "stdin-truncate",
             Self::ExecEscape => "exec-escape",
             Self::RootfsReadOnly => "rootfs-ro",
         }
@@ -152,6 +152,30 @@ impl GuestBed {
     /// The environment the last `pct` of this bed was started with (`KEY=value` lines).
     pub fn last_pct_env(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("pct-env.last")).unwrap_or_default()
+    }
+
+    /// Every `pct push` the bed's `pct` stand-in was asked for (it refuses them): one line each.
+    pub fn push_requests(&self) -> Vec<String> {
+        std::fs::read_to_string(self.state_dir().join("push-requests.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Assert that nothing asked this bed's `pct` for a `push`: files reach a guest through
+    /// `pct exec` only.
+    pub fn assert_no_push(&self) {
+        let pushes = self.push_requests();
+        let calls: Vec<PctCall> = self
+            .pct_calls()
+            .into_iter()
+            .filter(|c| c.sub == "push")
+            .collect();
+        assert!(
+            pushes.is_empty() && calls.is_empty(),
+            "`pct push` was asked for: {pushes:#?} {calls:#?}"
+        );
     }
 
     /// Every `pct` this bed's wrapper started so far, in order, with the process that started it.
@@ -272,6 +296,16 @@ impl GuestBed {
     /// The scratch folder where pushed bytes are staged.
     pub fn scratch_dir(&self) -> PathBuf {
         self.dir.path().join("scratch")
+    }
+}
+
+/// No test may ever see a `pct push`: a bed dropped at the end of a passing test checks that
+/// its `pct` was never asked for one.
+impl Drop for GuestBed {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.assert_no_push();
+        }
     }
 }
 

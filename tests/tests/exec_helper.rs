@@ -83,9 +83,10 @@ impl Helper {
         std::fs::write(
             &config,
             format!(
-                "user_cfg_path = {}\n{}\n{extra}\n",
+                "user_cfg_path = {}\n{}\n{extra}\n[exec]\npve_nodes_dir = {}\n",
                 toml_string(&w.pve.dir().join("user.cfg").display().to_string()),
-                w.files.config_text()
+                w.files.config_text(),
+                toml_string(&w.pve.nodes_dir().display().to_string()),
             ),
         )
         .expect("helper config");
@@ -275,18 +276,89 @@ fn rootfs_file(w: &World, vmid: u32, path: &str) -> Option<Vec<u8>> {
     std::fs::read(w.bed.guest_path(vmid, path)).ok()
 }
 
+/// A provision of `vmid` whose bootstrap waits (until `/root/release` exists in the guest):
+/// the running agent and its transaction id, read from the journal once the bootstrap started.
+fn provision_in_bootstrap(w: &World, vmid: u32) -> (Child, String) {
+    let run = w.files.bootstrap_dir.join("default/run");
+    std::fs::write(
+        &run,
+        "#!/bin/sh\n: > /root/bootstrap-started\nwhile [ ! -e /root/release ]; do sleep 1; done\n",
+    )
+    .expect("profile");
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let log = w.files.dir().join(format!("provision-{vmid}.log"));
+    let mut provision = w
+        .command()
+        .args(["--selftest=provision", "-vmid", &vmid.to_string(), "--json"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("provision");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rootfs_file(w, vmid, "/root/bootstrap-started").is_none() {
+        if let Ok(Some(status)) = provision.try_wait() {
+            panic!(
+                "the provision ended ({status}) before its bootstrap ran:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "the bootstrap never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let txn = std::fs::read_dir(w.state_dir().join("journal"))
+        .expect("journal")
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".log"))
+                .map(str::to_string)
+        })
+        .next()
+        .expect("the provision's journal file");
+    (provision, txn)
+}
+
+/// Set the fake's config of container `vmid` and wait until its live `.conf` shows `line`
+/// (or, with `present` false, no longer shows it).
+fn set_ct_config(w: &World, vmid: u32, config: &Value, line: &str, present: bool) {
+    w.pve.guest_set(vmid, json!({ "config": config }));
+    w.pve.call("write_vmlist", json!([]), json!({}));
+    let path = w.pve.nodes_dir().join(format!("pve1/lxc/{vmid}.conf"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.lines().any(|l| l == line) == present {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never changed:\n{text}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
-fn only_the_armed_transaction_runs_commands_in_its_pooled_container() {
+fn only_the_open_transaction_in_a_guest_step_runs_commands_in_its_unprivileged_pooled_container() {
     let w = world();
-    let txn = keep(&w, 160);
+    let mut h = Helper::start(&w, "");
+    let (mut provision, txn) = provision_in_bootstrap(&w, 160);
+    // The fake keeps the container's config as pmxcfs does; the restore asked for an
+    // unprivileged container.
+    let conf =
+        std::fs::read_to_string(w.pve.nodes_dir().join("pve1/lxc/160.conf")).expect("160.conf");
+    assert!(conf.lines().any(|l| l == "unprivileged: 1"), "{conf}");
     // A container the agent did not create, in the pool, carrying (copied) the marker of the
-    // kept transaction: the helper must go by the journal, not by what the guest shows.
+    // open transaction: the helper must go by the journal, not by what the guest shows.
     let cfg = w.pve.guest(160).expect("160")["config"].clone();
     w.pve.call(
         "add_ct",
         json!([161, "copy"]),
         json!({"pool": "felhom", "status": "running", "config": {
             "hostname": "copy", "tags": cfg["tags"], "description": cfg["description"],
+            "unprivileged": 1,
         }}),
     );
     w.pve.call("write_vmlist", json!([]), json!({}));
@@ -295,7 +367,6 @@ fn only_the_armed_transaction_runs_commands_in_its_pooled_container() {
         t.lines()
             .any(|l| l.starts_with("pool:felhom:") && l.contains("160") && l.contains("161"))
     });
-    let mut h = Helper::start(&w, "");
 
     // (4) The armed transaction, its container in the node's list and in the pool: the
     // command runs in the guest, with its env and stdin, and its output comes back.
@@ -345,7 +416,7 @@ fn only_the_armed_transaction_runs_commands_in_its_pooled_container() {
     let meta = std::fs::metadata(w.bed.guest_path(160, "/root/pushed.bin")).expect("pushed");
     assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
 
-    // (1) The kept transaction's id for the copy at 161, and an id no journal holds: refused,
+    // (1) The open transaction's id for the copy at 161, and an id no journal holds: refused,
     // and no `pct` ever ran for 161 (its root filesystem is untouched).
     for t in [txn.as_str(), STRANGER_TXN] {
         let r = h.call(&exec_request(161, t, &["/bin/sh", "-c", "touch /root/ran"]));
@@ -387,6 +458,48 @@ fn only_the_armed_transaction_runs_commands_in_its_pooled_container() {
     assert!(rootfs_file(&w, 161, "/root/ran").is_none());
     assert!(rootfs_file(&w, 160, "/root/ran").is_none());
 
+    // The container's own config made privileged, given a raw lxc. key, a bind mount of a node
+    // path or a device: refused with exec_guest_privileged before `pct` runs, each time.
+    let mut changes: Vec<(Value, &str)> = Vec::new();
+    let mut privileged = cfg.clone();
+    privileged["unprivileged"] = json!(0);
+    changes.push((privileged, "unprivileged: 0"));
+    let mut raw = cfg.clone();
+    raw["lxc.apparmor.profile"] = json!("unconfined");
+    changes.push((raw, "lxc.apparmor.profile: unconfined"));
+    let mut bind = cfg.clone();
+    bind["mp0"] = json!("/srv,mp=/mnt/node");
+    changes.push((bind, "mp0: /srv,mp=/mnt/node"));
+    let mut dev = cfg.clone();
+    dev["dev0"] = json!("/dev/null");
+    changes.push((dev, "dev0: /dev/null"));
+    for (config, line) in &changes {
+        set_ct_config(&w, 160, config, line, true);
+        let before = h.pct_calls_for(160);
+        let r = h.call(&exec_request(
+            160,
+            &txn,
+            &["/bin/sh", "-c", "touch /root/ran"],
+        ));
+        assert_eq!(code(&r), "exec_guest_privileged", "{line}: {r:#}");
+        let r = h.call(&json!({
+            "v": 1, "op": "push", "vmid": 160, "txn": txn,
+            "path": "/root/ran", "mode": 0o644, "data": b64(b"x"),
+        }));
+        assert_eq!(code(&r), "exec_guest_privileged", "{line}: {r:#}");
+        assert_eq!(h.pct_calls_for(160), before, "{line}: {:?}", h.pct_calls());
+        assert!(rootfs_file(&w, 160, "/root/ran").is_none());
+    }
+    // Back as it was (the fake merges a config: the added keys set to null are left out):
+    // runs again.
+    let mut back = cfg.clone();
+    for key in ["lxc.apparmor.profile", "mp0", "dev0"] {
+        back[key] = Value::Null;
+    }
+    set_ct_config(&w, 160, &back, "dev0: /dev/null", false);
+    let r = h.call(&exec_request(160, &txn, &["/bin/true"]));
+    assert_eq!(r["exec"]["exit"], json!({"exited": 0}), "{r:#}");
+
     // (2) The armed container taken out of the pool (root, outside the agent): refused with
     // exec_not_in_pool, and `pct` does not run.
     let before = h.pct_calls_for(160);
@@ -426,6 +539,41 @@ fn only_the_armed_transaction_runs_commands_in_its_pooled_container() {
     assert!(log.contains("HELPER_SECRET"), "env keys are logged: {log}");
     assert!(!log.contains(secret), "an env value was logged: {log}");
     assert!(!log.contains("stdin-bytes-91c2"), "stdin was logged: {log}");
+    // The push went through `pct exec`: nothing asked the bed's `pct` for a push.
+    assert!(
+        h.pct_calls().iter().all(|c| !c.starts_with("push ")),
+        "{:?}",
+        h.pct_calls()
+    );
+    let _ = provision.kill();
+    let _ = provision.wait();
+}
+
+#[test]
+fn a_kept_transaction_runs_nothing_in_its_container() {
+    let w = world();
+    let txn = keep(&w, 160);
+    let h = Helper::start(&w, "");
+    let r = h.call(&exec_request(
+        160,
+        &txn,
+        &["/bin/sh", "-c", "touch /root/ran"],
+    ));
+    assert_eq!(code(&r), "exec_wrong_phase", "{r:#}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("keeps its guest"),
+        "{r:#}"
+    );
+    let r = h.call(&json!({
+        "v": 1, "op": "push", "vmid": 160, "txn": txn,
+        "path": "/root/ran", "mode": 0o644, "data": b64(b"x"),
+    }));
+    assert_eq!(code(&r), "exec_wrong_phase", "{r:#}");
+    assert_eq!(h.pct_calls_for(160), 0, "{:?}", h.pct_calls());
+    assert!(rootfs_file(&w, 160, "/root/ran").is_none());
 }
 
 /// A client of uid `uid` and group `gid` (a small python3 program): sends `body` in one frame,

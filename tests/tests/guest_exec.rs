@@ -294,10 +294,11 @@ async fn pushed_files_arrive_verified_with_their_mode() {
 }
 
 #[tokio::test]
-async fn a_push_that_exits_zero_without_copying_is_detected() {
+async fn a_push_whose_write_did_nothing_is_detected() {
     let bed = GuestBed::new();
     bed.add_ct(101);
-    bed.add_fault(101, PctFault::PushNoop);
+    // `pct exec` exits 0 and runs nothing: the write "succeeds", the read-back finds nothing.
+    bed.add_fault(101, PctFault::ExecNoop);
     let err = bed
         .lxc(101)
         .push_file(
@@ -315,7 +316,7 @@ async fn a_push_that_exits_zero_without_copying_is_detected() {
 async fn a_push_that_arrives_short_is_detected() {
     let bed = GuestBed::new();
     bed.add_ct(101);
-    bed.add_fault(101, PctFault::PushTruncate);
+    bed.add_fault(101, PctFault::StdinTruncate);
     let err = bed
         .lxc(101)
         .push_file(
@@ -333,10 +334,9 @@ async fn a_push_that_arrives_short_is_detected() {
 }
 
 #[tokio::test]
-async fn a_push_whose_task_failed_behind_exit_zero_is_detected() {
+async fn a_push_into_a_missing_folder_or_onto_a_folder_fails_in_the_guests_words() {
     let bed = GuestBed::new();
     bed.add_ct(101);
-    // The parent folder does not exist: pct's worker fails, pct still exits 0.
     let err = bed
         .lxc(101)
         .push_file(
@@ -346,8 +346,53 @@ async fn a_push_whose_task_failed_behind_exit_zero_is_detected() {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, ExecError::PushUnverified { .. }), "{err}");
+    assert!(matches!(err, ExecError::PushFailed { .. }), "{err}");
     assert!(err.to_string().contains("failed to create file"), "{err}");
+    let err = bed
+        .lxc(101)
+        .push_file(&PushSource::Bytes(b"x".to_vec()), "/etc", 0o600)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("Is a directory"), "{err}");
+    assert!(bed.guest_path(101, "/etc/hostname").exists());
+    bed.assert_no_push();
+}
+
+/// A push replaces a link at its path instead of writing through it, and writes through the
+/// guest's own root: a link to an absolute path resolves inside the guest, never on the node.
+#[tokio::test]
+async fn a_push_replaces_a_link_and_never_leaves_the_guest() {
+    let bed = GuestBed::new();
+    let rootfs = bed.add_ct(101);
+    // A link in the guest pointing at an absolute path: on the node that would be the node's
+    // file; in the guest it is the guest's.
+    let outside = tempfile::tempdir().unwrap();
+    let victim = outside.path().join("victim");
+    std::fs::write(&victim, "node file\n").unwrap();
+    std::os::unix::fs::symlink(&victim, rootfs.join("root/link")).unwrap();
+    let ct = bed.lxc(101);
+    ct.push_file(
+        &PushSource::Bytes(b"guest bytes\n".to_vec()),
+        "/root/link",
+        0o644,
+    )
+    .await
+    .unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "node file\n");
+    let landed = bed.guest_path(101, "/root/link");
+    assert!(!std::fs::symlink_metadata(&landed)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(&landed).unwrap(), b"guest bytes\n");
+    // No temporary file is left beside it.
+    let left: Vec<_> = std::fs::read_dir(rootfs.join("root"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("link."))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// `exec_until` (what the exec helper runs when its caller may go away): the stop ends a
@@ -386,4 +431,66 @@ async fn a_stopped_exec_ends_at_once_and_leaves_nothing_even_when_it_escaped() {
         started.elapsed()
     );
     assert_no_leftovers(&marker);
+}
+
+/// Every process's command line, read from the node's `/proc` (what any local user can read).
+fn all_cmdlines() -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(bytes) = std::fs::read(entry.path().join("cmdline")) {
+            out.push(String::from_utf8_lossy(&bytes).replace('\0', " "));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn environment_values_never_appear_on_a_command_line() {
+    let bed = GuestBed::new();
+    bed.add_ct(101);
+    let ct = bed.lxc(101);
+    // Letters and digits only, so its form on stdin is the value itself: a search for the
+    // value finds either.
+    let secret = unique_marker("envsecret").replace(|c: char| !c.is_ascii_alphanumeric(), "");
+    let other = "line one\nline two \\ 'quoted' $HOME é";
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let stop = stop.clone();
+        let secret = secret.clone();
+        std::thread::spawn(move || {
+            let mut scans = 0u32;
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for line in all_cmdlines() {
+                    if line.contains(&secret) {
+                        seen.push(line);
+                    }
+                }
+                scans += 1;
+            }
+            (scans, seen)
+        })
+    };
+    let outcome = ct
+        .exec(
+            &sh("sleep 2; printf '%s|' \"$FELHOM_SECRET\" \"$FELHOM_OTHER\"; cat")
+                .env("FELHOM_SECRET", &secret)
+                .env("FELHOM_OTHER", other)
+                .stdin(b"the command's own stdin\n".to_vec()),
+        )
+        .await
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (scans, seen) = watcher.join().unwrap();
+    assert!(outcome.success(), "{outcome:?}");
+    assert_eq!(
+        outcome.stdout.text(),
+        format!("{secret}|{other}|the command's own stdin\n")
+    );
+    assert!(scans > 5, "the command lines were read only {scans} times");
+    assert!(seen.is_empty(), "a command line held the value: {seen:#?}");
 }

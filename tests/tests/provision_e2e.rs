@@ -410,11 +410,13 @@ fn lxc_execs_and_pushes_run_only_in_the_exec_helper() {
     // The agent's PATH holds the bed's pct too: an agent that ran pct itself would show up.
     let calls = w.bed.pct_calls();
     let execs = calls.iter().filter(|c| c.sub == "exec").count();
+    // Files (the bootstrap profile) reach the guest through `pct exec`, never `pct push`.
     let pushes = calls.iter().filter(|c| c.sub == "push").count();
     assert!(
-        execs >= 2 && pushes >= 1,
-        "the launch proof, the bootstrap and the checks exec and push: {calls:#?}"
+        execs >= 3 && pushes == 0,
+        "the launch proof, the bootstrap (its files too) and the checks exec: {calls:#?}"
     );
+    w.bed.assert_no_push();
     assert!(
         calls
             .iter()

@@ -3,16 +3,21 @@
 //!
 //! 1. The journal in `state_dir` holds transaction `txn`, of this pool, for this vmid, an LXC
 //!    container, with the marker confirmed and destroy armed (not withdrawn, not destroyed),
-//!    and either still open or settled and kept (its claim held). The agent arms a
-//!    transaction when it reads its marker back, before it starts the guest, so every step
-//!    that runs commands in the guest (launch proof, bootstrap, checks, the restore test's
-//!    checks) is armed. A gated destroy never runs commands and is not accepted. The state dir
+//!    still open and journaled in a step that runs commands in the guest: the launch proof,
+//!    the bootstrap or the checks (also a restore test's checks); else `exec_wrong_phase`. The
+//!    agent journals each of these steps before it runs its first command. A transaction that
+//!    is settled, kept ones included, runs nothing: a kept guest is the operator's, and no
+//!    step of the agent runs commands in it any more. A gated destroy never runs commands and
+//!    is not accepted. The state dir
 //!    is writable by the agent's user, so it is read as hostile: the journal folder and the
 //!    file are opened without following links, the file must be a regular file owned by root
 //!    or the agent's user, and the read is capped (the journal's own caps and checks).
 //! 2. The node's full guest list (`.vmlist`, else `pct list` + `qm list`) has the vmid as an
 //!    LXC container on this node.
 //! 3. `user.cfg` lists the vmid in the pool of the config ([`super::user_cfg`]).
+//! 4. The container's own config (`[exec] pve_nodes_dir`/`<node>/lxc/<vmid>.conf`, read as root
+//!    without following links) is that of an unprivileged container without host access
+//!    ([`super::ct_conf`]); else `exec_guest_privileged`.
 
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -21,11 +26,12 @@ use nix::errno::Errno;
 use nix::fcntl::{open, openat, OFlag};
 use nix::sys::stat::{fstat, Mode, SFlag};
 
-use super::user_cfg;
+use super::{ct_conf, user_cfg};
 use crate::config::Config;
 use crate::error::{outside_text, ErrorCode};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
 use crate::provision::journal::{file_name, read_opened, JOURNAL_DIR};
+use crate::provision::machine::Step;
 use crate::provision::{State, TxnKind};
 use crate::pve::GuestKind;
 use hub_protocol::TxnId;
@@ -58,13 +64,45 @@ impl Owners {
     }
 }
 
-/// Check all three before running a request for `vmid` on behalf of `txn`. Blocking (reads
+/// The steps in which a transaction runs commands in its guest.
+pub const GUEST_STEPS: [Step; 3] = [Step::ProveLaunch, Step::Bootstrap, Step::Checks];
+
+/// Check all four before running a request for `vmid` on behalf of `txn`. Blocking (reads
 /// files, may run `pct list` / `qm list`): call it off the async threads.
 pub fn authorize(cfg: &Config, owners: Owners, vmid: u32, txn: TxnId) -> Result<(), Refusal> {
     let state = read_claim(&cfg.state_dir, owners, vmid, txn)?;
     check_claim(&state, vmid, &cfg.pool, txn)?;
     check_on_node(cfg, vmid)?;
-    check_in_pool(cfg, vmid)
+    check_in_pool(cfg, vmid)?;
+    check_unprivileged(cfg, vmid)
+}
+
+/// Step 4: the container's config keeps it from the node.
+pub fn check_unprivileged(cfg: &Config, vmid: u32) -> Result<(), Refusal> {
+    let refuse = |why: String| {
+        Err(Refusal::new(
+            ErrorCode::ExecGuestPrivileged,
+            format!(
+                "container {vmid}: {why}; nothing was run. The exec helper runs commands only in \
+                 an unprivileged container without raw lxc. keys, host-path mount points or \
+                 devices (its root must not be the node's root)"
+            ),
+        ))
+    };
+    match ct_conf::read(&cfg.exec.pve_nodes_dir, &cfg.node, vmid) {
+        Err(e) => refuse(format!(
+            "its config cannot be read: {e}. Check [exec] pve_nodes_dir (default {})",
+            crate::config::DEFAULT_PVE_NODES_DIR
+        )),
+        Ok(text) => match ct_conf::check(&text) {
+            Ok(()) => Ok(()),
+            Err(why) => refuse(format!(
+                "{}/{}/lxc/{vmid}.conf: {why}",
+                cfg.exec.pve_nodes_dir.display(),
+                cfg.node
+            )),
+        },
+    }
 }
 
 /// The last journaled state of `txn`, read as hostile input (`vmid`: the container asked for,
@@ -217,8 +255,25 @@ pub fn check_claim(state: &State, vmid: u32, pool: &str, txn: TxnId) -> Result<(
     if state.destroyed() {
         return refuse("its guest was destroyed".to_string());
     }
-    if state.is_terminal() && !state.holds_claim() {
-        return refuse("it is settled and does not keep its guest".to_string());
+    let wrong_phase = |why: String| {
+        Err(Refusal::new(
+            ErrorCode::ExecWrongPhase,
+            format!(
+                "transaction {txn} runs no commands in container {vmid} now ({why}); nothing was \
+                 run. Only an open transaction in its launch proof, bootstrap or checks may"
+            ),
+        ))
+    };
+    if state.is_terminal() {
+        return wrong_phase(if state.holds_claim() {
+            "it is settled and keeps its guest, which is no longer the agent's to run commands in"
+                .to_string()
+        } else {
+            "it is settled".to_string()
+        });
+    }
+    if !GUEST_STEPS.contains(&state.step()) {
+        return wrong_phase(format!("its journaled step is {}", state.step()));
     }
     Ok(())
 }

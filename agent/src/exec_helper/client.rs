@@ -95,6 +95,18 @@ impl HelperExec {
             let mut stream = UnixStream::connect(&self.socket)
                 .await
                 .map_err(|e| self.connect_error(&e))?;
+            // Only root's helper gets the request (its env values, stdin, files): a socket
+            // some other user bound at the path is refused before a byte is sent.
+            let peer = stream.peer_cred().map_err(|e| {
+                self.unavailable(format!("cannot read the peer's credentials: {e}"))
+            })?;
+            if peer.uid() != 0 {
+                return Err(self.unavailable(format!(
+                    "the process on the socket runs as uid {}, not root; nothing was sent. Check \
+                     who owns the socket and its folder",
+                    peer.uid()
+                )));
+            }
             write_frame(&mut stream, &body, MAX_REQUEST_FRAME)
                 .await
                 .map_err(|e| self.unavailable(format!("sending the request failed: {e}")))?;

@@ -1,21 +1,24 @@
 //! The root exec helper: a small process that runs as root and does only what needs root on a
-//! Proxmox VE node, exec and push into LXC containers (`pct exec` / `pct push`), for an agent
-//! that runs as an unprivileged system user.
+//! Proxmox VE node, commands and files into LXC containers (`pct exec`, a file's bytes on its
+//! stdin; never `pct push`), for an agent that runs as an unprivileged system user.
 //!
 //! It listens on a Unix stream socket (socket-activated by systemd as
 //! `felhom-agent-exec.socket`, default `/run/felhom-agent/exec.sock`). Each connection carries
 //! one request and one response ([`proto`]). Its callers are not trusted: the peer's uid must be
 //! root or the agent's user (`[agent] user`), and before every request the helper reads, fresh
 //! and bounded, the journal in `state_dir` (the transaction named must hold an armed claim on
-//! the vmid), the node's guest list (the vmid must be an LXC container on this node) and
-//! `user.cfg` (the vmid must be in the agent's pool). A request never names a host path: pushed
-//! files travel inline. Environment values and stdin are never logged.
+//! the vmid, in a step that runs commands in the guest), the node's guest list (the vmid must be
+//! an LXC container on this node), `user.cfg` (the vmid must be in the agent's pool) and the
+//! container's own config (unprivileged, no raw `lxc.` keys, no host-path mount point, no
+//! device: [`ct_conf`]). A request never names a host path: pushed files travel inline, and
+//! are written by a shell inside the container. Environment values and stdin are never logged.
 //!
 //! [`client`] is the agent's side: [`client::HelperExec`] and the choice between the helper and
 //! `pct` itself ([`client::ExecMode`]).
 
 pub mod authorize;
 pub mod client;
+pub mod ct_conf;
 pub mod proto;
 pub mod server;
 pub mod user_cfg;

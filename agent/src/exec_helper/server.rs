@@ -9,8 +9,9 @@
 //! (resolved at start), else `exec_caller_refused` before anything is read. Then one request
 //! frame is read (within [`READ_TIMEOUT`] and [`MAX_REQUEST_FRAME`]), decoded, authorized
 //! ([`super::authorize`], fresh files each time), run with [`LxcExec`] (caller timeouts and
-//! output caps clamped to [`MAX_TIMEOUT`] and [`MAX_OUTPUT_CAP`], pushed bytes staged in the
-//! helper's own 0700 scratch folder) and answered in one frame. At most
+//! output caps clamped to [`MAX_TIMEOUT`] and [`MAX_OUTPUT_CAP`]; a push is a `pct exec` whose
+//! stdin is the file's bytes, written by a shell inside the container: nothing is staged on the
+//! node and `pct push` is never run) and answered in one frame. At most
 //! [`MAX_CONNECTIONS`] connections are served at once; more wait in the socket's backlog.
 //!
 //! A caller that closes the connection before the answer (the agent killed, its transaction
@@ -147,17 +148,6 @@ fn bind_socket(path: &Path, gid: Option<u32>) -> Result<std::os::unix::net::Unix
     Ok(listener)
 }
 
-/// The helper's private scratch folder (mode 0700, a fresh name) under `$RUNTIME_DIRECTORY`
-/// or the temporary folder.
-fn scratch_dir() -> Result<PathBuf, String> {
-    let base = std::env::var_os("RUNTIME_DIRECTORY")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .unwrap_or_else(std::env::temp_dir);
-    nix::unistd::mkdtemp(&base.join("felhom-exec-helper.XXXXXX"))
-        .map_err(|e| format!("cannot create a scratch folder in {}: {e}", base.display()))
-}
-
 /// Run the helper: `felhom-agent exec-helper [--config PATH] [--socket PATH]`.
 pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
     // First, while this is the only thread: the activation variables are read and removed.
@@ -207,17 +197,10 @@ pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
             )
         }
     };
-    let scratch = match scratch_dir() {
-        Ok(d) => d,
-        Err(msg) => return fail(ErrorCode::ConfigInvalid, msg),
-    };
     let ctx = Arc::new(Ctx {
         cfg,
         owners: Owners { agent_uid },
-        pct: PctConfig {
-            scratch_dir: scratch.clone(),
-            ..PctConfig::default()
-        },
+        pct: PctConfig::default(),
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -234,9 +217,6 @@ pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
     };
     let status = runtime.block_on(serve(source, ctx));
     runtime.shutdown_timeout(Duration::from_secs(5));
-    if let Err(e) = std::fs::remove_dir_all(&scratch) {
-        tracing::warn!(path = %scratch.display(), "cannot remove the scratch folder: {e}");
-    }
     status
 }
 

@@ -51,8 +51,9 @@ impl fmt::Display for GuestRef {
 /// A command to run inside a guest.
 ///
 /// The command runs with only `PATH` ([`GUEST_PATH`]), `LANG=C.UTF-8`, `HOME=/root`, the
-/// variables given here and the exec tag. Environment values are visible in the guest's and the
-/// node's process lists while the command starts: hand secrets over in a pushed file or on stdin.
+/// variables given here and the exec tag. In a container the values travel on stdin and never
+/// appear on a command line ([`guest_command`]); a VM's guest agent gets them on the command
+/// line it starts inside the VM ([`guest_argv`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct ExecRequest {
     /// The program and its arguments; the program is looked up on the guest's `PATH`.
@@ -600,6 +601,154 @@ pub fn guest_argv(request: &ExecRequest, exec_id: &str) -> Result<Vec<String>, S
     Ok(argv)
 }
 
+/// A command as it is handed to `pct exec`: the argv, which names the variables of the
+/// request but never their values, and the bytes for its stdin: first the values, one line each
+/// ([`encode_env_value`]), then the request's own stdin.
+#[derive(Clone, PartialEq, Eq)]
+pub struct GuestCommand {
+    /// What follows `pct exec <vmid> --keep-env 0 --`.
+    pub argv: Vec<String>,
+    /// Bytes for stdin; `None`: stdin is `/dev/null` (no variable values and no stdin).
+    pub stdin: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for GuestCommand {
+    // The stdin holds the variable values: only its size is shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuestCommand")
+            .field("argv", &self.argv)
+            .field("stdin_bytes", &self.stdin.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+/// Variables the in-guest shell may add to its environment itself; removed before the command
+/// starts unless the request sets them.
+const SHELL_ADDED_VARS: [&str; 4] = ["PWD", "OLDPWD", "SHLVL", "_"];
+
+/// `value` as one line the in-guest shell turns back into the bytes with `printf '%b'`: bytes
+/// of `[A-Za-z0-9._,:/@+=%-]` as they are, every other byte as `\0` and three octal digits
+/// (POSIX `printf %b`). The line never holds a newline.
+pub fn encode_env_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 8);
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"._,:/@+=%-".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("\\0{b:03o}"));
+        }
+    }
+    out
+}
+
+/// The in-guest script of [`guest_command`]: `$@` is the names of the variables, `--`, then the
+/// command. For each name it reads one line of stdin, decodes it with the shell's own `printf`
+/// (a builtin: no process, so no command line holds the value) and exports it; then it removes
+/// what the shell added itself and runs the command, whose stdin is what is left.
+fn env_prelude_script(unset: &[&str]) -> String {
+    let unset: String = unset.iter().map(|k| format!(" -u {k}")).collect();
+    format!(
+        r#"while [ "$1" != -- ]; do
+  IFS= read -r felhom_v || {{ echo "felhom-exec: the values of the environment did not arrive" >&2; exit 125; }}
+  felhom_v=$(printf '%bx' "$felhom_v")
+  export "$1=${{felhom_v%x}}"
+  shift
+done
+shift
+exec /usr/bin/env{unset} "$@""#
+    )
+}
+
+/// The command that runs `request` inside a container with exactly the controlled environment
+/// and no variable value on any command line:
+/// `/usr/bin/env -i PATH=… LANG=C.UTF-8 HOME=/root FELHOM_EXEC_ID=<id> /bin/sh -c <script>
+/// felhom-exec [K…] -- argv…`, the values first on stdin (see [`GuestCommand`]). The defaults
+/// (`PATH`, `LANG`, `HOME`) are on the command line; a request that sets one of them passes its
+/// value on stdin like any other.
+pub fn guest_command(request: &ExecRequest, exec_id: &str) -> Result<GuestCommand, String> {
+    // The same checks as the direct form (program name, NUL bytes, names, the reserved tag).
+    guest_argv(request, exec_id)?;
+    if request.env.iter().any(|(k, _)| k == "felhom_v") {
+        return Err("the environment variable name felhom_v is reserved".to_owned());
+    }
+    let mut keys: Vec<&str> = Vec::new();
+    let mut values: Vec<&str> = Vec::new();
+    for (key, value) in &request.env {
+        match keys.iter().position(|k| *k == key.as_str()) {
+            Some(i) => values[i] = value.as_str(),
+            None => {
+                keys.push(key.as_str());
+                values.push(value.as_str());
+            }
+        }
+    }
+    let unset: Vec<&str> = SHELL_ADDED_VARS
+        .into_iter()
+        .filter(|v| !keys.contains(v))
+        .collect();
+    let mut argv: Vec<String> = vec![
+        "/usr/bin/env".to_owned(),
+        "-i".to_owned(),
+        format!("PATH={GUEST_PATH}"),
+        "LANG=C.UTF-8".to_owned(),
+        "HOME=/root".to_owned(),
+        format!("{EXEC_ID_VAR}={exec_id}"),
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        env_prelude_script(&unset),
+        "felhom-exec".to_owned(),
+    ];
+    argv.extend(keys.iter().map(|k| (*k).to_owned()));
+    argv.push("--".to_owned());
+    argv.extend(request.argv.iter().cloned());
+    let stdin = if values.is_empty() {
+        request.stdin.clone()
+    } else {
+        let mut bytes = Vec::new();
+        for v in &values {
+            bytes.extend_from_slice(encode_env_value(v).as_bytes());
+            bytes.push(b'\n');
+        }
+        if let Some(rest) = &request.stdin {
+            bytes.extend_from_slice(rest);
+        }
+        Some(bytes)
+    };
+    Ok(GuestCommand { argv, stdin })
+}
+
+/// The in-guest script of a push: `$1` the path, `$2` the mode (octal). It writes stdin to a
+/// new private file beside the path (`mktemp`, mode 0600), sets the mode and renames it over
+/// the path, so the path is never half-written and a link at the path is replaced, not
+/// followed. It runs as the guest's root inside the guest, so the path resolves in the guest.
+pub(crate) const PUSH_SCRIPT: &str = r#"umask 077
+if [ -d "$1" ]; then echo "failed to create file: $1: Is a directory" >&2; exit 1; fi
+t=$(mktemp "$1.XXXXXX") || { echo "failed to create file: $1" >&2; exit 1; }
+if cat > "$t" && chmod "$2" "$t" && mv -f "$t" "$1"; then exit 0; fi
+rm -f "$t"
+echo "failed to write file: $1" >&2
+exit 1"#;
+
+/// The request that writes `bytes` to `path` in the guest with permission bits `mode`.
+pub(crate) fn push_request(
+    path: &str,
+    mode: u32,
+    bytes: Vec<u8>,
+    timeout: Duration,
+) -> ExecRequest {
+    ExecRequest::new([
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        PUSH_SCRIPT.to_owned(),
+        "felhom-push".to_owned(),
+        path.to_owned(),
+        format!("{:04o}", mode & 0o7777),
+    ])
+    .stdin(bytes)
+    .timeout(timeout)
+    .output_cap(64 * 1024)
+}
+
 /// The in-guest script that signals every process tagged with one exec id: `TERM`, a grace
 /// period, then `KILL`. Arguments: `$1` the exec id, `$2` the grace in whole seconds. It prints
 /// the pids it signalled.
@@ -657,24 +806,6 @@ pub(crate) fn check_guest_path(guest: GuestRef, path: &str) -> Result<(), ExecEr
 /// SHA-256 of bytes, hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
-}
-
-/// The length and SHA-256 (hex) of a local file, read in chunks.
-pub(crate) fn hash_local_file(path: &std::path::Path) -> std::io::Result<(u64, String)> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut len = 0u64;
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        len += n as u64;
-    }
-    Ok((len, hex::encode(hasher.finalize())))
 }
 
 /// Read back `path` in the guest and compare size, SHA-256 and mode with what was sent.
@@ -782,6 +913,40 @@ mod tests {
                 "SELECT 1",
             ]
         );
+    }
+
+    #[test]
+    fn guest_command_names_variables_and_sends_their_values_on_stdin() {
+        let req = ExecRequest::new(["app", "--serve"])
+            .env("TOKEN", "s3cret value\nline2 \\ é")
+            .env("LANG", "de_DE.UTF-8")
+            .env("TOKEN", "s3cret-final")
+            .stdin(b"own stdin".to_vec());
+        let cmd = guest_command(&req, "p-7").unwrap();
+        let argv = cmd.argv.join(" ");
+        assert!(!argv.contains("s3cret"), "{argv}");
+        assert!(!argv.contains("de_DE"), "{argv}");
+        assert_eq!(cmd.argv[..2], ["/usr/bin/env", "-i"]);
+        assert!(cmd.argv.contains(&"FELHOM_EXEC_ID=p-7".to_string()));
+        let tail: Vec<&str> = cmd.argv[9..].iter().map(String::as_str).collect();
+        assert_eq!(
+            tail,
+            ["felhom-exec", "TOKEN", "LANG", "--", "app", "--serve"]
+        );
+        assert_eq!(
+            cmd.stdin.as_deref(),
+            Some(&b"s3cret-final\nde_DE.UTF-8\nown stdin"[..])
+        );
+        let enc = encode_env_value("a b\n\\é'$");
+        assert_eq!(enc, "a\\0040b\\0012\\0134\\0303\\0251\\0047\\0044");
+        // No variables: the request's stdin as it is (None stays /dev/null).
+        let plain = guest_command(&ExecRequest::new(["true"]), "x").unwrap();
+        assert_eq!(plain.stdin, None);
+        assert!(plain
+            .argv
+            .ends_with(&["felhom-exec".into(), "--".into(), "true".into()]));
+        assert!(guest_command(&ExecRequest::new(["true"]).env("felhom_v", "x"), "x").is_err());
+        assert!(!format!("{cmd:?}").contains("s3cret"));
     }
 
     #[test]

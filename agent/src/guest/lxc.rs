@@ -1,17 +1,20 @@
-//! LXC containers: commands through `pct exec <vmid> --keep-env 0 -- …` and files through
-//! `pct push`, run locally as root (PVE has no API for either).
+//! LXC containers: commands through `pct exec <vmid> --keep-env 0 -- …`, run locally as root
+//! (PVE has no API for it). Files travel through `pct exec` too, never `pct push`: their bytes
+//! go on stdin to a shell inside the container that writes them as the guest's root, in the
+//! guest's namespaces ([`super::exec::PUSH_SCRIPT`]), so no host path is opened for the guest
+//! and the guest's links resolve inside the guest.
 //!
 //! `pct` runs with a cleared environment (only `PATH`), in its own process group, with stdin,
 //! stdout and stderr as pipes (a TTY would make lxc-attach allocate a pty). The command inside
-//! gets only the controlled environment of [`ExecRequest`]. Output is capped while it is read.
-//! On timeout the whole process group gets SIGTERM, then SIGKILL after a grace period, and a
-//! sweep inside the container kills whatever still carries the exec's tag (killing `pct` is not
-//! guaranteed to stop the attached process). `pct push` can exit 0 when the copy failed, so
-//! every push is read back and verified.
+//! gets only the controlled environment of [`ExecRequest`]; the values of its variables travel
+//! on stdin, never on a command line ([`super::exec::guest_command`]). Output is capped while it
+//! is read. On timeout the whole process group gets SIGTERM, then SIGKILL after a grace period,
+//! and a sweep inside the container kills whatever still carries the exec's tag (killing `pct`
+//! is not guaranteed to stop the attached process). Every pushed file is read back and
+//! verified.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,10 +27,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::exec::{
-    check_guest_path, guest_argv, hash_local_file, sha256_hex, sweep_request, verify_pushed,
+    check_guest_path, guest_command, push_request, sha256_hex, sweep_request, verify_pushed,
     Captured, ExecError, ExecIds, ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef,
     PushReceipt, PushSource,
 };
+
+/// The largest file a push reads from the node (a file named by [`PushSource::Path`]).
+pub const MAX_PUSH_BYTES: u64 = 64 * 1024 * 1024;
 use crate::pve::GuestKind;
 
 /// `PATH` given to the `pct` process (what PVE's CLI handler sets itself).
@@ -44,9 +50,10 @@ pub struct PctConfig {
     pub drain_grace: Duration,
     /// Time allowed for the in-guest sweep after a timeout.
     pub sweep_timeout: Duration,
-    /// Time allowed for one `pct push`.
+    /// Time allowed for writing one pushed file inside the container.
     pub push_timeout: Duration,
-    /// Where pushed bytes are staged on the node (mode 0600 files, removed after the push).
+    /// Formerly where pushed bytes were staged for `pct push`; pushes now go through
+    /// `pct exec` and stage nothing on the node.
     pub scratch_dir: PathBuf,
 }
 
@@ -141,7 +148,7 @@ impl LxcExec {
     ) -> Result<(ExecOutcome, String), ExecError> {
         let guest = self.guest_ref();
         let exec_id = self.ids.next_id();
-        let inner = guest_argv(request, &exec_id)
+        let inner = guest_command(request, &exec_id)
             .map_err(|reason| ExecError::InvalidRequest { guest, reason })?;
         let mut args: Vec<OsString> = vec![
             "exec".into(),
@@ -150,11 +157,11 @@ impl LxcExec {
             "0".into(),
             "--".into(),
         ];
-        args.extend(inner.into_iter().map(OsString::from));
+        args.extend(inner.argv.into_iter().map(OsString::from));
         let outcome = self
             .run_pct(
                 args,
-                request.stdin.as_deref(),
+                inner.stdin.as_deref(),
                 request.timeout,
                 request.output_cap,
                 stop,
@@ -304,53 +311,38 @@ impl LxcExec {
         })
     }
 
-    async fn push_staged(
+    /// Write `bytes` to `guest_path` through `pct exec` (the bytes on stdin), then read the
+    /// file back and verify it.
+    async fn push_bytes(
         &self,
-        local: &Path,
+        bytes: Vec<u8>,
         guest_path: &str,
         mode: u32,
-        size: u64,
-        sha256: &str,
     ) -> Result<PushReceipt, ExecError> {
         let guest = self.guest_ref();
-        let args: Vec<OsString> = vec![
-            "push".into(),
-            self.vmid.to_string().into(),
-            local.as_os_str().to_owned(),
-            guest_path.into(),
-            "--perms".into(),
-            format!("{:o}", mode & 0o7777).into(),
-        ];
-        let outcome = self
-            .run_pct(args, None, self.config.push_timeout, 64 * 1024, None)
-            .await?;
-        let stderr = outcome.stderr.text().trim().to_owned();
+        let size = bytes.len() as u64;
+        let sha = sha256_hex(&bytes);
+        let request = push_request(guest_path, mode, bytes, self.config.push_timeout);
+        let outcome = self.exec(&request).await?;
         match outcome.exit {
             GuestExit::Exited(0) => {}
             GuestExit::Exited(_) => {
-                if stderr.starts_with("can only push files to a running CT") {
-                    return Err(ExecError::NotRunning { guest });
-                }
-                if let Some(err) = classify_missing_config(guest, &stderr) {
-                    return Err(err);
-                }
                 return Err(ExecError::PushFailed {
                     guest,
                     path: guest_path.to_owned(),
-                    detail: format!("pct push ended with {}", outcome.summary()),
+                    detail: format!("writing it in the guest ended with {}", outcome.summary()),
                 });
             }
             GuestExit::Signaled(_) | GuestExit::TimedOut => {
                 return Err(ExecError::PushFailed {
                     guest,
                     path: guest_path.to_owned(),
-                    detail: format!("pct push {}", outcome.summary()),
+                    detail: format!("writing it in the guest {}", outcome.summary()),
                 });
             }
         }
-        // pct may exit 0 although its worker failed: what arrived decides.
-        let context = super::exec::last_line(&stderr).unwrap_or_default();
-        verify_pushed(self, guest_path, size, sha256, mode, &context).await
+        let context = super::exec::last_line(&outcome.stderr.text()).unwrap_or_default();
+        verify_pushed(self, guest_path, size, &sha, mode, &context).await
     }
 }
 
@@ -375,33 +367,33 @@ impl GuestExec for LxcExec {
     ) -> Result<PushReceipt, ExecError> {
         let guest = self.guest_ref();
         check_guest_path(guest, guest_path)?;
-        match source {
+        let bytes = match source {
+            PushSource::Bytes(bytes) => bytes.clone(),
             PushSource::Path(path) => {
-                let p = path.clone();
-                let hashed = tokio::task::spawn_blocking(move || hash_local_file(&p))
-                    .await
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-                    .and_then(|r| r);
-                let (size, sha) = hashed.map_err(|source| ExecError::LocalFile {
+                let local = |source: std::io::Error| ExecError::LocalFile {
                     guest,
                     path: path.clone(),
                     source,
-                })?;
-                self.push_staged(path, guest_path, mode, size, &sha).await
-            }
-            PushSource::Bytes(bytes) => {
-                let staged = StagedFile::write(&self.config.scratch_dir, bytes).map_err(
-                    |(path, source)| ExecError::LocalFile {
-                        guest,
-                        path,
-                        source,
-                    },
-                )?;
-                let sha = sha256_hex(bytes);
-                self.push_staged(staged.path(), guest_path, mode, bytes.len() as u64, &sha)
+                };
+                let file = tokio::fs::File::open(path).await.map_err(local)?;
+                let meta = file.metadata().await.map_err(local)?;
+                if !meta.is_file() {
+                    return Err(local(std::io::Error::other("not a regular file")));
+                }
+                let mut bytes = Vec::new();
+                file.take(MAX_PUSH_BYTES + 1)
+                    .read_to_end(&mut bytes)
                     .await
+                    .map_err(local)?;
+                if bytes.len() as u64 > MAX_PUSH_BYTES {
+                    return Err(local(std::io::Error::other(format!(
+                        "larger than the {MAX_PUSH_BYTES} bytes a push takes"
+                    ))));
+                }
+                bytes
             }
-        }
+        };
+        self.push_bytes(bytes, guest_path, mode).await
     }
 }
 
@@ -509,39 +501,6 @@ impl Drop for GroupGuard {
     }
 }
 
-/// Bytes staged in a private file on the node for `pct push`; removed when dropped.
-struct StagedFile {
-    path: PathBuf,
-}
-
-impl StagedFile {
-    fn write(dir: &Path, bytes: &[u8]) -> Result<Self, (PathBuf, std::io::Error)> {
-        use std::io::Write;
-        let path = dir.join(format!("felhom-push-{}", ulid::Ulid::new()));
-        let staged = Self { path: path.clone() };
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| (path.clone(), e))?;
-        file.write_all(bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| (path.clone(), e))?;
-        Ok(staged)
-    }
-
-    fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for StagedFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -593,20 +552,6 @@ mod tests {
         assert!(
             classify_pct_failure(CT, &outcome(0, "", "container '120' not running!")).is_none()
         );
-    }
-
-    #[test]
-    fn staged_files_are_private_and_removed() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = {
-            let staged = StagedFile::write(dir.path(), b"payload").unwrap();
-            let meta = std::fs::metadata(staged.path()).unwrap();
-            assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-            assert_eq!(std::fs::read(staged.path()).unwrap(), b"payload");
-            staged.path().to_owned()
-        };
-        assert!(!path.exists());
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! The safe write of one file into node_exporter's textfile collector folder.
+//! The safe write of one file into the metrics folder (`[metrics] dir`).
 //!
-//! On Debian that folder (`/var/lib/prometheus/node-exporter`) belongs to the `prometheus`
-//! user, who may put anything at any name in it at any time, including a symlink to a file
-//! only root may write. The agent runs as root, so it never trusts a name in the folder:
+//! The package's folder is the agent's own (`/var/lib/felhom-agent-metrics`); node_exporter
+//! reads the files through root-owned links in its textfile folder. An operator may point
+//! `[metrics] dir` elsewhere, where others may put anything at any name at any time, including
+//! a symlink to a file only root may write; a command-line run may be root. So no name in the
+//! folder is trusted:
 //!
 //! 1. the folder is opened once with `O_DIRECTORY|O_NOFOLLOW` (a symlink in its place is
 //!    refused) and every later step goes through that descriptor (`openat`, `renameat`);
@@ -20,8 +22,8 @@
 //!    after a success, temporary names of the same file older than [`STALE_TMP`] (left by a
 //!    process killed mid-write) are removed the same way.
 //!
-//! The folder is never created: node_exporter's package creates it, and a missing folder means
-//! node_exporter is not installed (the write fails with a message saying so).
+//! The folder is never created: the package's tmpfiles snippet creates it (the write fails
+//! with a message saying so when it is missing).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -41,8 +43,8 @@ pub enum TextfileError {
     /// The folder cannot be opened (missing, not a folder, a symlink, no permission).
     #[error(
         "cannot open the metrics folder {dir}: {source}; it must be a real folder (not a \
-         symlink), created by prometheus-node-exporter; set [metrics] dir in the config to \
-         node_exporter's --collector.textfile.directory"
+         symlink), made by the package (/var/lib/felhom-agent-metrics, owned by felhom-agent); \
+         check [metrics] dir in the config"
     )]
     OpenDir {
         /// The folder.

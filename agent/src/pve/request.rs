@@ -157,7 +157,10 @@ pub fn token_header(token_id: &str, secret: &str) -> String {
     format!("PVEAPIToken={token_id}={secret}")
 }
 
-/// Parameters of an LXC restore (`POST /nodes/{node}/lxc` with `restore=1`).
+/// Parameters of an LXC restore (`POST /nodes/{node}/lxc` with `restore=1`). Every restore
+/// asks for `unprivileged=1`, whatever the backup says: the agent's containers are
+/// unprivileged (the exec helper runs commands in no other), and PVE needs no extra privilege
+/// for it (a privileged restore would need `Sys.Modify` on `/`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LxcRestore {
     /// Target vmid.
@@ -229,12 +232,15 @@ pub mod build {
             .param("ostemplate", &r.archive)
             .flag("restore", true)
             .param("storage", &r.storage)
-            .param("pool", &r.pool);
+            .param("pool", &r.pool)
+            .flag("unprivileged", true);
         if r.unique {
             req = req.flag("unique", true);
         }
         for (k, v) in &r.extra {
-            req = req.param(k, v);
+            if k != "unprivileged" {
+                req = req.param(k, v);
+            }
         }
         req
     }
@@ -457,7 +463,7 @@ mod tests {
         );
         assert_eq!(
             r.body().as_deref(),
-            Some("vmid=201&ostemplate=local%3Abackup%2Fvzdump-lxc-200-2026_01_01-00_00_00.tar.zst&restore=1&storage=local-lvm&pool=felhom&unique=1")
+            Some("vmid=201&ostemplate=local%3Abackup%2Fvzdump-lxc-200-2026_01_01-00_00_00.tar.zst&restore=1&storage=local-lvm&pool=felhom&unprivileged=1&unique=1")
         );
         let q = qemu_restore(
             "pve1",

@@ -48,7 +48,7 @@ fn clip_reason(text: &str, max: usize) -> String {
     let clean: String = text
         .trim()
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| if crate::error::must_escape(c) { ' ' } else { c })
         .collect();
     if clean.len() <= max {
         return clean;

@@ -2404,13 +2404,7 @@ fn the_exec_helper_accepts_every_step_that_runs_commands_in_the_guest_and_nothin
     let id = hub_protocol::TxnId::from_ulid(txn());
     // The launch proof, bootstrap and checks exec into the guest; the executor journals the
     // state of each step before it runs the step.
-    for step in [
-        Step::Start,
-        Step::ProveLaunch,
-        Step::Bootstrap,
-        Step::Checks,
-        Step::Report,
-    ] {
+    for step in [Step::ProveLaunch, Step::Bootstrap, Step::Checks] {
         for keep in [false, true] {
             let s = at_with(step, GuestKind::Lxc, keep);
             assert!(
@@ -2424,6 +2418,19 @@ fn the_exec_helper_accepts_every_step_that_runs_commands_in_the_guest_and_nothin
         }
         let vm = at_with(step, GuestKind::Qemu, false);
         assert!(check_claim(&vm, VMID, "felhom", id).is_err(), "{step}");
+    }
+    // Armed, but in a step that runs nothing in the guest: refused as the wrong phase.
+    for step in [Step::Start, Step::Report] {
+        for keep in [false, true] {
+            let s = at_with(step, GuestKind::Lxc, keep);
+            let refused = check_claim(&s, VMID, "felhom", id).expect_err("wrong phase");
+            assert_eq!(refused.code, ErrorCode::ExecWrongPhase, "{step}");
+            assert!(
+                refused.message.contains(step.as_str()),
+                "{}",
+                refused.message
+            );
+        }
     }
     // Before the marker is read back, nothing is armed.
     for step in [
@@ -2442,8 +2449,11 @@ fn the_exec_helper_accepts_every_step_that_runs_commands_in_the_guest_and_nothin
             refused.message
         );
     }
-    // Settled and kept: its claim holds. Settled and destroyed (the test guest's end): none.
-    assert!(check_claim(&settled_kept(), VMID, "felhom", id).is_ok());
+    // Settled and kept: its claim holds, but it runs nothing any more. Settled and destroyed
+    // (the test guest's end): none.
+    let kept = check_claim(&settled_kept(), VMID, "felhom", id).expect_err("kept");
+    assert_eq!(kept.code, ErrorCode::ExecWrongPhase);
+    assert!(kept.message.contains("keeps its guest"), "{}", kept.message);
     let mut s = at_with(Step::Recheck, GuestKind::Lxc, false);
     for _ in 0..10 {
         if s.is_terminal() {

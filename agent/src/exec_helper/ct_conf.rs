@@ -1,0 +1,243 @@
+//! A container's own config in pmxcfs (`/etc/pve/nodes/<node>/lxc/<vmid>.conf`), read by the
+//! exec helper before every request: it runs commands only in a container that cannot reach
+//! the node as root.
+//!
+//! The file is PVE's `key: value` format (pve-container `src/PVE/LXC/Config.pm`,
+//! `parse_pct_config`): the current config first, then one `[section]` per snapshot and
+//! `[pve:pending]` for pending changes. Only the current config counts: reading stops at the
+//! first `[` line. Refused ([`check`]):
+//!
+//! - no `unprivileged: 1`: a privileged container's root is the node's root;
+//! - any `lxc.` key: raw LXC settings (capabilities, cgroup devices, mounts, AppArmor) can
+//!   undo the isolation;
+//! - a mount point or root filesystem whose volume is a path (`mpN: /srv/x,mp=/x`): a bind or
+//!   device mount of the node's filesystem;
+//! - any `devN` key: a device of the node passed through.
+//!
+//! The file is opened as root without following links: the node folder, `lxc` and the file
+//! each with `O_NOFOLLOW`, the file must be a regular file, and at most
+//! [`MAX_CT_CONF_BYTES`] are read.
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{open, openat, OFlag};
+use nix::sys::stat::{fstat, Mode, SFlag};
+
+use crate::error::outside_text;
+
+/// The most bytes of a container config read (pmxcfs caps a file far below this).
+pub const MAX_CT_CONF_BYTES: u64 = 1024 * 1024;
+
+/// Read `<nodes_dir>/<node>/lxc/<vmid>.conf` without following links, at most
+/// [`MAX_CT_CONF_BYTES`]. `Err`: why not, for a message.
+pub fn read(nodes_dir: &Path, node: &str, vmid: u32) -> Result<String, String> {
+    let path = nodes_dir
+        .join(node)
+        .join("lxc")
+        .join(format!("{vmid}.conf"));
+    let show = path.display().to_string();
+    if node.is_empty() || node.contains('/') || node == "." || node == ".." {
+        return Err(format!("the node name {node:?} is not a folder name"));
+    }
+    let fail = |what: &str, e: Errno| -> String {
+        match e {
+            Errno::ELOOP | Errno::ENOTDIR => format!(
+                "{show}: {what} is a symbolic link or not a folder; the helper follows no link there"
+            ),
+            Errno::ENOENT => format!("{show} does not exist ({what} is missing)"),
+            e => format!("{show}: {what} cannot be opened ({})", e.desc()),
+        }
+    };
+    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let base = open(
+        nodes_dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| fail("the nodes folder", e))?;
+    let node_dir = openat(base.as_fd(), node, dir_flags, Mode::empty())
+        .map_err(|e| fail("the node's folder", e))?;
+    let lxc_dir = openat(node_dir.as_fd(), "lxc", dir_flags, Mode::empty())
+        .map_err(|e| fail("the lxc folder", e))?;
+    let fd = openat(
+        lxc_dir.as_fd(),
+        format!("{vmid}.conf").as_str(),
+        OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_CLOEXEC
+            | OFlag::O_NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| fail("the file", e))?;
+    let meta = fstat(fd.as_fd()).map_err(|e| fail("the file", e))?;
+    if SFlag::from_bits_truncate(meta.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return Err(format!("{show} is not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd)
+        .take(MAX_CT_CONF_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{show} cannot be read ({e})"))?;
+    if bytes.len() as u64 > MAX_CT_CONF_BYTES {
+        return Err(format!(
+            "{show} is larger than {MAX_CT_CONF_BYTES} bytes; it is no container config"
+        ));
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Whether `key` is `<prefix>` followed by digits only.
+fn numbered(key: &str, prefix: &str) -> bool {
+    key.strip_prefix(prefix)
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The volume of a mount point value: the `volume=` part, or the first part without `=`.
+fn volume_of(value: &str) -> &str {
+    let parts = value.split(',').map(str::trim);
+    for part in parts.clone() {
+        if let Some(v) = part.strip_prefix("volume=") {
+            return v;
+        }
+    }
+    parts.into_iter().find(|p| !p.contains('=')).unwrap_or("")
+}
+
+/// Whether the current config (up to the first `[section]`) is that of an unprivileged
+/// container without host access. `Err`: every reason found, joined.
+pub fn check(text: &str) -> Result<(), String> {
+    let mut unprivileged = false;
+    let mut reasons: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            break;
+        }
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        if key == "unprivileged" {
+            unprivileged = value == "1";
+        } else if key.starts_with("lxc.") {
+            reasons.push(format!("it sets the raw LXC key {}", outside_text(key)));
+        } else if numbered(key, "dev") {
+            reasons.push(format!("it passes a device of the node through ({key})"));
+        } else if numbered(key, "mp") || key == "rootfs" {
+            let volume = volume_of(value);
+            if volume.starts_with('/') {
+                reasons.push(format!(
+                    "{key} mounts the node's path {} (a bind or device mount)",
+                    outside_text(volume)
+                ));
+            }
+        }
+    }
+    if !unprivileged {
+        reasons.insert(
+            0,
+            "it is not unprivileged (no `unprivileged: 1`)".to_string(),
+        );
+    }
+    if reasons.is_empty() {
+        Ok(())
+    } else {
+        Err(reasons.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLAIN: &str = "arch: amd64\nhostname: ct\nmemory: 512\n\
+        net0: name=eth0,bridge=vmbr0,ip=dhcp\nostype: debian\n\
+        rootfs: local-lvm:vm-101-disk-0,size=8G\nmp0: local-lvm:vm-101-disk-1,mp=/data,size=2G\n\
+        unprivileged: 1\n";
+
+    #[test]
+    fn an_unprivileged_container_on_volumes_passes() {
+        assert_eq!(check(PLAIN), Ok(()));
+        // Comments and a `volume=` spelling of a storage volume.
+        let t = format!("#note: lxc.x\n{PLAIN}mp1: volume=local:101/vm-101-disk-2.raw,mp=/x\n");
+        assert_eq!(check(&t), Ok(()));
+    }
+
+    #[test]
+    fn what_reaches_the_node_is_refused() {
+        let cases = [
+            ("arch: amd64\nhostname: ct\n", "not unprivileged"),
+            ("unprivileged: 0\n", "not unprivileged"),
+            (&format!("{PLAIN}lxc.cap.drop:\n"), "lxc.cap.drop"),
+            (
+                &format!("{PLAIN}lxc.mount.entry: /srv x none bind 0 0\n"),
+                "raw LXC key",
+            ),
+            (&format!("{PLAIN}mp1: /srv/share,mp=/share\n"), "/srv/share"),
+            (
+                &format!("{PLAIN}mp2: volume=/dev/sdb1,mp=/disk\n"),
+                "/dev/sdb1",
+            ),
+            (&format!("{PLAIN}dev0: /dev/ttyUSB0\n"), "dev0"),
+            ("rootfs: /srv/ct,size=0\nunprivileged: 1\n", "rootfs"),
+        ];
+        for (text, word) in cases {
+            let why = check(text).expect_err(text);
+            assert!(why.contains(word), "{why} / {text}");
+        }
+    }
+
+    #[test]
+    fn only_the_current_section_counts() {
+        // A snapshot that was privileged, pending raw keys: the current config decides.
+        let t = format!(
+            "{PLAIN}\n[snap1]\nunprivileged: 0\nlxc.apparmor.profile: unconfined\n\
+             [pve:pending]\nmp3: /srv,mp=/srv\n"
+        );
+        assert_eq!(check(&t), Ok(()));
+        // A privileged current config with an unprivileged snapshot is refused.
+        let t = "hostname: ct\n[snap1]\nunprivileged: 1\n";
+        assert!(check(t).is_err());
+    }
+
+    #[test]
+    fn the_file_is_read_without_links_and_bounded() {
+        let d = tempfile::tempdir().expect("tmp");
+        let lxc = d.path().join("pve1/lxc");
+        std::fs::create_dir_all(&lxc).expect("mkdir");
+        std::fs::write(lxc.join("101.conf"), PLAIN).expect("write");
+        assert_eq!(read(d.path(), "pve1", 101).expect("read"), PLAIN);
+        assert!(read(d.path(), "pve1", 102)
+            .expect_err("missing")
+            .contains("does not exist"));
+        // A link as the file.
+        std::os::unix::fs::symlink(lxc.join("101.conf"), lxc.join("103.conf")).expect("ln");
+        assert!(read(d.path(), "pve1", 103)
+            .expect_err("link")
+            .contains("symbolic link"));
+        // A link as the node's folder or as `lxc`.
+        std::os::unix::fs::symlink(d.path().join("pve1"), d.path().join("pve2")).expect("ln");
+        assert!(read(d.path(), "pve2", 101)
+            .expect_err("link")
+            .contains("symbolic link"));
+        std::fs::create_dir(d.path().join("pve3")).expect("mkdir");
+        std::os::unix::fs::symlink(&lxc, d.path().join("pve3/lxc")).expect("ln");
+        assert!(read(d.path(), "pve3", 101)
+            .expect_err("link")
+            .contains("symbolic link"));
+        assert!(read(d.path(), "../x", 101).is_err());
+        // Too large.
+        let f = std::fs::File::create(lxc.join("104.conf")).expect("create");
+        f.set_len(MAX_CT_CONF_BYTES + 1).expect("grow");
+        assert!(read(d.path(), "pve1", 104)
+            .expect_err("large")
+            .contains("larger"));
+    }
+}
