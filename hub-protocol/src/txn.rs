@@ -491,11 +491,18 @@ mod tests {
             (ErrorCode::ProfileInvalid, "profile_invalid"),
             (ErrorCode::ChecksInvalid, "checks_invalid"),
             (ErrorCode::PolicyDenied, "policy_denied"),
+            (ErrorCode::SdnDenied, "sdn_denied"),
+            (ErrorCode::BackupPrivileged, "backup_privileged"),
+            (ErrorCode::BackupMounts, "backup_mounts"),
+            (ErrorCode::BackupDevices, "backup_devices"),
+            (ErrorCode::BackupHookscript, "backup_hookscript"),
+            (ErrorCode::BackupAccess, "backup_access"),
+            (ErrorCode::TagPolicy, "tag_policy"),
             (ErrorCode::NotNeedsHuman, "not_needs_human"),
             (ErrorCode::TxnNotOpen, "txn_not_open"),
             (ErrorCode::TxnUnknown, "txn_unknown"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 31);
+        assert_eq!(ErrorCode::ALL.len(), 38);
     }
 
     #[test]
