@@ -1291,9 +1291,24 @@ class ScenarioPve(fake_server.FakePve):
             await asyncio.sleep(float(delay))
         return answer
 
+    # Every guest start request with the guest's config as it was when the request came in:
+    # what the guest booted with (a restore-test copy's NICs, onboot, protection).
+    _start_configs = ()
+    START_PATH = re.compile(r'^/api2/json/nodes/[^/]+/(lxc|qemu)/(\d+)/status/start$')
+
+    def start_configs(self):
+        """[{vmid, type, config}] of every start request received, in order."""
+        return [dict(x) for x in self._start_configs]
+
     def _record(self, request, body):
         self.write_vmlist()
         self._check_destroy(request)
+        start = self.START_PATH.match(request.path) if request.method == 'POST' else None
+        if start:
+            guest = self.guest(int(start.group(2)))
+            config = dict((k, str(x)) for k, x in ((guest.config or {}) if guest else {}).items())
+            self._start_configs = tuple(self._start_configs) + (
+                {'vmid': int(start.group(2)), 'type': start.group(1), 'config': config},)
         query = request.query_string.encode()
         query = fake_server.SECRET_FORM.sub(rb'\g<1>***', query)
         self.requests.append((request.method, request.path, fake_server.redact(body, request.content_type),

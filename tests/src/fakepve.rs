@@ -504,6 +504,22 @@ impl FakePve {
             .unwrap_or_else(|| self.dir.path().join("datacenter.cfg"))
     }
 
+    /// Every guest start request the fake received, in order: the vmid and the guest's config
+    /// (values as text) at the moment the request came in, i.e. what the guest started with.
+    pub fn start_configs(&self) -> Vec<(u32, serde_json::Map<String, Value>)> {
+        let v = self.call("start_configs", json!([]), json!({}));
+        v.as_array()
+            .expect("start_configs is a list")
+            .iter()
+            .map(|e| {
+                (
+                    e["vmid"].as_u64().expect("vmid") as u32,
+                    e["config"].as_object().cloned().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
     /// Change the running fake's `datacenter.cfg` keys (merged into those it has, e.g.
     /// `{"user-tag-access": "user-allow=none"}`); the live file follows when the scenario had
     /// `datacenter_cfg`.

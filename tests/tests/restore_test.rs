@@ -1,6 +1,6 @@
 //! `--selftest=restore` against fakepve and the pct stand-in: band choice around foreign
 //! guests (also one only the local list knows), a full band skips with zero writes, the restore
-//! carries `unique=1` and the network isolation, only the agent's own copy is destroyed, and the
+//! carries the network isolation (every stored NIC given, no `unique`), only the agent's own copy is destroyed, and the
 //! metrics file is Prometheus text.
 
 use felhom_tests::agent::AgentRun;
@@ -107,7 +107,8 @@ fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
         .into_iter()
         .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
         .expect("the restore");
-    assert_eq!(post.param("unique"), Some("1"));
+    // No `unique`: with it pve-container writes the backup's NICs over the request's.
+    assert_eq!(post.param("unique"), None, "{post:?}");
     assert_eq!(post.param("vmid"), Some("990003"));
     let net0 = post.param("net0").unwrap_or("");
     assert!(
