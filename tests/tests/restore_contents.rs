@@ -34,7 +34,7 @@ fn scenario_with_backup(config: Value) -> Value {
 /// Whether a container NIC value (as the fake holds it) is isolated: no bridge, link down.
 fn isolated(nic: &str) -> bool {
     let items: Vec<&str> = nic.split(',').collect();
-    !items.iter().any(|i| i.starts_with("bridge=")) && items.iter().any(|i| *i == "link_down=1")
+    !items.iter().any(|i| i.starts_with("bridge=")) && items.contains(&"link_down=1")
 }
 
 fn is_true(v: Option<&Value>) -> bool {
