@@ -427,3 +427,62 @@ fn exec_check_names_the_mode_and_fails_when_the_helper_does_not_answer() {
         "{exec}"
     );
 }
+
+#[test]
+fn a_socket_bound_by_another_user_gets_nothing_and_fails_the_exec_check() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let socket = files.exec_socket.clone().expect("socket");
+    let received = files.dir().join("received");
+    // An impostor at the helper's path: bound by root, listening as uid 65534 (the peer's
+    // credentials are those of listen()); it counts the bytes it is sent.
+    let script = "import os,socket,sys\n\
+        s=socket.socket(socket.AF_UNIX)\n\
+        s.bind(sys.argv[1])\n\
+        os.chmod(sys.argv[1],0o666)\n\
+        os.setgid(65534)\n\
+        os.setuid(65534)\n\
+        s.listen(4)\n\
+        print('ready',flush=True)\n\
+        c,_=s.accept()\n\
+        c.settimeout(3)\n\
+        n=0\n\
+        try:\n    while True:\n        d=c.recv(65536)\n        if not d: break\n        n+=len(d)\n\
+        except Exception:\n    pass\n\
+        open(sys.argv[2],'w').write(str(n))\n";
+    std::fs::write(&received, "").expect("received file");
+    std::fs::set_permissions(&received, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let mut impostor = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&socket)
+        .arg(&received)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(impostor.stdout.as_mut().expect("stdout")),
+        &mut line,
+    )
+    .expect("ready");
+    assert_eq!(line.trim(), "ready");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    let exec = check(&doc, "exec");
+    assert_eq!(exec["status"], "fail", "{exec}");
+    assert!(
+        exec["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("uid 65534, not root"),
+        "{exec}"
+    );
+    let status = impostor.wait().expect("impostor");
+    assert!(status.success());
+    assert_eq!(
+        std::fs::read_to_string(&received).expect("received").trim(),
+        "0",
+        "the impostor was sent bytes"
+    );
+}

@@ -429,6 +429,17 @@ pub async fn probe(socket: &Path) -> Result<(), String> {
                 }
                 _ => format!("connecting failed: {e}"),
             })?;
+        // As for a request: nothing goes to a socket another user bound at the path.
+        let peer = stream
+            .peer_cred()
+            .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+        if peer.uid() != 0 {
+            return Err(format!(
+                "the process on the socket runs as uid {}, not root; nothing was sent. Check \
+                 who owns the socket and its folder",
+                peer.uid()
+            ));
+        }
         let probe = format!(r#"{{"v":{PROBE_VERSION}}}"#);
         write_frame(&mut stream, probe.as_bytes(), MAX_REQUEST_FRAME)
             .await
