@@ -342,3 +342,60 @@ fn the_same_provision_passes_once_the_grant_is_given() {
         .expect("the restore");
     assert_eq!(post.param("unprivileged"), Some("1"), "{post:?}");
 }
+
+#[test]
+fn a_restore_test_copy_of_a_bridged_vm_starts_with_every_nic_link_down() {
+    // qemu-server lets the request's NICs win over the backup's (restore_merge_config), so a
+    // VM copy keeps `unique=1` (new MACs, SMBIOS uuid) with every stored NIC given link-down.
+    let mut s = demo_scenario();
+    let mut config = felhom_tests::fakepve::qemu_backup_config();
+    config["onboot"] = json!("1");
+    config["protection"] = json!("1");
+    felhom_tests::fakepve::add_qemu_backup(&mut s, config, json!({"agent": true}));
+    s["attrs"] = json!({"qemu_restore_secs": 5});
+    let opts = AgentOptions {
+        extra_toml: format!(
+            "[restore_test]\nsources = [\"{}\"]\n",
+            felhom_tests::fakepve::QEMU_BACKUP
+        ),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(s, &opts);
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    let vmid = doc["vmid"].as_u64().expect("vmid") as u32;
+    let post = w
+        .pve
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
+        .expect("the restore");
+    assert_eq!(post.param("unique"), Some("1"), "{post:?}");
+    let starts = w.pve.start_configs();
+    let (_, config) = starts
+        .iter()
+        .find(|(v, _)| *v == vmid)
+        .expect("the copy started");
+    let nics: Vec<(&String, &str)> = config
+        .iter()
+        .filter(|(k, _)| k.starts_with("net"))
+        .map(|(k, v)| (k, v.as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(nics.len(), 2, "{config:#?}");
+    for (key, nic) in nics {
+        assert!(
+            nic.split(',').any(|i| i == "link_down=1"),
+            "{key} = {nic} has its link up"
+        );
+        assert!(
+            !nic.contains("BC:24:11:00:03:0"),
+            "{key} = {nic} keeps the MAC"
+        );
+    }
+    assert!(!is_true(config.get("onboot")), "{config:#?}");
+    assert!(!is_true(config.get("protection")), "{config:#?}");
+    assert_eq!(left_in_band(&w), Vec::<u32>::new());
+}
