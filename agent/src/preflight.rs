@@ -474,7 +474,12 @@ pub fn backup_verdict(
         );
     };
     let listed_kind = vol.guest_kind();
-    let format_kind = vol.format.as_deref().and_then(kind_of_format);
+    // `tar` is a container's format, and that of the oldest VM backups too (qemu-server
+    // `restore_tar_archive`): for a volid named as a VM's, the format tells nothing.
+    let format_kind = vol.format.as_deref().and_then(kind_of_format).filter(|k| {
+        !(*k == GuestKind::Lxc
+            && crate::pve::types::backup_kind_from_volid(volid) == Some(GuestKind::Qemu))
+    });
     for (what, kind) in [
         ("PVE lists it as", listed_kind),
         ("its format is that of", format_kind),

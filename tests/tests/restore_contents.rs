@@ -399,3 +399,67 @@ fn a_restore_test_copy_of_a_bridged_vm_starts_with_every_nic_link_down() {
     assert!(!is_true(config.get("protection")), "{config:#?}");
     assert_eq!(left_in_band(&w), Vec::<u32>::new());
 }
+
+#[test]
+fn an_old_tar_vm_backup_is_restored_with_no_option_and_marked_afterwards() {
+    // qemu-server's restore_tar_archive refuses any config key inside the task (the stub left
+    // outside the pool); the agent sends none and writes its marker after the restore.
+    let mut s = demo_scenario();
+    let tar = "local:backup/vzdump-qemu-300-2014_01_01-00_00_00.tar.lzo";
+    s["volumes"]["local"]
+        .as_array_mut()
+        .expect("volumes")
+        .push(json!({
+            "volname": tar.trim_start_matches("local:"), "vmid": 300, "size": 1048576,
+            "config": felhom_tests::fakepve::qemu_backup_config(), "guest": {"agent": true}
+        }));
+    s["attrs"] = json!({"qemu_restore_secs": 5});
+    let opts = AgentOptions {
+        selftest_source: Some(tar.to_string()),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(s, &opts);
+    let run = w.agent(&["--selftest=provision", "-vmid", "130", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    let post = w
+        .pve
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
+        .expect("the restore");
+    for key in ["description", "net0", "onboot", "protection"] {
+        assert_eq!(post.param(key), None, "{key} sent: {post:?}");
+    }
+    assert!(w.pve.guest(130).is_none(), "guest 130 is left");
+    // A restore test of it is refused before any write: its copy's NICs could not be isolated.
+    let w = World::with_options(
+        {
+            let mut s = demo_scenario();
+            s["volumes"]["local"]
+                .as_array_mut()
+                .expect("volumes")
+                .push(json!({
+                    "volname": tar.trim_start_matches("local:"), "vmid": 300, "size": 1048576,
+                    "config": felhom_tests::fakepve::qemu_backup_config(), "guest": {"agent": true}
+                }));
+            s
+        },
+        &AgentOptions {
+            extra_toml: format!("[restore_test]\nsources = [\"{tar}\"]\n"),
+            ..AgentOptions::default()
+        },
+    );
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(".tar format"),
+        "{doc:#}"
+    );
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+}

@@ -25,7 +25,7 @@ use std::path::Path;
 
 use super::PreflightCheck;
 use crate::error::ErrorCode;
-use crate::pve::guest_config::{trunk_tags, StoredConfig};
+use crate::pve::guest_config::{is_qemu_tar_archive, trunk_tags, StoredConfig};
 use crate::pve::types::held_on;
 use crate::pve::{GuestKind, PveClient};
 
@@ -373,6 +373,15 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
                     GuestKind::Lxc => "pct",
                     GuestKind::Qemu => "qm",
                 }
+            ),
+        );
+    }
+    if asked.isolate && asked.guest == GuestKind::Qemu && is_qemu_tar_archive(volid) {
+        return PreflightCheck::fail(
+            name,
+            ErrorCode::BackupMissing,
+            format!(
+                "backup {volid} is a VM backup in the old .tar format, which PVE restores with no option (qemu-server restore_tar_archive), so its copy's NICs cannot be overridden at the restore and the restore test does not restore it; back the VM up again (vma) or leave it out of [restore_test] sources"
             ),
         );
     }
@@ -729,6 +738,21 @@ mod tests {
         );
         let held = Held::from_table(&[("/mapping/usb/stick", &["Mapping.Use"])]);
         assert_eq!(contents_check(&mapped, &vm, &held).code, None);
+        // An old .tar VM backup takes no override: no isolated copy of it.
+        let tar = Asked {
+            volid: "local:backup/vzdump-qemu-300-2014_01_01-00_00_00.tar.lzo",
+            ..asked(GuestKind::Qemu, true)
+        };
+        let empty = StoredConfig::parse("scsi0: x\n");
+        assert_eq!(
+            contents_check(&empty, &tar, &none).code,
+            Some(ErrorCode::BackupMissing)
+        );
+        let provision = Asked {
+            isolate: false,
+            ..tar
+        };
+        assert_eq!(contents_check(&empty, &provision, &none).code, None);
     }
 
     #[test]

@@ -33,7 +33,7 @@ use crate::guest::exec::{ExecError, ExecRequest, GuestExec, GuestRef};
 use crate::guest::lxc::PctConfig;
 use crate::guest::qemu::{QemuConfig, QemuExec};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
-use crate::pve::guest_config::{is_net_key, is_true, Nic, StoredConfig};
+use crate::pve::guest_config::{is_net_key, is_qemu_tar_archive, is_true, Nic, StoredConfig};
 use crate::pve::request::{LxcRestore, QemuRestore};
 use crate::pve::{wait_task, ApiErrorKind, GuestKind, PveClient, PveError, Upid, WaitOptions};
 use serde_json::Value;
@@ -451,13 +451,20 @@ impl<'a> Executor<'a> {
                     state.kind(),
                     TxnKind::SelftestProvision | TxnKind::SelftestRestore
                 );
-                let mut extra = restore_options(
-                    guest,
-                    isolate_network,
-                    selftest,
-                    stored.as_ref(),
-                    state.marker(),
-                );
+                // A VM backup in the old `.tar` format takes no config key at all: the marker
+                // follows with its write (the preflight refuses such a backup for a restore
+                // test, whose NICs could not be overridden).
+                let mut extra = if guest == GuestKind::Qemu && is_qemu_tar_archive(&volid) {
+                    Vec::new()
+                } else {
+                    restore_options(
+                        guest,
+                        isolate_network,
+                        selftest,
+                        stored.as_ref(),
+                        state.marker(),
+                    )
+                };
                 let target = RestoreTarget {
                     vmid,
                     guest,

@@ -43,6 +43,19 @@ pub fn numbered(key: &str, prefix: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.len() <= 3 && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// Whether a QEMU backup volid is in the old `.tar` format (`.tar`, `.tgz`, `.tar.gz|lzo|zst`),
+/// which qemu-server restores with no option at all: `restore_tar_archive` dies with "cannot
+/// pass along options (…) when restoring from tar archive" inside the task when the request
+/// carries any config key (qemu-server `PVE/QemuServer.pm`).
+pub fn is_qemu_tar_archive(volid: &str) -> bool {
+    let name = volid.rsplit('/').next().unwrap_or(volid);
+    [
+        ".tar", ".tgz", ".tar.gz", ".tar.lzo", ".tar.zst", ".tar.bz2",
+    ]
+    .iter()
+    .any(|ext| name.ends_with(ext))
+}
+
 /// PVE's boolean in a config value (`1`, `on`, `yes`, `true`).
 pub fn is_true(value: &str) -> bool {
     matches!(
