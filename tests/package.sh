@@ -224,7 +224,7 @@ mode=$(stat -c '%a %u %g' "$tr/etc/felhom-agent/agent.toml")
 mode=$(stat -c '%a %u %g' "$tr/var/lib/felhom-agent-metrics")
 [ "$mode" = "755 $agent_uid $agent_gid" ] ||
   fail "tmpfiles made /var/lib/felhom-agent-metrics $mode, want 755 $agent_uid $agent_gid (felhom-agent)"
-for f in felhom_transactions.prom felhom_hub.prom; do
+for f in felhom_transactions.prom felhom_hub.prom felhom_restore_test.prom; do
   link=$tr/var/lib/prometheus/node-exporter/$f
   [ -L "$link" ] && [ "$(stat -c %u "$link")" = 0 ] &&
     [ "$(readlink "$link")" = "/var/lib/felhom-agent-metrics/$f" ] ||
