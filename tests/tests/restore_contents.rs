@@ -37,6 +37,30 @@ fn isolated(nic: &str) -> bool {
     !items.iter().any(|i| i.starts_with("bridge=")) && items.contains(&"link_down=1")
 }
 
+/// The restore request the fake received (`kind`: `lxc` or `qemu`).
+fn restore_post(w: &World, kind: &str) -> felhom_tests::fakepve::RecordedRequest {
+    let path = format!("/nodes/pve1/{kind}");
+    w.pve
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST" && r.api_path() == path)
+        .expect("the restore")
+}
+
+/// The demo with an old-format (`.tar.lzo`) backup of VM 300 on `local`.
+const TAR_BACKUP: &str = "local:backup/vzdump-qemu-300-2014_01_01-00_00_00.tar.lzo";
+
+fn with_tar_backup(mut s: Value) -> Value {
+    s["volumes"]["local"]
+        .as_array_mut()
+        .expect("volumes")
+        .push(json!({
+            "volname": TAR_BACKUP.trim_start_matches("local:"), "vmid": 300, "size": 1048576,
+            "config": felhom_tests::fakepve::qemu_backup_config(), "guest": {"agent": true}
+        }));
+    s
+}
+
 fn is_true(v: Option<&Value>) -> bool {
     v.and_then(Value::as_str).is_some_and(|s| s == "1")
 }
@@ -94,12 +118,7 @@ fn a_restore_test_copy_of_a_bridged_container_starts_with_every_nic_isolated() {
 
     // The request that made it so: no `unique` (with it PVE writes the stored NICs over the
     // request's), every stored NIC given.
-    let post = w
-        .pve
-        .requests()
-        .into_iter()
-        .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
-        .expect("the restore");
+    let post = restore_post(&w, "lxc");
     assert!(matches!(post.param("unique"), None | Some("0")), "{post:?}");
     assert!(post.param("net1").is_some(), "{post:?}");
 
@@ -334,12 +353,7 @@ fn the_same_provision_passes_once_the_grant_is_given() {
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
-    let post = w
-        .pve
-        .requests()
-        .into_iter()
-        .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
-        .expect("the restore");
+    let post = restore_post(&w, "lxc");
     assert_eq!(post.param("unprivileged"), Some("1"), "{post:?}");
 }
 
@@ -367,12 +381,7 @@ fn a_restore_test_copy_of_a_bridged_vm_starts_with_every_nic_link_down() {
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
     let vmid = doc["vmid"].as_u64().expect("vmid") as u32;
-    let post = w
-        .pve
-        .requests()
-        .into_iter()
-        .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
-        .expect("the restore");
+    let post = restore_post(&w, "qemu");
     assert_eq!(post.param("unique"), Some("1"), "{post:?}");
     let starts = w.pve.start_configs();
     let (_, config) = starts
@@ -404,18 +413,10 @@ fn a_restore_test_copy_of_a_bridged_vm_starts_with_every_nic_link_down() {
 fn an_old_tar_vm_backup_is_restored_with_no_option_and_marked_afterwards() {
     // qemu-server's restore_tar_archive refuses any config key inside the task (the stub left
     // outside the pool); the agent sends none and writes its marker after the restore.
-    let mut s = demo_scenario();
-    let tar = "local:backup/vzdump-qemu-300-2014_01_01-00_00_00.tar.lzo";
-    s["volumes"]["local"]
-        .as_array_mut()
-        .expect("volumes")
-        .push(json!({
-            "volname": tar.trim_start_matches("local:"), "vmid": 300, "size": 1048576,
-            "config": felhom_tests::fakepve::qemu_backup_config(), "guest": {"agent": true}
-        }));
+    let mut s = with_tar_backup(demo_scenario());
     s["attrs"] = json!({"qemu_restore_secs": 5});
     let opts = AgentOptions {
-        selftest_source: Some(tar.to_string()),
+        selftest_source: Some(TAR_BACKUP.to_string()),
         ..AgentOptions::default()
     };
     let w = World::with_options(s, &opts);
@@ -423,31 +424,16 @@ fn an_old_tar_vm_backup_is_restored_with_no_option_and_marked_afterwards() {
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
-    let post = w
-        .pve
-        .requests()
-        .into_iter()
-        .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
-        .expect("the restore");
+    let post = restore_post(&w, "qemu");
     for key in ["description", "net0", "onboot", "protection"] {
         assert_eq!(post.param(key), None, "{key} sent: {post:?}");
     }
     assert!(w.pve.guest(130).is_none(), "guest 130 is left");
     // A restore test of it is refused before any write: its copy's NICs could not be isolated.
     let w = World::with_options(
-        {
-            let mut s = demo_scenario();
-            s["volumes"]["local"]
-                .as_array_mut()
-                .expect("volumes")
-                .push(json!({
-                    "volname": tar.trim_start_matches("local:"), "vmid": 300, "size": 1048576,
-                    "config": felhom_tests::fakepve::qemu_backup_config(), "guest": {"agent": true}
-                }));
-            s
-        },
+        with_tar_backup(demo_scenario()),
         &AgentOptions {
-            extra_toml: format!("[restore_test]\nsources = [\"{tar}\"]\n"),
+            extra_toml: format!("[restore_test]\nsources = [\"{TAR_BACKUP}\"]\n"),
             ..AgentOptions::default()
         },
     );
