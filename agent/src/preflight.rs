@@ -458,11 +458,7 @@ pub fn backup_verdict(
         }
     };
     let Some(vol) = list.iter().find(|v| v.volid == volid) else {
-        let owner = volid
-            .split("vzdump-")
-            .nth(1)
-            .and_then(|r| r.split('-').nth(1))
-            .unwrap_or("<owner>");
+        let owner = owner_from_volid(volid).map_or("<owner>".to_string(), |o| o.to_string());
         return PreflightCheck::fail(
             "backup",
             ErrorCode::BackupMissing,
