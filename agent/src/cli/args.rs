@@ -172,18 +172,23 @@ With a verb (refresh, resolve, cancel): act on the journal; see each verb's --he
         #[arg(long, value_name = "N", required = true)]
         vmid: String,
     },
-    /// The root exec helper: runs `pct exec` / `pct push` for an agent that does not run as
-    /// root (started by systemd through felhom-agent-exec.socket).
+    /// The root exec helper: runs `pct exec` for an agent that does not run as root (started
+    /// by systemd through felhom-agent-exec.socket).
     #[command(
-        long_about = "The root exec helper. `pct exec` and `pct push` need root; an agent that runs as \
+        long_about = "The root exec helper. `pct exec` needs root; an agent that runs as \
 an unprivileged system user ([agent] user) asks this helper, over a Unix socket, to run a command in \
-an LXC container or to copy a file into one. The helper does nothing else.\n\n\
+an LXC container or to copy a file into one (through `pct exec`, the bytes on stdin, written by a \
+process inside the container; never `pct push`, which writes as host root following the guest's \
+links). The helper does nothing else.\n\n\
 Who may call it: only processes of root and of the [agent] user (checked with SO_PEERCRED on \
 every connection; anyone else gets exec_caller_refused). Before every request it reads, fresh: \
-the journal in state_dir (the transaction named must be open, or settled and kept, with an armed \
-claim on exactly this vmid; else exec_not_owned), the node's full guest list (the vmid must be an \
-LXC container on this node; else exec_not_owned) and user_cfg_path (the vmid must be in the \
-config's pool; else exec_not_in_pool). A malformed, oversized or other-version request gets \
+the journal in state_dir (the transaction named must be open, with an armed claim on exactly this \
+vmid; else exec_not_owned; and at a step that runs commands in the guest: launch proof, bootstrap \
+or checks; else exec_wrong_phase, so a kept or settled guest is never entered), the node's full \
+guest list (the vmid must be an LXC container on this node; else exec_not_owned), user_cfg_path \
+(the vmid must be in the config's pool; else exec_not_in_pool) and the container's own config in \
+pve_nodes_dir, opened as root without following links (it must say `unprivileged: 1` and carry \
+no raw lxc. key, no host-path mount point and no devN; else exec_guest_privileged). A malformed, oversized or other-version request gets \
 exec_request_invalid. A request never names a file on the node: pushed files travel inside it.\n\n\
 How it starts: systemd socket activation, felhom-agent-exec.socket (default \
 /run/felhom-agent/exec.sock) starts felhom-agent-exec.service on the first connection; the helper \
