@@ -253,7 +253,8 @@ fn failed_qemu_restore_leftover_needs_a_human_with_the_command() {
         .as_array_mut()
         .expect("volumes")
         .push(
-            json!({"volname": "backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst", "vmid": 300}),
+            json!({"volname": "backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst", "vmid": 300,
+                   "config": felhom_tests::fakepve::qemu_backup_config()}),
         );
     let w = World::new(scenario);
     let run = w.agent(&[

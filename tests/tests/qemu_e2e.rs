@@ -157,7 +157,7 @@ fn green_qemu_provision_runs_the_bootstrap_for_real_and_destroys_through_the_gat
 }
 
 #[test]
-fn qemu_restore_test_comes_up_isolated_with_only_net0() {
+fn qemu_restore_test_comes_up_with_every_nic_isolated() {
     let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\n");
     let w = world(scenario(qemu_backup_config(), booting_guest()), &extra);
     let mut child = w
@@ -199,7 +199,7 @@ fn qemu_restore_test_comes_up_isolated_with_only_net0() {
         "the VM was seen locked `create` outside the pool while its restore ran"
     );
 
-    // It ran with only the isolated net0: no bridge, link down; net1 was removed before.
+    // It ran with both stored NICs given isolated by the restore request: no bridge, link down.
     let config = seen_running.expect("the copy was seen running");
     let nets: Vec<&String> = config
         .as_object()
@@ -207,30 +207,32 @@ fn qemu_restore_test_comes_up_isolated_with_only_net0() {
         .keys()
         .filter(|k| k.starts_with("net"))
         .collect();
-    assert_eq!(nets, ["net0"], "{config:#}");
-    let net0 = config["net0"].as_str().unwrap_or("");
-    assert!(
-        net0.contains("link_down=1") && !net0.contains("bridge"),
-        "{net0}"
-    );
+    assert_eq!(nets, ["net0", "net1"], "{config:#}");
+    for key in ["net0", "net1"] {
+        let nic = config[key].as_str().unwrap_or("");
+        assert!(
+            nic.contains("link_down=1") && !nic.contains("bridge"),
+            "{key} = {nic}"
+        );
+    }
 
     let reqs = w.pve.requests();
     let pos = |pred: &dyn Fn(&RecordedRequest) -> bool| reqs.iter().position(pred);
     let restore =
         pos(&|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu").expect("the restore");
     assert_eq!(reqs[restore].param("unique"), Some("1"));
-    let put = pos(&|r| {
-        r.method == "PUT"
-            && r.api_path() == "/nodes/pve1/qemu/990002/config"
-            && r.param("delete").is_some_and(|d| d.contains("net1"))
-    })
-    .expect("net1 removed");
+    // The last read of its config (which refuses the start of a copy not isolated) comes
+    // after the restore and right before the start.
     let start =
         pos(&|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu/990002/status/start")
             .expect("the start");
     assert!(
-        restore < put && put < start,
-        "restore, then net1 removed, then start"
+        start > 0
+            && reqs[start - 1].method == "GET"
+            && reqs[start - 1].api_path() == "/nodes/pve1/qemu/990002/config"
+            && restore < start,
+        "restore, then the config read, then the start: {:#?}",
+        &reqs[restore..=start]
     );
     // A copy of a production guest is checked, never changed: no file pushed, no bootstrap.
     assert!(
@@ -360,13 +362,30 @@ fn restore_test_dispatched_by_the_hub_runs_isolated_and_reports_once() {
         "phase events: {}",
         state.events.len()
     );
-    // Isolated like the operator's run: net1 was removed before the start.
+    // Isolated like the operator's run: every stored NIC given link-down with the restore, and
+    // so started.
     let reqs = w.pve.requests();
+    let post = reqs
+        .iter()
+        .find(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/qemu")
+        .expect("the restore");
+    for key in ["net0", "net1"] {
+        assert!(
+            post.param(key).is_some_and(|v| v.contains("link_down%3D1")),
+            "{key} not isolated: {post:?}"
+        );
+    }
+    let starts = w.pve.start_configs();
+    let (_, started) = starts
+        .iter()
+        .find(|(v, _)| *v == 990002)
+        .expect("the copy started");
     assert!(
-        reqs.iter().any(|r| r.method == "PUT"
-            && r.api_path() == "/nodes/pve1/qemu/990002/config"
-            && r.param("delete").is_some_and(|d| d.contains("net1"))),
-        "net1 removed"
+        started
+            .iter()
+            .filter(|(k, _)| k.starts_with("net"))
+            .all(|(_, v)| v.as_str().unwrap_or("").contains("link_down=1")),
+        "{started:#?}"
     );
     let restores = reqs
         .iter()

@@ -279,6 +279,11 @@ impl StoredConfig {
                 break; // snapshots and pending changes follow the current config
             }
             if let Some(d) = line.strip_prefix('#') {
+                // vzdump's own notes in a VM backup's config (`#qmdump#map:…`, the disk map
+                // qemu-server `restore_update_config_line` reads and drops) are no description.
+                if d.starts_with("qmdump#") || d.starts_with("vzdump#") {
+                    continue;
+                }
                 if description.len() < MAX_VALUE_CHARS {
                     description.push_str(&decode_text(d));
                     description.push('\n');
@@ -475,6 +480,9 @@ mod tests {
                     [snap1]\nnet2: name=eth2,bridge=vmbr9\nunprivileged: 1\n";
         let c = StoredConfig::parse(text);
         assert_eq!(c.description(), "customer notes:\nsecond line");
+        let vm =
+            StoredConfig::parse("#qmdump#map:scsi0:drive-scsi0:local-lvm:raw:\n#notes\nname: x\n");
+        assert_eq!(vm.description(), "notes");
         assert!(!c.unprivileged(), "the snapshot's key does not count");
         assert!(c.flag("onboot") && c.flag("protection"));
         let nics = c.nics(GuestKind::Lxc);
