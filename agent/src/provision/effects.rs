@@ -1080,6 +1080,9 @@ impl<'a> Executor<'a> {
         )
         .await
         .map_err(|e| e.to_string())?;
+        // The profile ran in the guest; its result is not journaled yet.
+        #[cfg(feature = "test-hooks")]
+        kill_point("during-bootstrap");
         report.into_result().map(|_| ()).map_err(|e| e.to_string())
     }
 
