@@ -121,10 +121,16 @@ pub async fn run(cfg: &Config, shutdown: CancellationToken) -> Result<DaemonRepo
         aftercare::refresh_interval(),
         refresh_stop.clone(),
     ));
+    let unreported = tokio::spawn(aftercare::unreported_loop(
+        Arc::new(cfg.clone()),
+        aftercare::unreported_interval(),
+        refresh_stop.clone(),
+    ));
     let ended = run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await;
     // A refresh in progress is dropped between two journal writes; it runs again next time.
     refresh_stop.cancel();
     refresher.abort();
+    unreported.abort();
     ended
 }
 
