@@ -855,7 +855,9 @@ fn resume_runs_an_interrupted_provision_to_its_end() {
     let help = w.agent(&["journal", "resume", "--help"]);
     assert_eq!(help.code, Some(0), "{}", help.stderr);
     assert!(
-        help.stdout.contains("last journaled step"),
+        help.stdout.contains("from its last")
+            && help.stdout.contains("Exit codes")
+            && help.stdout.contains("txn_not_open"),
         "{}",
         help.stdout
     );
