@@ -435,15 +435,29 @@ fn a_crash_during_a_long_restore_is_ready_at_once_and_the_provision_ends_ok() {
         "READY after {:?}",
         t0.elapsed()
     );
-    let task_running = w
-        .pve
-        .tasks()
-        .iter()
-        .any(|t| t["upid"].as_str() == Some(upid.as_str()) && t["status"] == "running");
+    let task_running = || {
+        w.pve
+            .tasks()
+            .iter()
+            .any(|t| t["upid"].as_str() == Some(upid.as_str()) && t["status"] == "running")
+    };
     assert!(
-        task_running,
+        task_running(),
         "the restore ended before READY: the test proves nothing"
     );
+    // The session serves other dispatches meanwhile: a destroy of a guest this agent never
+    // created is answered (refused) while the resumed restore still runs.
+    hub.wait_for("the session after the restart", WAIT, |s| s.sessions == 2);
+    let other = hub.dispatch(hub_protocol::DispatchAction::Destroy { vmid: 101 });
+    let served = hub.wait_for("the other dispatch's result", WAIT, |s| {
+        s.results.contains_key(&other)
+    });
+    assert!(
+        !served.results.contains_key(&txn) && task_running(),
+        "the other dispatch waited for the resumed provision"
+    );
+    assert_eq!(served.results[&other][0].1.outcome, Outcome::Refused);
+    assert!(w.pve.writes_for(101).is_empty(), "101 was written");
     let state = hub.wait_for(
         "the result after the restart",
         Duration::from_secs(90),

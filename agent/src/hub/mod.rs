@@ -22,9 +22,11 @@
 //!
 //! [`run_daemon`] ties them together: open the outbox, feed systemd's watchdog while the
 //! daemon's own loops turn ([`Liveness`]; a hub outage is reported, never a reason to stop
-//! the pings), settle what a previous run left open, resume open dispatches, then either idle
-//! until SIGTERM (no `[hub]`: reports wait in the outbox) or keep a session with the hub,
-//! reconnecting with backoff. SIGTERM stops new work and every wait for PVE (never a PVE task:
+//! the pings), the runner's local start, READY (the hub's state in STATUS=), then in the
+//! background the take-up of what a previous run left open (open dispatches by the
+//! dispatcher, other open transactions by [`DispatchRunner::take_up_leftovers`], each resumed
+//! from its journal), while it either idles until SIGTERM (no `[hub]`: reports wait in the
+//! outbox) or keeps a session with the hub, reconnecting with backoff. SIGTERM stops new work and every wait for PVE (never a PVE task:
 //! the journal holds each transaction's UPID and the next start follows it), lets running
 //! transactions reach a journaled step (up to [`session::SHUTDOWN_GRACE`]), flushes the
 //! outbox to the hub if a session is up, and closes the outbox.

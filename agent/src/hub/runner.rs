@@ -5,7 +5,7 @@
 //! A dispatch runs exactly the transaction the command line runs (`--selftest=provision`,
 //! `destroy`, `--selftest=restore`), under the dispatch's own transaction id, so a re-dispatch
 //! of a known id finds it in the journal: a finished one answers with its result, an open one
-//! (the agent died) is settled from the journal and never started over.
+//! (the agent was stopped) is resumed from its journal and never started over.
 
 use std::path::PathBuf;
 use std::sync::Arc;

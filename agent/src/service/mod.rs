@@ -6,9 +6,11 @@
 //! ended before a transaction existed); formatting for a person, for `--json` or for the wire
 //! is the front ends' business.
 //!
-//! What it owns: opening the PVE client and the journal, settling what a crashed run left open
-//! (DESIGN rule 6) before anything is written, the vmid verdict against the FULL guest list,
-//! the per-vmid lock, and handing a transaction to the provision executor.
+//! What it owns: opening the PVE client and the journal, taking up what a stopped run left
+//! open (DESIGN rule 6: resumed from its last journaled step, or settled through the gate where
+//! it cannot be) before anything is written (in the daemon: in the background), the vmid
+//! verdict against the FULL guest list, the per-vmid lock, and handing a transaction to the
+//! provision executor.
 //!
 //! It may use `metrics`, `provision`, `guest`, `inventory`, `vmid`, `pve`, `config`, `error` and the
 //! hub's wire types (`hub_protocol`), never `cli` or `hub`.
