@@ -2,9 +2,14 @@
 //! - SIGTERM while the restore task runs at PVE: the agent stops waiting (never the task: no
 //!   `DELETE /nodes/{node}/tasks/{upid}`), journals where the transaction stands and exits
 //!   promptly, also when the SIGTERM comes while a start follows the journaled UPID; the next
-//!   start follows the journaled UPID to its end, the restore is never sent
-//!   again, and the provision's result reaches the hub once (settled: failed, its own guest
-//!   destroyed).
+//!   start resumes the transaction from its journal: it follows the UPID to its end, marks,
+//!   starts, bootstraps and checks the guest and destroys it, exactly as if it had not been
+//!   stopped; the restore is never sent again, and the provision's one result reaches the hub:
+//!   `ok`, every check passed.
+//! - SIGKILL during the bootstrap: the next start runs the bootstrap again from its start (the
+//!   profile is idempotent) and the provision ends `ok`.
+//! - A stop during a long restore: the restarted daemon is READY within seconds while it
+//!   follows the task, and the provision ends `ok`.
 //! - SIGKILL right after a phase's journal record: the phase's event reaches the hub after the
 //!   restart, applied exactly once (its id derives from the transaction and the record).
 //!
@@ -70,7 +75,7 @@ fn task_status(w: &World, upid: &str) -> Option<String> {
 }
 
 #[test]
-fn sigterm_during_a_restore_aborts_no_task_and_the_next_start_finishes_it() {
+fn sigterm_during_a_restore_aborts_no_task_and_the_next_start_resumes_it_to_ok() {
     let hub = DevHub::start(DevHubOptions::default());
     let w = world_with_hub(&hub);
     // A restore of 8 real seconds, so SIGTERM lands inside it.
@@ -120,7 +125,7 @@ fn sigterm_during_a_restore_aborts_no_task_and_the_next_start_finishes_it() {
     // The next start follows the journaled UPID; a SIGTERM while it does stops that waiting
     // too, just as promptly, and still aborts nothing.
     let agent = AgentDaemon::spawn(&w.files.config_path, FAST_TIMING, &env);
-    agent.wait_for_log("settling a transaction a previous run left open", WAIT);
+    agent.wait_for_log("resuming a transaction a previous run left open", WAIT);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         task_status(&w, &upid).as_deref(),
@@ -138,7 +143,9 @@ fn sigterm_during_a_restore_aborts_no_task_and_the_next_start_finishes_it() {
     assert_eq!(task_status(&w, &upid).as_deref(), Some("running"));
     assert!(!hub.snapshot().results.contains_key(&txn));
 
-    // The start after that follows the journaled UPID to its end and settles the transaction.
+    // The start after that resumes the transaction: the journaled UPID followed to its end,
+    // then the marker, start, launch proof, bootstrap, checks, report and the gated destroy,
+    // as if it had never been stopped.
     let agent = AgentDaemon::spawn(&w.files.config_path, FAST_TIMING, &env);
     let state = hub.wait_for("the result after the restart", WAIT, |s| {
         s.results.contains_key(&txn)
@@ -146,23 +153,20 @@ fn sigterm_during_a_restore_aborts_no_task_and_the_next_start_finishes_it() {
     assert_eq!(state.results[&txn].len(), 1, "the result was applied twice");
     let result = &state.results[&txn][0].1;
     assert_eq!(result.vmid, Some(6200));
-    // A transaction the agent stopped in is settled at the next start (DESIGN rule 6): the
-    // restore task followed to its end, then, its ownership proven, the guest it made is
-    // destroyed and the provision reported failed, saying where the agent had stopped.
-    assert_eq!(
-        result.outcome,
-        Outcome::Failed,
-        "{result:?}\n{}",
-        agent.log()
+    assert_eq!(result.outcome, Outcome::Ok, "{result:?}\n{}", agent.log());
+    assert!(result.error.is_none(), "{result:?}");
+    assert!(!result.checks.is_empty(), "no checks ran: {result:?}");
+    assert!(
+        result
+            .checks
+            .iter()
+            .all(|c| c.status == felhom_agent::guest::checks::CheckStatus::Pass),
+        "{:?}",
+        result.checks
     );
     assert!(
         result.destroyed,
-        "the settled provision did not clean up its own guest: {result:?}"
-    );
-    let message = result.error.as_ref().map(|e| e.message.as_str());
-    assert!(
-        message.is_some_and(|m| m.contains("the agent stopped during phase")),
-        "{result:?}"
+        "the provision did not destroy its guest at its end: {result:?}"
     );
     let (status, log) = agent.terminate(WAIT);
     assert!(status.success(), "run exited {status}:\n{log}");
@@ -272,4 +276,95 @@ fn a_phase_event_survives_a_sigkill_right_after_its_journal_record() {
         1,
         "the restore was sent again"
     );
+}
+
+fn journaled_step(w: &World, txn: TxnId) -> String {
+    let journaled = Journal::open(&w.state_dir())
+        .expect("journal")
+        .get(txn.ulid())
+        .expect("read")
+        .expect("the transaction is journaled");
+    journaled.state.step().as_str().to_string()
+}
+
+fn wait_dead(agent: &mut AgentDaemon) -> String {
+    let deadline = Instant::now() + WAIT;
+    while agent.alive() {
+        assert!(
+            Instant::now() < deadline,
+            "the kill switch did not fire:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.log()
+}
+
+/// SIGKILL while the bootstrap runs in the guest (the profile ran, its result not journaled):
+/// the guest carries its marker and birth identity and still runs, so its state can be
+/// trusted; the next start runs the (idempotent) bootstrap again from its start, then the
+/// checks, and the provision ends `ok` with its guest destroyed. One result, one restore.
+#[test]
+fn sigkill_during_the_bootstrap_reruns_it_and_the_provision_ends_ok() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let w = world_with_hub(&hub);
+    let path = w.path();
+    let mut agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[
+            ("PATH", path.as_str()),
+            ("FELHOM_AGENT_KILL_AT", "during-bootstrap"),
+        ],
+    );
+    hub.wait_for("the session", WAIT, |s| s.sessions == 1);
+    let txn = hub.dispatch(provision(6400, false));
+    let killed_log = wait_dead(&mut agent);
+    assert!(killed_log.contains("SIGKILL now"), "{killed_log}");
+    assert_eq!(journaled_step(&w, txn), "bootstrap");
+    assert!(!hub.snapshot().results.contains_key(&txn));
+    // Between the runs `journal` shows it interrupted, with the command that resumes it.
+    let listing = w.agent(&["journal"]);
+    assert!(
+        listing.stdout.contains("interrupted")
+            && listing
+                .stdout
+                .contains(&format!("felhom-agent journal resume {}", txn.ulid())),
+        "{}",
+        listing.stdout
+    );
+
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    let state = hub.wait_for("the result after the restart", WAIT, |s| {
+        s.results.contains_key(&txn)
+    });
+    let (status, log) = agent.terminate(WAIT);
+    assert!(status.success(), "run exited {status}:\n{log}");
+    assert!(
+        log.contains("resuming a transaction a previous run left open"),
+        "{log}"
+    );
+    assert_eq!(state.results[&txn].len(), 1, "the result was applied twice");
+    let result = &state.results[&txn][0].1;
+    assert_eq!(result.outcome, Outcome::Ok, "{result:?}\n{log}");
+    assert!(result.error.is_none(), "{result:?}");
+    assert!(
+        !result.checks.is_empty()
+            && result
+                .checks
+                .iter()
+                .all(|c| c.status == felhom_agent::guest::checks::CheckStatus::Pass),
+        "{:?}",
+        result.checks
+    );
+    assert!(result.destroyed, "{result:?}");
+    let requests = w.pve.requests();
+    assert_eq!(requests.iter().filter(|r| is_restore(r)).count(), 1);
+    assert!(!requests.iter().any(is_task_stop), "a PVE task was stopped");
+    assert_eq!(w.pve.deletes_for(6400).len(), 1);
+    assert!(w.pve.guest(6400).is_none(), "the guest is still there");
 }

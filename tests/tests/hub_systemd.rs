@@ -1,8 +1,10 @@
 //! systemd notifications from `felhom-agent run`, read from a real datagram socket named by
-//! `NOTIFY_SOCKET`: READY=1 only once the hub session is up (at once without a hub),
-//! WATCHDOG=1 while the agent's own loops turn, also while the hub is away (an outage is a
-//! STATUS= line, not a restart), and no more once the hub loop hangs; STOPPING=1 at SIGTERM.
-//! Without a hub, reports wait in the outbox.
+//! `NOTIFY_SOCKET`: READY=1 within seconds of the start, whatever the hub (down: its state is
+//! in STATUS=) and whatever a previous run left open (a provision killed during a long restore
+//! is resumed in the background after READY and ends ok), WATCHDOG=1 while the agent's own
+//! loops turn, also while the hub is away (an outage is a STATUS= line, not a restart), and no
+//! more once the hub loop hangs; STOPPING=1 at SIGTERM. Without a hub, reports wait in the
+//! outbox.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
@@ -13,9 +15,12 @@ use std::time::{Duration, Instant};
 use felhom_agent::hub::outbox::Outbox;
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
 use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
+use felhom_tests::world::World;
 use hub_protocol::{AgentMessage, Outcome, Phase, TxnId, TxnKind, TxnResult};
 
 const WAIT: Duration = Duration::from_secs(20);
+/// How soon after its start the daemon must have sent READY=1.
+const READY_WITHIN: Duration = Duration::from_secs(10);
 /// WATCHDOG_USEC for the agent (WatchdogSec=1s): it pings every half of it.
 const WATCHDOG_USEC: &str = "1000000";
 const WATCHDOG_SEC: Duration = Duration::from_secs(1);
@@ -173,7 +178,7 @@ fn longest_gap(socket: &NotifySocket, prefix: &str, from: Instant, to: Instant) 
 }
 
 #[test]
-fn ready_waits_for_the_session_and_a_hub_outage_does_not_starve_the_watchdog() {
+fn ready_comes_at_once_with_the_hub_down_and_a_hub_outage_does_not_starve_the_watchdog() {
     let pve = FakePve::demo();
     let mut hub = DevHub::start(DevHubOptions::default());
     let files = AgentFiles::write(
@@ -194,23 +199,28 @@ fn ready_waits_for_the_session_and_a_hub_outage_does_not_starve_the_watchdog() {
             ("WATCHDOG_USEC", WATCHDOG_USEC),
         ],
     );
-    // The hub is down from the start: not ready, but alive (the pings go on).
-    notify.wait_for_count("WATCHDOG=1", 3, t0, WAIT);
-    let before = notify.since(t0);
-    assert_eq!(
-        count(&before, "READY=1"),
-        0,
-        "READY before the session: {before:?}"
+    // The hub is down from the start (its port closed): READY all the same once the local
+    // start is done, within seconds, the hub's state in STATUS=; the pings go on.
+    let seen = notify.wait_for("READY=1", t0, READY_WITHIN);
+    assert!(
+        t0.elapsed() < READY_WITHIN,
+        "READY after {:?}",
+        t0.elapsed()
     );
+    let ready = seen
+        .iter()
+        .find(|m| m.starts_with("READY=1"))
+        .expect("READY");
+    assert!(
+        ready.contains("STATUS=") && ready.contains("hub: connecting to"),
+        "READY does not say the hub's state: {ready:?}"
+    );
+    notify.wait_for("STATUS=hub unreachable", t0, WAIT);
+    notify.wait_for_count("WATCHDOG=1", 3, t0, WAIT);
 
     let t1 = Instant::now();
     hub.restart();
-    let seen = notify.wait_for("READY=1", t1, WAIT);
-    assert!(
-        seen.iter()
-            .any(|m| m.contains("STATUS=connected to the hub")),
-        "{seen:?}"
-    );
+    notify.wait_for("STATUS=connected to the hub", t1, WAIT);
     hub.wait_for("the session", WAIT, |s| s.sessions == 1);
     let t2 = Instant::now();
     notify.wait_for_count("WATCHDOG=1", 3, t2, WAIT);
@@ -362,4 +372,116 @@ fn without_a_hub_it_is_ready_at_once_and_reports_wait_in_the_outbox() {
     assert!(log.contains("1 messages wait"), "{log}");
     let after = std::fs::read_to_string(&log_path).expect("outbox.log");
     assert_eq!(after, before, "the waiting report changed without a hub");
+}
+
+/// A provision killed (SIGKILL) while its restore of 60 PVE-seconds runs: the restarted daemon
+/// is READY within seconds, while it still follows that task in the background, and the
+/// provision ends `ok` (one result, one restore POST, no task stopped).
+#[test]
+fn a_crash_during_a_long_restore_is_ready_at_once_and_the_provision_ends_ok() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let w = World::with_options(
+        felhom_tests::fakepve::demo_scenario(),
+        &AgentOptions {
+            hub: Some(hub.hub_options()),
+            ..AgentOptions::default()
+        },
+    );
+    // 60 PVE-seconds of restore, 12 real seconds.
+    w.pve
+        .set(serde_json::json!({"time_scale": 0.2, "ct_secs": {"create": 60}}));
+    let path = w.path();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    hub.wait_for("the session", WAIT, |s| s.sessions == 1);
+    let txn = hub.dispatch(hub_protocol::DispatchAction::Provision {
+        vmid: 6500,
+        from: "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst".to_string(),
+        storage: "local-lvm".to_string(),
+        keep: false,
+        profile: None,
+    });
+    let deadline = Instant::now() + WAIT;
+    let upid = loop {
+        let journaled = felhom_agent::provision::Journal::open(&w.state_dir())
+            .expect("journal")
+            .get(txn.ulid())
+            .expect("read");
+        if let Some(u) = journaled.and_then(|t| t.state.upid().map(str::to_string)) {
+            break u;
+        }
+        assert!(Instant::now() < deadline, "no UPID journaled for 6500");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = agent.kill();
+
+    let notify = NotifySocket::new();
+    let t0 = Instant::now();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[
+            ("PATH", path.as_str()),
+            ("NOTIFY_SOCKET", notify.path.as_str()),
+            ("WATCHDOG_USEC", WATCHDOG_USEC),
+        ],
+    );
+    notify.wait_for("READY=1", t0, READY_WITHIN);
+    assert!(
+        t0.elapsed() < READY_WITHIN,
+        "READY after {:?}",
+        t0.elapsed()
+    );
+    let task_running = || {
+        w.pve
+            .tasks()
+            .iter()
+            .any(|t| t["upid"].as_str() == Some(upid.as_str()) && t["status"] == "running")
+    };
+    assert!(
+        task_running(),
+        "the restore ended before READY: the test proves nothing"
+    );
+    // The session serves other dispatches meanwhile: a destroy of a guest this agent never
+    // created is answered (refused) while the resumed restore still runs.
+    hub.wait_for("the session after the restart", WAIT, |s| s.sessions == 2);
+    let other = hub.dispatch(hub_protocol::DispatchAction::Destroy { vmid: 101 });
+    let served = hub.wait_for("the other dispatch's result", WAIT, |s| {
+        s.results.contains_key(&other)
+    });
+    assert!(
+        !served.results.contains_key(&txn) && task_running(),
+        "the other dispatch waited for the resumed provision"
+    );
+    assert_eq!(served.results[&other][0].1.outcome, Outcome::Refused);
+    assert!(w.pve.writes_for(101).is_empty(), "101 was written");
+    let state = hub.wait_for(
+        "the result after the restart",
+        Duration::from_secs(90),
+        |s| s.results.contains_key(&txn),
+    );
+    let (status, log) = agent.terminate(WAIT);
+    assert!(status.success(), "run exited {status}:\n{log}");
+    assert_eq!(state.results[&txn].len(), 1, "the result was applied twice");
+    let result = &state.results[&txn][0].1;
+    assert_eq!(result.outcome, Outcome::Ok, "{result:?}\n{log}");
+    assert!(result.destroyed && result.error.is_none(), "{result:?}");
+    let requests = w.pve.requests();
+    assert_eq!(
+        requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
+            .count(),
+        1,
+        "the restore was sent again"
+    );
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r.method == "DELETE" && r.api_path().starts_with("/nodes/pve1/tasks/")),
+        "a PVE task was stopped"
+    );
 }

@@ -753,3 +753,134 @@ fn the_daemon_refreshes_the_journal_and_tells_the_hub_of_a_closure() {
         "the refresh wrote to PVE"
     );
 }
+
+/// A `journal resolve` killed after its journal record and before its spool, while the daemon
+/// runs: the running daemon (no restart) spools the closure on its periodic pass and the hub
+/// applies it once; the note is gone afterwards.
+#[test]
+fn a_resolution_killed_before_its_spool_reaches_the_hub_while_the_daemon_runs() {
+    let hub = DevHub::start(DevHubOptions::default());
+    let w = World::with_options(
+        demo_scenario(),
+        &AgentOptions {
+            hub: Some(hub.hub_options()),
+            ..AgentOptions::default()
+        },
+    );
+    let (_origin, stuck) = needs_human(&w, 168);
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("FELHOM_AGENT_UNREPORTED_MS", "300")],
+    );
+    hub.wait_for("the session", Duration::from_secs(30), |s| s.sessions == 1);
+    let run = run_killed(
+        &w,
+        &[
+            "journal",
+            "resolve",
+            &stuck,
+            "--reason",
+            "handled while the daemon ran",
+            "--json",
+        ],
+        "after-resolve-journal",
+    );
+    assert_eq!(run.code, None, "killed: {}\n{}", run.stdout, run.stderr);
+    let closures = |s: &felhom_tests::devhub::HubState| {
+        s.events
+            .iter()
+            .filter(|(_, e)| {
+                e.txn.to_string() == stuck
+                    && e.detail
+                        .as_deref()
+                        .is_some_and(|d| d.contains("handled while the daemon ran"))
+            })
+            .count()
+    };
+    let state = hub.wait_for("the resolution event", Duration::from_secs(30), |s| {
+        closures(s) > 0
+    });
+    assert_eq!(closures(&state), 1, "applied once");
+    assert_eq!(state.sessions, 1, "it took a restart");
+    let (status, log) = agent.terminate(Duration::from_secs(30));
+    assert!(status.success(), "run exited {status}:\n{log}");
+    let notes = std::fs::read_dir(w.state_dir().join("unreported"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(notes, 0, "the note is still there");
+}
+
+/// A provision killed after its marker was read back (armed, before the start): `journal`
+/// shows it `interrupted` with the command that resumes it, never as failed; `journal resume
+/// TXN` runs it on from there (start, launch proof, bootstrap, checks, report, gated destroy)
+/// and exits 0 with `ok`; a second resume is refused as not open.
+#[test]
+fn resume_runs_an_interrupted_provision_to_its_end() {
+    let w = World::demo();
+    let first = run_killed(
+        &w,
+        &["--selftest=provision", "-vmid", "169", "--json"],
+        "after-journal:5",
+    );
+    assert_eq!(first.code, None, "not killed: {}", first.stdout);
+    let t = w
+        .journal()
+        .into_iter()
+        .find(|t| t["vmid"] == 169)
+        .expect("open transaction");
+    let txn = text(&t["txn"]);
+    assert_eq!(t["interrupted"], json!(true), "{t:#}");
+    assert_eq!(
+        text(&t["resume"]),
+        format!("felhom-agent journal resume {txn}"),
+        "{t:#}"
+    );
+    assert!(t["outcome"].is_null() && t["error"].is_null(), "{t:#}");
+    let human = w.agent(&["journal"]);
+    let row = human
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&txn))
+        .unwrap_or_default()
+        .to_string();
+    assert!(row.contains("interrupted"), "{}", human.stdout);
+    assert!(
+        human
+            .stdout
+            .contains(&format!("felhom-agent journal resume {txn}")),
+        "{}",
+        human.stdout
+    );
+    let help = w.agent(&["journal", "resume", "--help"]);
+    assert_eq!(help.code, Some(0), "{}", help.stderr);
+    assert!(
+        help.stdout.contains("from its last")
+            && help.stdout.contains("Exit codes")
+            && help.stdout.contains("txn_not_open"),
+        "{}",
+        help.stdout
+    );
+
+    let run = w.agent(&["journal", "resume", &txn, "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    assert_eq!(w.pve.deletes_for(169).len(), 1);
+    let t = w.journal_txn(&txn);
+    assert_eq!(t["interrupted"], json!(false), "{t:#}");
+    assert_eq!(
+        w.pve
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
+            .count(),
+        1,
+        "the restore was sent again"
+    );
+
+    let run = w.agent(&["journal", "resume", &txn, "--json"]);
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["error"]["code"], "txn_not_open");
+}

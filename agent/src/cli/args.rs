@@ -136,7 +136,7 @@ pub enum Command {
     /// .vmlist, hub. Writes nothing. Exit 0 when all pass, 6 otherwise.
     Doctor,
     /// The transactions, their phase and whether destroy is armed; with --stats, how long
-    /// each phase takes; with refresh, resolve or cancel, act on them (see `felhom-agent
+    /// each phase takes; with refresh, resolve, resume or cancel, act on them (see `felhom-agent
     /// journal --help`).
     #[command(
         long_about = "The transactions, their phase and whether destroy is armed: every open \
@@ -148,7 +148,9 @@ long it lasted (p50, p95 and max in seconds, nearest-rank percentiles), and the 
 counted (`open` for transactions not settled). A phase lasts from the journal record that \
 entered it to the record that entered the next phase; the last phase of a transaction has no \
 duration. Reads the journal and its archive only: no PVE call, nothing written.\n\n\
-With a verb (refresh, resolve, cancel): act on the journal; see each verb's --help."
+An open transaction whose process is gone is shown as `interrupted` with the command that \
+resumes it (`felhom-agent journal resume TXN`; the next writing command resumes it too).\n\n\
+With a verb (refresh, resolve, resume, cancel): act on the journal; see each verb's --help."
     )]
     Journal {
         /// Print per-phase durations (count, p50, p95, max) and outcome counts per kind.
@@ -216,7 +218,7 @@ through the pool token again, and record what is there: the guest with this tran
 (marker and birth identity), a guest without it, or nothing.\n\n\
 A kept guest found gone or without its proof is disarmed for good (a later `destroy` is refused). \
 A needs_human transaction whose guest is gone is closed with \"guest gone\". An open transaction \
-is only reported: `journal cancel` or the next writing command settles it.\n\n\
+is only reported: `journal resume` or the next writing command resumes it, `journal cancel` ends it.\n\n\
 Never writes to PVE. A PVE error that says nothing about the guest (unreachable, 5xx, \
 token refused) changes nothing; a 403 for the guest counts as present without its proof. A transaction whose vmid lock is \
 held by a running agent is skipped and said so.",
@@ -244,12 +246,34 @@ human (not_needs_human), is unknown (txn_unknown), or its vmid is locked by a ru
         #[arg(long, value_name = "TEXT", required = true)]
         reason: String,
     },
-    /// Settle one open transaction whose process is gone.
+    /// Resume one interrupted transaction from its last journaled step and run it to its end.
     #[command(
-        long_about = "Settle one open transaction whose process is gone (its vmid lock is free), \
-exactly as the next writing command would: the recorded restore task and the guest are read \
-again, a cleanup runs only through the ownership gate (marker and birth identity re-read right \
-before the DELETE), and anything unproven ends needs_human without a write to PVE.",
+        long_about = "Resume one open transaction whose process was stopped (its vmid lock is \
+free) from its last journaled step, exactly as the next writing command would, and run it to its \
+end: the recorded restore task is followed, then the marker, the start, the launch proof, the \
+bootstrap, the checks, the report and the destroy (or keep), as if it had not been stopped. A \
+bootstrap or checks the stop interrupted run again from their start (profiles and check packs are \
+idempotent). Where it cannot be resumed (the guest gone or without its proof, its task failed or \
+unreadable, a failure already recorded) it is settled through the ownership gate as `journal \
+cancel` would.",
+        after_help = "Exit codes: as the transaction ends (0 ok, 4 PVE refused or a task failed, 5 \
+launch, bootstrap or checks failed, 7 needs_human); 3 refused: its vmid lock is held by a running \
+agent (vmid_in_use), it is not open (txn_not_open) or unknown (txn_unknown); 6 PVE or the journal \
+could not be read (the transaction stays open)."
+    )]
+    Resume {
+        /// The transaction id (see `felhom-agent journal`).
+        #[arg(value_name = "TXN")]
+        txn: String,
+    },
+    /// End one open transaction whose process is gone, without resuming it.
+    #[command(
+        long_about = "End one open transaction whose process is gone (its vmid lock is free) \
+without resuming it: the recorded restore task is followed to its end and the guest read again, \
+its own guest is cleaned up only through the ownership gate (marker and birth identity re-read \
+right before the DELETE), and the transaction ends failed, saying where it had stopped; anything \
+unproven ends needs_human without a write to PVE. (The next writing command, and `journal \
+resume`, resume an interrupted transaction instead.)",
         after_help = "Exit codes: 0 settled, 3 refused: its vmid lock is held by a running agent \
 (vmid_in_use), it is not open (txn_not_open) or unknown (txn_unknown); 7 settled as needs_human; \
 6 PVE or the journal could not be read (the transaction stays open)."
@@ -428,6 +452,15 @@ mod tests {
                 .command,
             Some(Command::Journal {
                 op: Some(JournalOp::Refresh),
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&["felhom-agent", "journal", "resume", "X"])
+                .expect("parses")
+                .command,
+            Some(Command::Journal {
+                op: Some(JournalOp::Resume { .. }),
                 ..
             })
         ));

@@ -222,7 +222,7 @@ pub fn run(cli: Cli) -> ExitStatus {
     out.status
 }
 
-/// `journal refresh|resolve|cancel`.
+/// `journal refresh|resolve|resume|cancel`.
 async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
     use crate::service::journal_ops;
     match op {
@@ -247,6 +247,12 @@ async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
                 .ok()
                 .map(|state| crate::hub::aftercare::spool_resolution(cfg, state));
             output::journal_resolve(resolved, queued.flatten())
+        }
+        JournalOp::Resume { txn } => {
+            let reporter = SpoolReporter::new(cfg.state_dir.clone());
+            output::journal_resume(
+                journal_ops::resume(cfg, &txn, &reporter, shutdown_token()).await,
+            )
         }
         JournalOp::Cancel { txn } => {
             let reporter = SpoolReporter::new(cfg.state_dir.clone());

@@ -330,11 +330,24 @@ fn journal_table(rows: &[JournalRow]) -> String {
             r.txn.to_string(),
             r.kind.as_str(),
             r.vmid.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
-            r.phase.as_str(),
+            if r.interrupted {
+                "interrupted"
+            } else {
+                r.phase.as_str()
+            },
             if r.destroy_armed { "yes" } else { "no" },
             if r.destroyed { "yes" } else { "no" },
             r.updated_at,
         ));
+        if let Some(cmd) = r.resume.as_deref().filter(|_| r.interrupted) {
+            human.push_str(&format!(
+                "{:<28}stopped at phase {}, step {}; it resumes from there with `{cmd}` (or the \
+                 next writing command, or the daemon's next start)\n",
+                "",
+                r.phase.as_str(),
+                r.step.as_str()
+            ));
+        }
         if let Some(e) = &r.error {
             human.push_str(&format!("{:<28}[{}] {}\n", "", e.code, e.message));
         }
@@ -437,6 +450,17 @@ pub fn journal_refresh(
             ExitStatus::Ok
         },
     }
+}
+
+/// `journal resume`: the resumed transaction, with the exit status of how it ended.
+pub fn journal_resume(ran: Result<Driven, Failure>) -> CommandOutput {
+    let driven = match ran {
+        Ok(d) => d,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut out = driven_output(&driven);
+    out.human = format!("resumed from its last journaled step:\n{}", out.human);
+    out
 }
 
 /// `journal cancel`: the settled transaction; exit 0 unless it ended `needs_human` (7) or the

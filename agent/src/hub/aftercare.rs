@@ -4,7 +4,8 @@
 //! concern one ([`crate::service::journal_ops::refresh`]): a kept guest gone or without its
 //! proof is disarmed, a `needs_human` whose guest is gone is closed. It never writes to PVE.
 //! A closure, whoever made it (an operator's `journal resolve` or a refresh), is spooled for
-//! the hub as an event of its transaction.
+//! the hub as an event of its transaction; one a killed command left unspooled is spooled by
+//! the daemon at its start and then every [`UNREPORTED_INTERVAL`] while it runs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,10 +113,65 @@ fn spool_closure(cfg: &Config, state: &State, record: u64) -> Result<(), String>
     .map_err(|e| e.to_string())
 }
 
+/// How often the running daemon spools the closures a killed command left journaled but not
+/// spooled (besides once at its start).
+pub const UNREPORTED_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The environment variable that shortens [`UNREPORTED_INTERVAL`] in tests (milliseconds; only
+/// in a build with the `test-hooks` feature).
+#[cfg(feature = "test-hooks")]
+pub const UNREPORTED_ENV: &str = "FELHOM_AGENT_UNREPORTED_MS";
+
+/// A note whose closure is not journaled yet may belong to a `journal resolve` still running
+/// (the note is written before its journal record): the periodic pass leaves it this long.
+pub const UNREPORTED_NOTE_GRACE: Duration = Duration::from_secs(600);
+
+/// The interval of the periodic pass: [`UNREPORTED_INTERVAL`], or the test build's override.
+pub fn unreported_interval() -> Duration {
+    #[cfg(feature = "test-hooks")]
+    if let Some(ms) = std::env::var(UNREPORTED_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return Duration::from_millis(ms.max(10));
+    }
+    UNREPORTED_INTERVAL
+}
+
+/// While the daemon runs: every `every` until `stop`, spool the closures a killed command left
+/// journaled but not spooled, so they reach the hub without waiting for a restart.
+pub async fn unreported_loop(cfg: Arc<Config>, every: Duration, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let cfg = cfg.clone();
+        match tokio::task::spawn_blocking(move || spool_unreported(&cfg, UNREPORTED_NOTE_GRACE))
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                "{n} closure(s) a stopped command left unreported were queued for the hub"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "the pass over unreported closures did not finish; it runs again")
+            }
+        }
+    }
+}
+
 /// At the daemon's start: spool the closures a kill left journaled but not spooled (see
 /// [`journal_ops::UNREPORTED_DIR`]); a note whose closure was never journaled is dropped.
 /// Returns how many were spooled.
 pub fn report_unreported(cfg: &Config) -> usize {
+    spool_unreported(cfg, Duration::ZERO)
+}
+
+/// Spool the closures journaled but not spooled; a note whose closure is not journaled is
+/// dropped once it is older than `grace` (a command may be between the note and its journal
+/// record). Returns how many were spooled.
+fn spool_unreported(cfg: &Config, grace: Duration) -> usize {
     let mut spooled = 0;
     for txn in journal_ops::unreported(cfg) {
         match journal_ops::closure_record(cfg, txn) {
@@ -129,7 +185,21 @@ pub fn report_unreported(cfg: &Config) -> usize {
                     tracing::error!(%txn, error = %e, "the closure of {txn} could not be queued for the hub; the next start tries again");
                 }
             },
-            Ok(None) => journal_ops::reported(cfg, txn),
+            Ok(None) => {
+                let young = !grace.is_zero()
+                    && std::fs::metadata(
+                        cfg.state_dir
+                            .join(journal_ops::UNREPORTED_DIR)
+                            .join(txn.to_string()),
+                    )
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|at| at.elapsed().ok())
+                    .is_none_or(|age| age < grace);
+                if !young {
+                    journal_ops::reported(cfg, txn);
+                }
+            }
             Err(e) => {
                 tracing::warn!(%txn, error = %e.message, "cannot read the closure of {txn}; the next start tries again");
             }

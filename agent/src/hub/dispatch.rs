@@ -62,10 +62,10 @@ pub trait DispatchRunner: Send + Sync + 'static {
     /// announces them (and `inventory`, which the dispatcher provides itself).
     fn capabilities(&self) -> Vec<&'static str>;
 
-    /// Called once when `run` starts, before any dispatch is taken or resumed: settle the
-    /// transactions a crashed run left open (DESIGN rule 6), reporting their phases to
-    /// `outbox`; `cancel` (the shutdown) stops the waiting, never PVE's work. An error stops
-    /// `run` with that failure (systemd starts it again). The default does nothing.
+    /// Called once when `run` starts, before READY and before any dispatch is taken or
+    /// resumed: the local start only (configuration, journal, PVE client), quick whatever PVE
+    /// and the hub do. An error stops `run` with that failure (systemd starts it again). The
+    /// default does nothing.
     fn prepare(
         &self,
         outbox: &Outbox,
@@ -73,6 +73,21 @@ pub trait DispatchRunner: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Failure>> + Send {
         let _ = (outbox, cancel);
         async { Ok(()) }
+    }
+
+    /// Called once after READY, in a task of its own while the session runs: take up the
+    /// transactions a stopped run left open that no open dispatch (`dispatched`, which the
+    /// dispatcher resumes itself) owns, reporting their phases and results to `outbox`; each
+    /// resumes from its last journaled step (DESIGN rule 6). `cancel` (the shutdown) stops the
+    /// waiting, never PVE's work. The default does nothing.
+    fn take_up_leftovers(
+        &self,
+        outbox: &Outbox,
+        dispatched: Vec<TxnId>,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (outbox, dispatched, cancel);
+        async {}
     }
 
     /// Run one transaction dispatch (never an `inventory_request`).

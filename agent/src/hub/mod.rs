@@ -22,9 +22,11 @@
 //!
 //! [`run_daemon`] ties them together: open the outbox, feed systemd's watchdog while the
 //! daemon's own loops turn ([`Liveness`]; a hub outage is reported, never a reason to stop
-//! the pings), settle what a previous run left open, resume open dispatches, then either idle
-//! until SIGTERM (no `[hub]`: reports wait in the outbox) or keep a session with the hub,
-//! reconnecting with backoff. SIGTERM stops new work and every wait for PVE (never a PVE task:
+//! the pings), the runner's local start, READY (the hub's state in STATUS=), then in the
+//! background the take-up of what a previous run left open (open dispatches by the
+//! dispatcher, other open transactions by [`DispatchRunner::take_up_leftovers`], each resumed
+//! from its journal), while it either idles until SIGTERM (no `[hub]`: reports wait in the
+//! outbox) or keeps a session with the hub, reconnecting with backoff. SIGTERM stops new work and every wait for PVE (never a PVE task:
 //! the journal holds each transaction's UPID and the next start follows it), lets running
 //! transactions reach a journaled step (up to [`session::SHUTDOWN_GRACE`]), flushes the
 //! outbox to the hub if a session is up, and closes the outbox.
@@ -121,10 +123,16 @@ pub async fn run(cfg: &Config, shutdown: CancellationToken) -> Result<DaemonRepo
         aftercare::refresh_interval(),
         refresh_stop.clone(),
     ));
+    let unreported = tokio::spawn(aftercare::unreported_loop(
+        Arc::new(cfg.clone()),
+        aftercare::unreported_interval(),
+        refresh_stop.clone(),
+    ));
     let ended = run_daemon(settings, runner, inventory, Notifier::from_env(), shutdown).await;
     // A refresh in progress is dropped between two journal writes; it runs again next time.
     refresh_stop.cancel();
     refresher.abort();
+    unreported.abort();
     ended
 }
 
@@ -170,11 +178,8 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         liveness.clone(),
         background.clone(),
     ));
-    // Settling what a previous run left open may follow a PVE task for a long time: the
-    // watchdog is fed meanwhile and SIGTERM stops the waiting.
-    if summary.open_dispatches > 0 {
-        notifier.status("settling transactions a previous run left open");
-    }
+    // The local start only (journal, PVE client): quick whatever PVE and the hub do. What a
+    // previous run left open is taken up after READY, in the background.
     let prepared = liveness
         .beat_while(DaemonLoop::Hub, runner.prepare(&outbox, shutdown.clone()))
         .await;
@@ -199,6 +204,30 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         }
         return Err(f);
     }
+    // READY once the local start is done, whatever the hub (its state goes into STATUS=) and
+    // whatever is left to take up (that goes on in the background).
+    let ready_sent = AtomicBool::new(true);
+    notifier.ready(&match &endpoint {
+        None => "no hub configured: reports wait in the outbox".to_string(),
+        Some(e) => format!("started; hub: connecting to {}", e.url()),
+    });
+    tracing::info!(
+        "started in {:.1} s; leftovers are taken up in the background",
+        started.elapsed().as_secs_f32()
+    );
+    let dispatched: Vec<hub_protocol::TxnId> = match outbox.open_dispatches().await {
+        Ok(open) => open.iter().map(|d| d.txn).collect(),
+        Err(e) => {
+            tracing::error!("cannot read the open dispatches: {e}");
+            Vec::new()
+        }
+    };
+    let leftovers = {
+        let (runner, outbox, cancel) = (runner.clone(), outbox.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            runner.take_up_leftovers(&outbox, dispatched, cancel).await;
+        })
+    };
     let (acks_tx, mut acks_rx) = mpsc::unbounded_channel();
     let dispatcher = Dispatcher::new(runner, inventory.clone(), outbox.clone(), acks_tx);
     if let Err(e) = dispatcher.resume().await {
@@ -218,7 +247,6 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
     let mut sessions = 0u64;
     match endpoint {
         None => {
-            notifier.ready("no hub configured: reports wait in the outbox");
             tracing::info!(
                 "no [hub] configured: reports wait in the outbox until a hub is configured"
             );
@@ -256,7 +284,6 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
                     stop_session.cancel();
                 });
             }
-            let ready_sent = AtomicBool::new(false);
             let ctx = SessionContext {
                 endpoint: &endpoint,
                 timing: &settings.timing,
@@ -322,6 +349,14 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
             notifier.stopping("stopping");
             dispatcher.shutdown(settings.timing.shutdown_grace).await;
         }
+    }
+    // The background take-up stops at its next journaled step (the shutdown stops its
+    // waiting, never PVE's work) before the outbox closes.
+    if tokio::time::timeout(settings.timing.shutdown_grace, leftovers)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the take-up of leftover transactions did not stop within the grace; the next start takes them up from the journal");
     }
     background.cancel();
     let report = DaemonReport {

@@ -5,7 +5,7 @@
 //! A dispatch runs exactly the transaction the command line runs (`--selftest=provision`,
 //! `destroy`, `--selftest=restore`), under the dispatch's own transaction id, so a re-dispatch
 //! of a known id finds it in the journal: a finished one answers with its result, an open one
-//! (the agent died) is settled from the journal and never started over.
+//! (the agent was stopped) is resumed from its journal and never started over.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -154,10 +154,43 @@ impl DispatchRunner for ProvisionRunner {
     }
 
     async fn prepare(&self, outbox: &Outbox, cancel: CancellationToken) -> Result<(), Failure> {
+        // Leftovers are taken up by their own task after READY (`take_up_leftovers`), never
+        // before a dispatch's own work.
+        service::take_up_leftovers_in_background();
         let reporter = OutboxReporter::spooling_results(outbox.clone(), self.cfg.state_dir.clone());
         service::prepare(&self.cfg, &reporter, &cancel)
             .await
             .map(|_| ())
+    }
+
+    async fn take_up_leftovers(
+        &self,
+        outbox: &Outbox,
+        dispatched: Vec<TxnId>,
+        cancel: CancellationToken,
+    ) {
+        let reporter = OutboxReporter::spooling_results(outbox.clone(), self.cfg.state_dir.clone());
+        let taken = service::take_up_leftovers(
+            &self.cfg,
+            &reporter,
+            &cancel,
+            &dispatched.iter().map(|t| t.ulid()).collect::<Vec<_>>(),
+        )
+        .await;
+        match taken {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("{n} transaction(s) a previous run left open were taken up"),
+            Err(f) if cancel.is_cancelled() => tracing::info!(
+                "stopped while taking up transactions a previous run left open ([{}] {}); the next start takes them up from the journal",
+                f.code,
+                f.message
+            ),
+            Err(f) => tracing::error!(
+                "cannot take up the transactions a previous run left open ([{}] {}); the next start tries again",
+                f.code,
+                f.message
+            ),
+        }
     }
 
     async fn run(

@@ -1,6 +1,6 @@
 //! The one executor of the provision machine's effects.
 //!
-//! It drives a [`State`] with [`step`] (or [`recover`]) and performs every [`Effect`] through
+//! It drives a [`State`] with [`step`] (or [`recover`], [`resume`]) and performs every [`Effect`] through
 //! the PVE client, the full guest list and the guest exec seam, in order: the journal record
 //! first (fsynced), then the PVE write it announces (write-ahead). It holds no decision of its
 //! own about ownership: whether a destroy may happen is the machine's, and this module only
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::journal::Journal;
 use super::machine::{
-    recover, step, Effect, Event, GuestView, Marker, PlanStep, RecoveryObservation, State,
+    recover, resume, step, Effect, Event, GuestView, Marker, PlanStep, RecoveryObservation, State,
     SubmitProbe, TaskExit, TaskObservation, TxnKind,
 };
 use crate::config::Config;
@@ -266,8 +266,20 @@ impl<'a> Executor<'a> {
     }
 
     /// Settle a transaction a crashed run left open: observe the recorded task and the guest,
-    /// let the machine decide, and drive the result.
+    /// let the machine's [`recover`] decide (an interrupted transaction ends `failed` or
+    /// `needs_human`, its own guest cleaned up through the gate), and drive the result.
     pub async fn settle(&mut self, state: State) -> Driven {
+        self.take_up(state, false).await
+    }
+
+    /// Resume a transaction a stopped run left open from its last journaled step: observe the
+    /// recorded task and the guest, let the machine's [`resume`] decide (it falls back to
+    /// [`recover`] where resuming is impossible), and drive it to its end.
+    pub async fn resume(&mut self, state: State) -> Driven {
+        self.take_up(state, true).await
+    }
+
+    async fn take_up(&mut self, state: State, resuming: bool) -> Driven {
         self.reset();
         let task = match state.upid() {
             None => TaskObservation::Unknown {
@@ -309,7 +321,12 @@ impl<'a> Executor<'a> {
             Some(v) => self.observe(v, state.request().guest).await,
             None => GuestView::Absent,
         };
-        let (next, effects) = recover(&state, &RecoveryObservation { task, guest });
+        let observed = RecoveryObservation { task, guest };
+        let (next, effects) = if resuming {
+            resume(&state, &observed)
+        } else {
+            recover(&state, &observed)
+        };
         self.run(next, effects).await
     }
 
@@ -543,7 +560,7 @@ impl<'a> Executor<'a> {
                 if let Some(refused) = self.check_before_start(state, vmid, guest).await {
                     return Ok(Some(Event::StartFailed { message: refused }));
                 }
-                Some(self.start(vmid, guest).await?)
+                Some(self.start(state, vmid, guest).await?)
             }
             Effect::ProveLaunch { vmid, guest } => {
                 Some(match self.prove_launch(vmid, guest, state.txn()).await {
@@ -621,8 +638,22 @@ impl<'a> Executor<'a> {
     }
 
     /// Start the guest and follow its start task.
-    async fn start(&mut self, vmid: u32, guest: GuestKind) -> Result<Event, Failure> {
+    async fn start(
+        &mut self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Result<Event, Failure> {
         let node = self.cfg.node.clone();
+        // A resumed start: the stopped run may have started the guest already.
+        if state.recovered() {
+            if let Ok(now) = self.pve.status_current(&node, guest, vmid).await {
+                if now.status == "running" {
+                    tracing::info!(vmid, "the guest already runs; its launch is proven next");
+                    return Ok(Event::Started);
+                }
+            }
+        }
         Ok(match self.pve.start(&node, guest, vmid).await {
             Err(e) => Event::StartFailed {
                 message: format!(
@@ -1056,6 +1087,9 @@ impl<'a> Executor<'a> {
         )
         .await
         .map_err(|e| e.to_string())?;
+        // The profile ran in the guest; its result is not journaled yet.
+        #[cfg(feature = "test-hooks")]
+        kill_point("during-bootstrap");
         report.into_result().map(|_| ()).map_err(|e| e.to_string())
     }
 

@@ -287,6 +287,29 @@ pub struct JournalRow {
     pub error: Option<Failure>,
     /// How a `needs_human` outcome was closed (who, why, when), if it was.
     pub resolution: Option<Resolution>,
+    /// Open, and no live process runs it: a stopped run's, waiting to be resumed.
+    pub interrupted: bool,
+    /// For an interrupted transaction, the command that resumes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume: Option<String>,
+}
+
+impl JournalRow {
+    /// Mark this row `interrupted` when it is open and no live process holds its vmid's lock
+    /// for it (see [`crate::provision::lock::running_holder`]).
+    pub fn note_interrupted(&mut self, state_dir: &Path) {
+        if self.outcome.is_some() {
+            return;
+        }
+        let running = self
+            .vmid
+            .and_then(|v| super::lock::running_holder(state_dir, v, self.txn))
+            .is_some();
+        if !running {
+            self.interrupted = true;
+            self.resume = Some(format!("felhom-agent journal resume {}", self.txn));
+        }
+    }
 }
 
 impl From<&TxnState> for JournalRow {
@@ -307,6 +330,8 @@ impl From<&TxnState> for JournalRow {
             outcome: s.outcome_kind(),
             error: s.failure().cloned(),
             resolution: s.resolution().cloned(),
+            interrupted: false,
+            resume: None,
         }
     }
 }

@@ -170,6 +170,18 @@ pub fn lock_path(state_dir: &Path, vmid: u32) -> PathBuf {
 }
 
 /// The holder recorded in a lock file (`pid N` and optionally `txn ULID` lines).
+/// Whether a live process holds (or last took, and still runs) the lock of `vmid` for
+/// transaction `txn`, read from the lock file without locking it: what `journal` uses to tell
+/// a running transaction from an interrupted one. Read only; never blocks another process.
+pub fn running_holder(state_dir: &Path, vmid: u32, txn: Ulid) -> Option<Holder> {
+    let mut file = File::open(lock_path(state_dir, vmid)).ok()?;
+    let holder = read_holder(&mut file)?;
+    let alive = holder.txn == Some(txn)
+        && (holder.pid == std::process::id()
+            || Path::new(&format!("/proc/{}", holder.pid)).exists());
+    alive.then_some(holder)
+}
+
 fn read_holder(file: &mut File) -> Option<Holder> {
     let mut text = String::new();
     file.seek(SeekFrom::Start(0)).ok()?;

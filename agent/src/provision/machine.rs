@@ -1239,7 +1239,7 @@ impl State {
         matches!(self.seen(view), Seen::Ours { .. })
     }
 
-    /// Whether this state was settled by [`recover`] after a crash.
+    /// Whether this state was taken up after a stop or crash, by [`recover`] or [`resume`].
     pub fn recovered(&self) -> bool {
         self.recovered
     }
@@ -2291,6 +2291,134 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
         },
     };
     (s, effects)
+}
+
+/// Take up a transaction a stopped run left open (SIGTERM, a kill, a crash) and go on from its
+/// last journaled step as if it had not been stopped, from what PVE says now. The transaction
+/// keeps no failure for the stop: it ends with its real outcome.
+///
+/// It resumes only while nothing has failed yet and the proof holds:
+/// - the restore request whose answer was never recorded: the node's task list is searched
+///   for its own task, which is then followed (nothing found: `failed`, nothing was created);
+/// - the recorded restore task still running: it is followed; ended OK with the guest holding
+///   the restore request's description line: the marker is written and read back;
+/// - the marker written (own task OK) and read back now: destroy is armed and the guest started;
+/// - a start, launch proof, bootstrap or checks under way (destroy armed, the guest carrying its
+///   marker and birth identity, unlocked): the start is sent again unless the guest already runs
+///   (a launch proof restarts there too), a bootstrap or the checks run again from their start
+///   (bootstrap profiles and check packs are idempotent);
+/// - the report and the gated cleanup already go on in [`recover`].
+///
+/// Everything else (a failure already recorded, a task that ended in error or cannot be read,
+/// a guest gone, locked, unreadable or without its proof) cannot be resumed and is settled by
+/// [`recover`], through the gate as after any crash. A settled state is returned unchanged.
+pub fn resume(state: &State, observed: &RecoveryObservation) -> (State, Vec<Effect>) {
+    match resumable(state, observed) {
+        Some(how) => {
+            let mut s = state.clone();
+            s.recovered = true;
+            let effects = how.apply(&mut s);
+            (s, effects)
+        }
+        None => recover(state, observed),
+    }
+}
+
+/// How [`resume`] goes on from a journaled step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resumption {
+    /// Search the task list for the restore request's own task.
+    FindTask,
+    /// Follow the recorded restore task.
+    FollowTask,
+    /// The task ended OK meanwhile: write and read back the marker.
+    WriteMarker,
+    /// The marker was read back now: arm and start.
+    Arm,
+    /// Start (again, unless it runs), then prove the launch.
+    Start,
+    /// Run the bootstrap again from its start.
+    Bootstrap,
+    /// Run the checks again from their start.
+    Checks,
+}
+
+/// Whether `state` can go on from its journaled step, and how (see [`resume`]).
+fn resumable(state: &State, observed: &RecoveryObservation) -> Option<Resumption> {
+    if state.is_terminal() || state.failure.is_some() || state.request.dry_run {
+        return None;
+    }
+    state.request.vmid?;
+    let seen = state.seen(&observed.guest);
+    let described = observed.guest.description_carries(&state.marker);
+    let proven = state.destroy_armed
+        && state.disarmed.is_none()
+        && state.identity.is_some()
+        && matches!(seen, Seen::Ours { lock: None });
+    match state.step {
+        Step::Submit | Step::ProbeSubmit => Some(Resumption::FindTask),
+        Step::Task if state.upid.is_some() => match observed.task {
+            TaskObservation::Running => Some(Resumption::FollowTask),
+            TaskObservation::Ok if described && !matches!(seen, Seen::Absent) => {
+                Some(Resumption::WriteMarker)
+            }
+            _ => None,
+        },
+        Step::WriteMarker | Step::VerifyMarker if state.task_ok && state.upid.is_some() => {
+            match seen {
+                Seen::Ours { lock: None } => Some(Resumption::Arm),
+                _ if described => Some(Resumption::WriteMarker),
+                _ => None,
+            }
+        }
+        Step::Start | Step::ProveLaunch if proven => Some(Resumption::Start),
+        Step::Bootstrap if proven => Some(Resumption::Bootstrap),
+        Step::Checks if proven => Some(Resumption::Checks),
+        _ => None,
+    }
+}
+
+impl Resumption {
+    fn apply(self, s: &mut State) -> Vec<Effect> {
+        let vmid = s.request.vmid.unwrap_or_default();
+        let guest = s.guest();
+        match self {
+            Resumption::FindTask => s.find_own_task(vmid),
+            Resumption::FollowTask => {
+                let upid = s.upid.clone().unwrap_or_default();
+                s.step = Step::Task;
+                vec![s.journal(), Effect::WaitTask { upid }]
+            }
+            Resumption::WriteMarker => {
+                s.task_ok = true;
+                s.step = Step::WriteMarker;
+                vec![
+                    s.journal(),
+                    Effect::WriteMarker {
+                        vmid,
+                        guest,
+                        marker: s.marker,
+                    },
+                ]
+            }
+            Resumption::Arm => {
+                s.step = Step::VerifyMarker;
+                vec![s.journal(), Effect::VerifyMarker { vmid, guest }]
+            }
+            Resumption::Start => {
+                s.step = Step::Start;
+                vec![s.journal(), Effect::Start { vmid, guest }]
+            }
+            Resumption::Bootstrap => {
+                s.step = Step::Bootstrap;
+                vec![s.journal(), Effect::Bootstrap { vmid, guest }]
+            }
+            Resumption::Checks => {
+                s.step = Step::Checks;
+                vec![s.journal(), Effect::RunChecks { vmid, guest }]
+            }
+        }
+    }
 }
 
 /// Settle a restore whose task ended OK and whose guest holds the marker's description line

@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
-use super::{full_list, open_journal, pve_client, settle_one, Driven, SettleOne};
+use super::{full_list, open_journal, pve_client, settle_one, Driven, SettleOne, TakeUp};
 use crate::config::Config;
 use crate::error::{ErrorCode, Failure};
 use crate::inventory::GuestType;
@@ -359,23 +359,50 @@ pub async fn refresh(cfg: &Config) -> Result<RefreshReport, Failure> {
     Ok(RefreshReport { at, rows })
 }
 
-/// `journal cancel TXN`: settle one open transaction whose process is gone, exactly as the next
-/// writing command would (its vmid's lock, the recorded task and the guest observed, an armed
-/// cleanup only through a fresh ownership re-check). Refused while its lock is held or when it
-/// is not open.
+/// `journal cancel TXN`: end one open transaction whose process is gone without resuming it
+/// (its vmid's lock, the recorded task followed and the guest observed, an armed cleanup only
+/// through a fresh ownership re-check; `failed` or `needs_human`). Refused while its lock is
+/// held or when it is not open.
 pub async fn cancel(
     cfg: &Config,
     input: &str,
     reporter: &dyn Reporter,
     token: CancellationToken,
 ) -> Result<Driven, Failure> {
+    take_up(cfg, input, reporter, token, TakeUp::Settle).await
+}
+
+/// `journal resume TXN`: resume one open transaction whose process is gone from its last
+/// journaled step, exactly as the next writing command would, and drive it to its end (where
+/// it cannot be resumed it is settled through the gate). Refused while its lock is held or
+/// when it is not open.
+pub async fn resume(
+    cfg: &Config,
+    input: &str,
+    reporter: &dyn Reporter,
+    token: CancellationToken,
+) -> Result<Driven, Failure> {
+    take_up(cfg, input, reporter, token, TakeUp::Resume).await
+}
+
+async fn take_up(
+    cfg: &Config,
+    input: &str,
+    reporter: &dyn Reporter,
+    token: CancellationToken,
+    how: TakeUp,
+) -> Result<Driven, Failure> {
+    let verb = match how {
+        TakeUp::Resume => "resume",
+        TakeUp::Settle => "cancel",
+    };
     let journal = open_journal(cfg)?;
     let state = named(&journal, input)?;
     let not_open = |s: &State| {
         Failure::new(
             ErrorCode::TxnNotOpen,
             format!(
-                "transaction {} (vmid {}) is {}; `journal cancel` settles only an open \
+                "transaction {} (vmid {}) is {}; `journal {verb}` takes up only an open \
                  transaction. Nothing was done",
                 s.txn(),
                 s.vmid().map_or("-".to_string(), |v| v.to_string()),
@@ -398,7 +425,7 @@ pub async fn cancel(
         ));
     };
     let pve = pve_client(cfg)?;
-    match settle_one(cfg, &pve, &journal, reporter, &token, &state).await {
+    match settle_one(cfg, &pve, &journal, reporter, &token, &state, how).await {
         SettleOne::Settled(driven) => Ok(*driven),
         SettleOne::Held(reason) => Err(Failure::new(
             ErrorCode::VmidInUse,

@@ -6,9 +6,11 @@
 //! ended before a transaction existed); formatting for a person, for `--json` or for the wire
 //! is the front ends' business.
 //!
-//! What it owns: opening the PVE client and the journal, settling what a crashed run left open
-//! (DESIGN rule 6) before anything is written, the vmid verdict against the FULL guest list,
-//! the per-vmid lock, and handing a transaction to the provision executor.
+//! What it owns: opening the PVE client and the journal, taking up what a stopped run left
+//! open (DESIGN rule 6: resumed from its last journaled step, or settled through the gate where
+//! it cannot be) before anything is written (in the daemon: in the background), the vmid
+//! verdict against the FULL guest list, the per-vmid lock, and handing a transaction to the
+//! provision executor.
 //!
 //! It may use `metrics`, `provision`, `guest`, `inventory`, `vmid`, `pve`, `config`, `error` and the
 //! hub's wire types (`hub_protocol`), never `cli` or `hub`.
@@ -18,6 +20,7 @@ pub mod restore_test;
 
 use std::fs::DirBuilder;
 use std::os::unix::fs::DirBuilderExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use hub_protocol::{ErrorInfo, TxnId, TxnResult};
@@ -78,7 +81,19 @@ pub struct Prepared {
     pub journal: Journal,
 }
 
-/// Open the client and the journal, and settle what a crashed run left open.
+/// Whether this process takes up leftover transactions in a task of its own (the daemon), so
+/// that a writing command it runs leaves them to that task instead of taking them up first.
+static LEFTOVERS_IN_BACKGROUND: AtomicBool = AtomicBool::new(false);
+
+/// Leftover transactions are taken up by a task of their own in this process (the daemon's
+/// background settle): [`prepare`] no longer takes them up before a command writes.
+pub fn take_up_leftovers_in_background() {
+    LEFTOVERS_IN_BACKGROUND.store(true, Ordering::SeqCst);
+}
+
+/// Open the client and the journal, and take up what a stopped run left open: each open
+/// transaction resumes from its last journaled step (see [`settle_open`]). In the daemon
+/// ([`take_up_leftovers_in_background`]) that is left to its own task.
 pub async fn prepare(
     cfg: &Config,
     reporter: &dyn Reporter,
@@ -86,9 +101,22 @@ pub async fn prepare(
 ) -> Result<Prepared, Failure> {
     let pve = pve_client(cfg)?;
     let journal = open_journal(cfg)?;
-    settle_open(cfg, &pve, &journal, reporter, cancel).await?;
+    if !LEFTOVERS_IN_BACKGROUND.load(Ordering::SeqCst) {
+        settle_open(cfg, &pve, &journal, reporter, cancel, TakeUp::Resume).await?;
+    }
     compact(cfg, &journal);
     Ok(Prepared { pve, journal })
+}
+
+/// The open transaction on `vmid` a stopped run left, if any: a new transaction there waits
+/// until it has ended (the daemon takes it up in the background).
+pub fn open_on_vmid(journal: &Journal, vmid: u32) -> Result<Option<State>, Failure> {
+    Ok(journal
+        .open_transactions()
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?
+        .into_iter()
+        .map(|t| t.state)
+        .find(|s| s.vmid() == Some(vmid)))
 }
 
 /// How this process reaches into LXC containers: the root exec helper when `[exec]
@@ -230,9 +258,13 @@ pub async fn vmid_check(
 
 /// `journal`: every transaction, newest state of each.
 pub fn journal_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
-    open_journal(cfg)?
+    let mut rows = open_journal(cfg)?
         .list()
-        .map_err(|e| Failure::new(e.code(), e.to_string()))
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    for r in &mut rows {
+        r.note_interrupted(&cfg.state_dir);
+    }
+    Ok(rows)
 }
 
 /// How many settled transactions `felhom-agent journal` shows besides those that may still
@@ -242,9 +274,13 @@ pub const LIST_SETTLED: usize = 50;
 /// `felhom-agent journal`: every open, `needs_human` and kept transaction and the
 /// [`LIST_SETTLED`] settled ones written last.
 pub fn journal_listing(cfg: &Config) -> Result<Listing, Failure> {
-    open_journal(cfg)?
+    let mut listing = open_journal(cfg)?
         .list_recent(LIST_SETTLED)
-        .map_err(|e| Failure::new(e.code(), e.to_string()))
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    for r in &mut listing.rows {
+        r.note_interrupted(&cfg.state_dir);
+    }
+    Ok(listing)
 }
 
 /// Rewrite the journal's metrics file after a transaction; a failure is a warning only.
@@ -297,15 +333,42 @@ pub fn archived_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
         .collect())
 }
 
-/// Settle every open transaction a crashed run left (DESIGN rule 6): finish an armed cleanup,
-/// or mark it `needs_human`. Transactions whose vmid lock is held belong to a live process and
-/// are left alone. Returns how many were settled.
+/// Refuse a new transaction `txn` on `vmid` while another one there is still open (a stopped
+/// run's, not taken up yet): one transaction per vmid at a time.
+fn refuse_while_open(journal: &Journal, vmid: u32, txn: Ulid) -> Result<(), Failure> {
+    match open_on_vmid(journal, vmid)? {
+        Some(open) if open.txn() != txn => Err(Failure::new(
+            ErrorCode::VmidInUse,
+            format!(
+                "transaction {} on vmid {vmid} is still open (a stopped run's, being resumed);                  nothing was done. Retry once it has ended (`felhom-agent journal`)",
+                open.txn()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// How an open transaction a stopped run left is taken up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeUp {
+    /// Go on from its last journaled step to its real end (the machine's `resume`; where that
+    /// is impossible it is settled as by [`TakeUp::Settle`]).
+    Resume,
+    /// End it now (DESIGN rule 6, the machine's `recover`): follow a running task, clean its
+    /// own guest up through the gate, `failed` or `needs_human` with the reason.
+    Settle,
+}
+
+/// Take up every open transaction a stopped run left (DESIGN rule 6): resume it, or settle it
+/// (an armed cleanup finished, or `needs_human`), as `how` says. Transactions whose vmid lock
+/// is held belong to a live process and are left alone. Returns how many were taken up.
 pub async fn settle_open(
     cfg: &Config,
     pve: &PveClient,
     journal: &Journal,
     reporter: &dyn Reporter,
     cancel: &CancellationToken,
+    how: TakeUp,
 ) -> Result<usize, Failure> {
     let open = journal
         .open_transactions()
@@ -313,7 +376,7 @@ pub async fn settle_open(
     let mut settled = 0;
     for t in open {
         if let SettleOne::Settled(driven) =
-            settle_one(cfg, pve, journal, reporter, cancel, &t.state).await
+            settle_one(cfg, pve, journal, reporter, cancel, &t.state, how).await
         {
             if let Some(h) = driven.halted {
                 return Err(h);
@@ -322,6 +385,47 @@ pub async fn settle_open(
         }
     }
     Ok(settled)
+}
+
+/// The daemon's background take-up: resume every open transaction a stopped run left, except
+/// those in `skip` (open dispatches, which the dispatcher resumes itself). Each runs under its
+/// vmid's lock; one held by a live process is left alone. Stops at the first halted drive (the
+/// shutdown). Returns how many were taken up.
+pub async fn take_up_leftovers(
+    cfg: &Config,
+    reporter: &dyn Reporter,
+    cancel: &CancellationToken,
+    skip: &[Ulid],
+) -> Result<usize, Failure> {
+    let pve = pve_client(cfg)?;
+    let journal = open_journal(cfg)?;
+    let open = journal
+        .open_transactions()
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    let mut taken = 0;
+    for t in open.iter().filter(|t| !skip.contains(&t.state.txn())) {
+        if cancel.is_cancelled() {
+            break;
+        }
+        if let SettleOne::Settled(driven) = settle_one(
+            cfg,
+            &pve,
+            &journal,
+            reporter,
+            cancel,
+            &t.state,
+            TakeUp::Resume,
+        )
+        .await
+        {
+            if let Some(h) = driven.halted {
+                return Err(h);
+            }
+            taken += 1;
+        }
+    }
+    compact(cfg, &journal);
+    Ok(taken)
 }
 
 /// What [`settle_one`] did with one open transaction.
@@ -335,9 +439,9 @@ pub enum SettleOne {
     NotOpen,
 }
 
-/// Settle one open transaction as every writing command does before it writes: under its
-/// vmid's lock, re-read from the journal, observed and driven by the machine's recovery (an
-/// armed cleanup only through a fresh ownership re-check).
+/// Take up one open transaction as every writing command does before it writes: under its
+/// vmid's lock, re-read from the journal, observed and driven by the machine's resume or
+/// recovery (`how`; an armed cleanup only through a fresh ownership re-check).
 pub async fn settle_one(
     cfg: &Config,
     pve: &PveClient,
@@ -345,6 +449,7 @@ pub async fn settle_one(
     reporter: &dyn Reporter,
     cancel: &CancellationToken,
     open: &State,
+    how: TakeUp,
 ) -> SettleOne {
     let Some(vmid) = open.vmid() else {
         return SettleOne::NotOpen;
@@ -366,12 +471,21 @@ pub async fn settle_one(
         }
         _ => return SettleOne::NotOpen,
     };
-    tracing::warn!(txn = %state.txn(), vmid, phase = state.phase().as_str(), "settling a transaction a previous run left open");
     let mut exec = Executor::new(cfg, pve, journal, reporter, cancel.clone(), lxc_route(cfg));
-    let driven = exec.settle(state).await;
+    let driven = match how {
+        TakeUp::Resume => {
+            tracing::warn!(txn = %state.txn(), vmid, phase = state.phase().as_str(), step = state.step().as_str(), "resuming a transaction a previous run left open");
+            exec.resume(state).await
+        }
+        TakeUp::Settle => {
+            tracing::warn!(txn = %state.txn(), vmid, phase = state.phase().as_str(), "settling a transaction a previous run left open");
+            exec.settle(state).await
+        }
+    };
     if let Some(o) = driven.state.outcome() {
         tracing::warn!(txn = %o.txn, vmid, outcome = o.outcome.as_str(), phase = o.phase.as_str(), destroyed = o.destroyed, "settled");
     }
+    refresh_metrics(cfg, journal);
     SettleOne::Settled(Box::new(driven))
 }
 
@@ -429,6 +543,9 @@ pub async fn provision(
                 .map_err(|e| Failure::new(e.code(), e.to_string()))?,
         )
     };
+    if !req.dry_run {
+        refuse_while_open(&prepared.journal, vmid_num, txn)?;
+    }
     let request = Request {
         txn,
         kind,
@@ -483,6 +600,7 @@ pub async fn destroy(
     let prepared = prepare(cfg, reporter, &cancel).await?;
     let _lock = VmidLock::try_acquire(&cfg.state_dir, vmid_num, Some(txn))
         .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    refuse_while_open(&prepared.journal, vmid_num, txn)?;
     let origin = prepared
         .journal
         .last_owner_record(vmid_num)
@@ -525,9 +643,10 @@ pub fn known(cfg: &Config, txn: Ulid) -> Option<State> {
     journal.get_any(txn).ok().flatten().map(|t| t.state)
 }
 
-/// Settle a transaction a dispatch finds open in the journal (the agent died while it ran):
-/// follow it from the journal, never start it over. `None` when it cannot be taken up now
-/// (PVE client, journal or lock unavailable).
+/// Resume a transaction a dispatch finds open in the journal (the agent was stopped while it
+/// ran): go on from its last journaled step to its end, never start it over (where it cannot
+/// be resumed, it is settled through the gate). `None` when it cannot be taken up now (PVE
+/// client, journal or lock unavailable).
 pub async fn resume(
     cfg: &Config,
     state: State,
@@ -542,8 +661,9 @@ pub async fn resume(
         // The last record's event may have been lost with the process: report it again.
         reporter.phase(&journaled.state, journaled.records);
     }
+    tracing::warn!(txn = %state.txn(), vmid, phase = state.phase().as_str(), step = state.step().as_str(), "resuming a transaction a previous run left open");
     let mut exec = Executor::new(cfg, &pve, &journal, reporter, cancel, lxc_route(cfg));
-    let driven = exec.settle(state).await;
+    let driven = exec.resume(state).await;
     refresh_metrics(cfg, &journal);
     Some(driven)
 }

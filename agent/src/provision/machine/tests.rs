@@ -2468,3 +2468,190 @@ fn the_exec_helper_accepts_every_step_that_runs_commands_in_the_guest_and_nothin
     let gone = settled_kept().disarmed_by("guest 120 was not in the full guest list");
     assert!(check_claim(&gone, VMID, "felhom", id).is_err());
 }
+
+// ----- resume after a stop -----
+
+/// Every open step a journal can hold, each as the normal path reaches it.
+fn open_steps() -> Vec<State> {
+    let mut states = vec![State::new(request(GuestKind::Lxc, false, false))];
+    for target in [
+        Step::Submit,
+        Step::ProbeSubmit,
+        Step::Task,
+        Step::StopTask,
+        Step::ProbeLeftover,
+        Step::WriteMarker,
+        Step::VerifyMarker,
+        Step::Start,
+        Step::ProveLaunch,
+        Step::Bootstrap,
+        Step::Checks,
+        Step::Report,
+        Step::Recheck,
+        Step::Destroy,
+        Step::ConfirmDestroyed,
+    ] {
+        states.push(at(target));
+    }
+    // A failure already recorded before the stop (failed checks, cleanup under way).
+    let failed = apply(
+        &at(Step::Checks),
+        Event::ChecksFailed {
+            message: "port 80 closed".to_string(),
+        },
+    )
+    .0;
+    assert_eq!(failed.step(), Step::Recheck);
+    states.push(failed);
+    states
+}
+
+fn task_observations() -> Vec<(&'static str, TaskObservation)> {
+    vec![
+        ("running", running()),
+        ("ok", TaskObservation::Ok),
+        (
+            "error",
+            TaskObservation::Error {
+                message: "unable to restore CT 120".to_string(),
+            },
+        ),
+        (
+            "unknown",
+            TaskObservation::Unknown {
+                message: "no such task".to_string(),
+            },
+        ),
+    ]
+}
+
+fn guest_views(m: &Marker) -> Vec<(&'static str, GuestView)> {
+    vec![
+        ("absent", GuestView::Absent),
+        ("ours", ours(m)),
+        ("ours locked", ours_locked(m, "backup")),
+        ("copy", copy_of(m)),
+        ("described", described(m)),
+        ("not ours", not_ours()),
+        ("unreadable", unreadable()),
+    ]
+}
+
+/// Where [`resume`] must go on (step after it, effects), written out pair by pair; every other
+/// pair must be settled exactly as [`recover`] settles it.
+fn resumes_to(s: &State, task: &str, view: &str) -> Option<(Step, &'static [&'static str])> {
+    if s.failure().is_some() {
+        return None;
+    }
+    let marked = ["ours", "ours locked", "copy", "described"];
+    match (s.step(), task, view) {
+        (Step::Submit, _, _) => Some((Step::ProbeSubmit, &["journal", "find_own_task"])),
+        (Step::Task, "running", _) => Some((Step::Task, &["journal", "wait_task"])),
+        (Step::Task, "ok", v) if marked.contains(&v) => {
+            Some((Step::WriteMarker, &["journal", "write_marker"]))
+        }
+        // Before the identity is recorded, any guest with the marker and no lock is read back.
+        (Step::WriteMarker | Step::VerifyMarker, _, "ours" | "copy") => {
+            Some((Step::VerifyMarker, &["journal", "verify_marker"]))
+        }
+        (Step::WriteMarker | Step::VerifyMarker, _, "ours locked" | "described") => {
+            Some((Step::WriteMarker, &["journal", "write_marker"]))
+        }
+        (Step::Start | Step::ProveLaunch, _, "ours") => Some((Step::Start, &["journal", "start"])),
+        (Step::Bootstrap, _, "ours") => Some((Step::Bootstrap, &["journal", "bootstrap"])),
+        (Step::Checks, _, "ours") => Some((Step::Checks, &["journal", "run_checks"])),
+        _ => None,
+    }
+}
+
+#[test]
+fn resume_goes_on_where_it_can_and_settles_every_other_pair_as_recovery_does() {
+    let m = Marker::new(txn());
+    let mut resumed = 0;
+    let mut settled = 0;
+    for from in open_steps() {
+        for (task_name, task) in task_observations() {
+            for (view_name, view) in guest_views(&m) {
+                let n = format!("{} / task {task_name} / guest {view_name}", from.step());
+                let observed = obs(task.clone(), view);
+                let (s, effects) = resume(&from, &observed);
+                assert!(s.recovered(), "{n}: recovered flag");
+                match resumes_to(&from, task_name, view_name) {
+                    Some((step, want)) => {
+                        resumed += 1;
+                        assert_eq!(s.step(), step, "{n}: step");
+                        assert_eq!(names(&effects), want, "{n}: effects");
+                        assert!(s.failure().is_none(), "{n}: a failure was recorded");
+                        assert!(s.outcome_kind().is_none(), "{n}: settled");
+                        assert_eq!(s.phase(), from.phase(), "{n}: phase");
+                        assert_eq!(s.destroy_armed(), from.destroy_armed(), "{n}: armed");
+                    }
+                    None => {
+                        settled += 1;
+                        assert_eq!(
+                            (s, effects),
+                            recover(&from, &observed),
+                            "{n}: not settled as recovery settles it"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        resumed > 40 && settled > 300,
+        "{resumed} resumed, {settled} settled"
+    );
+}
+
+#[test]
+fn resume_leaves_a_settled_transaction_alone() {
+    let done = drive(at(Step::Report), Step::Done);
+    let (s, effects) = resume(&done, &obs(TaskObservation::Ok, ours(&done.marker())));
+    assert_eq!(s, done);
+    assert!(effects.is_empty());
+}
+
+#[test]
+fn a_task_followed_after_a_stop_runs_to_the_real_end_ok_and_destroyed() {
+    let m = Marker::new(txn());
+    let (mut s, effects) = resume(&at(Step::Task), &obs(running(), described(&m)));
+    assert_eq!(names(&effects), ["journal", "wait_task"]);
+    // The rest is the normal path, event by event, with nothing failed.
+    for _ in 0..20 {
+        if s.is_terminal() {
+            break;
+        }
+        let e = towards(&s, Step::Done);
+        s = apply(&s, e).0;
+    }
+    let o = s.outcome().expect("settled");
+    assert_eq!(o.outcome, OutcomeKind::Ok, "{o:?}");
+    assert!(o.destroyed && o.error.is_none(), "{o:?}");
+    assert_eq!(s.phase(), Phase::Destroyed);
+    assert_eq!(s.reached(), Phase::Reported);
+}
+
+#[test]
+fn a_bootstrap_cut_by_a_stop_runs_again_and_a_kept_guest_stays_kept() {
+    let from = at_with(Step::Bootstrap, GuestKind::Lxc, true);
+    let (s, effects) = resume(&from, &obs(TaskObservation::Ok, ours(&from.marker())));
+    assert_eq!(names(&effects), ["journal", "bootstrap"]);
+    let (s, _) = apply(&s, Event::Bootstrapped);
+    let (s, _) = apply(&s, Event::ChecksPassed);
+    let (s, effects) = apply(&s, Event::ReportQueued);
+    assert_eq!(names(&effects), ["journal"]);
+    assert_eq!(s.outcome_kind(), Some(OutcomeKind::Ok));
+    assert!(s.destroy_armed() && !s.destroyed());
+}
+
+#[test]
+fn a_resumed_launch_proof_starts_again_first() {
+    let from = at(Step::ProveLaunch);
+    let (s, effects) = resume(&from, &obs(TaskObservation::Ok, ours(&from.marker())));
+    assert_eq!(names(&effects), ["journal", "start"]);
+    assert_eq!(s.step(), Step::Start);
+    let (s, effects) = apply(&s, Event::Started);
+    assert_eq!(names(&effects), ["journal", "prove_launch"]);
+    assert_eq!(s.phase(), Phase::Started);
+}
