@@ -151,6 +151,59 @@ impl PveClient {
         &self,
         req: &ApiRequest,
     ) -> Result<serde_json::Map<String, Value>, PveError> {
+        let started = std::time::Instant::now();
+        let result = self.exchange(req).await;
+        // One line per request, worth turning on: method, path (never the query, a header or
+        // a body), PVE's status and the time taken.
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match &result {
+            Ok((status, _, _)) => tracing::debug!(
+                method = req.method.as_str(),
+                path = %req.path,
+                status = status.as_u16(),
+                ms,
+                "PVE request"
+            ),
+            Err(e) => tracing::debug!(
+                method = req.method.as_str(),
+                path = %req.path,
+                status = "none",
+                ms,
+                error = e.code().as_str(),
+                "PVE request"
+            ),
+        }
+        let (status, reason, bytes) = result?;
+        if !status.is_success() {
+            let reason = reason.or_else(|| status.canonical_reason().map(str::to_string));
+            return Err(PveError::Api(decode_error(
+                req.method.as_str(),
+                &req.path,
+                status.as_u16(),
+                reason.as_deref(),
+                &bytes,
+            )));
+        }
+        let envelope: Value = serde_json::from_slice(&bytes).map_err(|e| PveError::Decode {
+            method: req.method.as_str(),
+            path: req.path.clone(),
+            detail: format!("not JSON: {e}"),
+        })?;
+        match envelope {
+            Value::Object(m) => Ok(m),
+            _ => Err(PveError::Decode {
+                method: req.method.as_str(),
+                path: req.path.clone(),
+                detail: "no {\"data\": …} envelope".to_string(),
+            }),
+        }
+    }
+
+    /// Send the request and read the answer: status, reason phrase, body.
+    async fn exchange(
+        &self,
+        req: &ApiRequest,
+    ) -> Result<(reqwest::StatusCode, Option<String>, Vec<u8>), PveError> {
         let url = req.url(&self.base);
         let method = match req.method {
             Method::Get => reqwest::Method::GET,
@@ -177,29 +230,7 @@ impl PveClient {
             .get::<hyper::ext::ReasonPhrase>()
             .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
         let bytes = self.read_body(req, resp).await?;
-        if !status.is_success() {
-            let reason = reason.or_else(|| status.canonical_reason().map(str::to_string));
-            return Err(PveError::Api(decode_error(
-                req.method.as_str(),
-                &req.path,
-                status.as_u16(),
-                reason.as_deref(),
-                &bytes,
-            )));
-        }
-        let envelope: Value = serde_json::from_slice(&bytes).map_err(|e| PveError::Decode {
-            method: req.method.as_str(),
-            path: req.path.clone(),
-            detail: format!("not JSON: {e}"),
-        })?;
-        match envelope {
-            Value::Object(m) => Ok(m),
-            _ => Err(PveError::Decode {
-                method: req.method.as_str(),
-                path: req.path.clone(),
-                detail: "no {\"data\": …} envelope".to_string(),
-            }),
-        }
+        Ok((status, reason, bytes))
     }
 
     /// Read an answer's body, refusing one over [`MAX_RESPONSE_BYTES`] (guest agent output
