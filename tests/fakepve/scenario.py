@@ -1276,6 +1276,27 @@ class ScenarioPve(fake_server.FakePve):
         """Forget the recorded violations (a test that sent one on purpose)."""
         self.destroy_violations = ()
 
+    # The largest POST/PUT body accepted (`/set {"post_limit": 65536}`; None: fakepve's own
+    # limit). pve-http-server `src/PVE/APIServer/AnyEvent.pm` `authenticate_and_handle_request`,
+    # after authentication: a Content-Length over `$limit_max_post` (64 KiB until
+    # libpve-http-server-perl 5.2.1, 512 KiB since) answers `501 for data too large`, the
+    # reason phrase also being the plain-text body, and the handler never runs.
+    post_limit = None
+
+    @web.middleware
+    async def _middleware(self, request, handler):
+        limit = self.post_limit
+        if limit and request.method in ('POST', 'PUT') and (request.content_length or 0) > int(limit):
+            try:
+                self._authenticate(request)
+            except fake_model.PveError:
+                return await super()._middleware(request, handler)
+            self._record(request, b'')
+            response = web.Response(status=501, reason='for data too large', text='for data too large')
+            response.force_close()
+            return response
+        return await super()._middleware(request, handler)
+
     async def _answer(self, request, handler, generic, path_node):
         # pmxcfs has the new config (the `lock: create` placeholder) in .vmlist before PVE
         # answers the create with its UPID: keep the file in step before every answer.
