@@ -268,6 +268,10 @@ const REFUSAL_WORDINGS: &[&str] = &[
     "protection mode enabled",
     "can't overwrite running container",
     "no such ",
+    // pve-guest-common `src/PVE/ReplicationConfig.pm` `check_for_existing_jobs`, which a guest
+    // DELETE without `purge` runs: "There is a replication job '<id>' for guest '<vmid>' -
+    // Please remove that first." A person must remove the job; sending again changes nothing.
+    "Please remove that first",
 ];
 
 /// Whether `message` is one of PVE's known refusals (see [`REFUSAL_WORDINGS`]).
@@ -392,6 +396,23 @@ fn clip_pve_text(text: String, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replication_job_is_a_refusal_never_retried() {
+        let m = "There is a replication job '120-0' for guest '120' - Please remove that first.";
+        let e = decode_error(
+            "DELETE",
+            "/nodes/pve1/lxc/120",
+            500,
+            Some(m),
+            format!("{{\"data\":null,\"message\":\"{m}\\n\"}}").as_bytes(),
+        );
+        assert_eq!(e.kind, ApiErrorKind::Refusal);
+        assert_eq!(e.message, m);
+        let err = PveError::Api(e);
+        assert!(!err.is_transient());
+        assert_eq!(err.code(), ErrorCode::PveRefused);
+    }
 
     #[test]
     fn new_format_message_wins() {
