@@ -211,7 +211,8 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
     check_backups(cfg, client, r).await;
     match client.pool(&cfg.pool).await {
         Ok(Some(_)) => r.pass("pool", format!("pool {} exists", cfg.pool)),
-        Ok(None) => r.fail("pool", ErrorCode::ConfigInvalid, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
+        Ok(None) => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
+        Err(e) if e.code() == ErrorCode::PoolMissing => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist (PVE: {e}); create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
         Err(e) => r.fail("pool", e.code(), format!("cannot read pool {}: {e}", cfg.pool)),
     }
 }

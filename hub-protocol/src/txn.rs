@@ -241,11 +241,14 @@ pub enum ErrorCode {
     /// The exec helper: the transaction is not open in a step that runs commands in the guest
     /// (launch proof, bootstrap, checks); kept and settled transactions never are.
     ExecWrongPhase,
+    /// The agent's pool does not exist on the cluster (PVE: `pool '<id>' does not exist`);
+    /// `pveum pool add <id>` creates it.
+    PoolMissing,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 38] = [
+    pub const ALL: [ErrorCode; 39] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -284,6 +287,7 @@ impl ErrorCode {
         ErrorCode::ExecHelperUnavailable,
         ErrorCode::ExecGuestPrivileged,
         ErrorCode::ExecWrongPhase,
+        ErrorCode::PoolMissing,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -327,6 +331,7 @@ impl ErrorCode {
             ErrorCode::ExecHelperUnavailable => "exec_helper_unavailable",
             ErrorCode::ExecGuestPrivileged => "exec_guest_privileged",
             ErrorCode::ExecWrongPhase => "exec_wrong_phase",
+            ErrorCode::PoolMissing => "pool_missing",
         }
     }
 }
@@ -501,8 +506,9 @@ mod tests {
             (ErrorCode::NotNeedsHuman, "not_needs_human"),
             (ErrorCode::TxnNotOpen, "txn_not_open"),
             (ErrorCode::TxnUnknown, "txn_unknown"),
+            (ErrorCode::PoolMissing, "pool_missing"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 38);
+        assert_eq!(ErrorCode::ALL.len(), 39);
     }
 
     #[test]

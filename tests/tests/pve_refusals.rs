@@ -31,3 +31,47 @@ fn a_destroy_refused_for_a_replication_job_needs_a_human_and_is_not_retried() {
     assert_eq!(deletes.len(), 1, "sent once, not retried: {deletes:?}");
     assert!(w.pve.guest(120).is_some(), "the guest stays for the human");
 }
+
+fn missing_pool_world() -> World {
+    let opts = felhom_tests::fakepve::AgentOptions {
+        pool: Some("felhom-gone".to_string()),
+        ..felhom_tests::fakepve::AgentOptions::default()
+    };
+    World::with_options(felhom_tests::fakepve::demo_scenario(), &opts)
+}
+
+#[test]
+fn doctor_names_a_missing_pool_with_its_code_and_the_command_that_creates_it() {
+    let w = missing_pool_world();
+    let run = w.agent(&["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    let pool = doc["checks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == "pool"))
+        .unwrap_or_else(|| panic!("no pool check: {doc:#}"));
+    assert_eq!(pool["status"], "fail", "{doc:#}");
+    assert_eq!(pool["code"], "pool_missing", "{doc:#}");
+    let msg = pool["message"].as_str().unwrap_or("");
+    assert!(msg.contains("pveum pool add felhom-gone"), "{msg}");
+}
+
+#[test]
+fn the_preflight_refuses_a_missing_pool_with_its_code_before_any_write() {
+    let w = missing_pool_world();
+    for dry in [true, false] {
+        let mut args = vec!["--selftest=provision", "-vmid", "140", "--json"];
+        if dry {
+            args.push("--dry-run");
+        }
+        let run = w.agent(&args);
+        let doc = run.json();
+        // The node's configuration, as `config_invalid`: exit 6.
+        assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+        assert_eq!(doc["outcome"], "refused", "{doc:#}");
+        assert_eq!(doc["error"]["code"], "pool_missing", "{doc:#}");
+        let msg = doc["error"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains("pveum pool add felhom-gone"), "{msg}");
+        assert!(w.pve.writes().is_empty(), "{:?}", w.pve.writes());
+    }
+}
