@@ -1276,6 +1276,108 @@ class ScenarioPve(fake_server.FakePve):
         """Forget the recorded violations (a test that sent one on purpose)."""
         self.destroy_violations = ()
 
+    # ---- task endpoints as pve-manager `PVE/API2/Tasks.pm` serves them
+
+    @staticmethod
+    def _status_type(status):
+        # pve-common `src/PVE/UPID.pm` `normalize_status_type`.
+        if not status or status == 'unexpected status':
+            return 'unknown'
+        if status == 'OK':
+            return 'ok'
+        if re.fullmatch(r'WARNINGS: \d+', status):
+            return 'warning'
+        return 'error'
+
+    async def _task_list(self, request):
+        """`GET /nodes/{node}/tasks` as pve-manager `PVE/API2/Tasks.pm` `node_tasks`: `source`
+        (`archive`, the default: finished tasks only; `active`: running ones; `all`),
+        `userfilter` (a case-insensitive substring of the task's user, the token part split
+        off), `typefilter` (exact type), `vmid`, `since`/`until` (start time), `errors` and
+        `statusfilter` (ok, warning, error, unknown), `start`/`limit` counted over the
+        matching tasks, running ones first, then the archive newest first; `total` (every
+        matching task) beside `data`. A token sees its own tasks, a user its own and its
+        tokens', `Sys.Audit` on the node every task. Rows as PVE lists them: `user` without
+        the token, `tokenid` beside it, a finished task's exit status in `status`."""
+        node = request.match_info['node']
+        user = request[fake_server.USER]
+        p = self._verify(request, await fake_server.params(request))
+        start = int(p.get('start', 0))
+        remaining = [int(p.get('limit', 50))]
+        userfilter = p.get('userfilter')
+        typefilter = p.get('typefilter')
+        errors = truthy(p.get('errors', 0))
+        source = p.get('source', 'archive')
+        since, until = p.get('since'), p.get('until')
+        wanted = {'ok', 'warning', 'error', 'unknown'}
+        if p.get('statusfilter') is not None and not errors:
+            wanted = set(x.strip().lower() for x in re.split(r'[;, ]+', str(p['statusfilter'])) if x.strip())
+        elif errors:
+            wanted.discard('ok')
+        auditor = self.allowed(user, '/nodes/' + node, 'Sys.Audit')
+        count = [0]
+
+        def skip(task, status):
+            task_user = task['user'].split('!')[0]
+            if userfilter and userfilter.lower() not in task_user.lower():
+                return True
+            if not (auditor or self._task_owner(user, task)):
+                return True
+            if typefilter and task['type'] != typefilter:
+                return True
+            if p.get('vmid') and task['id'] != str(p['vmid']):
+                return True
+            if since is not None and task['starttime'] < int(since):
+                return True
+            if until is not None and task['starttime'] > int(until):
+                return True
+            if self._status_type(status) not in wanted:
+                return True
+            count[0] += 1
+            if count[0] <= start:
+                return True
+            return remaining[0] <= 0
+
+        def row(task, status):
+            data = dict((k, v) for k, v in task.items() if k not in ('log', 'exitstatus', 'status'))
+            name, _, token = task['user'].partition('!')
+            data['user'] = name
+            if token:
+                data['tokenid'] = token
+            data['status'] = status
+            return data
+
+        mine = [t for t in self.tasklog if t['node'] == node]
+        running = [t for t in mine if t.get('status') == 'running']
+        finished = sorted((t for t in mine if t.get('status') != 'running'),
+                          key=lambda t: (-(t.get('endtime') or t['starttime']), -t['starttime']))
+        data = []
+        if source in ('active', 'all'):
+            for task in sorted(running, key=lambda t: -t['starttime']):
+                if not skip(task, None):
+                    data.append(row(task, 'RUNNING'))
+                    remaining[0] -= 1
+        if source != 'active':
+            for task in finished:
+                status = task.get('exitstatus')
+                if not skip(task, status):
+                    data.append(row(task, status))
+                    remaining[0] -= 1
+        return web.json_response({'data': data, 'total': count[0]})
+
+    async def _task_log(self, request):
+        """`GET /nodes/{node}/tasks/{upid}/log` as pve-manager `PVE/API2/Tasks.pm`
+        `read_task_log` with pve-common `src/PVE/Tools.pm` `dump_logfile`: lines `{n, t}` from
+        `start` (0-based), at most `limit` (50 by default; 0: to the end), and `total`, the
+        number of lines of the whole log, beside `data`; an empty log is one line "no
+        content"."""
+        p = self._verify(request, await fake_server.params(request))
+        lines = list(self._get_task(request)['log']) or ['no content']
+        start, limit = int(p.get('start', 0)), int(p.get('limit', 50))
+        numbered = [{'n': n + 1, 't': t} for n, t in enumerate(lines)]
+        chosen = numbered[start:] if limit == 0 else numbered[start:start + limit]
+        return web.json_response({'data': chosen, 'total': len(lines)})
+
     # The largest POST/PUT body accepted (`/set {"post_limit": 65536}`; None: fakepve's own
     # limit). pve-http-server `src/PVE/APIServer/AnyEvent.pm` `authenticate_and_handle_request`,
     # after authentication: a Content-Length over `$limit_max_post` (64 KiB until
