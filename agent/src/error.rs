@@ -53,6 +53,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::TlsPinMismatch
         | ErrorCode::ConfigInvalid
         | ErrorCode::PoolMissing
+        | ErrorCode::PveUnsupported
         | ErrorCode::ExecHelperUnavailable => ExitStatus::Environment,
         ErrorCode::OwnershipUnproven => ExitStatus::NeedsHuman,
         // A full band is a skip, not a failure.
@@ -221,6 +222,7 @@ mod tests {
         assert_eq!(exit_status(ErrorCode::TlsPinMismatch).code(), 6);
         assert_eq!(exit_status(ErrorCode::ConfigInvalid).code(), 6);
         assert_eq!(exit_status(ErrorCode::PoolMissing).code(), 6);
+        assert_eq!(exit_status(ErrorCode::PveUnsupported).code(), 6);
         assert_eq!(exit_status(ErrorCode::OwnershipUnproven).code(), 7);
         assert_eq!(exit_status(ErrorCode::BandFull).code(), 0);
     }

@@ -244,11 +244,14 @@ pub enum ErrorCode {
     /// The agent's pool does not exist on the cluster (PVE: `pool '<id>' does not exist`);
     /// `pveum pool add <id>` creates it.
     PoolMissing,
+    /// The node runs a PVE older than the agent supports (`doctor` names the version found and
+    /// the floor).
+    PveUnsupported,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 39] = [
+    pub const ALL: [ErrorCode; 40] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -288,6 +291,7 @@ impl ErrorCode {
         ErrorCode::ExecGuestPrivileged,
         ErrorCode::ExecWrongPhase,
         ErrorCode::PoolMissing,
+        ErrorCode::PveUnsupported,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -332,6 +336,7 @@ impl ErrorCode {
             ErrorCode::ExecGuestPrivileged => "exec_guest_privileged",
             ErrorCode::ExecWrongPhase => "exec_wrong_phase",
             ErrorCode::PoolMissing => "pool_missing",
+            ErrorCode::PveUnsupported => "pve_unsupported",
         }
     }
 }
@@ -507,8 +512,9 @@ mod tests {
             (ErrorCode::TxnNotOpen, "txn_not_open"),
             (ErrorCode::TxnUnknown, "txn_unknown"),
             (ErrorCode::PoolMissing, "pool_missing"),
+            (ErrorCode::PveUnsupported, "pve_unsupported"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 39);
+        assert_eq!(ErrorCode::ALL.len(), 40);
     }
 
     #[test]
