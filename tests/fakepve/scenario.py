@@ -50,6 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.parse
 import uuid
 
 REQUIRED_VERSION = '0.5.0'
@@ -62,6 +63,7 @@ try:
     from fakepve import lxc as fake_lxc
     from fakepve import model as fake_model
     from fakepve import qemu as fake_qemu
+    from fakepve import schema as fake_schema
     from fakepve import server as fake_server
     from fakepve import shapes
     from fakepve.certs import make_cert
@@ -1272,6 +1274,64 @@ class ScenarioPve(fake_server.FakePve):
         """The guest DELETEs that asked PVE to free more than the guest's config references."""
         return list(self.destroy_violations)
 
+    # Every request under /api2/json is checked against PVE's API schema as fakepve ships it
+    # (fakepve/data/pve-api.json.gz, PVE's apidoc): the path and the method exist, and every
+    # parameter (query, form or JSON body, path) is known, of its type and format, within its
+    # lengths and range, with every required one given: what PVE's RESTHandler checks before
+    # a handler runs (a 400 "Parameter verification failed."). A request the schema rejects is
+    # recorded with the parameter names and PVE's reasons (never a value), and
+    # tests/src/fakepve.rs fails the test that sent it when the fake is dropped.
+    schema_violations = ()
+
+    def _check_schema(self, request, body):
+        api = fake_server.API
+        if request.path != api and not request.path.startswith(api + '/'):
+            return
+        match = self.resolve(request, api)
+        problems = []
+        if match is None:
+            problems.append("no such path in PVE's API schema")
+        else:
+            info = (match.methods or {}).get(request.method)
+            if info is None:
+                problems.append("PVE's API schema has no {0} on {1}".format(request.method, match.template))
+            else:
+                values = fake_server.collect(request.query.items())
+                try:
+                    if body and request.content_type == 'application/json':
+                        data = json.loads(body)
+                        if isinstance(data, dict):
+                            values.update(data)
+                    elif body:
+                        values.update(fake_server.collect(urllib.parse.parse_qsl(
+                            body.decode('utf-8', 'replace'), keep_blank_values=True)))
+                except ValueError:
+                    problems.append('the body is not readable')
+                values.update(match.params)
+                _, errors = fake_schema.validate(info.get('parameters'), values)
+                problems.extend('{0}: {1}'.format(k, self._without_value(v, values.get(k)))
+                                for k, v in sorted(errors.items()))
+        if problems:
+            self.schema_violations = tuple(self.schema_violations) + (
+                '{0} {1}: {2}'.format(request.method, request.path, '; '.join(problems)),)
+
+    @staticmethod
+    def _without_value(reason, value):
+        """PVE's reason with the value sent left out (it may be a secret)."""
+        reason = re.sub(r" - got .*$", ' - got (value not shown)', str(reason))
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and len(str(v)) >= 4:
+                reason = reason.replace(str(v), '(value not shown)')
+        return reason
+
+    def schema_violation_list(self):
+        """The requests PVE's API schema rejects, as recorded."""
+        return list(self.schema_violations)
+
+    def clear_schema_violations(self):
+        """Forget the recorded schema violations (a test that sent one on purpose)."""
+        self.schema_violations = ()
+
     def clear_violations(self):
         """Forget the recorded violations (a test that sent one on purpose)."""
         self.destroy_violations = ()
@@ -1426,6 +1486,12 @@ class ScenarioPve(fake_server.FakePve):
     def _record(self, request, body):
         self.write_vmlist()
         self._check_destroy(request)
+        try:
+            self._check_schema(request, body)
+        except Exception:  # noqa: BLE001 - a checker bug must not take the request down
+            log.warning('schema check failed', exc_info=True)
+            self.schema_violations = tuple(self.schema_violations) + (
+                '{0} {1}: the schema check itself failed (see the fake\'s log)'.format(request.method, request.path),)
         start = self.START_PATH.match(request.path) if request.method == 'POST' else None
         if start:
             guest = self.guest(int(start.group(2)))
