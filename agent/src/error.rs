@@ -42,6 +42,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::ExecWrongPhase
         | ErrorCode::ExecRequestInvalid => ExitStatus::Refused,
         ErrorCode::PveRefused
+        | ErrorCode::GuestOutsidePool
         | ErrorCode::TaskFailed
         | ErrorCode::TaskTimeout
         | ErrorCode::GuestLocked => ExitStatus::PveFailed,

@@ -247,11 +247,14 @@ pub enum ErrorCode {
     /// The node runs a PVE older than the agent supports (`doctor` names the version found and
     /// the floor).
     PveUnsupported,
+    /// A restore task ended OK but the guest is not in the agent's pool, where the token can
+    /// neither mark nor remove it.
+    GuestOutsidePool,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 40] = [
+    pub const ALL: [ErrorCode; 41] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -292,6 +295,7 @@ impl ErrorCode {
         ErrorCode::ExecWrongPhase,
         ErrorCode::PoolMissing,
         ErrorCode::PveUnsupported,
+        ErrorCode::GuestOutsidePool,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -337,6 +341,7 @@ impl ErrorCode {
             ErrorCode::ExecWrongPhase => "exec_wrong_phase",
             ErrorCode::PoolMissing => "pool_missing",
             ErrorCode::PveUnsupported => "pve_unsupported",
+            ErrorCode::GuestOutsidePool => "guest_outside_pool",
         }
     }
 }
@@ -513,8 +518,9 @@ mod tests {
             (ErrorCode::TxnUnknown, "txn_unknown"),
             (ErrorCode::PoolMissing, "pool_missing"),
             (ErrorCode::PveUnsupported, "pve_unsupported"),
+            (ErrorCode::GuestOutsidePool, "guest_outside_pool"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 40);
+        assert_eq!(ErrorCode::ALL.len(), 41);
     }
 
     #[test]

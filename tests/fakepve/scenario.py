@@ -415,6 +415,10 @@ class ScenarioPve(fake_server.FakePve):
     # add_vm_to_pool's when user.cfg's cluster lock times out (pve-access-control
     # AccessControl.pm lock_user_config: "can't add VM N to pool: <cfs lock error>"). One-shot.
     lxc_restore_fail = None
+    # `/set {"restore_outside_pool": {"140": true}}`: that vmid's `vzrestore` ends OK with the
+    # container outside the pool (taken out of it the moment the task ends, as a person or
+    # another tool could). One-shot per vmid.
+    restore_outside_pool = None
     # `/set {"answer_delay": {"POST /nodes/pve1/lxc": 1.5}}`: hold the answer to requests with
     # exactly this method and path for that many real seconds after the handler ran (the task
     # started), so a test can kill the client in the middle of a request.
@@ -939,6 +943,16 @@ class ScenarioPve(fake_server.FakePve):
             # The worker's last words come after the body (fakepve writes them at once).
             asyncio.get_running_loop().call_soon(notes.finish)
             return note
+        outside = (self.restore_outside_pool or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
+        if outside:
+            joined = body
+
+            async def body():
+                note = await joined()
+                # The task ends OK, and the container is no longer in the pool the moment it
+                # ends (see restore_outside_pool).
+                self._pool_leave(int(tid))
+                return note
         failing = (self.lxc_restore_fail or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
         if failing:
             restored = body

@@ -75,3 +75,31 @@ fn the_preflight_refuses_a_missing_pool_with_its_code_before_any_write() {
         assert!(w.pve.writes().is_empty(), "{:?}", w.pve.writes());
     }
 }
+
+#[test]
+fn a_guest_outside_the_pool_after_an_ok_restore_is_a_clear_failure_left_untouched() {
+    let w = World::demo();
+    w.pve
+        .set(serde_json::json!({"restore_outside_pool": {"120": true}}));
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(7), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "needs_human", "{doc:#}");
+    assert_eq!(doc["error"]["code"], "guest_outside_pool", "{doc:#}");
+    let msg = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("ended OK") && msg.contains("is not in pool felhom"),
+        "the cause, not a marker write: {msg}"
+    );
+    assert!(!msg.contains("marker could not be written"), "{msg}");
+    assert!(msg.contains("pct destroy 120"), "the command: {msg}");
+    assert_eq!(doc["destroy_armed"], serde_json::json!(false), "{doc:#}");
+    assert!(
+        w.pve
+            .requests()
+            .iter()
+            .all(|r| r.method != "DELETE" || r.path.contains("/tasks/")),
+        "nothing deleted"
+    );
+    assert!(w.pve.guest(120).is_some(), "the guest stays for the human");
+}
