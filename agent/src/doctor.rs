@@ -37,6 +37,107 @@ pub const STORAGE_PRIVS: &[&str] = &["Datastore.AllocateSpace"];
 /// On the backup storage (to list backups): any of these.
 pub const BACKUP_STORAGE_PRIVS_ANY: &[&str] = &["Datastore.Audit", "Datastore.AllocateSpace"];
 
+/// One feature of PVE the agent relies on that bounds the versions it supports from below:
+/// what, since which PVE release, and where PVE's source shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionFeature {
+    /// What the agent uses.
+    pub what: &'static str,
+    /// The first PVE release (major, minor) that has it.
+    pub since: (u32, u32),
+    /// Where in PVE's source.
+    pub source: &'static str,
+}
+
+/// The features that set the floor of supported PVE versions (the highest `since` wins).
+pub const VERSION_FEATURES: &[VersionFeature] = &[
+    VersionFeature {
+        what: "`GET /pools?poolid=` (the pool read by id)",
+        since: (8, 1),
+        source: "pve-manager PVE/API2/Pool.pm index, \"fix #1148: api: pools: support nested pools\", pve-manager 8.1.0",
+    },
+    VersionFeature {
+        what: "`destroy-unreferenced-disks=0` on a guest DELETE",
+        since: (7, 0),
+        source: "qemu-server PVE/API2/Qemu.pm destroy_vm and pve-container src/PVE/API2/LXC.pm destroy_vm, January 2021",
+    },
+    VersionFeature {
+        what: "`source=all` in the node's task list",
+        since: (6, 0),
+        source: "pve-manager PVE/API2/Tasks.pm node_tasks, \"task index: allow selection of task source(s)\", 2019",
+    },
+];
+
+/// Features the agent uses where present, with what it does on an older PVE (not a floor).
+pub const VERSION_NOTES: &[&str] = &[
+    "`VM.GuestAgent.*` privileges for guest agent exec since PVE 9.0 (pve-access-control \
+     \"add VM.GuestAgent privileges\", libpve-access-control 9.0.2; qemu-server \
+     PVE/API2/Qemu/Agent.pm, July 2025); `VM.Monitor` before",
+    "POST bodies up to 512 KiB since libpve-http-server-perl 5.2.1 (pve-http-server \
+     src/PVE/APIServer/AnyEvent.pm); the agent keeps every request within 64 KiB",
+];
+
+/// The oldest PVE release the agent supports: the newest `since` of [`VERSION_FEATURES`].
+pub fn version_floor() -> (u32, u32) {
+    VERSION_FEATURES
+        .iter()
+        .map(|f| f.since)
+        .max()
+        .unwrap_or((0, 0))
+}
+
+/// `(major, minor)` of a pve-manager version such as `8.2.4` or `9.1`.
+pub fn parse_release(version: &str) -> Option<(u32, u32)> {
+    let mut parts = version.trim().split(['.', '-', '~']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    Some((major, minor))
+}
+
+/// The verdict on the node's PVE version: pass within the supported range, fail below the floor
+/// (naming the version found, the floor and the feature that sets it), warn when unreadable.
+pub fn version_verdict(version: &str) -> (CheckStatus, String) {
+    let floor = version_floor();
+    let needs: Vec<String> = VERSION_FEATURES
+        .iter()
+        .filter(|f| f.since == floor)
+        .map(|f| {
+            format!(
+                "{} (since PVE {}.{}; {})",
+                f.what, f.since.0, f.since.1, f.source
+            )
+        })
+        .collect();
+    match parse_release(version) {
+        Some(found) if found >= floor => (
+            CheckStatus::Pass,
+            format!(
+                "PVE {version} is supported (PVE {}.{} or newer: {}; {})",
+                floor.0,
+                floor.1,
+                needs.join("; "),
+                VERSION_NOTES.join("; ")
+            ),
+        ),
+        Some(_) => (
+            CheckStatus::Fail,
+            format!(
+                "PVE {version} is older than the oldest supported, PVE {}.{}: the agent uses {}; upgrade the node",
+                floor.0,
+                floor.1,
+                needs.join("; ")
+            ),
+        ),
+        None => (
+            CheckStatus::Warn,
+            format!(
+                "PVE answered version {version:?}, which is not a version number; supported: PVE {}.{} or newer",
+                floor.0, floor.1
+            ),
+        ),
+    }
+}
+
 /// The verdict of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -174,6 +275,11 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
                 "pve_token",
                 format!("token {} accepted by PVE {}", cfg.pve.token_id, v.version),
             );
+            match version_verdict(&v.version) {
+                (CheckStatus::Pass, m) => r.pass("pve_version", m),
+                (CheckStatus::Fail, m) => r.fail("pve_version", ErrorCode::PveUnsupported, m),
+                (CheckStatus::Warn, m) => r.warn("pve_version", m),
+            }
         }
         Err(e @ PveError::Api(_)) if e.code() == ErrorCode::PveAuth => {
             r.pass(
@@ -211,7 +317,8 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
     check_backups(cfg, client, r).await;
     match client.pool(&cfg.pool).await {
         Ok(Some(_)) => r.pass("pool", format!("pool {} exists", cfg.pool)),
-        Ok(None) => r.fail("pool", ErrorCode::ConfigInvalid, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
+        Ok(None) => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
+        Err(e) if e.code() == ErrorCode::PoolMissing => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist (PVE: {e}); create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
         Err(e) => r.fail("pool", e.code(), format!("cannot read pool {}: {e}", cfg.pool)),
     }
 }
@@ -699,6 +806,25 @@ pub fn hub_authority(url: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_version_floor_is_pve_8_1_and_below_it_fails_naming_the_version() {
+        assert_eq!(version_floor(), (8, 1));
+        assert_eq!(parse_release("8.2.4"), Some((8, 2)));
+        assert_eq!(parse_release("9.1"), Some((9, 1)));
+        for ok in ["8.1.0", "8.4.14", "9.0.3", "9.1.1", "10.0"] {
+            assert_eq!(version_verdict(ok).0, CheckStatus::Pass, "{ok}");
+        }
+        let (status, msg) = version_verdict("8.0.9");
+        assert_eq!(status, CheckStatus::Fail);
+        assert!(
+            msg.contains("PVE 8.0.9") && msg.contains("PVE 8.1"),
+            "{msg}"
+        );
+        assert!(msg.contains("/pools?poolid="), "{msg}");
+        assert_eq!(version_verdict("7.4.17").0, CheckStatus::Fail);
+        assert_eq!(version_verdict("fakepve").0, CheckStatus::Warn);
+    }
     use std::collections::BTreeMap;
 
     fn perms(entries: &[(&str, &[&str])]) -> Permissions {

@@ -42,6 +42,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::ExecWrongPhase
         | ErrorCode::ExecRequestInvalid => ExitStatus::Refused,
         ErrorCode::PveRefused
+        | ErrorCode::GuestOutsidePool
         | ErrorCode::TaskFailed
         | ErrorCode::TaskTimeout
         | ErrorCode::GuestLocked => ExitStatus::PveFailed,
@@ -52,6 +53,8 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::PveAuth
         | ErrorCode::TlsPinMismatch
         | ErrorCode::ConfigInvalid
+        | ErrorCode::PoolMissing
+        | ErrorCode::PveUnsupported
         | ErrorCode::ExecHelperUnavailable => ExitStatus::Environment,
         ErrorCode::OwnershipUnproven => ExitStatus::NeedsHuman,
         // A full band is a skip, not a failure.
@@ -219,6 +222,8 @@ mod tests {
         assert_eq!(exit_status(ErrorCode::CheckFailed).code(), 5);
         assert_eq!(exit_status(ErrorCode::TlsPinMismatch).code(), 6);
         assert_eq!(exit_status(ErrorCode::ConfigInvalid).code(), 6);
+        assert_eq!(exit_status(ErrorCode::PoolMissing).code(), 6);
+        assert_eq!(exit_status(ErrorCode::PveUnsupported).code(), 6);
         assert_eq!(exit_status(ErrorCode::OwnershipUnproven).code(), 7);
         assert_eq!(exit_status(ErrorCode::BandFull).code(), 0);
     }

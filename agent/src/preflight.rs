@@ -607,7 +607,7 @@ pub fn storage_verdict(
 }
 
 /// The pool exists and the token sees it. A missing pool is the node's configuration, not the
-/// request's: `config_invalid`.
+/// request's: `pool_missing`, with the command that creates it.
 pub fn pool_verdict(
     req: &PreflightRequest<'_>,
     pool: Result<Option<PoolInfo>, PveError>,
@@ -615,7 +615,7 @@ pub fn pool_verdict(
     let missing = |detail: String| {
         PreflightCheck::fail(
             "pool",
-            ErrorCode::ConfigInvalid,
+            ErrorCode::PoolMissing,
             format!(
                 "pool {:?} does not exist or this token cannot see it{detail}; create it (`pveum pool add {}`) and grant Pool.Audit, or fix `pool` in {}",
                 req.pool,
@@ -630,6 +630,7 @@ pub fn pool_verdict(
             format!("pool {:?} exists ({} member(s))", p.poolid, p.members.len()),
         ),
         Ok(None) => missing(String::new()),
+        Err(e) if e.code() == ErrorCode::PoolMissing => missing(format!(" (PVE: {e})")),
         Err(e) => environment("pool", &e).unwrap_or_else(|| missing(format!(" (PVE: {e})"))),
     }
 }
@@ -1045,7 +1046,8 @@ mod tests {
         let c = pool_verdict(&r, Err(api(401, "Authentication failed!")));
         assert_eq!(c.code, Some(ErrorCode::PveAuth), "{c:?}");
         let c = pool_verdict(&r, Err(api(500, "pool 'felhom' does not exist")));
-        assert_eq!(c.code, Some(ErrorCode::ConfigInvalid), "{c:?}");
+        assert_eq!(c.code, Some(ErrorCode::PoolMissing), "{c:?}");
+        assert!(c.message.contains("pveum pool add felhom"), "{c:?}");
     }
 
     #[test]

@@ -241,11 +241,20 @@ pub enum ErrorCode {
     /// The exec helper: the transaction is not open in a step that runs commands in the guest
     /// (launch proof, bootstrap, checks); kept and settled transactions never are.
     ExecWrongPhase,
+    /// The agent's pool does not exist on the cluster (PVE: `pool '<id>' does not exist`);
+    /// `pveum pool add <id>` creates it.
+    PoolMissing,
+    /// The node runs a PVE older than the agent supports (`doctor` names the version found and
+    /// the floor).
+    PveUnsupported,
+    /// A restore task ended OK but the guest is not in the agent's pool, where the token can
+    /// neither mark nor remove it.
+    GuestOutsidePool,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 38] = [
+    pub const ALL: [ErrorCode; 41] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -284,6 +293,9 @@ impl ErrorCode {
         ErrorCode::ExecHelperUnavailable,
         ErrorCode::ExecGuestPrivileged,
         ErrorCode::ExecWrongPhase,
+        ErrorCode::PoolMissing,
+        ErrorCode::PveUnsupported,
+        ErrorCode::GuestOutsidePool,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -327,6 +339,9 @@ impl ErrorCode {
             ErrorCode::ExecHelperUnavailable => "exec_helper_unavailable",
             ErrorCode::ExecGuestPrivileged => "exec_guest_privileged",
             ErrorCode::ExecWrongPhase => "exec_wrong_phase",
+            ErrorCode::PoolMissing => "pool_missing",
+            ErrorCode::PveUnsupported => "pve_unsupported",
+            ErrorCode::GuestOutsidePool => "guest_outside_pool",
         }
     }
 }
@@ -501,8 +516,11 @@ mod tests {
             (ErrorCode::NotNeedsHuman, "not_needs_human"),
             (ErrorCode::TxnNotOpen, "txn_not_open"),
             (ErrorCode::TxnUnknown, "txn_unknown"),
+            (ErrorCode::PoolMissing, "pool_missing"),
+            (ErrorCode::PveUnsupported, "pve_unsupported"),
+            (ErrorCode::GuestOutsidePool, "guest_outside_pool"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 38);
+        assert_eq!(ErrorCode::ALL.len(), 41);
     }
 
     #[test]

@@ -50,6 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.parse
 import uuid
 
 REQUIRED_VERSION = '0.5.0'
@@ -62,6 +63,7 @@ try:
     from fakepve import lxc as fake_lxc
     from fakepve import model as fake_model
     from fakepve import qemu as fake_qemu
+    from fakepve import schema as fake_schema
     from fakepve import server as fake_server
     from fakepve import shapes
     from fakepve.certs import make_cert
@@ -413,6 +415,10 @@ class ScenarioPve(fake_server.FakePve):
     # add_vm_to_pool's when user.cfg's cluster lock times out (pve-access-control
     # AccessControl.pm lock_user_config: "can't add VM N to pool: <cfs lock error>"). One-shot.
     lxc_restore_fail = None
+    # `/set {"restore_outside_pool": {"140": true}}`: that vmid's `vzrestore` ends OK with the
+    # container outside the pool (taken out of it the moment the task ends, as a person or
+    # another tool could). One-shot per vmid.
+    restore_outside_pool = None
     # `/set {"answer_delay": {"POST /nodes/pve1/lxc": 1.5}}`: hold the answer to requests with
     # exactly this method and path for that many real seconds after the handler ran (the task
     # started), so a test can kill the client in the middle of a request.
@@ -937,6 +943,16 @@ class ScenarioPve(fake_server.FakePve):
             # The worker's last words come after the body (fakepve writes them at once).
             asyncio.get_running_loop().call_soon(notes.finish)
             return note
+        outside = (self.restore_outside_pool or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
+        if outside:
+            joined = body
+
+            async def body():
+                note = await joined()
+                # The task ends OK, and the container is no longer in the pool the moment it
+                # ends (see restore_outside_pool).
+                self._pool_leave(int(tid))
+                return note
         failing = (self.lxc_restore_fail or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
         if failing:
             restored = body
@@ -1272,9 +1288,201 @@ class ScenarioPve(fake_server.FakePve):
         """The guest DELETEs that asked PVE to free more than the guest's config references."""
         return list(self.destroy_violations)
 
+    # Every request under /api2/json is checked against PVE's API schema as fakepve ships it
+    # (fakepve/data/pve-api.json.gz, PVE's apidoc): the path and the method exist, and every
+    # parameter (query, form or JSON body, path) is known, of its type and format, within its
+    # lengths and range, with every required one given: what PVE's RESTHandler checks before
+    # a handler runs (a 400 "Parameter verification failed."). A request the schema rejects is
+    # recorded with the parameter names and PVE's reasons (never a value), and
+    # tests/src/fakepve.rs fails the test that sent it when the fake is dropped.
+    schema_violations = ()
+
+    _skip_schema = False
+
+    def _check_schema(self, request, body):
+        api = fake_server.API
+        if self._skip_schema or (request.path != api and not request.path.startswith(api + '/')):
+            return
+        # A body that was never read (refused at authentication, too large, too slow): PVE
+        # checked no parameter of it either.
+        if not body and (request.content_length or 0) > 0:
+            return
+        match = self.resolve(request, api)
+        problems = []
+        if match is None:
+            problems.append("no such path in PVE's API schema")
+        else:
+            info = (match.methods or {}).get(request.method)
+            if info is None:
+                problems.append("PVE's API schema has no {0} on {1}".format(request.method, match.template))
+            else:
+                values = fake_server.collect(request.query.items())
+                try:
+                    if body and request.content_type == 'application/json':
+                        data = json.loads(body)
+                        if isinstance(data, dict):
+                            values.update(data)
+                    elif body:
+                        values.update(fake_server.collect(urllib.parse.parse_qsl(
+                            body.decode('utf-8', 'replace'), keep_blank_values=True)))
+                except ValueError:
+                    problems.append('the body is not readable')
+                values.update(match.params)
+                _, errors = fake_schema.validate(info.get('parameters'), values)
+                problems.extend('{0}: {1}'.format(k, self._without_value(v, values.get(k)))
+                                for k, v in sorted(errors.items()))
+        if problems:
+            self.schema_violations = tuple(self.schema_violations) + (
+                '{0} {1}: {2}'.format(request.method, request.path, '; '.join(problems)),)
+
+    @staticmethod
+    def _without_value(reason, value):
+        """PVE's reason with the value sent left out (it may be a secret)."""
+        reason = re.sub(r" - got .*$", ' - got (value not shown)', str(reason))
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and len(str(v)) >= 4:
+                reason = reason.replace(str(v), '(value not shown)')
+        return reason
+
+    def schema_violation_list(self):
+        """The requests PVE's API schema rejects, as recorded."""
+        return list(self.schema_violations)
+
+    def clear_schema_violations(self):
+        """Forget the recorded schema violations (a test that sent one on purpose)."""
+        self.schema_violations = ()
+
     def clear_violations(self):
         """Forget the recorded violations (a test that sent one on purpose)."""
         self.destroy_violations = ()
+
+    # ---- task endpoints as pve-manager `PVE/API2/Tasks.pm` serves them
+
+    @staticmethod
+    def _status_type(status):
+        # pve-common `src/PVE/UPID.pm` `normalize_status_type`.
+        if not status or status == 'unexpected status':
+            return 'unknown'
+        if status == 'OK':
+            return 'ok'
+        if re.fullmatch(r'WARNINGS: \d+', status):
+            return 'warning'
+        return 'error'
+
+    async def _task_list(self, request):
+        """`GET /nodes/{node}/tasks` as pve-manager `PVE/API2/Tasks.pm` `node_tasks`: `source`
+        (`archive`, the default: finished tasks only; `active`: running ones; `all`),
+        `userfilter` (a case-insensitive substring of the task's user, the token part split
+        off), `typefilter` (exact type), `vmid`, `since`/`until` (start time), `errors` and
+        `statusfilter` (ok, warning, error, unknown), `start`/`limit` counted over the
+        matching tasks, running ones first, then the archive newest first; `total` (every
+        matching task) beside `data`. A token sees its own tasks, a user its own and its
+        tokens', `Sys.Audit` on the node every task. Rows as PVE lists them: `user` without
+        the token, `tokenid` beside it, a finished task's exit status in `status`."""
+        node = request.match_info['node']
+        user = request[fake_server.USER]
+        p = self._verify(request, await fake_server.params(request))
+        start = int(p.get('start', 0))
+        remaining = [int(p.get('limit', 50))]
+        userfilter = p.get('userfilter')
+        typefilter = p.get('typefilter')
+        errors = truthy(p.get('errors', 0))
+        source = p.get('source', 'archive')
+        since, until = p.get('since'), p.get('until')
+        wanted = {'ok', 'warning', 'error', 'unknown'}
+        if p.get('statusfilter') is not None and not errors:
+            wanted = set(x.strip().lower() for x in re.split(r'[;, ]+', str(p['statusfilter'])) if x.strip())
+        elif errors:
+            wanted.discard('ok')
+        auditor = self.allowed(user, '/nodes/' + node, 'Sys.Audit')
+        count = [0]
+
+        def skip(task, status):
+            task_user = task['user'].split('!')[0]
+            if userfilter and userfilter.lower() not in task_user.lower():
+                return True
+            if not (auditor or self._task_owner(user, task)):
+                return True
+            if typefilter and task['type'] != typefilter:
+                return True
+            if p.get('vmid') and task['id'] != str(p['vmid']):
+                return True
+            if since is not None and task['starttime'] < int(since):
+                return True
+            if until is not None and task['starttime'] > int(until):
+                return True
+            if self._status_type(status) not in wanted:
+                return True
+            count[0] += 1
+            if count[0] <= start:
+                return True
+            return remaining[0] <= 0
+
+        def row(task, status):
+            data = dict((k, v) for k, v in task.items() if k not in ('log', 'exitstatus', 'status'))
+            name, _, token = task['user'].partition('!')
+            data['user'] = name
+            if token:
+                data['tokenid'] = token
+            data['status'] = status
+            return data
+
+        mine = [t for t in self.tasklog if t['node'] == node]
+        running = [t for t in mine if t.get('status') == 'running']
+        finished = sorted((t for t in mine if t.get('status') != 'running'),
+                          key=lambda t: (-(t.get('endtime') or t['starttime']), -t['starttime']))
+        data = []
+        if source in ('active', 'all'):
+            for task in sorted(running, key=lambda t: -t['starttime']):
+                if not skip(task, None):
+                    data.append(row(task, 'RUNNING'))
+                    remaining[0] -= 1
+        if source != 'active':
+            for task in finished:
+                status = task.get('exitstatus')
+                if not skip(task, status):
+                    data.append(row(task, status))
+                    remaining[0] -= 1
+        return web.json_response({'data': data, 'total': count[0]})
+
+    async def _task_log(self, request):
+        """`GET /nodes/{node}/tasks/{upid}/log` as pve-manager `PVE/API2/Tasks.pm`
+        `read_task_log` with pve-common `src/PVE/Tools.pm` `dump_logfile`: lines `{n, t}` from
+        `start` (0-based), at most `limit` (50 by default; 0: to the end), and `total`, the
+        number of lines of the whole log, beside `data`; an empty log is one line "no
+        content"."""
+        p = self._verify(request, await fake_server.params(request))
+        lines = list(self._get_task(request)['log']) or ['no content']
+        start, limit = int(p.get('start', 0)), int(p.get('limit', 50))
+        numbered = [{'n': n + 1, 't': t} for n, t in enumerate(lines)]
+        chosen = numbered[start:] if limit == 0 else numbered[start:start + limit]
+        return web.json_response({'data': chosen, 'total': len(lines)})
+
+    # The largest POST/PUT body accepted (`/set {"post_limit": 65536}`; None: fakepve's own
+    # limit). pve-http-server `src/PVE/APIServer/AnyEvent.pm` `authenticate_and_handle_request`,
+    # after authentication: a Content-Length over `$limit_max_post` (64 KiB until
+    # libpve-http-server-perl 5.2.1, 512 KiB since) answers `501 for data too large`, the
+    # reason phrase also being the plain-text body, and the handler never runs.
+    post_limit = None
+
+    @web.middleware
+    async def _middleware(self, request, handler):
+        limit = self.post_limit
+        if limit and request.method in ('POST', 'PUT') and (request.content_length or 0) > int(limit):
+            try:
+                self._authenticate(request)
+            except fake_model.PveError:
+                return await super()._middleware(request, handler)
+            # Refused before any parameter was read: nothing for the schema check.
+            self._skip_schema = True
+            try:
+                self._record(request, b'')
+            finally:
+                self._skip_schema = False
+            response = web.Response(status=501, reason='for data too large', text='for data too large')
+            response.force_close()
+            return response
+        return await super()._middleware(request, handler)
 
     async def _answer(self, request, handler, generic, path_node):
         # pmxcfs has the new config (the `lock: create` placeholder) in .vmlist before PVE
@@ -1303,6 +1511,12 @@ class ScenarioPve(fake_server.FakePve):
     def _record(self, request, body):
         self.write_vmlist()
         self._check_destroy(request)
+        try:
+            self._check_schema(request, body)
+        except Exception:  # noqa: BLE001 - a checker bug must not take the request down
+            log.warning('schema check failed', exc_info=True)
+            self.schema_violations = tuple(self.schema_violations) + (
+                '{0} {1}: the schema check itself failed (see the fake\'s log)'.format(request.method, request.path),)
         start = self.START_PATH.match(request.path) if request.method == 'POST' else None
         if start:
             guest = self.guest(int(start.group(2)))

@@ -679,6 +679,31 @@ impl FakePve {
             .unwrap_or_default()
     }
 
+    /// The requests PVE's API schema rejects (unknown path or method, an unknown parameter, a
+    /// value of the wrong type, format or length, a required one missing), as the wrapper
+    /// recorded them: parameter names and PVE's reasons, never a value. Dropping the fake fails
+    /// the test while any is recorded.
+    pub fn schema_violations(&self) -> Vec<String> {
+        self.try_call("schema_violation_list", json!([]), json!({}))
+            .ok()
+            .as_ref()
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The schema violations recorded so far, forgotten (a test that sent them on purpose).
+    pub fn take_schema_violations(&self) -> Vec<String> {
+        let seen = self.schema_violations();
+        self.call("clear_schema_violations", json!([]), json!({}));
+        seen
+    }
+
     /// Every request the fake received, oldest first.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         let answer = self
@@ -779,15 +804,20 @@ impl FakePve {
 impl Drop for FakePve {
     fn drop(&mut self) {
         // Every guest DELETE of every test frees only what the config references.
-        let violations = if std::thread::panicking() {
-            Vec::new()
+        let (violations, schema) = if std::thread::panicking() {
+            (Vec::new(), Vec::new())
         } else {
-            self.destroy_violations()
+            (self.destroy_violations(), self.schema_violations())
         };
         let _ = self.stop();
         assert!(
             violations.is_empty(),
             "guest DELETEs that free more than the config references: {violations:?}"
+        );
+        // Every request of every test is one PVE's API schema accepts.
+        assert!(
+            schema.is_empty(),
+            "requests PVE's API schema rejects: {schema:#?}"
         );
         if std::thread::panicking() {
             eprintln!(

@@ -309,6 +309,12 @@ async fn agent_exec_runs_in_the_vm_with_pves_result_shapes() {
     let (status, body) = exec(&pve, 350, &["cat"], Some(&big)).await;
     assert_eq!(status, 400, "{body}");
     assert!(body["errors"]["input-data"].is_string(), "{body}");
+    // Sent over the limit on purpose: the schema check saw it too.
+    let seen = pve.take_schema_violations();
+    assert!(
+        seen.len() == 1 && seen[0].contains("input-data: value may only be 65536 characters long"),
+        "{seen:#?}"
+    );
     let ok = "x".repeat(65536);
     let done = run(&pve, 350, &["wc", "-c"], Some(&ok)).await;
     assert_eq!(done["out-data"].as_str().map(str::trim), Some("65536"));
@@ -361,6 +367,11 @@ async fn agent_exec_runs_in_the_vm_with_pves_result_shapes() {
     )
     .await;
     assert_eq!(status, 400, "content at most 61440 characters: {body}");
+    let seen = pve.take_schema_violations();
+    assert!(
+        seen.len() == 1 && seen[0].contains("content: value may only be 61440 characters long"),
+        "{seen:#?}"
+    );
 }
 
 #[tokio::test]

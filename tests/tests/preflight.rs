@@ -422,7 +422,7 @@ async fn pve_refusals_sent_as_500_are_pve_refused_not_unreachable() {
     // A read refused the same way is not retried either.
     let before = pve.requests().len();
     let err = client.pool("nope").await.expect_err("no such pool");
-    assert_eq!(err.code(), AgentCode::PveRefused, "{err}");
+    assert_eq!(err.code(), AgentCode::PoolMissing, "{err}");
     assert_eq!(pve.requests().len() - before, 1, "asked once: {err}");
 }
 

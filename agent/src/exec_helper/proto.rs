@@ -477,7 +477,7 @@ pub fn encode_request(request: &Request) -> Vec<u8> {
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum WireExit {
     /// Exited with this status.
-    Exited(i32),
+    Exited(i64),
     /// Killed by this signal.
     Signaled(i32),
     /// Killed at its timeout.

@@ -32,7 +32,7 @@ pub const MAX_PROFILE_FILES: usize = 1000;
 /// At most this many bytes in a profile.
 pub const MAX_PROFILE_BYTES: u64 = 64 * 1024 * 1024;
 /// Exit status of the marker read when there is no marker.
-const NO_MARKER: i32 = 3;
+const NO_MARKER: i64 = 3;
 /// Largest marker read back.
 const MARKER_CAP: usize = 1024 * 1024;
 
@@ -101,7 +101,7 @@ pub struct BootstrapOutcome {
     /// ok, failed or timed_out.
     pub status: BootstrapStatus,
     /// The exit status, when it exited.
-    pub exit_code: Option<i32>,
+    pub exit_code: Option<i64>,
     /// The signal, when it was killed by one.
     pub signal: Option<i32>,
     /// stdout, at most the output cap (invalid UTF-8 replaced).

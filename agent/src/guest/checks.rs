@@ -51,7 +51,7 @@ pub const OSQUERYI_PATH: &str = "/usr/bin/osqueryi";
 /// The fallback: the one real binary of osquery's package, run with `-S`.
 pub const OSQUERYD_PATH: &str = "/opt/osquery/bin/osqueryd";
 /// Exit status of the locate probe when neither exists.
-const NOT_FOUND: i32 = 3;
+const NOT_FOUND: i64 = 3;
 
 /// A comparison of the row count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1075,7 +1075,7 @@ mod tests {
 
     fn ran(code: i32, stdout: &str, stderr: &str) -> ExecOutcome {
         ExecOutcome {
-            exit: GuestExit::Exited(code),
+            exit: GuestExit::Exited(i64::from(code)),
             stdout: Captured::capped(stdout.as_bytes().to_vec(), 1 << 20, false),
             stderr: Captured::capped(stderr.as_bytes().to_vec(), 1 << 20, false),
             duration: Duration::ZERO,

@@ -130,7 +130,7 @@ impl fmt::Debug for ExecRequest {
 pub enum GuestExit {
     /// It exited with this status. Through `pct exec` a command killed by signal S reports
     /// 128+S here (lxc-attach turns the signal into that status).
-    Exited(i32),
+    Exited(i64),
     /// It was killed by this signal (QEMU guest agent; or `pct` itself was signalled).
     Signaled(i32),
     /// It ran past its timeout and was killed.
@@ -193,7 +193,7 @@ impl ExecOutcome {
     }
 
     /// The exit status, if the command exited.
-    pub fn exit_code(&self) -> Option<i32> {
+    pub fn exit_code(&self) -> Option<i64> {
         match self.exit {
             GuestExit::Exited(code) => Some(code),
             _ => None,
@@ -531,6 +531,12 @@ impl ExecIds {
             prefix,
             next: AtomicU64::new(1),
         }
+    }
+
+    /// The longest id this source can give (its prefix and the largest counter): what sizes
+    /// a request before its id is drawn.
+    pub fn longest_id(&self) -> String {
+        format!("{}-{}", self.prefix, u64::MAX)
     }
 
     /// The next id.

@@ -265,7 +265,7 @@ impl LxcExec {
             Ok(Ok(status)) => {
                 group.disarm();
                 match (status.code(), status.signal()) {
-                    (Some(code), _) => GuestExit::Exited(code),
+                    (Some(code), _) => GuestExit::Exited(i64::from(code)),
                     (None, Some(sig)) => GuestExit::Signaled(sig),
                     (None, None) => GuestExit::Exited(-1),
                 }
@@ -507,7 +507,7 @@ mod tests {
 
     fn outcome(code: i32, stdout: &str, stderr: &str) -> ExecOutcome {
         ExecOutcome {
-            exit: GuestExit::Exited(code),
+            exit: GuestExit::Exited(i64::from(code)),
             stdout: Captured::capped(stdout.as_bytes().to_vec(), 1000, false),
             stderr: Captured::capped(stderr.as_bytes().to_vec(), 1000, false),
             duration: Duration::ZERO,

@@ -23,10 +23,37 @@ use super::exec::{
 };
 use crate::pve::GuestKind;
 
-/// The most `input-data` PVE accepts in one `agent/exec` (characters).
+/// The most `input-data` PVE accepts in one `agent/exec` (characters; qemu-server
+/// `PVE/API2/Qemu/Agent.pm` `exec`, schema `maxLength` 65536).
 pub const MAX_INPUT_DATA: usize = 65536;
-/// Raw bytes per push chunk (base64: 61440 characters, under [`MAX_INPUT_DATA`]).
-const PUSH_CHUNK: usize = 45 * 1024;
+/// The largest POST body every supported PVE accepts: pve-http-server
+/// `src/PVE/APIServer/AnyEvent.pm` `authenticate_and_handle_request` answers a `Content-Length`
+/// over `$limit_max_post` with `501 for data too large`; that limit was 64 KiB until
+/// libpve-http-server-perl 5.2.1 (512 KiB since, "fix #6230"). What counts is the body as
+/// sent: the form-encoded `command` values and `input-data`.
+pub const MAX_POST_BODY: usize = 64 * 1024;
+/// `&input-data=` before the stdin value in the body.
+const INPUT_DATA_KEY: &str = "&input-data=";
+
+/// Raw bytes per push chunk when the rest of the `agent/exec` body (the form-encoded argv)
+/// takes `fixed` bytes: the chunk is sent as base64 (4 characters per 3 bytes), and the form
+/// encoding writes each base64 character that is not alphanumeric (`+`, `/`, the `=` padding)
+/// as three (`%2B`, `%2F`, `%3D`); a chunk whose base64 is all such characters must fit, so
+/// each base64 character is counted as three. Also within [`MAX_INPUT_DATA`]. `None`: the
+/// argv alone leaves no room.
+pub fn push_chunk_bytes(fixed: usize) -> Option<usize> {
+    let room = MAX_POST_BODY.checked_sub(fixed + INPUT_DATA_KEY.len())?;
+    let b64_chars = (room / 3).min(MAX_INPUT_DATA) / 4 * 4;
+    let raw = b64_chars / 4 * 3;
+    (raw > 0).then_some(raw)
+}
+
+/// The `agent/exec` body for `argv` and `input` as the PVE client sends it, in bytes.
+fn exec_body_len(argv: &[String], input: Option<&str>) -> usize {
+    crate::pve::request::build::agent_exec("node", 0, argv, input)
+        .body()
+        .map_or(0, |b| b.len())
+}
 /// Time allowed for each step of a push.
 const PUSH_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// In-guest script: decode base64 stdin into a new private file `$1`.
@@ -90,8 +117,9 @@ impl AgentApiError {
 pub struct AgentExecStatus {
     /// The command ended and its output pipes closed.
     pub exited: bool,
-    /// Its exit status, when it exited normally.
-    pub exitcode: Option<i32>,
+    /// Its exit status, when it exited normally: an `i64`, as PVE's schema has it (a Windows
+    /// guest reports NTSTATUS values such as 3221225477, 0xC0000005).
+    pub exitcode: Option<i64>,
     /// The signal that killed it.
     pub signal: Option<i32>,
     /// stdout, already base64-decoded by PVE.
@@ -121,12 +149,12 @@ impl AgentExecStatus {
                 },
             }
         };
-        let int = |key: &str| -> Result<Option<i32>, String> {
+        let int = |key: &str| -> Result<Option<i64>, String> {
             match obj.get(key) {
                 None | Some(serde_json::Value::Null) => Ok(None),
                 Some(v) => v
                     .as_i64()
-                    .and_then(|n| i32::try_from(n).ok())
+                    .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
                     .map(Some)
                     .ok_or_else(|| format!("exec-status {key} is not an integer: {v}")),
             }
@@ -141,7 +169,11 @@ impl AgentExecStatus {
         Ok(Self {
             exited: flag("exited")?,
             exitcode: int("exitcode")?,
-            signal: int("signal")?,
+            signal: int("signal")?
+                .map(|n| {
+                    i32::try_from(n).map_err(|_| format!("exec-status signal {n} is out of range"))
+                })
+                .transpose()?,
             out_data: text("out-data")?,
             err_data: text("err-data")?,
             out_truncated: flag("out-truncated")?,
@@ -340,6 +372,16 @@ impl<A: GuestAgentApi> QemuExec<A> {
                 Some(text)
             }
         };
+        let body = exec_body_len(&argv, input);
+        if body > MAX_POST_BODY {
+            return Err(ExecError::InvalidRequest {
+                guest,
+                reason: format!(
+                    "the command and its stdin make a {body}-byte request, over the \
+                     {MAX_POST_BODY}-byte POST body PVE accepts"
+                ),
+            });
+        }
         let pid = self
             .api
             .agent_exec(&self.node, self.vmid, &argv, input)
@@ -472,8 +514,25 @@ impl<A: GuestAgentApi> QemuExec<A> {
         mode: u32,
     ) -> Result<PushReceipt, ExecError> {
         let part = format!("{guest_path}.felhom-{}.part", ulid::Ulid::new());
+        // The chunk size from the longer of the two chunk commands, with the longest exec id.
+        let fixed = [CHUNK_FIRST_SCRIPT, CHUNK_APPEND_SCRIPT]
+            .iter()
+            .map(|script| {
+                let request =
+                    ExecRequest::new(vec!["/bin/sh", "-c", script, "felhom-push", part.as_str()]);
+                guest_argv(&request, &self.ids.longest_id())
+                    .map_or(MAX_POST_BODY, |argv| exec_body_len(&argv, None))
+            })
+            .max()
+            .unwrap_or(MAX_POST_BODY);
+        let chunk = push_chunk_bytes(fixed).ok_or_else(|| ExecError::InvalidRequest {
+            guest: self.guest_ref(),
+            reason: format!(
+                "the path {guest_path:?} leaves no room for data in a {MAX_POST_BODY}-byte request"
+            ),
+        })?;
         let copy = async {
-            let mut chunks = bytes.chunks(PUSH_CHUNK);
+            let mut chunks = bytes.chunks(chunk);
             let first = chunks.next().unwrap_or(&[]);
             self.push_step(
                 guest_path,
@@ -619,7 +678,7 @@ mod tests {
         /// Exit after `polls` status requests that answer "still running".
         Exit {
             polls: u32,
-            code: i32,
+            code: i64,
             out: String,
             err: String,
         },
@@ -712,7 +771,7 @@ mod tests {
         out
     }
 
-    fn done(code: i32, out: &str) -> Option<AgentExecStatus> {
+    fn done(code: i64, out: &str) -> Option<AgentExecStatus> {
         Some(AgentExecStatus {
             exited: true,
             exitcode: Some(code),
@@ -892,6 +951,63 @@ mod tests {
 
     fn vm(agent: &FakeAgent) -> QemuExec<&FakeAgent> {
         QemuExec::new(agent, "pve1", 300, fast()).with_exec_ids(ExecIds::with_prefix("t"))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_windows_exit_status_beyond_i32_is_reported_as_such() {
+        // NTSTATUS 0xC0000005 (access violation), as qemu-ga on Windows reports it.
+        let agent = FakeAgent::new(|_| Script::Exit {
+            polls: 0,
+            code: 3_221_225_477,
+            out: String::new(),
+            err: String::new(),
+        });
+        let outcome = vm(&agent)
+            .exec(&ExecRequest::new(["cmd.exe", "/c", "crash"]))
+            .await
+            .unwrap();
+        assert_eq!(outcome.exit, GuestExit::Exited(3_221_225_477));
+        assert_eq!(outcome.exit_code(), Some(3_221_225_477));
+        assert_eq!(outcome.summary(), "exit status 3221225477");
+        // As PVE's JSON has it, a number or a string.
+        for data in [
+            serde_json::json!({"exited": 1, "exitcode": 3_221_225_477_i64}),
+            serde_json::json!({"exited": 1, "exitcode": "3221225477"}),
+        ] {
+            let s = AgentExecStatus::from_json(&data).unwrap();
+            assert_eq!(s.exitcode, Some(3_221_225_477));
+        }
+    }
+
+    #[test]
+    fn push_chunks_fit_the_post_limit_in_the_worst_case() {
+        // The longest exec id and a long path: the argv as the push sends it.
+        let ids = ExecIds::random();
+        let path = format!("/{}", "p".repeat(1000));
+        let part = format!("{path}.felhom-{}.part", ulid::Ulid::new());
+        let request =
+            ExecRequest::new(["/bin/sh", "-c", CHUNK_APPEND_SCRIPT, "felhom-push", &part]);
+        let argv = guest_argv(&request, &ids.longest_id()).unwrap();
+        let fixed = exec_body_len(&argv, None);
+        let n = push_chunk_bytes(fixed).unwrap();
+        // Worst case: bytes whose base64 is all '/' (form-encoded as %2F, three bytes each).
+        let worst = encode_base64(&vec![0xFF; n]);
+        assert!(worst.chars().all(|c| c == '/'), "{}", &worst[..8]);
+        let body = crate::pve::request::build::agent_exec("pve1", 300, &argv, Some(&worst))
+            .body()
+            .unwrap();
+        assert_eq!(body.len(), fixed + "&input-data=".len() + 3 * worst.len());
+        assert!(body.len() <= MAX_POST_BODY, "{} bytes", body.len());
+        assert!(worst.len() <= MAX_INPUT_DATA);
+        // One base64 quantum more would not fit.
+        let more = encode_base64(&vec![0xFF; n + 3]);
+        assert!(exec_body_len(&argv, Some(&more)) > MAX_POST_BODY);
+        // The padding is counted too: a last chunk of 1 or 2 bytes ends in `%3D`.
+        let padded = encode_base64(&vec![0xFF; n - 1]);
+        assert!(padded.ends_with('='));
+        assert!(exec_body_len(&argv, Some(&padded)) <= MAX_POST_BODY);
+        // A path that leaves no room is refused, not sent.
+        assert_eq!(push_chunk_bytes(MAX_POST_BODY), None);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1103,8 +1219,9 @@ mod tests {
         assert_eq!(receipt.mode, 0o640);
         let st = agent.state();
         assert_eq!(st.files["/etc/app.conf"], (payload, 0o640));
-        // 100000 bytes in 46080-byte chunks: 3 chunk commands, finalize, verify.
-        assert_eq!(st.execs.len(), 5);
+        // 100000 bytes in chunks of about 16 KiB (each fits 64 KiB in the worst case of the
+        // form encoding): 7 chunk commands, finalize, verify.
+        assert_eq!(st.execs.len(), 9);
         assert_eq!(st.files.len(), 1, "no partial file left");
     }
 

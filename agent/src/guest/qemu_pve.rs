@@ -37,7 +37,10 @@ impl GuestAgentApi for PveClient {
     ) -> Result<AgentExecStatus, AgentApiError> {
         // One request, never retried: qemu-ga forgets a pid once it reported its exit.
         let req = build::agent_exec_status(node, vmid, pid);
-        let data = self.call_once(&req).await.map_err(agent_error)?;
+        let data = self
+            .call_once_max(&req, crate::pve::client::MAX_EXEC_STATUS_BYTES)
+            .await
+            .map_err(agent_error)?;
         AgentExecStatus::from_json(&data).map_err(|message| AgentApiError::Other {
             status: 200,
             message,

@@ -570,11 +570,46 @@ async fn hang_after(after: Option<Duration>, started: Instant) {
     }
 }
 
+/// The head of a frame, for the log: its type and id, nothing of its body.
+#[derive(serde::Deserialize)]
+struct FrameHead<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// One log line per hub frame: direction, type, id, size (never the body). Heartbeats at
+/// `trace`, everything else at `debug`.
+fn log_frame(direction: &'static str, frame: &str) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let head: Option<FrameHead<'_>> = serde_json::from_str(frame).ok();
+    let kind = head
+        .as_ref()
+        .and_then(|h| h.kind.as_deref())
+        .unwrap_or("?")
+        .to_owned();
+    let id = head
+        .as_ref()
+        .and_then(|h| h.id.as_deref())
+        .unwrap_or("-")
+        .to_owned();
+    let bytes = frame.len();
+    if kind == "heartbeat" {
+        tracing::trace!(direction, r#type = %kind, id = %id, bytes, "hub frame");
+    } else {
+        tracing::debug!(direction, r#type = %kind, id = %id, bytes, "hub frame");
+    }
+}
+
 impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
     async fn send_frames(&mut self, frames: Vec<String>) -> Result<(), SessionEnd> {
         let ws = &mut self.ws;
         let sending = async {
             for frame in frames {
+                log_frame("sent", &frame);
                 ws.feed(Message::text(frame)).await?;
             }
             ws.flush().await
@@ -641,6 +676,7 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
                 }
                 Ok(Some(Ok(_))) => continue,
             };
+            log_frame("received", text.as_str());
             self.last_heard = Instant::now();
             self.ctx.heard();
             let env: HubEnvelope = match decode(text.as_str()) {
@@ -861,6 +897,7 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
             Message::Close(_) => return Err(SessionEnd::Closed),
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(()),
         };
+        log_frame("received", text.as_str());
         let env: HubEnvelope = match decode(text.as_str()) {
             Ok(env) => env,
             Err(pe) => return self.bad_frame(pe).await,

@@ -552,10 +552,15 @@ impl<'a> Executor<'a> {
                 vmid,
                 guest,
                 marker,
-            } => Some(match self.write_marker(vmid, guest, marker).await {
-                Ok(()) => Event::MarkerWritten,
-                Err(f) => Event::MarkerWriteFailed(f),
-            }),
+            } => Some(
+                match self
+                    .write_marker(vmid, guest, marker, &state.request().pool)
+                    .await
+                {
+                    Ok(()) => Event::MarkerWritten,
+                    Err(f) => Event::MarkerWriteFailed(f),
+                },
+            ),
             Effect::Start { vmid, guest } => {
                 if let Some(refused) = self.check_before_start(state, vmid, guest).await {
                     return Ok(Some(Event::StartFailed { message: refused }));
@@ -963,13 +968,22 @@ impl<'a> Executor<'a> {
         vmid: u32,
         guest: GuestKind,
         marker: Marker,
+        pool: &str,
     ) -> Result<(), Failure> {
         let node = &self.cfg.node;
-        let cfg = self
-            .pve
-            .config_get(node, guest, vmid)
-            .await
-            .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+        let refused = |e: PveError, what: String| async move {
+            match self.outside_pool(vmid, pool, &e).await {
+                Some(f) => f,
+                None => Failure::new(e.code(), what),
+            }
+        };
+        let cfg = match self.pve.config_get(node, guest, vmid).await {
+            Ok(c) => c,
+            Err(e) => {
+                let what = e.to_string();
+                return Err(refused(e, what).await);
+            }
+        };
         let text = |k: &str| {
             cfg.get(k)
                 .and_then(|v| v.as_str())
@@ -985,18 +999,37 @@ impl<'a> Executor<'a> {
         ];
         // A restore-test copy's NICs were all isolated by the restore request itself (see
         // `restore_options`) and are checked again before its start (`check_before_start`).
-        self.pve
-            .config_put(node, guest, vmid, &set, &[])
-            .await
-            .map_err(|e| {
-                Failure::new(
-                    e.code(),
-                    format!(
-                        "marking {} {vmid} on node {node} failed: {e}",
-                        guest.pve_word()
-                    ),
-                )
-            })
+        match self.pve.config_put(node, guest, vmid, &set, &[]).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let what = format!(
+                    "marking {} {vmid} on node {node} failed: {e}",
+                    guest.pve_word()
+                );
+                Err(refused(e, what).await)
+            }
+        }
+    }
+
+    /// After a permission refusal on a just-restored guest: when the pool (read by id) lists
+    /// the guest's vmid no more, the failure is that (`guest_outside_pool`), not the marker.
+    async fn outside_pool(&self, vmid: u32, pool: &str, e: &PveError) -> Option<Failure> {
+        if e.api().map(|a| &a.kind) != Some(&ApiErrorKind::Permission) {
+            return None;
+        }
+        let info = self.pve.pool(pool).await.ok()??;
+        let member = info.members.iter().any(|m| {
+            m.get("vmid").and_then(|v| {
+                v.as_u64()
+                    .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            }) == Some(u64::from(vmid))
+        });
+        (!member).then(|| {
+            Failure::new(
+                ErrorCode::GuestOutsidePool,
+                format!("guest {vmid} is not in pool {pool} after its restore task ended OK ({e})"),
+            )
+        })
     }
 
     /// The exec of guest `vmid` for transaction `txn` (the exec helper checks the

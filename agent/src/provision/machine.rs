@@ -1558,6 +1558,23 @@ impl State {
     }
 
     fn leftover_needs_human(&mut self, vmid: u32) -> Vec<Effect> {
+        if self.task_ok {
+            let msg = format!(
+                "restore task {} of transaction {} ended OK, but {} {vmid} is not in pool {} \
+                 (taken out of it, or never joined), where the agent's token can neither mark \
+                 nor remove it, so nothing proves it is this transaction's and it was not \
+                 touched; inspect it with `{}`, then put it back with `pvesh set /pools/{} \
+                 --vms {vmid}` or remove it as root with `{}` if it is this restore's",
+                self.upid_text(),
+                self.request.txn,
+                self.guest().pve_word(),
+                self.request.pool,
+                self.cmd_config(vmid),
+                self.request.pool,
+                self.cmd_destroy(vmid)
+            );
+            return self.needs_human(ErrorCode::GuestOutsidePool, msg);
+        }
         let msg = format!(
             "the failed restore task {} of transaction {} left {} {vmid} behind (outside the \
              pool, where the agent's token cannot remove it, and without the marker, so nothing \
@@ -1996,6 +2013,16 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
                     guest: s.guest(),
                 },
             ]
+        }
+        // The restore ended OK but the guest is outside the pool: a failed restore, settled as
+        // one (the probe, then nothing left or a leftover for a person), never a destroy.
+        (Step::WriteMarker, Event::MarkerWriteFailed(failure))
+            if failure.code == ErrorCode::GuestOutsidePool =>
+        {
+            let vmid = s.require_vmid(kind)?;
+            s.note_failure(failure);
+            s.step = Step::ProbeLeftover;
+            vec![s.journal(), Effect::ProbeGuest { vmid }]
         }
         (Step::WriteMarker, Event::MarkerWriteFailed(failure)) => {
             let vmid = s.require_vmid(kind)?;

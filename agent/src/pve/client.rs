@@ -23,6 +23,15 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// The largest PVE answer body read; a larger one is an error naming the request path.
 pub const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+/// What qemu-ga keeps of one stream of a command's output (QEMU `qga/commands.c`
+/// `GUEST_EXEC_MAX_OUTPUT`, 16 MiB).
+pub const QGA_MAX_OUTPUT: usize = 16 * 1024 * 1024;
+/// The largest `agent/exec-status` answer read: both streams at qemu-ga's 16 MiB each, every
+/// byte at most two in PVE's JSON (qemu-server `PVE/API2/Qemu/Agent.pm` `exec-status` hands the
+/// decoded bytes over as characters, which UTF-8 writes as one or two bytes), plus 1 MiB for
+/// the envelope and the other fields. Output of control characters (escaped as six) can exceed
+/// it; then the error names the request.
+pub const MAX_EXEC_STATUS_BYTES: usize = 2 * QGA_MAX_OUTPUT * 2 + 1024 * 1024;
 
 /// How reads are retried after transient failures. Writes are never retried.
 #[derive(Debug, Clone, Copy)]
@@ -125,7 +134,7 @@ impl PveClient {
         let mut delay = self.retry.first_delay;
         let mut attempt = 1;
         loop {
-            match self.send_once(req).await {
+            match self.send_once(req, MAX_RESPONSE_BYTES).await {
                 Err(e) if attempt < attempts && e.is_transient() => {
                     tracing::debug!(method = req.method.as_str(), path = %req.path, attempt, error = %e, "transient PVE error, retrying read");
                     tokio::time::sleep(delay).await;
@@ -150,33 +159,31 @@ impl PveClient {
     async fn send_once(
         &self,
         req: &ApiRequest,
+        max_answer: usize,
     ) -> Result<serde_json::Map<String, Value>, PveError> {
-        let url = req.url(&self.base);
-        let method = match req.method {
-            Method::Get => reqwest::Method::GET,
-            Method::Post => reqwest::Method::POST,
-            Method::Put => reqwest::Method::PUT,
-            Method::Delete => reqwest::Method::DELETE,
-        };
-        let mut builder = self
-            .http
-            .request(method, &url)
-            .header(AUTHORIZATION, self.auth.clone());
-        if let Some(body) = req.body() {
-            builder = builder
-                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-                .body(body);
+        let started = std::time::Instant::now();
+        let result = self.exchange(req, max_answer).await;
+        // One line per request, worth turning on: method, path (never the query, a header or
+        // a body), PVE's status and the time taken.
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match &result {
+            Ok((status, _, _)) => tracing::debug!(
+                method = req.method.as_str(),
+                path = %req.path,
+                status = status.as_u16(),
+                ms,
+                "PVE request"
+            ),
+            Err(e) => tracing::debug!(
+                method = req.method.as_str(),
+                path = %req.path,
+                status = "none",
+                ms,
+                error = e.code().as_str(),
+                "PVE request"
+            ),
         }
-        let resp = match builder.send().await {
-            Ok(r) => r,
-            Err(e) => return Err(self.transport_error(&e)),
-        };
-        let status = resp.status();
-        let reason = resp
-            .extensions()
-            .get::<hyper::ext::ReasonPhrase>()
-            .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
-        let bytes = self.read_body(req, resp).await?;
+        let (status, reason, bytes) = result?;
         if !status.is_success() {
             let reason = reason.or_else(|| status.canonical_reason().map(str::to_string));
             return Err(PveError::Api(decode_error(
@@ -202,12 +209,48 @@ impl PveClient {
         }
     }
 
-    /// Read an answer's body, refusing one over [`MAX_RESPONSE_BYTES`] (guest agent output
-    /// reaches the agent through these bodies).
+    /// Send the request and read the answer: status, reason phrase, body.
+    async fn exchange(
+        &self,
+        req: &ApiRequest,
+        max_answer: usize,
+    ) -> Result<(reqwest::StatusCode, Option<String>, Vec<u8>), PveError> {
+        let url = req.url(&self.base);
+        let method = match req.method {
+            Method::Get => reqwest::Method::GET,
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+            Method::Delete => reqwest::Method::DELETE,
+        };
+        let mut builder = self
+            .http
+            .request(method, &url)
+            .header(AUTHORIZATION, self.auth.clone());
+        if let Some(body) = req.body() {
+            builder = builder
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(body);
+        }
+        let resp = match builder.send().await {
+            Ok(r) => r,
+            Err(e) => return Err(self.transport_error(&e)),
+        };
+        let status = resp.status();
+        let reason = resp
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
+        let bytes = self.read_body(req, resp, max_answer).await?;
+        Ok((status, reason, bytes))
+    }
+
+    /// Read an answer's body, refusing one over `max` bytes (guest agent output reaches the
+    /// agent through these bodies).
     async fn read_body(
         &self,
         req: &ApiRequest,
         mut resp: reqwest::Response,
+        max: usize,
     ) -> Result<Vec<u8>, PveError> {
         let too_large = || PveError::Decode {
             method: req.method.as_str(),
@@ -215,18 +258,15 @@ impl PveClient {
             detail: format!(
                 "the answer is larger than the {} MiB limit and was not read; check what the \
                  guest or the node returns for this request",
-                MAX_RESPONSE_BYTES / (1024 * 1024)
+                max / (1024 * 1024)
             ),
         };
-        if resp
-            .content_length()
-            .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
-        {
+        if resp.content_length().is_some_and(|n| n > max as u64) {
             return Err(too_large());
         }
         let mut body = Vec::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| self.transport_error(&e))? {
-            if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+            if body.len() + chunk.len() > max {
                 return Err(too_large());
             }
             body.extend_from_slice(&chunk);
@@ -441,7 +481,7 @@ impl PveClient {
     ) -> Result<AgentExecStatus, PveError> {
         // Not retried: a lost answer after `exited` cannot be fetched again.
         let req = build::agent_exec_status(node, vmid, pid);
-        let mut env = self.send_once(&req).await?;
+        let mut env = self.send_once(&req, MAX_EXEC_STATUS_BYTES).await?;
         serde_json::from_value(env.remove("data").unwrap_or(Value::Null)).map_err(|e| {
             PveError::Decode {
                 method: "GET",
@@ -453,7 +493,17 @@ impl PveClient {
 
     /// Send a request exactly once (no retry, even for a read) and return `data`.
     pub async fn call_once(&self, req: &ApiRequest) -> Result<Value, PveError> {
-        let mut env = self.send_once(req).await?;
+        self.call_once_max(req, MAX_RESPONSE_BYTES).await
+    }
+
+    /// [`call_once`](Self::call_once) reading an answer of up to `max_answer` bytes (the
+    /// guest agent's exec-status: [`MAX_EXEC_STATUS_BYTES`]).
+    pub async fn call_once_max(
+        &self,
+        req: &ApiRequest,
+        max_answer: usize,
+    ) -> Result<Value, PveError> {
+        let mut env = self.send_once(req, max_answer).await?;
         Ok(env.remove("data").unwrap_or(Value::Null))
     }
 

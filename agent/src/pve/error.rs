@@ -169,6 +169,7 @@ impl PveError {
         match self {
             PveError::TlsPinMismatch { .. } => ErrorCode::TlsPinMismatch,
             PveError::Tls { .. } | PveError::Unreachable { .. } => ErrorCode::PveUnreachable,
+            PveError::Api(a) if is_pool_missing_message(&a.message) => ErrorCode::PoolMissing,
             PveError::Api(a) => match a.kind {
                 ApiErrorKind::Auth => ErrorCode::PveAuth,
                 ApiErrorKind::Locked => ErrorCode::GuestLocked,
@@ -268,7 +269,25 @@ const REFUSAL_WORDINGS: &[&str] = &[
     "protection mode enabled",
     "can't overwrite running container",
     "no such ",
+    // pve-guest-common `src/PVE/ReplicationConfig.pm` `check_for_existing_jobs`, which a guest
+    // DELETE without `purge` runs: "There is a replication job '<id>' for guest '<vmid>' -
+    // Please remove that first." A person must remove the job; sending again changes nothing.
+    "Please remove that first",
 ];
+
+/// Whether `message` says a pool does not exist: pve-access-control `src/PVE/RPCEnvironment.pm`
+/// `check_pool_exist` (`403 Permission check failed (pool 'x' does not exist)`, a restore into
+/// it) and pve-manager `PVE/API2/Pool.pm` `index` (`500 pool 'x' does not exist`,
+/// `GET /pools?poolid=x`).
+pub fn is_pool_missing_message(message: &str) -> bool {
+    let Some(start) = message.find("pool '") else {
+        return false;
+    };
+    let rest = &message[start + "pool '".len()..];
+    rest.split_once('\'')
+        .is_some_and(|(id, after)| !id.is_empty() && after.starts_with(" does not exist"))
+        && !message[..start].ends_with("of ")
+}
 
 /// Whether `message` is one of PVE's known refusals (see [`REFUSAL_WORDINGS`]).
 pub fn is_refusal_message(message: &str) -> bool {
@@ -392,6 +411,44 @@ fn clip_pve_text(text: String, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_pool_has_its_own_code() {
+        for (status, m) in [
+            (
+                403,
+                "Permission check failed (pool 'felhom' does not exist)",
+            ),
+            (500, "pool 'felhom' does not exist"),
+        ] {
+            let e = PveError::Api(decode_error("GET", "/pools", status, Some(m), b""));
+            assert_eq!(e.code(), ErrorCode::PoolMissing, "{m}");
+        }
+        for m in [
+            "storage 'local' does not exist",
+            "parent 'a' of pool 'a/b' does not exist",
+            "Permission check failed (/pool/felhom, Pool.Audit)",
+        ] {
+            assert!(!is_pool_missing_message(m), "{m}");
+        }
+    }
+
+    #[test]
+    fn a_replication_job_is_a_refusal_never_retried() {
+        let m = "There is a replication job '120-0' for guest '120' - Please remove that first.";
+        let e = decode_error(
+            "DELETE",
+            "/nodes/pve1/lxc/120",
+            500,
+            Some(m),
+            format!("{{\"data\":null,\"message\":\"{m}\\n\"}}").as_bytes(),
+        );
+        assert_eq!(e.kind, ApiErrorKind::Refusal);
+        assert_eq!(e.message, m);
+        let err = PveError::Api(e);
+        assert!(!err.is_transient());
+        assert_eq!(err.code(), ErrorCode::PveRefused);
+    }
 
     #[test]
     fn new_format_message_wins() {
@@ -519,7 +576,7 @@ mod tests {
             ErrorCode::PveRefused,
         ),
         // manager PVE/API2/Pool.pm: unknown pool after Pool.Audit
-        (500, "pool 'nope' does not exist", ErrorCode::PveRefused),
+        (500, "pool 'nope' does not exist", ErrorCode::PoolMissing),
         // guest PVE/AbstractConfig.pm load_config, for a token with rights on /vms
         (
             500,
@@ -576,7 +633,7 @@ mod tests {
         (
             403,
             "Permission check failed (pool 'nope' does not exist)",
-            ErrorCode::PveRefused,
+            ErrorCode::PoolMissing,
         ),
         (401, "Authentication failed!", ErrorCode::PveAuth),
         (500, "CT is locked (backup)", ErrorCode::GuestLocked),

@@ -130,11 +130,26 @@ pub async fn wait_task(
     }
 }
 
+/// Lines read per request when a task log without `total` is read to its end.
+const LOG_PAGE: u64 = 500;
+/// Requests at most when a task log without `total` is read to its end.
+const LOG_PAGES_MAX: u64 = 20;
+
 /// The last `n` lines of a task log (best effort: an unreadable log gives none).
+///
+/// PVE answers every log request with `total`, the number of lines of the whole log, beside
+/// `data` (pve-manager `PVE/API2/Tasks.pm` `read_task_log` sets the result attribute from
+/// pve-common `src/PVE/Tools.pm` `dump_logfile`, which counts every line whatever `start` and
+/// `limit`): one line asked for gives the total, then the last `n` are read. An answer without
+/// `total` is read page by page to its end (at most [`LOG_PAGES_MAX`] pages), keeping the last
+/// `n` lines.
 pub async fn log_tail(client: &PveClient, upid: &Upid, n: u64) -> Vec<String> {
+    if n == 0 {
+        return vec![];
+    }
     let total = match client.task_log(upid, 0, 1).await {
         Ok((_, Some(total))) => total,
-        Ok((lines, None)) => lines.len() as u64,
+        Ok((_, None)) => return log_tail_by_pages(client, upid, n).await,
         Err(_) => return vec![],
     };
     let start = total.saturating_sub(n);
@@ -142,6 +157,27 @@ pub async fn log_tail(client: &PveClient, upid: &Upid, n: u64) -> Vec<String> {
         Ok((lines, _)) => lines.into_iter().map(|l| l.t).collect(),
         Err(_) => vec![],
     }
+}
+
+async fn log_tail_by_pages(client: &PveClient, upid: &Upid, n: u64) -> Vec<String> {
+    let keep = usize::try_from(n).unwrap_or(usize::MAX);
+    let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+    for page in 0..LOG_PAGES_MAX {
+        let Ok((lines, _)) = client.task_log(upid, page * LOG_PAGE, LOG_PAGE).await else {
+            break;
+        };
+        let short = (lines.len() as u64) < LOG_PAGE;
+        for line in lines {
+            if tail.len() == keep {
+                tail.pop_front();
+            }
+            tail.push_back(line.t);
+        }
+        if short {
+            break;
+        }
+    }
+    tail.into_iter().collect()
 }
 
 #[cfg(test)]
