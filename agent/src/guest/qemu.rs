@@ -3,7 +3,8 @@
 //!
 //! [`GuestAgentApi`] is the seam to the PVE client (implemented there, faked in tests). The
 //! command is sent as an array, wrapped in the same controlled environment as every guest
-//! command; stdin goes as `input-data`. The final status is read exactly once: the guest agent
+//! command (variable values first on stdin, never on the command line); stdin goes as
+//! `input-data`. The final status is read exactly once: the guest agent
 //! forgets a pid after it reported `exited`, so this module never asks again after that answer.
 //! On timeout an in-guest sweep (a second `agent/exec`) sends SIGTERM, then SIGKILL, to every
 //! process carrying the exec's tag, and the killed command's status is then collected once.
@@ -18,8 +19,9 @@ use base64_chunks::encode_base64;
 use tokio::time::Instant;
 
 use super::exec::{
-    check_guest_path, guest_argv, sha256_hex, sweep_request, verify_pushed, Captured, ExecError,
-    ExecIds, ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef, PushReceipt, PushSource,
+    check_guest_path, guest_argv, guest_command, sha256_hex, sweep_request, verify_pushed,
+    Captured, ExecError, ExecIds, ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef,
+    PushReceipt, PushSource,
 };
 use crate::pve::GuestKind;
 
@@ -351,9 +353,18 @@ impl<A: GuestAgentApi> QemuExec<A> {
     async fn start(&self, request: &ExecRequest) -> Result<(u64, String), ExecError> {
         let guest = self.guest_ref();
         let exec_id = self.ids.next_id();
-        let argv = guest_argv(request, &exec_id)
-            .map_err(|reason| ExecError::InvalidRequest { guest, reason })?;
-        let input = match &request.stdin {
+        // With variables, their values go first on stdin and the command line names them only
+        // (`guest_command`), as in a container: nothing in the VM's process list shows them.
+        let (argv, stdin) = if request.env.is_empty() {
+            let argv = guest_argv(request, &exec_id)
+                .map_err(|reason| ExecError::InvalidRequest { guest, reason })?;
+            (argv, request.stdin.clone())
+        } else {
+            let cmd = guest_command(request, &exec_id)
+                .map_err(|reason| ExecError::InvalidRequest { guest, reason })?;
+            (cmd.argv, cmd.stdin)
+        };
+        let input = match &stdin {
             None => None,
             Some(bytes) => {
                 let text = std::str::from_utf8(bytes).map_err(|_| ExecError::InvalidRequest {
