@@ -989,6 +989,54 @@ pub async fn api_get(pve: &FakePve, path: &str) -> (u16, Value) {
     api_send(pve, reqwest::Method::GET, path, &[]).await
 }
 
+/// Wait (up to 30 s) for task `upid` to stop; its exit status (`OK`, `WARNINGS: N`, an error).
+pub async fn api_wait_task(pve: &FakePve, upid: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, body) = api_get(pve, &format!("/nodes/pve1/tasks/{upid}/status")).await;
+        assert_eq!(status, 200, "{body}");
+        if body["data"]["status"] == "stopped" {
+            return body["data"]["exitstatus"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "task {upid} did not end"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// POST `form` to `path`, which starts a task, and wait for that task to end `OK`.
+pub async fn api_post_ok(pve: &FakePve, path: &str, form: &[(&str, &str)]) {
+    let (status, body) = api_send(pve, reqwest::Method::POST, path, form).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        api_wait_task(pve, body["data"].as_str().expect("UPID")).await,
+        "OK"
+    );
+}
+
+/// Restore [`QEMU_BACKUP`] into `vmid` (in the pool, on `local-lvm`) and start it: a running
+/// bed VM when the fake is joined to a guest bed.
+pub async fn start_qemu_copy(pve: &FakePve, vmid: u32) {
+    let id = vmid.to_string();
+    api_post_ok(
+        pve,
+        "/nodes/pve1/qemu",
+        &[
+            ("vmid", &id),
+            ("archive", QEMU_BACKUP),
+            ("storage", "local-lvm"),
+            ("pool", "felhom"),
+        ],
+    )
+    .await;
+    api_post_ok(pve, &format!("/nodes/pve1/qemu/{vmid}/status/start"), &[]).await;
+}
+
 /// `application/x-www-form-urlencoded` text of these pairs (how PVE clients send parameters).
 pub fn form_urlencode(pairs: &[(&str, &str)]) -> String {
     fn enc(s: &str) -> String {

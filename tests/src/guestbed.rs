@@ -431,3 +431,23 @@ pub fn children_of(pid: u32) -> Vec<(u32, String)> {
     }
     found
 }
+
+/// The command line of every process on this machine (`/proc/<pid>/cmdline`, NULs as spaces):
+/// what any local user can read.
+pub fn all_cmdlines() -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        if let Ok(bytes) = std::fs::read(entry.path().join("cmdline")) {
+            out.push(String::from_utf8_lossy(&bytes).replace('\0', " "));
+        }
+    }
+    out
+}

@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use felhom_tests::fakepve::{
-    add_qemu_backup, api_get as get, api_send as send, demo_scenario, qemu_backup_config, FakePve,
-    QEMU_BACKUP,
+    add_qemu_backup, api_get as get, api_send as send, api_wait_task, demo_scenario,
+    qemu_backup_config, FakePve, QEMU_BACKUP,
 };
 use felhom_tests::guestbed::{processes_with_marker, unique_marker, GuestBed};
 use serde_json::{json, Value};
@@ -18,23 +18,6 @@ const LXC_BACKUP: &str = "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zs
 
 async fn post(pve: &FakePve, path: &str, form: &[(&str, &str)]) -> (u16, Value) {
     send(pve, reqwest::Method::POST, path, form).await
-}
-
-/// Wait for a task to stop; its exit status.
-async fn wait_task(pve: &FakePve, upid: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (status, body) = get(pve, &format!("/nodes/pve1/tasks/{upid}/status")).await;
-        assert_eq!(status, 200, "{body}");
-        if body["data"]["status"] == "stopped" {
-            return body["data"]["exitstatus"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
-        }
-        assert!(Instant::now() < deadline, "task {upid} did not end");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A fake joined to `bed`, with the QEMU backup (stored `config`, guest spec `guest`).
@@ -63,14 +46,14 @@ async fn restore_vm(pve: &FakePve, vmid: u32, start: bool) {
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        wait_task(pve, body["data"].as_str().expect("UPID")).await,
+        api_wait_task(pve, body["data"].as_str().expect("UPID")).await,
         "OK"
     );
     if start {
         let (status, body) = post(pve, &format!("/nodes/pve1/qemu/{vmid}/status/start"), &[]).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(
-            wait_task(pve, body["data"].as_str().expect("UPID")).await,
+            api_wait_task(pve, body["data"].as_str().expect("UPID")).await,
             "OK"
         );
     }
@@ -161,7 +144,7 @@ async fn qemu_restore_is_locked_outside_the_pool_until_its_task_ends_then_has_th
         "unable to restore VM 340 - VM 340 already exists on node 'pve1'\n"
     );
 
-    assert_eq!(wait_task(&pve, &upid).await, "OK");
+    assert_eq!(api_wait_task(&pve, &upid).await, "OK");
     let (status, body) = get(&pve, "/nodes/pve1/qemu/340/config").await;
     assert_eq!(status, 200, "{body}");
     let cfg = &body["data"];
@@ -217,7 +200,7 @@ async fn lxc_restore_carries_its_backup_config_and_unique_nics_win_with_new_macs
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        wait_task(&pve, body["data"].as_str().expect("UPID")).await,
+        api_wait_task(&pve, body["data"].as_str().expect("UPID")).await,
         "OK"
     );
     let (_, body) = get(&pve, "/nodes/pve1/lxc/240/config").await;
@@ -402,7 +385,7 @@ async fn a_bed_vm_is_one_guest_its_processes_outlive_an_exec_and_die_with_the_vm
     // Powering the VM off ends everything inside it.
     let (status, body) = post(&pve, "/nodes/pve1/qemu/360/status/stop", &[]).await;
     assert_eq!(status, 200, "{body}");
-    wait_task(&pve, body["data"].as_str().expect("UPID")).await;
+    api_wait_task(&pve, body["data"].as_str().expect("UPID")).await;
     let left = felhom_tests::guestbed::wait_processes_gone(&marker, Duration::from_secs(5));
     assert!(left.is_empty(), "{left:?}");
     let (status, body) = exec(&pve, 360, &["true"], None).await;
@@ -432,7 +415,7 @@ async fn agent_preconditions_answer_in_pves_order_and_words() {
     assert_eq!(body["message"], "VM 371 is not running\n");
     let (status, body) = post(&pve, "/nodes/pve1/qemu/371/status/start", &[]).await;
     assert_eq!(status, 200, "{body}");
-    wait_task(&pve, body["data"].as_str().expect("UPID")).await;
+    api_wait_task(&pve, body["data"].as_str().expect("UPID")).await;
     let (status, body) = exec(&pve, 371, &["true"], None).await;
     assert_eq!(status, 500);
     assert_eq!(body["message"], "QEMU guest agent is not running\n");
@@ -526,20 +509,20 @@ async fn pct_refuses_what_pve_says_is_stopped_absent_or_a_vm() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    wait_task(&pve, body["data"].as_str().expect("UPID")).await;
+    api_wait_task(&pve, body["data"].as_str().expect("UPID")).await;
     let (code, _, err) = pct(&["exec", "250", "--", "true"]);
     assert_ne!(code, Some(0));
     assert!(err.contains("container '250' not running!"), "{err}");
     let (status, body) = post(&pve, "/nodes/pve1/lxc/250/status/start", &[]).await;
     assert_eq!(status, 200, "{body}");
-    wait_task(&pve, body["data"].as_str().expect("UPID")).await;
+    api_wait_task(&pve, body["data"].as_str().expect("UPID")).await;
     let (code, out, err) = pct(&["exec", "250", "--", "hostname"]);
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out, "CT250\n");
     // Stopped by PVE: refused again.
     let (status, body) = post(&pve, "/nodes/pve1/lxc/250/status/stop", &[]).await;
     assert_eq!(status, 200, "{body}");
-    wait_task(&pve, body["data"].as_str().expect("UPID")).await;
+    api_wait_task(&pve, body["data"].as_str().expect("UPID")).await;
     let (code, _, err) = pct(&["exec", "250", "--", "true"]);
     assert_ne!(code, Some(0));
     assert!(err.contains("container '250' not running!"), "{err}");
@@ -552,7 +535,7 @@ async fn pct_refuses_what_pve_says_is_stopped_absent_or_a_vm() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    wait_task(&pve, body["data"].as_str().expect("UPID")).await;
+    api_wait_task(&pve, body["data"].as_str().expect("UPID")).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     while bed.state_dir().join("250").exists() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use felhom_agent::guest::{ExecError, ExecRequest, GuestExec, GuestExit, PushSource};
 use felhom_tests::guestbed::{
-    kill_processes_with_marker, processes_with_marker, unique_marker, wait_processes_gone,
-    GuestBed, PctFault,
+    all_cmdlines, kill_processes_with_marker, processes_with_marker, unique_marker,
+    wait_processes_gone, GuestBed, PctFault,
 };
 
 fn sh(script: &str) -> ExecRequest {
@@ -434,19 +434,6 @@ async fn a_stopped_exec_ends_at_once_and_leaves_nothing_even_when_it_escaped() {
 }
 
 /// Every process's command line, read from the node's `/proc` (what any local user can read).
-fn all_cmdlines() -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let name = entry.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        if let Ok(bytes) = std::fs::read(entry.path().join("cmdline")) {
-            out.push(String::from_utf8_lossy(&bytes).replace('\0', " "));
-        }
-    }
-    out
-}
 
 #[tokio::test]
 async fn environment_values_never_appear_on_a_command_line() {

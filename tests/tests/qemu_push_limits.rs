@@ -2,43 +2,13 @@
 //! 5.2.1 (`501 for data too large` beyond it), counted with every encoding: base64, then the
 //! form's percent-encoding of `+`, `/` and `=`. The bed's `post_limit` is PVE's check.
 
-use std::time::{Duration, Instant};
-
 use felhom_agent::config::Config;
 use felhom_agent::guest::exec::{ExecIds, GuestExec, PushSource};
 use felhom_agent::guest::qemu::{QemuConfig, QemuExec, MAX_POST_BODY};
 use felhom_agent::pve::PveClient;
-use felhom_tests::fakepve::{
-    add_qemu_backup, api_get as get, api_send as send, demo_scenario, AgentFiles, FakePve,
-    QEMU_BACKUP,
-};
+use felhom_tests::fakepve::{add_qemu_backup, demo_scenario, start_qemu_copy, AgentFiles, FakePve};
 use felhom_tests::guestbed::GuestBed;
 use serde_json::json;
-
-async fn wait_task(pve: &FakePve, upid: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (status, body) = get(pve, &format!("/nodes/pve1/tasks/{upid}/status")).await;
-        assert_eq!(status, 200, "{body}");
-        if body["data"]["status"] == "stopped" {
-            return body["data"]["exitstatus"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
-        }
-        assert!(Instant::now() < deadline, "task {upid} did not end");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn post_ok(pve: &FakePve, path: &str, form: &[(&str, &str)]) {
-    let (status, body) = send(pve, reqwest::Method::POST, path, form).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        wait_task(pve, body["data"].as_str().expect("UPID")).await,
-        "OK"
-    );
-}
 
 #[tokio::test]
 async fn a_45_kib_file_arrives_in_a_vm_behind_a_64_kib_post_limit() {
@@ -54,19 +24,7 @@ async fn a_45_kib_file_arrives_in_a_vm_behind_a_64_kib_post_limit() {
     bed.join_scenario(&mut s);
     let pve = FakePve::start(s);
     let vmid = 310;
-    let id = vmid.to_string();
-    post_ok(
-        &pve,
-        "/nodes/pve1/qemu",
-        &[
-            ("vmid", &id),
-            ("archive", QEMU_BACKUP),
-            ("storage", "local-lvm"),
-            ("pool", "felhom"),
-        ],
-    )
-    .await;
-    post_ok(&pve, &format!("/nodes/pve1/qemu/{vmid}/status/start"), &[]).await;
+    start_qemu_copy(&pve, vmid).await;
     pve.set(json!({"post_limit": MAX_POST_BODY}));
 
     // The bed refuses a larger body as pve-http-server does: 501, "for data too large".
