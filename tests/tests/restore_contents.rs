@@ -61,6 +61,31 @@ fn with_tar_backup(mut s: Value) -> Value {
     s
 }
 
+/// The config guest `vmid` had at its first start (panics when it was never started).
+fn started_config(w: &World, vmid: u32) -> serde_json::Map<String, Value> {
+    w.pve
+        .start_configs()
+        .into_iter()
+        .find(|(v, _)| *v == vmid)
+        .map(|(_, c)| c)
+        .unwrap_or_else(|| panic!("guest {vmid} was never started"))
+}
+
+/// The `netN` keys of a config and their values.
+fn nics_of(config: &serde_json::Map<String, Value>) -> Vec<(String, String)> {
+    config
+        .iter()
+        .filter(|(k, _)| k.starts_with("net"))
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+/// Neither `onboot` nor `protection` set in `config`.
+fn assert_no_onboot_nor_protection(config: &serde_json::Map<String, Value>) {
+    assert!(!is_true(config.get("onboot")), "{config:#?}");
+    assert!(!is_true(config.get("protection")), "{config:#?}");
+}
+
 fn is_true(v: Option<&Value>) -> bool {
     v.and_then(Value::as_str).is_some_and(|s| s == "1")
 }
@@ -88,19 +113,15 @@ fn a_restore_test_copy_of_a_bridged_container_starts_with_every_nic_isolated() {
 
     // The copy was started once, and with no NIC on a bridge, none with its link up, no onboot
     // and no protection.
-    let starts: Vec<_> = w
+    let starts = w
         .pve
         .start_configs()
         .into_iter()
         .filter(|(v, _)| *v == vmid)
-        .collect();
-    assert_eq!(starts.len(), 1, "{starts:#?}");
-    let config = &starts[0].1;
-    let nics: Vec<(&String, &str)> = config
-        .iter()
-        .filter(|(k, _)| k.starts_with("net"))
-        .map(|(k, v)| (k, v.as_str().unwrap_or("")))
-        .collect();
+        .count();
+    assert_eq!(starts, 1, "{:#?}", w.pve.start_configs());
+    let config = started_config(&w, vmid);
+    let nics = nics_of(&config);
     assert_eq!(nics.len(), 2, "both stored NICs are there: {config:#?}");
     for (key, nic) in &nics {
         assert!(isolated(nic), "{key} = {nic} reaches a network");
@@ -113,8 +134,7 @@ fn a_restore_test_copy_of_a_bridged_container_starts_with_every_nic_isolated() {
             "{key} = {nic} keeps the original's MAC"
         );
     }
-    assert!(!is_true(config.get("onboot")), "{config:#?}");
-    assert!(!is_true(config.get("protection")), "{config:#?}");
+    assert_no_onboot_nor_protection(&config);
 
     // The request that made it so: no `unique` (with it PVE writes the stored NICs over the
     // request's), every stored NIC given.
@@ -199,10 +219,8 @@ fn a_selftest_of_a_protected_onboot_backup_ends_destroyed_and_leaves_nothing() {
         w.pve.vmlist_entries().iter().all(|e| e.vmid != 120),
         "120 in the full list"
     );
-    let starts = w.pve.start_configs();
-    let (_, config) = starts.iter().find(|(v, _)| *v == 120).expect("started");
-    assert!(!is_true(config.get("onboot")), "{config:#?}");
-    assert!(!is_true(config.get("protection")), "{config:#?}");
+    let config = started_config(&w, 120);
+    assert_no_onboot_nor_protection(&config);
     // The customer's notes stay, under the marker line.
     let description = config
         .get("description")
@@ -383,16 +401,8 @@ fn a_restore_test_copy_of_a_bridged_vm_starts_with_every_nic_link_down() {
     let vmid = doc["vmid"].as_u64().expect("vmid") as u32;
     let post = restore_post(&w, "qemu");
     assert_eq!(post.param("unique"), Some("1"), "{post:?}");
-    let starts = w.pve.start_configs();
-    let (_, config) = starts
-        .iter()
-        .find(|(v, _)| *v == vmid)
-        .expect("the copy started");
-    let nics: Vec<(&String, &str)> = config
-        .iter()
-        .filter(|(k, _)| k.starts_with("net"))
-        .map(|(k, v)| (k, v.as_str().unwrap_or("")))
-        .collect();
+    let config = started_config(&w, vmid);
+    let nics = nics_of(&config);
     assert_eq!(nics.len(), 2, "{config:#?}");
     for (key, nic) in nics {
         assert!(
@@ -404,8 +414,7 @@ fn a_restore_test_copy_of_a_bridged_vm_starts_with_every_nic_link_down() {
             "{key} = {nic} keeps the MAC"
         );
     }
-    assert!(!is_true(config.get("onboot")), "{config:#?}");
-    assert!(!is_true(config.get("protection")), "{config:#?}");
+    assert_no_onboot_nor_protection(&config);
     assert_eq!(left_in_band(&w), Vec::<u32>::new());
 }
 
