@@ -335,7 +335,7 @@ async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
     let token = &cfg.pve.token_id;
     let mut sources: Vec<(&'static str, &str, bool)> = Vec::new();
     if let Some(src) = &cfg.provision.selftest_source {
-        sources.push(("selftest_source", src.as_str(), false));
+        sources.push(("selftest_source", src.as_str(), true));
     }
     for src in &cfg.restore_test.sources {
         sources.push(("restore_test_sources", src.as_str(), true));

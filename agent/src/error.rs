@@ -29,6 +29,12 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::BackupDevices
         | ErrorCode::BackupHookscript
         | ErrorCode::BackupAccess
+        | ErrorCode::BackupArgs
+        | ErrorCode::BackupHostDir
+        | ErrorCode::BackupSharedMemory
+        | ErrorCode::BackupHostPort
+        | ErrorCode::BackupVmstate
+        | ErrorCode::BackupTemplate
         | ErrorCode::TagPolicy
         // A journal verb on a transaction in the wrong state: nothing was written.
         | ErrorCode::NotNeedsHuman

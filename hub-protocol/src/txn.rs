@@ -214,6 +214,18 @@ pub enum ErrorCode {
     BackupHookscript,
     /// Preflight: the token may not restore another guest's backup (`VM.Backup` on its owner, `Datastore.AllocateSpace` on its storage).
     BackupAccess,
+    /// Preflight: the backup carries `args` (raw QEMU arguments that can reach the host or a network without any NIC); refused for an isolated copy.
+    BackupArgs,
+    /// Preflight: the backup shares a host directory with the VM (`virtiofsN`); refused for an isolated copy.
+    BackupHostDir,
+    /// Preflight: the backup shares memory with another VM (`ivshmem` with a name); refused for an isolated copy.
+    BackupSharedMemory,
+    /// Preflight: the backup connects a serial or parallel port to a host device; refused for an isolated copy.
+    BackupHostPort,
+    /// Preflight: the backup carries saved RAM (`vmstate`), which the copy would resume; refused for an isolated copy.
+    BackupVmstate,
+    /// Preflight: the backup is of a template, which PVE restores as a template that never starts.
+    BackupTemplate,
     /// Preflight: the cluster's tag policy refuses the marker's tags to the token.
     TagPolicy,
     /// `journal resolve`: the transaction is not awaiting a human (settled otherwise, already
@@ -254,7 +266,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 41] = [
+    pub const ALL: [ErrorCode; 47] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -282,6 +294,12 @@ impl ErrorCode {
         ErrorCode::BackupDevices,
         ErrorCode::BackupHookscript,
         ErrorCode::BackupAccess,
+        ErrorCode::BackupArgs,
+        ErrorCode::BackupHostDir,
+        ErrorCode::BackupSharedMemory,
+        ErrorCode::BackupHostPort,
+        ErrorCode::BackupVmstate,
+        ErrorCode::BackupTemplate,
         ErrorCode::TagPolicy,
         ErrorCode::NotNeedsHuman,
         ErrorCode::TxnNotOpen,
@@ -328,6 +346,12 @@ impl ErrorCode {
             ErrorCode::BackupDevices => "backup_devices",
             ErrorCode::BackupHookscript => "backup_hookscript",
             ErrorCode::BackupAccess => "backup_access",
+            ErrorCode::BackupArgs => "backup_args",
+            ErrorCode::BackupHostDir => "backup_host_dir",
+            ErrorCode::BackupSharedMemory => "backup_shared_memory",
+            ErrorCode::BackupHostPort => "backup_host_port",
+            ErrorCode::BackupVmstate => "backup_vmstate",
+            ErrorCode::BackupTemplate => "backup_template",
             ErrorCode::TagPolicy => "tag_policy",
             ErrorCode::NotNeedsHuman => "not_needs_human",
             ErrorCode::TxnNotOpen => "txn_not_open",
@@ -512,6 +536,12 @@ mod tests {
             (ErrorCode::BackupDevices, "backup_devices"),
             (ErrorCode::BackupHookscript, "backup_hookscript"),
             (ErrorCode::BackupAccess, "backup_access"),
+            (ErrorCode::BackupArgs, "backup_args"),
+            (ErrorCode::BackupHostDir, "backup_host_dir"),
+            (ErrorCode::BackupSharedMemory, "backup_shared_memory"),
+            (ErrorCode::BackupHostPort, "backup_host_port"),
+            (ErrorCode::BackupVmstate, "backup_vmstate"),
+            (ErrorCode::BackupTemplate, "backup_template"),
             (ErrorCode::TagPolicy, "tag_policy"),
             (ErrorCode::NotNeedsHuman, "not_needs_human"),
             (ErrorCode::TxnNotOpen, "txn_not_open"),
@@ -520,7 +550,7 @@ mod tests {
             (ErrorCode::PveUnsupported, "pve_unsupported"),
             (ErrorCode::GuestOutsidePool, "guest_outside_pool"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 41);
+        assert_eq!(ErrorCode::ALL.len(), 47);
     }
 
     #[test]

@@ -94,9 +94,24 @@ pub struct SelftestOpts {
     #[arg(long)]
     pub keep: bool,
 
+    /// The guest's network: `isolated` (no NIC at all: every stored netN is removed before
+    /// the first start) or `stored` (the NICs its backup stores, bridges and addresses
+    /// included). Default: isolated, or stored with --keep.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub network: Option<NetworkMode>,
+
     /// Print the plan (verdict and the calls it would make) and write nothing.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+/// The network a `--selftest=provision` guest starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NetworkMode {
+    /// No NIC: a copy of a customer's guest never meets its network as a twin.
+    Isolated,
+    /// The NICs its backup stores (a guest meant to serve).
+    Stored,
 }
 
 /// The kind of self-test.

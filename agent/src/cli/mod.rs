@@ -268,12 +268,13 @@ async fn dispatch(cli: Cli) -> CommandOutput {
         || cli.selftest_opts.from.is_some()
         || cli.selftest_opts.storage.is_some()
         || cli.selftest_opts.keep
+        || cli.selftest_opts.network.is_some()
         || cli.selftest_opts.dry_run;
     match (cli.selftest, cli.command) {
         (Some(_), Some(_)) => usage("--selftest cannot be combined with a command"),
         (None, None) => usage("no command given"),
         (None, Some(_)) if selftest_opts_given => {
-            usage("--vmid/--from/--storage/--keep/--dry-run belong to --selftest (destroy takes its own --vmid after the command)")
+            usage("--vmid/--from/--storage/--keep/--network/--dry-run belong to --selftest (destroy takes its own --vmid after the command)")
         }
         (Some(kind), None) => {
             let cfg = match load_config_as_agent(&cli.global) {
@@ -297,6 +298,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                         keep: opts.keep,
                         dry_run: opts.dry_run,
                         profile: None,
+                        isolate_network: opts.network.map(|n| n == NetworkMode::Isolated),
                     };
                     let ran = service::provision(
                         &cfg,
@@ -310,7 +312,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     output::transaction(ran)
                 }
                 SelftestKind::Restore => {
-                    if opts.vmid.is_some() || opts.from.is_some() || opts.keep {
+                    if opts.vmid.is_some() || opts.from.is_some() || opts.keep || opts.network.is_some() {
                         return usage("--selftest=restore picks its own vmid in the restore-test band and its backup from the rotation; it takes only --dry-run (and --storage is set in [restore_test])");
                     }
                     let ran = service::restore_test::run(

@@ -11,7 +11,7 @@ use crate::hub::DaemonReport;
 use crate::inventory::{FullGuestList, GuestsReport};
 use crate::preflight::PreflightReport;
 use crate::provision::journal::{JournalRow, Listing};
-use crate::provision::machine::State;
+use crate::provision::machine::{State, TxnKind};
 use crate::service::restore_test::RestoreTestRun;
 use crate::service::{Driven, TxnRun};
 use crate::vmid::{VmidCheckReport, VmidVerdict};
@@ -35,7 +35,20 @@ pub fn result_json(state: &State, checks: &[CheckResult], plan: Option<&Value>) 
     if let (Some(p), Some(obj)) = (plan, v.as_object_mut()) {
         obj.insert("plan".to_string(), p.clone());
     }
+    if let (Some(n), Some(obj)) = (network_word(state), v.as_object_mut()) {
+        obj.insert("network".to_string(), json!(n));
+    }
     v
+}
+
+/// `isolated` (the guest starts with no NIC) or `stored` (with its backup's NICs) for a
+/// transaction that restores a guest; `None` for a destroy.
+fn network_word(state: &State) -> Option<&'static str> {
+    (state.kind() != TxnKind::Destroy).then_some(if state.request().isolate_network {
+        "isolated"
+    } else {
+        "stored"
+    })
 }
 
 fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>) -> String {
@@ -48,6 +61,15 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>) -> String 
         for (i, step) in steps.iter().enumerate() {
             s.push_str(&format!("  {}. {}\n", i + 1, step));
         }
+    }
+    match network_word(state) {
+        Some("isolated") => s.push_str(
+            "network: isolated (the guest starts with no NIC: every stored netN is removed before its first start)\n",
+        ),
+        Some(_) => s.push_str(
+            "network: stored (the guest starts with the NICs its backup stores: bridges, addresses and MACs of the original's network)\n",
+        ),
+        None => {}
     }
     for c in checks {
         s.push_str(&format!(

@@ -28,6 +28,8 @@ struct View {
     live: Option<Live>,
     done: Vec<(Phase, Duration)>,
     tick: usize,
+    /// Whether the line naming the transaction and its network was drawn.
+    headed: bool,
 }
 
 impl View {
@@ -134,6 +136,22 @@ impl<R: Reporter> Reporter for ProgressReporter<R> {
                     live.upid = state.upid().map(str::to_string);
                 }
             } else {
+                if !v.headed && state.kind() != crate::provision::machine::TxnKind::Destroy {
+                    v.headed = true;
+                    draw(
+                        &format!(
+                            "transaction {} vmid {}: network {}",
+                            state.txn(),
+                            state.vmid().map_or("-".to_string(), |n| n.to_string()),
+                            if state.request().isolate_network {
+                                "isolated (no NIC at the start)"
+                            } else {
+                                "stored (the backup's NICs)"
+                            }
+                        ),
+                        true,
+                    );
+                }
                 if let Some(live) = v.live.take() {
                     draw(&v.line(&live, true), true);
                     v.done.push((live.phase, live.since.elapsed()));

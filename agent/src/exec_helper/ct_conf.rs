@@ -5,11 +5,13 @@
 //! The file is PVE's `key: value` format (pve-container `src/PVE/LXC/Config.pm`,
 //! `parse_pct_config`): the current config first, then one `[section]` per snapshot and
 //! `[pve:pending]` for pending changes. Only the current config counts: reading stops at the
-//! first `[` line. Refused ([`check`]):
+//! first section header. Lines are read as PVE reads them (anchored at the first byte, so an
+//! indented line is skipped as PVE skips it). Refused ([`check`]):
 //!
 //! - no `unprivileged: 1`: a privileged container's root is the node's root;
-//! - any `lxc.` key: raw LXC settings (capabilities, cgroup devices, mounts, AppArmor) can
-//!   undo the isolation;
+//! - any `lxc.` key (`lxc.key: v` or `lxc.key = v`) but `lxc.environment.runtime` (PVE's own
+//!   spelling of the `env` option): raw LXC settings (capabilities, cgroup devices, mounts,
+//!   AppArmor) can undo the isolation;
 //! - a mount point or root filesystem whose volume is a path (`mpN: /srv/x,mp=/x`): a bind or
 //!   device mount of the node's filesystem;
 //! - any `devN` key: a device of the node passed through.
@@ -107,27 +109,93 @@ fn volume_of(value: &str) -> &str {
     parts.into_iter().find(|p| !p.contains('=')).unwrap_or("")
 }
 
-/// Whether the current config (up to the first `[section]`) is that of an unprivileged
-/// container without host access. `Err`: every reason found, joined.
+/// One line of a container config as pve-container `PVE/LXC/Config.pm` `parse_pct_config`
+/// reads it. Its patterns are anchored at the line's first byte, so an indented line matches
+/// none of them and PVE ignores it (with a warning): it never reaches LXC.
+#[derive(Debug, PartialEq, Eq)]
+enum Line<'a> {
+    /// Empty or blank.
+    Blank,
+    /// `[pve:pending]` or `[<snapshot>]`: the current config ends here.
+    Section,
+    /// `#…`: the description.
+    Comment,
+    /// `lxc.<key>: value` or `lxc.<key> = value`.
+    Lxc(&'a str),
+    /// `<key>: value` with PVE's key pattern `[a-z][a-z_]*\d*` and a non-empty value.
+    Option(&'a str, &'a str),
+    /// Anything else: PVE warns and skips it.
+    Ignored,
+}
+
+fn classify(line: &str) -> Line<'_> {
+    if line.trim().is_empty() {
+        return Line::Blank;
+    }
+    if let Some(inner) = line
+        .trim_end()
+        .strip_prefix('[')
+        .and_then(|l| l.strip_suffix(']'))
+    {
+        let mut bytes = inner.bytes();
+        let named = bytes.next().is_some_and(|b| b.is_ascii_alphabetic())
+            && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if inner.eq_ignore_ascii_case("pve:pending") || named {
+            return Line::Section;
+        }
+    }
+    if line.starts_with('#') {
+        return Line::Comment;
+    }
+    if line.starts_with("lxc.") {
+        // `^(lxc\.[a-z0-9_\-\.]+)(:|\s*=)`
+        let end = line
+            .bytes()
+            .position(|b| {
+                !(b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-' | b'.'))
+            })
+            .unwrap_or(line.len());
+        let rest = &line[end..];
+        if end > 4 && (rest.starts_with(':') || rest.trim_start().starts_with('=')) {
+            return Line::Lxc(&line[..end]);
+        }
+        return Line::Ignored;
+    }
+    // `^([a-z][a-z_]*\d*):\s*(.+?)\s*$`
+    let Some((key, value)) = line.split_once(':') else {
+        return Line::Ignored;
+    };
+    let letters = key.trim_end_matches(|c: char| c.is_ascii_digit());
+    let valid = letters.starts_with(|c: char| c.is_ascii_lowercase())
+        && letters.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+    let value = value.trim();
+    if !valid || value.is_empty() {
+        return Line::Ignored;
+    }
+    Line::Option(key, value)
+}
+
+/// Whether the current config (up to the first section header) is that of an unprivileged
+/// container without host access, read line by line as PVE reads it (see [`Line`]).
+/// `lxc.environment.runtime` lines are PVE's own spelling of the `env` option (PVE 9 writes
+/// one per variable, `write_pct_config`) and pass; every other `lxc.` key is refused.
+/// `Err`: every reason found, joined.
 pub fn check(text: &str) -> Result<(), String> {
     let mut unprivileged = false;
     let mut reasons: Vec<String> = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with('[') {
-            break;
-        }
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
+    for line in text.split('\n') {
+        let (key, value) = match classify(line) {
+            Line::Section => break,
+            Line::Blank | Line::Comment | Line::Ignored => continue,
+            Line::Lxc("lxc.environment.runtime") => continue,
+            Line::Lxc(key) => {
+                reasons.push(format!("it sets the raw LXC key {}", outside_text(key)));
+                continue;
+            }
+            Line::Option(key, value) => (key, value),
         };
-        let (key, value) = (key.trim(), value.trim());
         if key == "unprivileged" {
             unprivileged = value == "1";
-        } else if key.starts_with("lxc.") {
-            reasons.push(format!("it sets the raw LXC key {}", outside_text(key)));
         } else if numbered(key, "dev") {
             reasons.push(format!("it passes a device of the node through ({key})"));
         } else if numbered(key, "mp") || key == "rootfs" {
@@ -192,6 +260,32 @@ mod tests {
             let why = check(text).expect_err(text);
             assert!(why.contains(word), "{why} / {text}");
         }
+    }
+
+    #[test]
+    fn lines_are_read_as_pve_reads_them() {
+        // `lxc.<key> = value` is a raw key too (parse_pct_config accepts `:` and `=`).
+        let why = check(&format!("{PLAIN}lxc.idmap = u 0 100000 65536\n")).expect_err("idmap");
+        assert!(why.contains("lxc.idmap"), "{why}");
+        let why = check(&format!("{PLAIN}lxc.cap.drop=\n")).expect_err("cap");
+        assert!(why.contains("lxc.cap.drop"), "{why}");
+        // The `env` option as PVE 9 writes it is no raw key.
+        let env = format!(
+            "{PLAIN}lxc.environment.runtime: LANG=C.UTF-8\nlxc.environment.runtime: TZ=UTC\n"
+        );
+        assert_eq!(check(&env), Ok(()));
+        // An indented line matches none of PVE's patterns: PVE skips it, so it neither makes
+        // the container unprivileged nor is it a key LXC sees.
+        assert!(check("arch: amd64\n unprivileged: 1\n").is_err());
+        assert_eq!(check(&format!("{PLAIN} lxc.cap.drop: x\n")), Ok(()));
+        // A bracketed line that is no section header does not end the current config.
+        let why = check(&format!(
+            "{PLAIN}[not a section]\nlxc.apparmor.profile: unconfined\n"
+        ))
+        .expect_err("after a non-section");
+        assert!(why.contains("lxc.apparmor.profile"), "{why}");
+        // An empty value is no option.
+        assert!(check("unprivileged:\n").is_err());
     }
 
     #[test]

@@ -235,6 +235,7 @@ impl DispatchRunner for ProvisionRunner {
                         keep: *keep,
                         dry_run: false,
                         profile: profile.clone(),
+                        isolate_network: None,
                     };
                     service::provision(
                         &self.cfg,

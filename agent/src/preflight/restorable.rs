@@ -224,6 +224,9 @@ pub fn paths_needed(
                 .iter()
                 .filter_map(|d| d.mapping_path()),
         );
+        if asked.guest == GuestKind::Qemu {
+            out.extend(stored.resource_mapping_paths().into_iter().map(|(_, p)| p));
+        }
     }
     out
 }
@@ -385,22 +388,25 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
             ),
         );
     }
+    if stored.is_template() {
+        return PreflightCheck::fail(
+            name,
+            ErrorCode::BackupTemplate,
+            format!(
+                "backup {volid} is of a template (`template: 1`): PVE restores it as a template (pve-container and qemu-server create_vm convert it again after the restore), which never starts, so nothing can be verified in it; back up a guest made from the template instead{}",
+                if asked.isolate { " and list that backup in the restore test's sources" } else { "" }
+            ),
+        );
+    }
+    let mut converted = false;
     match asked.guest {
         GuestKind::Lxc => {
-            if !stored.unprivileged() {
-                let hint = if held.has("/", "Sys.Modify") {
-                    " (the token holds Sys.Modify on /, but the agent restores containers unprivileged only)"
-                } else {
-                    ""
-                };
-                return PreflightCheck::fail(
-                    name,
-                    ErrorCode::BackupPrivileged,
-                    format!(
-                        "backup {volid} is of a privileged container (no `unprivileged: 1`): restoring it needs Sys.Modify on / and its root is the node's root{hint}; convert the guest to an unprivileged container (restore it as root with `pct restore <vmid> {volid} --unprivileged 1`, check it, back it up again) and restore that backup"
-                    ),
-                );
-            }
+            // A privileged backup: the agent restores every container with `unprivileged=1`,
+            // which wins over the stored value (pve-container `PVE/API2/LXC.pm` `create_vm`
+            // takes the request's `unprivileged` when given, so no `Sys.Modify` is checked) and
+            // makes the copy an unprivileged container, its files shifted into the container's
+            // id range at extraction: PVE's documented conversion.
+            converted = !stored.unprivileged();
             let host: Vec<String> = stored
                 .mount_points()
                 .into_iter()
@@ -431,6 +437,23 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
             }
         }
         GuestKind::Qemu => {
+            let breaches = stored.isolation_breaches(GuestKind::Qemu);
+            if asked.isolate {
+                if let Some(first) = breaches.first() {
+                    let all: Vec<String> = breaches
+                        .iter()
+                        .map(|b| format!("{} ({})", b.key, b.why))
+                        .collect();
+                    return PreflightCheck::fail(
+                        name,
+                        first.code,
+                        format!(
+                            "backup {volid} carries {}: a restored copy keeps every stored line (qemu-server restore_update_config_line), so it would reach the host or a network without any NIC; an isolated copy of it is refused before any write; leave this backup out of the restore test's sources, or run the selftest with `--network=stored` on a guest meant to serve",
+                            all.join(", ")
+                        ),
+                    );
+                }
+            }
             let devices = stored.host_devices();
             let raw: Vec<&str> = devices
                 .iter()
@@ -450,6 +473,7 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
             let unmapped: Vec<String> = devices
                 .iter()
                 .filter_map(|d| d.mapping_path())
+                .chain(stored.resource_mapping_paths().into_iter().map(|(_, p)| p))
                 .filter(|p| !held.has(p, "Mapping.Use"))
                 .collect();
             if !unmapped.is_empty() {
@@ -461,7 +485,7 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
                     name,
                     ErrorCode::BackupDevices,
                     format!(
-                        "backup {volid} uses mapped device(s) on {}, and token {} lacks Mapping.Use there; grant it: {}",
+                        "backup {volid} uses mapped resource(s) on {}, and token {} lacks Mapping.Use there (PVE checks it inside the restore task: qemu-server check_mapping_access); grant it: {}",
                         unmapped.join(", "),
                         asked.token_id,
                         how.join("; ")
@@ -472,7 +496,11 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
     }
     PreflightCheck::pass(
         name,
-        "no hookscript, host path, host device or privileged container in the backup",
+        if converted {
+            format!("no hookscript, host path or host device in the backup; backup {volid} is of a privileged container and is restored as an unprivileged one (the request's unprivileged=1, PVE's conversion: no Sys.Modify needed)")
+        } else {
+            "no hookscript, host path, host device or template in the backup".to_string()
+        },
     )
 }
 
@@ -699,8 +727,16 @@ mod tests {
     fn what_only_root_may_restore_is_refused_each_with_its_code() {
         let none = Held::from_table(&[]);
         let a = asked(GuestKind::Lxc, false);
+        // A privileged backup is restored unprivileged (the request's unprivileged=1 wins):
+        // no refusal, and the check says so.
+        let converted = contents_check(&StoredConfig::parse("arch: amd64\nrootfs: x\n"), &a, &none);
+        assert_eq!(converted.code, None, "{converted:?}");
+        assert!(
+            converted.message.contains("restored as an unprivileged"),
+            "{converted:?}"
+        );
         let cases = [
-            ("arch: amd64\nrootfs: x\n", ErrorCode::BackupPrivileged),
+            ("unprivileged: 1\ntemplate: 1\n", ErrorCode::BackupTemplate),
             (
                 "unprivileged: 1\nmp0: /srv/data,mp=/data\n",
                 ErrorCode::BackupMounts,
@@ -738,6 +774,43 @@ mod tests {
         );
         let held = Held::from_table(&[("/mapping/usb/stick", &["Mapping.Use"])]);
         assert_eq!(contents_check(&mapped, &vm, &held).code, None);
+        // A virtiofs directory and the host's RNG: Mapping.Use inside the task too.
+        for (text, path) in [
+            ("virtiofs0: share1,cache=auto\n", "/mapping/dir/share1"),
+            ("rng0: source=/dev/hwrng\n", "/mapping/hwrng"),
+        ] {
+            let sc = StoredConfig::parse(text);
+            let c = contents_check(&sc, &vm, &none);
+            assert_eq!(c.code, Some(ErrorCode::BackupDevices), "{text}: {c:?}");
+            assert!(c.message.contains(path), "{c:?}");
+            assert!(paths_needed(Some(&sc), &vm, &ClusterFiles::default()).contains(path));
+            let held = Held::from_table(&[(path, &["Mapping.Use"])]);
+            assert_eq!(contents_check(&sc, &vm, &held).code, None, "{text}");
+        }
+        // An isolated copy: every key that reaches the host or a network without a NIC is
+        // refused, mapped and held or not.
+        let iso = Asked {
+            volid: "local:backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst",
+            ..asked(GuestKind::Qemu, true)
+        };
+        for (text, code) in [
+            ("args: -netdev user,id=x\n", ErrorCode::BackupArgs),
+            ("hostpci0: mapping=vf\n", ErrorCode::BackupDevices),
+            ("virtiofs0: share1\n", ErrorCode::BackupHostDir),
+            (
+                "ivshmem: size=32,name=prod\n",
+                ErrorCode::BackupSharedMemory,
+            ),
+            ("serial0: /dev/ttyS0\n", ErrorCode::BackupHostPort),
+            (
+                "vmstate: local:100/vm-100-state-s1.raw\n",
+                ErrorCode::BackupVmstate,
+            ),
+        ] {
+            let held = Held::from_table(&[("/mapping/pci/vf", &["Mapping.Use"])]);
+            let c = contents_check(&StoredConfig::parse(text), &iso, &held);
+            assert_eq!(c.code, Some(code), "{text}: {c:?}");
+        }
         // An old .tar VM backup takes no override: no isolated copy of it.
         let tar = Asked {
             volid: "local:backup/vzdump-qemu-300-2014_01_01-00_00_00.tar.lzo",

@@ -33,7 +33,9 @@ use crate::guest::exec::{ExecError, ExecRequest, GuestExec, GuestRef};
 use crate::guest::lxc::PctConfig;
 use crate::guest::qemu::{QemuConfig, QemuExec};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
-use crate::pve::guest_config::{is_net_key, is_qemu_tar_archive, is_true, Nic, StoredConfig};
+use crate::pve::guest_config::{
+    is_net_key, is_qemu_tar_archive, is_true, isolation_breaches, Nic, StoredConfig,
+};
 use crate::pve::request::{LxcRestore, QemuRestore};
 use crate::pve::{wait_task, ApiErrorKind, GuestKind, PveClient, PveError, Upid, WaitOptions};
 use serde_json::Value;
@@ -554,7 +556,13 @@ impl<'a> Executor<'a> {
                 marker,
             } => Some(
                 match self
-                    .write_marker(vmid, guest, marker, &state.request().pool)
+                    .write_marker(
+                        vmid,
+                        guest,
+                        marker,
+                        &state.request().pool,
+                        state.request().isolate_network,
+                    )
                     .await
                 {
                     Ok(()) => Event::MarkerWritten,
@@ -963,12 +971,25 @@ impl<'a> Executor<'a> {
             })
     }
 
+    /// Write the marker (tags and the description's marker line) with one config PUT. For an
+    /// isolated copy the same PUT deletes every `netN`: the restore request gave each stored NIC
+    /// a bridge-less, link-down value (so PVE neither checks `SDN.Use` on the stored bridges nor
+    /// writes them, see [`restore_options`]), but such a container NIC dies at every later
+    /// config write and start (pve-container `PVE/API2/LXC/Config.pm` `update_vm` writes the
+    /// config, then `PVE/LXC.pm` `update_lxc_config` reads each NIC's bridge MTU: pve-common
+    /// `PVE/Network.pm` `read_bridge_mtu` "bridge '' does not exist"), and a VM NIC without a
+    /// bridge is QEMU's user-mode network (qemu-server `print_netdev_full`) whose `link_down`
+    /// is applied only after QEMU runs (`vm_start_nolock` → `qemu_set_link_status`). The
+    /// container's PVE checks its remaining NICs only after the write, so with none left it
+    /// passes. A 5xx or lost answer may come after the write: the config is read back and the
+    /// write counts as done when it shows.
     async fn write_marker(
         &self,
         vmid: u32,
         guest: GuestKind,
         marker: Marker,
         pool: &str,
+        isolate: bool,
     ) -> Result<(), Failure> {
         let node = &self.cfg.node;
         let refused = |e: PveError, what: String| async move {
@@ -997,10 +1018,35 @@ impl<'a> Executor<'a> {
                 marker.merged_description(&text("description")),
             ),
         ];
-        // A restore-test copy's NICs were all isolated by the restore request itself (see
-        // `restore_options`) and are checked again before its start (`check_before_start`).
-        match self.pve.config_put(node, guest, vmid, &set, &[]).await {
+        let delete: Vec<String> = if isolate {
+            let mut nics: Vec<String> = cfg.keys().filter(|k| is_net_key(k)).cloned().collect();
+            nics.sort_by_key(|k| k[3..].parse::<u32>().unwrap_or(u32::MAX));
+            nics
+        } else {
+            Vec::new()
+        };
+        match self.pve.config_put(node, guest, vmid, &set, &delete).await {
             Ok(()) => Ok(()),
+            Err(e) if put_may_have_written(&e) => {
+                // PVE may have written the config before it failed (a container's config
+                // is written before `update_lxc_config` runs) or the answer was lost: what
+                // counts is what the config says now.
+                let now = self.pve.config_get(node, guest, vmid).await;
+                match now {
+                    Ok(now) if marker_write_shows(&now, marker, isolate) => {
+                        tracing::warn!(vmid, error = %e, "the marker write answered an error, but the config read back shows it written");
+                        Ok(())
+                    }
+                    _ => Err(Failure::new(
+                        e.code(),
+                        format!(
+                            "marking {} {vmid} on node {node} failed: {e}; the config read back does not show the marker{}",
+                            guest.pve_word(),
+                            if isolate { " with every NIC removed" } else { "" }
+                        ),
+                    )),
+                }
+            }
             Err(e) => {
                 let what = format!(
                     "marking {} {vmid} on node {node} failed: {e}",
@@ -1302,10 +1348,9 @@ pub fn restore_options(
 ) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     if isolate {
-        let mut nics = stored.map(|c| c.nics(guest)).unwrap_or_default();
-        if !nics.iter().any(|n| n.key == "net0") {
-            nics.insert(0, Nic::parse(guest, "net0", ""));
-        }
+        // Only the NICs the backup stores: a backup without any gets none (the marker write
+        // deletes these before any start).
+        let nics = stored.map(|c| c.nics(guest)).unwrap_or_default();
         for nic in nics {
             let value = nic.isolated_value(guest);
             out.push((nic.key, value));
@@ -1334,14 +1379,23 @@ pub fn start_refusal(guest: GuestKind, isolate: bool, cfg: &GuestConfig) -> Opti
     };
     let mut wrong: Vec<String> = Vec::new();
     if isolate {
+        // No NIC at all: a container NIC on a bridge is raised by root in the guest whatever
+        // `link_down` says, one without a bridge kills the start (`update_lxc_config`), and a
+        // VM's is up until its start task has set the link down (`qemu_set_link_status`), or
+        // user-mode NAT without a bridge.
         let mut keys: Vec<&String> = cfg.keys().filter(|k| is_net_key(k)).collect();
         keys.sort();
         for k in keys {
             let nic = Nic::parse(guest, k, &text(k));
-            if !nic.is_isolated(guest) {
-                wrong.push(format!("{} can reach a network", nic.describe()));
-            }
+            wrong.push(format!("{} is a NIC of an isolated copy", nic.describe()));
         }
+        let values: Vec<(String, String)> = cfg.keys().map(|k| (k.clone(), text(k))).collect();
+        for b in isolation_breaches(guest, values.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+            wrong.push(format!("{} ({})", b.key, b.why));
+        }
+    }
+    if is_true(&text("template")) {
+        wrong.push("it is a template".to_string());
     }
     for k in ["onboot", "protection"] {
         if is_true(&text(k)) {
@@ -1353,6 +1407,25 @@ pub fn start_refusal(guest: GuestKind, isolate: bool, cfg: &GuestConfig) -> Opti
     } else {
         Some(wrong.join("; "))
     }
+}
+
+/// Whether a config PUT that answered `e` may have been written all the same: no answer, an
+/// unreadable one, or a 5xx (pve-container's `update_vm` writes the config before
+/// `update_lxc_config` can die; a proxy can fail after the daemon wrote).
+fn put_may_have_written(e: &PveError) -> bool {
+    match e {
+        PveError::Unreachable { .. } | PveError::Decode { .. } => true,
+        PveError::Api(a) => a.status >= 500 && a.status != 501,
+        _ => false,
+    }
+}
+
+/// Whether a config read back after a failed marker write shows the write done: the marker's
+/// tags and description line, and, for an isolated copy, no `netN` left.
+fn marker_write_shows(cfg: &GuestConfig, marker: Marker, isolate: bool) -> bool {
+    let text = |k: &str| cfg.get(k).and_then(|v| v.as_str()).unwrap_or("");
+    let no_nics = !isolate || !cfg.keys().any(|k| is_net_key(k));
+    marker.is_carried_by(text("tags"), text("description")) && no_nics
 }
 
 /// What a restore request restores where.
@@ -1527,16 +1600,16 @@ mod tests {
                 ("description", format!("{line}\ncustomer notes").as_str()),
             ]
         );
-        // A VM: every stored NIC by its model.
+        // A VM: every stored NIC by its model, and no NIC the backup does not store.
         let vm = StoredConfig::parse("net1: e1000=BC:24:11:00:00:02,bridge=vmbr0\nscsi0: x\n");
         let o = restore_options(GuestKind::Qemu, true, true, Some(&vm), marker());
         assert_eq!(
             &opts(&o)[..2],
-            [
-                ("net0", "virtio,link_down=1"),
-                ("net1", "e1000,link_down=1")
-            ]
+            [("net1", "e1000,link_down=1"), ("onboot", "0")]
         );
+        let none = StoredConfig::parse("scsi0: x\n");
+        let o = restore_options(GuestKind::Qemu, true, true, Some(&none), marker());
+        assert!(o.iter().all(|(k, _)| !is_net_key(k)), "{o:?}");
     }
 
     #[test]
@@ -1554,6 +1627,58 @@ mod tests {
     }
 
     #[test]
+    fn an_isolated_copy_starts_with_no_nic_and_nothing_that_reaches_the_host() {
+        let cfg = |pairs: &[(&str, &str)]| -> GuestConfig {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::from(*v)))
+                .collect()
+        };
+        assert_eq!(
+            start_refusal(GuestKind::Qemu, true, &cfg(&[("scsi0", "x")])),
+            None
+        );
+        for (key, value) in [
+            ("net0", "virtio,link_down=1"),
+            ("args", "-netdev user,id=n0"),
+            ("hostpci0", "mapping=vf0"),
+            ("usb0", "host=1234:5678"),
+            ("virtiofs0", "share"),
+            ("ivshmem", "size=32,name=prod"),
+            ("serial0", "/dev/ttyS0"),
+            ("parallel0", "/dev/parport0"),
+            ("vmstate", "local:vm-100-state-x"),
+            ("template", "1"),
+        ] {
+            let why = start_refusal(GuestKind::Qemu, true, &cfg(&[(key, value)]));
+            assert!(
+                why.as_deref()
+                    .is_some_and(|w| w.contains(key) || w.contains("template")),
+                "{key}: {why:?}"
+            );
+        }
+        // What stays the VM's own passes.
+        for (key, value) in [
+            ("usb0", "spice"),
+            ("serial0", "socket"),
+            ("ivshmem", "size=32"),
+        ] {
+            assert_eq!(
+                start_refusal(GuestKind::Qemu, true, &cfg(&[(key, value)])),
+                None,
+                "{key}"
+            );
+        }
+        // A container's bridge-less NIC too: it would kill the start (update_lxc_config).
+        let why = start_refusal(
+            GuestKind::Lxc,
+            true,
+            &cfg(&[("net0", "name=eth0,link_down=1")]),
+        );
+        assert!(why.is_some_and(|w| w.contains("net0")));
+    }
+
+    #[test]
     fn a_copy_with_a_bridged_or_linked_nic_or_onboot_is_not_started() {
         let cfg = |pairs: &[(&str, Value)]| -> GuestConfig {
             pairs
@@ -1561,13 +1686,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect()
         };
-        let ok = cfg(&[
-            (
-                "net0",
-                Value::from("name=eth0,link_down=1,hwaddr=BC:24:11:00:00:09"),
-            ),
-            ("onboot", Value::from(0)),
-        ]);
+        let ok = cfg(&[("hostname", Value::from("ct")), ("onboot", Value::from(0))]);
         assert_eq!(start_refusal(GuestKind::Lxc, true, &ok), None);
         let bridged = cfg(&[
             ("net0", Value::from("name=eth0,link_down=1")),
@@ -1579,7 +1698,7 @@ mod tests {
             why.contains("net1 (bridge=vmbr0)") && why.contains("onboot"),
             "{why}"
         );
-        // A VM NIC without a bridge is user-mode networking: only link_down isolates it.
+        // A VM NIC without a bridge is user-mode networking.
         let slirp = cfg(&[("net0", Value::from("virtio=BC:24:11:00:00:01"))]);
         assert!(start_refusal(GuestKind::Qemu, true, &slirp).is_some());
         // Not isolated (a selftest provision): NICs do not count, protection does.

@@ -396,6 +396,65 @@ impl StoredConfig {
             .collect()
     }
 
+    /// Whether the backup is of a template (`template: 1`): PVE restores it as a template
+    /// (pve-container `PVE/API2/LXC.pm` `create_vm`: `$was_template` → `template_create`;
+    /// qemu-server `PVE/API2/Qemu.pm` `create_vm`: "Convert to template."), which never starts
+    /// ("you can't start a CT if it's a template").
+    pub fn is_template(&self) -> bool {
+        self.flag("template")
+    }
+
+    /// What of this configuration reaches the host or a network without a NIC (see
+    /// [`isolation_breaches`]).
+    pub fn isolation_breaches(&self, kind: GuestKind) -> Vec<IsolationBreach> {
+        isolation_breaches(
+            kind,
+            self.keys.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+    }
+
+    /// The ACL paths of a VM's mapped resources besides devices, where PVE checks
+    /// `Mapping.Use` inside the restore task (qemu-server `PVE/QemuServer.pm`
+    /// `check_mapping_access`): `virtiofsN` (one digit, as PVE's pattern) on
+    /// `/mapping/dir/<dirid>`, an `rngN` whose source is `/dev/hwrng` on `/mapping/hwrng`.
+    pub fn resource_mapping_paths(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (k, v) in &self.keys {
+            let items = property_items(v);
+            let get = |name: &str| {
+                items
+                    .iter()
+                    .find(|(ik, iv)| ik == name && iv.is_some())
+                    .and_then(|(_, iv)| iv.clone())
+            };
+            let one_digit = k
+                .strip_prefix("virtiofs")
+                .is_some_and(|n| n.len() == 1 && n.bytes().all(|b| b.is_ascii_digit()));
+            if one_digit {
+                let dirid = get("dirid").or_else(|| {
+                    items
+                        .first()
+                        .filter(|(_, iv)| iv.is_none())
+                        .map(|(ik, _)| ik.clone())
+                });
+                if let Some(d) = dirid {
+                    out.push((k.clone(), format!("/mapping/dir/{d}")));
+                }
+            } else if numbered(k, "rng") {
+                let source = get("source").or_else(|| {
+                    items
+                        .first()
+                        .filter(|(_, iv)| iv.is_none())
+                        .map(|(ik, _)| ik.clone())
+                });
+                if source.as_deref() == Some("/dev/hwrng") {
+                    out.push((k.clone(), "/mapping/hwrng".to_string()));
+                }
+            }
+        }
+        out
+    }
+
     /// The container's device passthroughs (`devN`, root only).
     pub fn devices(&self) -> Vec<&str> {
         self.keys().filter(|k| numbered(k, "dev")).collect()
@@ -441,6 +500,108 @@ impl StoredConfig {
             })
             .collect()
     }
+}
+
+/// Why a stored key lets a guest reach the host or a network without any `netN`: what an
+/// isolated copy (a restore-test copy, a throwaway selftest) must not start with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IsolationBreach {
+    /// The key (`args`, `hostpci0`, `virtiofs1`, `serial0`, …).
+    pub key: String,
+    /// The stable code a refusal carries.
+    pub code: crate::error::ErrorCode,
+    /// Why, in a few words, with PVE's function.
+    pub why: &'static str,
+}
+
+/// The keys of a VM configuration that reach the host or a network without any NIC. A restore
+/// keeps every stored line (qemu-server `PVE/QemuServer.pm` `restore_update_config_line`), and
+/// `check_restore_permissions` looks at bridges and mappings only, so each of these comes
+/// along with a copy:
+/// - `args`: raw QEMU arguments (`-netdev user`, `-chardev socket,host=…`), appended to QEMU's
+///   command line (`config_to_command`);
+/// - `hostpciN`, `usbN` naming a host device or a mapping (an SR-IOV VF or a USB NIC is a NIC
+///   no `netN` shows; a USB `spice` port is none);
+/// - `virtiofsN`: a host directory shared read-write (`QemuServer/Virtiofs.pm`);
+/// - `ivshmem` with a `name`: memory shared with every VM of that name (`print_ivshmem`
+///   without a name uses `pve-shm-<vmid>`, the copy's own);
+/// - `serialN` / `parallelN` on a host device (`/dev/…`; a `socket` serial stays the VM's);
+/// - `vmstate`: saved RAM the copy resumes (`vm_start_nolock` loads it), the production VM's
+///   open connections included.
+///
+/// A container has none of these; its host access (bind and device mount points, `devN`, raw
+/// `lxc.*` keys) is refused for every restore by the preflight's contents check.
+pub fn isolation_breaches<'a>(
+    kind: GuestKind,
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<IsolationBreach> {
+    use crate::error::ErrorCode;
+    if kind != GuestKind::Qemu {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (key, value) in pairs {
+        let first = property_items(value)
+            .into_iter()
+            .next()
+            .map(|(k, v)| match v {
+                Some(v) if k == "host" || k == "mapping" => v,
+                _ => k,
+            })
+            .unwrap_or_default();
+        let breach = if key == "args" {
+            Some((
+                ErrorCode::BackupArgs,
+                "raw QEMU arguments can open a network or a host socket without any NIC",
+            ))
+        } else if numbered(key, "hostpci") {
+            Some((
+                ErrorCode::BackupDevices,
+                "a passed-through PCI device (an SR-IOV VF is a NIC no netN shows)",
+            ))
+        } else if numbered(key, "usb") && !first.eq_ignore_ascii_case("spice") {
+            Some((
+                ErrorCode::BackupDevices,
+                "a passed-through USB device (a USB NIC is a NIC no netN shows)",
+            ))
+        } else if numbered(key, "virtiofs") {
+            Some((
+                ErrorCode::BackupHostDir,
+                "a host directory shared read-write with the VM",
+            ))
+        } else if key == "ivshmem"
+            && property_items(value)
+                .iter()
+                .any(|(k, v)| k == "name" && v.as_deref().is_some_and(|n| !n.is_empty()))
+        {
+            Some((
+                ErrorCode::BackupSharedMemory,
+                "memory shared with every VM that names the same ivshmem",
+            ))
+        } else if (numbered(key, "serial") && value.trim_start().starts_with("/dev/"))
+            || numbered(key, "parallel")
+        {
+            Some((
+                ErrorCode::BackupHostPort,
+                "a port connected to a host device",
+            ))
+        } else if key == "vmstate" {
+            Some((
+                ErrorCode::BackupVmstate,
+                "saved RAM: the copy would resume the production VM, its connections included",
+            ))
+        } else {
+            None
+        };
+        if let Some((code, why)) = breach {
+            out.push(IsolationBreach {
+                key: key.to_string(),
+                code,
+                why,
+            });
+        }
+    }
+    out
 }
 
 /// pve-common `PVE/Tools.pm` `decode_text`: `%XX` escapes to bytes, read as UTF-8.

@@ -71,6 +71,24 @@ pub struct ProvisionRequest {
     pub dry_run: bool,
     /// The bootstrap profile (default: `default`).
     pub profile: Option<String>,
+    /// `Some(true)`: the guest starts with no NIC (`--network=isolated`); `Some(false)`: with
+    /// its stored NICs (`--network=stored`); `None`: the kind's default (a throwaway selftest
+    /// is isolated, a kept one and a hub provision keep their network).
+    pub isolate_network: Option<bool>,
+}
+
+impl ProvisionRequest {
+    /// Whether a transaction of `kind` for this request starts its guest with no NIC: a
+    /// restore-test copy always; a `--selftest=provision` unless kept or told otherwise (a
+    /// throwaway copy of a customer's guest must not meet the customer's network as a twin);
+    /// a hub provision only when told.
+    pub fn isolates_network(&self, kind: TxnKind) -> bool {
+        match kind {
+            TxnKind::SelftestRestore => true,
+            TxnKind::SelftestProvision => self.isolate_network.unwrap_or(!self.keep),
+            _ => self.isolate_network.unwrap_or(false),
+        }
+    }
 }
 
 /// The PVE client and the journal, with the open transactions of a crashed run settled.
@@ -554,7 +572,7 @@ pub async fn provision(
         volid,
         storage,
         pool: cfg.pool.clone(),
-        isolate_network: kind == TxnKind::SelftestRestore,
+        isolate_network: req.isolates_network(kind),
         keep: req.keep,
         dry_run: req.dry_run,
         profile: req.profile.clone(),
