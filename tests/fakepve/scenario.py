@@ -683,7 +683,10 @@ class ScenarioPve(fake_server.FakePve):
             try:
                 for key in sorted(backup, key=fake_qemu.natural):
                     value = backup[key]
-                    if key in ('lock', 'parent', 'digest', 'snaptime', 'vmstate') or re.fullmatch(r'unused\d+', key):
+                    # restore_update_config_line drops lock, parent and unusedN lines (digest and
+                    # snaptime are no lines of a stored config); everything else, `vmstate`,
+                    # `args`, devices and ports included, is restored verbatim.
+                    if key in ('lock', 'parent', 'digest', 'snaptime') or re.fullmatch(r'unused\d+', key):
                         continue
                     if fake_qemu.DRIVE_KEY.match(key):
                         volume, props = fake_qemu.split_drive(value)
@@ -718,6 +721,11 @@ class ScenarioPve(fake_server.FakePve):
                 raise fake_model.TaskError('{0} {1}'.format(failed, getattr(e, 'message', None) or e)) from e
             vm.config = conf
             vm.name = conf.get('name') or 'VM {0}'.format(vmid)
+            # qemu-server src/PVE/API2/Qemu.pm create_vm: a restored config that is a template
+            # is converted to one again ("Convert to template."): it never starts.
+            if truthy(conf.get('template')):
+                notes.say('Convert to template.')
+                vm.template = True
             if bed is not None:
                 await self.bed_create(vm, 'qemu', bed)
                 # PVE seconds its start and stop tasks take (the guest's own pace).
@@ -740,6 +748,18 @@ class ScenarioPve(fake_server.FakePve):
             if NET_KEY.match(key):
                 self._vnet_access(user, conf[key])
         for key in sorted(conf, key=fake_qemu.natural):
+            # check_mapping_access, its other arms: an rngN whose source is /dev/hwrng needs
+            # Mapping.Use on /mapping/hwrng; a virtiofsN (one digit, as PVE's pattern) on
+            # /mapping/dir/<dirid>.
+            if re.fullmatch(r'rng\d+', key):
+                first, props = fake_lxc.split_props(str(conf[key]))
+                if (props.get('source') or first) == '/dev/hwrng':
+                    self.require(user, '/mapping/hwrng', 'Mapping.Use')
+                continue
+            if re.fullmatch(r'virtiofs\d', key):
+                first, props = fake_lxc.split_props(str(conf[key]))
+                self.require(user, '/mapping/dir/{0}'.format(props.get('dirid') or first), 'Mapping.Use')
+                continue
             kind = re.match(r'^(usb|hostpci)\d+$', key)
             if not kind:
                 continue
@@ -865,6 +885,12 @@ class ScenarioPve(fake_server.FakePve):
                 for key in ('ostype', 'arch'):
                     if key in built:
                         conf.setdefault(key, built[key])
+                # create_vm: `$was_template = delete $orig_conf->{template}`, and after the
+                # restore "Convert restored container to template..." (template_create): a
+                # template's backup comes back a template, which never starts.
+                if truthy(backup.get('template')):
+                    notes.say('Convert restored container to template...')
+                    conf['template'] = 1
                 conf['hostname'] = conf.get('hostname') or 'CT{0}'.format(vmid)
                 conf['memory'] = conf.get('memory') or 512
                 conf.setdefault('swap', 512)
@@ -1499,8 +1525,73 @@ class ScenarioPve(fake_server.FakePve):
             await asyncio.sleep(float(delay))
         return answer
 
+    # ------------------------------------------- NICs as PVE wires them at config writes and starts
+
+    # The node's bridges (`/sys/class/net/<name>/mtu`); None: every non-empty name is one.
+    bridges = None
+
+    def _bridge_mtu(self, bridge):
+        # pve-common src/PVE/Network.pm read_bridge_mtu: the first line of
+        # /sys/class/net/<bridge>/mtu, else die "bridge '<bridge>' does not exist" (a NIC without
+        # a bridge reads /sys/class/net//mtu).
+        if not bridge or (self.bridges is not None and bridge not in self.bridges):
+            raise fake_model.TaskError("bridge '{0}' does not exist".format(bridge or ''))
+        return 1500
+
+    def _update_lxc_config(self, ct):
+        # pve-container src/PVE/LXC.pm update_lxc_config: for every netN of the current config,
+        # read_bridge_mtu of its bridge (before lxcnetaddbr, which would die "missing bridge
+        # configuration" anyway). Runs after every config PUT (src/PVE/API2/LXC/Config.pm
+        # update_vm: write_config, load_config, then update_lxc_config, so the write is already
+        # on disk when it dies) and at every start (vm_start).
+        for key in sorted(ct.config, key=fake_qemu.natural):
+            if NET_KEY.match(key):
+                _, props = fake_lxc.split_props(str(ct.config[key]))
+                self._bridge_mtu(props.get('bridge'))
+
+    async def _lxc_config_put(self, user, v):
+        answer = await super()._lxc_config_put(user, v)
+        ct = self._here(v)
+        if ct is not None:
+            try:
+                self._update_lxc_config(ct)
+            except fake_model.TaskError as e:
+                raise fake_model.PveError(500, e.message) from e
+        return answer
+
+    async def _start_steps(self, ct, user, skiplock=False):
+        if not ct.template:
+            self._update_lxc_config(ct)
+        return await super()._start_steps(ct, user, skiplock)
+
+    @staticmethod
+    def _exposure(kind, config):
+        """How each NIC of a guest started with `config` reaches a network, as PVE wires it:
+        - a container NIC on a bridge is a veth pair whose host end sits on that bridge
+          (lxcnetaddbr); `link_down` downs the host end only, and root in the container raises
+          its own end and the bridge's link comes with it;
+        - a VM NIC without a bridge is QEMU's user-mode network, NAT through the node's own
+          sockets (qemu-server src/PVE/QemuServer.pm print_netdev_full: `-netdev type=user`);
+        - a VM NIC on a bridge is up from QEMU's start: `link_down` is no command-line option
+          but a QMP `set_link` after QEMU runs (vm_start_nolock → qemu_set_link_status), so the
+          link is up until the start task ends, and stays up if that call fails."""
+        out = []
+        for key in sorted(config, key=fake_qemu.natural):
+            if not NET_KEY.match(key):
+                continue
+            _, props = fake_lxc.split_props(str(config[key]))
+            bridge = props.get('bridge')
+            if kind == 'lxc' and bridge:
+                out.append('{0} on bridge {1}: root in the container raises its end'.format(key, bridge))
+            elif kind == 'qemu' and not bridge:
+                out.append('{0} without a bridge: user-mode NAT through the node'.format(key))
+            elif kind == 'qemu':
+                out.append('{0} on bridge {1}: link up until the start task sets it down'.format(key, bridge))
+        return out
+
     # Every guest start request with the guest's config as it was when the request came in:
-    # what the guest booted with (a restore-test copy's NICs, onboot, protection).
+    # what the guest booted with (a restore-test copy's NICs, onboot, protection), and how it
+    # reached a network (`exposed`, see _exposure).
     _start_configs = ()
     START_PATH = re.compile(r'^/api2/json/nodes/[^/]+/(lxc|qemu)/(\d+)/status/start$')
 
@@ -1522,7 +1613,8 @@ class ScenarioPve(fake_server.FakePve):
             guest = self.guest(int(start.group(2)))
             config = dict((k, str(x)) for k, x in ((guest.config or {}) if guest else {}).items())
             self._start_configs = tuple(self._start_configs) + (
-                {'vmid': int(start.group(2)), 'type': start.group(1), 'config': config},)
+                {'vmid': int(start.group(2)), 'type': start.group(1), 'config': config,
+                 'exposed': self._exposure(start.group(1), config)},)
         query = request.query_string.encode()
         query = fake_server.SECRET_FORM.sub(rb'\g<1>***', query)
         self.requests.append((request.method, request.path, fake_server.redact(body, request.content_type),

@@ -520,6 +520,28 @@ impl FakePve {
             .collect()
     }
 
+    /// Every start in which a guest's NICs reached a network as PVE wires them (a container NIC
+    /// on a bridge, any VM NIC: see `_exposure` in `tests/fakepve/scenario.py`): the vmid and
+    /// one line per NIC. Empty when every guest started without such a NIC.
+    pub fn network_exposures(&self) -> Vec<(u32, Vec<String>)> {
+        let v = self.call("start_configs", json!([]), json!({}));
+        v.as_array()
+            .expect("start_configs is a list")
+            .iter()
+            .filter_map(|e| {
+                let lines: Vec<String> = e["exposed"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|l| l.as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (!lines.is_empty()).then(|| (e["vmid"].as_u64().expect("vmid") as u32, lines))
+            })
+            .collect()
+    }
+
     /// Change the running fake's `datacenter.cfg` keys (merged into those it has, e.g.
     /// `{"user-tag-access": "user-allow=none"}`); the live file follows when the scenario had
     /// `datacenter_cfg`.

@@ -102,17 +102,19 @@ fn left_in_band(w: &World) -> Vec<u32> {
 }
 
 #[test]
-fn a_restore_test_copy_of_a_bridged_container_starts_with_every_nic_isolated() {
+fn a_restore_test_copy_of_a_bridged_container_starts_with_no_nic_and_ends_ok() {
     let w = World::new(scenario_with_backup(customer_backup_config()));
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    assert_eq!(doc["network"], "isolated", "{doc:#}");
     let vmid = doc["vmid"].as_u64().expect("vmid") as u32;
 
-    // The copy was started once, and with no NIC on a bridge, none with its link up, no onboot
-    // and no protection.
+    // The copy was started once, with no NIC at all (a bridge-less container NIC kills every
+    // config write and start on PVE, a bridged one is raised by root in the guest), no onboot
+    // and no protection; no start reached a network.
     let starts = w
         .pve
         .start_configs()
@@ -121,30 +123,101 @@ fn a_restore_test_copy_of_a_bridged_container_starts_with_every_nic_isolated() {
         .count();
     assert_eq!(starts, 1, "{:#?}", w.pve.start_configs());
     let config = started_config(&w, vmid);
-    let nics = nics_of(&config);
-    assert_eq!(nics.len(), 2, "both stored NICs are there: {config:#?}");
-    for (key, nic) in &nics {
-        assert!(isolated(nic), "{key} = {nic} reaches a network");
-        assert!(
-            !nic.contains("192.0.2.10") && !nic.contains("198.51.100.10"),
-            "{key} = {nic} answers for the original's address"
-        );
-        assert!(
-            !nic.contains("BC:24:11:00:02:0"),
-            "{key} = {nic} keeps the original's MAC"
-        );
-    }
+    assert_eq!(nics_of(&config), Vec::new(), "{config:#?}");
+    assert_eq!(w.pve.network_exposures(), Vec::new());
     assert_no_onboot_nor_protection(&config);
 
-    // The request that made it so: no `unique` (with it PVE writes the stored NICs over the
-    // request's), every stored NIC given.
+    // The requests that made it so: the restore overrides every stored NIC without a bridge
+    // (no `unique`: with it PVE writes the stored NICs over the request's, and no SDN.Use is
+    // checked on the stored bridges), and the marker's PUT deletes them before the start.
     let post = restore_post(&w, "lxc");
     assert!(matches!(post.param("unique"), None | Some("0")), "{post:?}");
-    assert!(post.param("net1").is_some(), "{post:?}");
+    for key in ["net0", "net1"] {
+        let nic = post
+            .param(key)
+            .unwrap_or_else(|| panic!("{key} not overridden: {post:?}"));
+        assert!(!nic.contains("bridge="), "{key} = {nic}");
+    }
+    let path = format!("/nodes/pve1/lxc/{vmid}/config");
+    let deleted = w.pve.requests().into_iter().any(|r| {
+        r.method == "PUT" && r.api_path() == path && r.param("delete") == Some("net0%2Cnet1")
+    });
+    assert!(
+        deleted,
+        "no config PUT deleted net0,net1: {:#?}",
+        w.pve.writes()
+    );
 
-    // Nothing left in the band, and the original untouched.
+    // No needs_human, nothing left in the band, and the original untouched.
+    let journal = w.agent(&["journal", "--json"]).json();
+    assert!(!journal.to_string().contains("needs_human"), "{journal:#}");
     assert_eq!(left_in_band(&w), Vec::<u32>::new());
     assert!(w.pve.writes_for(200).is_empty());
+}
+
+#[test]
+fn a_throwaway_selftest_starts_with_no_nic_and_a_kept_one_with_its_stored_bridge() {
+    let w = World::new(scenario_with_backup(customer_backup_config()));
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["network"], "isolated", "{doc:#}");
+    assert_eq!(nics_of(&started_config(&w, 120)), Vec::new());
+    assert_eq!(w.pve.network_exposures(), Vec::new());
+    // The dry run says which, before anything is written.
+    let run = w.agent(&["--selftest=provision", "-vmid", "121", "--dry-run"]);
+    assert!(run.stdout.contains("network: isolated"), "{}", run.stdout);
+
+    let run = w.agent(&["--selftest=provision", "-vmid", "122", "--keep", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["network"], "stored", "{doc:#}");
+    let nics = nics_of(&started_config(&w, 122));
+    let net0 = nics
+        .iter()
+        .find(|(k, _)| k == "net0")
+        .map(|(_, v)| v.as_str());
+    assert!(net0.is_some_and(|n| n.contains("bridge=vmbr0")), "{nics:?}");
+
+    // --network overrides either default.
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "123",
+        "--keep",
+        "--network=isolated",
+        "--json",
+    ]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(nics_of(&started_config(&w, 123)), Vec::new());
+}
+
+#[test]
+fn a_marker_write_that_fails_after_writing_is_read_back() {
+    // A backup whose NIC has no bridge, provisioned with its stored network: PVE writes the
+    // marker's config, then dies reading the bridge's MTU (update_lxc_config) and answers 500.
+    // The agent reads the config back, sees its marker, and goes on to the start, which dies
+    // the same way on PVE; the guest is then its own to destroy.
+    let w = World::new(scenario_with_backup(json!({
+        "unprivileged": "1",
+        "net0": "name=eth0,hwaddr=BC:24:11:00:02:00,type=veth"
+    })));
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "120",
+        "--network=stored",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_ne!(doc["outcome"], "ok", "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("start") && message.contains("bridge '' does not exist"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    assert!(w.pve.guest(120).is_none(), "guest 120 is left");
 }
 
 #[test]
@@ -302,17 +375,27 @@ fn refused_before_any_write(w: &World, code: &str, doctor_check: &str, names: &[
 
 #[test]
 fn a_bridge_the_token_may_not_use_is_refused_before_any_write() {
+    // Only a guest that keeps its stored network needs SDN.Use on its bridges.
     let w = World::new(without_sdn(demo_scenario()));
-    refused_before_any_write(
-        &w,
-        "sdn_denied",
-        "selftest_source",
-        &[
-            "SDN.Use",
-            "/sdn/zones/localnetwork/vmbr0",
-            "pveum acl modify /sdn/zones/localnetwork/vmbr0 --tokens 'felhom@pve!agent' --roles PVESDNUser",
-        ],
-    );
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "120",
+        "--network=stored",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "sdn_denied", "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    for n in [
+        "SDN.Use",
+        "/sdn/zones/localnetwork/vmbr0",
+        "pveum acl modify /sdn/zones/localnetwork/vmbr0 --tokens 'felhom@pve!agent' --roles PVESDNUser",
+    ] {
+        assert!(message.contains(n), "{n:?} not in {message}");
+    }
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
 }
 
 #[test]
@@ -327,11 +410,40 @@ fn a_restore_test_copy_needs_no_sdn_use() {
 }
 
 #[test]
-fn a_privileged_container_backup_is_refused_before_any_write() {
+fn a_privileged_container_backup_is_restored_unprivileged() {
+    // The request's unprivileged=1 wins over the stored value (pve-container create_vm), so PVE
+    // checks no Sys.Modify and the copy is an unprivileged container the exec helper enters.
     let w = World::new(scenario_with_backup(json!({
         "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth"
     })));
-    refused_before_any_write(&w, "backup_privileged", "selftest_source", &["privileged"]);
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    let contents = doc["preflight"]["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "contents"))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        contents["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("restored as an unprivileged"),
+        "{contents:#}"
+    );
+    assert_eq!(
+        started_config(&w, 120).get("unprivileged"),
+        Some(&json!("1"))
+    );
+}
+
+#[test]
+fn a_template_backup_is_refused_before_any_write() {
+    let w = World::new(scenario_with_backup(json!({
+        "unprivileged": "1", "template": "1"
+    })));
+    refused_before_any_write(&w, "backup_template", "selftest_source", &["template"]);
 }
 
 #[test]
@@ -375,16 +487,19 @@ fn the_same_provision_passes_once_the_grant_is_given() {
     assert_eq!(post.param("unprivileged"), Some("1"), "{post:?}");
 }
 
-#[test]
-fn a_restore_test_copy_of_a_bridged_vm_starts_with_every_nic_link_down() {
-    // qemu-server lets the request's NICs win over the backup's (restore_merge_config), so a
-    // VM copy keeps `unique=1` (new MACs, SMBIOS uuid) with every stored NIC given link-down.
+/// A world whose restore test restores only [`felhom_tests::fakepve::QEMU_BACKUP`], stored
+/// with `config`; the token holds Mapping.Use on `/mapping/pci/vf0`.
+fn vm_restore_world(config: Value) -> World {
     let mut s = demo_scenario();
-    let mut config = felhom_tests::fakepve::qemu_backup_config();
-    config["onboot"] = json!("1");
-    config["protection"] = json!("1");
     felhom_tests::fakepve::add_qemu_backup(&mut s, config, json!({"agent": true}));
     s["attrs"] = json!({"qemu_restore_secs": 5});
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"].as_array_mut().expect("grants").push(json!([
+            who,
+            "/mapping/pci/vf0",
+            ["PVEMappingUser"]
+        ]));
+    }
     let opts = AgentOptions {
         extra_toml: format!(
             "[restore_test]\nsources = [\"{}\"]\n",
@@ -392,7 +507,18 @@ fn a_restore_test_copy_of_a_bridged_vm_starts_with_every_nic_link_down() {
         ),
         ..AgentOptions::default()
     };
-    let w = World::with_options(s, &opts);
+    World::with_options(s, &opts)
+}
+
+#[test]
+fn a_restore_test_copy_of_a_vm_with_two_bridged_nics_starts_with_no_nic() {
+    // qemu-server lets the request's NICs win over the backup's (restore_merge_config), so a
+    // VM copy keeps `unique=1` (new MACs, SMBIOS uuid) with every stored NIC given bridge-less
+    // and link-down; the marker's PUT deletes them before the start.
+    let mut config = felhom_tests::fakepve::qemu_backup_config();
+    config["onboot"] = json!("1");
+    config["protection"] = json!("1");
+    let w = vm_restore_world(config);
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
@@ -402,20 +528,44 @@ fn a_restore_test_copy_of_a_bridged_vm_starts_with_every_nic_link_down() {
     let post = restore_post(&w, "qemu");
     assert_eq!(post.param("unique"), Some("1"), "{post:?}");
     let config = started_config(&w, vmid);
-    let nics = nics_of(&config);
-    assert_eq!(nics.len(), 2, "{config:#?}");
-    for (key, nic) in nics {
-        assert!(
-            nic.split(',').any(|i| i == "link_down=1"),
-            "{key} = {nic} has its link up"
-        );
-        assert!(
-            !nic.contains("BC:24:11:00:03:0"),
-            "{key} = {nic} keeps the MAC"
-        );
-    }
+    assert_eq!(nics_of(&config), Vec::new(), "{config:#?}");
+    assert_eq!(w.pve.network_exposures(), Vec::new());
     assert_no_onboot_nor_protection(&config);
     assert_eq!(left_in_band(&w), Vec::<u32>::new());
+}
+
+#[test]
+fn a_vm_backup_that_reaches_the_host_without_a_nic_is_refused_before_any_write() {
+    for (key, value, code) in [
+        (
+            "args",
+            "-netdev user,id=n9 -device virtio-net,netdev=n9",
+            "backup_args",
+        ),
+        ("hostpci0", "mapping=vf0", "backup_devices"),
+        ("virtiofs0", "share0", "backup_host_dir"),
+        ("ivshmem", "size=32,name=prod-shm", "backup_shared_memory"),
+        ("serial0", "/dev/ttyS0", "backup_host_port"),
+        (
+            "vmstate",
+            "local-lvm:vm-300-state-suspend-2026-01-01",
+            "backup_vmstate",
+        ),
+    ] {
+        let mut config = felhom_tests::fakepve::qemu_backup_config();
+        config[key] = json!(value);
+        let w = vm_restore_world(config);
+        let run = w.agent(&["--selftest=restore", "--json"]);
+        let doc = run.json();
+        assert_eq!(run.code, Some(3), "{key}: {doc:#}\n{}", run.stderr);
+        assert_eq!(doc["error"]["code"], code, "{key}: {doc:#}");
+        assert!(
+            doc["error"]["message"].as_str().unwrap_or("").contains(key),
+            "{key}: {doc:#}"
+        );
+        assert!(w.pve.writes().is_empty(), "{key}: {:#?}", w.pve.writes());
+        assert!(w.pve.start_configs().is_empty(), "{key}");
+    }
 }
 
 #[test]
@@ -429,7 +579,13 @@ fn an_old_tar_vm_backup_is_restored_with_no_option_and_marked_afterwards() {
         ..AgentOptions::default()
     };
     let w = World::with_options(s, &opts);
-    let run = w.agent(&["--selftest=provision", "-vmid", "130", "--json"]);
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "130",
+        "--network=stored",
+        "--json",
+    ]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
