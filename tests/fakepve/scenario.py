@@ -1556,7 +1556,7 @@ class ScenarioPve(fake_server.FakePve):
             try:
                 self._update_lxc_config(ct)
             except fake_model.TaskError as e:
-                raise fake_model.PveError(500, e.message) from e
+                raise fake_model.PveError(500, str(e)) from e
         return answer
 
     async def _start_steps(self, ct, user, skiplock=False):

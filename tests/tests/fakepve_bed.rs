@@ -1104,3 +1104,93 @@ async fn extractconfig_answers_the_stored_config_and_checks_vm_backup() {
     );
     assert_eq!(text, "hostname: someone-else\n");
 }
+
+#[tokio::test]
+async fn a_container_nic_without_a_bridge_kills_every_config_write_and_start_as_on_pve() {
+    // pve-container update_vm writes the config, then update_lxc_config reads each NIC's
+    // bridge MTU (pve-common read_bridge_mtu): "bridge '' does not exist", a 500 after the
+    // write. vm_start calls update_lxc_config too. With every NIC deleted, both pass.
+    let mut s = demo_scenario();
+    let volid = add_lxc_backup(
+        &mut s,
+        "backup/vzdump-lxc-200-2026_03_01-00_00_00.tar.zst",
+        json!({"net0": STORED_NET0, "unprivileged": "1"}),
+    );
+    let pve = FakePve::start(s);
+    let (status, upid) =
+        restore_lxc(&pve, "403", &volid, &[("net0", "name=eth0,link_down=1")]).await;
+    assert_eq!(status, 200, "{upid}");
+    assert_eq!(stopped_task(&pve, &upid).await["exitstatus"], "OK");
+    let config_path = "/nodes/pve1/lxc/403/config";
+    let (status, body) = send(
+        &pve,
+        reqwest::Method::PUT,
+        config_path,
+        &[("description", "written before the die")],
+    )
+    .await;
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        body.to_string().contains("bridge '' does not exist"),
+        "{body}"
+    );
+    let cfg = pve.guest(403).expect("403")["config"].clone();
+    assert_eq!(cfg["description"], "written before the die", "{cfg:#}");
+    let (status, body) = send(
+        &pve,
+        reqwest::Method::POST,
+        "/nodes/pve1/lxc/403/status/start",
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let task = stopped_task(&pve, body["data"].as_str().expect("UPID")).await;
+    assert_eq!(task["exitstatus"], "bridge '' does not exist", "{task:#}");
+    assert!(pve.start_configs().iter().any(|(v, _)| *v == 403));
+    // Deleting the NIC in the same PUT: no NIC is left to check.
+    let (status, body) = send(
+        &pve,
+        reqwest::Method::PUT,
+        config_path,
+        &[("delete", "net0"), ("description", "isolated")],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, body) = send(
+        &pve,
+        reqwest::Method::POST,
+        "/nodes/pve1/lxc/403/status/start",
+        &[],
+    )
+    .await;
+    let task = stopped_task(&pve, body["data"].as_str().expect("UPID")).await;
+    assert_eq!(task["exitstatus"], "OK", "{task:#}");
+    // A container started with a bridged NIC reached a network, one without none.
+    assert_eq!(pve.network_exposures(), Vec::new());
+}
+
+#[tokio::test]
+async fn a_template_backup_comes_back_a_template_that_never_starts() {
+    let mut s = demo_scenario();
+    let volid = add_lxc_backup(
+        &mut s,
+        "backup/vzdump-lxc-200-2026_04_01-00_00_00.tar.zst",
+        json!({"unprivileged": "1", "template": "1"}),
+    );
+    let pve = FakePve::start(s);
+    let (status, upid) = restore_lxc(&pve, "404", &volid, &[]).await;
+    assert_eq!(status, 200, "{upid}");
+    assert_eq!(stopped_task(&pve, &upid).await["exitstatus"], "OK");
+    let (_, body) = send(
+        &pve,
+        reqwest::Method::POST,
+        "/nodes/pve1/lxc/404/status/start",
+        &[],
+    )
+    .await;
+    let task = stopped_task(&pve, body["data"].as_str().expect("UPID")).await;
+    assert_eq!(
+        task["exitstatus"], "you can't start a CT if it's a template",
+        "{task:#}"
+    );
+}
