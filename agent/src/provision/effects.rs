@@ -1293,11 +1293,28 @@ impl<'a> Executor<'a> {
                 vmid,
                 "lifting the protection this guest's backup carried before its destroy"
             );
-            if let Err(e) = self
+            let lifted = match self
                 .pve
                 .config_put(&node, guest, vmid, &[], &["protection".to_string()])
                 .await
             {
+                // A 5xx or lost answer may come after the write (a container's config is
+                // written before `update_lxc_config` runs): the config read back decides.
+                Err(e) if put_may_have_written(&e) => {
+                    match self.pve.config_get(&node, guest, vmid).await {
+                        Ok(now) if !now.get("protection").is_some_and(|v| {
+                            v.as_str().map_or(v.as_u64() == Some(1), is_true)
+                        }) =>
+                        {
+                            tracing::warn!(vmid, error = %e, "lifting the protection answered an error, but the config read back shows it lifted");
+                            Ok(())
+                        }
+                        _ => Err(e),
+                    }
+                }
+                other => other,
+            };
+            if let Err(e) = lifted {
                 return ended(TaskExit::Error {
                     message: format!(
                         "{} {vmid} carries protection, which could not be lifted before its destroy: {e}",
