@@ -189,11 +189,15 @@ fn dry_run_prints_the_plan_and_writes_nothing() {
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     let plan = doc["plan"].as_array().expect("plan");
+    // A throwaway container copy: isolated, so `unique=0` (the request's bridge-less NICs win
+    // over the stored ones), and the document says so.
     assert!(
-        plan.iter()
-            .any(|s| s["call"] == "restore" && s["unique"] == json!(true)),
+        plan.iter().any(|s| s["call"] == "restore"
+            && s["unique"] == json!(false)
+            && s["isolate_network"] == json!(true)),
         "{doc:#}"
     );
+    assert_eq!(doc["network"], "isolated", "{doc:#}");
     assert!(w.pve.writes().is_empty());
     let journal = w.agent(&["journal", "--json"]).json();
     assert_eq!(

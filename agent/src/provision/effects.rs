@@ -1302,9 +1302,10 @@ impl<'a> Executor<'a> {
                 // written before `update_lxc_config` runs): the config read back decides.
                 Err(e) if put_may_have_written(&e) => {
                     match self.pve.config_get(&node, guest, vmid).await {
-                        Ok(now) if !now.get("protection").is_some_and(|v| {
-                            v.as_str().map_or(v.as_u64() == Some(1), is_true)
-                        }) =>
+                        Ok(now)
+                            if !now.get("protection").is_some_and(|v| {
+                                v.as_str().map_or(v.as_u64() == Some(1), is_true)
+                            }) =>
                         {
                             tracing::warn!(vmid, error = %e, "lifting the protection answered an error, but the config read back shows it lifted");
                             Ok(())
