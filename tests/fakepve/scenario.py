@@ -1567,9 +1567,9 @@ class ScenarioPve(fake_server.FakePve):
     @staticmethod
     def _exposure(kind, config):
         """How each NIC of a guest started with `config` reaches a network, as PVE wires it:
-        - a container NIC on a bridge is a veth pair whose host end sits on that bridge
-          (lxcnetaddbr); `link_down` downs the host end only, and root in the container raises
-          its own end and the bridge's link comes with it;
+        - a container NIC on a bridge is a veth pair whose host end lxcnetaddbr plugs into that
+          bridge, unless `link_down` is set (pve-container src/PVE/LXC.pm net_tap_plug then
+          leaves the host end down and off the bridge);
         - a VM NIC without a bridge is QEMU's user-mode network, NAT through the node's own
           sockets (qemu-server src/PVE/QemuServer.pm print_netdev_full: `-netdev type=user`);
         - a VM NIC on a bridge is up from QEMU's start: `link_down` is no command-line option
@@ -1581,8 +1581,8 @@ class ScenarioPve(fake_server.FakePve):
                 continue
             _, props = fake_lxc.split_props(str(config[key]))
             bridge = props.get('bridge')
-            if kind == 'lxc' and bridge:
-                out.append('{0} on bridge {1}: root in the container raises its end'.format(key, bridge))
+            if kind == 'lxc' and bridge and not truthy(props.get('link_down')):
+                out.append('{0} on bridge {1}: plugged into it'.format(key, bridge))
             elif kind == 'qemu' and not bridge:
                 out.append('{0} without a bridge: user-mode NAT through the node'.format(key))
             elif kind == 'qemu':

@@ -113,7 +113,7 @@ fn a_restore_test_copy_of_a_bridged_container_starts_with_no_nic_and_ends_ok() {
     let vmid = doc["vmid"].as_u64().expect("vmid") as u32;
 
     // The copy was started once, with no NIC at all (a bridge-less container NIC kills every
-    // config write and start on PVE, a bridged one is raised by root in the guest), no onboot
+    // config write and start on PVE, a bridged one is plugged into the production bridge), no onboot
     // and no protection; no start reached a network.
     let starts = w
         .pve

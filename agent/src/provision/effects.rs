@@ -1397,10 +1397,10 @@ pub fn start_refusal(guest: GuestKind, isolate: bool, cfg: &GuestConfig) -> Opti
     };
     let mut wrong: Vec<String> = Vec::new();
     if isolate {
-        // No NIC at all: a container NIC on a bridge is raised by root in the guest whatever
-        // `link_down` says, one without a bridge kills the start (`update_lxc_config`), and a
-        // VM's is up until its start task has set the link down (`qemu_set_link_status`), or
-        // user-mode NAT without a bridge.
+        // No NIC at all: a container NIC without a bridge kills the start (`update_lxc_config`),
+        // one on a bridge needs that bridge (and `SDN.Use` on it) and is one `link_down` edit
+        // from the production network, and a VM's is up until its start task has set the link
+        // down (`qemu_set_link_status`), or user-mode NAT without a bridge.
         let mut keys: Vec<&String> = cfg.keys().filter(|k| is_net_key(k)).collect();
         keys.sort();
         for k in keys {
