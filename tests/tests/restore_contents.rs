@@ -31,12 +31,6 @@ fn scenario_with_backup(config: Value) -> Value {
     s
 }
 
-/// Whether a container NIC value (as the fake holds it) is isolated: no bridge, link down.
-fn isolated(nic: &str) -> bool {
-    let items: Vec<&str> = nic.split(',').collect();
-    !items.iter().any(|i| i.starts_with("bridge=")) && items.contains(&"link_down=1")
-}
-
 /// The restore request the fake received (`kind`: `lxc` or `qemu`).
 fn restore_post(w: &World, kind: &str) -> felhom_tests::fakepve::RecordedRequest {
     let path = format!("/nodes/pve1/{kind}");
