@@ -6,8 +6,40 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
-step() { printf '\n== %s\n' "$*" >&2; }
+# Each step's wall time, printed at the end of the run (also when a step fails).
+step_names=()
+step_secs=()
+step_started=$SECONDS
+step_current=""
+step() {
+  step_end
+  step_current=$*
+  step_started=$SECONDS
+  printf '\n== %s\n' "$*" >&2
+}
+step_end() {
+  if [ -n "$step_current" ]; then
+    step_names+=("$step_current")
+    step_secs+=($((SECONDS - step_started)))
+  fi
+  step_current=""
+}
+cleanup=()
+print_times() {
+  local rc=$1
+  [ ${#cleanup[@]} -eq 0 ] || rm -f "${cleanup[@]}"
+  step_end
+  printf '\n== step times (%s, %s cores, load %s)\n' "$([ "$rc" -eq 0 ] && echo ok || echo "failed, exit $rc")" \
+    "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  local i
+  for i in "${!step_names[@]}"; do
+    printf '%6d s  %s\n' "${step_secs[$i]}" "${step_names[$i]}" >&2
+  done
+  printf '%6d s  total\n' "$SECONDS" >&2
+}
+trap 'print_times $?' EXIT
 
+step "setup (tests/setup.sh)"
 source tests/setup.sh
 
 step "cargo fmt --check"
@@ -25,7 +57,7 @@ tests/package.sh
 
 step "cargo test"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+cleanup+=("$log")
 set +e
 cargo test --workspace --locked 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}

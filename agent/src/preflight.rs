@@ -21,7 +21,7 @@ use crate::guest::bootstrap::load_profile;
 use crate::guest::checks::load_packs;
 use crate::provision::effects::DEFAULT_PROFILE;
 use crate::provision::machine::{Event, Marker, Request, TxnKind};
-use crate::pve::guest_config::StoredConfig;
+use crate::pve::guest_config::{StoredConfig, StoredConfigText};
 use crate::pve::types::{BackupVolume, PoolInfo, StorageStatus};
 use crate::pve::{ApiErrorKind, GuestKind, PveClient, PveError};
 use restorable::{access_check, contents_check, network_check, paths_needed, tags_check};
@@ -126,6 +126,9 @@ pub struct PreflightReport {
     pub checks: Vec<PreflightCheck>,
     /// The verdict.
     pub verdict: Verdict,
+    /// The configuration stored in the backup, when the preflight read it: handed to the
+    /// restore (`Executor::carry_stored_config`) so that a provision reads it once.
+    pub stored_config: Option<StoredConfigText>,
 }
 
 impl PreflightReport {
@@ -135,7 +138,11 @@ impl PreflightReport {
             .iter()
             .find_map(PreflightCheck::failure)
             .map_or(Verdict::Pass, Verdict::Refused);
-        Self { checks, verdict }
+        Self {
+            checks,
+            verdict,
+            stored_config: None,
+        }
     }
 
     /// The failure that refuses the request, if any.
@@ -692,6 +699,13 @@ pub async fn run(
     };
     let held = Held::read(pve, &paths_needed(stored_cfg.as_ref(), &asked, &files)).await;
     checks.push(access_check(&asked, &held));
+    let carried = match &stored {
+        Some(Ok(text)) => Some(StoredConfigText {
+            volid: req.volid.to_string(),
+            text: text.clone(),
+        }),
+        _ => None,
+    };
     checks.push(backup_verdict(req, listing, stored));
     match &stored_cfg {
         Some(sc) => {
@@ -712,7 +726,10 @@ pub async fn run(
     checks.push(pool_verdict(req, pool));
     checks.push(profile_check(req));
     checks.push(checks_check(req));
-    PreflightReport::from_checks(checks)
+    PreflightReport {
+        stored_config: carried,
+        ..PreflightReport::from_checks(checks)
+    }
 }
 
 // ----- glue for the transaction commands (selftest, restore test, hub dispatch) -----------
