@@ -16,6 +16,10 @@
 # AddressSanitizer runtime ships with the standard library. `--target` keeps the flags off
 # build scripts and proc macros, as cargo-fuzz does.
 #
+#   tests/fuzz.sh          build, then run every target
+#   tests/fuzz.sh build    only build them (tests/run.sh builds them beside the test run)
+#   tests/fuzz.sh run      only run them (built before)
+#
 # Environment:
 #   FELHOM_FUZZ_SECONDS  seconds per target (default 10)
 #   FELHOM_FUZZ_CORPUS   where each target's growing corpus lives (default agent/fuzz/corpus;
@@ -28,6 +32,12 @@ seconds=${FELHOM_FUZZ_SECONDS:-10}
 corpus_root=${FELHOM_FUZZ_CORPUS:-$here/agent/fuzz/corpus}
 
 step() { printf '\n== %s\n' "$*" >&2; }
+
+phase=${1:-all}
+case "$phase" in
+  all|build|run) ;;
+  *) echo "fuzz.sh: unknown argument $phase (build, run or nothing)" >&2; exit 2 ;;
+esac
 
 triple=$(rustc -vV | sed -n 's/^host: //p')
 export RUSTC_BOOTSTRAP=1
@@ -52,11 +62,14 @@ for p in json.load(sys.stdin)["packages"]:
         if "bin" in t["kind"]: print(t["name"])'
 }
 
-step "build the fuzz targets (agent/fuzz, hub-protocol/fuzz)"
-started=$SECONDS
-cargo build --manifest-path "$here/agent/fuzz/Cargo.toml" --target "$triple" --bins
-cargo build --manifest-path "$here/hub-protocol/fuzz/Cargo.toml" --target "$triple" --bins
-echo "built in $((SECONDS - started)) s" >&2
+if [ "$phase" != run ]; then
+  step "build the fuzz targets (agent/fuzz, hub-protocol/fuzz)"
+  started=$SECONDS
+  cargo build --manifest-path "$here/agent/fuzz/Cargo.toml" --target "$triple" --bins
+  cargo build --manifest-path "$here/hub-protocol/fuzz/Cargo.toml" --target "$triple" --bins
+  echo "built in $((SECONDS - started)) s" >&2
+fi
+[ "$phase" != build ] || exit 0
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT

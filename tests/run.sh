@@ -55,6 +55,20 @@ export FELHOM_AGENT_BIN="$here/target/debug/felhom-agent"
 step "Debian package: build and check (tests/package.sh)"
 tests/package.sh
 
+# The fuzz targets' build (their own target folder, sanitizer flags: nothing to share with the
+# builds above) goes on beside the test run, at the lowest CPU priority: the end-to-end tests
+# spend much of their time waiting for the fake's tasks and the guests, and the build takes
+# that time instead of its own step. FELHOM_CI_SERIAL=1 builds them in the fuzz step instead.
+fuzz_log=$(mktemp)
+cleanup+=("$fuzz_log")
+fuzz_pid=""
+if [ "${FELHOM_CI_SERIAL:-0}" != 1 ]; then
+  printf '\n== fuzz targets: build beside the test run (nice 19; output at the fuzz step)\n' >&2
+  # Its own process group (setsid), so a failed test run stops the whole build.
+  setsid nice -n 19 tests/fuzz.sh build >"$fuzz_log" 2>&1 &
+  fuzz_pid=$!
+fi
+
 step "cargo test"
 log=$(mktemp)
 cleanup+=("$log")
@@ -62,10 +76,23 @@ set +e
 cargo test --workspace --locked 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
-[ "$status" -eq 0 ] || exit "$status"
+if [ "$status" -ne 0 ]; then
+  [ -z "$fuzz_pid" ] || kill -- "-$fuzz_pid" 2>/dev/null || true
+  exit "$status"
+fi
 
 step "fuzz targets: build and run briefly (tests/fuzz.sh)"
-tests/fuzz.sh
+if [ -n "$fuzz_pid" ]; then
+  set +e
+  wait "$fuzz_pid"
+  fuzz_status=$?
+  set -e
+  grep -v '^ *\(Compiling\|Downloaded\|Downloading\|Updating\)' "$fuzz_log" >&2 || true
+  [ "$fuzz_status" -eq 0 ] || { echo "building the fuzz targets failed (above)" >&2; exit 1; }
+  tests/fuzz.sh run
+else
+  tests/fuzz.sh
+fi
 
 step "no secret in the test output"
 # The token secrets of the test scenarios must never be printed by the agent or a test.
