@@ -650,8 +650,13 @@ pub async fn run(
 ) -> PreflightReport {
     let mut checks = vec![vmid, policy_check(req)];
     let backup_sid = req.volid.split_once(':').map(|(s, _)| s).unwrap_or("");
-    // The three reads are independent and asked at once: with the stored config after them,
-    // the preflight costs two round trips to PVE, not four.
+    // The four reads are independent and asked at once: with the privilege reads after them,
+    // the preflight costs two round trips to PVE. The stored configuration is asked for
+    // before the listing says whether the token can see the backup, and used only when it
+    // can: PVE checks the token's access to the volume before it extracts anything
+    // (pve-manager `PVE/API2/VZDump.pm` `extractconfig`: `check_volume_access`, then
+    // `extract_vzdump_config`), so the early read of a backup the token may not see is a
+    // refusal, and nothing is read from it.
     let listing = async {
         if backup_sid.is_empty() {
             Ok(Vec::new())
@@ -659,21 +664,25 @@ pub async fn run(
             pve.backups(req.node, backup_sid, None).await
         }
     };
-    let (listing, storage, pool) = tokio::join!(
+    let extracted = async {
+        if backup_sid.is_empty() {
+            None
+        } else {
+            Some(pve.extract_config(req.node, req.volid).await)
+        }
+    };
+    let (listing, storage, pool, extracted) = tokio::join!(
         listing,
         pve.storage_status(req.node, req.storage),
-        pve.pool(req.pool)
+        pve.pool(req.pool),
+        extracted
     );
     let listed = listing
         .as_ref()
         .is_ok_and(|l| l.iter().any(|v| v.volid == req.volid));
     // The stored configuration only of a backup the token can see: PVE can tell what the
     // restore would recover before anything is created.
-    let stored = if listed {
-        Some(pve.extract_config(req.node, req.volid).await)
-    } else {
-        None
-    };
+    let stored = if listed { extracted } else { None };
     let owner = listing
         .as_ref()
         .ok()
