@@ -157,10 +157,7 @@ fn main() {
     );
     println!("  PVE task time (restore + destroy): {tasks:.2} s");
     println!("  wall time with those tasks:        {wall:.2} s");
-    println!(
-        "  wall time over the task time:      {:.3}",
-        wall / tasks
-    );
+    println!("  wall time over the task time:      {:.3}", wall / tasks);
     println!("  wall time with instant tasks:      {fixed:.2} s (in-guest work and local reads)");
     println!(
         "  overhead of following the tasks:   {overhead:.1} % of the task time (goal: within 5 %)"

@@ -67,7 +67,8 @@ fn a_provision_asks_pve_nothing_twice_and_its_privilege_reads_together() {
     let w = World::new(felhom_tests::fakepve::demo_scenario());
     // Each privilege read is held 2 s: one after the other they would take 8 s and never
     // overlap; sent together, every one begins before the first one ends.
-    w.pve.set(json!({"answer_delay": {"GET /api2/json/access/permissions": 2.0}}));
+    w.pve
+        .set(json!({"answer_delay": {"GET /api2/json/access/permissions": 2.0}}));
     let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     let sent = w.pve.requests();
@@ -78,11 +79,20 @@ fn a_provision_asks_pve_nothing_twice_and_its_privilege_reads_together() {
             .collect()
     };
     let extract = list(&|r| r.path.ends_with("/vzdump/extractconfig"));
-    assert_eq!(extract.len(), 1, "the backup's stored config read {extract:#?}");
+    assert_eq!(
+        extract.len(),
+        1,
+        "the backup's stored config read {extract:#?}"
+    );
     // The guest's config: the marker write's read, its read-back (which is also the read
     // before the start), and the destroy's two proofs (before the stop, before the DELETE).
     let configs = list(&|r| r.method == "GET" && r.path == "/api2/json/nodes/pve1/lxc/120/config");
-    assert_eq!(configs.len(), 4, "config reads: {configs:#?}\nall: {:#?}", list(&|_| true));
+    assert_eq!(
+        configs.len(),
+        4,
+        "config reads: {configs:#?}\nall: {:#?}",
+        list(&|_| true)
+    );
 
     let perms: Vec<_> = w
         .pve

@@ -935,27 +935,23 @@ mod tests {
             let mut locks = Vec::new();
             for k in 0..PER_GROUP {
                 let vmid = 200 + k as u32;
-                locks.push(
-                    d.key_lock(ExclusionKey::Vmid(vmid))
-                        .lock_owned()
-                        .await,
-                );
+                locks.push(d.key_lock(ExclusionKey::Vmid(vmid)).lock_owned().await);
             }
             let base = round * 100;
             for k in 0..PER_GROUP {
                 // Behind a held vmid lock.
                 d.accept(msg(base + k), provision(base + k, 200 + k as u32));
                 // Its vmid free, behind the held slots.
-                d.accept(
-                    msg(base + 50 + k),
-                    provision(base + 50 + k, 300 + k as u32),
-                );
+                d.accept(msg(base + 50 + k), provision(base + 50 + k, 300 + k as u32));
             }
             let want = 2 * PER_GROUP as usize;
             // Stored, so queued (or about to queue) behind their lock or slot.
             let stored = std::time::Instant::now();
             while outbox.open_dispatches().await.expect("read").len() < want {
-                assert!(stored.elapsed() < Duration::from_secs(30), "dispatches not stored");
+                assert!(
+                    stored.elapsed() < Duration::from_secs(30),
+                    "dispatches not stored"
+                );
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             // No await between the cancel and the release: at their next poll the queued
