@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the Debian package of felhom-agent with cargo-deb (metadata: [package.metadata.deb] in
-# agent/Cargo.toml). See packaging/README.md.
+# Builds the Debian package of felhom-agent with dpkg-deb (metadata: [package.metadata.deb] in
+# agent/Cargo.toml, assembled by packaging/assemble-deb.py). See packaging/README.md.
 #
 #   packaging/build-deb.sh [--out DIR]               release build: the package to ship
 #   packaging/build-deb.sh --from-debug [--out DIR]  packages a debug build of the agent
@@ -9,10 +9,10 @@
 #                                                    not to ship
 #
 # Both generate the man page and the shell completions from the clap definitions
-# (agent/examples/gen-docs.rs) into <target>/release/felhom-docs/, where the cargo-deb assets
-# expect them, then run `cargo deb --no-build`. Prints the path of the .deb on stdout.
-# Needs cargo-deb (`cargo install cargo-deb --locked`) and dpkg-dev (dpkg-shlibdeps computes
-# the libc dependency).
+# (agent/examples/gen-docs.rs) into <target>/release/felhom-docs/, where the assets expect
+# them, then assemble the package (packaging/assemble-deb.py). Prints the path of the .deb on
+# stdout. Needs python3, binutils (strip) and dpkg-dev (dpkg-shlibdeps computes the libc
+# dependency); no cargo tool beyond the toolchain.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -30,17 +30,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-if ! cargo deb --version >/dev/null 2>&1; then
-  echo "build-deb.sh: cargo-deb is missing: cargo install cargo-deb --locked" >&2
-  exit 1
-fi
-
 target=${CARGO_TARGET_DIR:-$root/target}
 mkdir -p "$out"
 
 if $from_debug; then
-  # A target folder of our own whose release/ holds the debug binary: cargo-deb resolves its
-  # "target/release/" asset paths there, and the shared target folder keeps its real release
+  # A target folder of our own whose release/ holds the debug binary: the "target/release/"
+  # asset paths resolve there, and the shared target folder keeps its real release
   # build (if any) untouched.
   # The agent alone, so the tests crate's `test-hooks` feature is not unified in: the package
   # never carries the test hooks. That build swaps a hook-free binary into target/debug; the
@@ -67,16 +62,20 @@ else
 fi
 
 cargo run --locked -q -p felhom-agent --example gen-docs -- "$docs" >/dev/null
-# cargo-deb compresses man pages only when they are not under target/: do it here, as Debian
-# policy wants (gzip -9, no name and no time stamp in the header, so the bytes are reproducible).
+# Debian policy wants man pages gzip -9, with no name and no time stamp in the header (so the
+# bytes are reproducible).
 gzip -9nf "$docs/felhom-agent.1"
 
-# Only this run's package in the output folder's listing: cargo-deb prints the path it wrote.
-deb=$(CARGO_TARGET_DIR=$deb_target cargo deb --locked -q --no-build -p felhom-agent \
-  "${compress[@]}" -o "$out")
-deb=$(printf '%s\n' "$deb" | tail -n 1)
-if [ ! -f "$deb" ]; then
-  echo "build-deb.sh: cargo deb did not report the package it wrote (got: $deb)" >&2
+meta=$(mktemp)
+cargo metadata --locked --format-version 1 --no-deps >"$meta"
+set +e
+deb=$(python3 "$root/packaging/assemble-deb.py" --metadata "$meta" --target "$deb_target" \
+  --out "$out" "${compress[@]}")
+rc=$?
+set -e
+rm -f "$meta"
+if [ "$rc" -ne 0 ] || [ ! -f "$deb" ]; then
+  echo "build-deb.sh: assembling the package failed (exit $rc, got: $deb)" >&2
   exit 1
 fi
 printf '%s\n' "$deb"

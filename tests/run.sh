@@ -6,8 +6,40 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
-step() { printf '\n== %s\n' "$*" >&2; }
+# Each step's wall time, printed at the end of the run (also when a step fails).
+step_names=()
+step_secs=()
+step_started=$SECONDS
+step_current=""
+step() {
+  step_end
+  step_current=$*
+  step_started=$SECONDS
+  printf '\n== %s\n' "$*" >&2
+}
+step_end() {
+  if [ -n "$step_current" ]; then
+    step_names+=("$step_current")
+    step_secs+=($((SECONDS - step_started)))
+  fi
+  step_current=""
+}
+cleanup=()
+print_times() {
+  local rc=$1
+  [ ${#cleanup[@]} -eq 0 ] || rm -f "${cleanup[@]}"
+  step_end
+  printf '\n== step times (%s, %s cores, load %s)\n' "$([ "$rc" -eq 0 ] && echo ok || echo "failed, exit $rc")" \
+    "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  local i
+  for i in "${!step_names[@]}"; do
+    printf '%6d s  %s\n' "${step_secs[$i]}" "${step_names[$i]}" >&2
+  done
+  printf '%6d s  total\n' "$SECONDS" >&2
+}
+trap 'print_times $?' EXIT
 
+step "setup (tests/setup.sh)"
 source tests/setup.sh
 
 step "cargo fmt --check"
@@ -23,17 +55,44 @@ export FELHOM_AGENT_BIN="$here/target/debug/felhom-agent"
 step "Debian package: build and check (tests/package.sh)"
 tests/package.sh
 
+# The fuzz targets' build (their own target folder, sanitizer flags: nothing to share with the
+# builds above) goes on beside the test run, at the lowest CPU priority: the end-to-end tests
+# spend much of their time waiting for the fake's tasks and the guests, and the build takes
+# that time instead of its own step. FELHOM_CI_SERIAL=1 builds them in the fuzz step instead.
+fuzz_log=$(mktemp)
+cleanup+=("$fuzz_log")
+fuzz_pid=""
+if [ "${FELHOM_CI_SERIAL:-0}" != 1 ]; then
+  printf '\n== fuzz targets: build beside the test run (nice 19; output at the fuzz step)\n' >&2
+  # Its own process group (setsid), so a failed test run stops the whole build.
+  setsid nice -n 19 tests/fuzz.sh build >"$fuzz_log" 2>&1 &
+  fuzz_pid=$!
+fi
+
 step "cargo test"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+cleanup+=("$log")
 set +e
 cargo test --workspace --locked 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
-[ "$status" -eq 0 ] || exit "$status"
+if [ "$status" -ne 0 ]; then
+  [ -z "$fuzz_pid" ] || kill -- "-$fuzz_pid" 2>/dev/null || true
+  exit "$status"
+fi
 
 step "fuzz targets: build and run briefly (tests/fuzz.sh)"
-tests/fuzz.sh
+if [ -n "$fuzz_pid" ]; then
+  set +e
+  wait "$fuzz_pid"
+  fuzz_status=$?
+  set -e
+  grep -v '^ *\(Compiling\|Downloaded\|Downloading\|Updating\)' "$fuzz_log" >&2 || true
+  [ "$fuzz_status" -eq 0 ] || { echo "building the fuzz targets failed (above)" >&2; exit 1; }
+  tests/fuzz.sh run
+else
+  tests/fuzz.sh
+fi
 
 step "no secret in the test output"
 # The token secrets of the test scenarios must never be printed by the agent or a test.

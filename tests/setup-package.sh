@@ -5,13 +5,14 @@
 # Debian packages: dpkg-dev (dpkg-shlibdeps, for the package's libc dependency; binutils for
 # strip), systemd (systemd-analyze, systemd-tmpfiles; no running systemd is needed), lintian,
 # man-db (man, to render the man page as lintian does), bsdextrautils (col).
-# cargo-deb from crates.io, pinned, when missing (a few minutes to compile once).
+# No cargo tool: packaging/build-deb.sh assembles the package with dpkg-deb.
 set -euo pipefail
 
 _pkg_step() { printf '\n== %s\n' "$*" >&2; }
 
 _pkg_need=()
 command -v dpkg-shlibdeps >/dev/null 2>&1 || _pkg_need+=(dpkg-dev)
+command -v python3 >/dev/null 2>&1 || _pkg_need+=(python3)
 command -v strip >/dev/null 2>&1 || _pkg_need+=(binutils)
 command -v systemd-analyze >/dev/null 2>&1 || _pkg_need+=(systemd)
 command -v lintian >/dev/null 2>&1 || _pkg_need+=(lintian)
@@ -21,10 +22,4 @@ if [ ${#_pkg_need[@]} -gt 0 ]; then
   _pkg_step "apt-get install ${_pkg_need[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${_pkg_need[@]}"
-fi
-
-CARGO_DEB_VERSION=3.8.0
-if [ "$(cargo deb --version 2>/dev/null)" != "cargo-deb $CARGO_DEB_VERSION" ]; then
-  _pkg_step "cargo install cargo-deb $CARGO_DEB_VERSION"
-  cargo install --locked --quiet cargo-deb --version "$CARGO_DEB_VERSION"
 fi

@@ -21,7 +21,7 @@ use crate::guest::bootstrap::load_profile;
 use crate::guest::checks::load_packs;
 use crate::provision::effects::DEFAULT_PROFILE;
 use crate::provision::machine::{Event, Marker, Request, TxnKind};
-use crate::pve::guest_config::StoredConfig;
+use crate::pve::guest_config::{StoredConfig, StoredConfigText};
 use crate::pve::types::{BackupVolume, PoolInfo, StorageStatus};
 use crate::pve::{ApiErrorKind, GuestKind, PveClient, PveError};
 use restorable::{access_check, contents_check, network_check, paths_needed, tags_check};
@@ -126,6 +126,9 @@ pub struct PreflightReport {
     pub checks: Vec<PreflightCheck>,
     /// The verdict.
     pub verdict: Verdict,
+    /// The configuration stored in the backup, when the preflight read it: handed to the
+    /// restore (`Executor::carry_stored_config`) so that a provision reads it once.
+    pub stored_config: Option<StoredConfigText>,
 }
 
 impl PreflightReport {
@@ -135,7 +138,11 @@ impl PreflightReport {
             .iter()
             .find_map(PreflightCheck::failure)
             .map_or(Verdict::Pass, Verdict::Refused);
-        Self { checks, verdict }
+        Self {
+            checks,
+            verdict,
+            stored_config: None,
+        }
     }
 
     /// The failure that refuses the request, if any.
@@ -643,8 +650,13 @@ pub async fn run(
 ) -> PreflightReport {
     let mut checks = vec![vmid, policy_check(req)];
     let backup_sid = req.volid.split_once(':').map(|(s, _)| s).unwrap_or("");
-    // The three reads are independent and asked at once: with the stored config after them,
-    // the preflight costs two round trips to PVE, not four.
+    // The four reads are independent and asked at once: with the privilege reads after them,
+    // the preflight costs two round trips to PVE. The stored configuration is asked for
+    // before the listing says whether the token can see the backup, and used only when it
+    // can: PVE checks the token's access to the volume before it extracts anything
+    // (pve-manager `PVE/API2/VZDump.pm` `extractconfig`: `check_volume_access`, then
+    // `extract_vzdump_config`), so the early read of a backup the token may not see is a
+    // refusal, and nothing is read from it.
     let listing = async {
         if backup_sid.is_empty() {
             Ok(Vec::new())
@@ -652,21 +664,25 @@ pub async fn run(
             pve.backups(req.node, backup_sid, None).await
         }
     };
-    let (listing, storage, pool) = tokio::join!(
+    let extracted = async {
+        if backup_sid.is_empty() {
+            None
+        } else {
+            Some(pve.extract_config(req.node, req.volid).await)
+        }
+    };
+    let (listing, storage, pool, extracted) = tokio::join!(
         listing,
         pve.storage_status(req.node, req.storage),
-        pve.pool(req.pool)
+        pve.pool(req.pool),
+        extracted
     );
     let listed = listing
         .as_ref()
         .is_ok_and(|l| l.iter().any(|v| v.volid == req.volid));
     // The stored configuration only of a backup the token can see: PVE can tell what the
     // restore would recover before anything is created.
-    let stored = if listed {
-        Some(pve.extract_config(req.node, req.volid).await)
-    } else {
-        None
-    };
+    let stored = if listed { extracted } else { None };
     let owner = listing
         .as_ref()
         .ok()
@@ -692,6 +708,13 @@ pub async fn run(
     };
     let held = Held::read(pve, &paths_needed(stored_cfg.as_ref(), &asked, &files)).await;
     checks.push(access_check(&asked, &held));
+    let carried = match &stored {
+        Some(Ok(text)) => Some(StoredConfigText {
+            volid: req.volid.to_string(),
+            text: text.clone(),
+        }),
+        _ => None,
+    };
     checks.push(backup_verdict(req, listing, stored));
     match &stored_cfg {
         Some(sc) => {
@@ -712,7 +735,10 @@ pub async fn run(
     checks.push(pool_verdict(req, pool));
     checks.push(profile_check(req));
     checks.push(checks_check(req));
-    PreflightReport::from_checks(checks)
+    PreflightReport {
+        stored_config: carried,
+        ..PreflightReport::from_checks(checks)
+    }
 }
 
 // ----- glue for the transaction commands (selftest, restore test, hub dispatch) -----------

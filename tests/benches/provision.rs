@@ -1,28 +1,64 @@
 //! Provision benchmark (prints figures; not a timed test): a full `--selftest=provision`
-//! against fakepve with tasks that take real time, and the same with instant tasks.
+//! of a container against fakepve with tasks that take real time, and the same with instant
+//! tasks.
 //!
-//! - wall: the agent's whole run;
-//! - tasks: the nominal duration of the PVE tasks it waits for (restore + destroy);
+//! - wall: the agent's whole run; wall over task time: that over the nominal duration of the
+//!   PVE tasks it waits for (restore + destroy);
 //! - fixed: the wall time of the same provision with instant tasks (in-guest work: launch
 //!   proof, bootstrap, checks; local reads);
 //! - task overhead: (wall - fixed - tasks) / tasks, the cost of following the tasks;
-//! - API calls per provision, and per minute of task (the calls the slow run makes beyond the
-//!   instant one, over the task time).
+//! - requests per LXC provision (instant tasks), by kind: the backup's stored config
+//!   (`vzdump/extractconfig`, read once), the privilege reads (`/access/permissions`), the
+//!   guest config reads; the round trips one after the other before the restore POST (answers
+//!   that overlap in the fake's timings went out together);
+//! - API calls per minute of task (the calls the slow run makes beyond the instant one, over
+//!   the task time).
 //!
 //! Every API answer takes 10 ms more than the fake needs (`api_latency_ms`), a round trip to a
 //! real pveproxy; the tasks run in real time at realistic lengths (a 30 s restore, a 4 s
 //! destroy), so the agent's polling meets the durations it meets on a node.
 //!
-//! Run: `cargo bench -p felhom-tests --bench provision` (after `cargo build -p felhom-agent`).
+//! Run: `cargo bench -p felhom-tests --bench provision` (after `cargo build --workspace`);
+//! `FELHOM_BENCH_RUNS=N` sets the runs of each kind (default 3); `FELHOM_BENCH_LIST=1` lists
+//! the requests of the typical instant run.
 
 use std::time::Instant;
 
 use felhom_tests::agent::agent_command;
-use felhom_tests::fakepve::{AgentFiles, FakePve};
+use felhom_tests::fakepve::{
+    sequential_round_trips, AgentFiles, AnswerTiming, FakePve, RecordedRequest,
+};
 use felhom_tests::guestbed::GuestBed;
 use serde_json::json;
 
 const RUNS: u32 = 3;
+
+fn runs() -> u32 {
+    std::env::var("FELHOM_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(RUNS)
+}
+
+/// What one provision asked of PVE.
+struct Asked {
+    requests: Vec<RecordedRequest>,
+    /// Round trips one after the other before the restore POST.
+    serial_before_restore: usize,
+    /// The answers before the restore POST.
+    before_restore: Vec<AnswerTiming>,
+}
+
+impl Asked {
+    fn count(&self, what: impl Fn(&RecordedRequest) -> bool) -> usize {
+        self.requests.iter().filter(|r| what(r)).count()
+    }
+}
+
+fn is_restore_post(method: &str, path: &str) -> bool {
+    method == "POST" && path.ends_with("/lxc") && path.contains("/nodes/")
+}
 /// PVE seconds → real seconds.
 const TIME_SCALE: f64 = 1.0;
 /// Restore and destroy durations, in PVE seconds.
@@ -31,7 +67,7 @@ const DESTROY_SECS: f64 = 4.0;
 /// Added to every API answer.
 const API_LATENCY_MS: u64 = 10;
 
-fn one(slow: bool, vmid: u32) -> (f64, usize) {
+fn one(slow: bool, vmid: u32) -> (f64, Asked) {
     let bed = GuestBed::new();
     let mut scenario = felhom_tests::fakepve::demo_scenario();
     bed.join_scenario(&mut scenario);
@@ -43,6 +79,7 @@ fn one(slow: bool, vmid: u32) -> (f64, usize) {
     let files = AgentFiles::for_fake(&pve);
     felhom_tests::world::install_default_profile_and_checks(&files);
     let before = pve.requests().len();
+    let timings_before = pve.timings().len();
     let path = felhom_tests::world::bed_path(&bed);
     let _helper = files
         .exec_socket
@@ -60,7 +97,25 @@ fn one(slow: bool, vmid: u32) -> (f64, usize) {
         "provision failed: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    (wall, pve.requests().len() - before)
+    let requests = pve.requests().split_off(before);
+    let timings = pve.timings().split_off(timings_before);
+    let until = timings
+        .iter()
+        .position(|t| is_restore_post(&t.method, &t.path))
+        .expect("a restore POST");
+    let restore_start = timings[until].start;
+    let before_restore: Vec<_> = timings
+        .into_iter()
+        .filter(|t| t.end <= restore_start)
+        .collect();
+    (
+        wall,
+        Asked {
+            requests,
+            serial_before_restore: sequential_round_trips(&before_restore),
+            before_restore,
+        },
+    )
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -69,18 +124,21 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    let runs = runs();
     let tasks = (RESTORE_SECS + DESTROY_SECS) * TIME_SCALE;
     let mut fixed = Vec::new();
     let mut wall = Vec::new();
     let mut calls = Vec::new();
     let mut fixed_calls = Vec::new();
-    for i in 0..RUNS {
-        let (w, c) = one(false, 150 + i);
+    let mut instant = Vec::new();
+    for i in 0..runs {
+        let (w, asked) = one(false, 150 + i);
         fixed.push(w);
-        fixed_calls.push(c);
-        let (w, c) = one(true, 160 + i);
+        fixed_calls.push(asked.requests.len());
+        instant.push(asked);
+        let (w, asked) = one(true, 160 + i);
         wall.push(w);
-        calls.push(c);
+        calls.push(asked.requests.len());
     }
     let (fixed, wall) = (median(fixed), median(wall));
     let overhead = (wall - fixed - tasks) / tasks * 100.0;
@@ -88,24 +146,65 @@ fn main() {
     fixed_calls.sort_unstable();
     let per_minute = (calls[calls.len() / 2] as f64 - fixed_calls[fixed_calls.len() / 2] as f64)
         / (tasks / 60.0);
+    // The instant run with the median request count stands for the kinds.
+    instant.sort_by_key(|a| a.requests.len());
+    let typical = &instant[instant.len() / 2];
+    let get_config = |r: &RecordedRequest| {
+        r.method == "GET" && r.path.contains("/lxc/") && r.path.ends_with("/config")
+    };
     println!(
-        "provision benchmark ({RUNS} runs each, medians; {API_LATENCY_MS} ms per API round trip)"
+        "provision benchmark, LXC ({runs} runs each, medians; {API_LATENCY_MS} ms per API round trip)"
     );
     println!("  PVE task time (restore + destroy): {tasks:.2} s");
     println!("  wall time with those tasks:        {wall:.2} s");
+    println!("  wall time over the task time:      {:.3}", wall / tasks);
     println!("  wall time with instant tasks:      {fixed:.2} s (in-guest work and local reads)");
     println!(
         "  overhead of following the tasks:   {overhead:.1} % of the task time (goal: within 5 %)"
     );
     println!(
-        "  API calls per provision:           {} (min {}, max {})",
+        "  requests per LXC provision:        {} with instant tasks (min {}, max {}); {} with those tasks",
+        typical.requests.len(),
+        fixed_calls.first().unwrap_or(&0),
+        fixed_calls.last().unwrap_or(&0),
         calls[calls.len() / 2],
-        calls.iter().min().unwrap_or(&0),
-        calls.iter().max().unwrap_or(&0)
     );
     println!(
-        "  API calls with instant tasks:      {}",
-        fixed_calls[fixed_calls.len() / 2]
+        "    vzdump/extractconfig:            {}",
+        typical.count(|r| r.path.ends_with("/vzdump/extractconfig"))
+    );
+    println!(
+        "    access/permissions:              {}",
+        typical.count(|r| r.path.ends_with("/access/permissions"))
+    );
+    println!(
+        "    GET lxc/<vmid>/config:           {}",
+        typical.count(get_config)
+    );
+    println!(
+        "  round trips one after the other before the restore POST: {} (of {} requests)",
+        typical.serial_before_restore,
+        typical
+            .requests
+            .iter()
+            .position(|r| is_restore_post(&r.method, &r.path))
+            .unwrap_or(0)
     );
     println!("  API calls per minute of task:      {per_minute:.0}");
+    if std::env::var_os("FELHOM_BENCH_LIST").is_some() {
+        for r in &typical.requests {
+            println!("    {} {}?{}", r.method, r.path, r.query);
+        }
+        let t0 = typical.before_restore.first().map_or(0.0, |t| t.start);
+        println!("  answers before the restore POST (ms from the first):");
+        for t in &typical.before_restore {
+            println!(
+                "    {:7.1} {:7.1}  {} {}",
+                (t.start - t0) * 1000.0,
+                (t.end - t0) * 1000.0,
+                t.method,
+                t.path
+            );
+        }
+    }
 }

@@ -18,6 +18,8 @@ HTTP, same host, its own free port) drives the running fake:
     POST /set      {"time_scale": 0.01, "ct_secs": {"create": 120}}    attributes, dicts merged
     POST /guest    {"vmid": 200, "set": {"status": "running"}}         guest attributes
     GET  /requests every request the fake received: method, path, query, body (redacted)
+    GET  /timings  when each API answer began and ended: method, path, start, end (seconds,
+                   one monotonic clock), in the order the answers ended
     GET  /tasks    every task, with its log
     POST /shutdown stop both servers and exit
 
@@ -198,6 +200,8 @@ class ScenarioPve(fake_server.FakePve):
     # Milliseconds added before every API answer: the round trip to a real pveproxy (TLS,
     # proxying to pvedaemon, pmxcfs reads) is milliseconds, not the fake's microseconds.
     api_latency_ms = 0
+    # (method, path, start, end) of every answer, bounded as the request log is.
+    timings = ()
     _vmlist_text = None
     _vmlist_version = 0
 
@@ -1513,6 +1517,7 @@ class ScenarioPve(fake_server.FakePve):
     async def _answer(self, request, handler, generic, path_node):
         # pmxcfs has the new config (the `lock: create` placeholder) in .vmlist before PVE
         # answers the create with its UPID: keep the file in step before every answer.
+        started = time.monotonic()
         try:
             if self.api_latency_ms:
                 await asyncio.sleep(self.api_latency_ms / 1000)
@@ -1523,6 +1528,10 @@ class ScenarioPve(fake_server.FakePve):
         delay = (self.answer_delay or {}).get('{0} {1}'.format(request.method, request.path))
         if delay:
             await asyncio.sleep(float(delay))
+        if not isinstance(self.timings, list):
+            self.timings = []
+        self.timings.append((request.method, request.path, started, time.monotonic()))
+        del self.timings[:max(0, len(self.timings) - self.max_requests)]
         return answer
 
     # ------------------------------------------- NICs as PVE wires them at config writes and starts
@@ -1996,6 +2005,7 @@ class Control(object):
         app.router.add_post('/set', self.set)
         app.router.add_post('/guest', self.guest)
         app.router.add_get('/requests', self.requests)
+        app.router.add_get('/timings', self.timings)
         app.router.add_get('/tasks', self.tasks)
         app.router.add_post('/shutdown', self.shutdown)
         return app
@@ -2058,6 +2068,10 @@ class Control(object):
             out.append({'method': method, 'path': path, 'query': query.decode('utf-8', 'replace'),
                         'body': body.decode('utf-8', 'replace')})
         return reply(out)
+
+    async def timings(self, request):
+        return reply([{'method': m, 'path': p, 'start': a, 'end': b}
+                      for m, p, a, b in self.pve.timings])
 
     async def tasks(self, request):
         return reply(plain(self.pve.tasklog))

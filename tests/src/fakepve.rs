@@ -203,6 +203,36 @@ pub struct RecordedRequest {
     pub body: String,
 }
 
+/// When the fake began and ended one API answer (seconds on one monotonic clock).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnswerTiming {
+    /// `GET`, `POST`, …
+    pub method: String,
+    /// The full path.
+    pub path: String,
+    /// The answer began (the request was read).
+    pub start: f64,
+    /// The answer was ready.
+    pub end: f64,
+}
+
+/// The round trips one after the other among `timings`: the longest chain of answers each of
+/// which began only after the one before it had ended (answers that overlap went out at once).
+pub fn sequential_round_trips(timings: &[AnswerTiming]) -> usize {
+    let mut sorted: Vec<&AnswerTiming> = timings.iter().collect();
+    sorted.sort_by(|a, b| a.start.total_cmp(&b.start));
+    let mut depth: Vec<usize> = Vec::with_capacity(sorted.len());
+    for (i, t) in sorted.iter().enumerate() {
+        let before = (0..i)
+            .filter(|&j| sorted[j].end <= t.start)
+            .map(|j| depth[j])
+            .max()
+            .unwrap_or(0);
+        depth.push(before + 1);
+    }
+    depth.into_iter().max().unwrap_or(0)
+}
+
 impl RecordedRequest {
     /// True for anything but `GET` and `HEAD`.
     pub fn is_write(&self) -> bool {
@@ -744,6 +774,24 @@ impl FakePve {
                     query: field("query"),
                     body: field("body"),
                 }
+            })
+            .collect()
+    }
+
+    /// When each API answer began and ended (`GET /timings`), in the order the answers ended.
+    pub fn timings(&self) -> Vec<AnswerTiming> {
+        let answer = self
+            .control("GET", "/timings", None)
+            .unwrap_or_else(|e| panic!("fakepve timings: {e}"));
+        answer
+            .as_array()
+            .unwrap_or_else(|| panic!("fakepve /timings is not a list"))
+            .iter()
+            .map(|t| AnswerTiming {
+                method: t["method"].as_str().unwrap_or("").to_string(),
+                path: t["path"].as_str().unwrap_or("").to_string(),
+                start: t["start"].as_f64().unwrap_or(0.0),
+                end: t["end"].as_f64().unwrap_or(0.0),
             })
             .collect()
     }

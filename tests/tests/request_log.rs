@@ -1,8 +1,14 @@
 //! `-v` is worth turning on: a command-line provision at debug prints one line per PVE
 //! request (method, path, status, milliseconds) and never the token secret, a header, a query
 //! or a body.
+//!
+//! And no request twice: a provision reads the backup's stored config once (the preflight
+//! hands it to the restore), sends its privilege reads together, and reads the guest's config
+//! only where a proof needs it.
 
+use felhom_tests::fakepve::RecordedRequest;
 use felhom_tests::world::World;
+use serde_json::json;
 
 #[test]
 fn verbose_selftest_prints_each_pve_request_and_no_secret() {
@@ -53,5 +59,52 @@ fn verbose_selftest_prints_each_pve_request_and_no_secret() {
     assert!(
         !stderr.contains("PVEAPIToken"),
         "an Authorization header was printed"
+    );
+}
+
+#[test]
+fn a_provision_asks_pve_nothing_twice_and_its_privilege_reads_together() {
+    let w = World::new(felhom_tests::fakepve::demo_scenario());
+    // Each privilege read is held 2 s: one after the other they would take 8 s and never
+    // overlap; sent together, every one begins before the first one ends.
+    w.pve
+        .set(json!({"answer_delay": {"GET /api2/json/access/permissions": 2.0}}));
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let sent = w.pve.requests();
+    let list = |what: &dyn Fn(&RecordedRequest) -> bool| -> Vec<String> {
+        sent.iter()
+            .filter(|r| what(r))
+            .map(|r| format!("{} {}?{}", r.method, r.path, r.query))
+            .collect()
+    };
+    let extract = list(&|r| r.path.ends_with("/vzdump/extractconfig"));
+    assert_eq!(
+        extract.len(),
+        1,
+        "the backup's stored config read {extract:#?}"
+    );
+    // The guest's config: the marker write's read, its read-back (which is also the read
+    // before the start), and the destroy's two proofs (before the stop, before the DELETE).
+    let configs = list(&|r| r.method == "GET" && r.path == "/api2/json/nodes/pve1/lxc/120/config");
+    assert_eq!(
+        configs.len(),
+        4,
+        "config reads: {configs:#?}\nall: {:#?}",
+        list(&|_| true)
+    );
+
+    let perms: Vec<_> = w
+        .pve
+        .timings()
+        .into_iter()
+        .filter(|t| t.path == "/api2/json/access/permissions")
+        .collect();
+    assert!(perms.len() >= 2, "privilege reads: {perms:#?}");
+    let last_start = perms.iter().map(|t| t.start).fold(f64::MIN, f64::max);
+    let first_end = perms.iter().map(|t| t.end).fold(f64::MAX, f64::min);
+    assert!(
+        last_start < first_end,
+        "the privilege reads went out one after the other: {perms:#?}"
     );
 }

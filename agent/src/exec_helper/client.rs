@@ -472,18 +472,42 @@ mod tests {
 
     const TXN: &str = "01JD0000000000000000000000";
 
+    /// A fake helper, serving until it is told to stop (never on a timer: a slow machine
+    /// must not end it between two requests of the client under test).
+    struct FakeHelper {
+        stop: tokio_util::sync::CancellationToken,
+        task: tokio::task::JoinHandle<Vec<Request>>,
+    }
+
+    impl FakeHelper {
+        /// Stop serving; the requests it received. Every request a client got an answer to
+        /// is in (the request is recorded before the answer goes out).
+        async fn requests(self) -> Vec<Request> {
+            self.stop.cancel();
+            self.task.await.expect("server")
+        }
+    }
+
     /// A fake helper: answers each connection's request with what `answer` returns for it.
     fn serve(
         dir: &Path,
         answer: impl Fn(Request) -> Vec<u8> + Send + Sync + 'static,
-    ) -> (PathBuf, tokio::task::JoinHandle<Vec<Request>>) {
+    ) -> (PathBuf, FakeHelper) {
         let socket = dir.join("exec.sock");
         let listener = UnixListener::bind(&socket).expect("bind");
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone();
         let task = tokio::spawn(async move {
             let mut seen = Vec::new();
-            while let Ok(Ok((mut s, _))) =
-                tokio::time::timeout(Duration::from_millis(500), listener.accept()).await
-            {
+            loop {
+                let mut s = tokio::select! {
+                    biased;
+                    _ = stopped.cancelled() => break,
+                    accepted = listener.accept() => match accepted {
+                        Ok((s, _)) => s,
+                        Err(_) => break,
+                    },
+                };
                 let body = read_frame(&mut s, MAX_REQUEST_FRAME).await.expect("frame");
                 let req = decode_request(&body).expect("a valid request");
                 let out = answer(req.clone());
@@ -492,7 +516,7 @@ mod tests {
             }
             seen
         });
-        (socket, task)
+        (socket, FakeHelper { stop, task })
     }
 
     fn exec_for(socket: &Path) -> HelperExec {
@@ -520,7 +544,7 @@ mod tests {
             .expect("outcome");
         assert_eq!(out.exit_code(), Some(3));
         assert_eq!(out.stdout.bytes, b"hi");
-        let seen = task.await.expect("server");
+        let seen = task.requests().await;
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].vmid, 120);
         assert_eq!(seen[0].txn.to_string(), TXN);
@@ -592,7 +616,7 @@ mod tests {
             .await
             .expect("pushed");
         assert_eq!(receipt.size, 7);
-        let seen = task.await.expect("server");
+        let seen = task.requests().await;
         let Op::Push { data, mode, path } = &seen[0].op else {
             panic!("push")
         };

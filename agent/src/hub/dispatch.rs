@@ -503,20 +503,35 @@ impl<R: DispatchRunner, I: InventoryRead> Dispatcher<R, I> {
         let txn = dispatch.txn;
         let cancel = self.inner.cancel.clone();
         let key_lock = exclusion_key(&dispatch.action).map(|key| self.key_lock(key));
+        // Shutdown starts no queued work. `select!` picks at random among the branches ready
+        // at the same poll, and a shutdown makes both ready at once: the cancel, and the lock
+        // (or slot) the interrupted transaction just let go. `biased` polls the cancel first,
+        // so a fired cancel always wins; the re-check after each wait covers a lock or slot
+        // handed over before the cancel fired but taken after it.
         let _key_guard = match key_lock {
             Some(lock) => tokio::select! {
-                guard = lock.lock_owned() => Some(guard),
+                biased;
                 _ = cancel.cancelled() => { self.forget(txn); return; }
+                guard = lock.lock_owned() => Some(guard),
             },
             None => None,
         };
+        if cancel.is_cancelled() {
+            self.forget(txn);
+            return;
+        }
         let _slot = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => { self.forget(txn); return; }
             permit = self.inner.slots.acquire() => match permit {
                 Ok(p) => p,
                 Err(_) => { self.forget(txn); return; }
             },
-            _ = cancel.cancelled() => { self.forget(txn); return; }
         };
+        if cancel.is_cancelled() {
+            self.forget(txn);
+            return;
+        }
         let (kind, vmid) = match &dispatch.action {
             DispatchAction::Provision { vmid, .. } => (TxnKind::Provision, Some(*vmid)),
             DispatchAction::Destroy { vmid } => (TxnKind::Destroy, Some(*vmid)),
@@ -554,9 +569,13 @@ impl<R: DispatchRunner, I: InventoryRead> Dispatcher<R, I> {
     async fn answer_inventory_request(&self, message_id: MessageId, txn: TxnId) {
         let cancel = self.inner.cancel.clone();
         let _permit = tokio::select! {
-            p = self.inner.inventory_slots.acquire() => match p { Ok(p) => p, Err(_) => return },
+            biased;
             _ = cancel.cancelled() => return,
+            p = self.inner.inventory_slots.acquire() => match p { Ok(p) => p, Err(_) => return },
         };
+        if cancel.is_cancelled() {
+            return;
+        }
         match self.inner.inventory.read().await {
             Ok(mut inventory) => {
                 inventory.request = Some(txn);
@@ -892,6 +911,68 @@ mod tests {
         txns.sort();
         assert_eq!(txns, vec![txn(1), txn(2)]);
         outbox.close().await;
+    }
+
+    /// The moment of a shutdown where `select!` used to pick at random: the cancel fires and,
+    /// before any queued dispatch is polled again, the vmid locks and the slots they wait for
+    /// come free (as when the interrupted transactions let go of theirs). Each round queues
+    /// dispatches behind held vmid locks and behind held slots, then fires the cancel and lets
+    /// go of the locks and slots with no await in between. A random pick starts some of them
+    /// in nearly every round; none may start.
+    #[tokio::test]
+    async fn shutdown_starts_no_queued_dispatch_when_its_lock_and_slot_come_free_with_it() {
+        const ROUNDS: u128 = 16;
+        const PER_GROUP: u128 = 4;
+        for round in 0..ROUNDS {
+            let dir = tempfile::tempdir().expect("tmp");
+            let (d, runner, outbox, _acks) = setup(dir.path());
+            let slots = d
+                .inner
+                .slots
+                .acquire_many(MAX_CONCURRENT_TRANSACTIONS as u32)
+                .await
+                .expect("slots");
+            let mut locks = Vec::new();
+            for k in 0..PER_GROUP {
+                let vmid = 200 + k as u32;
+                locks.push(d.key_lock(ExclusionKey::Vmid(vmid)).lock_owned().await);
+            }
+            let base = round * 100;
+            for k in 0..PER_GROUP {
+                // Behind a held vmid lock.
+                d.accept(msg(base + k), provision(base + k, 200 + k as u32));
+                // Its vmid free, behind the held slots.
+                d.accept(msg(base + 50 + k), provision(base + 50 + k, 300 + k as u32));
+            }
+            let want = 2 * PER_GROUP as usize;
+            // Stored, so queued (or about to queue) behind their lock or slot.
+            let stored = std::time::Instant::now();
+            while outbox.open_dispatches().await.expect("read").len() < want {
+                assert!(
+                    stored.elapsed() < Duration::from_secs(30),
+                    "dispatches not stored"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            // No await between the cancel and the release: at their next poll the queued
+            // dispatches find the cancel and their lock or slot ready together.
+            d.inner.cancel.cancel();
+            drop(locks);
+            drop(slots);
+            assert_eq!(d.shutdown(Duration::from_secs(5)).await, 0);
+            let runs = runner.runs.lock().expect("l").clone();
+            assert!(
+                runs.is_empty(),
+                "round {round}: {} queued dispatches started after the cancel fired: {runs:?}",
+                runs.len()
+            );
+            assert_eq!(
+                outbox.open_dispatches().await.expect("read").len(),
+                want,
+                "every queued dispatch stays open for the next start"
+            );
+            outbox.close().await;
+        }
     }
 
     #[tokio::test]

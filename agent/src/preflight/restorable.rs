@@ -41,11 +41,19 @@ pub struct Held {
 
 impl Held {
     /// Ask PVE for the token's privileges on each path (one request a path; PVE computes
-    /// inheritance, pools and privilege separation).
+    /// inheritance, pools and privilege separation). The requests are independent and go out
+    /// together: one round trip, not one a path. The first path (in order) whose answer is an
+    /// error makes the privileges unreadable.
     pub async fn read(pve: &PveClient, paths: &BTreeSet<String>) -> Self {
+        let answers = futures_util::future::join_all(
+            paths
+                .iter()
+                .map(|path| async move { (path, pve.permissions(None, Some(path)).await) }),
+        )
+        .await;
         let mut held = Held::default();
-        for path in paths {
-            match pve.permissions(None, Some(path)).await {
+        for (path, answer) in answers {
+            match answer {
                 Ok(perms) => {
                     held.by_path.insert(path.clone(), held_on(&perms, path));
                 }

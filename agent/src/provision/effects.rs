@@ -35,6 +35,7 @@ use crate::guest::qemu::{QemuConfig, QemuExec};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
 use crate::pve::guest_config::{
     is_net_key, is_qemu_tar_archive, is_true, isolation_breaches, Nic, StoredConfig,
+    StoredConfigText,
 };
 use crate::pve::request::{LxcRestore, QemuRestore};
 use crate::pve::{wait_task, ApiErrorKind, GuestKind, PveClient, PveError, Upid, WaitOptions};
@@ -150,6 +151,17 @@ pub struct Executor<'a> {
     started: Instant,
     journal_count: u32,
     kill_at: Option<(bool, u32)>,
+    /// The backup's stored configuration as the preflight read it, for the restore request.
+    carried_config: Option<StoredConfigText>,
+    /// The guest config the last effect read (vmid, config): still fresh for the effect right
+    /// after it, and only when that is the start (nothing is sent to PVE in between); every
+    /// other effect drops it. Saves a second read of the same config before the start.
+    fresh_config: std::sync::Mutex<Option<(u32, GuestConfig)>>,
+    /// A start's config read, taken over from `fresh_config` by the start effect.
+    start_config: Option<(u32, GuestConfig)>,
+    /// The guest's name (`hostname`, QEMU `name`) from a config read of this run, for the
+    /// checks' context (PVE changes it only when asked).
+    guest_name: std::sync::Mutex<Option<(u32, String)>>,
 }
 
 /// What driving a transaction left behind.
@@ -243,6 +255,26 @@ impl<'a> Executor<'a> {
             started: Instant::now(),
             journal_count: 0,
             kill_at: parse_kill_at(),
+            carried_config: None,
+            fresh_config: std::sync::Mutex::new(None),
+            start_config: None,
+            guest_name: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Hand over the backup's stored configuration the preflight read: the restore request
+    /// uses it instead of asking PVE again (a provision reads it once). Without it (a resumed
+    /// transaction, a preflight that could not read it) the restore reads it itself.
+    pub fn carry_stored_config(&mut self, stored: Option<StoredConfigText>) {
+        self.carried_config = stored;
+    }
+
+    /// The stored configuration of `volid`: the carried one when it is this volume's, else
+    /// read from PVE.
+    async fn stored_config_text(&mut self, node: &str, volid: &str) -> Result<String, PveError> {
+        match self.carried_config.take() {
+            Some(c) if c.volid == volid => Ok(c.text),
+            _ => self.pve.extract_config(node, volid).await,
         }
     }
 
@@ -433,6 +465,8 @@ impl<'a> Executor<'a> {
 
     async fn perform(&mut self, state: &State, effect: Effect) -> Result<Option<Event>, Failure> {
         let node = self.cfg.node.clone();
+        let fresh = self.fresh_config.lock().ok().and_then(|mut f| f.take());
+        self.start_config = fresh.filter(|_| matches!(effect, Effect::Start { .. }));
         Ok(match effect {
             Effect::Journal(_) => None,
             Effect::Plan { steps } => {
@@ -450,7 +484,7 @@ impl<'a> Executor<'a> {
             } => {
                 // The configuration stored in the backup: what the restore brings along (its
                 // NICs, description, onboot, protection), read as the preflight read it.
-                let stored = match self.pve.extract_config(&node, &volid).await {
+                let stored = match self.stored_config_text(&node, &volid).await {
                     Ok(text) => Some(StoredConfig::parse(&text)),
                     Err(e) if isolate_network => {
                         // Without it the stored NICs cannot all be overridden: nothing is sent.
@@ -711,7 +745,7 @@ impl<'a> Executor<'a> {
         } else {
             "selftest guest"
         };
-        match self.pve.config_get(node, guest, vmid).await {
+        match self.config_before_start(node, guest, vmid).await {
             Err(e) => Some(format!(
                 "the {what} {} {vmid} on node {node} was not started: its configuration could not be read before the start ({e})",
                 guest.pve_word()
@@ -722,6 +756,36 @@ impl<'a> Executor<'a> {
                     guest.pve_word()
                 )
             }),
+        }
+    }
+
+    /// The config for the check before the start: the one the effect right before it read
+    /// (the marker's read-back; nothing was sent to PVE since), else read now.
+    async fn config_before_start(
+        &self,
+        node: &str,
+        guest: GuestKind,
+        vmid: u32,
+    ) -> Result<GuestConfig, PveError> {
+        match &self.start_config {
+            Some((v, cfg)) if *v == vmid => Ok(cfg.clone()),
+            _ => self.pve.config_get(node, guest, vmid).await,
+        }
+    }
+
+    /// Remember a config just read: fresh for a start right after it, and the guest's name.
+    fn saw_config(&self, vmid: u32, guest: GuestKind, cfg: &GuestConfig) {
+        let key = if guest == GuestKind::Lxc {
+            "hostname"
+        } else {
+            "name"
+        };
+        let name = cfg.get(key).and_then(|v| v.as_str()).unwrap_or("");
+        if let Ok(mut n) = self.guest_name.lock() {
+            *n = Some((vmid, name.to_string()));
+        }
+        if let Ok(mut f) = self.fresh_config.lock() {
+            *f = Some((vmid, cfg.clone()));
         }
     }
 
@@ -924,7 +988,10 @@ impl<'a> Executor<'a> {
             _ => guest,
         };
         match self.pve.config_get(&entry.node, kind, vmid).await {
-            Ok(cfg) => Ok((GuestView::from_config(&cfg), Some(cfg))),
+            Ok(cfg) => {
+                self.saw_config(vmid, kind, &cfg);
+                Ok((GuestView::from_config(&cfg), Some(cfg)))
+            }
             Err(e) if e.is_transient() => Err(e.to_string()),
             Err(e) => Ok((
                 GuestView::Unreadable {
@@ -1191,17 +1258,28 @@ impl<'a> Executor<'a> {
                 dir.display()
             ));
         }
-        let hostname = match self.pve.config_get(&self.cfg.node, guest, vmid).await {
-            Ok(c) => c
-                .get(if guest == GuestKind::Lxc {
-                    "hostname"
-                } else {
-                    "name"
-                })
-                .and_then(|v| v.as_str())
-                .unwrap_or("")
-                .to_string(),
-            Err(_) => String::new(),
+        // The name from a config read of this run (the marker's read-back), else read now.
+        let seen = self
+            .guest_name
+            .lock()
+            .ok()
+            .and_then(|n| n.clone())
+            .filter(|(v, _)| *v == vmid)
+            .map(|(_, name)| name);
+        let hostname = match seen {
+            Some(name) => name,
+            None => match self.pve.config_get(&self.cfg.node, guest, vmid).await {
+                Ok(c) => c
+                    .get(if guest == GuestKind::Lxc {
+                        "hostname"
+                    } else {
+                        "name"
+                    })
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_string(),
+                Err(_) => String::new(),
+            },
         };
         let ctx = CheckContext::new()
             .with("hostname", hostname)

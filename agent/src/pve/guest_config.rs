@@ -626,6 +626,17 @@ fn decode_text(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The configuration stored in a backup as PVE extracted it (`GET
+/// /nodes/N/vzdump/extractconfig?volume=…`), with the volume it came from: the preflight reads
+/// it and hands it to the restore, so that a provision asks PVE for it once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredConfigText {
+    /// The backup volume.
+    pub volid: String,
+    /// PVE's answer, as read (bounded by the client's answer limit).
+    pub text: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -595,6 +595,7 @@ pub async fn provision(
         cancel,
         lxc_route(cfg),
     );
+    exec.carry_stored_config(report.stored_config.clone());
     let driven = exec.drive(State::new(request), first).await;
     if !req.dry_run {
         refresh_metrics(cfg, &prepared.journal);

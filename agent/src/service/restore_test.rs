@@ -262,6 +262,7 @@ pub async fn run(
         cancel,
         super::lxc_route(cfg),
     );
+    exec.carry_stored_config(report.stored_config.clone());
     let driven: Driven = exec.drive(State::new(request), first).await;
 
     let outcome = driven.state.outcome_kind();
