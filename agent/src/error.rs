@@ -40,6 +40,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::ExecNotInPool
         | ErrorCode::ExecGuestPrivileged
         | ErrorCode::ExecWrongPhase
+        | ErrorCode::ExecMonitorUntrusted
         | ErrorCode::ExecRequestInvalid => ExitStatus::Refused,
         ErrorCode::PveRefused
         | ErrorCode::GuestOutsidePool
@@ -214,6 +215,7 @@ mod tests {
             ErrorCode::ExecNotInPool,
             ErrorCode::ExecGuestPrivileged,
             ErrorCode::ExecWrongPhase,
+            ErrorCode::ExecMonitorUntrusted,
             ErrorCode::ExecRequestInvalid,
         ] {
             assert_eq!(exit_status(code), ExitStatus::Refused, "{code}");

@@ -83,10 +83,11 @@ impl Helper {
         std::fs::write(
             &config,
             format!(
-                "user_cfg_path = {}\n{}\n{extra}\n[exec]\npve_nodes_dir = {}\n",
+                "user_cfg_path = {}\n{}\n{extra}\n",
                 toml_string(&w.pve.dir().join("user.cfg").display().to_string()),
+                // The world's config has its `[exec]` table (the fake's nodes folder, the bed's
+                // lxcpath).
                 w.files.config_text(),
-                toml_string(&w.pve.nodes_dir().display().to_string()),
             ),
         )
         .expect("helper config");
@@ -876,4 +877,91 @@ fn an_open_provision_runs_commands_through_the_helper_during_its_bootstrap_and_n
     let r = h.call(&exec_request(162, &txn, &["/bin/true"]));
     assert_eq!(code(&r), "exec_not_owned", "{r:#}");
     assert_eq!(h.pct_calls_for(162), before);
+}
+
+/// The squat against the helper: an open provision of 163 is in its bootstrap (the helper runs
+/// its commands); then the container's LXC monitor ends while `pct` still takes the container
+/// for running, and uid 65534 binds `@<lxcpath>/163/command` with the monitor's very command
+/// line. The helper refuses (`exec_monitor_untrusted`) and no `pct` is started for 163 by
+/// anyone from then on; the agent's own next `pct exec` (it runs as root here) is refused the
+/// same way, so the provision fails instead of entering what the squatter names.
+#[test]
+fn a_command_socket_not_held_by_roots_lxc_monitor_makes_the_helper_refuse_and_pct_never_run() {
+    use felhom_agent::guest::lxc_monitor::{check_monitor, Monitor};
+    let w = world();
+    let h = Helper::start(&w, "");
+    let (mut provision, txn) = provision_in_bootstrap(&w, 163);
+    let r = h.call(&exec_request(163, &txn, &["/bin/sh", "-c", "echo ok"]));
+    assert_eq!(
+        r["exec"]["exit"],
+        json!({"exited": 0}),
+        "{r:#}\n{}",
+        h.log_text()
+    );
+
+    // The monitor (the fake's stand-in, root's) ends; the name is free.
+    let lxc = w.bed.lxc_path();
+    let Monitor::Trusted(pid) = check_monitor(&lxc, 163) else {
+        panic!("163 has no trusted monitor: {:?}", check_monitor(&lxc, 163));
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the monitor");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while check_monitor(&lxc, 163) != Monitor::Absent {
+        assert!(
+            Instant::now() < deadline,
+            "the monitor never let go of its name"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _squatter = felhom_tests::guestbed::Squatter::bind(&lxc, 163, 65534);
+    let bed_execs = || {
+        w.bed
+            .pct_calls()
+            .iter()
+            .filter(|c| c.sub == "exec" && c.vmid == "163")
+            .count()
+    };
+    let (helper_before, bed_before) = (h.pct_calls_for(163), bed_execs());
+
+    let r = h.call(&exec_request(
+        163,
+        &txn,
+        &["/bin/sh", "-c", ": > /root/squatted"],
+    ));
+    assert_eq!(
+        code(&r),
+        "exec_monitor_untrusted",
+        "{r:#}\n{}",
+        h.log_text()
+    );
+    let msg = r["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("163") && msg.contains("uid 65534"), "{msg}");
+    assert_eq!(h.pct_calls_for(163), helper_before, "{:#?}", h.pct_calls());
+
+    // The bootstrap is released: the agent's next exec into 163 meets the squatter too.
+    std::fs::write(w.bed.guest_path(163, "/root/release"), b"").expect("release");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Ok(Some(status)) = provision.try_wait() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the provision never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_ne!(
+        status.code(),
+        Some(0),
+        "the provision passed with a squatted socket"
+    );
+    assert_eq!(
+        bed_execs(),
+        bed_before,
+        "pct exec ran for 163 after the squat: {:#?}",
+        w.bed.pct_calls()
+    );
+    assert!(rootfs_file(&w, 163, "/root/squatted").is_none());
 }

@@ -197,10 +197,14 @@ pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
             )
         }
     };
+    let pct = PctConfig {
+        lxc_path: cfg.exec.lxc_path.clone(),
+        ..PctConfig::default()
+    };
     let ctx = Arc::new(Ctx {
         cfg,
         owners: Owners { agent_uid },
-        pct: PctConfig::default(),
+        pct,
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

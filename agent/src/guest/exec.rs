@@ -299,6 +299,15 @@ pub enum ExecError {
         /// The guest.
         guest: GuestRef,
     },
+    /// The container's LXC command socket is held by someone other than root's LXC monitor of
+    /// that container: `pct exec` would enter what that listener names, so it is not run.
+    #[error("{guest}: its LXC command socket cannot be trusted ({detail}); `pct exec` was not run. Check `ss -xlp | grep /{vmid}/command` on the node and stop whatever holds it, then `pct status {vmid}`", vmid = guest.vmid)]
+    MonitorUntrusted {
+        /// The guest.
+        guest: GuestRef,
+        /// Who holds it, or why it cannot be proven.
+        detail: String,
+    },
     /// The VM runs but its guest agent does not answer.
     #[error("the QEMU guest agent of {guest} is not running; wait for the guest to finish booting or install and start qemu-guest-agent in it")]
     AgentNotRunning {
@@ -388,6 +397,7 @@ impl ExecError {
             Self::Spawn { .. } => ErrorCode::ConfigInvalid,
             Self::HelperUnavailable { .. } => ErrorCode::ExecHelperUnavailable,
             Self::HelperRefused { code, .. } => *code,
+            Self::MonitorUntrusted { .. } => ErrorCode::ExecMonitorUntrusted,
             _ => ErrorCode::LaunchUnproven,
         }
     }

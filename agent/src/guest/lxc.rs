@@ -34,6 +34,7 @@ use super::exec::{
 
 /// The largest file a push reads from the node (a file named by [`PushSource::Path`]).
 pub const MAX_PUSH_BYTES: u64 = 64 * 1024 * 1024;
+use super::lxc_monitor::Monitor;
 use crate::pve::GuestKind;
 
 /// `PATH` given to the `pct` process (what PVE's CLI handler sets itself).
@@ -55,6 +56,9 @@ pub struct PctConfig {
     /// Formerly where pushed bytes were staged for `pct push`; pushes now go through
     /// `pct exec` and stage nothing on the node.
     pub scratch_dir: PathBuf,
+    /// LXC's lxcpath: before every `pct exec`, the container's command socket under it must be
+    /// held by root's LXC monitor of that container ([`super::lxc_monitor`]).
+    pub lxc_path: PathBuf,
 }
 
 impl Default for PctConfig {
@@ -66,6 +70,7 @@ impl Default for PctConfig {
             sweep_timeout: Duration::from_secs(15),
             push_timeout: Duration::from_secs(300),
             scratch_dir: std::env::temp_dir(),
+            lxc_path: PathBuf::from(super::lxc_monitor::DEFAULT_LXC_PATH),
         }
     }
 }
@@ -207,6 +212,15 @@ impl LxcExec {
         stop: Option<&CancellationToken>,
     ) -> Result<ExecOutcome, ExecError> {
         let guest = self.guest_ref();
+        // Right before `pct exec`: the container's command socket must be root's monitor's,
+        // or `lxc-attach` would enter whatever its listener names.
+        match super::lxc_monitor::check_monitor(&self.config.lxc_path, self.vmid) {
+            Monitor::Trusted(_) => {}
+            Monitor::Absent => return Err(ExecError::NotRunning { guest }),
+            Monitor::Untrusted(detail) => {
+                return Err(ExecError::MonitorUntrusted { guest, detail });
+            }
+        }
         let program = self.resolve_program();
         let mut cmd = tokio::process::Command::new(&program);
         cmd.args(&args)

@@ -1490,6 +1490,7 @@ pub fn direct_pct(cfg: &Config) -> PctConfig {
     }
     PctConfig {
         scratch_dir: scratch,
+        lxc_path: cfg.exec.lxc_path.clone(),
         ..PctConfig::default()
     }
 }
