@@ -965,3 +965,127 @@ fn a_command_socket_not_held_by_roots_lxc_monitor_makes_the_helper_refuse_and_pc
     );
     assert!(rootfs_file(&w, 163, "/root/squatted").is_none());
 }
+
+/// `exec-helper --socket` binds only in a folder of root's that nobody else can write: a folder
+/// of uid 65534's, one that others may write (even with the sticky bit, as /tmp) and a link to
+/// a good folder are refused (exit 6, the folder named), and no socket is left anywhere. In a
+/// good folder the socket arrives with mode 0660, nothing else is left beside it, and a stale
+/// socket at the name is replaced.
+#[test]
+fn exec_helper_socket_in_a_folder_others_can_write_is_refused() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let w = world();
+    let base = tempfile::Builder::new()
+        .prefix("felhom-sockdir-")
+        .tempdir()
+        .expect("tempdir");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let entries = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    // Start the helper on `<dir>/exec.sock`: its exit status, stderr and, if it listened, the
+    // socket's mode and the folder's entries then.
+    let run = |dir: &Path| {
+        let socket = dir.join("exec.sock");
+        let mut child = agent_command(&w.files.config_path)
+            .args(["exec-helper", "--socket"])
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the helper");
+        // A refusal ends the helper at once; a helper that binds is stopped once it listens.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = None;
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            if UnixStream::connect(&socket).is_ok() {
+                let meta = std::fs::symlink_metadata(&socket).expect("socket");
+                assert!(meta.file_type().is_socket());
+                seen = Some((meta.mode() & 0o7777, entries(dir)));
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid")),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the helper neither bound nor ended"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("wait");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+            seen,
+        )
+    };
+    // Owned by uid 65534.
+    let theirs = base.path().join("theirs");
+    std::fs::create_dir(&theirs).expect("mkdir");
+    nix::unistd::chown(&theirs, Some(65534.into()), Some(65534.into())).expect("chown");
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // Root's, but everyone may write (with the sticky bit, as /tmp).
+    let shared = base.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    // Root's, group-writable.
+    let group = base.path().join("group");
+    std::fs::create_dir(&group).expect("mkdir");
+    std::fs::set_permissions(&group, std::fs::Permissions::from_mode(0o775)).expect("chmod");
+    // A good folder, and a link to it.
+    let good = base.path().join("good");
+    std::fs::create_dir(&good).expect("mkdir");
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let link = base.path().join("link");
+    std::os::unix::fs::symlink(&good, &link).expect("symlink");
+
+    for dir in [&theirs, &shared, &group, &link] {
+        let (code, stderr, seen) = run(dir);
+        assert_eq!(code, Some(6), "{}: {stderr}", dir.display());
+        assert!(seen.is_none(), "{}: it listened", dir.display());
+        assert!(
+            stderr.contains(&dir.display().to_string()) && stderr.contains("config_invalid"),
+            "{}: {stderr}",
+            dir.display()
+        );
+        assert!(
+            entries(dir).is_empty(),
+            "{}: {:?}",
+            dir.display(),
+            entries(dir)
+        );
+    }
+    assert!(entries(&good).is_empty(), "{:?}", entries(&good));
+
+    // The good folder: bound with mode 0660 and nothing else beside it; again over a stale
+    // socket left at the name.
+    let (code, stderr, seen) = run(&good);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        seen,
+        Some((0o660, vec!["exec.sock".to_string()])),
+        "{stderr}"
+    );
+    let stale = std::os::unix::net::UnixListener::bind(good.join("exec.sock")).expect("stale");
+    drop(stale);
+    let (code, stderr, seen) = run(&good);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        seen,
+        Some((0o660, vec!["exec.sock".to_string()])),
+        "{stderr}"
+    );
+}
