@@ -1089,3 +1089,53 @@ fn exec_helper_socket_in_a_folder_others_can_write_is_refused() {
         "{stderr}"
     );
 }
+
+/// How many descriptors process `pid` holds.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A guest command that leaves a process behind holding its stdout and stderr (it escaped the
+/// exec's process group and PID namespace, as a real `lxc-attach` allows): after the drain
+/// grace the helper's readers are aborted, so over 20 such execs the helper's descriptors
+/// (`/proc/<helper>/fd`) come back to their baseline instead of growing by two per exec.
+#[test]
+fn a_guest_holding_its_pipes_open_over_20_execs_leaves_the_helpers_descriptors_at_baseline() {
+    use felhom_tests::guestbed::{kill_processes_with_marker, unique_marker, PctFault};
+    let w = world();
+    let h = Helper::start(&w, "");
+    let (mut provision, txn) = provision_in_bootstrap(&w, 164);
+    w.bed.add_fault(164, PctFault::ExecEscape);
+    let marker = unique_marker("pipes");
+    let hold = format!("sh -c 'while :; do sleep 1; done' {marker} & echo started");
+    let helper_pid = h.child.id();
+    // One plain exec first: whatever the helper opens once (its runtime) is open by then.
+    let r = h.call(&exec_request(164, &txn, &["/bin/true"]));
+    assert_eq!(r["exec"]["exit"], json!({"exited": 0}), "{r:#}\n{}", h.log_text());
+    let baseline = fd_count(helper_pid);
+    assert!(baseline > 0);
+    for _ in 0..20 {
+        let r = h.call(&exec_request(164, &txn, &["/bin/sh", "-c", &hold]));
+        assert_eq!(r["exec"]["exit"], json!({"exited": 0}), "{r:#}\n{}", h.log_text());
+        assert_eq!(r["exec"]["stdout"], json!(b64(b"started\n")), "{r:#}");
+    }
+    // The holders are still there, holding their ends.
+    let holders = felhom_tests::guestbed::processes_with_marker(&marker);
+    assert!(holders.len() >= 20, "{holders:#?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut now = fd_count(helper_pid);
+    while now > baseline {
+        if Instant::now() >= deadline {
+            kill_processes_with_marker(&marker);
+            panic!("the helper holds {now} descriptors after 20 execs whose guest processes keep their pipes, {baseline} before");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        now = fd_count(helper_pid);
+    }
+    kill_processes_with_marker(&marker);
+    std::fs::write(w.bed.guest_path(164, "/root/release"), b"").expect("release");
+    let _ = provision.kill();
+    let _ = provision.wait();
+}

@@ -301,7 +301,14 @@ impl LxcExec {
         };
 
         // Output still buffered in the pipes arrives now; a process that escaped the group may
-        // hold a pipe open, so do not wait for it forever.
+        // hold a pipe open, so do not wait for it forever: after the grace the readers are
+        // aborted, which closes their ends of the pipes (a guest process that keeps its end
+        // open holds no descriptor of ours).
+        let aborts: Vec<tokio::task::AbortHandle> = [&stdout_task, &stderr_task, &stdin_task]
+            .into_iter()
+            .flatten()
+            .map(tokio::task::JoinHandle::abort_handle)
+            .collect();
         let readers = async {
             if let Some(t) = stdout_task {
                 let _ = t.await;
@@ -311,8 +318,8 @@ impl LxcExec {
             }
         };
         let _ = tokio::time::timeout(self.config.drain_grace, readers).await;
-        if let Some(t) = stdin_task {
-            t.abort();
+        for task in aborts {
+            task.abort();
         }
         let take = |buf: &Arc<Mutex<Captured>>| {
             std::mem::take(&mut *buf.lock().unwrap_or_else(|e| e.into_inner()))
