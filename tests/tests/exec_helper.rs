@@ -1113,12 +1113,22 @@ fn a_guest_holding_its_pipes_open_over_20_execs_leaves_the_helpers_descriptors_a
     let helper_pid = h.child.id();
     // One plain exec first: whatever the helper opens once (its runtime) is open by then.
     let r = h.call(&exec_request(164, &txn, &["/bin/true"]));
-    assert_eq!(r["exec"]["exit"], json!({"exited": 0}), "{r:#}\n{}", h.log_text());
+    assert_eq!(
+        r["exec"]["exit"],
+        json!({"exited": 0}),
+        "{r:#}\n{}",
+        h.log_text()
+    );
     let baseline = fd_count(helper_pid);
     assert!(baseline > 0);
     for _ in 0..20 {
         let r = h.call(&exec_request(164, &txn, &["/bin/sh", "-c", &hold]));
-        assert_eq!(r["exec"]["exit"], json!({"exited": 0}), "{r:#}\n{}", h.log_text());
+        assert_eq!(
+            r["exec"]["exit"],
+            json!({"exited": 0}),
+            "{r:#}\n{}",
+            h.log_text()
+        );
         assert_eq!(r["exec"]["stdout"], json!(b64(b"started\n")), "{r:#}");
     }
     // The holders are still there, holding their ends.
@@ -1136,6 +1146,106 @@ fn a_guest_holding_its_pipes_open_over_20_execs_leaves_the_helpers_descriptors_a
     }
     kill_processes_with_marker(&marker);
     std::fs::write(w.bed.guest_path(164, "/root/release"), b"").expect("release");
+    let _ = provision.kill();
+    let _ = provision.wait();
+}
+
+/// `MemoryMax=` of the packaged helper unit, in bytes.
+fn unit_memory_max() -> u64 {
+    let unit = felhom_tests::guestbed::repo_root().join("systemd/felhom-agent-exec.service");
+    let text = std::fs::read_to_string(&unit).expect("the helper's unit");
+    let value = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("MemoryMax="))
+        .unwrap_or_else(|| panic!("{} sets no MemoryMax=", unit.display()))
+        .trim()
+        .to_string();
+    let (digits, unit_mult) = match value.chars().last() {
+        Some('K') => (&value[..value.len() - 1], 1u64 << 10),
+        Some('M') => (&value[..value.len() - 1], 1 << 20),
+        Some('G') => (&value[..value.len() - 1], 1 << 30),
+        _ => (value.as_str(), 1),
+    };
+    digits.parse::<u64>().expect("MemoryMax= value") * unit_mult
+}
+
+/// The helper's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+/// Every connection the helper serves at once carries a request at the size limits (16 MiB of
+/// stdin, the largest frame) and gets an answer at the output caps (8 MiB on stdout and on
+/// stderr): the helper's peak resident memory stays inside the `MemoryMax=` of its unit.
+#[test]
+fn the_helper_at_its_size_limits_on_every_connection_stays_inside_its_memory_max() {
+    use felhom_agent::exec_helper::proto::{MAX_BLOB_BYTES, MAX_OUTPUT_CAP, MAX_REQUEST_FRAME};
+    use felhom_agent::exec_helper::server::MAX_CONNECTIONS;
+    let w = world();
+    let h = Helper::start(&w, "");
+    let (mut provision, txn) = provision_in_bootstrap(&w, 165);
+    let out = MAX_OUTPUT_CAP + 4096;
+    let script = format!("cat > /dev/null; head -c {out} /dev/zero; head -c {out} /dev/zero >&2");
+    let mut req = exec_request(165, &txn, &["/bin/sh", "-c", &script]);
+    req["stdin"] = json!(b64(&vec![b'x'; MAX_BLOB_BYTES]));
+    req["output_cap"] = json!(MAX_OUTPUT_CAP);
+    req["timeout_ms"] = json!(600_000);
+    let body = serde_json::to_vec(&req).expect("json");
+    assert!(body.len() <= MAX_REQUEST_FRAME as usize, "{}", body.len());
+    let framed = std::sync::Arc::new(frame(&body));
+    drop(body);
+    let socket = h.socket.clone();
+    let threads: Vec<_> = (0..MAX_CONNECTIONS)
+        .map(|_| {
+            let framed = framed.clone();
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut s = UnixStream::connect(&socket).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(600)))
+                    .expect("timeout");
+                s.write_all(&framed).expect("send");
+                let mut len = [0u8; 4];
+                s.read_exact(&mut len).expect("answer length");
+                let mut answer = vec![0u8; u32::from_be_bytes(len) as usize];
+                s.read_exact(&mut answer).expect("answer");
+                let v: Value = serde_json::from_slice(&answer).expect("answer JSON");
+                (
+                    v["exec"]["exit"].clone(),
+                    v["exec"]["stdout_truncated"].clone(),
+                    v["error"].clone(),
+                )
+            })
+        })
+        .collect();
+    for t in threads {
+        let (exit, _, error) = t.join().expect("thread");
+        assert_eq!(
+            exit,
+            json!({"exited": 0}),
+            "error: {error:#}\n{}",
+            h.log_text()
+        );
+    }
+    let peak = peak_rss(h.child.id());
+    let max = unit_memory_max();
+    eprintln!(
+        "helper peak RSS with {MAX_CONNECTIONS} requests at the limits: {} MiB (MemoryMax {} MiB)",
+        peak >> 20,
+        max >> 20
+    );
+    assert!(
+        peak <= max,
+        "the helper peaked at {} MiB with {MAX_CONNECTIONS} requests at the size limits, above its unit's MemoryMax of {} MiB",
+        peak >> 20,
+        max >> 20
+    );
+    std::fs::write(w.bed.guest_path(165, "/root/release"), b"").expect("release");
     let _ = provision.kill();
     let _ = provision.wait();
 }
