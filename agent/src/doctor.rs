@@ -22,10 +22,38 @@ use crate::exec_helper::client::{probe, ExecMode};
 use crate::pve::types::{held_on, Permissions};
 use crate::pve::{PveClient, PveError};
 
-/// The privileges the pool token needs on `/pool/<pool>` (or above it).
+/// The role the README creates for the agent's token and user on the pool
+/// (`pveum role add FelhomAgent -privs "…"`): exactly what the agent's requests need there, each
+/// privilege tied to its request and PVE's check in `tests/data/pve-api-facts.md` §2.6.
+pub const ROLE_NAME: &str = "FelhomAgent";
+/// [`ROLE_NAME`]'s privileges on PVE 9.
+pub const ROLE_PRIVS_PVE9: &[&str] = &[
+    "VM.Allocate",
+    "VM.Audit",
+    "VM.Backup",
+    "VM.Config.Network",
+    "VM.Config.Options",
+    "VM.PowerMgmt",
+    "VM.GuestAgent.Unrestricted",
+    "Pool.Audit",
+];
+/// [`ROLE_NAME`]'s privileges on PVE 8 (`VM.Monitor` before `VM.GuestAgent.*`).
+pub const ROLE_PRIVS_PVE8: &[&str] = &[
+    "VM.Allocate",
+    "VM.Audit",
+    "VM.Backup",
+    "VM.Config.Network",
+    "VM.Config.Options",
+    "VM.PowerMgmt",
+    "VM.Monitor",
+    "Pool.Audit",
+];
+/// The privileges the pool token needs on `/pool/<pool>` (or above it), beside one of
+/// [`AGENT_PRIVS_ANY`].
 pub const POOL_PRIVS: &[&str] = &[
     "VM.Allocate",
     "VM.Audit",
+    "VM.Backup",
     "VM.PowerMgmt",
     "VM.Config.Options",
     "VM.Config.Network",
@@ -382,6 +410,52 @@ async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
     }
 }
 
+/// `pveum role add` for [`ROLE_NAME`]: the PVE 9 privileges, and the PVE 8 variant.
+pub fn role_add_command() -> String {
+    format!(
+        "`pveum role add {ROLE_NAME} -privs \"{}\"` (PVE 8: `{}` instead of `VM.GuestAgent.Unrestricted`)",
+        ROLE_PRIVS_PVE9.join(","),
+        "VM.Monitor"
+    )
+}
+
+/// Warn when the token holds on its pool more than [`ROLE_NAME`] (either release's list), and
+/// name `VM.Console` first: with it the token can open a root shell on the node through a
+/// container's console (`termproxy` with `cmode=shell`, pve-container `src/PVE/API2/LXC.pm`).
+fn check_excess(
+    cfg: &Config,
+    on_pool: &std::collections::BTreeSet<String>,
+    pool_path: &str,
+    r: &mut DoctorReport,
+) {
+    let extra: Vec<&str> = on_pool
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !ROLE_PRIVS_PVE9.contains(p) && !ROLE_PRIVS_PVE8.contains(p))
+        .collect();
+    let token = &cfg.pve.token_id;
+    if extra.is_empty() {
+        r.pass(
+            "least_privilege",
+            format!("token {token} holds no more on {pool_path} than the {ROLE_NAME} role"),
+        );
+        return;
+    }
+    let console = if extra.contains(&"VM.Console") {
+        "VM.Console lets it open a root shell on this node through a container's console (termproxy with cmode=shell, which does not even check that the container runs); "
+    } else {
+        ""
+    };
+    r.warn(
+        "least_privilege",
+        format!(
+            "token {token} holds more on {pool_path} than the agent uses: {}. {console}Grant the token (and its user) only {ROLE_NAME} there: {}, `pveum acl modify {pool_path} --tokens '{token}' --roles {ROLE_NAME}`, and `pveum acl delete {pool_path} --tokens '{token}' --roles <the broader role>`",
+            extra.join(", "),
+            role_add_command()
+        ),
+    );
+}
+
 fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
     let pool_path = format!("/pool/{}", cfg.pool);
     let on_pool = held_on(perms, &pool_path);
@@ -411,6 +485,7 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
             }
         }
     }
+    check_excess(cfg, &on_pool, &pool_path, r);
     if missing.is_empty() {
         r.pass("privileges", format!("token {} may restore into {pool_path}, start, configure, destroy and exec in its guests, and allocate on {storage_path}", cfg.pve.token_id));
         return;
@@ -425,7 +500,7 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
             .join(", ")
     };
     let grant = |who: &str, flag: &str| {
-        format!("`pveum acl modify {pool_path} --{flag} '{who}' --roles PVEVMAdmin,PVEPoolUser` and `pveum acl modify {storage_path} --{flag} '{who}' --roles PVEDatastoreUser`")
+        format!("`pveum acl modify {pool_path} --{flag} '{who}' --roles {ROLE_NAME}` and `pveum acl modify {storage_path} --{flag} '{who}' --roles PVEDatastoreUser` (the role, once per cluster: {})", role_add_command())
     };
     let all: Vec<&(Vec<&str>, String)> = missing.iter().collect();
     // The token holds what PVE computes; for a privilege-separated token (PVE's default) that is
