@@ -253,6 +253,18 @@ sed 's|^ReadWritePaths=.*|ReadWritePaths=/var/lib/felhom-agent-metrics -/var/lib
   "$r/lib/systemd/system/felhom-agent.service" >"$work/grant.service"
 ! "$root/tests/check-agent-grants.sh" "$work/grant.service" 2>/dev/null ||
   fail "the grant check passed a unit giving felhom-agent /var/lib/prometheus/node-exporter"
+# World-writable modes, a group the user is in (www-data), others in an ACL, `..` or `.` in a
+# path: each is a grant to the user, and each line is named.
+printf '%s\n' 'd /srv/w1 1777 root root -' 'd /srv/w2 0775 root www-data -' \
+  'a+ /srv/w3 - - - - o::rwx' 'd /var/lib/felhom-agent/../../etc/w4 - felhom-agent felhom-agent -' \
+  'd /var/lib/felhom-agent/./w5 0700 felhom-agent felhom-agent -' 'd /srv/w6 0755 root www-data -' \
+  >"$work/grant3.conf"
+[ "$("$root/tests/check-agent-grants.sh" "$work/grant3.conf" 2>&1 | grep -c grants)" = 5 ] ||
+  fail "the grant check missed a world-writable mode, a www-data group grant, an ACL for others or a path with .. or . (or refused /srv/w6, group read only)"
+sed 's|^ReadWritePaths=.*|ReadWritePaths=/var/lib/felhom-agent/../../etc|' \
+  "$r/lib/systemd/system/felhom-agent.service" >"$work/grant4.service"
+! "$root/tests/check-agent-grants.sh" "$work/grant4.service" 2>/dev/null ||
+  fail "the grant check passed a unit giving felhom-agent /var/lib/felhom-agent/../../etc"
 ok "tmpfiles and units give felhom-agent write access only to /var/lib/felhom-agent and /var/lib/felhom-agent-metrics"
 
 step "maintainer scripts"

@@ -1,6 +1,6 @@
 //! The guest exec seam: [`GuestExec`] runs a command inside one guest and pushes files into it.
 //!
-//! Two implementations exist: [`crate::guest::lxc::LxcExec`] (`pct exec` / `pct push`) and
+//! Two implementations exist: [`crate::guest::lxc::LxcExec`] (`pct exec`, files on its stdin) and
 //! [`crate::guest::qemu::QemuExec`] (the PVE guest agent API). This module owns what they share:
 //! the request and outcome types, the controlled environment every command runs with (the
 //! `env -i` wrapper, so nothing from the agent's environment reaches a guest), the tag that lets

@@ -1477,8 +1477,8 @@ pub fn scratch_dir(cfg: &Config) -> PathBuf {
     cfg.state_dir.join("scratch")
 }
 
-/// How the agent runs `pct` itself (as root): the defaults, bytes to push staged in the
-/// [`scratch_dir`] (created 0700 here).
+/// How the agent runs `pct` itself (as root): the defaults, the [`scratch_dir`] (created 0700
+/// here; files themselves go on `pct exec`'s stdin, nothing is staged) and `[exec] lxc_path`.
 pub fn direct_pct(cfg: &Config) -> PctConfig {
     let scratch = scratch_dir(cfg);
     if let Err(e) = std::fs::DirBuilder::new()
