@@ -31,6 +31,8 @@ MAX_EXPOSURE_AGENT=2.5
 MAX_EXPOSURE_RESTORE=2.5
 # The root exec helper keeps the sandbox that `pct exec` into containers allows.
 MAX_EXPOSURE_EXEC=5.3
+# The root metrics publisher: one capability, no network.
+MAX_EXPOSURE_METRICS=2.5
 
 step() { printf '\n== package: %s\n' "$*" >&2; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -224,15 +226,11 @@ mode=$(stat -c '%a %u %g' "$tr/etc/felhom-agent/agent.toml")
 mode=$(stat -c '%a %u %g' "$tr/var/lib/felhom-agent-metrics")
 [ "$mode" = "755 $agent_uid $agent_gid" ] ||
   fail "tmpfiles made /var/lib/felhom-agent-metrics $mode, want 755 $agent_uid $agent_gid (felhom-agent)"
-for f in felhom_transactions.prom felhom_hub.prom felhom_restore_test.prom; do
-  link=$tr/var/lib/prometheus/node-exporter/$f
-  [ -L "$link" ] && [ "$(stat -c %u "$link")" = 0 ] &&
-    [ "$(readlink "$link")" = "/var/lib/felhom-agent-metrics/$f" ] ||
-    fail "tmpfiles made no root-owned link $link to /var/lib/felhom-agent-metrics/$f"
-done
+[ -z "$(ls -A "$tr/var/lib/prometheus/node-exporter")" ] ||
+  fail "tmpfiles put something into node_exporter's textfile folder: $(ls -la "$tr/var/lib/prometheus/node-exporter")"
 mode=$(stat -c '%a %u %g' "$tr/var/lib/prometheus/node-exporter")
 [ "$mode" = "755 0 0" ] || fail "the textfile folder is $mode after tmpfiles, want 755 0 0 (root's, untouched)"
-ok "sysusers: felhom-agent uid $agent_uid (nologin, in www-data); tmpfiles: state dir 0700 felhom-agent, agent.toml 0640 root:felhom-agent, metrics folder 0755 felhom-agent, root-owned links in the textfile folder"
+ok "sysusers: felhom-agent uid $agent_uid (nologin, in www-data); tmpfiles: state dir 0700 felhom-agent, agent.toml 0640 root:felhom-agent, metrics folder 0755 felhom-agent, nothing in the textfile folder (root publishes the files)"
 
 step "the agent's user may write only in its own folders"
 # Every tmpfiles line and unit that gives felhom-agent write access must name one of the
@@ -320,7 +318,8 @@ mkdir -p "$vroot/lib/systemd/system"
 cp -a /lib/systemd/system/. "$vroot/lib/systemd/system/"
 cp -a "$r/." "$vroot/"
 units=(felhom-agent.service felhom-restore-test.service felhom-restore-test.timer
-  felhom-agent-exec.socket felhom-agent-exec.service)
+  felhom-agent-exec.socket felhom-agent-exec.service felhom-agent-metrics.path
+  felhom-agent-metrics.service)
 paths=()
 for u in "${units[@]}"; do paths+=("$vroot/lib/systemd/system/$u"); done
 set +e
@@ -349,6 +348,7 @@ exposure() {
 exposure felhom-agent.service "$MAX_EXPOSURE_AGENT"
 exposure felhom-restore-test.service "$MAX_EXPOSURE_RESTORE"
 exposure felhom-agent-exec.service "$MAX_EXPOSURE_EXEC"
+exposure felhom-agent-metrics.service "$MAX_EXPOSURE_METRICS"
 
 step "units: who runs as whom"
 unit_key() { sed -n "s/^$2=//p" "$r/lib/systemd/system/$1" | tail -n 1; }
