@@ -233,7 +233,8 @@ pub const CREDENTIAL_PVE_TOKEN: &str = "pve-token";
 pub const CREDENTIAL_HUB_TOKEN: &str = "hub-token";
 
 /// The default `[metrics] dir`: the agent's own folder (the package makes it, owned by the
-/// agent's user, and ships root-owned links to its files in node_exporter's textfile folder).
+/// agent's user; `felhom-agent metrics-publish` copies its files, checked, into node_exporter's
+/// textfile folder).
 pub const DEFAULT_METRICS_DIR: &str = "/var/lib/felhom-agent-metrics";
 
 /// `[metrics]`.

@@ -746,8 +746,8 @@ fn check_metrics(cfg: &Config, r: &mut DoctorReport) {
             format!(
                 "{} is a folder (owner uid {}, mode {:o}); the metrics files are written there \
                  through random exclusive temporary names, never following a symlink; \
-                 node_exporter reads them through the package's root-owned links in its \
-                 textfile folder (/var/lib/prometheus/node-exporter)",
+                 root copies them, checked, into node_exporter's textfile folder \
+                 (/var/lib/prometheus/node-exporter; felhom-agent-metrics.path)",
                 dir.display(),
                 meta.uid(),
                 meta.mode() & 0o7777
