@@ -83,6 +83,8 @@ expected_files="\
 -rw-r--r-- ./lib/systemd/system/felhom-restore-test.service
 -rw-r--r-- ./lib/systemd/system/felhom-restore-test.timer
 -rw-r--r-- ./lib/systemd/system/felhom-agent-exec.socket
+-rw-r--r-- ./lib/systemd/system/felhom-agent-metrics.path
+-rw-r--r-- ./lib/systemd/system/felhom-agent-metrics.service
 -rw-r--r-- ./lib/systemd/system/felhom-agent-exec.service
 -rw-r--r-- ./usr/lib/tmpfiles.d/felhom-agent.conf
 -rw-r--r-- ./usr/lib/sysusers.d/felhom-agent.conf
@@ -122,6 +124,8 @@ for pair in \
   systemd/felhom-restore-test.service:lib/systemd/system/felhom-restore-test.service \
   systemd/felhom-restore-test.timer:lib/systemd/system/felhom-restore-test.timer \
   systemd/felhom-agent-exec.socket:lib/systemd/system/felhom-agent-exec.socket \
+  systemd/felhom-agent-metrics.path:lib/systemd/system/felhom-agent-metrics.path \
+  systemd/felhom-agent-metrics.service:lib/systemd/system/felhom-agent-metrics.service \
   systemd/felhom-agent-exec.service:lib/systemd/system/felhom-agent-exec.service \
   packaging/felhom-agent.sysusers:usr/lib/sysusers.d/felhom-agent.conf \
   packaging/agent.toml.example:etc/felhom-agent/agent.toml.example \
@@ -286,6 +290,7 @@ DPKG_ROOT=$work/dpkg-root PATH="$stubs:$PATH" sh "$work/DEBIAN/postinst" configu
 for want in "deb-systemd-helper enable felhom-agent.service" \
   "deb-systemd-helper enable felhom-agent-exec.socket" \
   "deb-systemd-helper enable felhom-restore-test.timer" \
+  "deb-systemd-helper enable felhom-agent-metrics.path" \
   "systemd-sysusers --root=$work/dpkg-root felhom-agent.conf" \
   "systemd-tmpfiles --root=$work/dpkg-root --create felhom-agent.conf"; do
   grep -qxF "$want" "$work/calls" || fail "postinst did not run: $want (ran: $(tr '\n' ';' <"$work/calls"))"
@@ -297,12 +302,12 @@ grep -q 'start felhom-agent.service\|restart felhom-agent.service' "$work/calls"
 cp "$work/calls" "$work/calls.postinst"
 : >"$work/calls"
 PATH="$stubs:$PATH" sh "$work/DEBIAN/postrm" purge || fail "postrm purge failed"
-grep -qxF "deb-systemd-helper purge felhom-agent.service felhom-agent-exec.socket felhom-restore-test.timer" "$work/calls" ||
+grep -qxF "deb-systemd-helper purge felhom-agent.service felhom-agent-exec.socket felhom-restore-test.timer felhom-agent-metrics.path" "$work/calls" ||
   fail "postrm purge did not purge the units' state: $(cat "$work/calls")"
 # sysusers runs before tmpfiles: the tmpfiles snippet names the user.
 awk '/^systemd-sysusers /{ u = NR } /^systemd-tmpfiles /{ t = NR } END { exit !(u && t && u < t) }' \
   "$work/calls.postinst" || fail "postinst does not create the user before running tmpfiles"
-ok "postinst creates the user, enables felhom-agent.service, felhom-agent-exec.socket and felhom-restore-test.timer, makes the state dir 0700; postrm purges"
+ok "postinst creates the user, enables felhom-agent.service, felhom-agent-exec.socket, felhom-restore-test.timer and felhom-agent-metrics.path, makes the state dir 0700; postrm purges"
 
 step "units: not before agent.toml exists"
 for u in felhom-agent.service felhom-restore-test.service; do
