@@ -330,9 +330,9 @@ impl GuestBed {
         let mut monitors = self.monitors.lock().unwrap_or_else(|e| e.into_inner());
         if !running {
             monitors.remove(&vmid);
-        } else if !monitors.contains_key(&vmid) {
+        } else if let std::collections::hash_map::Entry::Vacant(slot) = monitors.entry(vmid) {
             if let Some(child) = spawn_monitor(&self.lxc_path(), vmid, None) {
-                monitors.insert(vmid, MonitorProc { child });
+                slot.insert(MonitorProc { child });
             }
         }
     }

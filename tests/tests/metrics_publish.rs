@@ -95,14 +95,21 @@ fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
     // fail on.
     let (code, log) = publish(config, &agent, &ne);
     assert_eq!(code, Some(0), "{log}");
-    assert!(node_exporter_reads(&ne).is_empty(), "{:?}", node_exporter_reads(&ne));
+    assert!(
+        node_exporter_reads(&ne).is_empty(),
+        "{:?}",
+        node_exporter_reads(&ne)
+    );
 
     // What the agent's user could put there: a FIFO, a link to a file node_exporter may read,
     // samples of another metric, a timestamp, a file of another user; and one good file.
     let secret = base.path().join("secret");
     std::fs::write(&secret, "felhom_stolen 1\n").expect("secret");
-    nix::unistd::mkfifo(&agent.join("felhom_hub.prom"), nix::sys::stat::Mode::from_bits_truncate(0o644))
-        .expect("mkfifo");
+    nix::unistd::mkfifo(
+        &agent.join("felhom_hub.prom"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .expect("mkfifo");
     std::os::unix::fs::symlink(&secret, agent.join("felhom_transactions.prom")).expect("symlink");
     let good = "# HELP felhom_restore_test_runs_total Restore-test runs.\n\
                 # TYPE felhom_restore_test_runs_total counter\n\
@@ -110,26 +117,41 @@ fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
     std::fs::write(agent.join("felhom_restore_test.prom"), good).expect("good");
     // Copies published earlier, and the link an older package made: all must go.
     std::fs::write(ne.join("felhom_hub.prom"), "felhom_hub_connected 1\n").expect("old copy");
-    std::os::unix::fs::symlink(agent.join("felhom_transactions.prom"), ne.join("felhom_transactions.prom"))
-        .expect("old link");
+    std::os::unix::fs::symlink(
+        agent.join("felhom_transactions.prom"),
+        ne.join("felhom_transactions.prom"),
+    )
+    .expect("old link");
 
     let (code, log) = publish(config, &agent, &ne);
     assert_eq!(code, Some(0), "{log}");
     let seen = node_exporter_reads(&ne);
     assert_eq!(
         seen,
-        vec![("felhom_restore_test.prom".to_string(), Some(good.to_string()))],
+        vec![(
+            "felhom_restore_test.prom".to_string(),
+            Some(good.to_string())
+        )],
         "{log}"
     );
     let meta = std::fs::symlink_metadata(ne.join("felhom_restore_test.prom")).expect("meta");
     assert!(meta.file_type().is_file() && meta.uid() == 0 && meta.mode() & 0o7777 == 0o644);
-    assert!(log.contains("felhom_hub.prom") && log.contains("not a regular file"), "{log}");
-    assert!(log.contains("felhom_transactions.prom") && log.contains("symbolic link"), "{log}");
+    assert!(
+        log.contains("felhom_hub.prom") && log.contains("not a regular file"),
+        "{log}"
+    );
+    assert!(
+        log.contains("felhom_transactions.prom") && log.contains("symbolic link"),
+        "{log}"
+    );
 
     // Text the agent does not write, and a file of another user: refused, removed.
     for (name, text) in [
         ("felhom_restore_test.prom", "node_load1 99\n"),
-        ("felhom_restore_test.prom", "felhom_restore_test_runs_total 3 1700000000000\n"),
+        (
+            "felhom_restore_test.prom",
+            "felhom_restore_test_runs_total 3 1700000000000\n",
+        ),
     ] {
         std::fs::write(agent.join(name), text).expect("write");
         let (code, log) = publish(config, &agent, &ne);
@@ -137,7 +159,12 @@ fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
         assert!(node_exporter_reads(&ne).is_empty(), "{text:?}: {log}");
     }
     std::fs::write(agent.join("felhom_restore_test.prom"), good).expect("good");
-    nix::unistd::chown(&agent.join("felhom_restore_test.prom"), Some(65534.into()), None).expect("chown");
+    nix::unistd::chown(
+        &agent.join("felhom_restore_test.prom"),
+        Some(65534.into()),
+        None,
+    )
+    .expect("chown");
     let (_, log) = publish(config, &agent, &ne);
     assert!(node_exporter_reads(&ne).is_empty(), "{log}");
     assert!(log.contains("uid 65534"), "{log}");

@@ -218,7 +218,11 @@ is unusable."
         #[arg(long, value_name = "DIR")]
         from: Option<PathBuf>,
         /// node_exporter's textfile folder.
-        #[arg(long, value_name = "DIR", default_value = "/var/lib/prometheus/node-exporter")]
+        #[arg(
+            long,
+            value_name = "DIR",
+            default_value = "/var/lib/prometheus/node-exporter"
+        )]
         to: PathBuf,
     },
 }

@@ -381,7 +381,11 @@ async fn dispatch(cli: Cli) -> CommandOutput {
 
 /// `felhom-agent metrics-publish`: see [`crate::metrics::publish`]. Runs as whoever starts it
 /// (root, from its unit); reads the config without its secrets.
-fn metrics_publish(config: &std::path::Path, from: Option<&std::path::Path>, to: &std::path::Path) -> ExitStatus {
+fn metrics_publish(
+    config: &std::path::Path,
+    from: Option<&std::path::Path>,
+    to: &std::path::Path,
+) -> ExitStatus {
     let cfg = match crate::config::Config::load_without_secrets(config) {
         Ok(c) => c,
         Err(f) => {

@@ -223,16 +223,18 @@ mod tests {
     #[test]
     fn only_the_containers_own_monitor_command_line_counts() {
         let ok = |c: &[u8]| is_monitor_cmdline(c, "/var/lib/lxc", 120);
-        assert!(ok(b"/usr/bin/lxc-start\0-F\0-n\0120\0"));
-        assert!(ok(b"lxc-start\0-F\0-n120\0"));
-        assert!(ok(b"/usr/bin/lxc-start\0-F\0--name=120\0"));
-        assert!(ok(b"/usr/bin/lxc-start -F -n 120\0\0\0"));
-        assert!(ok(b"[lxc monitor] /var/lib/lxc 120\0"));
-        assert!(!ok(b"[lxc monitor] /tmp/lxc 120\0"));
-        assert!(!ok(b"/usr/bin/lxc-start\0-F\0-n\0121\0"));
-        assert!(!ok(b"/usr/bin/lxc-start\0-F\0-n\0120\0-n\0121\0"));
-        assert!(!ok(b"/usr/bin/lxc-attach\0-n\0120\0"));
-        assert!(!ok(b"/usr/bin/perl\0lxc-start\0-n\0120\0"));
+        assert!(ok(b"/usr/bin/lxc-start\x00-F\x00-n\x00120\x00"));
+        assert!(ok(b"lxc-start\x00-F\x00-n120\x00"));
+        assert!(ok(b"/usr/bin/lxc-start\x00-F\x00--name=120\x00"));
+        assert!(ok(b"/usr/bin/lxc-start -F -n 120\x00\x00\x00"));
+        assert!(ok(b"[lxc monitor] /var/lib/lxc 120\x00"));
+        assert!(!ok(b"[lxc monitor] /tmp/lxc 120\x00"));
+        assert!(!ok(b"/usr/bin/lxc-start\x00-F\x00-n\x00121\x00"));
+        assert!(!ok(
+            b"/usr/bin/lxc-start\x00-F\x00-n\x00120\x00-n\x00121\x00"
+        ));
+        assert!(!ok(b"/usr/bin/lxc-attach\x00-n\x00120\x00"));
+        assert!(!ok(b"/usr/bin/perl\x00lxc-start\x00-n\x00120\x00"));
         assert!(!ok(b""));
     }
 

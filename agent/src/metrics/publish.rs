@@ -55,7 +55,11 @@ pub fn read_source(dir: &File, name: &str, owners: &[u32]) -> Result<Option<Stri
     let fd = match openat(
         dir.as_fd(),
         name,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC,
         Mode::empty(),
     ) {
         Ok(fd) => fd,
@@ -68,7 +72,10 @@ pub fn read_source(dir: &File, name: &str, owners: &[u32]) -> Result<Option<Stri
         return Err("it is not a regular file (a FIFO, socket or device?)".to_string());
     }
     if !owners.contains(&st.st_uid) {
-        return Err(format!("it belongs to uid {}, not to root or the agent's user", st.st_uid));
+        return Err(format!(
+            "it belongs to uid {}, not to root or the agent's user",
+            st.st_uid
+        ));
     }
     let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
     if size > MAX_FILE_BYTES {
@@ -114,7 +121,10 @@ pub fn validate(text: &str) -> Result<(), String> {
             let mut f = rest.split(' ');
             let (name, kind) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
             if !metric_name_ok(name)
-                || !matches!(kind, "counter" | "gauge" | "histogram" | "summary" | "untyped")
+                || !matches!(
+                    kind,
+                    "counter" | "gauge" | "histogram" | "summary" | "untyped"
+                )
                 || f.next().is_some()
             {
                 return bad("is not a TYPE line of a felhom_ metric");
@@ -153,7 +163,11 @@ pub fn validate(text: &str) -> Result<(), String> {
 /// Publish [`FILES`] from the agent's folder `from` into node_exporter's folder `to`: each
 /// name copied, absent or refused (see the module docs). `Err` when a folder cannot be opened
 /// as the agent's writer requires.
-pub fn publish(from: &Path, to: &Path, owners: &[u32]) -> Result<Vec<(&'static str, Published)>, String> {
+pub fn publish(
+    from: &Path,
+    to: &Path,
+    owners: &[u32],
+) -> Result<Vec<(&'static str, Published)>, String> {
     let src = super::textfile::open_dir(from).map_err(|e| e.to_string())?;
     let dst = super::textfile::open_dir(to).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
