@@ -524,8 +524,9 @@ mod tests {
             (ErrorCode::PoolMissing, "pool_missing"),
             (ErrorCode::PveUnsupported, "pve_unsupported"),
             (ErrorCode::GuestOutsidePool, "guest_outside_pool"),
+            (ErrorCode::ExecMonitorUntrusted, "exec_monitor_untrusted"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 41);
+        assert_eq!(ErrorCode::ALL.len(), 42);
     }
 
     #[test]
