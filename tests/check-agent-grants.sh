@@ -1,19 +1,33 @@
 #!/usr/bin/env bash
 # Fails (exit 1, naming each line) when a tmpfiles snippet or a systemd unit given as argument
 # gives the agent's user (felhom-agent) write access to a path outside the agent's own folders
-# (/var/lib/felhom-agent, /var/lib/felhom-agent-metrics and below). Root must never write in a
-# folder that user may write: a planted link there would steer root's write.
+# (/var/lib/felhom-agent, /var/lib/felhom-agent-metrics and below; a path with a `..` or `.`
+# component is never one of them). Root must never write in a folder that user may write: a
+# planted link there would steer root's write.
 #
-# tmpfiles lines: an ACL (a, a+, A, A+) with a u:/g:felhom-agent entry holding w; a path made
-# or adjusted (d, D, e, v, q, Q, z, Z, f, f+, F, w, w+, C, C+, x…) owned by felhom-agent with
-# the owner's write bit, or of group felhom-agent with the group's write bit. Units with
+# tmpfiles lines: an ACL (a, a+, A, A+) with an entry holding w for the user, one of its
+# groups (felhom-agent, www-data: packaging/felhom-agent.sysusers) or others (o::, other::); a
+# path made or adjusted (d, D, e, v, q, Q, z, Z, f, f+, F, w, w+, C, C+, x…) owned by
+# felhom-agent with the owner's write bit, of one of its groups with the group's write bit, or
+# with the others' write bit whoever owns it (world-writable, sticky or not). Units with
 # User=felhom-agent: every ReadWritePaths= entry and StateDirectory=/CacheDirectory=/
 # LogsDirectory= name. Usage: check-agent-grants.sh FILE...
 set -u
 user=felhom-agent
+# The groups the user is in (packaging/felhom-agent.sysusers).
+groups="felhom-agent www-data"
 bad=0
 
+in_groups() {
+  local g
+  for g in $groups; do [ "$1" = "$g" ] && return 0; done
+  return 1
+}
+
 own() {
+  case /$1/ in
+    */../* | */./*) return 1 ;;
+  esac
   case $1 in
     /var/lib/felhom-agent | /var/lib/felhom-agent/* | /var/lib/felhom-agent-metrics | /var/lib/felhom-agent-metrics/*) return 0 ;;
     *) return 1 ;;
@@ -36,10 +50,18 @@ check_tmpfiles() {
         for e in ${arg//,/ }; do
           e=${e#default:}
           e=${e#d:}
+          local who=no
           case $e in
-            u:$user:* | user:$user:* | g:$user:* | group:$user:*)
-              case ${e##*:} in *w*) own "$path" || report "$file: $type $path ... $arg" ;; esac ;;
+            u:$user:* | user:$user:*) who=yes ;;
+            o:* | other:*) who=yes ;;
+            g:* | group:*)
+              local name=${e#*:}
+              in_groups "${name%%:*}" && who=yes
+              ;;
           esac
+          if [ $who = yes ]; then
+            case ${e##*:} in *w*) own "$path" || report "$file: $type $path ... $arg" ;; esac
+          fi
         done
         ;;
       L* | r* | R* | t* | T* | h* | H* | p* | c* | b*) ;;
@@ -47,8 +69,9 @@ check_tmpfiles() {
         # The default mode of a made folder or file gives its owner write access.
         local m=${mode#\~}
         [ "$m" = - ] && m=0755
-        local ow=$(((8#$m >> 7) & 1)) gw=$(((8#$m >> 4) & 1))
-        if { [ "$owner" = "$user" ] && [ "$ow" = 1 ]; } || { [ "$group" = "$user" ] && [ "$gw" = 1 ]; }; then
+        local ow=$(((8#$m >> 7) & 1)) gw=$(((8#$m >> 4) & 1)) xw=$(((8#$m >> 1) & 1))
+        if { [ "$owner" = "$user" ] && [ "$ow" = 1 ]; } || { in_groups "$group" && [ "$gw" = 1 ]; } ||
+          [ "$xw" = 1 ]; then
           own "$path" || report "$file: $type $path $mode $owner $group"
         fi
         ;;

@@ -31,6 +31,8 @@ MAX_EXPOSURE_AGENT=2.5
 MAX_EXPOSURE_RESTORE=2.5
 # The root exec helper keeps the sandbox that `pct exec` into containers allows.
 MAX_EXPOSURE_EXEC=5.3
+# The root metrics publisher: one capability, no network.
+MAX_EXPOSURE_METRICS=2.5
 
 step() { printf '\n== package: %s\n' "$*" >&2; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -81,6 +83,8 @@ expected_files="\
 -rw-r--r-- ./lib/systemd/system/felhom-restore-test.service
 -rw-r--r-- ./lib/systemd/system/felhom-restore-test.timer
 -rw-r--r-- ./lib/systemd/system/felhom-agent-exec.socket
+-rw-r--r-- ./lib/systemd/system/felhom-agent-metrics.path
+-rw-r--r-- ./lib/systemd/system/felhom-agent-metrics.service
 -rw-r--r-- ./lib/systemd/system/felhom-agent-exec.service
 -rw-r--r-- ./usr/lib/tmpfiles.d/felhom-agent.conf
 -rw-r--r-- ./usr/lib/sysusers.d/felhom-agent.conf
@@ -120,6 +124,8 @@ for pair in \
   systemd/felhom-restore-test.service:lib/systemd/system/felhom-restore-test.service \
   systemd/felhom-restore-test.timer:lib/systemd/system/felhom-restore-test.timer \
   systemd/felhom-agent-exec.socket:lib/systemd/system/felhom-agent-exec.socket \
+  systemd/felhom-agent-metrics.path:lib/systemd/system/felhom-agent-metrics.path \
+  systemd/felhom-agent-metrics.service:lib/systemd/system/felhom-agent-metrics.service \
   systemd/felhom-agent-exec.service:lib/systemd/system/felhom-agent-exec.service \
   packaging/felhom-agent.sysusers:usr/lib/sysusers.d/felhom-agent.conf \
   packaging/agent.toml.example:etc/felhom-agent/agent.toml.example \
@@ -224,15 +230,11 @@ mode=$(stat -c '%a %u %g' "$tr/etc/felhom-agent/agent.toml")
 mode=$(stat -c '%a %u %g' "$tr/var/lib/felhom-agent-metrics")
 [ "$mode" = "755 $agent_uid $agent_gid" ] ||
   fail "tmpfiles made /var/lib/felhom-agent-metrics $mode, want 755 $agent_uid $agent_gid (felhom-agent)"
-for f in felhom_transactions.prom felhom_hub.prom felhom_restore_test.prom; do
-  link=$tr/var/lib/prometheus/node-exporter/$f
-  [ -L "$link" ] && [ "$(stat -c %u "$link")" = 0 ] &&
-    [ "$(readlink "$link")" = "/var/lib/felhom-agent-metrics/$f" ] ||
-    fail "tmpfiles made no root-owned link $link to /var/lib/felhom-agent-metrics/$f"
-done
+[ -z "$(ls -A "$tr/var/lib/prometheus/node-exporter")" ] ||
+  fail "tmpfiles put something into node_exporter's textfile folder: $(ls -la "$tr/var/lib/prometheus/node-exporter")"
 mode=$(stat -c '%a %u %g' "$tr/var/lib/prometheus/node-exporter")
 [ "$mode" = "755 0 0" ] || fail "the textfile folder is $mode after tmpfiles, want 755 0 0 (root's, untouched)"
-ok "sysusers: felhom-agent uid $agent_uid (nologin, in www-data); tmpfiles: state dir 0700 felhom-agent, agent.toml 0640 root:felhom-agent, metrics folder 0755 felhom-agent, root-owned links in the textfile folder"
+ok "sysusers: felhom-agent uid $agent_uid (nologin, in www-data); tmpfiles: state dir 0700 felhom-agent, agent.toml 0640 root:felhom-agent, metrics folder 0755 felhom-agent, nothing in the textfile folder (root publishes the files)"
 
 step "the agent's user may write only in its own folders"
 # Every tmpfiles line and unit that gives felhom-agent write access must name one of the
@@ -253,6 +255,18 @@ sed 's|^ReadWritePaths=.*|ReadWritePaths=/var/lib/felhom-agent-metrics -/var/lib
   "$r/lib/systemd/system/felhom-agent.service" >"$work/grant.service"
 ! "$root/tests/check-agent-grants.sh" "$work/grant.service" 2>/dev/null ||
   fail "the grant check passed a unit giving felhom-agent /var/lib/prometheus/node-exporter"
+# World-writable modes, a group the user is in (www-data), others in an ACL, `..` or `.` in a
+# path: each is a grant to the user, and each line is named.
+printf '%s\n' 'd /srv/w1 1777 root root -' 'd /srv/w2 0775 root www-data -' \
+  'a+ /srv/w3 - - - - o::rwx' 'd /var/lib/felhom-agent/../../etc/w4 - felhom-agent felhom-agent -' \
+  'd /var/lib/felhom-agent/./w5 0700 felhom-agent felhom-agent -' 'd /srv/w6 0755 root www-data -' \
+  >"$work/grant3.conf"
+[ "$("$root/tests/check-agent-grants.sh" "$work/grant3.conf" 2>&1 | grep -c grants)" = 5 ] ||
+  fail "the grant check missed a world-writable mode, a www-data group grant, an ACL for others or a path with .. or . (or refused /srv/w6, group read only)"
+sed 's|^ReadWritePaths=.*|ReadWritePaths=/var/lib/felhom-agent/../../etc|' \
+  "$r/lib/systemd/system/felhom-agent.service" >"$work/grant4.service"
+! "$root/tests/check-agent-grants.sh" "$work/grant4.service" 2>/dev/null ||
+  fail "the grant check passed a unit giving felhom-agent /var/lib/felhom-agent/../../etc"
 ok "tmpfiles and units give felhom-agent write access only to /var/lib/felhom-agent and /var/lib/felhom-agent-metrics"
 
 step "maintainer scripts"
@@ -276,6 +290,7 @@ DPKG_ROOT=$work/dpkg-root PATH="$stubs:$PATH" sh "$work/DEBIAN/postinst" configu
 for want in "deb-systemd-helper enable felhom-agent.service" \
   "deb-systemd-helper enable felhom-agent-exec.socket" \
   "deb-systemd-helper enable felhom-restore-test.timer" \
+  "deb-systemd-helper enable felhom-agent-metrics.path" \
   "systemd-sysusers --root=$work/dpkg-root felhom-agent.conf" \
   "systemd-tmpfiles --root=$work/dpkg-root --create felhom-agent.conf"; do
   grep -qxF "$want" "$work/calls" || fail "postinst did not run: $want (ran: $(tr '\n' ';' <"$work/calls"))"
@@ -287,12 +302,12 @@ grep -q 'start felhom-agent.service\|restart felhom-agent.service' "$work/calls"
 cp "$work/calls" "$work/calls.postinst"
 : >"$work/calls"
 PATH="$stubs:$PATH" sh "$work/DEBIAN/postrm" purge || fail "postrm purge failed"
-grep -qxF "deb-systemd-helper purge felhom-agent.service felhom-agent-exec.socket felhom-restore-test.timer" "$work/calls" ||
+grep -qxF "deb-systemd-helper purge felhom-agent.service felhom-agent-exec.socket felhom-restore-test.timer felhom-agent-metrics.path" "$work/calls" ||
   fail "postrm purge did not purge the units' state: $(cat "$work/calls")"
 # sysusers runs before tmpfiles: the tmpfiles snippet names the user.
 awk '/^systemd-sysusers /{ u = NR } /^systemd-tmpfiles /{ t = NR } END { exit !(u && t && u < t) }' \
   "$work/calls.postinst" || fail "postinst does not create the user before running tmpfiles"
-ok "postinst creates the user, enables felhom-agent.service, felhom-agent-exec.socket and felhom-restore-test.timer, makes the state dir 0700; postrm purges"
+ok "postinst creates the user, enables felhom-agent.service, felhom-agent-exec.socket, felhom-restore-test.timer and felhom-agent-metrics.path, makes the state dir 0700; postrm purges"
 
 step "units: not before agent.toml exists"
 for u in felhom-agent.service felhom-restore-test.service; do
@@ -308,7 +323,8 @@ mkdir -p "$vroot/lib/systemd/system"
 cp -a /lib/systemd/system/. "$vroot/lib/systemd/system/"
 cp -a "$r/." "$vroot/"
 units=(felhom-agent.service felhom-restore-test.service felhom-restore-test.timer
-  felhom-agent-exec.socket felhom-agent-exec.service)
+  felhom-agent-exec.socket felhom-agent-exec.service felhom-agent-metrics.path
+  felhom-agent-metrics.service)
 paths=()
 for u in "${units[@]}"; do paths+=("$vroot/lib/systemd/system/$u"); done
 set +e
@@ -337,6 +353,7 @@ exposure() {
 exposure felhom-agent.service "$MAX_EXPOSURE_AGENT"
 exposure felhom-restore-test.service "$MAX_EXPOSURE_RESTORE"
 exposure felhom-agent-exec.service "$MAX_EXPOSURE_EXEC"
+exposure felhom-agent-metrics.service "$MAX_EXPOSURE_METRICS"
 
 step "units: who runs as whom"
 unit_key() { sed -n "s/^$2=//p" "$r/lib/systemd/system/$1" | tail -n 1; }

@@ -90,6 +90,9 @@ pub const DEFAULT_EXEC_HELPER_SOCKET: &str = "/run/felhom-agent/exec.sock";
 /// The default folder of the nodes' configs in pmxcfs (`nodes/<node>/lxc/<vmid>.conf`).
 pub const DEFAULT_PVE_NODES_DIR: &str = "/etc/pve/nodes";
 
+/// LXC's default lxcpath, the one PVE uses (pve-container `check_running` matches it).
+pub const DEFAULT_LXC_PATH: &str = "/var/lib/lxc";
+
 /// `[exec]`.
 #[derive(Debug, Clone)]
 pub struct ExecConfig {
@@ -100,6 +103,10 @@ pub struct ExecConfig {
     /// (`<pve_nodes_dir>/<node>/lxc/<vmid>.conf`) before every request (absolute; default
     /// [`DEFAULT_PVE_NODES_DIR`]).
     pub pve_nodes_dir: PathBuf,
+    /// `lxc_path`: LXC's lxcpath (absolute; default `/var/lib/lxc`, PVE's): the container's
+    /// command socket `@<lxc_path>/<vmid>/command` must be held by root's LXC monitor before
+    /// every `pct exec` (`guest::lxc_monitor`).
+    pub lxc_path: PathBuf,
 }
 
 impl Default for ExecConfig {
@@ -107,6 +114,7 @@ impl Default for ExecConfig {
         Self {
             helper_socket: None,
             pve_nodes_dir: PathBuf::from(DEFAULT_PVE_NODES_DIR),
+            lxc_path: PathBuf::from(DEFAULT_LXC_PATH),
         }
     }
 }
@@ -225,7 +233,8 @@ pub const CREDENTIAL_PVE_TOKEN: &str = "pve-token";
 pub const CREDENTIAL_HUB_TOKEN: &str = "hub-token";
 
 /// The default `[metrics] dir`: the agent's own folder (the package makes it, owned by the
-/// agent's user, and ships root-owned links to its files in node_exporter's textfile folder).
+/// agent's user; `felhom-agent metrics-publish` copies its files, checked, into node_exporter's
+/// textfile folder).
 pub const DEFAULT_METRICS_DIR: &str = "/var/lib/felhom-agent-metrics";
 
 /// `[metrics]`.
@@ -313,6 +322,7 @@ struct RawAgent {
 struct RawExec {
     helper_socket: Option<PathBuf>,
     pve_nodes_dir: Option<PathBuf>,
+    lxc_path: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -634,7 +644,23 @@ impl Config {
             pve_nodes_dir: raw_exec
                 .pve_nodes_dir
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_PVE_NODES_DIR)),
+            lxc_path: raw_exec
+                .lxc_path
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_LXC_PATH)),
         };
+        if !exec.lxc_path.is_absolute()
+            || exec
+                .lxc_path
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(invalid(format!(
+                "config {}: [exec] lxc_path {:?} must be an absolute path without `..` (default {})",
+                path.display(),
+                exec.lxc_path.display().to_string(),
+                DEFAULT_LXC_PATH
+            )));
+        }
         if !exec.pve_nodes_dir.is_absolute()
             || exec
                 .pve_nodes_dir

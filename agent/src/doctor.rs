@@ -3,7 +3,9 @@
 //!
 //! Checks: config (unknown keys, secret file mode), PVE TLS (pin or CA), the token, the
 //! token's effective privileges on the pool and storages, the pool, `.vmlist`, the `next-id`
-//! range, the state dir, how LXC exec is done (the exec helper answers) and the hub. Each check passes, warns or fails with a message saying
+//! range, the state dir, how LXC exec is done (the exec helper answers), whether the token holds
+//! more than the agent's role on the pool (`least_privilege`), whether the units of the agent's
+//! user refuse `bind(2)`/`listen(2)` as systemd loaded them (`abstract_sockets`) and the hub. Each check passes, warns or fails with a message saying
 //! what to fix; the command exits 0 when nothing failed and 6 otherwise.
 //!
 //! It returns a [`DoctorReport`]; the command line prints it. It may use `config`, `pve`, the exec
@@ -22,10 +24,38 @@ use crate::exec_helper::client::{probe, ExecMode};
 use crate::pve::types::{held_on, Permissions};
 use crate::pve::{PveClient, PveError};
 
-/// The privileges the pool token needs on `/pool/<pool>` (or above it).
+/// The role the README creates for the agent's token and user on the pool
+/// (`pveum role add FelhomAgent -privs "…"`): exactly what the agent's requests need there, each
+/// privilege tied to its request and PVE's check in `tests/data/pve-api-facts.md` §2.6.
+pub const ROLE_NAME: &str = "FelhomAgent";
+/// [`ROLE_NAME`]'s privileges on PVE 9.
+pub const ROLE_PRIVS_PVE9: &[&str] = &[
+    "VM.Allocate",
+    "VM.Audit",
+    "VM.Backup",
+    "VM.Config.Network",
+    "VM.Config.Options",
+    "VM.PowerMgmt",
+    "VM.GuestAgent.Unrestricted",
+    "Pool.Audit",
+];
+/// [`ROLE_NAME`]'s privileges on PVE 8 (`VM.Monitor` before `VM.GuestAgent.*`).
+pub const ROLE_PRIVS_PVE8: &[&str] = &[
+    "VM.Allocate",
+    "VM.Audit",
+    "VM.Backup",
+    "VM.Config.Network",
+    "VM.Config.Options",
+    "VM.PowerMgmt",
+    "VM.Monitor",
+    "Pool.Audit",
+];
+/// The privileges the pool token needs on `/pool/<pool>` (or above it), beside one of
+/// [`AGENT_PRIVS_ANY`].
 pub const POOL_PRIVS: &[&str] = &[
     "VM.Allocate",
     "VM.Audit",
+    "VM.Backup",
     "VM.PowerMgmt",
     "VM.Config.Options",
     "VM.Config.Network",
@@ -241,6 +271,7 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
     check_pve(&cfg, &mut r).await;
     check_local_files(&cfg, &mut r);
     check_metrics(&cfg, &mut r);
+    check_abstract_sockets(&mut r);
     check_exec(&cfg, &mut r).await;
     check_hub(&cfg, &mut r).await;
     r.ok = r.checks.iter().all(|c| c.status != CheckStatus::Fail);
@@ -382,6 +413,52 @@ async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
     }
 }
 
+/// `pveum role add` for [`ROLE_NAME`]: the PVE 9 privileges, and the PVE 8 variant.
+pub fn role_add_command() -> String {
+    format!(
+        "`pveum role add {ROLE_NAME} -privs \"{}\"` (PVE 8: `{}` instead of `VM.GuestAgent.Unrestricted`)",
+        ROLE_PRIVS_PVE9.join(","),
+        "VM.Monitor"
+    )
+}
+
+/// Warn when the token holds on its pool more than [`ROLE_NAME`] (either release's list), and
+/// name `VM.Console` first: with it the token can open a root shell on the node through a
+/// container's console (`termproxy` with `cmode=shell`, pve-container `src/PVE/API2/LXC.pm`).
+fn check_excess(
+    cfg: &Config,
+    on_pool: &std::collections::BTreeSet<String>,
+    pool_path: &str,
+    r: &mut DoctorReport,
+) {
+    let extra: Vec<&str> = on_pool
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !ROLE_PRIVS_PVE9.contains(p) && !ROLE_PRIVS_PVE8.contains(p))
+        .collect();
+    let token = &cfg.pve.token_id;
+    if extra.is_empty() {
+        r.pass(
+            "least_privilege",
+            format!("token {token} holds no more on {pool_path} than the {ROLE_NAME} role"),
+        );
+        return;
+    }
+    let console = if extra.contains(&"VM.Console") {
+        "VM.Console lets it open a root shell on this node through a container's console (termproxy with cmode=shell, which does not even check that the container runs); "
+    } else {
+        ""
+    };
+    r.warn(
+        "least_privilege",
+        format!(
+            "token {token} holds more on {pool_path} than the agent uses: {}. {console}Grant the token (and its user) only {ROLE_NAME} there: {}, `pveum acl modify {pool_path} --tokens '{token}' --roles {ROLE_NAME}`, and `pveum acl delete {pool_path} --tokens '{token}' --roles <the broader role>`",
+            extra.join(", "),
+            role_add_command()
+        ),
+    );
+}
+
 fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
     let pool_path = format!("/pool/{}", cfg.pool);
     let on_pool = held_on(perms, &pool_path);
@@ -411,6 +488,7 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
             }
         }
     }
+    check_excess(cfg, &on_pool, &pool_path, r);
     if missing.is_empty() {
         r.pass("privileges", format!("token {} may restore into {pool_path}, start, configure, destroy and exec in its guests, and allocate on {storage_path}", cfg.pve.token_id));
         return;
@@ -425,7 +503,7 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
             .join(", ")
     };
     let grant = |who: &str, flag: &str| {
-        format!("`pveum acl modify {pool_path} --{flag} '{who}' --roles PVEVMAdmin,PVEPoolUser` and `pveum acl modify {storage_path} --{flag} '{who}' --roles PVEDatastoreUser`")
+        format!("`pveum acl modify {pool_path} --{flag} '{who}' --roles {ROLE_NAME}` and `pveum acl modify {storage_path} --{flag} '{who}' --roles PVEDatastoreUser` (the role, once per cluster: {})", role_add_command())
     };
     let all: Vec<&(Vec<&str>, String)> = missing.iter().collect();
     // The token holds what PVE computes; for a privilege-separated token (PVE's default) that is
@@ -573,6 +651,84 @@ impl UserCfg {
     }
 }
 
+/// The units that run as the agent's user: neither may bind an abstract socket in the node's
+/// network namespace (DESIGN rule 12).
+pub const AGENT_USER_UNITS: &[&str] = &["felhom-agent.service", "felhom-restore-test.service"];
+/// The syscalls their filter must refuse for that (`SystemCallFilter=~bind listen …`).
+pub const MUST_REFUSE: &[&str] = &["bind", "listen"];
+
+/// Whether a unit's effective `SystemCallFilter` as `systemctl show -p SystemCallFilter
+/// --value` prints it refuses every one of `calls`: a deny list starts with `~` and names what
+/// is refused; an allow list names what is allowed; empty is no filter. `Err`: what is let
+/// through.
+pub fn filter_refuses(value: &str, calls: &[&str]) -> Result<(), String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Err("no system call filter at all".to_string());
+    }
+    let (deny, names) = match value.strip_prefix('~') {
+        Some(rest) => (true, rest),
+        None => (false, value),
+    };
+    let names: BTreeSet<&str> = names.split_whitespace().collect();
+    let through: Vec<&str> = calls
+        .iter()
+        .copied()
+        .filter(|c| names.contains(c) != deny)
+        .collect();
+    if through.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} allowed", through.join(" and ")))
+    }
+}
+
+/// Whether the units of the agent's user refuse `bind(2)` and `listen(2)`, as systemd has
+/// loaded them (a drop-in may have changed the packaged filter): a warning when not, or when
+/// systemd cannot be asked. The exec helper's check of the command socket's listener narrows
+/// the window either way; this closes it for the agent's user.
+fn check_abstract_sockets(r: &mut DoctorReport) {
+    let mut problems = Vec::new();
+    for unit in AGENT_USER_UNITS {
+        let out = std::process::Command::new("systemctl")
+            .args(["show", "-p", "SystemCallFilter", "--value", unit])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                let text = String::from_utf8_lossy(&o.stdout);
+                if let Err(e) = filter_refuses(&text, MUST_REFUSE) {
+                    problems.push(format!("{unit}: {e}"));
+                }
+            }
+            Ok(o) => problems.push(format!(
+                "{unit}: `systemctl show` failed ({}): {}",
+                o.status,
+                crate::error::outside_text(String::from_utf8_lossy(&o.stderr).trim())
+            )),
+            Err(e) => problems.push(format!("{unit}: cannot run systemctl: {e}")),
+        }
+    }
+    if problems.is_empty() {
+        r.pass(
+            "abstract_sockets",
+            format!(
+                "{} refuse bind(2) and listen(2): the agent's user cannot bind an abstract socket such as a container's LXC command socket",
+                AGENT_USER_UNITS.join(" and ")
+            ),
+        );
+    } else {
+        r.warn(
+            "abstract_sockets",
+            format!(
+                "cannot confirm that the agent's user is refused abstract sockets ({}). The packaged units refuse bind(2) and listen(2) (`SystemCallFilter=~bind listen io_uring_setup io_uring_enter io_uring_register`); restore it if a drop-in removed it (`systemctl cat felhom-agent.service felhom-restore-test.service`), then `systemctl daemon-reload` and restart the units. Until then the agent's user could bind a stopped container's LXC command socket, which the exec helper refuses to trust (exec_monitor_untrusted)",
+                problems.join("; ")
+            ),
+        );
+    }
+}
+
 /// `[metrics] dir`: a warning only (the agent works without node_exporter); opened exactly as
 /// the writer opens it, nothing written.
 fn check_metrics(cfg: &Config, r: &mut DoctorReport) {
@@ -590,8 +746,8 @@ fn check_metrics(cfg: &Config, r: &mut DoctorReport) {
             format!(
                 "{} is a folder (owner uid {}, mode {:o}); the metrics files are written there \
                  through random exclusive temporary names, never following a symlink; \
-                 node_exporter reads them through the package's root-owned links in its \
-                 textfile folder (/var/lib/prometheus/node-exporter)",
+                 root copies them, checked, into node_exporter's textfile folder \
+                 (/var/lib/prometheus/node-exporter; felhom-agent-metrics.path)",
                 dir.display(),
                 meta.uid(),
                 meta.mode() & 0o7777
@@ -840,6 +996,21 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn the_filter_must_refuse_bind_and_listen() {
+        assert!(filter_refuses("~bind listen io_uring_setup", MUST_REFUSE).is_ok());
+        assert!(filter_refuses("read write openat close", MUST_REFUSE).is_ok());
+        assert_eq!(
+            filter_refuses("read write bind", MUST_REFUSE),
+            Err("bind allowed".to_string())
+        );
+        assert_eq!(
+            filter_refuses("~listen", MUST_REFUSE),
+            Err("bind allowed".to_string())
+        );
+        assert!(filter_refuses("", MUST_REFUSE).is_err());
     }
 
     #[test]

@@ -46,6 +46,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::ExecNotInPool
         | ErrorCode::ExecGuestPrivileged
         | ErrorCode::ExecWrongPhase
+        | ErrorCode::ExecMonitorUntrusted
         | ErrorCode::ExecRequestInvalid => ExitStatus::Refused,
         ErrorCode::PveRefused
         | ErrorCode::GuestOutsidePool
@@ -78,22 +79,43 @@ pub fn outside_text(text: &str) -> String {
     outside_text_max(text, OUTSIDE_TEXT_MAX_BYTES)
 }
 
-/// Whether outside text shows `c` escaped: control characters, and the characters that
-/// reorder or hide text on a terminal or in a browser (bidirectional embeddings, overrides and
-/// isolates, zero-width characters, line and paragraph separators, the byte order mark).
+/// Whether outside text shows `c` escaped: control characters; every format character
+/// (Unicode category Cf: bidirectional embeddings, overrides and isolates, zero-width
+/// characters, the soft hyphen, the byte order mark, interlinear annotation, the Arabic,
+/// Syriac, Egyptian and shorthand format controls, musical formatting, the invisible tag
+/// characters); line and paragraph separators; and the other characters that show as nothing
+/// (the combining grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian and other
+/// variation selectors).
 pub fn must_escape(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
-            '\u{061C}'
-                | '\u{180E}'
+            '\u{00AD}'
+                | '\u{034F}'
+                | '\u{0600}'..='\u{0605}'
+                | '\u{061C}'
+                | '\u{06DD}'
+                | '\u{070F}'
+                | '\u{0890}'..='\u{0891}'
+                | '\u{08E2}'
+                | '\u{115F}'..='\u{1160}'
+                | '\u{17B4}'..='\u{17B5}'
+                | '\u{180B}'..='\u{180F}'
                 | '\u{200B}'..='\u{200F}'
                 | '\u{2028}'..='\u{202E}'
-                | '\u{2060}'..='\u{2064}'
-                | '\u{2066}'..='\u{2069}'
-                | '\u{206A}'..='\u{206F}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{3164}'
+                | '\u{FE00}'..='\u{FE0F}'
                 | '\u{FEFF}'
+                | '\u{FFA0}'
                 | '\u{FFF9}'..='\u{FFFB}'
+                | '\u{110BD}'
+                | '\u{110CD}'
+                | '\u{13430}'..='\u{1343F}'
+                | '\u{1BCA0}'..='\u{1BCA3}'
+                | '\u{1D173}'..='\u{1D17A}'
+                | '\u{E0000}'..='\u{E007F}'
+                | '\u{E0100}'..='\u{E01EF}'
         )
 }
 
@@ -189,8 +211,46 @@ mod tests {
             "ok\\u{202e}gnp.exe\\u{2066}x\\u{2069}\\u{200b}\\u{200f}\\u{2028}\\u{2029}\\u{feff}é"
         );
         for c in [
-            '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{2067}', '\u{2068}', '\u{200C}',
-            '\u{200D}', '\u{200E}',
+            '\u{202A}',
+            '\u{202B}',
+            '\u{202C}',
+            '\u{202D}',
+            '\u{2067}',
+            '\u{2068}',
+            '\u{200C}',
+            '\u{200D}',
+            '\u{200E}',
+            // Invisible too: the soft hyphen, the combining grapheme joiner, Hangul fillers,
+            // Khmer inherent vowels, the Mongolian vowel separator and variation selectors,
+            // other variation selectors, Arabic and Syriac format marks, word joiner and the
+            // invisible operators, the deprecated format characters, the Egyptian and
+            // shorthand format controls, musical formatting, the tag characters.
+            '\u{00AD}',
+            '\u{034F}',
+            '\u{115F}',
+            '\u{1160}',
+            '\u{3164}',
+            '\u{FFA0}',
+            '\u{17B4}',
+            '\u{17B5}',
+            '\u{180B}',
+            '\u{180E}',
+            '\u{FE0F}',
+            '\u{E0100}',
+            '\u{0600}',
+            '\u{06DD}',
+            '\u{070F}',
+            '\u{08E2}',
+            '\u{2060}',
+            '\u{2064}',
+            '\u{206A}',
+            '\u{206F}',
+            '\u{13430}',
+            '\u{1BCA0}',
+            '\u{1D173}',
+            '\u{E0001}',
+            '\u{E0041}',
+            '\u{E007F}',
         ] {
             assert!(!outside_text(&c.to_string()).contains(c), "{:?}", c);
         }
@@ -220,6 +280,7 @@ mod tests {
             ErrorCode::ExecNotInPool,
             ErrorCode::ExecGuestPrivileged,
             ErrorCode::ExecWrongPhase,
+            ErrorCode::ExecMonitorUntrusted,
             ErrorCode::ExecRequestInvalid,
         ] {
             assert_eq!(exit_status(code), ExitStatus::Refused, "{code}");

@@ -253,6 +253,9 @@ pub enum ErrorCode {
     /// The exec helper: the transaction is not open in a step that runs commands in the guest
     /// (launch proof, bootstrap, checks); kept and settled transactions never are.
     ExecWrongPhase,
+    /// The container's LXC command socket is held by someone other than root's LXC monitor of
+    /// that container: `pct exec` was not run.
+    ExecMonitorUntrusted,
     /// The agent's pool does not exist on the cluster (PVE: `pool '<id>' does not exist`);
     /// `pveum pool add <id>` creates it.
     PoolMissing,
@@ -266,7 +269,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 47] = [
+    pub const ALL: [ErrorCode; 48] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -311,6 +314,7 @@ impl ErrorCode {
         ErrorCode::ExecHelperUnavailable,
         ErrorCode::ExecGuestPrivileged,
         ErrorCode::ExecWrongPhase,
+        ErrorCode::ExecMonitorUntrusted,
         ErrorCode::PoolMissing,
         ErrorCode::PveUnsupported,
         ErrorCode::GuestOutsidePool,
@@ -363,6 +367,7 @@ impl ErrorCode {
             ErrorCode::ExecHelperUnavailable => "exec_helper_unavailable",
             ErrorCode::ExecGuestPrivileged => "exec_guest_privileged",
             ErrorCode::ExecWrongPhase => "exec_wrong_phase",
+            ErrorCode::ExecMonitorUntrusted => "exec_monitor_untrusted",
             ErrorCode::PoolMissing => "pool_missing",
             ErrorCode::PveUnsupported => "pve_unsupported",
             ErrorCode::GuestOutsidePool => "guest_outside_pool",
@@ -549,8 +554,9 @@ mod tests {
             (ErrorCode::PoolMissing, "pool_missing"),
             (ErrorCode::PveUnsupported, "pve_unsupported"),
             (ErrorCode::GuestOutsidePool, "guest_outside_pool"),
+            (ErrorCode::ExecMonitorUntrusted, "exec_monitor_untrusted"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 47);
+        assert_eq!(ErrorCode::ALL.len(), 48);
     }
 
     #[test]

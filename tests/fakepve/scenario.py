@@ -1052,6 +1052,7 @@ class ScenarioPve(fake_server.FakePve):
             d = self.bed_dir(vmid)
             if guest is None:
                 self.bed_stop(vmid)
+                self.bed_monitor(vmid, False)
                 shutil.rmtree(d, ignore_errors=True)
                 del self.bed_owned[vmid]
                 continue
@@ -1068,10 +1069,42 @@ class ScenarioPve(fake_server.FakePve):
                     with open(path + '.tmp', 'w', encoding='utf-8') as fh:
                         fh.write(want)
                     os.replace(path + '.tmp', path)
+                self.bed_monitor(vmid, running)
             elif running:
                 self.bed_start(vmid)
             else:
                 self.bed_stop(vmid)
+
+    # vmid -> the stand-in of root's LXC monitor of a running bed container.
+    bed_monitors = None
+
+    def bed_monitor(self, vmid, running):
+        """Keep a running bed container's LXC monitor stand-in (`tests/pct/lxc-monitor`, root's,
+        holding `@<lxc_path>/<vmid>/command`, which the agent checks before every `pct exec`) and
+        none for a stopped or gone one. Started before the answer that shows the container
+        running; one that died is not started again until the container stops and starts."""
+        if not self.guest_bed or not self.guest_bed.get('lxc_path'):
+            return
+        if self.bed_monitors is None:
+            self.bed_monitors = {}
+        mon = self.bed_monitors.get(vmid)
+        if running:
+            if mon is not None:
+                return
+            proc = subprocess.Popen(['perl', self.guest_bed['monitor'], self.guest_bed['lxc_path'], str(vmid)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+            line = proc.stdout.readline().strip()
+            if line != b'ready':
+                log.warning('the LXC monitor stand-in of %s did not start: %r', vmid, line)
+            self.bed_monitors[vmid] = proc
+        elif mon is not None:
+            del self.bed_monitors[vmid]
+            try:
+                mon.kill()
+                mon.wait(timeout=5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
 
     def bed_start(self, vmid):
         """Boot a bed VM: a PID, mount, UTS and IPC namespace whose init (a shell that reaps the
@@ -1879,6 +1912,7 @@ def build(sc):
         if not (bed.get('state') and bed.get('template')):
             raise ScenarioError('guest_bed needs "state" (the pct stand-in state folder) and "template" (a rootfs)')
         pve.guest_bed = {'state': bed['state'], 'template': bed['template']}
+        bed_monitor_setup(pve, bed)
 
     for node in sc.get('nodes', []):
         if isinstance(node, str):
@@ -2136,11 +2170,23 @@ async def serve(sc, ready_out):
         vmlist_writer.cancel()
         for vmid in list(pve.bed_inits or {}):
             pve.bed_stop(vmid)
+        for vmid in list(pve.bed_monitors or {}):
+            pve.bed_monitor(vmid, False)
         for step in (control.cleanup(), pve.stop()):
             try:
                 await asyncio.wait_for(step, 5)
             except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - exiting anyway
                 log.warning('shutdown step did not finish cleanly', exc_info=True)
+
+
+def bed_monitor_setup(pve, bed):
+    """A guest bed's `lxc_path` and `monitor` (the stand-in script): running containers get an
+    LXC monitor stand-in (`bed_monitor`)."""
+    if bed.get('lxc_path'):
+        if not bed.get('monitor'):
+            raise ScenarioError('guest_bed with "lxc_path" needs "monitor" (tests/pct/lxc-monitor)')
+        pve.guest_bed['lxc_path'] = bed['lxc_path']
+        pve.guest_bed['monitor'] = bed['monitor']
 
 
 def main(argv):

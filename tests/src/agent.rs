@@ -81,7 +81,7 @@ pub fn run_agent(config: &Path, args: &[&str]) -> AgentRun {
 pub const HELPER_READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// `felhom-agent exec-helper` as a child process for one test: the root helper that runs
-/// `pct exec`/`pct push` for the agent, listening on its own socket. Its stderr goes to a log
+/// `pct exec` for the agent, listening on its own socket. Its stderr goes to a log
 /// file beside the socket; it is killed (SIGKILL) when the value is dropped.
 pub struct ExecHelper {
     child: std::process::Child,

@@ -519,6 +519,16 @@ impl FakePve {
         self.dir.path().join("nodes")
     }
 
+    /// The guest bed's lxcpath (`guest_bed.lxc_path` of the scenario), if the fake is joined to
+    /// a bed: its running containers' LXC monitor stand-ins hold their command sockets there.
+    pub fn bed_lxc_path(&self) -> Option<PathBuf> {
+        self.scenario
+            .get("guest_bed")
+            .and_then(|b| b.get("lxc_path"))
+            .and_then(Value::as_str)
+            .map(PathBuf::from)
+    }
+
     /// The fake's live `user.cfg` (pmxcfs's `/etc/pve/user.cfg`): users, tokens, pools with
     /// their members, ACLs; rewritten at once when pool membership changes.
     pub fn user_cfg_path(&self) -> PathBuf {
@@ -1523,13 +1533,22 @@ impl AgentFiles {
             toml_path(&files.token_secret_file),
             toml_path(&files.metrics_dir),
             // Before [provision], which a test's extra TOML may extend.
-            match &files.exec_socket {
-                Some(socket) => format!(
-                    "[exec]\nhelper_socket = {}\npve_nodes_dir = {}\n\n",
+            // The bed's lxcpath, where its running containers' LXC monitor stand-ins hold their
+            // command sockets (checked before every `pct exec`, the helper's or the agent's).
+            match (&files.exec_socket, pve.bed_lxc_path()) {
+                (Some(socket), lxc) => format!(
+                    "[exec]\nhelper_socket = {}\npve_nodes_dir = {}\n{}\n",
                     toml_path(socket),
-                    toml_path(&files.pve_nodes_dir)
+                    toml_path(&files.pve_nodes_dir),
+                    lxc.map(|p| format!("lxc_path = {}\n", toml_path(&p)))
+                        .unwrap_or_default()
                 ),
-                None => String::new(),
+                (None, Some(lxc)) => format!(
+                    "[exec]\npve_nodes_dir = {}\nlxc_path = {}\n\n",
+                    toml_path(&files.pve_nodes_dir),
+                    toml_path(&lxc)
+                ),
+                (None, None) => String::new(),
             },
             toml_string(&opts.storage),
             toml_path(&files.bootstrap_dir),

@@ -103,10 +103,86 @@ pub struct PctCall {
     pub parent_cmdline: String,
 }
 
+/// The stand-in of root's LXC monitor (`tests/pct/lxc-monitor`).
+pub fn lxc_monitor_stand_in() -> PathBuf {
+    repo_root().join("tests/pct/lxc-monitor")
+}
+
+/// One stand-in of root's LXC monitor of a running container: killed when dropped (and it ends
+/// by itself when its stdin, held here, closes).
+#[derive(Debug)]
+struct MonitorProc {
+    child: std::process::Child,
+}
+
+impl Drop for MonitorProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `tests/pct/lxc-monitor <lxc_path> <vmid>` (as `uid`, when given: a squatter), and wait
+/// until it listens. `None` when the name is taken already.
+fn spawn_monitor(lxc_path: &Path, vmid: u32, uid: Option<u32>) -> Option<std::process::Child> {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new("perl");
+    cmd.arg(lxc_monitor_stand_in())
+        .arg(lxc_path)
+        .arg(vmid.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start the LXC monitor stand-in: {e}"));
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+    }
+    match line.trim() {
+        "ready" => Some(child),
+        "busy" => {
+            let _ = child.wait();
+            None
+        }
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the LXC monitor stand-in for {vmid} did not start: {other:?}")
+        }
+    }
+}
+
+/// A listener of container `vmid`'s command socket under `lxc_path` run as `uid`, which is not
+/// root's LXC monitor (same name, same command line): killed when dropped.
+#[derive(Debug)]
+pub struct Squatter {
+    _proc: MonitorProc,
+}
+
+impl Squatter {
+    /// Bind `@<lxc_path>/<vmid>/command` as `uid` (panics when the name is taken).
+    pub fn bind(lxc_path: &Path, vmid: u32, uid: u32) -> Squatter {
+        let child = spawn_monitor(lxc_path, vmid, Some(uid))
+            .unwrap_or_else(|| panic!("the command socket of {vmid} is held already"));
+        Squatter {
+            _proc: MonitorProc { child },
+        }
+    }
+}
+
 /// One test's containers.
 #[derive(Debug)]
 pub struct GuestBed {
     dir: tempfile::TempDir,
+    /// The LXC monitor stand-ins this bed started for its running containers (those the fake
+    /// PVE makes have theirs from the fake).
+    monitors: std::sync::Mutex<std::collections::HashMap<u32, MonitorProc>>,
 }
 
 impl GuestBed {
@@ -141,7 +217,23 @@ impl GuestBed {
         std::fs::write(&wrapper, script)
             .and_then(|()| set_mode(&wrapper, 0o755))
             .unwrap_or_else(|e| panic!("cannot write the pct wrapper: {e}"));
-        Self { dir }
+        Self {
+            dir,
+            monitors: std::sync::Mutex::default(),
+        }
+    }
+
+    /// The lxcpath of this bed's containers: a running container's LXC monitor stand-in holds
+    /// `@<lxc_path>/<vmid>/command` (the agent's `[exec] lxc_path`).
+    pub fn lxc_path(&self) -> PathBuf {
+        self.dir.path().join("lxc")
+    }
+
+    /// Stop the LXC monitor stand-in this bed started for `vmid` (its container still says
+    /// running to `pct`): what a stopped container leaves behind for a squatter.
+    pub fn stop_monitor(&self, vmid: u32) {
+        let mut monitors = self.monitors.lock().unwrap_or_else(|e| e.into_inner());
+        monitors.remove(&vmid);
     }
 
     /// The state folder (`FELHOM_PCT_STATE`).
@@ -230,11 +322,19 @@ impl GuestBed {
         self.rootfs(vmid).join(guest_path.trim_start_matches('/'))
     }
 
-    /// Start or stop a container (what `pct status` reports).
+    /// Start or stop a container (what `pct status` reports, and its LXC monitor stand-in).
     pub fn set_running(&self, vmid: u32, running: bool) {
         let path = self.state_dir().join(vmid.to_string()).join("status");
         std::fs::write(&path, if running { "running\n" } else { "stopped\n" })
             .unwrap_or_else(|e| panic!("cannot write {path:?}: {e}"));
+        let mut monitors = self.monitors.lock().unwrap_or_else(|e| e.into_inner());
+        if !running {
+            monitors.remove(&vmid);
+        } else if let std::collections::hash_map::Entry::Vacant(slot) = monitors.entry(vmid) {
+            if let Some(child) = spawn_monitor(&self.lxc_path(), vmid, None) {
+                slot.insert(MonitorProc { child });
+            }
+        }
     }
 
     /// Make the stand-in misbehave for a container.
@@ -259,6 +359,7 @@ impl GuestBed {
             sweep_timeout: Duration::from_secs(10),
             push_timeout: Duration::from_secs(30),
             scratch_dir: self.dir.path().join("scratch"),
+            lxc_path: self.lxc_path(),
         }
     }
 
@@ -276,6 +377,8 @@ impl GuestBed {
         scenario["guest_bed"] = serde_json::json!({
             "state": self.state_dir().display().to_string(),
             "template": template_rootfs().display().to_string(),
+            "lxc_path": self.lxc_path().display().to_string(),
+            "monitor": lxc_monitor_stand_in().display().to_string(),
         });
         if let Some(stores) = scenario
             .get_mut("volumes")

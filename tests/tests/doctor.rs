@@ -423,7 +423,7 @@ fn exec_check_names_the_mode_and_fails_when_the_helper_does_not_answer() {
         exec["message"]
             .as_str()
             .unwrap_or("")
-            .contains("runs `pct exec`/`pct push` itself"),
+            .contains("runs `pct exec` itself"),
         "{exec}"
     );
 }

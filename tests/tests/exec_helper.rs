@@ -83,10 +83,11 @@ impl Helper {
         std::fs::write(
             &config,
             format!(
-                "user_cfg_path = {}\n{}\n{extra}\n[exec]\npve_nodes_dir = {}\n",
+                "user_cfg_path = {}\n{}\n{extra}\n",
                 toml_string(&w.pve.dir().join("user.cfg").display().to_string()),
+                // The world's config has its `[exec]` table (the fake's nodes folder, the bed's
+                // lxcpath).
                 w.files.config_text(),
-                toml_string(&w.pve.nodes_dir().display().to_string()),
             ),
         )
         .expect("helper config");
@@ -876,4 +877,372 @@ fn an_open_provision_runs_commands_through_the_helper_during_its_bootstrap_and_n
     let r = h.call(&exec_request(162, &txn, &["/bin/true"]));
     assert_eq!(code(&r), "exec_not_owned", "{r:#}");
     assert_eq!(h.pct_calls_for(162), before);
+}
+
+/// The squat against the helper: an open provision of 163 is in its bootstrap (the helper runs
+/// its commands); then the container's LXC monitor ends while `pct` still takes the container
+/// for running, and uid 65534 binds `@<lxcpath>/163/command` with the monitor's very command
+/// line. The helper refuses (`exec_monitor_untrusted`) and no `pct` is started for 163 by
+/// anyone from then on; the agent's own next `pct exec` (it runs as root here) is refused the
+/// same way, so the provision fails instead of entering what the squatter names.
+#[test]
+fn a_command_socket_not_held_by_roots_lxc_monitor_makes_the_helper_refuse_and_pct_never_run() {
+    use felhom_agent::guest::lxc_monitor::{check_monitor, Monitor};
+    let w = world();
+    let h = Helper::start(&w, "");
+    let (mut provision, txn) = provision_in_bootstrap(&w, 163);
+    let r = h.call(&exec_request(163, &txn, &["/bin/sh", "-c", "echo ok"]));
+    assert_eq!(
+        r["exec"]["exit"],
+        json!({"exited": 0}),
+        "{r:#}\n{}",
+        h.log_text()
+    );
+
+    // The monitor (the fake's stand-in, root's) ends; the name is free.
+    let lxc = w.bed.lxc_path();
+    let Monitor::Trusted(pid) = check_monitor(&lxc, 163) else {
+        panic!("163 has no trusted monitor: {:?}", check_monitor(&lxc, 163));
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the monitor");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while check_monitor(&lxc, 163) != Monitor::Absent {
+        assert!(
+            Instant::now() < deadline,
+            "the monitor never let go of its name"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _squatter = felhom_tests::guestbed::Squatter::bind(&lxc, 163, 65534);
+    let bed_execs = || {
+        w.bed
+            .pct_calls()
+            .iter()
+            .filter(|c| c.sub == "exec" && c.vmid == "163")
+            .count()
+    };
+    let (helper_before, bed_before) = (h.pct_calls_for(163), bed_execs());
+
+    let r = h.call(&exec_request(
+        163,
+        &txn,
+        &["/bin/sh", "-c", ": > /root/squatted"],
+    ));
+    assert_eq!(
+        code(&r),
+        "exec_monitor_untrusted",
+        "{r:#}\n{}",
+        h.log_text()
+    );
+    let msg = r["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("163") && msg.contains("uid 65534"), "{msg}");
+    assert_eq!(h.pct_calls_for(163), helper_before, "{:#?}", h.pct_calls());
+
+    // The bootstrap is released: the agent's next exec into 163 meets the squatter too.
+    std::fs::write(w.bed.guest_path(163, "/root/release"), b"").expect("release");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Ok(Some(status)) = provision.try_wait() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the provision never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_ne!(
+        status.code(),
+        Some(0),
+        "the provision passed with a squatted socket"
+    );
+    assert_eq!(
+        bed_execs(),
+        bed_before,
+        "pct exec ran for 163 after the squat: {:#?}",
+        w.bed.pct_calls()
+    );
+    assert!(rootfs_file(&w, 163, "/root/squatted").is_none());
+}
+
+/// `exec-helper --socket` binds only in a folder of root's that nobody else can write: a folder
+/// of uid 65534's, one that others may write (even with the sticky bit, as /tmp) and a link to
+/// a good folder are refused (exit 6, the folder named), and no socket is left anywhere. In a
+/// good folder the socket arrives with mode 0660, nothing else is left beside it, and a stale
+/// socket at the name is replaced.
+#[test]
+fn exec_helper_socket_in_a_folder_others_can_write_is_refused() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let w = world();
+    let base = tempfile::Builder::new()
+        .prefix("felhom-sockdir-")
+        .tempdir()
+        .expect("tempdir");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let entries = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    // Start the helper on `<dir>/exec.sock`: its exit status, stderr and, if it listened, the
+    // socket's mode and the folder's entries then.
+    let run = |dir: &Path| {
+        let socket = dir.join("exec.sock");
+        let mut child = agent_command(&w.files.config_path)
+            .args(["exec-helper", "--socket"])
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the helper");
+        // A refusal ends the helper at once; a helper that binds is stopped once it listens.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = None;
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            if UnixStream::connect(&socket).is_ok() {
+                let meta = std::fs::symlink_metadata(&socket).expect("socket");
+                assert!(meta.file_type().is_socket());
+                seen = Some((meta.mode() & 0o7777, entries(dir)));
+                // Killed: it leaves its socket behind, stale, for the next run.
+                let _ = child.kill();
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the helper neither bound nor ended"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("wait");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+            seen,
+        )
+    };
+    // Owned by uid 65534.
+    let theirs = base.path().join("theirs");
+    std::fs::create_dir(&theirs).expect("mkdir");
+    nix::unistd::chown(&theirs, Some(65534.into()), Some(65534.into())).expect("chown");
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // Root's, but everyone may write (with the sticky bit, as /tmp).
+    let shared = base.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    // Root's, group-writable.
+    let group = base.path().join("group");
+    std::fs::create_dir(&group).expect("mkdir");
+    std::fs::set_permissions(&group, std::fs::Permissions::from_mode(0o775)).expect("chmod");
+    // A good folder, and a link to it.
+    let good = base.path().join("good");
+    std::fs::create_dir(&good).expect("mkdir");
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let link = base.path().join("link");
+    std::os::unix::fs::symlink(&good, &link).expect("symlink");
+
+    for dir in [&theirs, &shared, &group, &link] {
+        let (code, stderr, seen) = run(dir);
+        assert_eq!(code, Some(6), "{}: {stderr}", dir.display());
+        assert!(seen.is_none(), "{}: it listened", dir.display());
+        assert!(
+            stderr.contains(&dir.display().to_string()) && stderr.contains("config_invalid"),
+            "{}: {stderr}",
+            dir.display()
+        );
+        assert!(
+            entries(dir).is_empty(),
+            "{}: {:?}",
+            dir.display(),
+            entries(dir)
+        );
+    }
+    assert!(entries(&good).is_empty(), "{:?}", entries(&good));
+
+    // The good folder: bound with mode 0660 and nothing else beside it; again over the stale
+    // socket the killed helper left at the name.
+    let (_, stderr, seen) = run(&good);
+    assert_eq!(
+        seen,
+        Some((0o660, vec!["exec.sock".to_string()])),
+        "{stderr}"
+    );
+    assert!(
+        std::fs::symlink_metadata(good.join("exec.sock")).is_ok_and(|m| m.file_type().is_socket())
+    );
+    let (_, stderr, seen) = run(&good);
+    assert_eq!(
+        seen,
+        Some((0o660, vec!["exec.sock".to_string()])),
+        "{stderr}"
+    );
+}
+
+/// How many descriptors process `pid` holds.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A guest command that leaves a process behind holding its stdout and stderr (it escaped the
+/// exec's process group and PID namespace, as a real `lxc-attach` allows): after the drain
+/// grace the helper's readers are aborted, so over 20 such execs the helper's descriptors
+/// (`/proc/<helper>/fd`) come back to their baseline instead of growing by two per exec.
+#[test]
+fn a_guest_holding_its_pipes_open_over_20_execs_leaves_the_helpers_descriptors_at_baseline() {
+    use felhom_tests::guestbed::{kill_processes_with_marker, unique_marker, PctFault};
+    let w = world();
+    let h = Helper::start(&w, "");
+    let (mut provision, txn) = provision_in_bootstrap(&w, 164);
+    w.bed.add_fault(164, PctFault::ExecEscape);
+    let marker = unique_marker("pipes");
+    let hold = format!("sh -c 'while :; do sleep 1; done' {marker} & echo started");
+    let helper_pid = h.child.id();
+    // One plain exec first: whatever the helper opens once (its runtime) is open by then.
+    let r = h.call(&exec_request(164, &txn, &["/bin/true"]));
+    assert_eq!(
+        r["exec"]["exit"],
+        json!({"exited": 0}),
+        "{r:#}\n{}",
+        h.log_text()
+    );
+    let baseline = fd_count(helper_pid);
+    assert!(baseline > 0);
+    for _ in 0..20 {
+        let r = h.call(&exec_request(164, &txn, &["/bin/sh", "-c", &hold]));
+        assert_eq!(
+            r["exec"]["exit"],
+            json!({"exited": 0}),
+            "{r:#}\n{}",
+            h.log_text()
+        );
+        assert_eq!(r["exec"]["stdout"], json!(b64(b"started\n")), "{r:#}");
+    }
+    // The holders are still there, holding their ends.
+    let holders = felhom_tests::guestbed::processes_with_marker(&marker);
+    assert!(holders.len() >= 20, "{holders:#?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut now = fd_count(helper_pid);
+    while now > baseline {
+        if Instant::now() >= deadline {
+            kill_processes_with_marker(&marker);
+            panic!("the helper holds {now} descriptors after 20 execs whose guest processes keep their pipes, {baseline} before");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        now = fd_count(helper_pid);
+    }
+    kill_processes_with_marker(&marker);
+    std::fs::write(w.bed.guest_path(164, "/root/release"), b"").expect("release");
+    let _ = provision.kill();
+    let _ = provision.wait();
+}
+
+/// `MemoryMax=` of the packaged helper unit, in bytes.
+fn unit_memory_max() -> u64 {
+    let unit = felhom_tests::guestbed::repo_root().join("systemd/felhom-agent-exec.service");
+    let text = std::fs::read_to_string(&unit).expect("the helper's unit");
+    let value = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("MemoryMax="))
+        .unwrap_or_else(|| panic!("{} sets no MemoryMax=", unit.display()))
+        .trim()
+        .to_string();
+    let (digits, unit_mult) = match value.chars().last() {
+        Some('K') => (&value[..value.len() - 1], 1u64 << 10),
+        Some('M') => (&value[..value.len() - 1], 1 << 20),
+        Some('G') => (&value[..value.len() - 1], 1 << 30),
+        _ => (value.as_str(), 1),
+    };
+    digits.parse::<u64>().expect("MemoryMax= value") * unit_mult
+}
+
+/// The helper's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+/// Every connection the helper serves at once carries a request at the size limits (16 MiB of
+/// stdin, the largest frame) and gets an answer at the output caps (8 MiB on stdout and on
+/// stderr): the helper's peak resident memory stays inside the `MemoryMax=` of its unit.
+#[test]
+fn the_helper_at_its_size_limits_on_every_connection_stays_inside_its_memory_max() {
+    use felhom_agent::exec_helper::proto::{MAX_BLOB_BYTES, MAX_OUTPUT_CAP, MAX_REQUEST_FRAME};
+    use felhom_agent::exec_helper::server::MAX_CONNECTIONS;
+    let w = world();
+    let h = Helper::start(&w, "");
+    let (mut provision, txn) = provision_in_bootstrap(&w, 165);
+    let out = MAX_OUTPUT_CAP + 4096;
+    let script = format!("cat > /dev/null; head -c {out} /dev/zero; head -c {out} /dev/zero >&2");
+    let mut req = exec_request(165, &txn, &["/bin/sh", "-c", &script]);
+    req["stdin"] = json!(b64(&vec![b'x'; MAX_BLOB_BYTES]));
+    req["output_cap"] = json!(MAX_OUTPUT_CAP);
+    req["timeout_ms"] = json!(600_000);
+    let body = serde_json::to_vec(&req).expect("json");
+    assert!(body.len() <= MAX_REQUEST_FRAME as usize, "{}", body.len());
+    let framed = std::sync::Arc::new(frame(&body));
+    drop(body);
+    let socket = h.socket.clone();
+    let threads: Vec<_> = (0..MAX_CONNECTIONS)
+        .map(|_| {
+            let framed = framed.clone();
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut s = UnixStream::connect(&socket).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(600)))
+                    .expect("timeout");
+                s.write_all(&framed).expect("send");
+                let mut len = [0u8; 4];
+                s.read_exact(&mut len).expect("answer length");
+                let mut answer = vec![0u8; u32::from_be_bytes(len) as usize];
+                s.read_exact(&mut answer).expect("answer");
+                let v: Value = serde_json::from_slice(&answer).expect("answer JSON");
+                (
+                    v["exec"]["exit"].clone(),
+                    v["exec"]["stdout_truncated"].clone(),
+                    v["error"].clone(),
+                )
+            })
+        })
+        .collect();
+    for t in threads {
+        let (exit, _, error) = t.join().expect("thread");
+        assert_eq!(
+            exit,
+            json!({"exited": 0}),
+            "error: {error:#}\n{}",
+            h.log_text()
+        );
+    }
+    let peak = peak_rss(h.child.id());
+    let max = unit_memory_max();
+    eprintln!(
+        "helper peak RSS with {MAX_CONNECTIONS} requests at the limits: {} MiB (MemoryMax {} MiB)",
+        peak >> 20,
+        max >> 20
+    );
+    assert!(
+        peak <= max,
+        "the helper peaked at {} MiB with {MAX_CONNECTIONS} requests at the size limits, above its unit's MemoryMax of {} MiB",
+        peak >> 20,
+        max >> 20
+    );
+    std::fs::write(w.bed.guest_path(165, "/root/release"), b"").expect("release");
+    let _ = provision.kill();
+    let _ = provision.wait();
 }

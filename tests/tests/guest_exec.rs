@@ -248,8 +248,10 @@ async fn a_stopped_or_missing_container_is_an_error_not_an_outcome() {
     let err = bed.lxc(101).exec(&sh("true")).await.unwrap_err();
     assert!(matches!(err, ExecError::NotRunning { .. }), "{err}");
     assert!(err.to_string().contains("CT 101"), "{err}");
+    // No container 202: no LXC monitor holds its command socket, so `pct exec` is not even run
+    // (checked before every `pct exec`), and the container counts as not running.
     let err = bed.lxc(202).exec(&sh("true")).await.unwrap_err();
-    assert!(matches!(err, ExecError::NoSuchGuest { .. }), "{err}");
+    assert!(matches!(err, ExecError::NotRunning { .. }), "{err}");
     let err = bed
         .lxc(101)
         .push_file(&PushSource::Bytes(b"x".to_vec()), "/root/x", 0o600)
@@ -480,4 +482,50 @@ async fn environment_values_never_appear_on_a_command_line() {
     );
     assert!(scans > 5, "the command lines were read only {scans} times");
     assert!(seen.is_empty(), "a command line held the value: {seen:#?}");
+}
+
+/// The squat: container 101's monitor is gone (the container stopped, for LXC) while `pct`
+/// would still take it for running, and a process that is not root's binds its command socket
+/// `@<lxcpath>/101/command` with the monitor's very command line. `lxc-attach` would enter what
+/// that listener names; the exec is refused before `pct` is started.
+#[tokio::test]
+async fn a_command_socket_not_held_by_roots_lxc_monitor_is_refused_before_pct_runs() {
+    use felhom_agent::guest::lxc_monitor::{check_monitor, Monitor};
+    let bed = GuestBed::new();
+    bed.add_ct(101);
+    let out = bed.lxc(101).exec(&sh("echo up")).await.expect("exec");
+    assert_eq!(out.stdout.text(), "up\n");
+    let execs = |bed: &GuestBed| {
+        bed.pct_calls()
+            .iter()
+            .filter(|c| c.sub == "exec" && c.vmid == "101")
+            .count()
+    };
+    let before = execs(&bed);
+    assert_eq!(before, 1, "{:#?}", bed.pct_calls());
+
+    bed.stop_monitor(101);
+    assert_eq!(check_monitor(&bed.lxc_path(), 101), Monitor::Absent);
+    let _squatter = felhom_tests::guestbed::Squatter::bind(&bed.lxc_path(), 101, 65534);
+    let err = bed
+        .lxc(101)
+        .exec(&sh(": > /root/squatted"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ExecError::MonitorUntrusted { .. }), "{err}");
+    assert_eq!(err.code().as_str(), "exec_monitor_untrusted");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("CT 101") && msg.contains("uid 65534") && msg.contains("/101/command"),
+        "{msg}"
+    );
+    let err = bed
+        .lxc(101)
+        .push_file(&PushSource::Bytes(b"x".to_vec()), "/root/x", 0o600)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ExecError::MonitorUntrusted { .. }), "{err}");
+    assert_eq!(execs(&bed), before, "pct ran: {:#?}", bed.pct_calls());
+    assert!(!bed.guest_path(101, "/root/squatted").exists());
+    assert!(!bed.guest_path(101, "/root/x").exists());
 }

@@ -209,8 +209,11 @@ no raw lxc. key, no host-path mount point and no devN; else exec_guest_privilege
 exec_request_invalid. A request never names a file on the node: pushed files travel inside it.\n\n\
 How it starts: systemd socket activation, felhom-agent-exec.socket (default \
 /run/felhom-agent/exec.sock) starts felhom-agent-exec.service on the first connection; the helper \
-exits after two idle minutes. With --socket PATH it binds PATH itself (mode 0660, group of the \
-[agent] user), which is for tests and debugging. It logs every request (caller uid, vmid, \
+exits after two idle minutes. With --socket PATH it binds PATH itself, which is for tests and \
+debugging: only in a folder of root's that group and others cannot write, bound in a private \
+folder there, given mode 0660 and the [agent] user's group, then renamed into place. Right before \
+every pct exec, the container's LXC command socket must be held by root's LXC monitor of that \
+container (else exec_monitor_untrusted). It logs every request (caller uid, vmid, \
 transaction, argv, result), never environment values or stdin.",
         after_help = "Exit codes: 0 stopped (idle or SIGTERM), 6 the config, the [agent] user or the socket \
 is unusable."
@@ -219,6 +222,23 @@ is unusable."
         /// Bind this socket path instead of taking the socket from systemd.
         #[arg(long, value_name = "PATH")]
         socket: Option<PathBuf>,
+    },
+    /// Copy the agent's metrics files, checked, into node_exporter's textfile folder (root).
+    #[command(
+        long_about = "Run as root by felhom-agent-metrics.service whenever the agent's metrics folder ([metrics] dir) changes (felhom-agent-metrics.path). For each of felhom_transactions.prom, felhom_hub.prom and felhom_restore_test.prom only: opened in the agent's folder without following a link and without blocking (a FIFO or a link is refused), it must be a regular file of root or the [agent] user, at most 1 MiB, holding only HELP/TYPE lines and samples of felhom_ metrics without timestamps. What passes is written into node_exporter's folder through a random temporary name and a rename; a file that is missing or refused is removed there, so node_exporter reads only files root wrote, or nothing.",
+        after_help = "Exit codes: 0 done (each file copied, absent or refused, logged), 6 the config or a folder is unusable."
+    )]
+    MetricsPublish {
+        /// The agent's metrics folder (default: [metrics] dir).
+        #[arg(long, value_name = "DIR")]
+        from: Option<PathBuf>,
+        /// node_exporter's textfile folder.
+        #[arg(
+            long,
+            value_name = "DIR",
+            default_value = "/var/lib/prometheus/node-exporter"
+        )]
+        to: PathBuf,
     },
 }
 

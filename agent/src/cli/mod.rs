@@ -199,6 +199,9 @@ pub fn run(cli: Cli) -> ExitStatus {
         }
         return crate::exec_helper::server::main(&cli.global.config, socket.as_deref());
     }
+    if let Some(Command::MetricsPublish { from, to }) = &cli.command {
+        return metrics_publish(&cli.global.config, from.as_deref(), to);
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -372,7 +375,57 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 }
                 Command::Run => output::daemon(crate::hub::run(&cfg, shutdown_token()).await),
                 Command::ExecHelper { .. } => usage("exec-helper runs on its own (felhom-agent exec-helper)"),
+                Command::MetricsPublish { .. } => usage("metrics-publish runs on its own (felhom-agent metrics-publish)"),
             }
+        }
+    }
+}
+
+/// `felhom-agent metrics-publish`: see [`crate::metrics::publish`]. Runs as whoever starts it
+/// (root, from its unit); reads the config without its secrets.
+fn metrics_publish(
+    config: &std::path::Path,
+    from: Option<&std::path::Path>,
+    to: &std::path::Path,
+) -> ExitStatus {
+    let cfg = match crate::config::Config::load_without_secrets(config) {
+        Ok(c) => c,
+        Err(f) => {
+            tracing::error!(code = %f.code, "{}", f.message);
+            return crate::error::exit_status(f.code);
+        }
+    };
+    let mut owners = vec![0u32];
+    if let Some(name) = &cfg.agent_user {
+        if let Ok(Some(u)) = nix::unistd::User::from_name(name) {
+            owners.push(u.uid.as_raw());
+        }
+    }
+    let from = from.map_or_else(|| cfg.metrics.dir.clone(), std::path::Path::to_path_buf);
+    match crate::metrics::publish::publish(&from, to, &owners) {
+        Ok(done) => {
+            for (name, verdict) in done {
+                match verdict {
+                    crate::metrics::publish::Published::Copied => {
+                        tracing::info!(file = name, "published into {}", to.display());
+                    }
+                    crate::metrics::publish::Published::Absent => {
+                        tracing::info!(file = name, "not written yet: nothing published");
+                    }
+                    crate::metrics::publish::Published::Refused(why) => tracing::warn!(
+                        file = name,
+                        "{} refused ({}); removed from {}; the agent rewrites it within 15 s",
+                        from.join(name).display(),
+                        crate::error::outside_text(&why),
+                        to.display()
+                    ),
+                }
+            }
+            ExitStatus::Ok
+        }
+        Err(e) => {
+            tracing::error!(code = %crate::error::ErrorCode::ConfigInvalid, "metrics-publish: {e}; check [metrics] dir and {}", to.display());
+            ExitStatus::Environment
         }
     }
 }

@@ -38,7 +38,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Waited beyond an exec's own timeout: the helper's SIGTERM grace, the drain of the output and
 /// the in-container sweep of a timed-out command, and the transfer of the answer.
 pub const EXEC_MARGIN: Duration = Duration::from_secs(45);
-/// The longest wait for a push's answer: the helper's `pct push`, its read-back, and transfer.
+/// The longest wait for a push's answer: the helper's `pct exec` that writes the file, its
+/// read-back, and transfer.
 pub const PUSH_WAIT: Duration = Duration::from_secs(480);
 /// How many bytes of the helper's message an error keeps.
 const MESSAGE_KEEP: usize = 512;
@@ -361,7 +362,7 @@ impl ExecMode {
     pub fn describe(&self) -> String {
         match self {
             ExecMode::Direct => {
-                "the agent runs `pct exec`/`pct push` itself (it runs as root and [exec] helper_socket is not set)".to_string()
+                "the agent runs `pct exec` itself (it runs as root and [exec] helper_socket is not set)".to_string()
             }
             ExecMode::Helper { socket, configured: true } => format!(
                 "through the root exec helper at {} ([exec] helper_socket)",

@@ -2,8 +2,11 @@
 //!
 //! It takes its listening socket from systemd socket activation (`LISTEN_FDS`/`LISTEN_PID`,
 //! one socket, fd 3; `felhom-agent-exec.socket`) and exits after [`IDLE_EXIT`] without a
-//! connection (systemd starts it again on the next one), or binds `--socket PATH` itself (mode
-//! 0660, group of `[agent] user`) and runs until SIGTERM.
+//! connection (systemd starts it again on the next one), or binds `--socket PATH` itself and runs
+//! until SIGTERM: only in a folder of root's that group and others cannot write, bound in a
+//! private folder inside it, given mode 0660 and the group of `[agent] user` there, then
+//! renamed into place (`bind_socket`), so no name is ever changed by path where someone else
+//! could swap it.
 //!
 //! Each connection: the peer's uid (`SO_PEERCRED`) must be 0 or the uid of `[agent] user`
 //! (resolved at start), else `exec_caller_refused` before anything is read. Then one request
@@ -24,7 +27,6 @@
 //! (or the pushed path, mode and size), the names of the env variables, the size of stdin and
 //! the result. Env values, stdin and pushed bytes are never logged.
 
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -45,8 +47,12 @@ use crate::error::{outside_text, ErrorCode, ExitStatus};
 use crate::guest::exec::{GuestExec, PushSource};
 use crate::guest::lxc::{LxcExec, PctConfig};
 
-/// How many connections are served at once.
-pub const MAX_CONNECTIONS: usize = 16;
+/// How many connections are served at once. Each may hold a request frame of 24 MiB, its
+/// decoded stdin, two 8 MiB output buffers and their encoded answer at once (about 70 MiB at the
+/// limits): 8 stay inside the unit's `MemoryMax=1G` (640 MiB peak, measured by
+/// `tests/tests/exec_helper.rs`; 16 went over it). The agent runs at most a few transactions at
+/// once, each one exec at a time; more connections wait in the socket's backlog.
+pub const MAX_CONNECTIONS: usize = 8;
 /// How long a caller may take to send its request.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long writing the response may take.
@@ -117,35 +123,113 @@ fn activated_socket() -> Result<Option<std::os::unix::net::UnixListener>, String
         .map_err(|e| format!("the socket systemd passed (fd 3) is not a Unix stream socket: {e}"))
 }
 
-/// Bind `path`: a stale socket there is removed, anything else is refused; mode 0660, group
-/// `gid` when given.
+/// Bind `path` without a path race. Its folder, opened without following a link as its last
+/// component, must be a folder of root's that neither group nor others may write (else anyone
+/// who can write there could swap names under the helper's `chmod`/`chown`); the socket is bound
+/// in a fresh 0700 folder of root's made inside it (reached through the opened folder's
+/// descriptor, `/proc/self/fd/N/...`), given mode 0660 and group `gid` there, then renamed over
+/// `path`. At `path`, a stale socket is replaced; anything else is refused.
 fn bind_socket(path: &Path, gid: Option<u32>) -> Result<std::os::unix::net::UnixListener, String> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(|e| {
-            format!("cannot remove the stale socket {}: {e}", path.display())
-        })?,
-        Ok(_) => {
-            return Err(format!(
-                "{} exists and is not a socket; the helper will not remove it. Remove it by hand or pass another --socket",
-                path.display()
-            ))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("cannot inspect {}: {e}", path.display())),
-    }
-    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
+    use nix::fcntl::{open, renameat, AtFlags, OFlag};
+    use nix::sys::stat::{fchmodat, fstat, fstatat, mkdirat, FchmodatFlags, Mode, SFlag};
+    use std::os::fd::AsRawFd;
+    let shown = path.display();
+    let (Some(folder), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(format!(
+            "--socket {shown} names no file in a folder; pass the socket's full path, e.g. /run/felhom-agent/exec.sock"
+        ));
+    };
+    let folder = if folder.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        folder
+    };
+    let dir = open(
+        folder,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
         format!(
-            "cannot bind {}: {e}; check that its folder exists",
-            path.display()
+            "cannot open the socket's folder {} (a folder, not a link): {e}; create it as root with mode 0755",
+            folder.display()
         )
     })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
-    if let Some(gid) = gid {
-        nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))
-            .map_err(|e| format!("cannot give {} to group {gid}: {e}", path.display()))?;
+    let st = fstat(&dir).map_err(|e| format!("cannot inspect {}: {e}", folder.display()))?;
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(format!(
+            "the socket's folder {} belongs to uid {} with mode {:o}: the exec helper binds only in a folder of root's that group and others cannot write (anyone who can write there could swap the socket's name for a link). Use /run/felhom-agent (the packaged socket unit), or `chown root:root` and `chmod go-w` the folder",
+            folder.display(),
+            st.st_uid,
+            st.st_mode & 0o7777
+        ));
     }
-    Ok(listener)
+    match fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(m) if SFlag::from_bits_truncate(m.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFSOCK => {}
+        Ok(_) => {
+            return Err(format!(
+                "{shown} exists and is not a socket; the helper will not remove it. Remove it by hand or pass another --socket"
+            ))
+        }
+        Err(nix::errno::Errno::ENOENT) => {}
+        Err(e) => return Err(format!("cannot inspect {shown}: {e}")),
+    }
+    // A private folder of root's beside the final name: nobody else can reach the socket's
+    // name there while it gets its mode and group.
+    let private = format!(".{}.{}", name.to_string_lossy(), ulid::Ulid::new());
+    mkdirat(&dir, private.as_str(), Mode::from_bits_truncate(0o700)).map_err(|e| {
+        format!(
+            "cannot create a private folder in {}: {e}",
+            folder.display()
+        )
+    })?;
+    let cleanup = |dir: &std::os::fd::OwnedFd| {
+        let _ = nix::unistd::unlinkat(dir, private.as_str(), nix::unistd::UnlinkatFlags::RemoveDir);
+    };
+    let result = (|| {
+        let sub = nix::fcntl::openat(
+            &dir,
+            private.as_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            format!(
+                "cannot open the private folder in {}: {e}",
+                folder.display()
+            )
+        })?;
+        let through = PathBuf::from(format!("/proc/self/fd/{}", sub.as_raw_fd())).join(name);
+        let listener = std::os::unix::net::UnixListener::bind(&through)
+            .map_err(|e| format!("cannot bind {shown}: {e}"))?;
+        let bound = (|| {
+            fchmodat(
+                &sub,
+                name,
+                Mode::from_bits_truncate(0o660),
+                FchmodatFlags::FollowSymlink,
+            )
+            .map_err(|e| format!("cannot chmod {shown}: {e}"))?;
+            if let Some(gid) = gid {
+                nix::unistd::fchownat(
+                    &sub,
+                    name,
+                    None,
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map_err(|e| format!("cannot give {shown} to group {gid}: {e}"))?;
+            }
+            renameat(&sub, name, &dir, name)
+                .map_err(|e| format!("cannot move the socket to {shown}: {e}"))
+        })();
+        if bound.is_err() {
+            let _ = nix::unistd::unlinkat(&sub, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        }
+        bound.map(|()| listener)
+    })();
+    cleanup(&dir);
+    result
 }
 
 /// Run the helper: `felhom-agent exec-helper [--config PATH] [--socket PATH]`.
@@ -197,10 +281,14 @@ pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
             )
         }
     };
+    let pct = PctConfig {
+        lxc_path: cfg.exec.lxc_path.clone(),
+        ..PctConfig::default()
+    };
     let ctx = Arc::new(Ctx {
         cfg,
         owners: Owners { agent_uid },
-        pct: PctConfig::default(),
+        pct,
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

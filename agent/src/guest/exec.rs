@@ -1,6 +1,6 @@
 //! The guest exec seam: [`GuestExec`] runs a command inside one guest and pushes files into it.
 //!
-//! Two implementations exist: [`crate::guest::lxc::LxcExec`] (`pct exec` / `pct push`) and
+//! Two implementations exist: [`crate::guest::lxc::LxcExec`] (`pct exec`, files on its stdin) and
 //! [`crate::guest::qemu::QemuExec`] (the PVE guest agent API). This module owns what they share:
 //! the request and outcome types, the controlled environment every command runs with (the
 //! `env -i` wrapper, so nothing from the agent's environment reaches a guest), the tag that lets
@@ -299,6 +299,15 @@ pub enum ExecError {
         /// The guest.
         guest: GuestRef,
     },
+    /// The container's LXC command socket is held by someone other than root's LXC monitor of
+    /// that container: `pct exec` would enter what that listener names, so it is not run.
+    #[error("{guest}: its LXC command socket cannot be trusted ({detail}); `pct exec` was not run. Check `ss -xlp | grep /{vmid}/command` on the node and stop whatever holds it, then `pct status {vmid}`", vmid = guest.vmid)]
+    MonitorUntrusted {
+        /// The guest.
+        guest: GuestRef,
+        /// Who holds it, or why it cannot be proven.
+        detail: String,
+    },
     /// The VM runs but its guest agent does not answer.
     #[error("the QEMU guest agent of {guest} is not running; wait for the guest to finish booting or install and start qemu-guest-agent in it")]
     AgentNotRunning {
@@ -388,6 +397,7 @@ impl ExecError {
             Self::Spawn { .. } => ErrorCode::ConfigInvalid,
             Self::HelperUnavailable { .. } => ErrorCode::ExecHelperUnavailable,
             Self::HelperRefused { code, .. } => *code,
+            Self::MonitorUntrusted { .. } => ErrorCode::ExecMonitorUntrusted,
             _ => ErrorCode::LaunchUnproven,
         }
     }

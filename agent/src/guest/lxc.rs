@@ -34,6 +34,7 @@ use super::exec::{
 
 /// The largest file a push reads from the node (a file named by [`PushSource::Path`]).
 pub const MAX_PUSH_BYTES: u64 = 64 * 1024 * 1024;
+use super::lxc_monitor::Monitor;
 use crate::pve::GuestKind;
 
 /// `PATH` given to the `pct` process (what PVE's CLI handler sets itself).
@@ -55,6 +56,9 @@ pub struct PctConfig {
     /// Formerly where pushed bytes were staged for `pct push`; pushes now go through
     /// `pct exec` and stage nothing on the node.
     pub scratch_dir: PathBuf,
+    /// LXC's lxcpath: before every `pct exec`, the container's command socket under it must be
+    /// held by root's LXC monitor of that container ([`super::lxc_monitor`]).
+    pub lxc_path: PathBuf,
 }
 
 impl Default for PctConfig {
@@ -66,6 +70,7 @@ impl Default for PctConfig {
             sweep_timeout: Duration::from_secs(15),
             push_timeout: Duration::from_secs(300),
             scratch_dir: std::env::temp_dir(),
+            lxc_path: PathBuf::from(super::lxc_monitor::DEFAULT_LXC_PATH),
         }
     }
 }
@@ -207,6 +212,15 @@ impl LxcExec {
         stop: Option<&CancellationToken>,
     ) -> Result<ExecOutcome, ExecError> {
         let guest = self.guest_ref();
+        // Right before `pct exec`: the container's command socket must be root's monitor's,
+        // or `lxc-attach` would enter whatever its listener names.
+        match super::lxc_monitor::check_monitor(&self.config.lxc_path, self.vmid) {
+            Monitor::Trusted(_) => {}
+            Monitor::Absent => return Err(ExecError::NotRunning { guest }),
+            Monitor::Untrusted(detail) => {
+                return Err(ExecError::MonitorUntrusted { guest, detail });
+            }
+        }
         let program = self.resolve_program();
         let mut cmd = tokio::process::Command::new(&program);
         cmd.args(&args)
@@ -287,7 +301,14 @@ impl LxcExec {
         };
 
         // Output still buffered in the pipes arrives now; a process that escaped the group may
-        // hold a pipe open, so do not wait for it forever.
+        // hold a pipe open, so do not wait for it forever: after the grace the readers are
+        // aborted, which closes their ends of the pipes (a guest process that keeps its end
+        // open holds no descriptor of ours).
+        let aborts: Vec<tokio::task::AbortHandle> = [&stdout_task, &stderr_task, &stdin_task]
+            .into_iter()
+            .flatten()
+            .map(tokio::task::JoinHandle::abort_handle)
+            .collect();
         let readers = async {
             if let Some(t) = stdout_task {
                 let _ = t.await;
@@ -297,8 +318,8 @@ impl LxcExec {
             }
         };
         let _ = tokio::time::timeout(self.config.drain_grace, readers).await;
-        if let Some(t) = stdin_task {
-            t.abort();
+        for task in aborts {
+            task.abort();
         }
         let take = |buf: &Arc<Mutex<Captured>>| {
             std::mem::take(&mut *buf.lock().unwrap_or_else(|e| e.into_inner()))

@@ -3,7 +3,8 @@
 //!
 //! - [`exec`]: the [`GuestExec`] seam, its request/outcome types, the controlled environment,
 //!   push verification;
-//! - [`lxc`]: [`LxcExec`], `pct exec` / `pct push`;
+//! - [`lxc`]: [`LxcExec`], `pct exec` (files too, on its stdin);
+//! - [`lxc_monitor`]: who holds a container's LXC command socket, checked before every `pct exec`;
 //! - [`qemu`]: [`QemuExec`] over the [`GuestAgentApi`] seam the PVE client implements;
 //! - [`bootstrap`]: profiles pushed into the guest and run once per transaction;
 //! - [`checks`]: osquery check packs, run with `osqueryi --json` and judged pass/fail/error.
@@ -15,6 +16,7 @@ pub mod bootstrap;
 pub mod checks;
 pub mod exec;
 pub mod lxc;
+pub mod lxc_monitor;
 pub mod qemu;
 pub mod qemu_pve;
 

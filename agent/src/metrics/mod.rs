@@ -15,6 +15,7 @@
 //!
 //! It may use `provision` (the journal's types), `config` and `error`.
 
+pub mod publish;
 pub mod stats;
 pub mod textfile;
 

@@ -1,7 +1,8 @@
 //! The safe write of one file into the metrics folder (`[metrics] dir`).
 //!
-//! The package's folder is the agent's own (`/var/lib/felhom-agent-metrics`); node_exporter
-//! reads the files through root-owned links in its textfile folder. An operator may point
+//! The package's folder is the agent's own (`/var/lib/felhom-agent-metrics`); root copies the
+//! files, checked, into node_exporter's textfile folder ([`super::publish`], which writes there
+//! with this same writer). An operator may point
 //! `[metrics] dir` elsewhere, where others may put anything at any name at any time, including
 //! a symlink to a file only root may write; a command-line run may be root. So no name in the
 //! folder is trusted:

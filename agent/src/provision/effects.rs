@@ -1646,8 +1646,8 @@ pub fn scratch_dir(cfg: &Config) -> PathBuf {
     cfg.state_dir.join("scratch")
 }
 
-/// How the agent runs `pct` itself (as root): the defaults, bytes to push staged in the
-/// [`scratch_dir`] (created 0700 here).
+/// How the agent runs `pct` itself (as root): the defaults, the [`scratch_dir`] (created 0700
+/// here; files themselves go on `pct exec`'s stdin, nothing is staged) and `[exec] lxc_path`.
 pub fn direct_pct(cfg: &Config) -> PctConfig {
     let scratch = scratch_dir(cfg);
     if let Err(e) = std::fs::DirBuilder::new()
@@ -1659,6 +1659,7 @@ pub fn direct_pct(cfg: &Config) -> PctConfig {
     }
     PctConfig {
         scratch_dir: scratch,
+        lxc_path: cfg.exec.lxc_path.clone(),
         ..PctConfig::default()
     }
 }
