@@ -998,7 +998,42 @@ pub fn read_secret_file(path: &Path) -> Result<Secret, Failure> {
     if secret.is_empty() {
         return Err(invalid(format!("secret file {} is empty", path.display())));
     }
+    // One line of printable ASCII: it goes into an HTTP header, where a second line or a
+    // control character would otherwise surface later as a failed TLS or HTTP request. What
+    // is wrong is said by position, never by showing the text.
+    if let Some(why) = secret_shape_problem(secret) {
+        return Err(Failure::new(
+            ErrorCode::TokenFileInvalid,
+            format!(
+                "secret file {} {why}; it must hold the secret alone on one line (printable ASCII, no spaces; a final newline is fine): write it again with `install -m 600 /dev/stdin {}` and paste the secret",
+                path.display(),
+                path.display()
+            ),
+        ));
+    }
     Ok(Secret::new(secret))
+}
+
+/// What is wrong with a trimmed secret's shape, never quoting it: several lines, a control
+/// character, a space or a non-ASCII character.
+fn secret_shape_problem(secret: &str) -> Option<String> {
+    let lines = secret.lines().count();
+    if lines > 1 {
+        return Some(format!("holds {lines} lines"));
+    }
+    secret
+        .char_indices()
+        .find(|(_, c)| !c.is_ascii_graphic())
+        .map(|(i, c)| {
+            let what = if c.is_control() {
+                "a control character"
+            } else if c.is_whitespace() {
+                "a space"
+            } else {
+                "a non-ASCII character"
+            };
+            format!("holds {what} at byte {i}")
+        })
 }
 
 /// The node name PVE uses: `uname -n` up to the first `.`.
@@ -1505,5 +1540,29 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn a_secret_file_of_two_lines_or_with_spaces_is_token_file_invalid() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("token");
+        for (bytes, says) in [
+            (&b"11111111-2222\n4333-8444\n"[..], "holds 2 lines"),
+            (&b"1111 2222\n"[..], "a space at byte 4"),
+            (&b"11\x0722\n"[..], "a control character at byte 2"),
+        ] {
+            fs::write(&p, bytes).expect("write");
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).expect("chmod");
+            let f = read_secret_file(&p).expect_err("refused");
+            assert_eq!(f.code, ErrorCode::TokenFileInvalid, "{f:?}");
+            assert!(f.message.contains(says), "{}", f.message);
+            assert!(
+                !f.message.contains("1111"),
+                "the secret is never shown: {}",
+                f.message
+            );
+        }
+        fs::write(&p, b"11111111-2222-4333-8444-555555555555\n").expect("write");
+        assert!(read_secret_file(&p).is_ok());
     }
 }

@@ -250,11 +250,18 @@ pub enum ErrorCode {
     /// A restore task ended OK but the guest is not in the agent's pool, where the token can
     /// neither mark nor remove it.
     GuestOutsidePool,
+    /// The agent's state folder (journal, outbox, locks) has too little free space for the
+    /// journal's write-ahead records; nothing was written.
+    StateDirFull,
+    /// A secret file (the PVE token, the hub token) is not one line of printable text.
+    TokenFileInvalid,
+    /// The operator interrupted the run (Ctrl-C, SIGTERM) while it ran in a guest.
+    Interrupted,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 41] = [
+    pub const ALL: [ErrorCode; 44] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -296,6 +303,9 @@ impl ErrorCode {
         ErrorCode::PoolMissing,
         ErrorCode::PveUnsupported,
         ErrorCode::GuestOutsidePool,
+        ErrorCode::StateDirFull,
+        ErrorCode::TokenFileInvalid,
+        ErrorCode::Interrupted,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -342,6 +352,9 @@ impl ErrorCode {
             ErrorCode::PoolMissing => "pool_missing",
             ErrorCode::PveUnsupported => "pve_unsupported",
             ErrorCode::GuestOutsidePool => "guest_outside_pool",
+            ErrorCode::StateDirFull => "state_dir_full",
+            ErrorCode::TokenFileInvalid => "token_file_invalid",
+            ErrorCode::Interrupted => "interrupted",
         }
     }
 }
@@ -519,8 +532,11 @@ mod tests {
             (ErrorCode::PoolMissing, "pool_missing"),
             (ErrorCode::PveUnsupported, "pve_unsupported"),
             (ErrorCode::GuestOutsidePool, "guest_outside_pool"),
+            (ErrorCode::StateDirFull, "state_dir_full"),
+            (ErrorCode::TokenFileInvalid, "token_file_invalid"),
+            (ErrorCode::Interrupted, "interrupted"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 41);
+        assert_eq!(ErrorCode::ALL.len(), 44);
     }
 
     #[test]

@@ -97,9 +97,10 @@ fn demo_fails_when_the_exec_helper_cannot_read_the_container_config() {
         .map(|l| format!("{l}\n"))
         .collect();
     assert_ne!(broken, text, "tests/demo.sh no longer sets pve_nodes_dir");
-    let copy = ScriptCopy(
-        workspace_root().join(format!("tests/.demo-no-nodes-dir-{}.sh", std::process::id())),
-    );
+    let copy = ScriptCopy(workspace_root().join(format!(
+        "tests/.demo-no-nodes-dir-{}.sh",
+        std::process::id()
+    )));
     fs::write(&copy.0, broken).expect("write the demo's copy");
     let out = run_demo(&copy.0);
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -216,10 +216,54 @@ pub fn run(cli: Cli) -> ExitStatus {
             "{}",
             serde_json::to_string_pretty(&out.json).unwrap_or_else(|_| "{}".to_string())
         );
+        // The document holds the error too; a person (or `2>`) sees it on stderr as well.
+        if let Some(e) = out.json.get("error").filter(|e| !e.is_null()) {
+            eprintln!(
+                "error [{}]: {}",
+                e["code"].as_str().unwrap_or("-"),
+                e["message"].as_str().unwrap_or("")
+            );
+        }
     } else if !out.human.is_empty() {
-        println!("{}", out.human.trim_end());
+        let (results, errors) = split_streams(&out.human);
+        if !results.is_empty() {
+            println!("{}", results.trim_end());
+        }
+        if !errors.is_empty() {
+            eprintln!("{}", errors.trim_end());
+        }
     }
     out.status
+}
+
+/// Whether a line of a command's human output is an error or a warning: those go to stderr,
+/// so `felhom-agent guests > list.txt` never hides one in the file; results go to stdout.
+fn is_error_line(line: &str) -> bool {
+    [
+        "error [",
+        "halted [",
+        "warning: ",
+        "usage error",
+        "see `felhom-agent --help`",
+    ]
+    .iter()
+    .any(|p| line.starts_with(p))
+}
+
+/// The human output split into (stdout, stderr).
+fn split_streams(human: &str) -> (String, String) {
+    let mut results = String::new();
+    let mut errors = String::new();
+    for line in human.lines() {
+        let to = if is_error_line(line) {
+            &mut errors
+        } else {
+            &mut results
+        };
+        to.push_str(line);
+        to.push('\n');
+    }
+    (results, errors)
 }
 
 /// `journal refresh|resolve|resume|cancel`.
@@ -363,6 +407,17 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     output::journal_recent(service::journal_listing(&cfg))
                 }
                 Command::Destroy { vmid } => {
+                    match service::nothing_to_destroy(&cfg, &vmid) {
+                        Ok(Some((vmid, message))) => {
+                            return CommandOutput {
+                                json: json!({"vmid": vmid, "outcome": "nothing_to_destroy", "destroyed": false, "message": message, "error": null}),
+                                human: message,
+                                status: ExitStatus::Ok,
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(f) => return CommandOutput::failure(&f),
+                    }
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(
                         service::destroy(&cfg, &vmid, Ulid::new(), &reporter, shutdown_token()).await,

@@ -177,9 +177,19 @@ pub enum JournalError {
 }
 
 impl JournalError {
-    /// The stable code: the journal is part of the node's environment (state dir, disk).
+    /// The stable code: the journal is part of the node's environment (state dir, disk); a
+    /// full disk (ENOSPC, EDQUOT) is `state_dir_full`, not a configuration error.
     pub fn code(&self) -> ErrorCode {
-        ErrorCode::ConfigInvalid
+        let source = match self {
+            JournalError::CreateDir { source, .. } | JournalError::Io { source, .. } => {
+                Some(source)
+            }
+            _ => None,
+        };
+        match source.and_then(io::Error::raw_os_error) {
+            Some(nix::libc::ENOSPC | nix::libc::EDQUOT) => ErrorCode::StateDirFull,
+            _ => ErrorCode::ConfigInvalid,
+        }
     }
 }
 

@@ -1,0 +1,258 @@
+//! What a new operator meets first, on the test bed: a failure of the environment (PVE not
+//! answering, a wrong certificate pin, the exec helper down) is exit 6 with its own code,
+//! found by the preflight before any write and journaling nothing; `vmid-check` of a pool
+//! guest says it cannot tell when PVE does not answer; a backup that does not exist is
+//! `backup_missing` whatever the token's ACLs; `destroy` of a vmid where no guest exists is
+//! not "needs a human"; and error lines go to stderr, results to stdout.
+
+use std::fs;
+use std::net::TcpListener;
+
+use felhom_tests::agent::AgentRun;
+use felhom_tests::fakepve::toml_string;
+use felhom_tests::world::World;
+
+/// Replace one line of `agent.toml` that starts with `key = `.
+fn set_config_line(w: &World, key: &str, value: &str) {
+    let text = w.files.config_text();
+    let prefix = format!("{key} = ");
+    let mut found = false;
+    let new: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with(&prefix) && !found {
+                found = true;
+                format!("{prefix}{value}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert!(found, "agent.toml has no {key}:\n{text}");
+    fs::write(&w.files.config_path, new).expect("write agent.toml");
+}
+
+/// An https URL on loopback where nothing listens (a port bound, then released).
+fn closed_url(w: &World) -> String {
+    let l = TcpListener::bind((w.pve.host(), 0)).expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    drop(l);
+    format!("https://{}:{port}", w.pve.host())
+}
+
+/// Files in the state folder's journal (the agent's own record of transactions), counted on
+/// disk.
+fn journal_files(w: &World) -> Vec<String> {
+    let dir = w.state_dir().join("journal");
+    let Ok(rd) = fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    rd.filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect()
+}
+
+/// Outbox bytes: what a command line run spooled for the hub.
+fn outbox_bytes(w: &World) -> u64 {
+    let dir = w.state_dir().join("outbox");
+    let Ok(rd) = fs::read_dir(&dir) else {
+        return 0;
+    };
+    rd.filter_map(Result::ok)
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+fn assert_environment(run: &AgentRun, code: &str, names: &[&str]) {
+    assert_eq!(
+        run.code,
+        Some(6),
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout,
+        run.stderr
+    );
+    let line = format!("error [{code}]");
+    assert!(
+        run.stderr.contains(&line),
+        "the error line {line:?} is on stderr:\nstdout:\n{}\nstderr:\n{}",
+        run.stdout,
+        run.stderr
+    );
+    assert!(
+        !run.stdout.contains("error ["),
+        "no error line on stdout:\n{}",
+        run.stdout
+    );
+    for n in names {
+        assert!(
+            run.stderr.contains(n),
+            "the error names {n:?}:\n{}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn pve_unreachable_is_exit_6_with_its_code_and_journals_nothing() {
+    let w = World::demo();
+    let url = closed_url(&w);
+    set_config_line(&w, "url", &toml_string(&url));
+    for args in [
+        &["--selftest=provision", "-vmid", "120"][..],
+        &["--selftest=provision", "-vmid", "120", "--dry-run"][..],
+        &["--selftest=restore"][..],
+    ] {
+        let run = w.agent(args);
+        assert_environment(&run, "pve_unreachable", &[&url]);
+    }
+    assert!(journal_files(&w).is_empty(), "{:?}", journal_files(&w));
+    assert_eq!(outbox_bytes(&w), 0, "nothing spooled for the hub");
+    assert!(w.pve.requests().is_empty(), "{:?}", w.pve.requests());
+}
+
+#[test]
+fn a_wrong_pin_is_exit_6_tls_pin_mismatch_and_journals_nothing() {
+    let w = World::demo();
+    set_config_line(&w, "tls_fingerprint", &toml_string(&"ab".repeat(32)));
+    let run = w.agent(&["--selftest=provision", "-vmid", "120"]);
+    assert_environment(&run, "tls_pin_mismatch", &[]);
+    let run = w.agent(&["--selftest=restore"]);
+    assert_environment(&run, "tls_pin_mismatch", &[]);
+    assert!(journal_files(&w).is_empty(), "{:?}", journal_files(&w));
+    assert_eq!(outbox_bytes(&w), 0, "nothing spooled for the hub");
+    // The handshake failed before any request reached the fake's API.
+    assert!(w.pve.requests().is_empty(), "{:?}", w.pve.requests());
+}
+
+#[test]
+fn the_exec_helper_down_is_found_before_the_restore() {
+    let mut w = World::demo();
+    drop(w.helper.take());
+    let run = w.agent(&["--selftest=provision", "-vmid", "120"]);
+    assert_environment(&run, "exec_helper_unavailable", &["exec.sock"]);
+    assert!(w.pve.writes().is_empty(), "{:?}", w.pve.writes());
+    assert!(journal_files(&w).is_empty(), "{:?}", journal_files(&w));
+}
+
+#[test]
+fn vmid_check_of_a_pool_guest_with_pve_unreachable_cannot_tell() {
+    let w = World::demo();
+    // 200 is a pool guest: only PVE can say whether it is the pool's.
+    let run = w.agent(&["vmid-check", "200"]);
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    set_config_line(&w, "url", &toml_string(&closed_url(&w)));
+    let run = w.agent(&["vmid-check", "200"]);
+    assert_environment(&run, "pve_unreachable", &["200"]);
+    assert!(
+        run.stderr.contains("cannot be told") && !run.stderr.contains("token cannot see"),
+        "a pool guest is not called foreign when PVE does not answer:\n{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    // A vmid the full list does not hold needs no PVE: still free.
+    let run = w.agent(&["vmid-check", "120"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+}
+
+#[test]
+fn a_mistyped_backup_is_backup_missing_whatever_the_acls() {
+    let w = World::demo();
+    // vmid 999 has no guest and the token holds nothing on /vms/999: PVE's listing hides a
+    // backup it may not read, and one that does not exist, alike.
+    let missing = "local:backup/vzdump-lxc-999-2026_01_01-00_00_00.tar.zst";
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "120",
+        "--from",
+        missing,
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "backup_missing", "{doc:#}");
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(missing) && m.contains("does not exist")),
+        "{doc:#}"
+    );
+    assert!(w.pve.writes().is_empty(), "{:?}", w.pve.writes());
+}
+
+#[test]
+fn destroy_of_a_vmid_without_a_guest_is_not_needs_human() {
+    let w = World::demo();
+    let run = w.agent(&["destroy", "-vmid", "4321"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("nothing to destroy") && run.stdout.contains("4321"),
+        "{}",
+        run.stdout
+    );
+    assert!(w.pve.writes().is_empty(), "{:?}", w.pve.writes());
+}
+
+#[test]
+fn a_refusal_goes_to_stderr_and_the_result_to_stdout() {
+    let w = World::demo();
+    // 101 is a foreign container: refused before any write.
+    let run = w.agent(&["--selftest=provision", "-vmid", "101"]);
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("error [vmid_in_use]"),
+        "stderr:\n{}",
+        run.stderr
+    );
+    assert!(!run.stdout.contains("error ["), "stdout:\n{}", run.stdout);
+    assert!(
+        run.stdout.contains("vmid 101: refused"),
+        "the result stays on stdout:\n{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn doctor_lists_the_checks_that_need_pve_as_skipped_and_checks_free_space() {
+    let w = World::demo();
+    set_config_line(&w, "url", &toml_string(&closed_url(&w)));
+    let run = w.agent(&["doctor", "--json"]);
+    assert_eq!(run.code, Some(6), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let checks = doc["checks"].as_array().expect("checks");
+    let status = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["status"].as_str().unwrap_or("").to_string())
+            .unwrap_or_else(|| panic!("doctor lists no {name} check: {doc:#}"))
+    };
+    assert_eq!(status("pve_tls"), "fail", "{doc:#}");
+    for name in ["pve_token", "pve_version", "privileges", "pool"] {
+        assert_eq!(status(name), "skipped", "{name}: {doc:#}");
+    }
+    assert_eq!(status("state_space"), "pass", "{doc:#}");
+}
+
+#[test]
+fn a_token_file_of_two_lines_is_token_file_invalid_not_a_tls_failure() {
+    let w = World::demo();
+    let secret = w.pve.token_secret();
+    let (a, b) = secret.split_at(8);
+    fs::write(&w.files.token_secret_file, format!("{a}\n{b}\n")).expect("write the token file");
+    let run = w.agent(&["--selftest=provision", "-vmid", "120"]);
+    assert_environment(&run, "token_file_invalid", &["holds 2 lines"]);
+    assert!(!run.stderr.contains(&secret) && !run.stderr.contains(b));
+    let run = w.agent(&["doctor"]);
+    assert_eq!(run.code, Some(6), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("token_file_invalid") || run.stdout.contains("holds 2 lines"),
+        "{}",
+        run.stdout
+    );
+    assert!(w.pve.requests().is_empty(), "{:?}", w.pve.requests());
+}
