@@ -348,6 +348,9 @@ for u in felhom-agent.service felhom-restore-test.service; do
   grep -qx 'Wants=felhom-agent-exec.socket' "$r/lib/systemd/system/$u" || fail "$u does not want the exec helper's socket"
   grep -qx 'LoadCredential=pve-token:/etc/felhom-agent/pve-token' "$r/lib/systemd/system/$u" ||
     fail "$u does not hand over the PVE token secret with LoadCredential="
+  # A node without a hub has no hub-token file: SetCredential= is LoadCredential='s default.
+  grep -qx 'SetCredential=hub-token:absent' "$r/lib/systemd/system/$u" ||
+    fail "$u fails to start without /etc/felhom-agent/hub-token (no SetCredential=hub-token:absent)"
 done
 [ -z "$(unit_key felhom-agent-exec.service User)" ] || fail "the exec helper must run as root"
 grep -qx 'ExecStart=/usr/bin/felhom-agent exec-helper' "$r/lib/systemd/system/felhom-agent-exec.service" ||

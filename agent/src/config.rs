@@ -854,6 +854,10 @@ pub fn credentials_dir() -> Option<PathBuf> {
     dir.is_absolute().then_some(dir)
 }
 
+/// The value the units give a credential whose file systemd could not read
+/// (`SetCredential=<name>:absent` beside `LoadCredential=`).
+pub const CREDENTIAL_ABSENT: &str = "absent";
+
 /// Read the secret configured at `configured`, or, when `creds` (systemd's credentials folder)
 /// holds a credential named `name`, that one instead. Returns the file read and the secret;
 /// both go through [`read_secret_file`]'s checks (a credential is owned by the service's user,
@@ -866,7 +870,16 @@ pub fn read_secret(
     if let Some(dir) = creds {
         let cred = dir.join(name);
         if fs::symlink_metadata(&cred).is_ok() {
-            return read_secret_file(&cred).map(|s| (cred, s));
+            let secret = read_secret_file(&cred)?;
+            // The units' `SetCredential=<name>:absent`: systemd's default when the
+            // LoadCredential= file could not be read (a node without a hub has no hub-token).
+            if secret.expose() == CREDENTIAL_ABSENT {
+                return Err(invalid(format!(
+                    "the service found no {} when it started (its credential {name} is the unit's default {CREDENTIAL_ABSENT:?}); create the file (mode 0600, owned by root) and restart the unit, or remove the section that names it from the config",
+                    configured.display()
+                )));
+            }
+            return Ok((cred, secret));
         }
     }
     match read_secret_file(configured) {
@@ -1564,5 +1577,23 @@ mod tests {
         }
         fs::write(&p, b"11111111-2222-4333-8444-555555555555\n").expect("write");
         assert!(read_secret_file(&p).is_ok());
+    }
+
+    #[test]
+    fn the_units_default_credential_names_the_missing_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let creds = dir.path().join("creds");
+        fs::create_dir(&creds).expect("mkdir");
+        let cred = creds.join("hub-token");
+        fs::write(&cred, "absent").expect("write");
+        fs::set_permissions(&cred, fs::Permissions::from_mode(0o400)).expect("chmod");
+        let configured = dir.path().join("hub-token");
+        let f = read_secret(&configured, "hub-token", Some(&creds)).expect_err("refused");
+        assert_eq!(f.code, ErrorCode::ConfigInvalid, "{f:?}");
+        assert!(
+            f.message.contains(&configured.display().to_string()),
+            "{}",
+            f.message
+        );
     }
 }

@@ -256,3 +256,65 @@ fn a_token_file_of_two_lines_is_token_file_invalid_not_a_tls_failure() {
     );
     assert!(w.pve.requests().is_empty(), "{:?}", w.pve.requests());
 }
+
+/// Both units that load the hub token start on a node without one: `SetCredential=` with the
+/// same name is `LoadCredential=`'s default when the file cannot be read (systemd.exec(5),
+/// "SetCredential="); `systemd-analyze verify`, where it runs, accepts the lines.
+#[test]
+fn the_units_start_on_a_node_without_a_hub_token() {
+    let dir = felhom_tests::fakepve::workspace_root().join("systemd");
+    let units = ["felhom-agent.service", "felhom-restore-test.service"];
+    for u in units {
+        let text = fs::read_to_string(dir.join(u)).expect("read unit");
+        let lines: Vec<&str> = text.lines().collect();
+        let load = lines
+            .iter()
+            .position(|l| l.starts_with("LoadCredential=hub-token:"))
+            .unwrap_or_else(|| panic!("{u} loads no hub-token"));
+        assert!(
+            lines[load..].contains(&"SetCredential=hub-token:absent"),
+            "{u}: no SetCredential=hub-token:absent after its LoadCredential=hub-token"
+        );
+    }
+    let Ok(out) = std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+    else {
+        eprintln!("systemd-analyze is not installed: the unit syntax is not verified here");
+        return;
+    };
+    assert!(out.status.success());
+    let root = tempfile::tempdir().expect("tmp");
+    let sys = root.path().join("etc/systemd/system");
+    fs::create_dir_all(&sys).expect("mkdir");
+    fs::create_dir_all(root.path().join("usr/bin")).expect("mkdir");
+    let bin = root.path().join("usr/bin/felhom-agent");
+    fs::write(&bin, "#!/bin/sh\n").expect("stub");
+    std::process::Command::new("chmod")
+        .arg("755")
+        .arg(&bin)
+        .status()
+        .expect("chmod");
+    let mut args = vec![
+        "verify".to_string(),
+        "--man=no".to_string(),
+        format!("--root={}", root.path().display()),
+    ];
+    for u in units {
+        fs::copy(dir.join(u), sys.join(u)).expect("copy unit");
+        args.push(sys.join(u).display().to_string());
+    }
+    let out = std::process::Command::new("systemd-analyze")
+        .args(&args)
+        .output()
+        .expect("systemd-analyze verify");
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    // Without a booted system in the root, verify cannot load sysinit.target; anything else
+    // (an unknown key, a value systemd refuses) is a message about the units themselves.
+    let about_units: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.contains("sysinit.target") && !l.trim().is_empty())
+        .collect();
+    assert!(about_units.is_empty(), "systemd-analyze verify:\n{text}");
+}

@@ -157,8 +157,17 @@ pub fn shutdown_token() -> CancellationToken {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        tracing::warn!("interrupted: stopping what runs and leaving the journal consistent");
+        tracing::warn!("interrupted: stopping what runs and leaving the journal consistent (Ctrl-C again ends the run at once)");
         t.cancel();
+        // A second Ctrl-C (or SIGTERM) ends the process now. The journal is write-ahead, so
+        // the transaction stays open where it was and resumes (`journal resume`); the exec
+        // helper sees the hang-up and stops the command in the guest.
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("interrupted twice: ending at once; `felhom-agent journal` shows the transaction to resume");
+        std::process::exit(i32::from(ExitStatus::Interrupted.code()));
     });
     token
 }
