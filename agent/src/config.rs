@@ -392,12 +392,21 @@ impl Config {
                 path.display()
             ))
         };
-        let mut file = fs::File::open(path).map_err(cannot)?;
+        // O_NONBLOCK: a FIFO (or a device) named as the config opens at once instead of
+        // waiting for a writer, and is refused below; a regular file reads as usual.
+        let mut file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags((nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOCTTY).bits())
+                .open(path)
+                .map_err(cannot)?
+        };
         // Checked on the open file: the file read is the file checked.
         let meta = file.metadata().map_err(cannot)?;
         if !meta.is_file() {
             return Err(invalid(format!(
-                "config {} is not a regular file",
+                "config {} is not a regular file; --config must name the agent.toml file itself",
                 path.display()
             )));
         }

@@ -871,7 +871,7 @@ pub async fn helper_check(cfg: &Config, guest: GuestKind) -> PreflightCheck {
                 name,
                 ErrorCode::ExecHelperUnavailable,
                 format!(
-                    "container commands go {}, but it does not answer: {e}; start it (`systemctl enable --now felhom-agent-exec.socket`) and run the command again; nothing was written",
+                    "container commands go {}, but it does not answer: {e}; start it (`systemctl start felhom-agent-exec.socket`; `systemctl enable --now felhom-agent-exec.socket` keeps it across boots) and run the command again; nothing was written",
                     mode.describe()
                 ),
             ),

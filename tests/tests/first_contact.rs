@@ -318,3 +318,83 @@ fn the_units_start_on_a_node_without_a_hub_token() {
         .collect();
     assert!(about_units.is_empty(), "systemd-analyze verify:\n{text}");
 }
+
+#[test]
+fn a_dry_run_creates_no_folder_and_a_negative_vmid_names_the_vmid() {
+    let w = World::demo();
+    // A state folder that does not exist yet: the dry run must not make it.
+    let fresh = w.files.dir().join("state-not-yet");
+    set_config_line(&w, "state_dir", &toml_string(&fresh.display().to_string()));
+    for args in [
+        &["--selftest=provision", "-vmid", "140", "--dry-run"][..],
+        &["--selftest=restore", "--dry-run"][..],
+    ] {
+        let run = w.agent(args);
+        assert_eq!(
+            run.code,
+            Some(0),
+            "{args:?}\n{}\n{}",
+            run.stdout,
+            run.stderr
+        );
+        assert!(
+            !fresh.exists(),
+            "{args:?}: the dry run made {} ({:?})",
+            fresh.display(),
+            fs::read_dir(&fresh).map(|d| d
+                .filter_map(Result::ok)
+                .map(|e| e.file_name())
+                .collect::<Vec<_>>())
+        );
+    }
+    for args in [
+        &["--selftest=provision", "-vmid", "-5"][..],
+        &["vmid-check", "-5"][..],
+    ] {
+        let run = w.agent(args);
+        assert_eq!(
+            run.code,
+            Some(3),
+            "{args:?}\n{}\n{}",
+            run.stdout,
+            run.stderr
+        );
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert!(
+            all.contains("vmid_invalid") && all.contains("\"-5\""),
+            "{args:?}: {all}"
+        );
+    }
+}
+
+#[test]
+fn a_fifo_as_config_is_refused_at_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let fifo = dir.path().join("agent.toml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let mut child = felhom_tests::agent::agent_command(&fifo)
+        .arg("guests")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start");
+    // Nothing ever writes to the FIFO: an agent that opened it for reading would wait forever.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("the agent waits on a FIFO named as --config");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().expect("output");
+    assert_eq!(status.code(), Some(6));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a regular file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -124,7 +124,15 @@ pub fn open_on_vmid(journal: &Journal, vmid: u32) -> Result<Option<State>, Failu
 /// How this process reaches into LXC containers: the root exec helper when `[exec]
 /// helper_socket` is set or the agent does not run as root, else `pct` itself.
 pub fn lxc_route(cfg: &Config) -> Arc<dyn LxcExecFactory> {
-    crate::exec_helper::client::lxc_route(cfg, crate::provision::effects::direct_pct(cfg))
+    use crate::exec_helper::client::{ExecMode, HelperRoute};
+    // The direct route's scratch folder is made only when `pct` is the route: through the
+    // helper (and in a dry run that way) nothing is created in the state folder.
+    match ExecMode::of_process(cfg) {
+        ExecMode::Helper { socket, .. } => Arc::new(HelperRoute::new(socket)),
+        ExecMode::Direct => {
+            crate::exec_helper::client::lxc_route(cfg, crate::provision::effects::direct_pct(cfg))
+        }
+    }
 }
 
 /// Move settled transactions older than `[journal] keep_days` into the journal's archive. A
@@ -138,9 +146,15 @@ pub fn compact(cfg: &Config, journal: &Journal) {
 
 /// Open the client and the journal for a dry run: nothing is settled, nothing written.
 pub fn prepare_read_only(cfg: &Config) -> Result<Prepared, Failure> {
+    // A dry run says "nothing was written": it creates no folder either. A state folder that
+    // exists is still checked, as its journal is read.
+    if cfg.state_dir.is_dir() {
+        crate::config::check_trusted_state_dir(cfg)
+            .map_err(|why| Failure::new(ErrorCode::ConfigInvalid, why))?;
+    }
     Ok(Prepared {
         pve: pve_client(cfg)?,
-        journal: open_journal(cfg)?,
+        journal: Journal::at_read_only(&cfg.state_dir),
     })
 }
 
