@@ -183,12 +183,26 @@ for want in "--selftest" "--config" "vmid-check" "doctor" "destroy --vmid N" "EX
   "/etc/felhom-agent/agent.toml" "felhom-restore-test.timer"; do
   grep -qF -- "$want" <<<"$man_text" || fail "the man page does not mention $want"
 done
+for want in "journal refresh" "journal resolve TXN --reason TEXT" "journal resume TXN" "journal cancel TXN"; do
+  grep -qF -- "$want" <<<"$man_text" || fail "the man page lacks the journal verb: $want"
+done
+! grep -qE -- '--(all|stats|keep|dry-run) [A-Z_]+( |$)' <<<"$man_text" || fail "the man page shows a flag as taking a value"
 ok "man page: renders without warnings, documents the options, commands, exit codes and files"
 # bash: the script loads and registers the completion function.
 bash -c 'set -e; source "$1"; complete -p felhom-agent' _ \
   "$r/usr/share/bash-completion/completions/felhom-agent" >"$work/bash-complete" ||
   fail "the bash completion does not load"
 grep -q 'felhom-agent$' "$work/bash-complete" || fail "bash completion not registered: $(cat "$work/bash-complete")"
+# bash: completion below the top level, driven as bash's completion calls the function.
+complete_words() {
+  bash -c 'source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1));
+    _felhom__agent felhom-agent "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"; echo "${COMPREPLY[*]}"' _ \
+    "$r/usr/share/bash-completion/completions/felhom-agent" "$@"
+}
+[ "$(complete_words felhom-agent journal re)" = "refresh resolve resume" ] ||
+  fail "bash does not complete journal's verbs: [$(complete_words felhom-agent journal re)]"
+complete_words felhom-agent destroy --v | grep -qw -- --vmid ||
+  fail "bash does not complete destroy's --vmid: [$(complete_words felhom-agent destroy --v)]"
 head -1 "$r/usr/share/zsh/vendor-completions/_felhom-agent" | grep -qx '#compdef felhom-agent' ||
   fail "the zsh completion does not start with #compdef felhom-agent"
 grep -q '^complete -c felhom-agent .*-l selftest' "$r/usr/share/fish/vendor_completions.d/felhom-agent.fish" ||
