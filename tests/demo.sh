@@ -5,16 +5,33 @@
 # full guest list, vmid verdicts, a full `--selftest=provision` with its phases, a refused
 # foreign vmid, a refused reserved vmid, a self-restore-test, and the journal. As on a node,
 # the agent's execs into containers go through the root exec helper (`felhom-agent exec-helper`
-# on its own socket), which alone runs `pct`.
+# on its own socket), which alone runs `pct`, after reading the container's own config in the
+# fake's live `nodes/<node>/lxc/<vmid>.conf` (`[exec] pve_nodes_dir`).
 # Nothing outside 127.0.0.0/8 is touched.
+#
+# Needs root: the `pct` stand-in enters each guest's root filesystem with unshare + chroot, and
+# the exec helper serves only callers it can check as root or the agent's user.
+# Installs only what it needs (tests/setup-demo.sh: busybox-static, util-linux, python3-venv,
+# fakepve into .fakepve-venv/).
+# Exit status: 0 only when every step ended as it should (the provision and the restore test
+# `ok`, the refusals refused); 1 otherwise, with the steps that did not.
+# FELHOM_AGENT_BIN: an agent binary to run instead of building one.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-source tests/setup.sh
+if [ "$(id -u)" -ne 0 ]; then
+  echo "tests/demo.sh needs root: the pct stand-in runs each guest under unshare + chroot; run it as root (sudo tests/demo.sh)" >&2
+  exit 2
+fi
+source tests/setup-demo.sh
 
-printf '\n== building felhom-agent\n' >&2
-cargo build --quiet -p felhom-agent
-agent="$root/target/debug/felhom-agent"
+if [ -n "${FELHOM_AGENT_BIN:-}" ]; then
+  agent=$FELHOM_AGENT_BIN
+else
+  printf '\n== building felhom-agent\n' >&2
+  cargo build --quiet -p felhom-agent
+  agent="$root/target/debug/felhom-agent"
+fi
 
 # Not under /tmp: the agent refuses a state_dir that does not survive a reboot.
 # The agent refuses a state_dir under /tmp, /run or /dev/shm (or on tmpfs): a checkout there
@@ -60,6 +77,9 @@ for vols in scenario.get("volumes", {}).values():
     for vol in vols:
         vol.setdefault("guest", {})
 scenario["user_cfg"] = {"path": work + "/user.cfg"}
+# The containers' own configs (`nodes/<node>/lxc/<vmid>.conf`), kept live as pmxcfs keeps
+# /etc/pve/nodes: the exec helper reads a container's before every exec ([exec] pve_nodes_dir).
+scenario["ct_conf"] = {"dir": work + "/nodes"}
 scenario.update(host=host, port=0, certdir=work + "/certs")
 json.dump(scenario, open(work + "/scenario.json", "w"))
 # The node's full guest list: every scenario guest, plus one on another cluster node that
@@ -111,6 +131,7 @@ dir = "$work/metrics"
 
 [exec]
 helper_socket = "$work/exec.sock"
+pve_nodes_dir = "$work/nodes"
 TOML
 printf 'next-id: lower=100,upper=1000000\n' >"$work/datacenter.cfg"
 
@@ -124,25 +145,42 @@ for _ in $(seq 1 200); do
 done
 [ -S "$work/exec.sock" ] || { echo "the exec helper did not listen on $work/exec.sock" >&2; exit 1; }
 
+# Each step with the exit status it must end with; any other status fails the demo.
+failed=()
 run() {
+  local want=$1
+  shift
   printf '\n$ felhom-agent %s\n' "$*"
   set +e
   "$agent" --config "$work/agent.toml" "$@"
   local rc=$?
   set -e
   printf '(exit %d)\n' "$rc"
+  [ "$rc" -eq "$want" ] || failed+=("felhom-agent $* exited $rc, expected $want")
 }
 
-run doctor
-run guests
-run vmid-check 120
-run vmid-check 4100
-run vmid-check 0120
-run vmid-check 120 --json
-run --selftest=provision -vmid 120
-run --selftest=provision -vmid 101
-run --selftest=provision -vmid 990003
-run --selftest=restore
+run 0 doctor
+run 0 guests
+run 0 vmid-check 120
+run 3 vmid-check 4100
+run 3 vmid-check 0120
+run 0 vmid-check 120 --json
+run 0 --selftest=provision -vmid 120
+run 3 --selftest=provision -vmid 101
+run 3 --selftest=provision -vmid 990003
+run 0 --selftest=restore
 printf '\n$ cat %s\n' "metrics/felhom_restore_test.prom"
 cat "$work/metrics/felhom_restore_test.prom"
-run journal
+# Exit 0 is also a skipped run (band full): the demo's restore test must have ended `ok`.
+grep -qx 'felhom_restore_test_outcome{outcome="ok"} 1' "$work/metrics/felhom_restore_test.prom" ||
+  failed+=("the restore test did not end ok (felhom_restore_test.prom)")
+run 0 journal
+
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '\ndemo FAILED: %d step(s) did not end as they should:\n' "${#failed[@]}" >&2
+  printf '  %s\n' "${failed[@]}" >&2
+  printf '\n== the exec helper log (last 20 lines)\n' >&2
+  tail -n 20 "$work/exec-helper.log" >&2 || true
+  exit 1
+fi
+printf '\ndemo ok: the provision and the restore test ended ok, every refusal was refused\n' >&2

@@ -189,12 +189,26 @@ for want in "--selftest" "--config" "vmid-check" "doctor" "destroy --vmid N" "EX
   "/etc/felhom-agent/agent.toml" "felhom-restore-test.timer"; do
   grep -qF -- "$want" <<<"$man_text" || fail "the man page does not mention $want"
 done
+for want in "journal refresh" "journal resolve TXN --reason TEXT" "journal resume TXN" "journal cancel TXN"; do
+  grep -qF -- "$want" <<<"$man_text" || fail "the man page lacks the journal verb: $want"
+done
+! grep -qE -- '--(all|stats|keep|dry-run) [A-Z_]+( |$)' <<<"$man_text" || fail "the man page shows a flag as taking a value"
 ok "man page: renders without warnings, documents the options, commands, exit codes and files"
 # bash: the script loads and registers the completion function.
 bash -c 'set -e; source "$1"; complete -p felhom-agent' _ \
   "$r/usr/share/bash-completion/completions/felhom-agent" >"$work/bash-complete" ||
   fail "the bash completion does not load"
 grep -q 'felhom-agent$' "$work/bash-complete" || fail "bash completion not registered: $(cat "$work/bash-complete")"
+# bash: completion below the top level, driven as bash's completion calls the function.
+complete_words() {
+  bash -c 'source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1));
+    _felhom__agent felhom-agent "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"; echo "${COMPREPLY[*]}"' _ \
+    "$r/usr/share/bash-completion/completions/felhom-agent" "$@"
+}
+[ "$(complete_words felhom-agent journal re)" = "refresh resolve resume" ] ||
+  fail "bash does not complete journal's verbs: [$(complete_words felhom-agent journal re)]"
+complete_words felhom-agent destroy --v | grep -qw -- --vmid ||
+  fail "bash does not complete destroy's --vmid: [$(complete_words felhom-agent destroy --v)]"
 head -1 "$r/usr/share/zsh/vendor-completions/_felhom-agent" | grep -qx '#compdef felhom-agent' ||
   fail "the zsh completion does not start with #compdef felhom-agent"
 grep -q '^complete -c felhom-agent .*-l selftest' "$r/usr/share/fish/vendor_completions.d/felhom-agent.fish" ||
@@ -365,6 +379,9 @@ for u in felhom-agent.service felhom-restore-test.service; do
   grep -qx 'Wants=felhom-agent-exec.socket' "$r/lib/systemd/system/$u" || fail "$u does not want the exec helper's socket"
   grep -qx 'LoadCredential=pve-token:/etc/felhom-agent/pve-token' "$r/lib/systemd/system/$u" ||
     fail "$u does not hand over the PVE token secret with LoadCredential="
+  # A node without a hub has no hub-token file: SetCredential= is LoadCredential='s default.
+  grep -qx 'SetCredential=hub-token:absent' "$r/lib/systemd/system/$u" ||
+    fail "$u fails to start without /etc/felhom-agent/hub-token (no SetCredential=hub-token:absent)"
 done
 [ -z "$(unit_key felhom-agent-exec.service User)" ] || fail "the exec helper must run as root"
 grep -qx 'ExecStart=/usr/bin/felhom-agent exec-helper' "$r/lib/systemd/system/felhom-agent-exec.service" ||

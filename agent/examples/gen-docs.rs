@@ -81,6 +81,18 @@ fn main() -> ExitCode {
 }
 
 /// Write every file into `out` (created if missing); returns the paths written.
+/// clap_complete 4.6.12's bash script names its states after the binary with `-` as `__`
+/// while walking the words (`felhom__agent__subcmd__journal`) but labels the cases that
+/// complete them with `-` as `__subcmd__` (`felhom__subcmd__agent__subcmd__journal`), so
+/// nothing below the top level ever completes. The labels are put back to the walk's names.
+fn fix_bash_state_names(script: &[u8]) -> Vec<u8> {
+    let walked = format!("{}__", BIN.replace('-', "__"));
+    let labelled = format!("{}__", BIN.replace('-', "__subcmd__"));
+    String::from_utf8_lossy(script)
+        .replace(&labelled, &walked)
+        .into_bytes()
+}
+
 fn generate(out: &Path) -> io::Result<Vec<PathBuf>> {
     fs::create_dir_all(out)?;
     let mut written = Vec::new();
@@ -98,6 +110,9 @@ fn generate(out: &Path) -> io::Result<Vec<PathBuf>> {
         let mut cmd = cmd.clone();
         let mut text = Vec::new();
         clap_complete::generate(shell, &mut cmd, BIN, &mut text);
+        if shell == Shell::Bash {
+            text = fix_bash_state_names(&text);
+        }
         let path = out.join(file);
         fs::write(&path, text)?;
         written.push(path);
@@ -138,29 +153,40 @@ fn man_page(cmd: &clap::Command) -> io::Result<Vec<u8>> {
     Ok(page)
 }
 
-/// COMMANDS: each subcommand with its own arguments and its help text (no `help`).
+/// COMMANDS: each subcommand with its own arguments and its help text (no `help`), and the
+/// verbs below it (`journal refresh`, …) the same way.
 fn commands_section(roff: &mut Roff, cmd: &clap::Command) {
     roff.control("SH", ["COMMANDS"]);
+    command_entries(roff, cmd, "");
+}
+
+fn command_entries(roff: &mut Roff, cmd: &clap::Command, prefix: &str) {
     for sub in cmd.get_subcommands() {
         let name = sub.get_name();
         if name == "help" {
             continue;
         }
-        let mut head: Vec<Inline> = vec![bold(name)];
+        let mut head: Vec<Inline> = vec![bold(format!("{prefix}{name}"))];
         for arg in sub.get_arguments() {
             if arg.is_global_set() || arg.is_hide_set() {
                 continue;
             }
-            let value = arg.get_value_names().and_then(|v| v.first()).map_or_else(
-                || arg.get_id().to_string().to_uppercase(),
-                |v| v.to_string(),
-            );
             head.push(roman(" "));
             if let Some(long) = arg.get_long() {
                 head.push(bold(format!("--{long}")));
-                head.push(roman(" "));
             }
-            head.push(italic(value));
+            // A flag (--all, --stats, --keep) takes no value; only an option or a positional
+            // argument shows one.
+            if arg.get_action().takes_values() {
+                let value = arg.get_value_names().and_then(|v| v.first()).map_or_else(
+                    || arg.get_id().to_string().to_uppercase(),
+                    |v| v.to_string(),
+                );
+                if arg.get_long().is_some() {
+                    head.push(roman(" "));
+                }
+                head.push(italic(value));
+            }
         }
         roff.control("TP", []);
         roff.text(head);
@@ -170,6 +196,7 @@ fn commands_section(roff: &mut Roff, cmd: &clap::Command) {
             .map(|s| s.to_string())
             .unwrap_or_default();
         roff.text([roman(about)]);
+        command_entries(roff, sub, &format!("{prefix}{name} "));
     }
 }
 

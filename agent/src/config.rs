@@ -402,12 +402,21 @@ impl Config {
                 path.display()
             ))
         };
-        let mut file = fs::File::open(path).map_err(cannot)?;
+        // O_NONBLOCK: a FIFO (or a device) named as the config opens at once instead of
+        // waiting for a writer, and is refused below; a regular file reads as usual.
+        let mut file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags((nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOCTTY).bits())
+                .open(path)
+                .map_err(cannot)?
+        };
         // Checked on the open file: the file read is the file checked.
         let meta = file.metadata().map_err(cannot)?;
         if !meta.is_file() {
             return Err(invalid(format!(
-                "config {} is not a regular file",
+                "config {} is not a regular file; --config must name the agent.toml file itself",
                 path.display()
             )));
         }
@@ -880,6 +889,10 @@ pub fn credentials_dir() -> Option<PathBuf> {
     dir.is_absolute().then_some(dir)
 }
 
+/// The value the units give a credential whose file systemd could not read
+/// (`SetCredential=<name>:absent` beside `LoadCredential=`).
+pub const CREDENTIAL_ABSENT: &str = "absent";
+
 /// Read the secret configured at `configured`, or, when `creds` (systemd's credentials folder)
 /// holds a credential named `name`, that one instead. Returns the file read and the secret;
 /// both go through [`read_secret_file`]'s checks (a credential is owned by the service's user,
@@ -892,7 +905,16 @@ pub fn read_secret(
     if let Some(dir) = creds {
         let cred = dir.join(name);
         if fs::symlink_metadata(&cred).is_ok() {
-            return read_secret_file(&cred).map(|s| (cred, s));
+            let secret = read_secret_file(&cred)?;
+            // The units' `SetCredential=<name>:absent`: systemd's default when the
+            // LoadCredential= file could not be read (a node without a hub has no hub-token).
+            if secret.expose() == CREDENTIAL_ABSENT {
+                return Err(invalid(format!(
+                    "the service found no {} when it started (its credential {name} is the unit's default {CREDENTIAL_ABSENT:?}); create the file (mode 0600, owned by root) and restart the unit, or remove the section that names it from the config",
+                    configured.display()
+                )));
+            }
+            return Ok((cred, secret));
         }
     }
     match read_secret_file(configured) {
@@ -1024,7 +1046,42 @@ pub fn read_secret_file(path: &Path) -> Result<Secret, Failure> {
     if secret.is_empty() {
         return Err(invalid(format!("secret file {} is empty", path.display())));
     }
+    // One line of printable ASCII: it goes into an HTTP header, where a second line or a
+    // control character would otherwise surface later as a failed TLS or HTTP request. What
+    // is wrong is said by position, never by showing the text.
+    if let Some(why) = secret_shape_problem(secret) {
+        return Err(Failure::new(
+            ErrorCode::TokenFileInvalid,
+            format!(
+                "secret file {} {why}; it must hold the secret alone on one line (printable ASCII, no spaces; a final newline is fine): write it again with `install -m 600 /dev/stdin {}` and paste the secret",
+                path.display(),
+                path.display()
+            ),
+        ));
+    }
     Ok(Secret::new(secret))
+}
+
+/// What is wrong with a trimmed secret's shape, never quoting it: several lines, a control
+/// character, a space or a non-ASCII character.
+fn secret_shape_problem(secret: &str) -> Option<String> {
+    let lines = secret.lines().count();
+    if lines > 1 {
+        return Some(format!("holds {lines} lines"));
+    }
+    secret
+        .char_indices()
+        .find(|(_, c)| !c.is_ascii_graphic())
+        .map(|(i, c)| {
+            let what = if c.is_control() {
+                "a control character"
+            } else if c.is_whitespace() {
+                "a space"
+            } else {
+                "a non-ASCII character"
+            };
+            format!("holds {what} at byte {i}")
+        })
 }
 
 /// The node name PVE uses: `uname -n` up to the first `.`.
@@ -1530,6 +1587,48 @@ mod tests {
             err.message.contains("writable by group or others"),
             "{}",
             err.message
+        );
+    }
+
+    #[test]
+    fn a_secret_file_of_two_lines_or_with_spaces_is_token_file_invalid() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("token");
+        for (bytes, says) in [
+            (&b"11111111-2222\n4333-8444\n"[..], "holds 2 lines"),
+            (&b"1111 2222\n"[..], "a space at byte 4"),
+            (&b"11\x0722\n"[..], "a control character at byte 2"),
+        ] {
+            fs::write(&p, bytes).expect("write");
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).expect("chmod");
+            let f = read_secret_file(&p).expect_err("refused");
+            assert_eq!(f.code, ErrorCode::TokenFileInvalid, "{f:?}");
+            assert!(f.message.contains(says), "{}", f.message);
+            assert!(
+                !f.message.contains("1111"),
+                "the secret is never shown: {}",
+                f.message
+            );
+        }
+        fs::write(&p, b"11111111-2222-4333-8444-555555555555\n").expect("write");
+        assert!(read_secret_file(&p).is_ok());
+    }
+
+    #[test]
+    fn the_units_default_credential_names_the_missing_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let creds = dir.path().join("creds");
+        fs::create_dir(&creds).expect("mkdir");
+        let cred = creds.join("hub-token");
+        fs::write(&cred, "absent").expect("write");
+        fs::set_permissions(&cred, fs::Permissions::from_mode(0o400)).expect("chmod");
+        let configured = dir.path().join("hub-token");
+        let f = read_secret(&configured, "hub-token", Some(&creds)).expect_err("refused");
+        assert_eq!(f.code, ErrorCode::ConfigInvalid, "{f:?}");
+        assert!(
+            f.message.contains(&configured.display().to_string()),
+            "{}",
+            f.message
         );
     }
 }

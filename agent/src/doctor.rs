@@ -178,6 +178,8 @@ pub enum CheckStatus {
     Warn,
     /// Broken: the agent cannot work like this.
     Fail,
+    /// Not run: it depends on a check that failed (named in the message).
+    Skipped,
 }
 
 /// One line of the report.
@@ -226,7 +228,22 @@ impl DoctorReport {
     fn fail(&mut self, name: &'static str, code: ErrorCode, message: impl Into<String>) {
         self.push(name, CheckStatus::Fail, Some(code), message);
     }
+    /// Each of `names` listed as not run because `because` failed: a dependent check is never
+    /// dropped silently.
+    fn skipped(&mut self, names: &[&'static str], because: &str) {
+        for name in names {
+            self.push(
+                name,
+                CheckStatus::Skipped,
+                None,
+                format!("not checked: it needs {because}, which failed"),
+            );
+        }
+    }
 }
+
+/// The checks that need PVE to answer over a trusted connection.
+const NEEDS_PVE: [&str; 4] = ["pve_token", "pve_version", "privileges", "pool"];
 
 /// The checks, as a report.
 pub async fn check_all(config_path: &Path) -> DoctorReport {
@@ -270,6 +287,11 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
     }
     check_pve(&cfg, &mut r).await;
     check_local_files(&cfg, &mut r);
+    let space = crate::preflight::state_dir_space(&cfg.state_dir);
+    match space.code {
+        Some(code) => r.fail("state_space", code, space.message),
+        None => r.pass("state_space", space.message),
+    }
     check_metrics(&cfg, &mut r);
     check_abstract_sockets(&mut r);
     check_exec(&cfg, &mut r).await;
@@ -283,6 +305,7 @@ async fn check_pve(cfg: &Config, r: &mut DoctorReport) {
         Ok(c) => c,
         Err(e) => {
             r.fail("pve_tls", e.code(), e.to_string());
+            r.skipped(&NEEDS_PVE, "pve_tls");
             return;
         }
     };
@@ -309,7 +332,7 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
             match version_verdict(&v.version) {
                 (CheckStatus::Pass, m) => r.pass("pve_version", m),
                 (CheckStatus::Fail, m) => r.fail("pve_version", ErrorCode::PveUnsupported, m),
-                (CheckStatus::Warn, m) => r.warn("pve_version", m),
+                (CheckStatus::Warn | CheckStatus::Skipped, m) => r.warn("pve_version", m),
             }
         }
         Err(e @ PveError::Api(_)) if e.code() == ErrorCode::PveAuth => {
@@ -322,6 +345,7 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
                 ErrorCode::PveAuth,
                 format!("PVE did not accept token {}: {e}", cfg.pve.token_id),
             );
+            r.skipped(&NEEDS_PVE[1..], "pve_token");
             return;
         }
         Err(e @ PveError::Api(_)) => {
@@ -330,10 +354,12 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
                 format!("{} answered over TLS trusted by the {trust}", cfg.pve.url),
             );
             r.fail("pve_token", e.code(), e.to_string());
+            r.skipped(&NEEDS_PVE[1..], "pve_token");
             return;
         }
         Err(e) => {
             r.fail("pve_tls", e.code(), e.to_string());
+            r.skipped(&NEEDS_PVE, "pve_tls");
             return;
         }
     }

@@ -62,8 +62,12 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::ConfigInvalid
         | ErrorCode::PoolMissing
         | ErrorCode::PveUnsupported
-        | ErrorCode::ExecHelperUnavailable => ExitStatus::Environment,
+        | ErrorCode::ExecHelperUnavailable
+        | ErrorCode::StateDirFull
+        | ErrorCode::TokenFileInvalid => ExitStatus::Environment,
         ErrorCode::OwnershipUnproven => ExitStatus::NeedsHuman,
+        // The operator stopped the run: its own status, never a PVE or guest failure.
+        ErrorCode::Interrupted => ExitStatus::Interrupted,
         // A full band is a skip, not a failure.
         ErrorCode::BandFull => ExitStatus::Ok,
     }
@@ -156,6 +160,8 @@ pub enum ExitStatus {
     Environment = 6,
     /// Ownership unprovable or another condition needing a human.
     NeedsHuman = 7,
+    /// Interrupted by the operator (Ctrl-C, SIGTERM): 128 + SIGINT, as a shell reports it.
+    Interrupted = 130,
 }
 
 impl ExitStatus {
@@ -291,6 +297,9 @@ mod tests {
         assert_eq!(exit_status(ErrorCode::ConfigInvalid).code(), 6);
         assert_eq!(exit_status(ErrorCode::PoolMissing).code(), 6);
         assert_eq!(exit_status(ErrorCode::PveUnsupported).code(), 6);
+        assert_eq!(exit_status(ErrorCode::StateDirFull).code(), 6);
+        assert_eq!(exit_status(ErrorCode::TokenFileInvalid).code(), 6);
+        assert_eq!(exit_status(ErrorCode::Interrupted).code(), 130);
         assert_eq!(exit_status(ErrorCode::OwnershipUnproven).code(), 7);
         assert_eq!(exit_status(ErrorCode::BandFull).code(), 0);
     }

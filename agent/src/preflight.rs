@@ -5,7 +5,11 @@
 //! this node, the pool, the bootstrap profile, the check packs and the node's `[policy]`.
 //!
 //! The checks are values; [`run`] gathers them into a [`PreflightReport`] whose verdict is the
-//! first failing check's. Nothing here prints; callers render [`PreflightReport::to_json`] or
+//! first failing check's, except that a check that failed for the environment (PVE not
+//! answering, a wrong pin, the exec helper not answering, a full state folder: exit 6) is the
+//! verdict before any refusal: the request itself could not be judged. [`for_request`] adds
+//! the node's own checks: free space in the state folder and, for a container, that the exec
+//! helper answers. Nothing here prints; callers render [`PreflightReport::to_json`] or
 //! [`PreflightReport::human`].
 
 pub mod restorable;
@@ -16,7 +20,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::config::{Config, Policy};
-use crate::error::{ErrorCode, Failure};
+use crate::error::{exit_status, ErrorCode, ExitStatus, Failure};
 use crate::guest::bootstrap::load_profile;
 use crate::guest::checks::load_packs;
 use crate::provision::effects::DEFAULT_PROFILE;
@@ -132,11 +136,16 @@ pub struct PreflightReport {
 }
 
 impl PreflightReport {
-    /// The report of these checks: refused by the first failing one.
+    /// The report of these checks: refused by the first failing one, and by the first that
+    /// failed for the environment (exit 6) before any other: PVE that does not answer cannot
+    /// refuse a request.
     pub fn from_checks(checks: Vec<PreflightCheck>) -> Self {
-        let verdict = checks
+        let environment = checks
             .iter()
-            .find_map(PreflightCheck::failure)
+            .filter_map(PreflightCheck::failure)
+            .find(|f| exit_status(f.code) == ExitStatus::Environment);
+        let verdict = environment
+            .or_else(|| checks.iter().find_map(PreflightCheck::failure))
             .map_or(Verdict::Pass, Verdict::Refused);
         Self {
             checks,
@@ -151,6 +160,14 @@ impl PreflightReport {
             Verdict::Pass => None,
             Verdict::Refused(f) => Some(f),
         }
+    }
+
+    /// The failure when it is the environment's (exit 6: PVE not answering, a wrong pin, the
+    /// exec helper, a full state folder): the request was not judged, so it is not journaled
+    /// as a refusal either.
+    pub fn environment_failure(&self) -> Option<&Failure> {
+        self.failure()
+            .filter(|f| exit_status(f.code) == ExitStatus::Environment)
     }
 
     /// `{"verdict": "pass|refused", "error": null|{code, message}, "checks": [...]}`.
@@ -707,7 +724,6 @@ pub async fn run(
         token_id: req.token_id,
     };
     let held = Held::read(pve, &paths_needed(stored_cfg.as_ref(), &asked, &files)).await;
-    checks.push(access_check(&asked, &held));
     let carried = match &stored {
         Some(Ok(text)) => Some(StoredConfigText {
             volid: req.volid.to_string(),
@@ -715,6 +731,19 @@ pub async fn run(
         }),
         _ => None,
     };
+    // A backup the listing does not show is `backup_missing` whatever the token holds: PVE's
+    // listing (pve-storage `PVE::API2::Storage::Content` index) drops each volume that
+    // `PVE::Storage::check_volume_access` refuses, so "not listed" is "absent or not readable
+    // by this token", and the backup check says both.
+    let unlisted = listing.as_ref().is_ok_and(|_| !listed);
+    if unlisted {
+        checks.push(PreflightCheck::skipped(
+            "backup_access",
+            format!("{} is not listed for this token (see backup)", req.volid),
+        ));
+    } else {
+        checks.push(access_check(&asked, &held));
+    }
     checks.push(backup_verdict(req, listing, stored));
     match &stored_cfg {
         Some(sc) => {
@@ -786,7 +815,94 @@ pub async fn for_request(
         pve_dir: cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve")),
         datacenter_cfg: &cfg.datacenter_cfg,
     };
-    run(pve, &req, vmid).await
+    let (report, helper) = tokio::join!(run(pve, &req, vmid), helper_check(cfg, request.guest));
+    let mut checks = report.checks;
+    checks.push(state_dir_space(&cfg.state_dir));
+    checks.push(helper);
+    PreflightReport::from_checks(checks)
+}
+
+/// The least free space the state folder must have before a transaction starts: room for
+/// its journal records (at most 64 KiB each), the outbox's events and the metrics, with a
+/// margin for the transactions of the daemon running beside it.
+pub const STATE_DIR_MIN_FREE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Free space in the state folder (`statvfs`, the blocks an unprivileged writer may use): a
+/// journal that cannot be written stops a transaction between two PVE writes, so a nearly
+/// full disk refuses it before the first (`state_dir_full`, exit 6). A folder that does not
+/// exist yet is measured where it will be made.
+pub fn state_dir_space(state_dir: &Path) -> PreflightCheck {
+    let name = "state_space";
+    let at = state_dir
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    match nix::sys::statvfs::statvfs(at) {
+        Ok(st) => {
+            let free = u64::from(st.blocks_available()).saturating_mul(st.fragment_size());
+            if free < STATE_DIR_MIN_FREE_BYTES {
+                PreflightCheck::fail(
+                    name,
+                    ErrorCode::StateDirFull,
+                    format!(
+                        "the state folder {} has {free} bytes free, less than the {} MiB a transaction's journal and outbox need; free space on its file system (`df -h {}`), then run the command again; nothing was written",
+                        state_dir.display(),
+                        STATE_DIR_MIN_FREE_BYTES >> 20,
+                        at.display()
+                    ),
+                )
+            } else {
+                PreflightCheck::pass(
+                    name,
+                    format!("{} has {} MiB free", state_dir.display(), free >> 20),
+                )
+            }
+        }
+        Err(e) => PreflightCheck::fail(
+            name,
+            ErrorCode::StateDirFull,
+            format!(
+                "the free space of the state folder {} cannot be read ({e}); check that it is mounted and readable",
+                state_dir.display()
+            ),
+        ),
+    }
+}
+
+/// [`state_dir_space`] as the guard of a command that writes: `Err(state_dir_full)` before
+/// anything is written.
+pub fn require_state_dir_space(state_dir: &Path) -> Result<(), Failure> {
+    match state_dir_space(state_dir).failure() {
+        Some(f) => Err(f),
+        None => Ok(()),
+    }
+}
+
+/// A container's commands go through the root exec helper when the agent is not root (or
+/// `[exec] helper_socket` says so): one that does not answer now would fail the run only
+/// after the whole restore, so it is asked before the first write (`exec_helper_unavailable`,
+/// exit 6). A VM's commands go through PVE's guest agent and need no helper.
+pub async fn helper_check(cfg: &Config, guest: GuestKind) -> PreflightCheck {
+    use crate::exec_helper::client::{probe, ExecMode};
+    let name = "exec_helper";
+    if guest != GuestKind::Lxc {
+        return PreflightCheck::skipped(name, "a VM's commands go through its guest agent");
+    }
+    let mode = ExecMode::of_process(cfg);
+    match &mode {
+        ExecMode::Direct => PreflightCheck::pass(name, mode.describe()),
+        ExecMode::Helper { socket, .. } => match probe(socket).await {
+            Ok(()) => PreflightCheck::pass(name, format!("{}; it answers", mode.describe())),
+            Err(e) => PreflightCheck::fail(
+                name,
+                ErrorCode::ExecHelperUnavailable,
+                format!(
+                    "container commands go {}, but it does not answer: {e}; start it (`systemctl start felhom-agent-exec.socket`; `systemctl enable --now felhom-agent-exec.socket` keeps it across boots) and run the command again; nothing was written",
+                    mode.describe()
+                ),
+            ),
+        },
+    }
 }
 
 /// The preflight of `request` as the gate before its first journal intent: a refusal turns

@@ -265,11 +265,18 @@ pub enum ErrorCode {
     /// A restore task ended OK but the guest is not in the agent's pool, where the token can
     /// neither mark nor remove it.
     GuestOutsidePool,
+    /// The agent's state folder (journal, outbox, locks) has too little free space for the
+    /// journal's write-ahead records; nothing was written.
+    StateDirFull,
+    /// A secret file (the PVE token, the hub token) is not one line of printable text.
+    TokenFileInvalid,
+    /// The operator interrupted the run (Ctrl-C, SIGTERM) while it ran in a guest.
+    Interrupted,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 48] = [
+    pub const ALL: [ErrorCode; 51] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -318,6 +325,9 @@ impl ErrorCode {
         ErrorCode::PoolMissing,
         ErrorCode::PveUnsupported,
         ErrorCode::GuestOutsidePool,
+        ErrorCode::StateDirFull,
+        ErrorCode::TokenFileInvalid,
+        ErrorCode::Interrupted,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -371,6 +381,9 @@ impl ErrorCode {
             ErrorCode::PoolMissing => "pool_missing",
             ErrorCode::PveUnsupported => "pve_unsupported",
             ErrorCode::GuestOutsidePool => "guest_outside_pool",
+            ErrorCode::StateDirFull => "state_dir_full",
+            ErrorCode::TokenFileInvalid => "token_file_invalid",
+            ErrorCode::Interrupted => "interrupted",
         }
     }
 }
@@ -555,8 +568,11 @@ mod tests {
             (ErrorCode::PveUnsupported, "pve_unsupported"),
             (ErrorCode::GuestOutsidePool, "guest_outside_pool"),
             (ErrorCode::ExecMonitorUntrusted, "exec_monitor_untrusted"),
+            (ErrorCode::StateDirFull, "state_dir_full"),
+            (ErrorCode::TokenFileInvalid, "token_file_invalid"),
+            (ErrorCode::Interrupted, "interrupted"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 48);
+        assert_eq!(ErrorCode::ALL.len(), 51);
     }
 
     #[test]

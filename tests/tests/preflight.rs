@@ -213,7 +213,9 @@ fn dry_run_of_a_good_request_passes_every_check_and_writes_nothing() {
             "storage",
             "pool",
             "profile",
-            "checks"
+            "checks",
+            "state_space",
+            "exec_helper"
         ]
     );
     assert!(

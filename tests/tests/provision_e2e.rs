@@ -433,15 +433,16 @@ fn lxc_execs_and_pushes_run_only_in_the_exec_helper() {
 }
 
 #[test]
-fn with_the_exec_helper_down_a_provision_fails_and_its_guest_is_still_destroyed() {
+fn with_the_exec_helper_down_a_container_provision_is_refused_before_the_restore() {
     let mut w = World::demo();
     let socket = w.helper().socket().display().to_string();
     w.helper.take().expect("helper").kill();
     let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
     let doc = run.json();
-    assert_eq!(doc["outcome"], "failed", "{doc:#}\n{}", run.stderr);
-    assert_eq!(run.code, Some(5), "{doc:#}");
-    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    // The preflight asks the helper before the first write: an environment failure (exit 6),
+    // not a failed launch found after a full restore.
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "exec_helper_unavailable", "{doc:#}");
     let message = doc["error"]["message"].as_str().unwrap_or("");
     assert!(
         message.contains(&socket)
@@ -449,14 +450,12 @@ fn with_the_exec_helper_down_a_provision_fails_and_its_guest_is_still_destroyed(
             && message.contains("120"),
         "the operator learns which socket and what to do: {message}"
     );
-    assert!(w.pve.guest(120).is_none(), "the guest is destroyed");
     assert!(
-        w.pve
-            .deletes_for(120)
-            .iter()
-            .any(|r| !r.path.contains("/tasks/")),
-        "through the gate's DELETE"
+        w.pve.writes().is_empty(),
+        "nothing written: {:?}",
+        w.pve.writes()
     );
+    assert!(w.pve.guest(120).is_none(), "nothing restored");
     assert!(w.bed.pct_calls().is_empty(), "{:#?}", w.bed.pct_calls());
 }
 

@@ -16,6 +16,7 @@ pub const DEFAULT_CONFIG: &str = "/etc/felhom-agent/agent.toml";
 /// from inside, report to the hub, and never touch a guest this agent did not create.
 #[derive(Debug, Parser)]
 #[command(
+    allow_negative_numbers = true,
     name = "felhom-agent",
     version,
     about = "Provision Proxmox VE guests from backups, safely, and report to the felhom hub",
@@ -142,6 +143,7 @@ pub enum Command {
     /// The full guest list: vmid, type, node, and whether it is in the pool or foreign.
     Guests,
     /// The verdict on one vmid: free, invalid, reserved, or in use. Exit 0 free, 3 refused.
+    #[command(allow_negative_numbers = true)]
     VmidCheck {
         /// The vmid to check, as the operator typed it.
         #[arg(value_name = "N")]
@@ -184,6 +186,7 @@ With a verb (refresh, resolve, resume, cancel): act on the journal; see each ver
         op: Option<JournalOp>,
     },
     /// Gated destroy of a guest this agent created; anything else is refused (exit 7).
+    #[command(allow_negative_numbers = true)]
     Destroy {
         /// The vmid of the guest to destroy.
         #[arg(long, value_name = "N", required = true)]

@@ -157,8 +157,17 @@ pub fn shutdown_token() -> CancellationToken {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        tracing::warn!("interrupted: stopping what runs and leaving the journal consistent");
+        tracing::warn!("interrupted: stopping what runs and leaving the journal consistent (Ctrl-C again ends the run at once)");
         t.cancel();
+        // A second Ctrl-C (or SIGTERM) ends the process now. The journal is write-ahead, so
+        // the transaction stays open where it was and resumes (`journal resume`); the exec
+        // helper sees the hang-up and stops the command in the guest.
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("interrupted twice: ending at once; `felhom-agent journal` shows the transaction to resume");
+        std::process::exit(i32::from(ExitStatus::Interrupted.code()));
     });
     token
 }
@@ -219,10 +228,54 @@ pub fn run(cli: Cli) -> ExitStatus {
             "{}",
             serde_json::to_string_pretty(&out.json).unwrap_or_else(|_| "{}".to_string())
         );
+        // The document holds the error too; a person (or `2>`) sees it on stderr as well.
+        if let Some(e) = out.json.get("error").filter(|e| !e.is_null()) {
+            eprintln!(
+                "error [{}]: {}",
+                e["code"].as_str().unwrap_or("-"),
+                e["message"].as_str().unwrap_or("")
+            );
+        }
     } else if !out.human.is_empty() {
-        println!("{}", out.human.trim_end());
+        let (results, errors) = split_streams(&out.human);
+        if !results.is_empty() {
+            println!("{}", results.trim_end());
+        }
+        if !errors.is_empty() {
+            eprintln!("{}", errors.trim_end());
+        }
     }
     out.status
+}
+
+/// Whether a line of a command's human output is an error or a warning: those go to stderr,
+/// so `felhom-agent guests > list.txt` never hides one in the file; results go to stdout.
+fn is_error_line(line: &str) -> bool {
+    [
+        "error [",
+        "halted [",
+        "warning: ",
+        "usage error",
+        "see `felhom-agent --help`",
+    ]
+    .iter()
+    .any(|p| line.starts_with(p))
+}
+
+/// The human output split into (stdout, stderr).
+fn split_streams(human: &str) -> (String, String) {
+    let mut results = String::new();
+    let mut errors = String::new();
+    for line in human.lines() {
+        let to = if is_error_line(line) {
+            &mut errors
+        } else {
+            &mut results
+        };
+        to.push_str(line);
+        to.push('\n');
+    }
+    (results, errors)
 }
 
 /// `journal refresh|resolve|resume|cancel`.
@@ -368,6 +421,17 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     output::journal_recent(service::journal_listing(&cfg))
                 }
                 Command::Destroy { vmid } => {
+                    match service::nothing_to_destroy(&cfg, &vmid) {
+                        Ok(Some((vmid, message))) => {
+                            return CommandOutput {
+                                json: json!({"vmid": vmid, "outcome": "nothing_to_destroy", "destroyed": false, "message": message, "error": null}),
+                                human: message,
+                                status: ExitStatus::Ok,
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(f) => return CommandOutput::failure(&f),
+                    }
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(
                         service::destroy(&cfg, &vmid, Ulid::new(), &reporter, shutdown_token()).await,

@@ -510,6 +510,7 @@ pub fn doctor(report: &DoctorReport) -> CommandOutput {
             DoctorStatus::Pass => "ok  ",
             DoctorStatus::Warn => "warn",
             DoctorStatus::Fail => "FAIL",
+            DoctorStatus::Skipped => "skip",
         };
         human.push_str(&format!("[{tag}] {:<12} {}\n", c.name, c.message));
     }

@@ -124,6 +124,10 @@ impl SpoolReporter {
 impl Reporter for SpoolReporter {
     fn phase(&self, _state: &State, _record: u64) {}
     fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {
+        // A dry run writes nothing, the outbox included: it is no transaction the hub tracks.
+        if state.request().dry_run {
+            return Ok(());
+        }
         let result = wire_result(state, checks)
             .ok_or_else(|| format!("transaction {} is still open", state.txn()))?;
         spool(&self.state_dir, AgentMessage::Result(result))

@@ -37,6 +37,8 @@ pub const LOCAL_ZONE: &str = "localnetwork";
 pub struct Held {
     by_path: BTreeMap<String, BTreeSet<String>>,
     unreadable: Option<String>,
+    /// The code of the read that failed: no answer or no trust is the environment's (exit 6).
+    unreadable_code: Option<ErrorCode>,
 }
 
 impl Held {
@@ -59,6 +61,7 @@ impl Held {
                 }
                 Err(e) => {
                     held.unreadable = Some(format!("GET /access/permissions?path={path}: {e}"));
+                    held.unreadable_code = Some(e.code());
                     break;
                 }
             }
@@ -74,6 +77,7 @@ impl Held {
                 .map(|(p, privs)| (p.to_string(), privs.iter().map(|s| s.to_string()).collect()))
                 .collect(),
             unreadable: None,
+            unreadable_code: None,
         }
     }
 
@@ -255,7 +259,7 @@ pub fn access_check(asked: &Asked<'_>, held: &Held) -> PreflightCheck {
     if let Some(why) = &held.unreadable {
         return PreflightCheck::fail(
             name,
-            ErrorCode::PveRefused,
+            held.unreadable_code.unwrap_or(ErrorCode::PveRefused),
             format!("the token's privileges could not be read ({why}); check that PVE answers `pveum user permissions '{}'`", asked.token_id),
         );
     }

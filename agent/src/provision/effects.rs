@@ -419,7 +419,7 @@ impl<'a> Executor<'a> {
             }
             if self.cancel.is_cancelled() {
                 return Err(Failure::new(
-                    ErrorCode::TaskTimeout,
+                    ErrorCode::Interrupted,
                     format!(
                         "interrupted before {} of transaction {}; the journal holds its state and the next agent command settles it",
                         effect.name(),
@@ -616,7 +616,25 @@ impl<'a> Executor<'a> {
                 })
             }
             Effect::Bootstrap { vmid, guest } => {
-                Some(match self.bootstrap(state, vmid, guest).await {
+                // Ctrl-C stops what runs in the guest: the bootstrap's exec is dropped, which
+                // hangs up on the exec helper (it stops the command's process group and sweeps
+                // its tag in the container) or kills the group of a `pct` of our own. The
+                // transaction stays open at this step; a resume runs the profile again.
+                let cancel = self.cancel.clone();
+                let ran = tokio::select! {
+                    r = self.bootstrap(state, vmid, guest) => r,
+                    () = cancel.cancelled() => {
+                        return Err(Failure::new(
+                            ErrorCode::Interrupted,
+                            format!(
+                                "interrupted during the bootstrap of vmid {vmid} (transaction {}): the command in the guest was stopped; the journal holds the transaction and `felhom-agent journal resume {}` runs the profile again",
+                                state.txn(),
+                                state.txn()
+                            ),
+                        ));
+                    }
+                };
+                Some(match ran {
                     Ok(()) => Event::Bootstrapped,
                     Err(message) => Event::BootstrapFailed { message },
                 })
@@ -822,7 +840,7 @@ impl<'a> Executor<'a> {
                 },
             }),
             Err(e @ PveError::Interrupted { .. }) => Err(Failure::new(
-                ErrorCode::TaskTimeout,
+                ErrorCode::Interrupted,
                 format!(
                     "{e}; the journal holds the transaction and the next agent command settles it"
                 ),
@@ -909,7 +927,7 @@ impl<'a> Executor<'a> {
             }
             if self.cancel.is_cancelled() {
                 return Err(Failure::new(
-                    ErrorCode::TaskTimeout,
+                    ErrorCode::Interrupted,
                     format!(
                         "interrupted while searching the task list of node {node} for the restore \
                          task of transaction {} (vmid {vmid}); the journal holds the transaction \

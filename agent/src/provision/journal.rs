@@ -177,9 +177,19 @@ pub enum JournalError {
 }
 
 impl JournalError {
-    /// The stable code: the journal is part of the node's environment (state dir, disk).
+    /// The stable code: the journal is part of the node's environment (state dir, disk); a
+    /// full disk (ENOSPC, EDQUOT) is `state_dir_full`, not a configuration error.
     pub fn code(&self) -> ErrorCode {
-        ErrorCode::ConfigInvalid
+        let source = match self {
+            JournalError::CreateDir { source, .. } | JournalError::Io { source, .. } => {
+                Some(source)
+            }
+            _ => None,
+        };
+        match source.and_then(io::Error::raw_os_error) {
+            Some(nix::libc::ENOSPC | nix::libc::EDQUOT) => ErrorCode::StateDirFull,
+            _ => ErrorCode::ConfigInvalid,
+        }
     }
 }
 
@@ -361,6 +371,15 @@ impl Journal {
         Self::open_with_limits(state_dir, Limits::default())
     }
 
+    /// The journal under `state_dir` for reading only (a dry run): nothing is created; a
+    /// folder that does not exist reads as an empty journal.
+    pub fn at_read_only(state_dir: &Path) -> Journal {
+        Journal {
+            dir: state_dir.join(JOURNAL_DIR),
+            limits: Limits::default(),
+        }
+    }
+
     /// Open with explicit caps.
     pub fn open_with_limits(state_dir: &Path, limits: Limits) -> Result<Journal, JournalError> {
         let dir = state_dir.join(JOURNAL_DIR);
@@ -523,10 +542,14 @@ impl Journal {
     /// Every transaction file of the folder, with its transaction id; other names are ignored
     /// with a warning.
     fn files(&self) -> Result<Vec<(Ulid, PathBuf)>, JournalError> {
-        let entries = fs::read_dir(&self.dir).map_err(|source| JournalError::Io {
-            path: self.dir.clone(),
-            source,
-        })?;
+        let entries = match fs::read_dir(&self.dir) {
+            // Only a read-only journal ([`Journal::at_read_only`]) may lack its folder.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            r => r.map_err(|source| JournalError::Io {
+                path: self.dir.clone(),
+                source,
+            })?,
+        };
         let mut out = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|source| JournalError::Io {

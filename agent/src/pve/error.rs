@@ -188,7 +188,8 @@ impl PveError {
                     ErrorCode::TaskFailed
                 }
             }
-            PveError::TaskTimeout { .. } | PveError::Interrupted { .. } => ErrorCode::TaskTimeout,
+            PveError::TaskTimeout { .. } => ErrorCode::TaskTimeout,
+            PveError::Interrupted { .. } => ErrorCode::Interrupted,
         }
     }
 

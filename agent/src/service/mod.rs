@@ -118,6 +118,8 @@ pub async fn prepare(
     cancel: &CancellationToken,
 ) -> Result<Prepared, Failure> {
     let pve = pve_client(cfg)?;
+    // A full disk stops a transaction between two PVE writes: refused before the first.
+    preflight::require_state_dir_space(&cfg.state_dir)?;
     let journal = open_journal(cfg)?;
     if !LEFTOVERS_IN_BACKGROUND.load(Ordering::SeqCst) {
         settle_open(cfg, &pve, &journal, reporter, cancel, TakeUp::Resume).await?;
@@ -140,7 +142,15 @@ pub fn open_on_vmid(journal: &Journal, vmid: u32) -> Result<Option<State>, Failu
 /// How this process reaches into LXC containers: the root exec helper when `[exec]
 /// helper_socket` is set or the agent does not run as root, else `pct` itself.
 pub fn lxc_route(cfg: &Config) -> Arc<dyn LxcExecFactory> {
-    crate::exec_helper::client::lxc_route(cfg, crate::provision::effects::direct_pct(cfg))
+    use crate::exec_helper::client::{ExecMode, HelperRoute};
+    // The direct route's scratch folder is made only when `pct` is the route: through the
+    // helper (and in a dry run that way) nothing is created in the state folder.
+    match ExecMode::of_process(cfg) {
+        ExecMode::Helper { socket, .. } => Arc::new(HelperRoute::new(socket)),
+        ExecMode::Direct => {
+            crate::exec_helper::client::lxc_route(cfg, crate::provision::effects::direct_pct(cfg))
+        }
+    }
 }
 
 /// Move settled transactions older than `[journal] keep_days` into the journal's archive. A
@@ -154,9 +164,15 @@ pub fn compact(cfg: &Config, journal: &Journal) {
 
 /// Open the client and the journal for a dry run: nothing is settled, nothing written.
 pub fn prepare_read_only(cfg: &Config) -> Result<Prepared, Failure> {
+    // A dry run says "nothing was written": it creates no folder either. A state folder that
+    // exists is still checked, as its journal is read.
+    if cfg.state_dir.is_dir() {
+        crate::config::check_trusted_state_dir(cfg)
+            .map_err(|why| Failure::new(ErrorCode::ConfigInvalid, why))?;
+    }
     Ok(Prepared {
         pve: pve_client(cfg)?,
-        journal: open_journal(cfg)?,
+        journal: Journal::at_read_only(&cfg.state_dir),
     })
 }
 
@@ -249,6 +265,24 @@ pub async fn verdict(
     }
     let refined = match pool_view(cfg, pve).await {
         Ok(pool) => vmid::check(input, &join(&full, &pool)),
+        // Without PVE's answer the holder may be the pool's own guest: calling it foreign
+        // would be a guess. The vmid is held either way, but what holds it cannot be told.
+        Err(e) if crate::error::exit_status(e.code) == crate::error::ExitStatus::Environment => {
+            let holder = vmid::parse_vmid(input)
+                .ok()
+                .and_then(|v| full.lookup(v))
+                .map(|h| format!("a guest ({}) on node {}", h.kind.as_str(), h.node))
+                .unwrap_or_else(|| "a guest".to_string());
+            return Err(Failure::new(
+                e.code,
+                format!(
+                    "vmid {input} is held by {holder} in the full guest list ({}), but whether it is a guest of pool {:?} or a foreign one cannot be told: {}; run the command again once PVE answers (`felhom-agent doctor`)",
+                    full.source().describe(),
+                    cfg.pool,
+                    e.message
+                ),
+            ));
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the pool view; the holder is reported as foreign");
             first
@@ -587,6 +621,7 @@ pub async fn provision(
     // The preflight (DESIGN rule 9): before the first journal intent; reads only. A refusal
     // becomes the transaction's first event, so nothing is journaled or written.
     let (report, first) = preflight::gate(cfg, &prepared.pve, &request, first).await;
+    environment_refusal(&report, request.vmid)?;
     let mut exec = Executor::new(
         cfg,
         &prepared.pve,
@@ -604,6 +639,58 @@ pub async fn provision(
         driven,
         preflight: Some(report),
     })
+}
+
+/// A preflight that failed for the environment (exit 6: PVE not answering, a wrong pin, the
+/// exec helper, a full state folder) ends the command before its transaction exists: the
+/// request was never judged, so nothing is journaled (no refusal a re-dispatch would repeat)
+/// and nothing is reported as the transaction's outcome.
+pub fn environment_refusal(
+    report: &preflight::PreflightReport,
+    vmid: Option<u32>,
+) -> Result<(), Failure> {
+    match report.environment_failure() {
+        None => Ok(()),
+        Some(f) => Err(Failure::new(
+            f.code,
+            format!(
+                "the preflight of vmid {} could not be completed, nothing was written or journaled: {}",
+                vmid.map_or_else(|| "-".to_string(), |v| v.to_string()),
+                f.message
+            ),
+        )),
+    }
+}
+
+/// `destroy -vmid N` where no guest holds the vmid in the full guest list: there is nothing
+/// to destroy and nothing to prove, so no transaction is started (nothing journaled, nothing
+/// sent to PVE) and the command ends 0 with a sentence saying so; a repeat of a destroy this
+/// agent finished names the transaction that did it. `None`: a guest holds the vmid, or a
+/// claim of this agent on it is still armed (the gated destroy withdraws it), so the gated
+/// destroy runs.
+pub fn nothing_to_destroy(cfg: &Config, input: &str) -> Result<Option<(u32, String)>, Failure> {
+    let vmid_num = vmid::parse_vmid(input).map_err(Failure::from)?;
+    let full = full_list(cfg)?;
+    if full.lookup(vmid_num).is_some() {
+        return Ok(None);
+    }
+    let journal = open_journal(cfg)?;
+    let origin = journal
+        .last_owner_record(vmid_num)
+        .map_err(|e| Failure::new(e.code(), e.to_string()))?;
+    let list = full.source().describe();
+    let message = match origin.as_ref().map(|t| &t.state) {
+        Some(o) if o.destroyed() => format!(
+            "vmid {vmid_num}: nothing to destroy: transaction {} ({}) already destroyed this agent's guest there, and no guest holds the vmid in the full guest list ({list}); nothing was sent to PVE",
+            o.txn(),
+            o.kind()
+        ),
+        Some(o) if o.destroy_armed() && o.disarmed().is_none() => return Ok(None),
+        _ => format!(
+            "vmid {vmid_num}: nothing to destroy: no guest holds it in the full guest list ({list}); nothing was sent to PVE"
+        ),
+    };
+    Ok(Some((vmid_num, message)))
 }
 
 /// The gated destroy of a guest an earlier transaction of this agent created, under `txn`.
