@@ -72,7 +72,10 @@ import json, sys
 scenario, work, host, root = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], sys.argv[4]
 # The fake makes each restored guest's root filesystem where the pct stand-in looks for it, and
 # keeps its state in step with PVE's (tests/fakepve/README.md, "Guest bed").
-scenario["guest_bed"] = {"state": work + "/pct-state", "template": root + "/.testbed/rootfs"}
+# Each running container gets a stand-in of root's LXC monitor holding its command socket under
+# the bed's lxcpath, which the exec helper checks before every pct exec ([exec] lxc_path).
+scenario["guest_bed"] = {"state": work + "/pct-state", "template": root + "/.testbed/rootfs",
+                         "lxc_path": work + "/lxc", "monitor": root + "/tests/pct/lxc-monitor"}
 for vols in scenario.get("volumes", {}).values():
     for vol in vols:
         vol.setdefault("guest", {})
@@ -132,6 +135,7 @@ dir = "$work/metrics"
 [exec]
 helper_socket = "$work/exec.sock"
 pve_nodes_dir = "$work/nodes"
+lxc_path = "$work/lxc"
 TOML
 printf 'next-id: lower=100,upper=1000000\n' >"$work/datacenter.cfg"
 
