@@ -94,6 +94,11 @@ fn a_provision_asks_pve_nothing_twice_and_its_privilege_reads_together() {
         list(&|_| true)
     );
 
+    // PVE's status: only the destroy's (is it running, to stop it); the launch is proven by
+    // the exec answering from the running guest.
+    let status = list(&|r| r.path == "/api2/json/nodes/pve1/lxc/120/status/current");
+    assert_eq!(status.len(), 1, "status reads: {status:#?}");
+
     let perms: Vec<_> = w
         .pve
         .timings()

@@ -635,8 +635,16 @@ mod tests {
         .expect("spool");
         let shutdown = CancellationToken::new();
         let stopper = shutdown.clone();
+        let spool_dir = dir.path().join(outbox::OUTBOX_DIR).join(outbox::SPOOL_DIR);
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Shut down once the spooled report is in the outbox (its spool file goes only
+            // after it is stored): an event, not a time a loaded machine may overrun.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while std::fs::read_dir(&spool_dir).is_ok_and(|mut d| d.next().is_some())
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             stopper.cancel();
         });
         let report = run_daemon(

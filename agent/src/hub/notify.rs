@@ -333,17 +333,26 @@ mod tests {
     #[tokio::test]
     async fn beat_while_beats_until_the_wait_ends() {
         let l = Liveness::new(Duration::from_millis(200));
+        let last = |lp: DaemonLoop| l.beats.lock().expect("beats")[lp as usize].expect("beat");
+        let started = last(DaemonLoop::Spool);
+        // The wait ends on an event, not a timer: once the hub loop has beaten a tick after
+        // the wait began (a loaded machine only makes that later).
         let out = l
             .beat_while(DaemonLoop::Hub, async {
-                tokio::time::sleep(Duration::from_millis(450)).await;
+                while last(DaemonLoop::Hub) < started + LIVENESS_TICK {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 7
             })
             .await;
         assert_eq!(out, 7);
-        let now = Instant::now();
-        // The hub loop beat during the wait; the spool ingester did not.
-        assert_eq!(l.check(now).map_err(|(lp, _)| lp), Err(DaemonLoop::Spool));
-        l.beat(DaemonLoop::Spool);
-        assert_eq!(l.check(Instant::now()), Ok(()));
+        // The hub loop beat during the wait; the spool ingester did not. Checked at instants
+        // derived from the beats, so the scheduler's delays play no part.
+        let hub = last(DaemonLoop::Hub);
+        assert_eq!(last(DaemonLoop::Spool), started);
+        let at = hub + Duration::from_millis(150);
+        assert_eq!(l.check(at).map_err(|(lp, _)| lp), Err(DaemonLoop::Spool));
+        l.beat_at(DaemonLoop::Spool, hub);
+        assert_eq!(l.check(at), Ok(()));
     }
 }

@@ -1177,6 +1177,8 @@ impl<'a> Executor<'a> {
         }
     }
 
+    /// The launch proof: an exec in the guest answers (a container's `pct exec`, a VM's guest
+    /// agent), retried while the guest is still coming up, until the launch timeout.
     async fn prove_launch(
         &self,
         vmid: u32,
@@ -1188,32 +1190,31 @@ impl<'a> Executor<'a> {
         let exec = self.exec_for(vmid, guest, txn);
         let mut last: String;
         loop {
-            match self.pve.status_current(node, guest, vmid).await {
-                Ok(st) if st.is_running() => {
-                    let req = ExecRequest::new(["/bin/sh", "-c", "echo felhom-launch-ok"])
-                        .timeout(Duration::from_secs(30));
-                    match exec.exec(&req).await {
-                        Ok(out)
-                            if out.success() && out.stdout.text().contains("felhom-launch-ok") =>
-                        {
-                            return Ok(())
+            // The exec is the proof (it answers only from a running guest); PVE's status is
+            // read only when it did not answer, to say why.
+            let req = ExecRequest::new(["/bin/sh", "-c", "echo felhom-launch-ok"])
+                .timeout(Duration::from_secs(30));
+            match exec.exec(&req).await {
+                Ok(out) if out.success() && out.stdout.text().contains("felhom-launch-ok") => {
+                    return Ok(())
+                }
+                Ok(out) => last = format!("the exec answered {}", out.summary()),
+                // Only a guest that is still coming up is worth waiting for; a missing `pct`,
+                // a bad request or a vanished guest will not get better.
+                Err(e @ (ExecError::NotRunning { .. } | ExecError::AgentNotRunning { .. })) => {
+                    last = match self.pve.status_current(node, guest, vmid).await {
+                        Ok(st) if !st.is_running() => {
+                            format!("{} {vmid} is {}", guest.pve_word(), st.status)
                         }
-                        Ok(out) => last = format!("the exec answered {}", out.summary()),
-                        // Only a guest that is still coming up is worth waiting for; a missing
-                        // `pct`, a bad request or a vanished guest will not get better.
-                        Err(
-                            e @ (ExecError::NotRunning { .. } | ExecError::AgentNotRunning { .. }),
-                        ) => last = e.to_string(),
-                        Err(e) => {
-                            return Err(format!(
-                                "{} {vmid} on node {node} did not answer an exec: {e}",
-                                guest.pve_word()
-                            ))
-                        }
+                        _ => e.to_string(),
                     }
                 }
-                Ok(st) => last = format!("{} {vmid} is {}", guest.pve_word(), st.status),
-                Err(e) => last = e.to_string(),
+                Err(e) => {
+                    return Err(format!(
+                        "{} {vmid} on node {node} did not answer an exec: {e}",
+                        guest.pve_word()
+                    ))
+                }
             }
             if Instant::now() >= deadline || self.cancel.is_cancelled() {
                 return Err(format!(
