@@ -839,7 +839,7 @@ pub fn state_dir_space(state_dir: &Path) -> PreflightCheck {
         .unwrap_or(Path::new("/"));
     match nix::sys::statvfs::statvfs(at) {
         Ok(st) => {
-            let free = u64::from(st.blocks_available()).saturating_mul(st.fragment_size());
+            let free = st.blocks_available().saturating_mul(st.fragment_size());
             if free < STATE_DIR_MIN_FREE_BYTES {
                 PreflightCheck::fail(
                     name,

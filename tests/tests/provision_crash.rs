@@ -196,17 +196,19 @@ struct Tally {
 fn settle_and_check(w: &World, initial: &[u32], point: &str, tally: &mut Tally) {
     let pve = &w.pve;
     // Any writing command settles the open transaction first; a gated destroy of a vmid this
-    // agent never created settles, then is refused (exit 7) with nothing sent for it.
+    // agent never created settles, then is refused (exit 7) with nothing sent for it, or, when
+    // no guest is left at the vmid, says there is nothing to destroy (exit 0).
     // A kill after the restore's intent but before its POST left nothing in PVE: the search for
     // its task ends after a settle window, shortened here.
     let mut cmd = w.command();
     cmd.args(["destroy", "-vmid", "141", "--json"])
         .env("FELHOM_AGENT_SUBMIT_SETTLE_MS", SETTLE_MS.to_string());
     let second: AgentRun = cmd.output().expect("run agent").into();
-    assert_eq!(
+    assert!(
+        second.code == Some(7)
+            || (second.code == Some(0) && second.stdout.contains("nothing to destroy")),
+        "{point}: the settling run: {:?}\n{}\n{}",
         second.code,
-        Some(7),
-        "{point}: the settling run: {}\n{}",
         second.stdout,
         second.stderr
     );
@@ -497,7 +499,15 @@ fn a_killed_agent_leaves_no_exec_running_in_the_helper() {
     cmd.args(["destroy", "-vmid", "141", "--json"])
         .env("FELHOM_AGENT_SUBMIT_SETTLE_MS", SETTLE_MS.to_string());
     let second: AgentRun = cmd.output().expect("run agent").into();
-    assert_eq!(second.code, Some(7), "{}\n{}", second.stdout, second.stderr);
+    // The resume destroyed the guest: nothing is left to destroy at the vmid.
+    assert!(
+        second.code == Some(7)
+            || (second.code == Some(0) && second.stdout.contains("nothing to destroy")),
+        "{:?}\n{}\n{}",
+        second.code,
+        second.stdout,
+        second.stderr
+    );
     let t = w
         .journal()
         .into_iter()

@@ -421,7 +421,8 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     output::journal_recent(service::journal_listing(&cfg))
                 }
                 Command::Destroy { vmid } => {
-                    match service::nothing_to_destroy(&cfg, &vmid) {
+                    let settle_reporter = SpoolReporter::new(cfg.state_dir.clone());
+                    match service::nothing_to_destroy(&cfg, &vmid, &settle_reporter, &shutdown_token()).await {
                         Ok(Some((vmid, message))) => {
                             return CommandOutput {
                                 json: json!({"vmid": vmid, "outcome": "nothing_to_destroy", "destroyed": false, "message": message, "error": null}),

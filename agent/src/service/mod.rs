@@ -668,13 +668,22 @@ pub fn environment_refusal(
 /// agent finished names the transaction that did it. `None`: a guest holds the vmid, or a
 /// claim of this agent on it is still armed (the gated destroy withdraws it), so the gated
 /// destroy runs.
-pub fn nothing_to_destroy(cfg: &Config, input: &str) -> Result<Option<(u32, String)>, Failure> {
+///
+/// Like every writing command it first settles what a stopped run left open (DESIGN rule 6):
+/// a guest that settle removes or leaves is then seen as it is.
+pub async fn nothing_to_destroy(
+    cfg: &Config,
+    input: &str,
+    reporter: &dyn Reporter,
+    cancel: &CancellationToken,
+) -> Result<Option<(u32, String)>, Failure> {
     let vmid_num = vmid::parse_vmid(input).map_err(Failure::from)?;
+    let prepared = prepare(cfg, reporter, cancel).await?;
+    let journal = prepared.journal;
     let full = full_list(cfg)?;
     if full.lookup(vmid_num).is_some() {
         return Ok(None);
     }
-    let journal = open_journal(cfg)?;
     let origin = journal
         .last_owner_record(vmid_num)
         .map_err(|e| Failure::new(e.code(), e.to_string()))?;
