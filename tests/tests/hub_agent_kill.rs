@@ -10,7 +10,7 @@ use felhom_agent::hub::outbox::Outbox;
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
 use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use hub_protocol::{
-    AgentMessage, Dispatch, DispatchAction, Outcome, Phase, TxnId, TxnKind, TxnResult,
+    AgentMessage, Dispatch, DispatchAction, ErrorCode, Outcome, Phase, TxnId, TxnKind, TxnResult,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -147,7 +147,8 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
     let pve = FakePve::demo();
     let hub = DevHub::start(DevHubOptions::default());
     let files = files_for(&pve, &hub);
-    // The package's profile and pack, so the resumed provision passes its preflight and runs.
+    // The package's profile and pack, so the resumed provision's preflight gets as far as the
+    // exec helper (which this bed does not run).
     felhom_tests::world::install_default_profile_and_checks(&files);
 
     // The state a killed agent leaves: a dispatch accepted (and acknowledged to the hub) but
@@ -198,12 +199,23 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
     });
     assert_eq!(state.results[&stored_txn].len(), 1);
     assert_eq!(state.results[&open_txn].len(), 1);
-    // The resumed dispatch really ran: this bed has no `pct`, so the guest never answered an
-    // exec, and the provision failed and removed its own guest through the gate.
+    // The resumed dispatch really ran: this bed has no exec helper, so its preflight (which
+    // probes the helper before a container provision) refused it with the environment's code,
+    // and PVE received no write for it.
     let resumed = &state.results[&open_txn][0].1;
     assert_eq!(resumed.outcome, Outcome::Failed, "{resumed:?}");
-    assert!(resumed.destroyed, "{resumed:?}");
+    assert_eq!(
+        resumed.error.as_ref().map(|e| e.code),
+        Some(ErrorCode::ExecHelperUnavailable),
+        "{resumed:?}"
+    );
+    assert!(!resumed.destroyed, "{resumed:?}");
     assert_eq!(state.results[&open_txn][0].1.vmid, Some(7001));
+    assert!(
+        pve.writes_for(7001).is_empty(),
+        "{:#?}",
+        pve.writes_for(7001)
+    );
     agent.wait_for_log("torn last record", WAIT);
 
     // Another command reports while the daemon runs: through the spool.
