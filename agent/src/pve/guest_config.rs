@@ -32,6 +32,21 @@ pub fn property_items(value: &str) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
+/// The value of property `name` in a property string's items, given as `name=value` or, PVE's
+/// default key, as the bare first item (`virtiofs0: share1`, `rng0: /dev/hwrng`).
+fn default_key_value(items: &[(String, Option<String>)], name: &str) -> Option<String> {
+    items
+        .iter()
+        .find(|(k, v)| k == name && v.is_some())
+        .and_then(|(_, v)| v.clone())
+        .or_else(|| {
+            items
+                .first()
+                .filter(|(_, v)| v.is_none())
+                .map(|(k, _)| k.clone())
+        })
+}
+
 /// Whether `key` is `netN`.
 pub fn is_net_key(key: &str) -> bool {
     numbered(key, "net")
@@ -421,33 +436,15 @@ impl StoredConfig {
         let mut out = Vec::new();
         for (k, v) in &self.keys {
             let items = property_items(v);
-            let get = |name: &str| {
-                items
-                    .iter()
-                    .find(|(ik, iv)| ik == name && iv.is_some())
-                    .and_then(|(_, iv)| iv.clone())
-            };
             let one_digit = k
                 .strip_prefix("virtiofs")
                 .is_some_and(|n| n.len() == 1 && n.bytes().all(|b| b.is_ascii_digit()));
             if one_digit {
-                let dirid = get("dirid").or_else(|| {
-                    items
-                        .first()
-                        .filter(|(_, iv)| iv.is_none())
-                        .map(|(ik, _)| ik.clone())
-                });
-                if let Some(d) = dirid {
+                if let Some(d) = default_key_value(&items, "dirid") {
                     out.push((k.clone(), format!("/mapping/dir/{d}")));
                 }
             } else if numbered(k, "rng") {
-                let source = get("source").or_else(|| {
-                    items
-                        .first()
-                        .filter(|(_, iv)| iv.is_none())
-                        .map(|(ik, _)| ik.clone())
-                });
-                if source.as_deref() == Some("/dev/hwrng") {
+                if default_key_value(&items, "source").as_deref() == Some("/dev/hwrng") {
                     out.push((k.clone(), "/mapping/hwrng".to_string()));
                 }
             }
