@@ -443,10 +443,10 @@ impl StoredConfig {
                 if let Some(d) = default_key_value(&items, "dirid") {
                     out.push((k.clone(), format!("/mapping/dir/{d}")));
                 }
-            } else if numbered(k, "rng") {
-                if default_key_value(&items, "source").as_deref() == Some("/dev/hwrng") {
-                    out.push((k.clone(), "/mapping/hwrng".to_string()));
-                }
+            } else if numbered(k, "rng")
+                && default_key_value(&items, "source").as_deref() == Some("/dev/hwrng")
+            {
+                out.push((k.clone(), "/mapping/hwrng".to_string()));
             }
         }
         out
