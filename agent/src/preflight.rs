@@ -819,7 +819,10 @@ pub async fn for_request(
     let mut checks = report.checks;
     checks.push(state_dir_space(&cfg.state_dir));
     checks.push(helper);
-    PreflightReport::from_checks(checks)
+    PreflightReport {
+        stored_config: report.stored_config,
+        ..PreflightReport::from_checks(checks)
+    }
 }
 
 /// The least free space the state folder must have before a transaction starts: room for
