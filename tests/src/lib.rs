@@ -16,3 +16,25 @@ pub fn report(line: &str) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
+
+/// Every `.rs` file below `dir`, in path order (panics when a folder cannot be read): what the
+/// source-reading tests (module dependencies, the PVE call map) walk.
+pub fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut entries: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            e.unwrap_or_else(|e| panic!("entry of {}: {e}", dir.display()))
+                .path()
+        })
+        .collect();
+    entries.sort();
+    let mut out = Vec::new();
+    for p in entries {
+        if p.is_dir() {
+            out.extend(rust_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out
+}

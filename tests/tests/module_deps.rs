@@ -10,7 +10,7 @@
 //! Run it alone with `cargo test -p felhom-tests --test module_deps`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use felhom_tests::guestbed::repo_root;
 
@@ -54,21 +54,6 @@ fn module_of(src: &Path, file: &Path) -> Option<Vec<String>> {
         other => parts.push(other.strip_suffix(".rs")?.to_string()),
     }
     Some(parts)
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("dir entry").path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
 }
 
 /// The code of a file without line comments and without its `#[cfg(test)] mod tests` block
@@ -219,7 +204,7 @@ struct Graph {
 fn graph() -> Graph {
     let src = repo_root().join("agent/src");
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    files.extend(felhom_tests::rust_files(&src));
     let mut by_module = BTreeMap::new();
     for f in &files {
         if let Some(m) = module_of(&src, f) {

@@ -16,7 +16,7 @@
 //! Run it alone with `cargo test -p felhom-tests --test pve_call_map`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use felhom_tests::guestbed::{repo_root, test_data};
 
@@ -218,24 +218,6 @@ fn builder_endpoints(code: &str, problems: &mut Vec<String>) -> BTreeMap<String,
     out
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
-        .map(|e| {
-            e.unwrap_or_else(|e| panic!("entry of {}: {e}", dir.display()))
-                .path()
-        })
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
-
 /// Whether a line holds an `ApiRequest { … }` struct literal (not a function returning one:
 /// `-> ApiRequest {`).
 fn struct_literal(line: &str) -> bool {
@@ -251,7 +233,7 @@ fn struct_literal(line: &str) -> bool {
 fn requests_built_elsewhere(src: &Path, request_rs: &Path) -> Vec<String> {
     let root = repo_root();
     let mut files = Vec::new();
-    rust_files(src, &mut files);
+    files.extend(felhom_tests::rust_files(src));
     let mut found = Vec::new();
     for f in files {
         if f == request_rs {
