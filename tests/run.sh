@@ -69,13 +69,36 @@ if [ "${FELHOM_CI_SERIAL:-0}" != 1 ]; then
   fuzz_pid=$!
 fi
 
-step "cargo test"
+# The tests: cargo-nextest (it comes with the machine's toolchain) runs each test in its own
+# process and several at once (tests/nextest.toml); without it, `cargo test` runs them one test
+# binary after the other. The doc tests run with `cargo test --doc` (nextest does not run them).
 log=$(mktemp)
-cleanup+=("$log")
+reports=$(mktemp)
+cleanup+=("$log" "$reports")
+export FELHOM_TEST_REPORTS=$reports
+junit=""
 set +e
-cargo test --workspace --locked 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+if cargo nextest --version >/dev/null 2>&1; then
+  step "cargo nextest run (tests/nextest.toml)"
+  junit="$here/target/nextest/default/junit.xml"
+  rm -f "$junit"
+  cargo nextest run --workspace --locked --config-file tests/nextest.toml 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+else
+  step "cargo test (cargo-nextest is not installed)"
+  cargo test --workspace --locked --lib --bins --tests 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+fi
+if [ "$status" -eq 0 ]; then
+  step "cargo test --doc"
+  cargo test --workspace --locked --doc 2>&1 | tee -a "$log"
+  status=${PIPESTATUS[0]}
+fi
 set -e
+if [ -s "$reports" ]; then
+  printf '\n== figures the tests measured\n' >&2
+  cat "$reports" >&2
+fi
 if [ "$status" -ne 0 ]; then
   [ -z "$fuzz_pid" ] || kill -- "-$fuzz_pid" 2>/dev/null || true
   exit "$status"
@@ -97,9 +120,14 @@ fi
 step "no secret in the test output"
 # The token secrets of the test scenarios must never be printed by the agent or a test.
 # (tests/tests/secrets_at_trace.rs runs the agent at FELHOM_AGENT_LOG=trace for the same.)
+# With nextest, a passing test's output is in the JUnit report (target/nextest/default/junit.xml),
+# not the console log: both are searched.
+scanned=("$log")
+[ -z "$junit" ] || scanned+=("$junit")
+[ -z "$junit" ] || [ -s "$junit" ] || { echo "nextest wrote no JUnit report at $junit" >&2; exit 1; }
 if grep -q -e '11111111-2222-4333-8444-555555555555' -e '99999999-2222-4333-8444-555555555555' \
-  -e 'devhub-test-token-3f6b1c2e' "$log"; then
-  echo "a test token secret or hub token appears in the test output" >&2
+  -e 'devhub-test-token-3f6b1c2e' "${scanned[@]}"; then
+  echo "a test token secret or hub token appears in the test output (${scanned[*]})" >&2
   exit 1
 fi
-echo "ok: no test token secret in $(wc -l <"$log") lines of test output"
+echo "ok: no test token secret in $(cat "${scanned[@]}" | wc -l) lines of test output"

@@ -11,10 +11,23 @@ pub mod guestbed;
 pub mod world;
 
 /// Print a figure a test measured so that it shows in the test command's output even when the
-/// test passes (cargo's test harness captures `print!`, not writes to the stderr handle).
+/// test passes: on the stderr handle (cargo's test harness captures `print!`, not that), and
+/// appended to the file `FELHOM_TEST_REPORTS` names, if any (`tests/run.sh` prints that file
+/// after the run: nextest keeps a passing test's output to itself).
 pub fn report(line: &str) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr().lock(), "{line}");
+    if let Some(path) = std::env::var_os("FELHOM_TEST_REPORTS") {
+        // One write of a short line to a file opened for appending: lines of tests running at
+        // once do not interleave.
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(format!("{line}\n").as_bytes());
+        }
+    }
 }
 
 /// Every `.rs` file below `dir`, in path order (panics when a folder cannot be read): what the
