@@ -67,17 +67,31 @@ const DESTROY_SECS: f64 = 4.0;
 /// Added to every API answer.
 const API_LATENCY_MS: u64 = 10;
 
-fn one(slow: bool, vmid: u32) -> (f64, Asked) {
+/// The comparison's world: a restore of 1.0 s and a destroy of 0.5 s (1.5 s of task time).
+const VERSUS_RESTORE_SECS: f64 = 1.0;
+const VERSUS_DESTROY_SECS: f64 = 0.5;
+
+/// A fake PVE joined to a fresh guest bed, every answer `API_LATENCY_MS` late, its container
+/// restores and destroys taking `tasks` (restore, destroy) real seconds (instant: `None`), and
+/// the agent's files with the default profile and checks.
+fn world(tasks: Option<(f64, f64)>) -> (GuestBed, FakePve, AgentFiles) {
     let bed = GuestBed::new();
     let mut scenario = felhom_tests::fakepve::demo_scenario();
     bed.join_scenario(&mut scenario);
     let pve = FakePve::start(scenario);
     pve.set(json!({"api_latency_ms": API_LATENCY_MS}));
-    if slow {
-        pve.set(json!({"time_scale": TIME_SCALE, "ct_secs": {"create": RESTORE_SECS, "destroy": DESTROY_SECS}}));
+    if let Some((restore, destroy)) = tasks {
+        pve.set(
+            json!({"time_scale": TIME_SCALE, "ct_secs": {"create": restore, "destroy": destroy}}),
+        );
     }
     let files = AgentFiles::for_fake(&pve);
     felhom_tests::world::install_default_profile_and_checks(&files);
+    (bed, pve, files)
+}
+
+fn one(tasks: Option<(f64, f64)>, vmid: u32) -> (f64, Asked) {
+    let (bed, pve, files) = world(tasks);
     let before = pve.requests().len();
     let timings_before = pve.timings().len();
     let path = felhom_tests::world::bed_path(&bed);
@@ -89,9 +103,16 @@ fn one(slow: bool, vmid: u32) -> (f64, Asked) {
     let out = agent_command(&files.config_path)
         .env("PATH", path)
         .args(["--selftest=provision", "-vmid", &vmid.to_string(), "--json"])
+        .args(trace().then_some("-v"))
         .output()
         .expect("run agent");
     let wall = started.elapsed().as_secs_f64();
+    if trace() {
+        println!(
+            "the agent's log ({wall:.2} s):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     assert!(
         out.status.success(),
         "provision failed: {}",
@@ -118,13 +139,107 @@ fn one(slow: bool, vmid: u32) -> (f64, Asked) {
     )
 }
 
+/// The same provision by the proxmoxer script (`proxmoxer_provision.py`) in a world like
+/// [`one`]'s: its wall time (the whole process, as the agent's) and the requests PVE received.
+/// `None` when the fake's Python has no proxmoxer.
+fn script_one(tasks: Option<(f64, f64)>, vmid: u32) -> Option<(f64, usize)> {
+    let python = felhom_tests::fakepve::fakepve_python();
+    let has_proxmoxer = std::process::Command::new(&python)
+        .args(["-c", "import proxmoxer"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_proxmoxer {
+        return None;
+    }
+    let (bed, pve, files) = world(tasks);
+    let plan = json!({
+        "host": pve.host(),
+        "port": pve.port(),
+        "cafile": pve.cafile(),
+        "token_id": pve.token_id(),
+        "token_secret_file": files.token_secret_file,
+        "node": "pve1",
+        "vmid": vmid,
+        "archive": "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst",
+        "storage": "local-lvm",
+        "pool": pve.pool(),
+        "profile_dir": files.bootstrap_dir.join("default"),
+        "checks_file": files.checks_dir.join("default.toml"),
+    });
+    let plan_path = files.config_path.with_file_name("plan.json");
+    std::fs::write(&plan_path, plan.to_string()).expect("write the script's plan");
+    let script =
+        felhom_tests::fakepve::workspace_root().join("tests/benches/proxmoxer_provision.py");
+    let before = pve.requests().len();
+    let started = Instant::now();
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(&plan_path)
+        .env("PATH", felhom_tests::world::bed_path(&bed))
+        .output()
+        .expect("run the proxmoxer script");
+    let wall = started.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "the proxmoxer script failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(pve.guest(vmid).is_none(), "the script left guest {vmid}");
+    Some((wall, pve.requests().len() - before))
+}
+
+/// `FELHOM_BENCH_TRACE=1`: run the agent with `-v` and print its log (timestamped).
+fn trace() -> bool {
+    std::env::var_os("FELHOM_BENCH_TRACE").is_some()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
+/// The agent's provision side by side with the proxmoxer script's, alternating, in the
+/// comparison's world; prints both medians and their ratio.
+fn versus_script(runs: u32) {
+    let tasks = Some((VERSUS_RESTORE_SECS, VERSUS_DESTROY_SECS));
+    let mut agent = Vec::new();
+    let mut script = Vec::new();
+    let mut script_requests = Vec::new();
+    for i in 0..runs {
+        let Some((w, n)) = script_one(tasks, 170 + i) else {
+            println!(
+                "  against a proxmoxer script: skipped, the fake's Python has no proxmoxer \
+                 (tests/setup-bench.sh installs it)"
+            );
+            return;
+        };
+        script.push(w);
+        script_requests.push(n as f64);
+        agent.push(one(tasks, 180 + i).0);
+    }
+    let (agent, script) = (median(agent), median(script));
+    println!(
+        "  against a proxmoxer script ({runs} runs each, alternating; a {VERSUS_RESTORE_SECS} s \
+         restore, a {VERSUS_DESTROY_SECS} s destroy, {API_LATENCY_MS} ms per round trip):"
+    );
+    println!(
+        "    the script (tests/benches/proxmoxer_provision.py): {script:.2} s, {:.0} requests",
+        median(script_requests)
+    );
+    println!("    the agent:                                         {agent:.2} s");
+    println!(
+        "    the agent's wall time over the script's:           {:.2} (goal: at most 0.40)",
+        agent / script
+    );
+}
+
 fn main() {
     let runs = runs();
+    if std::env::var_os("FELHOM_BENCH_VERSUS_ONLY").is_some() {
+        versus_script(runs);
+        return;
+    }
     let tasks = (RESTORE_SECS + DESTROY_SECS) * TIME_SCALE;
     let mut fixed = Vec::new();
     let mut wall = Vec::new();
@@ -132,11 +247,11 @@ fn main() {
     let mut fixed_calls = Vec::new();
     let mut instant = Vec::new();
     for i in 0..runs {
-        let (w, asked) = one(false, 150 + i);
+        let (w, asked) = one(None, 150 + i);
         fixed.push(w);
         fixed_calls.push(asked.requests.len());
         instant.push(asked);
-        let (w, asked) = one(true, 160 + i);
+        let (w, asked) = one(Some((RESTORE_SECS, DESTROY_SECS)), 160 + i);
         wall.push(w);
         calls.push(asked.requests.len());
     }
@@ -207,4 +322,5 @@ fn main() {
             );
         }
     }
+    versus_script(runs);
 }

@@ -539,18 +539,7 @@ pub async fn run_bootstrap<E: GuestExec>(
         time: crate::timefmt::now_rfc3339(),
         outcome: BootstrapOutcome::from_exec(&outcome),
     };
-    write_marker(exec, &marker, settings).await?;
-
-    let cleanup = step(
-        exec,
-        "cleanup",
-        ExecRequest::new(["/bin/sh", "-c", "rm -rf \"$1\"", "felhom-bootstrap", &base]),
-        settings,
-    )
-    .await;
-    if let Err(e) = cleanup {
-        tracing::warn!(vmid, txn, error = %e, "could not remove the pushed bootstrap profile from the guest");
-    }
+    write_marker_and_clean_up(exec, &marker, &base, settings).await?;
     Ok(BootstrapReport {
         marker,
         reused: false,
@@ -621,10 +610,17 @@ async fn read_marker<E: GuestExec>(
     }
 }
 
-/// Write the marker: push to a temporary name (verified), then rename over the marker.
-async fn write_marker<E: GuestExec>(
+/// The exit status of the marker's rename step when the marker is in place but the pushed
+/// profile could not be removed.
+const CLEANUP_FAILED: i64 = 4;
+
+/// Write the marker: push it to a temporary name (verified), then, in one exec, rename it over
+/// the marker and remove the pushed profile (`base`). A profile left behind is a warning, not
+/// an error: the marker is what counts.
+async fn write_marker_and_clean_up<E: GuestExec>(
     exec: &E,
     marker: &BootstrapMarker,
+    base: &str,
     settings: &BootstrapSettings,
 ) -> Result<(), BootstrapError> {
     let vmid = exec.guest().vmid;
@@ -638,21 +634,34 @@ async fn write_marker<E: GuestExec>(
     exec.push_file(&PushSource::Bytes(json), &tmp, 0o600)
         .await
         .map_err(|source| BootstrapError::Exec { vmid, source })?;
-    step(
-        exec,
-        "write marker",
-        ExecRequest::new([
-            "/bin/sh",
-            "-c",
-            "mv -f \"$1\" \"$2\"",
-            "felhom-bootstrap",
-            &tmp,
-            MARKER_PATH,
-        ]),
-        settings,
-    )
-    .await
-    .map(|_| ())
+    let script = format!("mv -f \"$1\" \"$2\" || exit 1; rm -rf \"$3\" || exit {CLEANUP_FAILED}");
+    let request = ExecRequest::new([
+        "/bin/sh",
+        "-c",
+        &script,
+        "felhom-bootstrap",
+        &tmp,
+        MARKER_PATH,
+        base,
+    ])
+    .timeout(settings.step_timeout)
+    .output_cap(MARKER_CAP);
+    let outcome = exec
+        .exec(&request)
+        .await
+        .map_err(|source| BootstrapError::Exec { vmid, source })?;
+    match outcome.exit {
+        GuestExit::Exited(0) => Ok(()),
+        GuestExit::Exited(CLEANUP_FAILED) => {
+            tracing::warn!(vmid, txn = %marker.txn, detail = %outcome.summary(), "could not remove the pushed bootstrap profile from the guest");
+            Ok(())
+        }
+        _ => Err(BootstrapError::Step {
+            vmid,
+            step: "write marker",
+            detail: outcome.summary(),
+        }),
+    }
 }
 
 #[cfg(test)]

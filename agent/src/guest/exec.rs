@@ -736,14 +736,26 @@ pub fn guest_command(request: &ExecRequest, exec_id: &str) -> Result<GuestComman
 /// The in-guest script of a push: `$1` the path, `$2` the mode (octal). It writes stdin to a
 /// new private file beside the path (`mktemp`, mode 0600), sets the mode and renames it over
 /// the path, so the path is never half-written and a link at the path is replaced, not
-/// followed. It runs as the guest's root inside the guest, so the path resolves in the guest.
+/// followed; then it reads the file at the path back ([`READ_BACK`]: size, mode, SHA-256), so
+/// one exec both writes and proves what landed. It runs as the guest's root inside the guest, so
+/// the path resolves in the guest. Exit 1: the write failed; [`PUSH_READ_BACK_FAILED`]: the
+/// file was written but could not be read back.
 pub(crate) const PUSH_SCRIPT: &str = r#"umask 077
 if [ -d "$1" ]; then echo "failed to create file: $1: Is a directory" >&2; exit 1; fi
 t=$(mktemp "$1.XXXXXX") || { echo "failed to create file: $1" >&2; exit 1; }
-if cat > "$t" && chmod "$2" "$t" && mv -f "$t" "$1"; then exit 0; fi
+if cat > "$t" && chmod "$2" "$t" && mv -f "$t" "$1"; then
+  stat -c '%s %a' "$1" && sha256sum "$1" && exit 0
+  exit 3
+fi
 rm -f "$t"
 echo "failed to write file: $1" >&2
 exit 1"#;
+
+/// The exit status of [`PUSH_SCRIPT`] when the file was written but not read back.
+pub(crate) const PUSH_READ_BACK_FAILED: i64 = 3;
+
+/// The in-guest read-back of a pushed file (`$1`): `<size> <octal mode>`, then `sha256sum`'s line.
+const READ_BACK: &str = "stat -c '%s %a' \"$1\" && sha256sum \"$1\"";
 
 /// The request that writes `bytes` to `path` in the guest with permission bits `mode`.
 pub(crate) fn push_request(
@@ -834,17 +846,24 @@ pub(crate) async fn verify_pushed<E: GuestExec + ?Sized>(
     mode: u32,
     context: &str,
 ) -> Result<PushReceipt, ExecError> {
-    let guest = exec.guest();
-    let request = ExecRequest::new([
-        "/bin/sh",
-        "-c",
-        "stat -c '%s %a' \"$1\" && sha256sum \"$1\"",
-        "felhom-verify",
-        path,
-    ])
-    .timeout(VERIFY_TIMEOUT)
-    .output_cap(16 * 1024);
+    let request = ExecRequest::new(["/bin/sh", "-c", READ_BACK, "felhom-verify", path])
+        .timeout(VERIFY_TIMEOUT)
+        .output_cap(16 * 1024);
     let outcome = exec.exec(&request).await?;
+    check_read_back(exec.guest(), path, size, sha256, mode, context, &outcome)
+}
+
+/// Compare a read-back's output (`outcome` of [`READ_BACK`], or of [`PUSH_SCRIPT`], which ends
+/// with it) with the size, SHA-256 and mode that were sent.
+pub(crate) fn check_read_back(
+    guest: GuestRef,
+    path: &str,
+    size: u64,
+    sha256: &str,
+    mode: u32,
+    context: &str,
+    outcome: &ExecOutcome,
+) -> Result<PushReceipt, ExecError> {
     let unverified = |detail: String| {
         let detail = if context.is_empty() {
             detail

@@ -27,9 +27,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::exec::{
-    check_guest_path, guest_command, push_request, sha256_hex, sweep_request, verify_pushed,
+    check_guest_path, check_read_back, guest_command, push_request, sha256_hex, sweep_request,
     Captured, ExecError, ExecIds, ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef,
-    PushReceipt, PushSource,
+    PushReceipt, PushSource, PUSH_READ_BACK_FAILED,
 };
 
 /// The largest file a push reads from the node (a file named by [`PushSource::Path`]).
@@ -346,7 +346,8 @@ impl LxcExec {
         let request = push_request(guest_path, mode, bytes, self.config.push_timeout);
         let outcome = self.exec(&request).await?;
         match outcome.exit {
-            GuestExit::Exited(0) => {}
+            // Written and read back in the same exec: its output is the read-back.
+            GuestExit::Exited(0) | GuestExit::Exited(PUSH_READ_BACK_FAILED) => {}
             GuestExit::Exited(_) => {
                 return Err(ExecError::PushFailed {
                     guest,
@@ -363,7 +364,7 @@ impl LxcExec {
             }
         }
         let context = super::exec::last_line(&outcome.stderr.text()).unwrap_or_default();
-        verify_pushed(self, guest_path, size, &sha, mode, &context).await
+        check_read_back(guest, guest_path, size, &sha, mode, &context, &outcome)
     }
 }
 
