@@ -12,15 +12,22 @@
 //!   guest config reads; the round trips one after the other before the restore POST (answers
 //!   that overlap in the fake's timings went out together);
 //! - API calls per minute of task (the calls the slow run makes beyond the instant one, over
-//!   the task time).
+//!   the task time);
+//! - against a proxmoxer script: the same provision by `proxmoxer_provision.py` (restore, start,
+//!   the default bootstrap profile and checks through `pct exec`, stop, destroy; each task
+//!   followed with proxmoxer's `Tasks.blocking_status`) and by the agent, alternating, in a
+//!   world of a 1.0 s restore and a 0.5 s destroy; the agent's wall time over the script's.
 //!
 //! Every API answer takes 10 ms more than the fake needs (`api_latency_ms`), a round trip to a
 //! real pveproxy; the tasks run in real time at realistic lengths (a 30 s restore, a 4 s
 //! destroy), so the agent's polling meets the durations it meets on a node.
 //!
-//! Run: `cargo bench -p felhom-tests --bench provision` (after `cargo build --workspace`);
+//! Run: `tests/setup-bench.sh` once (proxmoxer), then `cargo bench -p felhom-tests --bench
+//! provision` (after `cargo build --workspace`; `FELHOM_AGENT_BIN=target/release/felhom-agent`
+//! after `cargo build --release -p felhom-agent` measures the shipped build);
 //! `FELHOM_BENCH_RUNS=N` sets the runs of each kind (default 3); `FELHOM_BENCH_LIST=1` lists
-//! the requests of the typical instant run.
+//! the requests of the typical instant run; `FELHOM_BENCH_VERSUS_ONLY=1` runs only the
+//! comparison; `FELHOM_BENCH_TRACE=1` prints the agent's `-v` log of each run.
 
 use std::time::Instant;
 

@@ -124,11 +124,16 @@ impl Drop for MonitorProc {
 
 /// Start `tests/pct/lxc-monitor <lxc_path> <vmid>` (as `uid`, when given: a squatter), and wait
 /// until it listens. `None` when the name is taken already.
-fn spawn_monitor(lxc_path: &Path, vmid: u32, uid: Option<u32>) -> Option<std::process::Child> {
+fn spawn_monitor(
+    lxc_path: &Path,
+    vmid: u32,
+    uid: Option<u32>,
+    script: &Path,
+) -> Option<std::process::Child> {
     use std::io::BufRead;
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new("perl");
-    cmd.arg(lxc_monitor_stand_in())
+    cmd.arg(script)
         .arg(lxc_path)
         .arg(vmid.to_string())
         .stdin(std::process::Stdio::piped())
@@ -163,15 +168,28 @@ fn spawn_monitor(lxc_path: &Path, vmid: u32, uid: Option<u32>) -> Option<std::pr
 #[derive(Debug)]
 pub struct Squatter {
     _proc: MonitorProc,
+    /// The stand-in's copy `uid` can read (the checkout may sit below a folder only root may
+    /// enter, as a `mktemp -d` clone does).
+    _script: tempfile::TempDir,
 }
 
 impl Squatter {
     /// Bind `@<lxc_path>/<vmid>/command` as `uid` (panics when the name is taken).
     pub fn bind(lxc_path: &Path, vmid: u32, uid: u32) -> Squatter {
-        let child = spawn_monitor(lxc_path, vmid, Some(uid))
+        let dir = tempfile::Builder::new()
+            .prefix("felhom-squatter-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot make a folder for the squatter's script: {e}"));
+        let script = dir.path().join("lxc-monitor");
+        std::fs::copy(lxc_monitor_stand_in(), &script)
+            .and_then(|_| set_mode(dir.path(), 0o755))
+            .and_then(|()| set_mode(&script, 0o644))
+            .unwrap_or_else(|e| panic!("cannot copy the LXC monitor stand-in: {e}"));
+        let child = spawn_monitor(lxc_path, vmid, Some(uid), &script)
             .unwrap_or_else(|| panic!("the command socket of {vmid} is held already"));
         Squatter {
             _proc: MonitorProc { child },
+            _script: dir,
         }
     }
 }
@@ -331,7 +349,9 @@ impl GuestBed {
         if !running {
             monitors.remove(&vmid);
         } else if let std::collections::hash_map::Entry::Vacant(slot) = monitors.entry(vmid) {
-            if let Some(child) = spawn_monitor(&self.lxc_path(), vmid, None) {
+            if let Some(child) =
+                spawn_monitor(&self.lxc_path(), vmid, None, &lxc_monitor_stand_in())
+            {
                 slot.insert(MonitorProc { child });
             }
         }

@@ -475,28 +475,30 @@ pub async fn run_bootstrap<E: GuestExec>(
     }
     let as_exec = |source| BootstrapError::Exec { vmid, source };
 
-    if let Some(marker) = read_marker(exec, settings).await? {
+    let base = format!("{GUEST_BOOTSTRAP_ROOT}/{txn}");
+    let files_base = format!("{base}/files");
+    let mut dirs = vec![base.clone(), files_base.clone()];
+    dirs.extend(profile.dirs.iter().map(|d| format!("{files_base}/{d}")));
+    // One exec makes the profile's folders (anew) and reads the marker.
+    if let Some(marker) = prepare_and_read_marker(exec, &dirs, settings).await? {
         if marker.txn == txn {
             tracing::info!(vmid, txn, profile = %crate::error::outside_text(&marker.profile), "bootstrap already recorded for this transaction; not running it again");
+            let cleanup = step(
+                exec,
+                "cleanup",
+                ExecRequest::new(["/bin/sh", "-c", "rm -rf \"$1\"", "felhom-bootstrap", &base]),
+                settings,
+            )
+            .await;
+            if let Err(e) = cleanup {
+                tracing::warn!(vmid, txn, error = %e, "could not remove the bootstrap folder from the guest");
+            }
             return Ok(BootstrapReport {
                 marker,
                 reused: true,
             });
         }
     }
-
-    let base = format!("{GUEST_BOOTSTRAP_ROOT}/{txn}");
-    let files_base = format!("{base}/files");
-    let mut dirs = vec![base.clone(), files_base.clone()];
-    dirs.extend(profile.dirs.iter().map(|d| format!("{files_base}/{d}")));
-    let mut argv = vec![
-        "/bin/sh".to_owned(),
-        "-c".to_owned(),
-        "umask 077 && rm -rf \"$1\" && mkdir -p \"$@\"".to_owned(),
-        "felhom-bootstrap".to_owned(),
-    ];
-    argv.extend(dirs);
-    step(exec, "prepare", ExecRequest::new(argv), settings).await?;
 
     exec.push_file(
         &PushSource::Path(profile.run.clone()),
@@ -571,21 +573,32 @@ async fn step<E: GuestExec>(
     }
 }
 
-/// The marker in the guest, if there is a readable one.
-async fn read_marker<E: GuestExec>(
+/// The exit status of [`prepare_and_read_marker`]'s script when the folders could not be made.
+const PREPARE_FAILED: i64 = 5;
+
+/// Make the profile's folders in the guest (`dirs[0]` removed first, all made private), then
+/// read the marker: the marker, if there is a readable one.
+async fn prepare_and_read_marker<E: GuestExec>(
     exec: &E,
+    dirs: &[String],
     settings: &BootstrapSettings,
 ) -> Result<Option<BootstrapMarker>, BootstrapError> {
     let vmid = exec.guest().vmid;
-    let request = ExecRequest::new([
-        "/bin/sh",
-        "-c",
-        "[ -e \"$1\" ] || exit 3; cat \"$1\"",
-        "felhom-bootstrap",
-        MARKER_PATH,
-    ])
-    .timeout(settings.step_timeout)
-    .output_cap(MARKER_CAP);
+    let script = format!(
+        "m=$1; shift; umask 077 && rm -rf \"$1\" && mkdir -p \"$@\" || exit {PREPARE_FAILED}; \
+         [ -e \"$m\" ] || exit {NO_MARKER}; cat \"$m\""
+    );
+    let mut argv = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        script,
+        "felhom-bootstrap".to_owned(),
+        MARKER_PATH.to_owned(),
+    ];
+    argv.extend(dirs.iter().cloned());
+    let request = ExecRequest::new(argv)
+        .timeout(settings.step_timeout)
+        .output_cap(MARKER_CAP);
     let outcome = exec
         .exec(&request)
         .await
@@ -593,6 +606,13 @@ async fn read_marker<E: GuestExec>(
     match outcome.exit {
         GuestExit::Exited(0) => {}
         GuestExit::Exited(NO_MARKER) => return Ok(None),
+        GuestExit::Exited(PREPARE_FAILED) => {
+            return Err(BootstrapError::Step {
+                vmid,
+                step: "prepare",
+                detail: outcome.summary(),
+            })
+        }
         _ => {
             return Err(BootstrapError::Step {
                 vmid,
