@@ -258,17 +258,22 @@ step "the agent's user may write only in its own folders"
   fail "a tmpfiles line or unit gives the agent's user write access outside its own folders"
 # The check can fail: the ACL line the package once shipped (rwx for the user on root's
 # textfile folder), a unit that lets the user write there, a folder of root's made the user's.
+# grant_refused FILE WHAT: the grant check must refuse FILE, which grants WHAT.
+grant_refused() {
+  ! "$root/tests/check-agent-grants.sh" "$1" 2>/dev/null || fail "the grant check passed $2"
+}
+# unit_writing PATHS OUT: the daemon's unit with ReadWritePaths=PATHS, written to OUT.
+unit_writing() {
+  sed "s|^ReadWritePaths=.*|ReadWritePaths=$1|" "$r/lib/systemd/system/felhom-agent.service" >"$2"
+}
 cp "$r/usr/lib/tmpfiles.d/felhom-agent.conf" "$work/grant.conf"
 echo 'a+ /var/lib/prometheus/node-exporter - - - - u:felhom-agent:rwx' >>"$work/grant.conf"
-! "$root/tests/check-agent-grants.sh" "$work/grant.conf" 2>/dev/null ||
-  fail "the grant check passed an ACL giving felhom-agent rwx on /var/lib/prometheus/node-exporter"
+grant_refused "$work/grant.conf" "an ACL giving felhom-agent rwx on /var/lib/prometheus/node-exporter"
 printf 'd /etc/felhom-agent 0750 root felhom-agent -\nd /srv/x - felhom-agent felhom-agent -\n' >"$work/grant2.conf"
 [ "$("$root/tests/check-agent-grants.sh" "$work/grant2.conf" 2>&1 | grep -c grants)" = 1 ] ||
   fail "the grant check missed /srv/x made the user's (or refused /etc/felhom-agent, group read only)"
-sed 's|^ReadWritePaths=.*|ReadWritePaths=/var/lib/felhom-agent-metrics -/var/lib/prometheus/node-exporter|' \
-  "$r/lib/systemd/system/felhom-agent.service" >"$work/grant.service"
-! "$root/tests/check-agent-grants.sh" "$work/grant.service" 2>/dev/null ||
-  fail "the grant check passed a unit giving felhom-agent /var/lib/prometheus/node-exporter"
+unit_writing "/var/lib/felhom-agent-metrics -/var/lib/prometheus/node-exporter" "$work/grant.service"
+grant_refused "$work/grant.service" "a unit giving felhom-agent /var/lib/prometheus/node-exporter"
 # World-writable modes, a group the user is in (www-data), others in an ACL, `..` or `.` in a
 # path: each is a grant to the user, and each line is named.
 printf '%s\n' 'd /srv/w1 1777 root root -' 'd /srv/w2 0775 root www-data -' \
@@ -277,10 +282,8 @@ printf '%s\n' 'd /srv/w1 1777 root root -' 'd /srv/w2 0775 root www-data -' \
   >"$work/grant3.conf"
 [ "$("$root/tests/check-agent-grants.sh" "$work/grant3.conf" 2>&1 | grep -c grants)" = 5 ] ||
   fail "the grant check missed a world-writable mode, a www-data group grant, an ACL for others or a path with .. or . (or refused /srv/w6, group read only)"
-sed 's|^ReadWritePaths=.*|ReadWritePaths=/var/lib/felhom-agent/../../etc|' \
-  "$r/lib/systemd/system/felhom-agent.service" >"$work/grant4.service"
-! "$root/tests/check-agent-grants.sh" "$work/grant4.service" 2>/dev/null ||
-  fail "the grant check passed a unit giving felhom-agent /var/lib/felhom-agent/../../etc"
+unit_writing "/var/lib/felhom-agent/../../etc" "$work/grant4.service"
+grant_refused "$work/grant4.service" "a unit giving felhom-agent /var/lib/felhom-agent/../../etc"
 ok "tmpfiles and units give felhom-agent write access only to /var/lib/felhom-agent and /var/lib/felhom-agent-metrics"
 
 step "maintainer scripts"

@@ -29,27 +29,23 @@ use crate::pve::{PveClient, PveError};
 /// privilege tied to its request and PVE's check in `tests/data/pve-api-facts.md` §2.6.
 pub const ROLE_NAME: &str = "FelhomAgent";
 /// [`ROLE_NAME`]'s privileges on PVE 9.
-pub const ROLE_PRIVS_PVE9: &[&str] = &[
-    "VM.Allocate",
-    "VM.Audit",
-    "VM.Backup",
-    "VM.Config.Network",
-    "VM.Config.Options",
-    "VM.PowerMgmt",
-    "VM.GuestAgent.Unrestricted",
-    "Pool.Audit",
-];
+pub const ROLE_PRIVS_PVE9: &[&str] = &role_privs("VM.GuestAgent.Unrestricted");
 /// [`ROLE_NAME`]'s privileges on PVE 8 (`VM.Monitor` before `VM.GuestAgent.*`).
-pub const ROLE_PRIVS_PVE8: &[&str] = &[
-    "VM.Allocate",
-    "VM.Audit",
-    "VM.Backup",
-    "VM.Config.Network",
-    "VM.Config.Options",
-    "VM.PowerMgmt",
-    "VM.Monitor",
-    "Pool.Audit",
-];
+pub const ROLE_PRIVS_PVE8: &[&str] = &role_privs("VM.Monitor");
+
+/// [`ROLE_NAME`]'s privileges with the release's privilege for guest agent exec.
+const fn role_privs(guest_agent: &'static str) -> [&'static str; 8] {
+    [
+        "VM.Allocate",
+        "VM.Audit",
+        "VM.Backup",
+        "VM.Config.Network",
+        "VM.Config.Options",
+        "VM.PowerMgmt",
+        guest_agent,
+        "Pool.Audit",
+    ]
+}
 /// The privileges the pool token needs on `/pool/<pool>` (or above it), beside one of
 /// [`AGENT_PRIVS_ANY`].
 pub const POOL_PRIVS: &[&str] = &[

@@ -221,14 +221,18 @@ impl GuestBed {
         // The wrapper records the environment pct was started with (pct-env.last), so tests can
         // prove what reached pct itself, and every call with the process that started it
         // (pct-calls.log: parent pid, subcommand, vmid, the parent's command line), so tests can
-        // prove which process runs pct.
+        // prove which process runs pct. It also notes pct's pid (pct-pids), so that the bed,
+        // when dropped, kills whatever pct still runs (a test that killed the process that
+        // drives a `pct exec` would otherwise leave its guest command running for good).
         let script = format!(
             "#!/bin/sh\nenv > '{}'\n\
              parent=$(tr '\\000\\t\\n' '   ' < /proc/$PPID/cmdline 2>/dev/null)\n\
              printf '%s\\t%s\\t%s\\t%s\\n' \"$PPID\" \"${{1:-}}\" \"${{2:-}}\" \"$parent\" >> '{}'\n\
+             echo $$ >> '{}'\n\
              FELHOM_PCT_STATE='{}' exec '{}' \"$@\"\n",
             dir.path().join("pct-env.last").display(),
             dir.path().join("pct-calls.log").display(),
+            dir.path().join("pct-pids").display(),
             dir.path().join("state").display(),
             pct_stand_in().display()
         );
@@ -426,8 +430,39 @@ impl GuestBed {
 /// its `pct` was never asked for one.
 impl Drop for GuestBed {
     fn drop(&mut self) {
+        self.kill_running_pct();
         if !std::thread::panicking() {
             self.assert_no_push();
+        }
+    }
+}
+
+impl GuestBed {
+    /// SIGKILL every `pct` this bed's wrapper started that still runs (recognised by its
+    /// environment, which names this bed's state folder, so a reused pid is left alone), with
+    /// every process below it: the namespaces and the guest command it runs end with it.
+    fn kill_running_pct(&self) {
+        let Ok(pids) = std::fs::read_to_string(self.dir.path().join("pct-pids")) else {
+            return;
+        };
+        let mark = format!("FELHOM_PCT_STATE={}", self.state_dir().display());
+        for pid in pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let ours = std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == mark.as_bytes()));
+            if ours {
+                // pct and everything below it, the deepest first (pct may share its process
+                // group with the test, so the group is not killed).
+                let mut tree = vec![pid.unsigned_abs()];
+                let mut i = 0;
+                while i < tree.len() {
+                    tree.extend(children_of(tree[i]).into_iter().map(|(child, _)| child));
+                    i += 1;
+                }
+                for p in tree.into_iter().rev() {
+                    let p = nix::unistd::Pid::from_raw(p as i32);
+                    let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+                }
+            }
         }
     }
 }

@@ -529,3 +529,35 @@ async fn a_command_socket_not_held_by_roots_lxc_monitor_is_refused_before_pct_ru
     assert!(!bed.guest_path(101, "/root/squatted").exists());
     assert!(!bed.guest_path(101, "/root/x").exists());
 }
+
+/// A bed dropped while a `pct exec` still runs kills that `pct` and the command in the guest: no
+/// test leaves a guest command running after it (one whose test had killed the exec helper that
+/// drove it once spun for hours on its deleted root filesystem, beside the rest of the suite).
+#[test]
+fn a_dropped_bed_leaves_no_guest_command_running() {
+    let marker = unique_marker("dropped-bed");
+    let bed = GuestBed::new();
+    bed.add_ct(101);
+    let mut pct = std::process::Command::new(bed.pct())
+        .args(["exec", "101", "--", "/bin/sh", "-c"])
+        .arg(format!("while :; do sleep 1; done # {marker}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("pct exec");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processes_with_marker(&marker).len() < 2 {
+        assert!(Instant::now() < deadline, "the guest command never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(bed);
+    let left = wait_processes_gone(&marker, Duration::from_secs(10));
+    // Whatever is left is killed before the verdict (it would hold the test's output open).
+    kill_processes_with_marker(&marker);
+    let _ = pct.kill();
+    let _ = pct.wait();
+    assert!(
+        left.is_empty(),
+        "still running after the bed was dropped: {left:#?}"
+    );
+}

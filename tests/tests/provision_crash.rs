@@ -400,82 +400,45 @@ const BOUNDARIES_REACHED: usize = 13;
 // The walk is six tests (each kind: before each journal record, after it, in the middle of each
 // write), so that the test runner runs them side by side; together they are the whole walk.
 
+/// Walk one part (`before-journal`, `after-journal` or `mid-request`) for one kind and check
+/// its tally.
+fn walk_part(kind: &Kind, part: &str) {
+    let started = Instant::now();
+    let (tally, minimum) = match part {
+        "mid-request" => (walk_mid_request(kind), held_writes(kind).len()),
+        when => (walk_boundaries(kind, when), BOUNDARIES_REACHED),
+    };
+    report_part(kind, part, started, &tally, minimum);
+}
+
 #[test]
 fn sigkill_before_every_journal_record_of_a_container_provision_settles_safely() {
-    let started = Instant::now();
-    let tally = walk_boundaries(&KINDS[0], "before-journal");
-    report_part(
-        &KINDS[0],
-        "before-journal",
-        started,
-        &tally,
-        BOUNDARIES_REACHED,
-    );
+    walk_part(&KINDS[0], "before-journal");
 }
 
 #[test]
 fn sigkill_after_every_journal_record_of_a_container_provision_settles_safely() {
-    let started = Instant::now();
-    let tally = walk_boundaries(&KINDS[0], "after-journal");
-    report_part(
-        &KINDS[0],
-        "after-journal",
-        started,
-        &tally,
-        BOUNDARIES_REACHED,
-    );
+    walk_part(&KINDS[0], "after-journal");
 }
 
 #[test]
 fn sigkill_mid_request_in_every_write_of_a_container_provision_settles_safely() {
-    let started = Instant::now();
-    let tally = walk_mid_request(&KINDS[0]);
-    report_part(
-        &KINDS[0],
-        "mid-request",
-        started,
-        &tally,
-        held_writes(&KINDS[0]).len(),
-    );
+    walk_part(&KINDS[0], "mid-request");
 }
 
 #[test]
 fn sigkill_before_every_journal_record_of_a_vm_provision_settles_safely() {
-    let started = Instant::now();
-    let tally = walk_boundaries(&KINDS[1], "before-journal");
-    report_part(
-        &KINDS[1],
-        "before-journal",
-        started,
-        &tally,
-        BOUNDARIES_REACHED,
-    );
+    walk_part(&KINDS[1], "before-journal");
 }
 
 #[test]
 fn sigkill_after_every_journal_record_of_a_vm_provision_settles_safely() {
-    let started = Instant::now();
-    let tally = walk_boundaries(&KINDS[1], "after-journal");
-    report_part(
-        &KINDS[1],
-        "after-journal",
-        started,
-        &tally,
-        BOUNDARIES_REACHED,
-    );
+    walk_part(&KINDS[1], "after-journal");
 }
 
 #[test]
 fn sigkill_mid_request_in_every_write_of_a_vm_provision_settles_safely() {
-    let started = Instant::now();
-    let tally = walk_mid_request(&KINDS[1]);
-    report_part(
-        &KINDS[1],
-        "mid-request",
-        started,
-        &tally,
-        held_writes(&KINDS[1]).len(),
-    );
+    walk_part(&KINDS[1], "mid-request");
 }
 
 /// The agent is SIGKILLed while a bootstrap it runs through the exec helper is still running in

@@ -548,6 +548,23 @@ pub async fn run_bootstrap<E: GuestExec>(
     })
 }
 
+/// Run a preparation step with the steps' timeout and output cap: its outcome, whatever its
+/// exit status.
+async fn run_step<E: GuestExec>(
+    exec: &E,
+    request: ExecRequest,
+    settings: &BootstrapSettings,
+) -> Result<ExecOutcome, BootstrapError> {
+    let cap = request.output_cap.min(MARKER_CAP);
+    let request = request.timeout(settings.step_timeout).output_cap(cap);
+    exec.exec(&request)
+        .await
+        .map_err(|source| BootstrapError::Exec {
+            vmid: exec.guest().vmid,
+            source,
+        })
+}
+
 /// Run a preparation step; anything but exit 0 is an error.
 async fn step<E: GuestExec>(
     exec: &E,
@@ -556,12 +573,7 @@ async fn step<E: GuestExec>(
     settings: &BootstrapSettings,
 ) -> Result<ExecOutcome, BootstrapError> {
     let vmid = exec.guest().vmid;
-    let cap = request.output_cap.min(MARKER_CAP);
-    let request = request.timeout(settings.step_timeout).output_cap(cap);
-    let outcome = exec
-        .exec(&request)
-        .await
-        .map_err(|source| BootstrapError::Exec { vmid, source })?;
+    let outcome = run_step(exec, request, settings).await?;
     if outcome.success() {
         Ok(outcome)
     } else {
@@ -596,13 +608,12 @@ async fn prepare_and_read_marker<E: GuestExec>(
         MARKER_PATH.to_owned(),
     ];
     argv.extend(dirs.iter().cloned());
-    let request = ExecRequest::new(argv)
-        .timeout(settings.step_timeout)
-        .output_cap(MARKER_CAP);
-    let outcome = exec
-        .exec(&request)
-        .await
-        .map_err(|source| BootstrapError::Exec { vmid, source })?;
+    let outcome = run_step(
+        exec,
+        ExecRequest::new(argv).output_cap(MARKER_CAP),
+        settings,
+    )
+    .await?;
     match outcome.exit {
         GuestExit::Exited(0) => {}
         GuestExit::Exited(NO_MARKER) => return Ok(None),
@@ -663,13 +674,8 @@ async fn write_marker_and_clean_up<E: GuestExec>(
         &tmp,
         MARKER_PATH,
         base,
-    ])
-    .timeout(settings.step_timeout)
-    .output_cap(MARKER_CAP);
-    let outcome = exec
-        .exec(&request)
-        .await
-        .map_err(|source| BootstrapError::Exec { vmid, source })?;
+    ]);
+    let outcome = run_step(exec, request, settings).await?;
     match outcome.exit {
         GuestExit::Exited(0) => Ok(()),
         GuestExit::Exited(CLEANUP_FAILED) => {
