@@ -21,7 +21,8 @@
 #   tests/fuzz.sh run      only run them (built before)
 #
 # Environment:
-#   FELHOM_FUZZ_SECONDS  seconds per target (default 10)
+#   FELHOM_FUZZ_SECONDS  seconds per target (default 10; as many targets run at once as there
+#                        are cores)
 #   FELHOM_FUZZ_CORPUS   where each target's growing corpus lives (default agent/fuzz/corpus;
 #                        the hub decoder's: hub-protocol/fuzz/corpus)
 #   FELHOM_FUZZ_TARGETS  run only these targets (names, space-separated; default all)
@@ -74,7 +75,12 @@ fi
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 failed=0
-# run NAME FUZZ_DIR CORPUS [SEED_DIR...] [-- LIBFUZZER_ARGS...]
+# Targets run side by side, as many as the machine has cores (each libFuzzer run is one process).
+at_once=$(nproc)
+names=()
+pids=()
+# run NAME FUZZ_DIR CORPUS [SEED_DIR...] [-- LIBFUZZER_ARGS...]: start the target in the
+# background (waiting first while `at_once` targets run).
 run() {
   local name=$1 fuzz_dir=$2 corpus=$3
   shift 3
@@ -87,17 +93,14 @@ run() {
     shift
   done
   [ $# -gt 0 ] && shift && extra=("$@")
+  while [ "$(jobs -rp | wc -l)" -ge "$at_once" ]; do wait -n || true; done
   step "fuzz $name (${seconds}s)"
   mkdir -p "$corpus" "$fuzz_dir/artifacts/$name"
-  if "$bin_dir/$name" -artifact_prefix="$fuzz_dir/artifacts/$name/" \
-      -max_total_time="$seconds" "${extra[@]}" "$corpus" "${inputs[@]}" \
-      >"$logs/$name.log" 2>&1; then
-    grep -E '^Done [0-9]+ runs|INITED' "$logs/$name.log" | tail -n 2 >&2 || true
-  else
-    failed=1
-    echo "fuzz target $name failed; its output ends with:" >&2
-    tail -n 40 "$logs/$name.log" >&2
-  fi
+  "$bin_dir/$name" -artifact_prefix="$fuzz_dir/artifacts/$name/" \
+    -max_total_time="$seconds" "${extra[@]}" "$corpus" "${inputs[@]}" \
+    >"$logs/$name.log" 2>&1 &
+  names+=("$name")
+  pids+=($!)
 }
 
 for target in $(targets_of "$here/agent/fuzz/Cargo.toml"); do
@@ -106,4 +109,18 @@ done
 hp=$here/hub-protocol
 run decode "$hp/fuzz" "$hp/fuzz/corpus/decode" "$hp/tests/golden" -- \
   -dict="$hp/fuzz/decode.dict" -max_len=65536
+
+# Each target's end, in the order they were started.
+for i in "${!pids[@]}"; do
+  name=${names[$i]}
+  if wait "${pids[$i]}"; then
+    printf '%s: ' "$name" >&2
+    grep -E '^Done [0-9]+ runs|INITED' "$logs/$name.log" | tail -n 2 | tr '\n' ' ' >&2 || true
+    echo >&2
+  else
+    failed=1
+    echo "fuzz target $name failed; its output ends with:" >&2
+    tail -n 40 "$logs/$name.log" >&2
+  fi
+done
 exit "$failed"
