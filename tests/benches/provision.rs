@@ -148,16 +148,8 @@ fn one(tasks: Option<(f64, f64)>, vmid: u32) -> (f64, Asked) {
 
 /// The same provision by the proxmoxer script (`proxmoxer_provision.py`) in a world like
 /// [`one`]'s: its wall time (the whole process, as the agent's) and the requests PVE received.
-/// `None` when the fake's Python has no proxmoxer.
-fn script_one(tasks: Option<(f64, f64)>, vmid: u32) -> Option<(f64, usize)> {
+fn script_one(tasks: Option<(f64, f64)>, vmid: u32) -> (f64, usize) {
     let python = felhom_tests::fakepve::fakepve_python();
-    let has_proxmoxer = std::process::Command::new(&python)
-        .args(["-c", "import proxmoxer"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_proxmoxer {
-        return None;
-    }
     let (bed, pve, files) = world(tasks);
     let plan = json!({
         "host": pve.host(),
@@ -193,7 +185,7 @@ fn script_one(tasks: Option<(f64, f64)>, vmid: u32) -> Option<(f64, usize)> {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(pve.guest(vmid).is_none(), "the script left guest {vmid}");
-    Some((wall, pve.requests().len() - before))
+    (wall, pve.requests().len() - before)
 }
 
 /// `FELHOM_BENCH_TRACE=1`: run the agent with `-v` and print its log (timestamped).
@@ -213,14 +205,19 @@ fn versus_script(runs: u32) {
     let mut agent = Vec::new();
     let mut script = Vec::new();
     let mut script_requests = Vec::new();
+    let has_proxmoxer = std::process::Command::new(felhom_tests::fakepve::fakepve_python())
+        .args(["-c", "import proxmoxer"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_proxmoxer {
+        println!(
+            "  against a proxmoxer script: skipped, the fake's Python has no proxmoxer \
+             (tests/setup-bench.sh installs it)"
+        );
+        return;
+    }
     for i in 0..runs {
-        let Some((w, n)) = script_one(tasks, 170 + i) else {
-            println!(
-                "  against a proxmoxer script: skipped, the fake's Python has no proxmoxer \
-                 (tests/setup-bench.sh installs it)"
-            );
-            return;
-        };
+        let (w, n) = script_one(tasks, 170 + i);
         script.push(w);
         script_requests.push(n as f64);
         agent.push(one(tasks, 180 + i).0);
