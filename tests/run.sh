@@ -42,6 +42,9 @@ trap 'print_times $?' EXIT
 step "setup (tests/setup.sh)"
 source tests/setup.sh
 
+step "the real guests' Debian root filesystem (tests/testbed/build-debian-rootfs.sh, cached)"
+tests/testbed/build-debian-rootfs.sh >/dev/null
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
