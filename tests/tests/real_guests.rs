@@ -309,3 +309,38 @@ fn nothing_of_a_real_bed_is_left_after_a_panic_mid_provision() {
     );
     assert!(!std::path::Path::new(&lxc_path).exists(), "{lxc_path} left");
 }
+
+/// `--selftest=restore` on a real guest: the isolated copy is restored, booted (systemd runs
+/// in it while its checks read it), checked and destroyed; afterwards nothing of it is left on
+/// the machine: no LXC config, no root filesystem, no monitor, no link.
+#[test]
+fn restore_test_of_a_real_guest_restores_boots_checks_and_destroys_it() {
+    let Some(w) = real_world(&AgentOptions::default()) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    let vmid = doc["vmid"].as_u64().expect("vmid");
+    let checks = doc["checks"].as_array().expect("checks");
+    assert_eq!(checks.len(), 4, "{doc:#}");
+    assert!(checks.iter().all(|c| c["status"] == "pass"), "{doc:#}");
+    // It was started with no NIC (the start's record); that systemd ran in it while it was
+    // checked, the pack's `systemd-runs` shows.
+    let starts = w.pve.start_configs();
+    let (_, config) = starts
+        .iter()
+        .find(|(v, _)| u64::from(*v) == vmid)
+        .unwrap_or_else(|| panic!("{vmid} was never started: {starts:#?}"));
+    assert!(!config.keys().any(|k| k.starts_with("net")), "{config:#?}");
+    // And it is gone, with everything the bed made for it.
+    let lxc_path = w.bed.lxc_path();
+    assert!(!lxc_path.join(vmid.to_string()).exists());
+    assert!(!w.bed.state_dir().join(vmid.to_string()).exists());
+    let monitor = format!("{} -F -n {vmid}", lxc_path.display());
+    assert_eq!(processes_with_marker(&monitor), vec![]);
+    let prefix = w.bed.net_prefix().expect("real bed");
+    assert_eq!(links_with_prefix(prefix), Vec::<String>::new());
+}
