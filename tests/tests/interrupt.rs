@@ -117,7 +117,7 @@ fn ctrl_c_in_bootstrap(w: &World, guest_processes: &dyn Fn() -> Vec<String>) {
         .spawn()
         .expect("start the agent");
     // The event: `sleep 60` runs inside the guest.
-    wait_for("sleep 60 in guest 120", Duration::from_secs(120), || {
+    wait_for("sleep 60 in guest 120", Duration::from_secs(180), || {
         guest_processes().iter().any(|c| c == "sleep 60")
     });
     let pid = Pid::from_raw(i32::try_from(agent.id()).expect("pid"));
