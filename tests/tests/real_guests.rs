@@ -225,6 +225,39 @@ fn provision_with_the_stored_network_boots_eth0_on_the_bed_bridge_and_passes_its
     );
     let (_, state, _) = pct_exec(&w, 123, &["systemctl", "is-active", "networking.service"]);
     assert_eq!(state.trim(), "active");
+    // The default bootstrap profile ran in the real guest (its shell is dash).
+    let (_, env, err) = pct_exec(&w, 123, &["cat", "/var/lib/felhom/provisioned.env"]);
+    assert!(env.contains("FELHOM_VMID=123\n"), "{env}{err}");
+    // The osqueryi stand-in's `curl` table fetches from inside the guest: a page served by
+    // busybox httpd on the guest's own address.
+    let (code, _, err) = pct_exec(
+        &w,
+        123,
+        &[
+            "sh",
+            "-c",
+            "mkdir -p /srv/www && echo hello-from-web1 > /srv/www/index.html && \
+             busybox httpd -p 10.20.0.31:8080 -h /srv/www",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, rows, err) = pct_exec(
+        &w,
+        123,
+        &[
+            "osqueryi",
+            "--json",
+            "SELECT url, response_code, result FROM curl WHERE url = 'http://10.20.0.31:8080/index.html'",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let rows: Value = serde_json::from_str(&rows).expect("osqueryi JSON");
+    assert_eq!(
+        rows,
+        json!([{"response_code": "200", "result": "hello-from-web1",
+                "url": "http://10.20.0.31:8080/index.html"}]),
+        "{err}"
+    );
     // The host end is on a bridge of this bed (its name starts with the bed's prefix), and the
     // bridge has no uplink and no address.
     let prefix = w.bed.net_prefix().expect("real bed").to_string();
