@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 /// The backup of the demo's container 200 as a Debian guest with a static address on vmbr0:
 /// what its `/etc/network/interfaces` says (pve-container wrote it at its last start).
 const NET0: &str =
-    "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,type=veth";
+    "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,mtu=1450,type=veth";
 
 fn debian_scenario() -> Value {
     let mut s = felhom_tests::fakepve::demo_scenario();
@@ -220,7 +220,9 @@ fn provision_with_the_stored_network_boots_eth0_on_the_bed_bridge_and_passes_its
         .to_lowercase();
     let (_, link, _) = pct_exec(&w, 123, &["ip", "-o", "link", "show", "dev", "eth0"]);
     assert!(
-        link.contains("state UP") && link.contains(&format!("link/ether {hwaddr} ")),
+        link.contains("state UP")
+            && link.contains(" mtu 1450 ")
+            && link.contains(&format!("link/ether {hwaddr} ")),
         "{link} (PVE: {net0})"
     );
     let (_, state, _) = pct_exec(&w, 123, &["systemctl", "is-active", "networking.service"]);
