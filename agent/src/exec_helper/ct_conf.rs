@@ -325,7 +325,9 @@ mod tests {
         assert!(why.contains("lxc.apparmor.profile"), "{why}");
         // ASCII white space after a header is PVE's `\s`.
         assert_eq!(
-            check(&format!("{PLAIN}[snap1] \t\r\nlxc.apparmor.profile: unconfined\n")),
+            check(&format!(
+                "{PLAIN}[snap1] \t\r\nlxc.apparmor.profile: unconfined\n"
+            )),
             Ok(())
         );
     }
