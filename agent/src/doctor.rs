@@ -5,7 +5,10 @@
 //! token's effective privileges on the pool and storages, the pool, `.vmlist`, the `next-id`
 //! range, the state dir, how LXC exec is done (the exec helper answers), whether the token holds
 //! more than the agent's role on the pool (`least_privilege`), whether the units of the agent's
-//! user refuse `bind(2)`/`listen(2)` as systemd loaded them (`abstract_sockets`) and the hub. Each check passes, warns or fails with a message saying
+//! user refuse `bind(2)`/`listen(2)` and other architectures' calls as systemd loaded them
+//! (`abstract_sockets`), whether that user can run anything outside those units (a home it may
+//! write, a login sshd would accept, a user manager: `agent_user_home`, `agent_user_login`,
+//! `agent_user_manager`) and the hub. Each check passes, warns or fails with a message saying
 //! what to fix; the command exits 0 when nothing failed and 6 otherwise.
 //!
 //! It returns a [`DoctorReport`]; the command line prints it. It may use `config`, `pve`, the exec
