@@ -9,9 +9,9 @@
 # 2. dpkg-deb/dpkg -x: every expected file with its mode and nothing else, the conffiles, the
 #    control fields, the maintainer scripts (and the postinst run against stubs), the
 #    man page renders without warnings, the completions load, the binary runs, the tmpfiles
-#    sysusers snippet creates the system user (in www-data), the tmpfiles snippet creates the
-#    state directory 0700 owned by it, lets its group read agent.toml and gives it an ACL on
-#    node_exporter's textfile folder.
+#    sysusers snippet creates the system user (in www-data, home /nonexistent), the tmpfiles
+#    snippet creates the state directory 0700 owned by it, lets its group read agent.toml and
+#    creates its metrics folder (nothing in node_exporter's textfile folder).
 # 3. systemd-analyze verify on the unpacked units (any message fails), and
 #    systemd-analyze security --offline=true: the exposure of each service, which must not
 #    rise above the figure documented in systemd/README.md; the daemon and the restore test
