@@ -9,9 +9,9 @@
 # 2. dpkg-deb/dpkg -x: every expected file with its mode and nothing else, the conffiles, the
 #    control fields, the maintainer scripts (and the postinst run against stubs), the
 #    man page renders without warnings, the completions load, the binary runs, the tmpfiles
-#    sysusers snippet creates the system user (in www-data), the tmpfiles snippet creates the
-#    state directory 0700 owned by it, lets its group read agent.toml and gives it an ACL on
-#    node_exporter's textfile folder.
+#    sysusers snippet creates the system user (in www-data, home /nonexistent), the tmpfiles
+#    snippet creates the state directory 0700 owned by it, lets its group read agent.toml and
+#    creates its metrics folder (nothing in node_exporter's textfile folder).
 # 3. systemd-analyze verify on the unpacked units (any message fails), and
 #    systemd-analyze security --offline=true: the exposure of each service, which must not
 #    rise above the figure documented in systemd/README.md; the daemon and the restore test
@@ -90,6 +90,7 @@ expected_files="\
 -rw-r--r-- ./usr/lib/sysusers.d/felhom-agent.conf
 -rw-r--r-- ./etc/felhom-agent/agent.toml.example
 -rw-r--r-- ./etc/felhom-agent/checks.d/default.toml
+-rw-r--r-- ./etc/ssh/sshd_config.d/felhom-agent.conf
 -rwxr-xr-x ./etc/felhom-agent/bootstrap.d/default/run
 -rw-r--r-- ./usr/share/man/man1/felhom-agent.1.gz
 -rw-r--r-- ./usr/share/bash-completion/completions/felhom-agent
@@ -132,6 +133,7 @@ for pair in \
   packaging/checks.d/default.toml:etc/felhom-agent/checks.d/default.toml \
   packaging/bootstrap.d/default/run:etc/felhom-agent/bootstrap.d/default/run \
   packaging/felhom-agent.tmpfiles:usr/lib/tmpfiles.d/felhom-agent.conf \
+  packaging/felhom-agent.sshd.conf:etc/ssh/sshd_config.d/felhom-agent.conf \
   systemd/README.md:usr/share/doc/felhom-agent/README.systemd.md \
   packaging/README.md:usr/share/doc/felhom-agent/README.Debian \
   packaging/prometheus/felhom-agent.rules.yml:usr/share/felhom-agent/prometheus/felhom-agent.rules.yml \
@@ -153,10 +155,10 @@ ok "alert rules pass promtool check rules and their unit tests; the dashboard pa
 
 step "conffiles"
 printf '%s\n' /etc/felhom-agent/agent.toml.example /etc/felhom-agent/bootstrap.d/default/run \
-  /etc/felhom-agent/checks.d/default.toml >"$work/conffiles.want"
+  /etc/felhom-agent/checks.d/default.toml /etc/ssh/sshd_config.d/felhom-agent.conf >"$work/conffiles.want"
 [ -f "$work/DEBIAN/conffiles" ] || fail "DEBIAN/conffiles is missing"
 sort "$work/DEBIAN/conffiles" | diff -u "$work/conffiles.want" - >&2 ||
-  fail "DEBIAN/conffiles is not exactly the three files under /etc"
+  fail "DEBIAN/conffiles is not exactly the four files under /etc"
 ok "conffiles: $(tr '\n' ' ' <"$work/DEBIAN/conffiles")"
 
 step "the binary"
@@ -228,8 +230,8 @@ systemd-sysusers --root="$tr" "$r/usr/lib/sysusers.d/felhom-agent.conf" 2>"$work
 agent_uid=$(awk -F: '$1 == "felhom-agent" { print $3 }' "$tr/etc/passwd")
 agent_gid=$(awk -F: '$1 == "felhom-agent" { print $4 }' "$tr/etc/passwd")
 [ -n "$agent_uid" ] && [ "$agent_uid" -ne 0 ] || fail "sysusers made no non-root felhom-agent: $(cat "$tr/etc/passwd")"
-awk -F: -v u="$agent_uid" '$1 == "felhom-agent" && $3 == u && $7 == "/usr/sbin/nologin" { f = 1 } END { exit !f }' \
-  "$tr/etc/passwd" || fail "felhom-agent is not a nologin system user: $(cat "$tr/etc/passwd")"
+awk -F: -v u="$agent_uid" '$1 == "felhom-agent" && $3 == u && $6 == "/nonexistent" && $7 == "/usr/sbin/nologin" { f = 1 } END { exit !f }' \
+  "$tr/etc/passwd" || fail "felhom-agent is not a nologin system user with home /nonexistent: $(cat "$tr/etc/passwd")"
 grep -qE '^www-data:x:33:(.*,)?felhom-agent(,.*)?$' "$tr/etc/group" ||
   fail "felhom-agent is not a member of www-data: $(cat "$tr/etc/group")"
 printf 'pool = "x"\n' >"$tr/etc/felhom-agent/agent.toml"
@@ -248,7 +250,7 @@ mode=$(stat -c '%a %u %g' "$tr/var/lib/felhom-agent-metrics")
   fail "tmpfiles put something into node_exporter's textfile folder: $(ls -la "$tr/var/lib/prometheus/node-exporter")"
 mode=$(stat -c '%a %u %g' "$tr/var/lib/prometheus/node-exporter")
 [ "$mode" = "755 0 0" ] || fail "the textfile folder is $mode after tmpfiles, want 755 0 0 (root's, untouched)"
-ok "sysusers: felhom-agent uid $agent_uid (nologin, in www-data); tmpfiles: state dir 0700 felhom-agent, agent.toml 0640 root:felhom-agent, metrics folder 0755 felhom-agent, nothing in the textfile folder (root publishes the files)"
+ok "sysusers: felhom-agent uid $agent_uid (nologin, home /nonexistent, in www-data); tmpfiles: state dir 0700 felhom-agent, agent.toml 0640 root:felhom-agent, metrics folder 0755 felhom-agent, nothing in the textfile folder (root publishes the files)"
 
 step "the agent's user may write only in its own folders"
 # Every tmpfiles line and unit that gives felhom-agent write access must name one of the

@@ -4,7 +4,9 @@
 #
 # Debian packages: dpkg-dev (dpkg-shlibdeps, for the package's libc dependency; binutils for
 # strip), systemd (systemd-analyze, systemd-tmpfiles; no running systemd is needed), lintian,
-# man-db (man, to render the man page as lintian does), bsdextrautils (col).
+# man-db (man, to render the man page as lintian does), bsdextrautils (col), openssh-server
+# (tests/tests/agent_user.rs asks the real `sshd -T` whether the package's drop-in refuses the
+# agent's user; where no systemd runs, policy-rc.d or its absence keeps sshd from starting).
 # No cargo tool: packaging/build-deb.sh assembles the package with dpkg-deb.
 set -euo pipefail
 
@@ -18,6 +20,7 @@ command -v systemd-analyze >/dev/null 2>&1 || _pkg_need+=(systemd)
 command -v lintian >/dev/null 2>&1 || _pkg_need+=(lintian)
 command -v man >/dev/null 2>&1 || _pkg_need+=(man-db)
 command -v col >/dev/null 2>&1 || _pkg_need+=(bsdextrautils)
+[ -x /usr/sbin/sshd ] || _pkg_need+=(openssh-server)
 if [ ${#_pkg_need[@]} -gt 0 ]; then
   _pkg_step "apt-get install ${_pkg_need[*]}"
   apt-get update -qq

@@ -5,7 +5,10 @@
 //! token's effective privileges on the pool and storages, the pool, `.vmlist`, the `next-id`
 //! range, the state dir, how LXC exec is done (the exec helper answers), whether the token holds
 //! more than the agent's role on the pool (`least_privilege`), whether the units of the agent's
-//! user refuse `bind(2)`/`listen(2)` as systemd loaded them (`abstract_sockets`) and the hub. Each check passes, warns or fails with a message saying
+//! user refuse `bind(2)`/`listen(2)` and other architectures' calls as systemd loaded them
+//! (`abstract_sockets`), whether that user can run anything outside those units (a home it may
+//! write, a login sshd would accept, a user manager: `agent_user_home`, `agent_user_login`,
+//! `agent_user_manager`) and the hub. Each check passes, warns or fails with a message saying
 //! what to fix; the command exits 0 when nothing failed and 6 otherwise.
 //!
 //! It returns a [`DoctorReport`]; the command line prints it. It may use `config`, `pve`, the exec
@@ -290,6 +293,7 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
     }
     check_metrics(&cfg, &mut r);
     check_abstract_sockets(&mut r);
+    check_agent_user(&cfg, &mut r);
     check_exec(&cfg, &mut r).await;
     check_hub(&cfg, &mut r).await;
     r.ok = r.checks.iter().all(|c| c.status != CheckStatus::Fail);
@@ -705,6 +709,37 @@ pub fn filter_refuses(value: &str, calls: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Whether a unit's effective `SystemCallArchitectures` (as `systemctl show` prints it) admits
+/// the native architecture only: empty (a drop-in's `SystemCallArchitectures=` resets it) lets
+/// 32-bit system calls through, where the filter's names may not match (i386 `socketcall`
+/// multiplexes bind and listen). `Err`: what is let through.
+pub fn native_only(value: &str) -> Result<(), String> {
+    let native = match std::env::consts::ARCH {
+        "x86_64" => "x86-64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let archs: Vec<&str> = value.split_whitespace().collect();
+    if archs.is_empty() {
+        return Err(
+            "SystemCallArchitectures is empty: system calls of every architecture are allowed"
+                .to_string(),
+        );
+    }
+    let other: Vec<&str> = archs
+        .into_iter()
+        .filter(|a| *a != "native" && *a != native)
+        .collect();
+    if other.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "SystemCallArchitectures also allows {}",
+            other.join(" ")
+        ))
+    }
+}
+
 /// Whether the units of the agent's user refuse `bind(2)` and `listen(2)`, as systemd has
 /// loaded them (a drop-in may have changed the packaged filter): a warning when not, or when
 /// systemd cannot be asked. The exec helper's check of the command socket's listener narrows
@@ -713,14 +748,34 @@ fn check_abstract_sockets(r: &mut DoctorReport) {
     let mut problems = Vec::new();
     for unit in AGENT_USER_UNITS {
         let out = std::process::Command::new("systemctl")
-            .args(["show", "-p", "SystemCallFilter", "--value", unit])
+            .args([
+                "show",
+                "-p",
+                "SystemCallFilter",
+                "-p",
+                "SystemCallArchitectures",
+                unit,
+            ])
             .stdin(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .output();
         match out {
             Ok(o) if o.status.success() => {
                 let text = String::from_utf8_lossy(&o.stdout);
-                if let Err(e) = filter_refuses(&text, MUST_REFUSE) {
+                let value = |key: &str| {
+                    text.lines()
+                        .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+                        .map(str::to_string)
+                };
+                match value("SystemCallFilter") {
+                    Some(filter) => {
+                        if let Err(e) = filter_refuses(&filter, MUST_REFUSE) {
+                            problems.push(format!("{unit}: {e}"));
+                        }
+                    }
+                    None => problems.push(format!("{unit}: systemctl showed no SystemCallFilter")),
+                }
+                if let Err(e) = native_only(&value("SystemCallArchitectures").unwrap_or_default()) {
                     problems.push(format!("{unit}: {e}"));
                 }
             }
@@ -736,7 +791,7 @@ fn check_abstract_sockets(r: &mut DoctorReport) {
         r.pass(
             "abstract_sockets",
             format!(
-                "{} refuse bind(2) and listen(2): the agent's user cannot bind an abstract socket such as a container's LXC command socket",
+                "{} refuse bind(2) and listen(2), and system calls of other architectures (SystemCallArchitectures=native): the agent's user cannot bind an abstract socket such as a container's LXC command socket",
                 AGENT_USER_UNITS.join(" and ")
             ),
         );
@@ -744,10 +799,446 @@ fn check_abstract_sockets(r: &mut DoctorReport) {
         r.warn(
             "abstract_sockets",
             format!(
-                "cannot confirm that the agent's user is refused abstract sockets ({}). The packaged units refuse bind(2) and listen(2) (`SystemCallFilter=~bind listen io_uring_setup io_uring_enter io_uring_register`); restore it if a drop-in removed it (`systemctl cat felhom-agent.service felhom-restore-test.service`), then `systemctl daemon-reload` and restart the units. Until then the agent's user could bind a stopped container's LXC command socket, which the exec helper refuses to trust (exec_monitor_untrusted)",
+                "cannot confirm that the agent's user is refused abstract sockets ({}). The packaged units refuse bind(2) and listen(2) (`SystemCallFilter=~bind listen io_uring_setup io_uring_enter io_uring_register`) and every call of another architecture (`SystemCallArchitectures=native`: a 32-bit `socketcall` reaches bind otherwise); restore them if a drop-in removed or reset them (`systemctl cat felhom-agent.service felhom-restore-test.service`), then `systemctl daemon-reload` and restart the units. Until then the agent's user could bind a stopped container's LXC command socket, which the exec helper refuses to trust (exec_monitor_untrusted)",
                 problems.join("; ")
             ),
         );
+    }
+}
+
+/// The package's system user (`packaging/felhom-agent.sysusers`): the units run as it.
+pub const PACKAGE_USER: &str = "felhom-agent";
+/// The home the package gives that user: a folder that does not exist, whose parent only root
+/// may write, so nothing sshd, PAM or a user manager would read from a home can be planted.
+pub const SAFE_HOME: &str = "/nonexistent";
+/// The package's sshd drop-in (Debian's `sshd_config` includes `/etc/ssh/sshd_config.d/*.conf`).
+pub const SSHD_DROP_IN: &str = "/etc/ssh/sshd_config.d/felhom-agent.conf";
+/// Where logind keeps the users whose user manager runs from boot (`loginctl enable-linger`).
+pub const LINGER_DIR: &str = "/var/lib/systemd/linger";
+/// The shadow file (account expiry).
+const SHADOW: &str = "/etc/shadow";
+/// How deep into an existing home the check looks for something the user owns or may write.
+const HOME_WALK_DEPTH: usize = 3;
+/// How many entries of an existing home the check looks at, at most.
+const HOME_WALK_MAX: usize = 10_000;
+
+/// Whether `uid` (with groups `gids`) may change the folder or file `meta`: its owner (who
+/// may chmod it), or write access through the group or others. ACLs are not read.
+fn user_may_write(meta: &std::fs::Metadata, uid: u32, gids: &[u32]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mode = meta.mode();
+    meta.uid() == uid || (gids.contains(&meta.gid()) && mode & 0o020 != 0) || mode & 0o002 != 0
+}
+
+/// Why `home` lets the user `uid` (groups `gids`) plant files there (`~/.ssh/authorized_keys`,
+/// `~/.config/systemd/user/`, `~/.pam_environment`), or `None`. An existing home: neither it
+/// nor a folder above it may be the user's or writable by it, and nothing in it (three levels
+/// deep) either; a missing home: the nearest existing folder above it and those above it may
+/// not be, or the user could create the home.
+pub fn home_exposure(home: &Path, uid: u32, gids: &[u32]) -> Option<String> {
+    if !home.is_absolute() {
+        return Some(format!(
+            "its home {} is not an absolute path",
+            home.display()
+        ));
+    }
+    // Whether the entry below `dir` on the way to the home exists: a sticky folder (as /tmp)
+    // protects an existing entry of root's from being renamed, not the creation of a missing one.
+    let mut below_exists = false;
+    for dir in home.ancestors() {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) => {
+                if m.file_type().is_symlink() {
+                    return Some(format!(
+                        "{} on the way to its home {} is a symbolic link",
+                        dir.display(),
+                        home.display()
+                    ));
+                }
+                if user_may_write(&m, uid, gids) && !(below_exists && sticky_and_not_owned(&m, uid))
+                {
+                    return Some(if dir == home {
+                        format!("it may write its home {}", home.display())
+                    } else if below_exists {
+                        format!(
+                            "it may write {}, above its home {} (and put a folder of its own there)",
+                            dir.display(),
+                            home.display()
+                        )
+                    } else {
+                        format!(
+                            "its home {} does not exist and it may create it in {}",
+                            home.display(),
+                            dir.display()
+                        )
+                    });
+                }
+                below_exists = true;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => below_exists = false,
+            Err(e) => {
+                return Some(format!(
+                    "{} on the way to its home cannot be inspected: {e}",
+                    dir.display()
+                ))
+            }
+        }
+    }
+    if std::fs::symlink_metadata(home).is_ok_and(|m| m.is_dir()) {
+        let mut todo = vec![(home.to_path_buf(), 0usize)];
+        let mut seen = 0usize;
+        while let Some((dir, depth)) = todo.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                seen += 1;
+                if seen > HOME_WALK_MAX {
+                    return Some(format!(
+                        "its home {} holds more than {HOME_WALK_MAX} entries; a home of the agent's user holds nothing",
+                        home.display()
+                    ));
+                }
+                let path = entry.path();
+                let Ok(m) = std::fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                if !m.file_type().is_symlink() && user_may_write(&m, uid, gids) {
+                    return Some(format!(
+                        "it may write {} in its home {}",
+                        path.display(),
+                        home.display()
+                    ));
+                }
+                if m.is_dir() && depth + 1 < HOME_WALK_DEPTH {
+                    todo.push((path, depth + 1));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// A sticky folder (such as `/tmp`) that `uid` does not own: it may create entries there but
+/// not rename or remove root's, so the folder below it stays root's.
+fn sticky_and_not_owned(meta: &std::fs::Metadata, uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    meta.mode() & 0o1000 != 0 && meta.uid() != uid
+}
+
+/// OpenSSH's `match_pattern` (`match.c`): `*` any run, `?` one character, the whole string.
+pub fn sshd_pattern_match(s: &str, pattern: &str) -> bool {
+    let (s, p): (Vec<char>, Vec<char>) = (s.chars().collect(), pattern.chars().collect());
+    // Positions in the pattern reachable after each character of `s`.
+    let mut states = vec![false; p.len() + 1];
+    states[0] = true;
+    let close = |states: &mut Vec<bool>| {
+        for i in 0..p.len() {
+            if states[i] && p[i] == '*' {
+                states[i + 1] = true;
+            }
+        }
+    };
+    close(&mut states);
+    for c in s {
+        let mut next = vec![false; p.len() + 1];
+        for i in 0..p.len() {
+            if !states[i] {
+                continue;
+            }
+            match p[i] {
+                '*' => next[i] = true,
+                '?' => next[i + 1] = true,
+                x if x == c => next[i + 1] = true,
+                _ => {}
+            }
+        }
+        close(&mut next);
+        states = next;
+    }
+    states[p.len()]
+}
+
+/// Whether sshd, as `sshd -T` printed its effective settings (`dump`: one `keyword value` a
+/// line, arrays one element a line), refuses `user` (in `groups`) before any key is looked at
+/// (OpenSSH `auth.c` `allowed_user`: `DenyUsers`, then `AllowUsers`, `DenyGroups`,
+/// `AllowGroups`). `Ok`: why it refuses; `Err`: it would let the user try its keys. A
+/// `DenyUsers` entry with a host part counts only when the host part is `*`; an `AllowUsers`
+/// entry with one counts as allowing.
+pub fn sshd_refuses(dump: &str, user: &str, groups: &[String]) -> Result<String, String> {
+    let mut values: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for line in dump.lines() {
+        let mut words = line.split_whitespace();
+        if let Some(key) = words.next() {
+            values.entry(key).or_default().extend(words);
+        }
+    }
+    let get = |k: &str| values.get(k).cloned().unwrap_or_default();
+    let user_part = |entry: &str| -> (String, Option<String>) {
+        match entry.rsplit_once('@') {
+            Some((u, h)) => (u.to_string(), Some(h.to_string())),
+            None => (entry.to_string(), None),
+        }
+    };
+    for entry in get("denyusers") {
+        let (u, host) = user_part(entry);
+        if sshd_pattern_match(user, &u) && host.as_deref().is_none_or(|h| h == "*") {
+            return Ok(format!("DenyUsers {entry}"));
+        }
+    }
+    let allow = get("allowusers");
+    if !allow.is_empty()
+        && !allow
+            .iter()
+            .any(|entry| sshd_pattern_match(user, &user_part(entry).0))
+    {
+        return Ok(format!("AllowUsers {} does not name it", allow.join(" ")));
+    }
+    for pattern in get("denygroups") {
+        if let Some(g) = groups.iter().find(|g| sshd_pattern_match(g, pattern)) {
+            return Ok(format!("DenyGroups {pattern} (its group {g})"));
+        }
+    }
+    let allow = get("allowgroups");
+    if !allow.is_empty()
+        && !groups
+            .iter()
+            .any(|g| allow.iter().any(|p| sshd_pattern_match(g, p)))
+    {
+        return Ok(format!(
+            "AllowGroups {} names none of its groups",
+            allow.join(" ")
+        ));
+    }
+    Err("no DenyUsers, AllowUsers, DenyGroups or AllowGroups refuses it".to_string())
+}
+
+/// Whether `user`'s account has expired in the shadow file `text` on day `today` (days since
+/// 1970): field 8, as PAM's `pam_unix` (`check_shadow_expiry`: expired from that day on) and
+/// sshd without PAM (`auth_shadow_acctexpired`: after that day) read it; `None` when the user
+/// has no line.
+pub fn shadow_expired(text: &str, user: &str, today: i64) -> Option<bool> {
+    let line = text.lines().find(|l| l.split(':').next() == Some(user))?;
+    let expire = line.split(':').nth(7).unwrap_or("").trim();
+    Some(
+        expire
+            .parse::<i64>()
+            .is_ok_and(|day| day >= 0 && today > day),
+    )
+}
+
+/// The agent's user as the node knows it: name, uid, home and groups (ids and names).
+struct AgentUser {
+    uid: u32,
+    home: std::path::PathBuf,
+    gids: Vec<u32>,
+    groups: Vec<String>,
+}
+
+impl AgentUser {
+    fn lookup(name: &str) -> Result<Option<AgentUser>, String> {
+        let Some(u) = nix::unistd::User::from_name(name).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+        let gids: Vec<u32> = nix::unistd::getgrouplist(&cname, u.gid)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(nix::unistd::Gid::as_raw)
+            .collect();
+        let groups = gids
+            .iter()
+            .filter_map(|g| {
+                nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(*g))
+                    .ok()
+                    .flatten()
+                    .map(|g| g.name)
+            })
+            .collect();
+        Ok(Some(AgentUser {
+            uid: u.uid.as_raw(),
+            home: u.dir,
+            gids,
+            groups,
+        }))
+    }
+}
+
+/// The sshd binary: `sshd` on `PATH`, else Debian's `/usr/sbin/sshd`.
+fn find_sshd() -> Option<std::path::PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("sshd"))
+            .find(|f| f.is_file())
+    });
+    on_path.or_else(|| {
+        let debian = Path::new("/usr/sbin/sshd");
+        debian.is_file().then(|| debian.to_path_buf())
+    })
+}
+
+/// Whether the agent's system user can run anything outside the agent's units: a home it may
+/// write (`agent_user_home`: sshd's `authorized_keys`, PAM's `.pam_environment`, a user unit
+/// would be read from there), a login sshd would accept (`agent_user_login`), a user manager
+/// systemd would start for it (`agent_user_manager`). Each failure names the fix
+/// (`agent_user_unconfined`); the package's postinst applies all three.
+fn check_agent_user(cfg: &Config, r: &mut DoctorReport) {
+    let name = cfg.agent_user.as_deref().unwrap_or(PACKAGE_USER);
+    let user = match AgentUser::lookup(name) {
+        Ok(Some(u)) => u,
+        Ok(None) => {
+            for check in ["agent_user_home", "agent_user_login", "agent_user_manager"] {
+                r.pass(
+                    check,
+                    format!("no user {name} on this node: nothing runs as the agent's user"),
+                );
+            }
+            return;
+        }
+        Err(e) => {
+            for check in ["agent_user_home", "agent_user_login", "agent_user_manager"] {
+                r.warn(
+                    check,
+                    format!("cannot read the user database for {name}: {e}; not checked"),
+                );
+            }
+            return;
+        }
+    };
+    let code = ErrorCode::AgentUserUnconfined;
+    let stop_start = "systemctl stop felhom-agent.service felhom-restore-test.service";
+    match home_exposure(&user.home, user.uid, &user.gids) {
+        None => r.pass(
+            "agent_user_home",
+            format!(
+                "{name}'s home {} is nothing it can write or create: no authorized_keys, user unit or .pam_environment of its own can be read from there",
+                user.home.display()
+            ),
+        ),
+        Some(why) => r.fail(
+            "agent_user_home",
+            code,
+            format!(
+                "{name} can plant files where sshd, PAM and systemd look for its own (~/.ssh/authorized_keys, ~/.pam_environment, ~/.config/systemd/user): {why}. Move its home: `{stop_start}; usermod -d {SAFE_HOME} {name}; systemctl start felhom-agent.service` (the package's postinst does this), then remove what it planted there"
+            ),
+        ),
+    }
+
+    // Login: sshd's own settings, and the account's expiry (PAM's account check and sshd's).
+    let today = time::OffsetDateTime::now_utc()
+        .unix_timestamp()
+        .div_euclid(86_400);
+    let expired = match std::fs::read_to_string(SHADOW) {
+        Ok(text) => shadow_expired(&text, name, today),
+        Err(_) => None,
+    };
+    let sshd = find_sshd().map(|bin| {
+        let spec = format!("user={name},host=localhost,addr=127.0.0.1");
+        let out = std::process::Command::new(&bin)
+            .args(["-T", "-C", &spec])
+            .stdin(std::process::Stdio::null())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Ok(sshd_refuses(
+                &String::from_utf8_lossy(&o.stdout),
+                name,
+                &user.groups,
+            )),
+            Ok(o) => Err(format!(
+                "`{} -T` failed ({}): {}",
+                bin.display(),
+                o.status,
+                crate::error::outside_text(String::from_utf8_lossy(&o.stderr).trim())
+            )),
+            Err(e) => Err(format!("cannot run {}: {e}", bin.display())),
+        }
+    });
+    let expire_fix = format!("`usermod -e 1 {name}` (an expired account: PAM's account check refuses it whatever its keys)");
+    let deny_fix = format!(
+        "`echo 'DenyUsers {name}' > {SSHD_DROP_IN}; sshd -t && systemctl reload ssh` (the package ships that file; Debian's sshd_config includes /etc/ssh/sshd_config.d/*.conf)"
+    );
+    let expired_text = match expired {
+        Some(true) => "its account has expired".to_string(),
+        Some(false) => "its account has not expired".to_string(),
+        None => format!("its expiry could not be read from {SHADOW}"),
+    };
+    match (&sshd, expired) {
+        (None, Some(true)) => r.pass(
+            "agent_user_login",
+            format!("no sshd on this node, and {expired_text}"),
+        ),
+        (Some(Ok(Ok(why))), Some(true)) => r.pass(
+            "agent_user_login",
+            format!("sshd refuses {name} before any key ({why}), and {expired_text}"),
+        ),
+        (Some(Ok(Ok(why))), _) => r.warn(
+            "agent_user_login",
+            format!("sshd refuses {name} before any key ({why}), but {expired_text}: also {expire_fix}"),
+        ),
+        (None, _) => r.warn(
+            "agent_user_login",
+            format!("no sshd on this node, but {expired_text}: {expire_fix}"),
+        ),
+        (Some(Ok(Err(why))), Some(true)) => r.warn(
+            "agent_user_login",
+            format!("sshd would let {name} try its keys ({why}); {expired_text}, which PAM's account check refuses: also {deny_fix}"),
+        ),
+        (Some(Ok(Err(why))), _) => r.fail(
+            "agent_user_login",
+            code,
+            format!("sshd would accept {name}'s keys ({why}) and {expired_text}: whoever runs as the agent's user could log in and run anything outside its units. Fix: {deny_fix}; and {expire_fix}"),
+        ),
+        (Some(Err(e)), Some(true)) => r.warn(
+            "agent_user_login",
+            format!("{e}: cannot tell whether sshd refuses {name}; {expired_text}, which PAM's account check refuses. Make sure {SSHD_DROP_IN} is read"),
+        ),
+        (Some(Err(e)), _) => r.fail(
+            "agent_user_login",
+            code,
+            format!("{e}: cannot tell whether sshd refuses {name}, and {expired_text}. Fix: {expire_fix}; and {deny_fix}"),
+        ),
+    }
+
+    // The user manager: logind starts user@<uid>.service at a login's session (pam_systemd)
+    // or from boot for a lingering user; masked, it never starts.
+    let unit = format!("user@{}.service", user.uid);
+    let state = std::process::Command::new("systemctl")
+        .args(["is-enabled", &unit])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let linger = Path::new(LINGER_DIR).join(name);
+    let lingers = linger.exists();
+    let mask_fix = format!("`systemctl mask {unit}` (the package's postinst does this)");
+    match state {
+        Ok(s) if s == "masked" || s == "masked-runtime" => {
+            if lingers {
+                r.warn(
+                    "agent_user_manager",
+                    format!("{unit} is masked, so no user manager starts for {name}; but {} asks logind to start one at boot: `loginctl disable-linger {name}`", linger.display()),
+                );
+            } else {
+                r.pass(
+                    "agent_user_manager",
+                    format!("{unit} is masked: systemd starts no user manager for {name}, and it does not linger"),
+                );
+            }
+        }
+        Ok(s) => r.fail(
+            "agent_user_manager",
+            code,
+            format!(
+                "{unit} is {}: a session of {name} (or lingering{}) would start its own systemd --user, which runs the units it finds in its home outside the agent's sandbox. Fix: {mask_fix}{}",
+                if s.is_empty() { "not masked".to_string() } else { format!("{s}, not masked") },
+                if lingers { ", which it does" } else { "" },
+                if lingers { format!("; `loginctl disable-linger {name}`") } else { String::new() }
+            ),
+        ),
+        Err(e) => r.warn(
+            "agent_user_manager",
+            format!("cannot run `systemctl is-enabled {unit}`: {e}; make sure it is masked: {mask_fix}"),
+        ),
     }
 }
 
@@ -1033,6 +1524,81 @@ mod tests {
             Err("bind allowed".to_string())
         );
         assert!(filter_refuses("", MUST_REFUSE).is_err());
+    }
+
+    #[test]
+    fn only_the_native_architecture_passes() {
+        assert!(native_only("native").is_ok());
+        assert!(native_only("").is_err());
+        assert!(native_only("  ").is_err());
+        assert_eq!(
+            native_only("native x86"),
+            Err("SystemCallArchitectures also allows x86".to_string())
+        );
+    }
+
+    #[test]
+    fn sshd_patterns_are_openssh_wildcards() {
+        assert!(sshd_pattern_match("felhom-agent", "felhom-agent"));
+        assert!(sshd_pattern_match("felhom-agent", "felhom-*"));
+        assert!(sshd_pattern_match("felhom-agent", "*"));
+        assert!(sshd_pattern_match("felhom-agent", "felhom?agent"));
+        assert!(!sshd_pattern_match("felhom-agent", "felhom"));
+        assert!(!sshd_pattern_match("felhom-agent", "?felhom-agent"));
+        assert!(!sshd_pattern_match("felhom-agent", "root"));
+    }
+
+    #[test]
+    fn sshd_refuses_as_allowed_user_does() {
+        let groups = vec!["felhom-agent".to_string(), "www-data".to_string()];
+        let u = "felhom-agent";
+        let refused = |dump: &str| sshd_refuses(dump, u, &groups);
+        assert!(refused("port 22\nusepam yes\n").is_err());
+        assert!(refused("denyusers root\ndenyusers felhom-agent\n").is_ok());
+        assert!(refused("denyusers felhom-*\n").is_ok());
+        assert!(refused("denyusers felhom-agent@*\n").is_ok());
+        // Denied from one host only: the user may still log in from others.
+        assert!(refused("denyusers felhom-agent@10.0.0.1\n").is_err());
+        assert!(refused("allowusers root admin\n").is_ok());
+        assert!(refused("allowusers root felhom-agent@10.0.0.1\n").is_err());
+        assert!(refused("denygroups www-*\n").is_ok());
+        assert!(refused("allowgroups sudo\n").is_ok());
+        assert!(refused("allowgroups www-data\n").is_err());
+    }
+
+    #[test]
+    fn shadow_expiry_is_read_as_pam_and_sshd_read_it() {
+        let text = "root:*:19000:0:99999:7:::\nfelhom-agent:!*:19000::::::\nold:!*:19000:::::1:\n";
+        assert_eq!(shadow_expired(text, "felhom-agent", 20000), Some(false));
+        assert_eq!(shadow_expired(text, "old", 20000), Some(true));
+        assert_eq!(shadow_expired(text, "nobody", 20000), None);
+    }
+
+    #[test]
+    fn a_home_the_user_can_write_or_create_is_exposed() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().expect("tmp");
+        let root = d.path();
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let me = nix::unistd::getuid().as_raw();
+        let other = me.wrapping_add(4242);
+        // Missing, in a folder only its owner may write.
+        let home = root.join("nonexistent");
+        assert_eq!(home_exposure(&home, other, &[other]), None);
+        // ... and the same folder is the user's own: it may create its home.
+        let why = home_exposure(&home, me, &[me]).expect("creatable");
+        assert!(why.contains("does not exist"), "{why}");
+        // An existing home of the owner of the folder: writable.
+        std::fs::create_dir(&home).expect("mkdir");
+        assert!(home_exposure(&home, me, &[me]).is_some());
+        // Something in it that the user owns.
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::create_dir(home.join(".ssh")).expect("mkdir");
+        std::fs::set_permissions(home.join(".ssh"), std::fs::Permissions::from_mode(0o777))
+            .expect("chmod");
+        let why = home_exposure(&home, other, &[other]).expect("world-writable .ssh");
+        assert!(why.contains(".ssh"), "{why}");
+        assert!(home_exposure(Path::new("relative"), other, &[other]).is_some());
     }
 
     #[test]

@@ -64,7 +64,8 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::PveUnsupported
         | ErrorCode::ExecHelperUnavailable
         | ErrorCode::StateDirFull
-        | ErrorCode::TokenFileInvalid => ExitStatus::Environment,
+        | ErrorCode::TokenFileInvalid
+        | ErrorCode::AgentUserUnconfined => ExitStatus::Environment,
         ErrorCode::OwnershipUnproven => ExitStatus::NeedsHuman,
         // The operator stopped the run: its own status, never a PVE or guest failure.
         ErrorCode::Interrupted => ExitStatus::Interrupted,
@@ -299,6 +300,7 @@ mod tests {
         assert_eq!(exit_status(ErrorCode::PveUnsupported).code(), 6);
         assert_eq!(exit_status(ErrorCode::StateDirFull).code(), 6);
         assert_eq!(exit_status(ErrorCode::TokenFileInvalid).code(), 6);
+        assert_eq!(exit_status(ErrorCode::AgentUserUnconfined).code(), 6);
         assert_eq!(exit_status(ErrorCode::Interrupted).code(), 130);
         assert_eq!(exit_status(ErrorCode::OwnershipUnproven).code(), 7);
         assert_eq!(exit_status(ErrorCode::BandFull).code(), 0);

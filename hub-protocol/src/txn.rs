@@ -272,11 +272,14 @@ pub enum ErrorCode {
     TokenFileInvalid,
     /// The operator interrupted the run (Ctrl-C, SIGTERM) while it ran in a guest.
     Interrupted,
+    /// `doctor`: the agent's system user could run something outside the agent's units (a
+    /// home it can write, a login sshd would accept, a user manager systemd would start).
+    AgentUserUnconfined,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 51] = [
+    pub const ALL: [ErrorCode; 52] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -328,6 +331,7 @@ impl ErrorCode {
         ErrorCode::StateDirFull,
         ErrorCode::TokenFileInvalid,
         ErrorCode::Interrupted,
+        ErrorCode::AgentUserUnconfined,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -384,6 +388,7 @@ impl ErrorCode {
             ErrorCode::StateDirFull => "state_dir_full",
             ErrorCode::TokenFileInvalid => "token_file_invalid",
             ErrorCode::Interrupted => "interrupted",
+            ErrorCode::AgentUserUnconfined => "agent_user_unconfined",
         }
     }
 }
@@ -571,8 +576,9 @@ mod tests {
             (ErrorCode::StateDirFull, "state_dir_full"),
             (ErrorCode::TokenFileInvalid, "token_file_invalid"),
             (ErrorCode::Interrupted, "interrupted"),
+            (ErrorCode::AgentUserUnconfined, "agent_user_unconfined"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 51);
+        assert_eq!(ErrorCode::ALL.len(), 52);
     }
 
     #[test]

@@ -182,3 +182,51 @@ fn doctor_says_whether_the_units_of_the_agents_user_refuse_abstract_sockets() {
         "{msg}"
     );
 }
+
+/// A fake `systemctl` in `dir` that shows the units' filter as the packaged units have it and
+/// `SystemCallArchitectures=` as `archs`, answering both the `-p A -p B` form and
+/// `-p SystemCallFilter --value`.
+fn fake_systemctl(dir: &Path, archs: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let filter = "~bind io_uring_enter io_uring_register io_uring_setup listen";
+    let script = format!(
+        "#!/bin/sh\ncase \"$*\" in\n  *--value*) echo '{filter}' ;;\n  show*) printf 'SystemCallFilter={filter}\\nSystemCallArchitectures={archs}\\n' ;;\n  is-enabled*) echo masked ;;\nesac\n"
+    );
+    let path = dir.join("systemctl");
+    std::fs::write(&path, script).expect("write systemctl");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+#[test]
+fn doctor_warns_when_a_drop_in_resets_system_call_architectures() {
+    let w = World::demo();
+    let bin = tempfile::tempdir().expect("tempdir");
+    let run = |archs: &str| {
+        fake_systemctl(bin.path(), archs);
+        let mut cmd = w.command();
+        cmd.env("PATH", format!("{}:{}", bin.path().display(), w.path()))
+            .args(["doctor", "--json"]);
+        let out = cmd.output().expect("doctor");
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        doc["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["name"] == "abstract_sockets")
+            .cloned()
+            .unwrap_or_else(|| panic!("no abstract_sockets check: {doc:#}"))
+    };
+    let check = run("native");
+    assert_eq!(check["status"], "pass", "{check:#}");
+    // `SystemCallArchitectures=` in a drop-in resets the list: every architecture's calls.
+    let check = run("");
+    assert_eq!(check["status"], "warn", "{check:#}");
+    let msg = check["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("felhom-agent.service: SystemCallArchitectures is empty")
+            && msg.contains("SystemCallArchitectures=native"),
+        "{msg}"
+    );
+    let check = run("native x86");
+    assert_eq!(check["status"], "warn", "{check:#}");
+}

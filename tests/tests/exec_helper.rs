@@ -1200,6 +1200,154 @@ fn exec_helper_socket_in_a_folder_others_can_write_is_refused() {
     );
 }
 
+/// Start `exec-helper --socket <socket>` for `w` and wait until it listens; `Err`: its exit
+/// status and stderr when it ended instead.
+fn helper_on(w: &World, socket: &Path) -> Result<Child, (Option<i32>, String)> {
+    let mut child = agent_command(&w.files.config_path)
+        .args(["exec-helper", "--socket"])
+        .arg(socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the helper");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            let out = child.wait_with_output().expect("wait");
+            return Err((
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            ));
+        }
+        if let Ok(mut s) = UnixStream::connect(socket) {
+            // Answered: its serving loop runs (SIGTERM is handled from there on).
+            s.set_read_timeout(Some(Duration::from_secs(20)))
+                .expect("timeout");
+            let _ = s.write_all(&frame(b"{}"));
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len)
+                .expect("an answer to a malformed request");
+            return Ok(child);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the helper neither bound nor ended"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every folder on the way to `--socket`'s folder counts, not only the last: a root folder
+/// that others may write (no sticky bit) or a folder of uid 65534's above a good folder of
+/// root's is refused (exit 6, that folder named), and nothing is bound; /tmp (root's, sticky)
+/// above is fine.
+#[test]
+fn exec_helper_socket_below_a_folder_others_can_write_is_refused() {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let w = world();
+    let base = tempfile::Builder::new()
+        .prefix("felhom-sockpath-")
+        .tempdir()
+        .expect("tempdir");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    assert_eq!(
+        base.path().metadata().expect("base").uid(),
+        0,
+        "run as root"
+    );
+    let mkdir = |p: &Path, mode: u32| {
+        std::fs::DirBuilder::new()
+            .mode(mode)
+            .create(p)
+            .expect("mkdir");
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    // Root's but writable by everyone, no sticky bit: whoever can write there can rename
+    // `good` away and put a folder of their own at its name.
+    let open = base.path().join("open");
+    mkdir(&open, 0o777);
+    mkdir(&open.join("good"), 0o755);
+    // A folder of uid 65534 above a good folder of root's.
+    let theirs = base.path().join("theirs");
+    mkdir(&theirs, 0o755);
+    nix::unistd::chown(&theirs, Some(65534.into()), Some(65534.into())).expect("chown");
+    mkdir(&theirs.join("good"), 0o755);
+    for (above, dir) in [(&open, open.join("good")), (&theirs, theirs.join("good"))] {
+        let socket = dir.join("exec.sock");
+        match helper_on(&w, &socket) {
+            Ok(mut child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the helper bound {} below {}",
+                    socket.display(),
+                    above.display()
+                );
+            }
+            Err((code, stderr)) => {
+                assert_eq!(code, Some(6), "{stderr}");
+                assert!(
+                    stderr.contains(&format!("goes through {}", above.display()))
+                        && stderr.contains("config_invalid"),
+                    "{}: {stderr}",
+                    above.display()
+                );
+            }
+        }
+        assert!(
+            std::fs::read_dir(&dir).expect("dir").next().is_none(),
+            "something was left in {}",
+            dir.display()
+        );
+    }
+    // The same chain with the folders root's and closed binds (the base lives in /tmp: root's,
+    // sticky).
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut child = helper_on(&w, &open.join("good/exec.sock")).expect("binds below /tmp");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// At SIGTERM the helper removes the socket it bound, and only that one: a socket that root
+/// put at the name meanwhile (another helper's) stays.
+#[test]
+fn exec_helper_removes_at_exit_only_the_socket_it_bound() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let w = world();
+    let dir = tempfile::Builder::new()
+        .prefix("felhom-sockexit-")
+        .tempdir()
+        .expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let socket = dir.path().join("exec.sock");
+    let term = |child: Child| {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid")),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    };
+    // Its own socket goes at SIGTERM.
+    let child = helper_on(&w, &socket).expect("binds");
+    term(child);
+    assert!(
+        std::fs::symlink_metadata(&socket).is_err(),
+        "the helper left its socket"
+    );
+    // Replaced meanwhile: the new socket stays.
+    let child = helper_on(&w, &socket).expect("binds");
+    let other = dir.path().join("other.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&other).expect("bind");
+    std::fs::rename(&other, &socket).expect("rename over");
+    let ino = std::fs::symlink_metadata(&socket).expect("socket").ino();
+    term(child);
+    let left = std::fs::symlink_metadata(&socket).expect("the replacement was removed");
+    assert!(left.file_type().is_socket());
+    assert_eq!(left.ino(), ino, "not the replacement");
+}
+
 /// How many descriptors process `pid` holds.
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

@@ -213,8 +213,10 @@ exec_request_invalid. A request never names a file on the node: pushed files tra
 How it starts: systemd socket activation, felhom-agent-exec.socket (default \
 /run/felhom-agent/exec.sock) starts felhom-agent-exec.service on the first connection; the helper \
 exits after two idle minutes. With --socket PATH it binds PATH itself, which is for tests and \
-debugging: only in a folder of root's that group and others cannot write, bound in a private \
-folder there, given mode 0660 and the [agent] user's group, then renamed into place. Right before \
+debugging: a full path, only in a folder of root's that group and others cannot write, below \
+folders of root's nobody else can write (or sticky, as /tmp), bound in a private folder there, \
+given mode 0660 and the [agent] user's group, then renamed into place; at exit the socket is \
+removed only if the name still holds it. Right before \
 every pct exec, the container's LXC command socket must be held by root's LXC monitor of that \
 container (else exec_monitor_untrusted). It logs every request (caller uid, vmid, \
 transaction, argv, result), never environment values or stdin.",

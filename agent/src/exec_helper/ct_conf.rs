@@ -6,7 +6,8 @@
 //! `parse_pct_config`): the current config first, then one `[section]` per snapshot and
 //! `[pve:pending]` for pending changes. Only the current config counts: reading stops at the
 //! first section header. Lines are read as PVE reads them (anchored at the first byte, so an
-//! indented line is skipped as PVE skips it). Refused ([`check`]):
+//! indented line is skipped as PVE skips it; a header's name has at least two characters; white
+//! space is ASCII only, since PVE matches `\s` on the file's bytes). Refused ([`check`]):
 //!
 //! - no `unprivileged: 1`: a privileged container's root is the node's root;
 //! - any `lxc.` key (`lxc.key: v` or `lxc.key = v`) but `lxc.environment.runtime` (PVE's own
@@ -128,17 +129,26 @@ enum Line<'a> {
     Ignored,
 }
 
+/// Perl's `\s` on the bytes PVE reads (`file_get_contents` gives a byte string, so `\s` is
+/// ASCII only: a no-break space or any other Unicode space is not white space to PVE).
+fn perl_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c')
+}
+
 fn classify(line: &str) -> Line<'_> {
-    if line.trim().is_empty() {
+    if line.chars().all(perl_space) {
         return Line::Blank;
     }
+    // `^\[pve:pending\]\s*$` (any case) and `^\[([a-z][a-z0-9_\-]+)\]\s*$` (any case): a
+    // name of at least two characters.
     if let Some(inner) = line
-        .trim_end()
+        .trim_end_matches(perl_space)
         .strip_prefix('[')
         .and_then(|l| l.strip_suffix(']'))
     {
         let mut bytes = inner.bytes();
         let named = bytes.next().is_some_and(|b| b.is_ascii_alphabetic())
+            && inner.len() >= 2
             && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if inner.eq_ignore_ascii_case("pve:pending") || named {
             return Line::Section;
@@ -156,7 +166,9 @@ fn classify(line: &str) -> Line<'_> {
             })
             .unwrap_or(line.len());
         let rest = &line[end..];
-        if end > 4 && (rest.starts_with(':') || rest.trim_start().starts_with('=')) {
+        if end > 4
+            && (rest.starts_with(':') || rest.trim_start_matches(perl_space).starts_with('='))
+        {
             return Line::Lxc(&line[..end]);
         }
         return Line::Ignored;
@@ -168,7 +180,7 @@ fn classify(line: &str) -> Line<'_> {
     let letters = key.trim_end_matches(|c: char| c.is_ascii_digit());
     let valid = letters.starts_with(|c: char| c.is_ascii_lowercase())
         && letters.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
-    let value = value.trim();
+    let value = value.trim_matches(perl_space);
     if !valid || value.is_empty() {
         return Line::Ignored;
     }
@@ -286,6 +298,47 @@ mod tests {
         assert!(why.contains("lxc.apparmor.profile"), "{why}");
         // An empty value is no option.
         assert!(check("unprivileged:\n").is_err());
+    }
+
+    #[test]
+    fn section_headers_are_pves_and_no_other() {
+        // `[a-z][a-z0-9_\-]+`: a one-letter name is no header, so what follows it is still the
+        // current config.
+        let why = check(&format!("{PLAIN}[a]\nlxc.apparmor.profile: unconfined\n"))
+            .expect_err("after [a]");
+        assert!(why.contains("lxc.apparmor.profile"), "{why}");
+        assert_eq!(
+            check(&format!("{PLAIN}[ab]\nlxc.apparmor.profile: unconfined\n")),
+            Ok(())
+        );
+        // `\s*$` on the bytes PVE reads: a no-break space (0xC2 0xA0) is no white space, so a
+        // header followed by one is no header either.
+        let why = check(&format!(
+            "{PLAIN}[snap1]\u{a0}\nlxc.apparmor.profile: unconfined\n"
+        ))
+        .expect_err("after [snap1] + NBSP");
+        assert!(why.contains("lxc.apparmor.profile"), "{why}");
+        let why = check(&format!(
+            "{PLAIN}[pve:pending]\u{a0}\nlxc.apparmor.profile: unconfined\n"
+        ))
+        .expect_err("after [pve:pending] + NBSP");
+        assert!(why.contains("lxc.apparmor.profile"), "{why}");
+        // ASCII white space after a header is PVE's `\s`.
+        assert_eq!(
+            check(&format!(
+                "{PLAIN}[snap1] \t\r\nlxc.apparmor.profile: unconfined\n"
+            )),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn values_are_trimmed_of_ascii_white_space_only() {
+        // `^([a-z][a-z_]*\d*):\s*(.+?)\s*$`: a no-break space stays in the value, and
+        // `1\u{a0}` is not PVE's `1` (check_type refuses it and PVE skips the line).
+        assert!(check("arch: amd64\nunprivileged: 1\u{a0}\n").is_err());
+        assert!(check("arch: amd64\nunprivileged:\u{a0}1\n").is_err());
+        assert_eq!(check("arch: amd64\nunprivileged: \t1 \r\n"), Ok(()));
     }
 
     #[test]

@@ -3,10 +3,12 @@
 //! It takes its listening socket from systemd socket activation (`LISTEN_FDS`/`LISTEN_PID`,
 //! one socket, fd 3; `felhom-agent-exec.socket`) and exits after [`IDLE_EXIT`] without a
 //! connection (systemd starts it again on the next one), or binds `--socket PATH` itself and runs
-//! until SIGTERM: only in a folder of root's that group and others cannot write, bound in a
-//! private folder inside it, given mode 0660 and the group of `[agent] user` there, then
+//! until SIGTERM: only in a folder of root's that group and others cannot write, reached from
+//! `/` through folders of root's that nobody else can write either (or sticky, as `/tmp`), bound
+//! in a private folder inside it, given mode 0660 and the group of `[agent] user` there, then
 //! renamed into place (`bind_socket`), so no name is ever changed by path where someone else
-//! could swap it.
+//! could swap it. At exit it removes the socket only if the name still holds the socket it
+//! bound (the same inode).
 //!
 //! Each connection: the peer's uid (`SO_PEERCRED`) must be 0 or the uid of `[agent] user`
 //! (resolved at start), else `exec_caller_refused` before anything is read. Then one request
@@ -93,7 +95,114 @@ enum Source {
     /// Passed by systemd.
     Activated(std::os::unix::net::UnixListener),
     /// Bound by the helper at this path.
-    Bound(std::os::unix::net::UnixListener, PathBuf),
+    Bound(std::os::unix::net::UnixListener, BoundName),
+}
+
+/// Where `--socket` put the socket: the folder (held open), the name in it and the socket
+/// file's identity, so that the helper removes at exit the socket it bound and nothing else.
+struct BoundName {
+    path: PathBuf,
+    dir: std::os::fd::OwnedFd,
+    name: std::ffi::OsString,
+    /// `(st_dev, st_ino)` of the socket file.
+    id: (u64, u64),
+}
+
+impl BoundName {
+    /// Remove the socket if the name still holds the one the helper bound. The folder is
+    /// root's and writable by nobody else, so the name cannot change between the look and the
+    /// removal but by root.
+    fn remove(&self) {
+        use nix::fcntl::AtFlags;
+        match nix::sys::stat::fstatat(
+            &self.dir,
+            self.name.as_os_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) if (st.st_dev, st.st_ino) == self.id => {
+                if let Err(e) = nix::unistd::unlinkat(
+                    &self.dir,
+                    self.name.as_os_str(),
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                ) {
+                    tracing::warn!("cannot remove the socket {}: {e}", self.path.display());
+                }
+            }
+            Ok(_) => tracing::warn!(
+                "{} is no longer the socket this helper bound (replaced meanwhile); left in place",
+                self.path.display()
+            ),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Open the folder `folder` (absolute) one component at a time from `/`, following no link,
+/// and check each on the open descriptor: every folder above it root's and writable by nobody
+/// else, or sticky (as `/tmp`: there only an entry's owner may rename or remove it, and the
+/// next folder down is root's); `folder` itself root's and writable by neither group nor
+/// others. `Err`: which folder fails and what to do.
+fn open_trusted_folder(folder: &Path) -> Result<std::os::fd::OwnedFd, String> {
+    use nix::fcntl::{open, openat, OFlag};
+    use nix::sys::stat::{fstat, Mode};
+    use std::path::Component;
+    if !folder.is_absolute() {
+        return Err(format!(
+            "--socket names a folder by a relative path ({}); pass the socket's full path, e.g. /run/felhom-agent/exec.sock",
+            folder.display()
+        ));
+    }
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let names: Vec<&std::ffi::OsStr> = folder
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(Ok(n)),
+            Component::ParentDir => Some(Err(())),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect::<Result<_, ()>>()
+        .map_err(|()| {
+            format!(
+                "--socket {} goes through `..`; pass the socket's path without it",
+                folder.display()
+            )
+        })?;
+    let mut so_far = PathBuf::from("/");
+    let mut fd = open("/", flags, Mode::empty()).map_err(|e| format!("cannot open /: {e}"))?;
+    for (i, name) in std::iter::once(None)
+        .chain(names.iter().map(Some))
+        .enumerate()
+    {
+        if let Some(name) = name {
+            so_far.push(name);
+            fd = openat(&fd, *name, flags, Mode::empty()).map_err(|e| {
+                format!(
+                    "cannot open the socket's folder {} (a folder, not a link): {e}; create it as root with mode 0755, or pass a path without links",
+                    so_far.display()
+                )
+            })?;
+        }
+        let st = fstat(&fd).map_err(|e| format!("cannot inspect {}: {e}", so_far.display()))?;
+        let mode = st.st_mode & 0o7777;
+        if i == names.len() {
+            if st.st_uid != 0 || mode & 0o022 != 0 {
+                return Err(format!(
+                    "the socket's folder {} belongs to uid {} with mode {mode:o}: the exec helper binds only in a folder of root's that group and others cannot write (anyone who can write there could swap the socket's name for a link). Use /run/felhom-agent (the packaged socket unit), or `chown root:root` and `chmod go-w` the folder",
+                    so_far.display(),
+                    st.st_uid,
+                ));
+            }
+        } else if st.st_uid != 0 || (mode & 0o022 != 0 && mode & 0o1000 == 0) {
+            return Err(format!(
+                "the socket's path {} goes through {}, which belongs to uid {} with mode {mode:o}: every folder from / down to the socket's must be root's and writable by nobody else (or sticky, as /tmp), else whoever can write there could swap the folders below for their own. Use /run/felhom-agent (the packaged socket unit), or `chown root:root` and `chmod go-w` {}",
+                folder.display(),
+                so_far.display(),
+                st.st_uid,
+                so_far.display()
+            ));
+        }
+    }
+    Ok(fd)
 }
 
 fn fail(code: ErrorCode, message: String) -> ExitStatus {
@@ -123,15 +232,19 @@ fn activated_socket() -> Result<Option<std::os::unix::net::UnixListener>, String
         .map_err(|e| format!("the socket systemd passed (fd 3) is not a Unix stream socket: {e}"))
 }
 
-/// Bind `path` without a path race. Its folder, opened without following a link as its last
-/// component, must be a folder of root's that neither group nor others may write (else anyone
-/// who can write there could swap names under the helper's `chmod`/`chown`); the socket is bound
+/// Bind `path` without a path race. Its folder, opened from `/` one component at a time without
+/// following a link ([`open_trusted_folder`]), must be a folder of root's that neither group nor
+/// others may write (else anyone who can write there could swap names under the helper's
+/// `chmod`/`chown`), reached through folders nobody but root can change; the socket is bound
 /// in a fresh 0700 folder of root's made inside it (reached through the opened folder's
 /// descriptor, `/proc/self/fd/N/...`), given mode 0660 and group `gid` there, then renamed over
 /// `path`. At `path`, a stale socket is replaced; anything else is refused.
-fn bind_socket(path: &Path, gid: Option<u32>) -> Result<std::os::unix::net::UnixListener, String> {
-    use nix::fcntl::{open, renameat, AtFlags, OFlag};
-    use nix::sys::stat::{fchmodat, fstat, fstatat, mkdirat, FchmodatFlags, Mode, SFlag};
+fn bind_socket(
+    path: &Path,
+    gid: Option<u32>,
+) -> Result<(std::os::unix::net::UnixListener, BoundName), String> {
+    use nix::fcntl::{renameat, AtFlags, OFlag};
+    use nix::sys::stat::{fchmodat, fstatat, mkdirat, FchmodatFlags, Mode, SFlag};
     use std::os::fd::AsRawFd;
     let shown = path.display();
     let (Some(folder), Some(name)) = (path.parent(), path.file_name()) else {
@@ -139,31 +252,7 @@ fn bind_socket(path: &Path, gid: Option<u32>) -> Result<std::os::unix::net::Unix
             "--socket {shown} names no file in a folder; pass the socket's full path, e.g. /run/felhom-agent/exec.sock"
         ));
     };
-    let folder = if folder.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        folder
-    };
-    let dir = open(
-        folder,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| {
-        format!(
-            "cannot open the socket's folder {} (a folder, not a link): {e}; create it as root with mode 0755",
-            folder.display()
-        )
-    })?;
-    let st = fstat(&dir).map_err(|e| format!("cannot inspect {}: {e}", folder.display()))?;
-    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
-        return Err(format!(
-            "the socket's folder {} belongs to uid {} with mode {:o}: the exec helper binds only in a folder of root's that group and others cannot write (anyone who can write there could swap the socket's name for a link). Use /run/felhom-agent (the packaged socket unit), or `chown root:root` and `chmod go-w` the folder",
-            folder.display(),
-            st.st_uid,
-            st.st_mode & 0o7777
-        ));
-    }
+    let dir = open_trusted_folder(folder)?;
     match fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(m) if SFlag::from_bits_truncate(m.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFSOCK => {}
         Ok(_) => {
@@ -202,7 +291,7 @@ fn bind_socket(path: &Path, gid: Option<u32>) -> Result<std::os::unix::net::Unix
         let through = PathBuf::from(format!("/proc/self/fd/{}", sub.as_raw_fd())).join(name);
         let listener = std::os::unix::net::UnixListener::bind(&through)
             .map_err(|e| format!("cannot bind {shown}: {e}"))?;
-        let bound = (|| {
+        let bound: Result<(u64, u64), String> = (|| {
             fchmodat(
                 &sub,
                 name,
@@ -220,16 +309,30 @@ fn bind_socket(path: &Path, gid: Option<u32>) -> Result<std::os::unix::net::Unix
                 )
                 .map_err(|e| format!("cannot give {shown} to group {gid}: {e}"))?;
             }
+            // The socket file's identity, taken where nobody else can reach it; a rename
+            // keeps it.
+            let st = fstatat(&sub, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| format!("cannot inspect {shown}: {e}"))?;
             renameat(&sub, name, &dir, name)
-                .map_err(|e| format!("cannot move the socket to {shown}: {e}"))
+                .map_err(|e| format!("cannot move the socket to {shown}: {e}"))?;
+            Ok((st.st_dev, st.st_ino))
         })();
         if bound.is_err() {
             let _ = nix::unistd::unlinkat(&sub, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
         }
-        bound.map(|()| listener)
+        bound.map(|id| (listener, id))
     })();
     cleanup(&dir);
-    result
+    let (listener, id) = result?;
+    Ok((
+        listener,
+        BoundName {
+            path: path.to_path_buf(),
+            dir,
+            name: name.to_os_string(),
+            id,
+        },
+    ))
 }
 
 /// Run the helper: `felhom-agent exec-helper [--config PATH] [--socket PATH]`.
@@ -271,7 +374,7 @@ pub fn main(config_path: &Path, socket: Option<&Path>) -> ExitStatus {
     let source = match (activated, socket) {
         (Some(l), _) => Source::Activated(l),
         (None, Some(path)) => match bind_socket(path, agent_gid) {
-            Ok(l) => Source::Bound(l, path.to_path_buf()),
+            Ok((l, name)) => Source::Bound(l, name),
             Err(msg) => return fail(ErrorCode::ConfigInvalid, msg),
         },
         (None, None) => {
@@ -335,7 +438,7 @@ async fn serve(source: Source, ctx: Arc<Ctx>) -> ExitStatus {
         }
     };
     tracing::info!(
-        socket = %bound.as_deref().map_or_else(|| "from systemd".to_string(), |p| p.display().to_string()),
+        socket = %bound.as_ref().map_or_else(|| "from systemd".to_string(), |b| b.path.display().to_string()),
         agent_uid = ?ctx.owners.agent_uid,
         "exec helper ready: callers root{}",
         ctx.owners
@@ -395,8 +498,8 @@ async fn serve(source: Source, ctx: Arc<Ctx>) -> ExitStatus {
             drop(permit);
         });
     }
-    if let Some(path) = bound {
-        let _ = std::fs::remove_file(path);
+    if let Some(name) = bound {
+        name.remove();
     }
     ExitStatus::Ok
 }
