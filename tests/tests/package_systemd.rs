@@ -371,6 +371,47 @@ fn the_packaged_units_run_under_a_real_systemd() {
         .into_owned();
     assert_eq!(doctor_check(&text, "abstract_sockets"), "warn", "{text}");
 
+    // The publisher stays while the daemon writes: an upgrade (the package again: postinst
+    // configure <installed version>) restarts it onto the new binary, and a removal stops it
+    // with every other unit of the package.
+    let publisher = m.wait_for(
+        "the metrics publisher running",
+        WAIT,
+        |m| m.prop("felhom-agent-metrics.service", "MainPID"),
+        |pid| pid != "0",
+    );
+    m.ok("dpkg -i /tmp/felhom-agent.deb >/dev/null 2>&1");
+    m.wait_for(
+        "the metrics publisher restarted by the upgrade",
+        WAIT,
+        |m| m.prop("felhom-agent-metrics.service", "MainPID"),
+        |pid| pid != "0" && *pid != publisher,
+    );
+    m.ok("dpkg -r felhom-agent >/dev/null 2>&1");
+    let running = m.wait_for(
+        "no process of the package after dpkg -r",
+        WAIT,
+        |m| {
+            m.ok("for p in /proc/[0-9]*; do readlink \"$p/exe\" 2>/dev/null; done | grep -c felhom-agent || true")
+        },
+        |n| n == "0",
+    );
+    assert_eq!(running, "0");
+    for unit in [
+        "felhom-agent.service",
+        "felhom-agent-exec.socket",
+        "felhom-agent-exec.service",
+        "felhom-restore-test.timer",
+        "felhom-agent-metrics.path",
+        "felhom-agent-metrics.service",
+    ] {
+        assert_ne!(
+            String::from_utf8_lossy(&m.sh(&format!("systemctl is-active {unit}")).stdout).trim(),
+            "active",
+            "{unit} after dpkg -r"
+        );
+    }
+
     let left = m.shut_down();
     assert!(left.is_empty(), "left after the machine stopped: {left:?}");
     report("real systemd: ran the packaged units");
@@ -487,4 +528,87 @@ fn nothing_of_a_machine_is_left_after_a_panic() {
     let left = felhom_tests::nspawn::leftovers(init, nspawn, &overlay);
     assert!(left.is_empty(), "left after a panic: {left:?}");
     report("real systemd: ran cleanup after a panic");
+}
+
+/// The test process is SIGKILLed while its machine runs (no unwinding, no `Drop`): the
+/// machine's watcher ends it. The test runs itself again as that process
+/// (`FELHOM_NSPAWN_KILL_CHILD=1`: boot, print the pids, wait to be killed).
+#[test]
+fn nothing_of_a_machine_is_left_after_the_test_process_is_killed() {
+    use std::io::BufRead as _;
+    let root = match systemd_root() {
+        Ok(r) => r,
+        Err(why) => return unavailable("cleanup after SIGKILL", &why),
+    };
+    if std::env::var_os("FELHOM_NSPAWN_KILL_CHILD").is_some() {
+        let m = Machine::boot(&root).expect("boot");
+        println!(
+            "MACHINE {} {} {}",
+            m.init_pid(),
+            m.nspawn_pid(),
+            m.overlay().display()
+        );
+        std::thread::sleep(Duration::from_secs(600));
+        unreachable!("the parent kills this process");
+    }
+    // This test binary again, running only the child half, in a process group of its own.
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "nothing_of_a_machine_is_left_after_the_test_process_is_killed",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("FELHOM_NSPAWN_KILL_CHILD", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the child half");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            // libtest prints `test <name> ... ` before the test's own output, on that line.
+            if let Some(rest) = line.split_once("MACHINE ").map(|(_, r)| r) {
+                let _ = tx.send(rest.to_string());
+            }
+        }
+    });
+    let Ok(line) = rx.recv_timeout(Duration::from_secs(180)) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the child half printed no machine");
+    };
+    let mut f = line.splitn(3, ' ');
+    let init: u32 = f.next().and_then(|x| x.parse().ok()).expect("init pid");
+    let nspawn: u32 = f.next().and_then(|x| x.parse().ok()).expect("nspawn pid");
+    let overlay = PathBuf::from(f.next().expect("overlay"));
+    assert!(
+        std::path::Path::new(&format!("/proc/{init}")).exists(),
+        "the machine is not running"
+    );
+    // SIGKILL: no unwinding, no Drop; the watcher ends the machine.
+    child.kill().expect("SIGKILL the child half");
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = felhom_tests::nspawn::leftovers(init, nspawn, &overlay);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left 30 s after the test process was killed: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The overlay's folder (Drop did not run to remove it).
+    if let Some(dir) = overlay.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    report("real systemd: ran cleanup after SIGKILL");
 }
