@@ -13,8 +13,9 @@
 //!   systemd prints.
 //!
 //! The `.deb` is `$FELHOM_TEST_DEB` (tests/run.sh builds it in its package step), else it is
-//! built here with `packaging/build-deb.sh --from-debug` (run this test with cargo-nextest,
-//! or with the variable set: a cargo build inside `cargo test` waits for cargo's lock).
+//! built here with `packaging/build-deb.sh --from-debug` into `target/debian-test/` (that
+//! build puts a binary without test hooks at `target/debug/felhom-agent` for a moment: run
+//! no other end-to-end test beside this one then).
 //! A machine where the real systemd cannot boot reports why in one line; with
 //! `FELHOM_REQUIRE_REAL_SYSTEMD=1` (tests/run.sh) that fails the test.
 
