@@ -47,7 +47,8 @@ trap 'rm -rf "$work"' EXIT
 
 step "build the package (packaging/build-deb.sh --from-debug)"
 started=$SECONDS
-deb=$(packaging/build-deb.sh --from-debug --out "$work/out")
+# FELHOM_PACKAGE_OUT: where the package is kept (tests/run.sh: for the tests that install it).
+deb=$(packaging/build-deb.sh --from-debug --out "${FELHOM_PACKAGE_OUT:-$work/out}")
 [ -f "$deb" ] || fail "build-deb.sh reported no package"
 ok "built $(basename "$deb") in $((SECONDS - started)) s"
 

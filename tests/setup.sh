@@ -34,3 +34,13 @@ fi
 for _ids in /etc/subuid /etc/subgid; do
   grep -q '^root:' "$_ids" 2>/dev/null || echo 'root:100000:65536' >>"$_ids"
 done
+# The package under a real systemd (tests/tests/package_systemd.rs): systemd-nspawn boots a
+# Debian root built by mmdebstrap (tests/testbed/build-systemd-root.sh, cached under target/).
+_sd_need=()
+command -v systemd-nspawn >/dev/null 2>&1 || _sd_need+=(systemd-container)
+command -v mmdebstrap >/dev/null 2>&1 || _sd_need+=(mmdebstrap)
+if [ ${#_sd_need[@]} -gt 0 ]; then
+  _step "apt-get install ${_sd_need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${_sd_need[@]}"
+fi

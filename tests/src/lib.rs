@@ -8,6 +8,7 @@ pub mod agent;
 pub mod devhub;
 pub mod fakepve;
 pub mod guestbed;
+pub mod nspawn;
 pub mod world;
 
 /// Print a figure a test measured so that it shows in the test command's output even when the

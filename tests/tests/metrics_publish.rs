@@ -72,6 +72,24 @@ fn node_exporter_reads(dir: &Path) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
+/// A copy of `w`'s config whose `[metrics] dir` is `dir` (metrics-publish refuses a --from
+/// that is not [metrics] dir).
+fn config_for(w: &World, dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(&w.files.config_path).expect("config");
+    let old = format!(
+        "[metrics]\ndir = {}\n",
+        felhom_tests::fakepve::toml_string(&w.files.metrics_dir.to_string_lossy())
+    );
+    assert!(text.contains(&old), "{text}");
+    let new = format!(
+        "[metrics]\ndir = {}\n",
+        felhom_tests::fakepve::toml_string(&dir.to_string_lossy())
+    );
+    let path = dir.with_extension("toml");
+    std::fs::write(&path, text.replace(&old, &new)).expect("config copy");
+    path
+}
+
 fn folder(base: &Path, name: &str) -> PathBuf {
     let d = base.join(name);
     std::fs::create_dir(&d).expect("mkdir");
@@ -89,7 +107,7 @@ fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
     std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let agent = folder(base.path(), "agent");
     let ne = folder(base.path(), "node-exporter");
-    let config = &w.files.config_path;
+    let config = &config_for(&w, &agent);
 
     // A fresh install: nothing written yet, nothing published, nothing for node_exporter to
     // fail on.
@@ -152,6 +170,21 @@ fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
             "felhom_restore_test.prom",
             "felhom_restore_test_runs_total 3 1700000000000\n",
         ),
+        // Label sets the agent never writes: __name__, instance=, a broken set, another
+        // file's metric.
+        (
+            "felhom_restore_test.prom",
+            "felhom_restore_test_runs_total{__name__=\"node_load1\"} 3\n",
+        ),
+        (
+            "felhom_restore_test.prom",
+            "felhom_restore_test_outcome{outcome=\"ok\",instance=\"other-node:9100\"} 1\n",
+        ),
+        (
+            "felhom_restore_test.prom",
+            "felhom_restore_test_outcome{outcome=\"ok\" 1\n",
+        ),
+        ("felhom_restore_test.prom", "felhom_hub_connected 1\n"),
     ] {
         std::fs::write(agent.join(name), text).expect("write");
         let (code, log) = publish(config, &agent, &ne);
@@ -191,5 +224,126 @@ fn what_the_agent_writes_is_published_as_it_wrote_it() {
     assert!(
         seen.contains(&("felhom_transactions.prom".to_string(), Some(written))),
         "{seen:?}\n{log}"
+    );
+}
+
+#[test]
+fn from_must_be_the_folder_the_agent_writes_into() {
+    // The unit's --from names the folder its path unit watches; a [metrics] dir elsewhere
+    // would publish nothing the agent writes, for good. Refused, naming both.
+    let w = World::demo();
+    let base = tempfile::Builder::new()
+        .prefix("felhom-publish-")
+        .tempdir()
+        .expect("tempdir");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let other = folder(base.path(), "other");
+    let ne = folder(base.path(), "node-exporter");
+    std::fs::write(
+        other.join("felhom_hub.prom"),
+        "felhom_hub_connected 1\nfelhom_outbox_depth 0\n",
+    )
+    .expect("write");
+    let (code, log) = publish(&w.files.config_path, &other, &ne);
+    assert_eq!(code, Some(6), "{log}");
+    assert!(
+        log.contains("is not [metrics] dir")
+            && log.contains(&w.files.metrics_dir.to_string_lossy().to_string()),
+        "{log}"
+    );
+    assert!(node_exporter_reads(&ne).is_empty());
+}
+
+#[test]
+fn a_refused_agent_folder_removes_the_published_copies() {
+    let w = World::demo();
+    let base = tempfile::Builder::new()
+        .prefix("felhom-publish-")
+        .tempdir()
+        .expect("tempdir");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let agent = folder(base.path(), "agent");
+    let ne = folder(base.path(), "node-exporter");
+    let config = config_for(&w, &agent);
+    std::fs::write(
+        agent.join("felhom_hub.prom"),
+        "felhom_hub_connected 1\nfelhom_outbox_depth 0\n",
+    )
+    .expect("write");
+    let (code, log) = publish(&config, &agent, &ne);
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(node_exporter_reads(&ne).len(), 1, "{log}");
+    // The folder becomes writable by all: the writer's check refuses it, and what was
+    // published from it goes.
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let (code, log) = publish(&config, &agent, &ne);
+    assert_eq!(code, Some(6), "{log}");
+    assert!(node_exporter_reads(&ne).is_empty(), "{log}");
+    assert!(log.contains("published copies were removed"), "{log}");
+}
+
+#[test]
+fn with_idle_exit_it_follows_every_change_then_exits_when_still() {
+    let w = World::demo();
+    let base = tempfile::Builder::new()
+        .prefix("felhom-publish-")
+        .tempdir()
+        .expect("tempdir");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let agent = folder(base.path(), "agent");
+    let ne = folder(base.path(), "node-exporter");
+    let config = config_for(&w, &agent);
+    let mut child = agent_command(&config)
+        .args(["metrics-publish", "--idle-exit", "3", "--from"])
+        .arg(&agent)
+        .arg("--to")
+        .arg(&ne)
+        .env("FELHOM_AGENT_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("metrics-publish");
+    let text = |n: u32| format!("felhom_hub_connected 1\nfelhom_outbox_depth {n}\n");
+    let published = ne.join("felhom_hub.prom");
+    // Every change is followed by the one process, each within a few seconds.
+    for n in 1..=5 {
+        let tmp = agent.join(".felhom_hub.prom.tmp");
+        std::fs::write(&tmp, text(n)).expect("write");
+        std::fs::rename(&tmp, agent.join("felhom_hub.prom")).expect("rename");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&published).ok() != Some(text(n)) {
+            assert!(
+                Instant::now() < deadline,
+                "change {n} not published; the publisher {}",
+                match child.try_wait() {
+                    Ok(Some(s)) => format!("exited: {s}"),
+                    _ => "runs".to_string(),
+                }
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            matches!(child.try_wait(), Ok(None)),
+            "it exited after change {n}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Still for 3 s: it exits 0.
+    let started = Instant::now();
+    let status = loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "it never exited"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().expect("wait");
+    assert!(status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "it exited before the folder was still for 3 s"
     );
 }

@@ -230,13 +230,16 @@ is unusable."
     },
     /// Copy the agent's metrics files, checked, into node_exporter's textfile folder (root).
     #[command(
-        long_about = "Run as root by felhom-agent-metrics.service whenever the agent's metrics folder ([metrics] dir) changes (felhom-agent-metrics.path). For each of felhom_transactions.prom, felhom_hub.prom and felhom_restore_test.prom only: opened in the agent's folder without following a link and without blocking (a FIFO or a link is refused), it must be a regular file of root or the [agent] user, at most 1 MiB, holding only HELP/TYPE lines and samples of felhom_ metrics without timestamps. What passes is written into node_exporter's folder through a random temporary name and a rename; a file that is missing or refused is removed there, so node_exporter reads only files root wrote, or nothing.",
-        after_help = "Exit codes: 0 done (each file copied, absent or refused, logged), 6 the config or a folder is unusable."
+        long_about = "Run as root by felhom-agent-metrics.service when the agent's metrics folder ([metrics] dir) changes (felhom-agent-metrics.path). For each of felhom_transactions.prom, felhom_hub.prom and felhom_restore_test.prom only: opened in the agent's folder without following a link and without blocking (a FIFO or a link is refused), it must be a regular file of root or the [agent] user, at most 1 MiB, holding only HELP/TYPE lines and samples of the metrics the agent writes into that file, with exactly their label keys, no series twice, at most 5000 samples, without timestamps. What passes is written into node_exporter's folder through a random temporary name and a rename; a file that is missing or refused is removed there, so node_exporter reads only files root wrote, or nothing; a refused agent folder removes all three. With --idle-exit SECS it stays after the first pass and publishes again at every change of the folder until the folder has been still for SECS (the packaged unit: systemd's path unit does not watch while the publisher runs). --from must be [metrics] dir: the path unit watches the folder --from names.",
+        after_help = "Exit codes: 0 done (each file copied, absent or refused, logged), 6 the config or a folder is unusable, or --from is not [metrics] dir."
     )]
     MetricsPublish {
-        /// The agent's metrics folder (default: [metrics] dir).
+        /// The agent's metrics folder; must be [metrics] dir (default: [metrics] dir).
         #[arg(long, value_name = "DIR")]
         from: Option<PathBuf>,
+        /// Stay and publish at every change until the folder is still for SECS.
+        #[arg(long, value_name = "SECS")]
+        idle_exit: Option<u64>,
         /// node_exporter's textfile folder.
         #[arg(
             long,

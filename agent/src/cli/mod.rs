@@ -208,8 +208,13 @@ pub fn run(cli: Cli) -> ExitStatus {
         }
         return crate::exec_helper::server::main(&cli.global.config, socket.as_deref());
     }
-    if let Some(Command::MetricsPublish { from, to }) = &cli.command {
-        return metrics_publish(&cli.global.config, from.as_deref(), to);
+    if let Some(Command::MetricsPublish {
+        from,
+        idle_exit,
+        to,
+    }) = &cli.command
+    {
+        return metrics_publish(&cli.global.config, from.as_deref(), to, *idle_exit);
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -447,12 +452,16 @@ async fn dispatch(cli: Cli) -> CommandOutput {
 }
 
 /// `felhom-agent metrics-publish`: see [`crate::metrics::publish`]. Runs as whoever starts it
-/// (root, from its unit); reads the config without its secrets.
+/// (root, from its unit); reads the config without its secrets. `--from` must name `[metrics]
+/// dir` (the path unit watches the folder the unit's `--from` names; a different folder would
+/// publish nothing the agent writes, for good).
 fn metrics_publish(
     config: &std::path::Path,
     from: Option<&std::path::Path>,
     to: &std::path::Path,
+    idle_exit: Option<u64>,
 ) -> ExitStatus {
+    use crate::metrics::publish::Published;
     let cfg = match crate::config::Config::load_without_secrets(config) {
         Ok(c) => c,
         Err(f) => {
@@ -466,30 +475,62 @@ fn metrics_publish(
             owners.push(u.uid.as_raw());
         }
     }
-    let from = from.map_or_else(|| cfg.metrics.dir.clone(), std::path::Path::to_path_buf);
-    match crate::metrics::publish::publish(&from, to, &owners) {
-        Ok(done) => {
-            for (name, verdict) in done {
-                match verdict {
-                    crate::metrics::publish::Published::Copied => {
-                        tracing::info!(file = name, "published into {}", to.display());
-                    }
-                    crate::metrics::publish::Published::Absent => {
-                        tracing::info!(file = name, "not written yet: nothing published");
-                    }
-                    crate::metrics::publish::Published::Refused(why) => tracing::warn!(
-                        file = name,
-                        "{} refused ({}); removed from {}; the agent rewrites it within 15 s",
-                        from.join(name).display(),
-                        crate::error::outside_text(&why),
-                        to.display()
-                    ),
-                }
-            }
-            ExitStatus::Ok
+    let configured = cfg.metrics.dir.clone();
+    if let Some(f) = from {
+        if f != configured {
+            tracing::error!(
+                code = %crate::error::ErrorCode::ConfigInvalid,
+                "metrics-publish: --from {} is not [metrics] dir {} of {}: the agent writes into {} and this would publish {}; make them agree: the packaged felhom-agent-metrics.path and .service name {} (for another [metrics] dir, a drop-in for each: PathChanged= and ExecStart= with --from, see README.systemd.md)",
+                f.display(),
+                configured.display(),
+                config.display(),
+                configured.display(),
+                f.display(),
+                crate::config::DEFAULT_METRICS_DIR
+            );
+            return ExitStatus::Environment;
         }
+    }
+    let from = configured;
+    let log = |done: &[(&'static str, Published)]| {
+        for (name, verdict) in done {
+            match verdict {
+                Published::Copied => {
+                    tracing::info!(file = name, "published into {}", to.display());
+                }
+                Published::Absent => {
+                    tracing::info!(file = name, "not written yet: nothing published");
+                }
+                Published::Refused(why) => tracing::warn!(
+                    file = name,
+                    "{} refused ({}); removed from {}; the agent rewrites it within 15 s",
+                    from.join(name).display(),
+                    crate::error::outside_text(why),
+                    to.display()
+                ),
+            }
+        }
+    };
+    let ended = match idle_exit {
+        Some(secs) => crate::metrics::publish::follow(
+            &from,
+            to,
+            &owners,
+            std::time::Duration::from_secs(secs),
+            log,
+        )
+        .map(|passes| {
+            tracing::info!(
+                "{passes} passes; {} still for {secs} s: done",
+                from.display()
+            );
+        }),
+        None => crate::metrics::publish::publish(&from, to, &owners).map(|done| log(&done)),
+    };
+    match ended {
+        Ok(()) => ExitStatus::Ok,
         Err(e) => {
-            tracing::error!(code = %crate::error::ErrorCode::ConfigInvalid, "metrics-publish: {e}; check [metrics] dir and {}", to.display());
+            tracing::error!(code = %crate::error::ErrorCode::ConfigInvalid, "metrics-publish: {e}; check [metrics] dir ({}) and {}", from.display(), to.display());
             ExitStatus::Environment
         }
     }

@@ -20,6 +20,23 @@
 //! `renameat`, [`super::textfile::write`]); a name whose source is missing or refused is
 //! removed there (`unlinkat`), so node_exporter gets nothing rather than something else, and
 //! no file at all until the agent wrote one (no scrape error on a fresh install).
+//!
+//! What the agent writes, exactly ([`validate`]): each file holds only its own metric families
+//! ([`families`]: names, types and label keys as `super` writes them); every sample's label
+//! set is parsed (quoted values with `\\`, `\"`, `\n` escapes), must hold exactly the
+//! family's keys once each (so no `__name__`, `instance`, `job`), with short plain values;
+//! no series twice; at most [`MAX_SAMPLES`] samples per file. A refused agent folder removes
+//! the published copies too.
+//!
+//! `--idle-exit SECS` ([`follow`]; the packaged unit): after the first pass it stays, watching
+//! the agent's folder with inotify, and publishes again at every change (changes within
+//! [`DEBOUNCE`] count as one), until the folder has been still for that long. systemd's path
+//! unit stops watching while the service it started runs (systemd `src/core/path.c`
+//! `path_enter_running` calls `path_unwatch`), so a oneshot publisher missed every write made
+//! while it ran, and a start per change hit the default start limit (5 in 10 s,
+//! `src/core/unit.c` `unit_test_start_limit`), which fails the path unit for good
+//! (`unit-start-limit-hit`, `path_trigger_notify_impl`). The watch is set before the first
+//! pass, so no write between the trigger and the watch is missed; see systemd/README.md.
 
 use std::fs::File;
 use std::io::Read;
@@ -47,6 +64,69 @@ pub enum Published {
     Absent,
     /// Refused (why): nothing in node_exporter's folder.
     Refused(String),
+}
+
+/// The most samples one file may hold (the agent writes about 1,300 at most: the phase
+/// histogram of every kind and phase).
+pub const MAX_SAMPLES: usize = 5000;
+/// The longest label value published (the agent's are its own short names and numbers).
+pub const MAX_LABEL_VALUE: usize = 64;
+/// How long `--idle-exit` gathers changes before publishing them.
+pub const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// One metric family the agent writes.
+#[derive(Debug, Clone, Copy)]
+pub struct Family {
+    /// Its name.
+    pub name: &'static str,
+    /// Its `# TYPE`.
+    pub kind: &'static str,
+    /// The label keys of every sample (a histogram's `_bucket` adds `le`).
+    pub labels: &'static [&'static str],
+}
+
+const fn fam(name: &'static str, kind: &'static str, labels: &'static [&'static str]) -> Family {
+    Family { name, kind, labels }
+}
+
+const TRANSACTIONS_FAMILIES: &[Family] = &[
+    fam(
+        "felhom_phase_duration_seconds",
+        "histogram",
+        &["kind", "phase"],
+    ),
+    fam("felhom_transactions_total", "counter", &["kind", "outcome"]),
+    fam("felhom_needs_human", "gauge", &[]),
+];
+const HUB_FAMILIES: &[Family] = &[
+    fam("felhom_hub_connected", "gauge", &[]),
+    fam("felhom_outbox_depth", "gauge", &[]),
+];
+const RESTORE_TEST_FAMILIES: &[Family] = &[
+    fam(
+        "felhom_restore_test_last_run_timestamp_seconds",
+        "gauge",
+        &[],
+    ),
+    fam(
+        "felhom_restore_test_last_success_timestamp_seconds",
+        "gauge",
+        &[],
+    ),
+    fam("felhom_restore_test_duration_seconds", "gauge", &[]),
+    fam("felhom_restore_test_outcome", "gauge", &["outcome"]),
+    fam("felhom_restore_test_skipped_total", "counter", &[]),
+    fam("felhom_restore_test_runs_total", "counter", &[]),
+];
+
+/// The metric families `file` may hold (what `super` writes into it); none for another name.
+pub fn families(file: &str) -> &'static [Family] {
+    match file {
+        TRANSACTIONS_FILE => TRANSACTIONS_FAMILIES,
+        HUB_FILE => HUB_FAMILIES,
+        RESTORE_TEST_FILE => RESTORE_TEST_FAMILIES,
+        _ => &[],
+    }
 }
 
 /// Read `name` from the agent's folder `dir` as the module docs say: `Ok(None)` when it is not
@@ -90,21 +170,99 @@ pub fn read_source(dir: &File, name: &str, owners: &[u32]) -> Result<Option<Stri
         return Err(format!("it grew past {MAX_FILE_BYTES} bytes while read"));
     }
     let text = String::from_utf8(bytes).map_err(|_| "it is not UTF-8".to_string())?;
-    validate(&text)?;
+    validate(name, &text)?;
     Ok(Some(text))
 }
 
-fn metric_name_ok(name: &str) -> bool {
-    name.starts_with("felhom_")
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+/// The family of sample name `name` in `fams` and the label keys its samples carry.
+fn sample_family(fams: &[Family], name: &str) -> Option<(Family, Vec<&'static str>)> {
+    for f in fams {
+        if f.name == name && f.kind != "histogram" {
+            return Some((*f, f.labels.to_vec()));
+        }
+        if f.kind == "histogram" {
+            if let Some(suffix) = name.strip_prefix(f.name) {
+                match suffix {
+                    "_bucket" => {
+                        let mut keys = f.labels.to_vec();
+                        keys.push("le");
+                        return Some((*f, keys));
+                    }
+                    "_sum" | "_count" => return Some((*f, f.labels.to_vec())),
+                    _ => {}
+                }
+            }
+        }
+    }
+    None
 }
 
-/// Whether `text` is what the agent writes: `# HELP felhom_…` and `# TYPE felhom_… <type>`
-/// lines, and samples `felhom_…[{labels}] <value>` without a timestamp. `Err`: the first line
-/// that is not (1-based).
-pub fn validate(text: &str) -> Result<(), String> {
+fn label_name_ok(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A sample's labels, as parsed: (key, unescaped value) in their order.
+type Labels = Vec<(String, String)>;
+
+/// Parse a label set `{k="v",...}` at the start of `s`: the pairs and the rest after `}`.
+fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
+    let mut rest = s
+        .strip_prefix('{')
+        .ok_or_else(|| "has no label set".to_string())?;
+    let mut pairs = Vec::new();
+    loop {
+        if let Some(after) = rest.strip_prefix('}') {
+            return Ok((pairs, after));
+        }
+        let eq = rest
+            .find('=')
+            .ok_or_else(|| "has a label without a value".to_string())?;
+        let key = &rest[..eq];
+        if !label_name_ok(key) {
+            return Err(format!("has a label name that is not one: {key:?}"));
+        }
+        let mut chars = rest[eq + 1..].char_indices();
+        if chars.next().map(|(_, c)| c) != Some('"') {
+            return Err(format!("has label {key} without a quoted value"));
+        }
+        let mut value = String::new();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '"' => {
+                    end = Some(eq + 1 + i + 1);
+                    break;
+                }
+                '\\' => match chars.next().map(|(_, c)| c) {
+                    Some('\\') => value.push('\\'),
+                    Some('"') => value.push('"'),
+                    Some('n') => value.push('\n'),
+                    _ => return Err(format!("has a bad escape in label {key}")),
+                },
+                '\n' => return Err(format!("has a line break in label {key}")),
+                c => value.push(c),
+            }
+        }
+        let end = end.ok_or_else(|| format!("has an unclosed value of label {key}"))?;
+        pairs.push((key.to_string(), value));
+        rest = &rest[end..];
+        if let Some(after) = rest.strip_prefix(',') {
+            rest = after;
+        } else if !rest.starts_with('}') {
+            return Err("has labels not separated by commas".to_string());
+        }
+    }
+}
+
+/// Whether `text` is what the agent writes into `file` (see the module docs). `Err`: the
+/// first line that is not (1-based), or the count of samples over [`MAX_SAMPLES`].
+pub fn validate(file: &str, text: &str) -> Result<(), String> {
+    let fams = families(file);
+    let mut series = std::collections::HashSet::new();
     for (i, line) in text.lines().enumerate() {
         let bad = |why: &str| Err(format!("line {} {why}", i + 1));
         if line.is_empty() {
@@ -112,22 +270,16 @@ pub fn validate(text: &str) -> Result<(), String> {
         }
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let name = rest.split(' ').next().unwrap_or("");
-            if !metric_name_ok(name) {
-                return bad("is a HELP line for another metric");
+            if !fams.iter().any(|f| f.name == name) {
+                return bad("is a HELP line for a metric the agent does not write here");
             }
             continue;
         }
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let mut f = rest.split(' ');
             let (name, kind) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
-            if !metric_name_ok(name)
-                || !matches!(
-                    kind,
-                    "counter" | "gauge" | "histogram" | "summary" | "untyped"
-                )
-                || f.next().is_some()
-            {
-                return bad("is not a TYPE line of a felhom_ metric");
+            if !fams.iter().any(|x| x.name == name && x.kind == kind) || f.next().is_some() {
+                return bad("is not a TYPE line of a metric the agent writes here");
             }
             continue;
         }
@@ -138,17 +290,53 @@ pub fn validate(text: &str) -> Result<(), String> {
             Some(at) => line.split_at(at),
             None => return bad("has no value"),
         };
-        if !metric_name_ok(name) {
-            return bad("is not a sample of a felhom_ metric");
-        }
-        let value_part = if after.starts_with('{') {
-            match after.rfind('}') {
-                Some(end) => &after[end + 1..],
-                None => return bad("has unclosed labels"),
+        let Some((_, keys)) = sample_family(fams, name) else {
+            return bad("is not a sample of a metric the agent writes here");
+        };
+        let (labels, value_part) = if after.starts_with('{') {
+            match parse_labels(after) {
+                Ok(x) => x,
+                Err(why) => return bad(&why),
             }
         } else {
-            after
+            (Vec::new(), after)
         };
+        for (k, v) in &labels {
+            if k.starts_with("__") {
+                return bad(&format!("has the reserved label {k}"));
+            }
+            if !keys.contains(&k.as_str()) {
+                return bad(&format!("has label {k}, which the agent does not write"));
+            }
+            if v.is_empty()
+                || v.len() > MAX_LABEL_VALUE
+                || !v
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '+' | '-'))
+            {
+                return bad(&format!(
+                    "has a value of label {k} the agent does not write"
+                ));
+            }
+        }
+        let mut got: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();
+        got.sort_unstable();
+        let before = got.len();
+        got.dedup();
+        if got.len() != before {
+            return bad("has a label twice");
+        }
+        let mut want = keys.clone();
+        want.sort_unstable();
+        if got != want {
+            return bad(&format!(
+                "does not have exactly the labels {}",
+                keys.join(",")
+            ));
+        }
+        if !value_part.starts_with(' ') {
+            return bad("has no space before its value");
+        }
         let fields: Vec<&str> = value_part.split_whitespace().collect();
         match fields.as_slice() {
             [v] if v.parse::<f64>().is_ok() || matches!(*v, "+Inf" | "-Inf" | "NaN") => {}
@@ -156,19 +344,61 @@ pub fn validate(text: &str) -> Result<(), String> {
             [] => return bad("has no value"),
             _ => return bad("has a timestamp or more after its value"),
         }
+        let mut key: Labels = labels;
+        key.sort();
+        if !series.insert((name.to_string(), key)) {
+            return bad("repeats a series");
+        }
+        if series.len() > MAX_SAMPLES {
+            return Err(format!("it holds more than {MAX_SAMPLES} samples"));
+        }
     }
     Ok(())
 }
 
+/// Remove the published copies of [`FILES`] from node_exporter's folder `to` (each name
+/// `unlinkat` in the folder opened without following links). Returns what could not be
+/// removed.
+pub fn remove_published(to: &Path) -> Vec<String> {
+    let dst = match super::textfile::open_dir(to) {
+        Ok(d) => d,
+        Err(e) => return vec![e.to_string()],
+    };
+    let mut failed = Vec::new();
+    for name in FILES {
+        match nix::unistd::unlinkat(&dst, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => failed.push(format!("{}: {e}", to.join(name).display())),
+        }
+    }
+    failed
+}
+
 /// Publish [`FILES`] from the agent's folder `from` into node_exporter's folder `to`: each
 /// name copied, absent or refused (see the module docs). `Err` when a folder cannot be opened
-/// as the agent's writer requires.
+/// as the agent's writer requires; a refused agent folder also removes the published copies.
 pub fn publish(
     from: &Path,
     to: &Path,
     owners: &[u32],
 ) -> Result<Vec<(&'static str, Published)>, String> {
-    let src = super::textfile::open_dir(from).map_err(|e| e.to_string())?;
+    let src = match super::textfile::open_dir(from) {
+        Ok(s) => s,
+        Err(e) => {
+            let left = remove_published(to);
+            return Err(if left.is_empty() {
+                format!(
+                    "{e}; the published copies were removed from {}",
+                    to.display()
+                )
+            } else {
+                format!(
+                    "{e}; removing the published copies failed: {}",
+                    left.join("; ")
+                )
+            });
+        }
+    };
     let dst = super::textfile::open_dir(to).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for name in FILES {
@@ -193,27 +423,179 @@ pub fn publish(
     Ok(out)
 }
 
+/// Publish now, then at every change of the agent's folder `from` (changes within [`DEBOUNCE`]
+/// count as one) until it has been still for `idle`; `each` gets every pass's result. The
+/// inotify watch is set before the first pass (see the module docs). Returns the passes made,
+/// or the first `Err` of [`publish`] (the folder is refused: stop, systemd starts a new
+/// publisher at the next change).
+pub fn follow(
+    from: &Path,
+    to: &Path,
+    owners: &[u32],
+    idle: std::time::Duration,
+    mut each: impl FnMut(&[(&'static str, Published)]),
+) -> Result<u64, String> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+        .map_err(|e| format!("cannot watch {}: inotify: {e}", from.display()))?;
+    let flags = AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF
+        | AddWatchFlags::IN_ONLYDIR
+        | AddWatchFlags::IN_DONT_FOLLOW;
+    if let Err(e) = inotify.add_watch(from, flags) {
+        // Not a folder, a link, missing: publish says so (and removes the copies).
+        publish(from, to, owners)?;
+        return Err(format!("cannot watch {}: {e}", from.display()));
+    }
+    let mut passes = 1u64;
+    each(&publish(from, to, owners)?);
+    let mut still = std::time::Duration::ZERO;
+    loop {
+        std::thread::sleep(DEBOUNCE);
+        match inotify.read_events() {
+            Ok(events) if !events.is_empty() => {
+                // Gather what follows at once (a write is a create, a write and a rename).
+                std::thread::sleep(DEBOUNCE);
+                let _ = inotify.read_events();
+                still = std::time::Duration::ZERO;
+                passes += 1;
+                each(&publish(from, to, owners)?);
+            }
+            Ok(_) | Err(nix::errno::Errno::EAGAIN) => {
+                still += DEBOUNCE;
+                if still >= idle {
+                    return Ok(passes);
+                }
+            }
+            Err(e) => return Err(format!("cannot watch {}: {e}", from.display())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn only_what_the_agent_writes_passes() {
-        let ok = "# HELP felhom_hub_connected 1 while connected\n# TYPE felhom_hub_connected gauge\n\
-                  felhom_hub_connected 1\nfelhom_phase_duration_seconds_bucket{kind=\"a\",le=\"+Inf\"} 3\n\
-                  felhom_x{l=\"a } b\"} NaN\n\n";
-        assert_eq!(validate(ok), Ok(()));
+        let ok =
+            "# HELP felhom_hub_connected 1 while connected\n# TYPE felhom_hub_connected gauge\n\
+                  felhom_hub_connected 1\nfelhom_outbox_depth 3\n\n";
+        assert_eq!(validate(HUB_FILE, ok), Ok(()));
+        let tx = "# TYPE felhom_phase_duration_seconds histogram\n\
+                  felhom_phase_duration_seconds_bucket{kind=\"provision\",phase=\"submitted\",le=\"+Inf\"} 3\n\
+                  felhom_phase_duration_seconds_bucket{le=\"0.5\",phase=\"submitted\",kind=\"provision\"} 3\n\
+                  felhom_phase_duration_seconds_sum{kind=\"provision\",phase=\"submitted\"} 40.3\n\
+                  felhom_transactions_total{kind=\"destroy\",outcome=\"ok\"} 0\nfelhom_needs_human NaN\n";
+        assert_eq!(validate(TRANSACTIONS_FILE, tx), Ok(()));
         for bad in [
             "node_load1 3\n",
-            "felhom_x 1 1700000000000\n",
-            "felhom_x abc\n",
-            "felhom_x\n",
+            "felhom_hub_connected 1 1700000000000\n",
+            "felhom_hub_connected abc\n",
+            "felhom_hub_connected\n",
             "# HELP node_x y\n",
-            "# TYPE felhom_x weird\n",
+            "# TYPE felhom_hub_connected counter\n",
             "# a comment\n",
-            "felhom_x{a=\"b\" 1\n",
+            // Another file's metric, and a felhom_ name the agent does not write.
+            "felhom_needs_human 1\n",
+            "felhom_x 1\n",
         ] {
-            assert!(validate(bad).is_err(), "{bad:?}");
+            assert!(validate(HUB_FILE, bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn label_sets_are_parsed_and_only_the_agents_own_keys_pass() {
+        let line = |labels: &str| format!("felhom_transactions_total{labels} 1\n");
+        for bad in [
+            // __name__, another key, a key too many or too few, a key twice.
+            r#"{__name__="felhom_transactions_total",kind="a",outcome="ok"}"#,
+            r#"{kind="a",outcome="ok",instance="node9"}"#,
+            r#"{kind="a"}"#,
+            r#"{kind="a",kind="b",outcome="ok"}"#,
+            // Broken label sets.
+            r#"{kind="a",outcome="ok""#,
+            r#"{kind="a" outcome="ok"}"#,
+            r#"{kind=a,outcome="ok"}"#,
+            r#"{kind="a\q",outcome="ok"}"#,
+            r#"{kind="a",outcome="ok"}1"#,
+            r#"{kind="a } b",outcome="ok"}"#,
+            r#"{1kind="a",outcome="ok"}"#,
+            r#"{kind="",outcome="ok"}"#,
+        ] {
+            assert!(
+                validate(TRANSACTIONS_FILE, &line(bad)).is_err(),
+                "{bad} passed"
+            );
+        }
+        assert_eq!(
+            validate(
+                TRANSACTIONS_FILE,
+                &line(r#"{outcome="ok",kind="selftest_restore"}"#)
+            ),
+            Ok(())
+        );
+        // The same series twice.
+        let twice = format!("{0}{0}", line(r#"{kind="a",outcome="ok"}"#));
+        assert!(validate(TRANSACTIONS_FILE, &twice)
+            .unwrap_err()
+            .contains("repeats"));
+    }
+
+    #[test]
+    fn a_file_holds_at_most_max_samples() {
+        let lines = |n: usize| -> String {
+            (0..n)
+                .map(|i| format!("felhom_transactions_total{{kind=\"k{i}\",outcome=\"ok\"}} 1\n"))
+                .collect()
+        };
+        assert_eq!(validate(TRANSACTIONS_FILE, &lines(MAX_SAMPLES)), Ok(()));
+        let err = validate(TRANSACTIONS_FILE, &lines(MAX_SAMPLES + 1)).unwrap_err();
+        assert!(err.contains("more than"), "{err}");
+    }
+
+    #[test]
+    fn everything_the_agent_writes_passes() {
+        use crate::provision::journal::{ArchiveTotals, PhaseDone, TxnTimings};
+        use crate::provision::machine::{OutcomeKind, Phase, TxnKind};
+        let timings: Vec<TxnTimings> = [TxnKind::Provision, TxnKind::SelftestRestore]
+            .into_iter()
+            .map(|kind| TxnTimings {
+                txn: ulid::Ulid::new(),
+                kind,
+                started_at: "2026-01-01T00:00:00Z".into(),
+                outcome: Some(OutcomeKind::NeedsHuman),
+                needs_human: true,
+                phases: vec![
+                    PhaseDone {
+                        phase: Phase::Submitted,
+                        seconds: 0.3,
+                    },
+                    PhaseDone {
+                        phase: Phase::Created,
+                        seconds: 7.25,
+                    },
+                ],
+            })
+            .collect();
+        let tx = super::super::transactions_text(&timings, &ArchiveTotals::default());
+        assert!(tx.contains("_bucket{"), "{tx}");
+        assert_eq!(validate(TRANSACTIONS_FILE, &tx), Ok(()));
+        assert_eq!(validate(HUB_FILE, &super::super::hub_text(true, 7)), Ok(()));
+        let rt = super::super::restore_test_text(&super::super::RestoreTestFigures {
+            outcome: "needs_human",
+            duration_s: 12.5,
+            now: 1_700_000_000,
+            last_success: None,
+            skipped_total: 1,
+            runs_total: 9,
+        });
+        assert_eq!(validate(RESTORE_TEST_FILE, &rt), Ok(()));
     }
 }
