@@ -228,8 +228,13 @@ pub fn run(cli: Cli) -> ExitStatus {
             "{}",
             serde_json::to_string_pretty(&out.json).unwrap_or_else(|_| "{}".to_string())
         );
-        // The document holds the error too; a person (or `2>`) sees it on stderr as well.
-        if let Some(e) = out.json.get("error").filter(|e| !e.is_null()) {
+        // The document holds the error too; a person (or `2>`) sees it on stderr as well
+        // (not for a command that succeeded: there it is the transaction's recorded failure).
+        if let Some(e) = out
+            .json
+            .get("error")
+            .filter(|e| !e.is_null() && out.status != ExitStatus::Ok)
+        {
             eprintln!(
                 "error [{}]: {}",
                 e["code"].as_str().unwrap_or("-"),
@@ -262,16 +267,17 @@ fn is_error_line(line: &str) -> bool {
     .any(|p| line.starts_with(p))
 }
 
-/// The human output split into (stdout, stderr).
+/// The human output split into (stdout, stderr). A command's text ends with its errors and
+/// warnings, and a message may run over several lines (TOML's caret under a mistyped key, the
+/// keys it expected): from the first error or warning line on, everything goes to stderr, so
+/// no part of an error lands among the results.
 fn split_streams(human: &str) -> (String, String) {
     let mut results = String::new();
     let mut errors = String::new();
+    let mut in_errors = false;
     for line in human.lines() {
-        let to = if is_error_line(line) {
-            &mut errors
-        } else {
-            &mut results
-        };
+        in_errors = in_errors || is_error_line(line);
+        let to = if in_errors { &mut errors } else { &mut results };
         to.push_str(line);
         to.push('\n');
     }
@@ -319,27 +325,59 @@ async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
     }
 }
 
-async fn dispatch(cli: Cli) -> CommandOutput {
-    let selftest_opts_given = cli.selftest_opts.vmid.is_some()
-        || cli.selftest_opts.from.is_some()
-        || cli.selftest_opts.storage.is_some()
-        || cli.selftest_opts.keep
-        || cli.selftest_opts.network.is_some()
-        || cli.selftest_opts.dry_run;
-    match (cli.selftest, cli.command) {
-        (Some(_), Some(_)) => usage("--selftest cannot be combined with a command"),
-        (None, None) => usage("no command given"),
-        (None, Some(_)) if selftest_opts_given => {
-            usage("--vmid/--from/--storage/--keep/--network/--dry-run belong to --selftest (destroy takes its own --vmid after the command)")
+/// A mistake in the command line itself: exit 2 (`usage`), judged before the config is read,
+/// whatever the config holds.
+fn usage_mistake(cli: &Cli) -> Option<CommandOutput> {
+    let opts = &cli.selftest_opts;
+    let selftest_opts_given = opts.vmid.is_some()
+        || opts.from.is_some()
+        || opts.storage.is_some()
+        || opts.keep
+        || opts.network.is_some()
+        || opts.dry_run;
+    match (&cli.selftest, &cli.command) {
+        (Some(_), Some(_)) => Some(usage("--selftest cannot be combined with a command")),
+        (None, None) => Some(usage("no command given")),
+        (None, Some(_)) if selftest_opts_given => Some(usage("--vmid/--from/--storage/--keep/--network/--dry-run belong to --selftest (destroy takes its own --vmid after the command)")),
+        (Some(SelftestKind::Provision), None) if opts.vmid.is_none() => Some(usage("--selftest=provision needs -vmid N: the agent never picks a vmid; choose a free one with `felhom-agent guests` / `felhom-agent vmid-check N`")),
+        (Some(SelftestKind::Restore), None)
+            if opts.vmid.is_some() || opts.from.is_some() || opts.keep || opts.network.is_some() =>
+        {
+            Some(usage("--selftest=restore picks its own vmid in the restore-test band and its backup from the rotation; it takes only --dry-run (and --storage is set in [restore_test])"))
         }
+        (None, Some(Command::Journal { op: Some(_), all: true, .. })) => {
+            Some(usage("--all belongs to `journal` alone"))
+        }
+        (None, Some(Command::Journal { op: Some(_), stats: true, .. })) => {
+            Some(usage("--stats belongs to `journal` alone"))
+        }
+        (None, Some(Command::Journal { op: Some(JournalOp::Resolve { reason, .. }), .. }))
+            if reason.trim().is_empty() =>
+        {
+            Some(usage("--reason must say what was done by hand"))
+        }
+        (None, Some(Command::Journal { stats: true, since: Some(since), .. })) => {
+            crate::metrics::stats::parse_since(since).err().map(|msg| usage(&msg))
+        }
+        _ => None,
+    }
+}
+
+async fn dispatch(cli: Cli) -> CommandOutput {
+    if let Some(mistake) = usage_mistake(&cli) {
+        return mistake;
+    }
+    match (cli.selftest, cli.command) {
+        (Some(_), Some(_)) | (None, None) => usage("no command given"),
         (Some(kind), None) => {
             let cfg = match load_config_as_agent(&cli.global) {
                 Ok(c) => c,
                 Err(out) => return out,
             };
             let spool = SpoolReporter::new(cfg.state_dir.clone());
-            let progress = live_view(&cli.global)
-                .then(|| progress::ProgressReporter::start(SpoolReporter::new(cfg.state_dir.clone())));
+            let progress = live_view(&cli.global).then(|| {
+                progress::ProgressReporter::start(SpoolReporter::new(cfg.state_dir.clone()))
+            });
             let reporter: &dyn crate::provision::effects::Reporter = match &progress {
                 Some(p) => p,
                 None => &spool,
@@ -368,9 +406,6 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     output::transaction(ran)
                 }
                 SelftestKind::Restore => {
-                    if opts.vmid.is_some() || opts.from.is_some() || opts.keep || opts.network.is_some() {
-                        return usage("--selftest=restore picks its own vmid in the restore-test band and its backup from the rotation; it takes only --dry-run (and --storage is set in [restore_test])");
-                    }
                     let ran = service::restore_test::run(
                         &cfg,
                         opts.dry_run,
@@ -396,24 +431,42 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Err(out) => return out,
             };
             match cmd {
-                Command::Doctor => output::doctor(&crate::doctor::check_all(&cli.global.config).await),
+                Command::Doctor => {
+                    output::doctor(&crate::doctor::check_all(&cli.global.config).await)
+                }
                 Command::Guests => output::guests(service::guests(&cfg).await),
-                Command::VmidCheck { vmid } => output::vmid_check(service::vmid_check(&cfg, &vmid).await),
-                Command::Journal { op: Some(_), all: true, .. } => {
-                    usage("--all belongs to `journal` alone")
+                Command::VmidCheck { vmid } => {
+                    output::vmid_check(service::vmid_check(&cfg, &vmid).await)
                 }
-                Command::Journal { op: Some(_), stats: true, .. } => {
-                    usage("--stats belongs to `journal` alone")
-                }
+                Command::Journal {
+                    op: Some(_),
+                    all: true,
+                    ..
+                } => usage("--all belongs to `journal` alone"),
+                Command::Journal {
+                    op: Some(_),
+                    stats: true,
+                    ..
+                } => usage("--stats belongs to `journal` alone"),
                 Command::Journal { op: Some(op), .. } => journal_op(&cfg, op).await,
-                Command::Journal { stats: true, since, .. } => {
-                    let since_s = match since.as_deref().map(crate::metrics::stats::parse_since).transpose() {
+                Command::Journal {
+                    stats: true, since, ..
+                } => {
+                    let since_s = match since
+                        .as_deref()
+                        .map(crate::metrics::stats::parse_since)
+                        .transpose()
+                    {
                         Ok(s) => s,
                         Err(msg) => return usage(&msg),
                     };
                     output::journal_stats(service::journal_stats(&cfg, since_s))
                 }
-                Command::Journal { op: None, all: true, .. } => output::journal(
+                Command::Journal {
+                    op: None,
+                    all: true,
+                    ..
+                } => output::journal(
                     service::journal_rows(&cfg),
                     Some(service::archived_rows(&cfg)),
                 ),
@@ -422,7 +475,14 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 }
                 Command::Destroy { vmid } => {
                     let settle_reporter = SpoolReporter::new(cfg.state_dir.clone());
-                    match service::nothing_to_destroy(&cfg, &vmid, &settle_reporter, &shutdown_token()).await {
+                    match service::nothing_to_destroy(
+                        &cfg,
+                        &vmid,
+                        &settle_reporter,
+                        &shutdown_token(),
+                    )
+                    .await
+                    {
                         Ok(Some((vmid, message))) => {
                             return CommandOutput {
                                 json: json!({"vmid": vmid, "outcome": "nothing_to_destroy", "destroyed": false, "message": message, "error": null}),
@@ -435,12 +495,17 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     }
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(
-                        service::destroy(&cfg, &vmid, Ulid::new(), &reporter, shutdown_token()).await,
+                        service::destroy(&cfg, &vmid, Ulid::new(), &reporter, shutdown_token())
+                            .await,
                     )
                 }
                 Command::Run => output::daemon(crate::hub::run(&cfg, shutdown_token()).await),
-                Command::ExecHelper { .. } => usage("exec-helper runs on its own (felhom-agent exec-helper)"),
-                Command::MetricsPublish { .. } => usage("metrics-publish runs on its own (felhom-agent metrics-publish)"),
+                Command::ExecHelper { .. } => {
+                    usage("exec-helper runs on its own (felhom-agent exec-helper)")
+                }
+                Command::MetricsPublish { .. } => {
+                    usage("metrics-publish runs on its own (felhom-agent metrics-publish)")
+                }
             }
         }
     }

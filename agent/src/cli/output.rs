@@ -499,6 +499,14 @@ pub fn journal_cancel(ran: Result<Driven, Failure>) -> CommandOutput {
         (None, Some(crate::provision::machine::OutcomeKind::NeedsHuman)) => ExitStatus::NeedsHuman,
         (None, _) => ExitStatus::Ok,
     };
+    // The cancel succeeded: the transaction's recorded failure says why it had stopped (a
+    // result of the command), not that the command failed.
+    if let (ExitStatus::Ok, Some(f)) = (out.status, driven.state.failure()) {
+        out.human = out.human.replace(
+            &format!("error [{}]: {}\n", f.code, f.message),
+            &format!("why it had stopped [{}]: {}\n", f.code, f.message),
+        );
+    }
     out
 }
 
