@@ -187,8 +187,8 @@ pub fn load_config(global: &GlobalOpts) -> Result<Config, CommandOutput> {
 
 /// Load the config (and its secrets, as whoever started the run), then, when the run started
 /// as root and `[agent] user` is set, switch to that user for good ([`crate::privdrop`]).
-/// Every command but `doctor` (which writes nothing and looks at the files as root sees them)
-/// goes through here.
+/// Every command but `doctor` goes through here (`doctor` switches the same way once it has
+/// reported on the config: `crate::doctor`'s `agent_user` check).
 pub fn load_config_as_agent(global: &GlobalOpts) -> Result<Config, CommandOutput> {
     let cfg = load_config(global)?;
     if let Some(user) = &cfg.agent_user {

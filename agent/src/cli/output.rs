@@ -520,12 +520,27 @@ pub fn doctor(report: &DoctorReport) -> CommandOutput {
             DoctorStatus::Fail => "FAIL",
             DoctorStatus::Skipped => "skip",
         };
-        human.push_str(&format!("[{tag}] {:<12} {}\n", c.name, c.message));
+        human.push_str(&wrap_under(
+            &format!("[{tag}] {:<12} ", c.name),
+            7,
+            &c.message,
+            report_width(),
+        ));
     }
-    human.push_str(if report.ok {
-        "doctor: all checks passed\n"
-    } else {
-        "doctor: some checks failed, fix them and run `felhom-agent doctor` again\n"
+    let warnings = report
+        .checks
+        .iter()
+        .filter(|c| c.status == DoctorStatus::Warn)
+        .count();
+    human.push_str(&match (report.ok, warnings) {
+        (false, _) => {
+            "doctor: some checks failed, fix them and run `felhom-agent doctor` again\n".to_string()
+        }
+        (true, 0) => "doctor: all checks passed\n".to_string(),
+        (true, n) => format!(
+            "doctor: passed with {n} warning{}; read the [warn] lines\n",
+            if n == 1 { "" } else { "s" }
+        ),
     });
     CommandOutput {
         json: serde_json::to_value(report).unwrap_or_else(|_| json!({"ok": false})),
@@ -536,6 +551,61 @@ pub fn doctor(report: &DoctorReport) -> CommandOutput {
             ExitStatus::Environment
         },
     }
+}
+
+/// The width the human report is wrapped to: `$COLUMNS` when set (40 or more), else 80.
+fn report_width() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|&c| c >= 40)
+        .unwrap_or(80)
+}
+
+/// `head` then `text`, wrapped at spaces to `width` columns; the lines after the first are
+/// indented by `indent` spaces. A line of `text` (several lines: TOML's caret under a key)
+/// keeps its leading spaces; a word longer than the room (a long path) stays whole on a line
+/// of its own.
+pub fn wrap_under(head: &str, indent: usize, text: &str, width: usize) -> String {
+    let indent = " ".repeat(indent);
+    let mut lines: Vec<String> = Vec::new();
+    let room = |lines: &Vec<String>| {
+        let lead = if lines.is_empty() { head } else { &indent };
+        width.saturating_sub(lead.chars().count()).max(20)
+    };
+    for src in text.lines() {
+        let lead: String = src.chars().take_while(|c| *c == ' ').collect();
+        let mut line = lead.clone();
+        let mut has_word = false;
+        for word in src[lead.len()..].split(' ').filter(|w| !w.is_empty()) {
+            let need = line.chars().count() + usize::from(has_word) + word.chars().count();
+            // A word that does not fit beside the head starts the next line (with the wider
+            // room of an indented one).
+            let at_head = !has_word && lines.is_empty();
+            if (has_word || at_head) && need > room(&lines) {
+                lines.push(std::mem::replace(&mut line, lead.clone()));
+                has_word = false;
+            }
+            if has_word {
+                line.push(' ');
+            }
+            line.push_str(word);
+            has_word = true;
+        }
+        lines.push(line);
+    }
+    let mut out = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        out.push_str(if i == 0 { head } else { &indent });
+        out.push_str(line);
+        out = out.trim_end_matches(' ').to_string();
+        out.push('\n');
+    }
+    if lines.is_empty() {
+        out.push_str(head.trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// `run`: how the daemon ended.
