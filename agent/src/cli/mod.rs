@@ -554,7 +554,7 @@ fn metrics_publish(
             ExitStatus::Ok
         }
         Err(e) => {
-            tracing::error!(code = %crate::error::ErrorCode::ConfigInvalid, "metrics-publish: {e}; check [metrics] dir and {}", to.display());
+            tracing::error!(code = %crate::error::ErrorCode::ConfigInvalid, "metrics-publish: {e}");
             ExitStatus::Environment
         }
     }
