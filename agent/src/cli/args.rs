@@ -36,7 +36,8 @@ felhom-agent journal                         transactions and whether destroy is
 felhom-agent journal --stats --since 7d      per-phase p50/p95/max and outcomes, last 7 days\n\n\
 Exit codes: 0 done (also a skipped restore test), 2 usage, 3 refused before any write,\n\
 4 PVE refused or failed the create, 5 launched but bootstrap or checks failed,\n\
-6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human."
+6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human,\n\
+130 interrupted (Ctrl-C or SIGTERM; the transaction stays open for `journal resume`)."
 )]
 pub struct Cli {
     /// Global options.
