@@ -325,21 +325,14 @@ async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
     }
 }
 
-/// A mistake in the command line itself: exit 2 (`usage`), judged before the config is read,
-/// whatever the config holds.
+/// A mistake in the command line that only the config's reading used to stop (exit 2,
+/// `usage`): judged before the config is read, whatever the config holds.
 fn usage_mistake(cli: &Cli) -> Option<CommandOutput> {
     let opts = &cli.selftest_opts;
-    let selftest_opts_given = opts.vmid.is_some()
-        || opts.from.is_some()
-        || opts.storage.is_some()
-        || opts.keep
-        || opts.network.is_some()
-        || opts.dry_run;
     match (&cli.selftest, &cli.command) {
-        (Some(_), Some(_)) => Some(usage("--selftest cannot be combined with a command")),
-        (None, None) => Some(usage("no command given")),
-        (None, Some(_)) if selftest_opts_given => Some(usage("--vmid/--from/--storage/--keep/--network/--dry-run belong to --selftest (destroy takes its own --vmid after the command)")),
-        (Some(SelftestKind::Provision), None) if opts.vmid.is_none() => Some(usage("--selftest=provision needs -vmid N: the agent never picks a vmid; choose a free one with `felhom-agent guests` / `felhom-agent vmid-check N`")),
+        (Some(SelftestKind::Provision), None) if opts.vmid.is_none() => Some(usage(
+            "--selftest=provision needs -vmid N: the agent never picks a vmid; choose a free one with `felhom-agent guests` / `felhom-agent vmid-check N`",
+        )),
         (Some(SelftestKind::Restore), None)
             if opts.vmid.is_some() || opts.from.is_some() || opts.keep || opts.network.is_some() =>
         {
@@ -363,21 +356,32 @@ fn usage_mistake(cli: &Cli) -> Option<CommandOutput> {
     }
 }
 
+// The match arms are kept on one line each (rustfmt would give up on them anyway).
+#[rustfmt::skip]
 async fn dispatch(cli: Cli) -> CommandOutput {
     if let Some(mistake) = usage_mistake(&cli) {
         return mistake;
     }
+    let selftest_opts_given = cli.selftest_opts.vmid.is_some()
+        || cli.selftest_opts.from.is_some()
+        || cli.selftest_opts.storage.is_some()
+        || cli.selftest_opts.keep
+        || cli.selftest_opts.network.is_some()
+        || cli.selftest_opts.dry_run;
     match (cli.selftest, cli.command) {
-        (Some(_), Some(_)) | (None, None) => usage("no command given"),
+        (Some(_), Some(_)) => usage("--selftest cannot be combined with a command"),
+        (None, None) => usage("no command given"),
+        (None, Some(_)) if selftest_opts_given => {
+            usage("--vmid/--from/--storage/--keep/--network/--dry-run belong to --selftest (destroy takes its own --vmid after the command)")
+        }
         (Some(kind), None) => {
             let cfg = match load_config_as_agent(&cli.global) {
                 Ok(c) => c,
                 Err(out) => return out,
             };
             let spool = SpoolReporter::new(cfg.state_dir.clone());
-            let progress = live_view(&cli.global).then(|| {
-                progress::ProgressReporter::start(SpoolReporter::new(cfg.state_dir.clone()))
-            });
+            let progress = live_view(&cli.global)
+                .then(|| progress::ProgressReporter::start(SpoolReporter::new(cfg.state_dir.clone())));
             let reporter: &dyn crate::provision::effects::Reporter = match &progress {
                 Some(p) => p,
                 None => &spool,
@@ -403,7 +407,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                         shutdown_token(),
                     )
                     .await;
-                    output::transaction(ran)
+                    output::transaction(ran, progress.as_ref().is_some_and(|p| p.showed_preflight()))
                 }
                 SelftestKind::Restore => {
                     let ran = service::restore_test::run(
@@ -414,7 +418,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                         shutdown_token(),
                     )
                     .await;
-                    output::restore_test(ran, opts.dry_run)
+                    output::restore_test(ran, opts.dry_run, progress.as_ref().is_some_and(|p| p.showed_preflight()))
                 }
             };
             if let Some(p) = progress {
@@ -431,42 +435,18 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Err(out) => return out,
             };
             match cmd {
-                Command::Doctor => {
-                    output::doctor(&crate::doctor::check_all(&cli.global.config).await)
-                }
+                Command::Doctor => output::doctor(&crate::doctor::check_all(&cli.global.config).await),
                 Command::Guests => output::guests(service::guests(&cfg).await),
-                Command::VmidCheck { vmid } => {
-                    output::vmid_check(service::vmid_check(&cfg, &vmid).await)
-                }
-                Command::Journal {
-                    op: Some(_),
-                    all: true,
-                    ..
-                } => usage("--all belongs to `journal` alone"),
-                Command::Journal {
-                    op: Some(_),
-                    stats: true,
-                    ..
-                } => usage("--stats belongs to `journal` alone"),
+                Command::VmidCheck { vmid } => output::vmid_check(service::vmid_check(&cfg, &vmid).await),
                 Command::Journal { op: Some(op), .. } => journal_op(&cfg, op).await,
-                Command::Journal {
-                    stats: true, since, ..
-                } => {
-                    let since_s = match since
-                        .as_deref()
-                        .map(crate::metrics::stats::parse_since)
-                        .transpose()
-                    {
+                Command::Journal { stats: true, since, .. } => {
+                    let since_s = match since.as_deref().map(crate::metrics::stats::parse_since).transpose() {
                         Ok(s) => s,
                         Err(msg) => return usage(&msg),
                     };
                     output::journal_stats(service::journal_stats(&cfg, since_s))
                 }
-                Command::Journal {
-                    op: None,
-                    all: true,
-                    ..
-                } => output::journal(
+                Command::Journal { op: None, all: true, .. } => output::journal(
                     service::journal_rows(&cfg),
                     Some(service::archived_rows(&cfg)),
                 ),
@@ -475,14 +455,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 }
                 Command::Destroy { vmid } => {
                     let settle_reporter = SpoolReporter::new(cfg.state_dir.clone());
-                    match service::nothing_to_destroy(
-                        &cfg,
-                        &vmid,
-                        &settle_reporter,
-                        &shutdown_token(),
-                    )
-                    .await
-                    {
+                    match service::nothing_to_destroy(&cfg, &vmid, &settle_reporter, &shutdown_token()).await {
                         Ok(Some((vmid, message))) => {
                             return CommandOutput {
                                 json: json!({"vmid": vmid, "outcome": "nothing_to_destroy", "destroyed": false, "message": message, "error": null}),
@@ -495,17 +468,13 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     }
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(
-                        service::destroy(&cfg, &vmid, Ulid::new(), &reporter, shutdown_token())
-                            .await,
+                        service::destroy(&cfg, &vmid, Ulid::new(), &reporter, shutdown_token()).await,
+                        false,
                     )
                 }
                 Command::Run => output::daemon(crate::hub::run(&cfg, shutdown_token()).await),
-                Command::ExecHelper { .. } => {
-                    usage("exec-helper runs on its own (felhom-agent exec-helper)")
-                }
-                Command::MetricsPublish { .. } => {
-                    usage("metrics-publish runs on its own (felhom-agent metrics-publish)")
-                }
+                Command::ExecHelper { .. } => usage("exec-helper runs on its own (felhom-agent exec-helper)"),
+                Command::MetricsPublish { .. } => usage("metrics-publish runs on its own (felhom-agent metrics-publish)"),
             }
         }
     }

@@ -141,27 +141,41 @@ fn driven_output(driven: &Driven) -> CommandOutput {
 }
 
 /// Add the preflight's checks to a command's output: `preflight` in the JSON, one line per
-/// check before the human summary.
-fn with_preflight(mut out: CommandOutput, report: Option<&PreflightReport>) -> CommandOutput {
+/// check before the human summary (unless the live view already drew them: `shown`).
+fn with_preflight(
+    mut out: CommandOutput,
+    report: Option<&PreflightReport>,
+    shown: bool,
+) -> CommandOutput {
     if let Some(report) = report {
         if let Some(obj) = out.json.as_object_mut() {
             obj.insert("preflight".into(), report.to_json());
         }
-        out.human = format!("{}{}", report.human(), out.human);
+        if !shown {
+            out.human = format!("{}{}", report.human(), out.human);
+        }
     }
     out
 }
 
-/// `--selftest=provision` and `destroy`.
-pub fn transaction(ran: Result<TxnRun, Failure>) -> CommandOutput {
+/// `--selftest=provision` and `destroy`; `preflight_shown`: the live view drew the preflight.
+pub fn transaction(ran: Result<TxnRun, Failure>, preflight_shown: bool) -> CommandOutput {
     match ran {
-        Ok(run) => with_preflight(driven_output(&run.driven), run.preflight.as_ref()),
+        Ok(run) => with_preflight(
+            driven_output(&run.driven),
+            run.preflight.as_ref(),
+            preflight_shown,
+        ),
         Err(f) => CommandOutput::failure(&f),
     }
 }
 
-/// `--selftest=restore`.
-pub fn restore_test(ran: Result<RestoreTestRun, Failure>, dry_run: bool) -> CommandOutput {
+/// `--selftest=restore`; `preflight_shown`: the live view drew the preflight.
+pub fn restore_test(
+    ran: Result<RestoreTestRun, Failure>,
+    dry_run: bool,
+    preflight_shown: bool,
+) -> CommandOutput {
     let run = match ran {
         Ok(r) => r,
         Err(f) => return CommandOutput::failure(&f),
@@ -225,6 +239,7 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>, dry_run: bool) -> Comm
             status,
         },
         run.preflight.as_ref(),
+        preflight_shown,
     )
 }
 
