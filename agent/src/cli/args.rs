@@ -151,7 +151,8 @@ pub enum Command {
         vmid: String,
     },
     /// The node's preflight: config, token file, PVE TLS, token and privileges, pool,
-    /// .vmlist, hub. Writes nothing. Exit 0 when all pass, 6 otherwise.
+    /// .vmlist, exec, hub; as the [agent] user, like the other commands. Writes nothing. Exit 0
+    /// when nothing failed (warnings are counted), 6 otherwise.
     Doctor,
     /// The transactions, their phase and whether destroy is armed; with --stats, how long
     /// each phase takes; with refresh, resolve, resume or cancel, act on them (see `felhom-agent
