@@ -219,7 +219,12 @@ pub fn restore_test(
         )),
     }
     if let Some(f) = driven.state.failure() {
-        human.push_str(&format!("error [{}]: {}\n", f.code, f.message));
+        // A skip (the band is full) is a success: it says why, without an `error` line.
+        let label = match driven.state.outcome_kind() {
+            Some(crate::provision::machine::OutcomeKind::Skipped) => "skipped",
+            _ => "error",
+        };
+        human.push_str(&format!("{label} [{}]: {}\n", f.code, f.message));
     }
     if let Some(m) = &run.metrics_error {
         human.push_str(&format!("warning: {m}\n"));
