@@ -23,7 +23,9 @@
 # fakepve into .fakepve-venv/).
 # Exit status: 0 only when every step ended as it should (the provision and the restore test
 # `ok`, the refusals refused); 1 otherwise, with the steps that did not.
-# FELHOM_AGENT_BIN: an agent binary to run instead of building one.
+# FELHOM_AGENT_BIN: an agent binary to run instead of building one. Otherwise cargo builds it:
+# the cargo on PATH, or the checkout owner's rustup cargo (~/.cargo/bin, which sudo's
+# secure_path drops), run as the checkout's owner; without either it says what to run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -31,13 +33,40 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "tests/demo.sh needs root: the pct stand-in runs each guest under unshare + chroot; run it as root (sudo tests/demo.sh)" >&2
   exit 2
 fi
+# Run under sudo (or by root for a user's checkout), what the demo leaves in the checkout
+# belongs to the checkout's owner: the build (cargo runs as the owner), .fakepve-venv/ and the
+# work folder's parent. (.testbed/, the guests' root filesystem template, is root's: a guest's
+# files are root's.)
+owner=$(stat -c %U "$root")
+as_owner() {
+  if [ "$owner" = root ]; then "$@"; else runuser -u "$owner" -- "$@"; fi
+}
+[ -e .fakepve-venv ] && venv_was_there=1 || venv_was_there=""
 source tests/setup-demo.sh
+[ -n "$venv_was_there" ] || chown -R "$owner": .fakepve-venv 2>/dev/null || true
 
 if [ -n "${FELHOM_AGENT_BIN:-}" ]; then
   agent=$FELHOM_AGENT_BIN
 else
-  printf '\n== building felhom-agent\n' >&2
-  cargo build --quiet -p felhom-agent
+  # sudo's secure_path drops ~/.cargo/bin, and a rustup cargo run with root's HOME finds no
+  # toolchain: the cargo on PATH, else the checkout owner's rustup cargo, run as the owner
+  # with the owner's HOME.
+  owner_home=$(getent passwd "$owner" | cut -d: -f6)
+  cargo_bin=$(command -v cargo || true)
+  if [ "$owner" != root ] || [ -z "$cargo_bin" ]; then
+    [ -x "$owner_home/.cargo/bin/cargo" ] && cargo_bin="$owner_home/.cargo/bin/cargo"
+  fi
+  need_rust=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+  if [ -z "$cargo_bin" ]; then
+    echo "tests/demo.sh: no cargo on PATH or in $owner_home/.cargo/bin. Install Rust $need_rust or newer (https://rustup.rs) as $owner, then run: sudo tests/demo.sh" >&2
+    exit 2
+  fi
+  printf '\n== building felhom-agent (%s, as %s)\n' "$cargo_bin" "$owner" >&2
+  if ! as_owner env HOME="$owner_home" PATH="$(dirname "$cargo_bin"):$PATH" \
+    "$cargo_bin" build --quiet -p felhom-agent; then
+    echo "tests/demo.sh: the build failed (above); the workspace needs Rust $need_rust or newer ($("$cargo_bin" --version 2>/dev/null || echo 'cargo did not answer')). Build it as $owner (cargo build -p felhom-agent), then run: sudo FELHOM_AGENT_BIN=$root/target/debug/felhom-agent tests/demo.sh" >&2
+    exit 2
+  fi
   agent="$root/target/debug/felhom-agent"
 fi
 
@@ -46,7 +75,7 @@ fi
 # keeps its work folder in /var/tmp instead.
 base=${FELHOM_TEST_STATE_BASE:-$root/target/tmp}
 case "$base/" in /tmp/* | /run/* | /dev/shm/*) base=/var/tmp/felhom-agent-tests ;; esac
-mkdir -p "$base"
+as_owner mkdir -p "$base"
 work=$(mktemp -d "$base/felhom-demo.XXXXXX")
 fake_pid=""
 helper_pid=""

@@ -270,6 +270,7 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
             return r;
         }
     };
+    check_agent_user(&cfg, &mut r);
     if cfg.policy.is_unlimited() {
         r.pass(
             "policy",
@@ -298,6 +299,40 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
     check_hub(&cfg, &mut r).await;
     r.ok = r.checks.iter().all(|c| c.status != CheckStatus::Fail);
     r
+}
+
+/// `[agent] user`: every other command started as root reads the config and the secrets, then
+/// switches to that user for good ([`crate::privdrop`]); `doctor` does the same here, so each
+/// check below is judged by the process that will act: the files it can read and write, and
+/// how it reaches into containers (the exec helper, probed as that user).
+fn check_agent_user(cfg: &Config, r: &mut DoctorReport) {
+    use crate::privdrop::{drop_to, Dropped};
+    let Some(user) = &cfg.agent_user else {
+        return;
+    };
+    match drop_to(user) {
+        Ok(Dropped::To { user, uid, .. }) => r.pass(
+            "agent_user",
+            format!(
+                "the checks below run as [agent] user {user} (uid {uid}), as every other command does once it has read the config"
+            ),
+        ),
+        Ok(Dropped::NotRoot) => r.pass(
+            "agent_user",
+            format!(
+                "not started as root: the checks below run as uid {}, as the commands would",
+                nix::unistd::geteuid()
+            ),
+        ),
+        Err(f) => r.fail(
+            "agent_user",
+            f.code,
+            format!(
+                "{}; every other command stops there (exit 6); the checks below run as root",
+                f.message
+            ),
+        ),
+    }
 }
 
 async fn check_pve(cfg: &Config, r: &mut DoctorReport) {
@@ -1254,6 +1289,15 @@ fn check_metrics(cfg: &Config, r: &mut DoctorReport) {
                 source,
             })
     }) {
+        Ok(_) if nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_err() => r.warn(
+            "metrics",
+            format!(
+                "{} is not writable by this process (uid {}), which the commands run as; no \
+                 metrics are written until it is (the package makes it felhom-agent's, mode 0755)",
+                dir.display(),
+                nix::unistd::geteuid()
+            ),
+        ),
         Ok(meta) => r.pass(
             "metrics",
             format!(

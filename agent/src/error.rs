@@ -166,6 +166,18 @@ pub enum ExitStatus {
 }
 
 impl ExitStatus {
+    /// Every status, in numeric order (the README's exit-code table and `--help` list these).
+    pub const ALL: [ExitStatus; 8] = [
+        ExitStatus::Ok,
+        ExitStatus::Usage,
+        ExitStatus::Refused,
+        ExitStatus::PveFailed,
+        ExitStatus::GuestFailed,
+        ExitStatus::Environment,
+        ExitStatus::NeedsHuman,
+        ExitStatus::Interrupted,
+    ];
+
     /// The numeric status.
     pub fn code(self) -> u8 {
         self as u8
@@ -196,6 +208,24 @@ impl Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_holds_every_exit_status_once() {
+        // No wildcard: a new status does not compile until it is placed here and in ALL.
+        let index = |s: ExitStatus| match s {
+            ExitStatus::Ok => 0,
+            ExitStatus::Usage => 1,
+            ExitStatus::Refused => 2,
+            ExitStatus::PveFailed => 3,
+            ExitStatus::GuestFailed => 4,
+            ExitStatus::Environment => 5,
+            ExitStatus::NeedsHuman => 6,
+            ExitStatus::Interrupted => 7,
+        };
+        for (i, s) in ExitStatus::ALL.iter().enumerate() {
+            assert_eq!(index(*s), i, "{s:?}");
+        }
+    }
 
     #[test]
     fn outside_text_is_one_clipped_line() {

@@ -215,7 +215,13 @@ fn human_output_names_each_check() {
     let run = run_agent(&files.config_path, &["doctor"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("[ok  ] pve_token"), "{}", run.stdout);
-    assert!(run.stdout.contains("doctor: all checks passed"));
+    // No [hub]: its check warns, so not "all checks passed".
+    assert!(run.stdout.contains("[warn] hub"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("doctor: passed with") && !run.stdout.contains("all checks passed"),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]
@@ -484,5 +490,106 @@ fn a_socket_bound_by_another_user_gets_nothing_and_fails_the_exec_check() {
         std::fs::read_to_string(&received).expect("received").trim(),
         "0",
         "the impostor was sent bytes"
+    );
+}
+
+/// `[agent] user` as the example config sets it (nobody, uid 65534, stands for it), no
+/// `[exec]` table and no helper: every other command switches to that user and reaches
+/// containers through the helper, so `doctor` must judge the exec check as that user too,
+/// with the code the dry run gives. Run as root (the switch needs it).
+#[test]
+fn with_agent_user_doctor_judges_exec_as_that_user_like_the_dry_run() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test switches users and must run as root"
+    );
+    let default_socket = std::path::Path::new("/run/felhom-agent/exec.sock");
+    assert!(
+        !default_socket.exists(),
+        "{} exists on this machine: a helper may answer there, so this test cannot show a missing one",
+        default_socket.display()
+    );
+    let pve = FakePve::demo();
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            exec_helper: false,
+            extra_toml: "\n[agent]\nuser = \"nobody\"\n".to_string(),
+            ..AgentOptions::default()
+        },
+    );
+    nix::unistd::chown(
+        &files.state_dir,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .expect("chown state_dir");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    assert_eq!(check(&doc, "agent_user")["status"], "pass", "{doc:#}");
+    let exec = check(&doc, "exec");
+    assert_eq!(exec["status"], "fail", "{doc:#}");
+    assert_eq!(exec["code"], "exec_helper_unavailable", "{exec}");
+    assert!(
+        exec["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&default_socket.display().to_string()),
+        "{exec}"
+    );
+
+    let dry = run_agent(
+        &files.config_path,
+        &[
+            "--selftest=provision",
+            "-vmid",
+            "140",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(dry.code, Some(6), "{}\n{}", dry.stdout, dry.stderr);
+    assert_eq!(
+        dry.json()["error"]["code"],
+        exec["code"],
+        "doctor and the dry run disagree: {}",
+        dry.stdout
+    );
+}
+
+/// The human report: a line per check, each within a terminal's 80 columns (a long message
+/// wraps under its check), and the last line says whether warnings were printed.
+#[test]
+fn the_human_report_fits_80_columns_and_counts_its_warnings() {
+    let pve = FakePve::demo();
+    // No [hub]: the hub check warns.
+    let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
+    let run = run_agent(&files.config_path, &["doctor"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    for line in run.stdout.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "a line of {} characters: {line}",
+            line.chars().count()
+        );
+    }
+    let warnings = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("[warn]"))
+        .count();
+    assert!(warnings >= 1, "{}", run.stdout);
+    let last = run.stdout.lines().last().unwrap_or("");
+    assert!(
+        !run.stdout.contains("all checks passed"),
+        "all passed, under {warnings} warnings: {}",
+        run.stdout
+    );
+    let plural = if warnings == 1 { "" } else { "s" };
+    assert!(
+        last.starts_with(&format!("doctor: passed with {warnings} warning{plural}")),
+        "{last}"
     );
 }

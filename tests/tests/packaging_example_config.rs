@@ -53,7 +53,7 @@ fn example_loads_as_shipped() {
     assert_eq!(
         cfg.metrics.dir,
         Path::new("/var/lib/felhom-agent-metrics"),
-        "the systemd units allow writes to this folder only (the agent's own; root-owned links in node_exporter's textfile folder point into it)"
+        "the systemd units allow writes to this folder only (the agent's own; root copies its files into node_exporter's textfile folder)"
     );
 }
 

@@ -172,6 +172,16 @@ fn a_full_band_skips_with_zero_writes() {
         1.0
     );
     assert_eq!(sample(&samples, "felhom_restore_test_skipped_total"), 1.0);
+    // A skip is a success (exit 0): it says why, and prints no `error` line.
+    let run = w.agent(&["--selftest=restore"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("skipped"), "{}", run.stdout);
+    for (name, text) in [("stdout", &run.stdout), ("stderr", &run.stderr)] {
+        assert!(
+            !text.lines().any(|l| l.starts_with("error [")),
+            "an error line on {name} of a skip that exits 0: {text}"
+        );
+    }
 }
 
 #[test]

@@ -36,7 +36,8 @@ felhom-agent journal                         transactions and whether destroy is
 felhom-agent journal --stats --since 7d      per-phase p50/p95/max and outcomes, last 7 days\n\n\
 Exit codes: 0 done (also a skipped restore test), 2 usage, 3 refused before any write,\n\
 4 PVE refused or failed the create, 5 launched but bootstrap or checks failed,\n\
-6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human."
+6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human,\n\
+130 interrupted (Ctrl-C or SIGTERM; the transaction stays open for `journal resume`)."
 )]
 pub struct Cli {
     /// Global options.
@@ -150,7 +151,8 @@ pub enum Command {
         vmid: String,
     },
     /// The node's preflight: config, token file, PVE TLS, token and privileges, pool,
-    /// .vmlist, hub. Writes nothing. Exit 0 when all pass, 6 otherwise.
+    /// .vmlist, exec, hub; as the [agent] user, like the other commands. Writes nothing. Exit 0
+    /// when nothing failed (warnings are counted), 6 otherwise.
     Doctor,
     /// The transactions, their phase and whether destroy is armed; with --stats, how long
     /// each phase takes; with refresh, resolve, resume or cancel, act on them (see `felhom-agent

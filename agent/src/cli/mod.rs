@@ -187,8 +187,8 @@ pub fn load_config(global: &GlobalOpts) -> Result<Config, CommandOutput> {
 
 /// Load the config (and its secrets, as whoever started the run), then, when the run started
 /// as root and `[agent] user` is set, switch to that user for good ([`crate::privdrop`]).
-/// Every command but `doctor` (which writes nothing and looks at the files as root sees them)
-/// goes through here.
+/// Every command but `doctor` goes through here (`doctor` switches the same way once it has
+/// reported on the config: `crate::doctor`'s `agent_user` check).
 pub fn load_config_as_agent(global: &GlobalOpts) -> Result<Config, CommandOutput> {
     let cfg = load_config(global)?;
     if let Some(user) = &cfg.agent_user {
@@ -233,8 +233,13 @@ pub fn run(cli: Cli) -> ExitStatus {
             "{}",
             serde_json::to_string_pretty(&out.json).unwrap_or_else(|_| "{}".to_string())
         );
-        // The document holds the error too; a person (or `2>`) sees it on stderr as well.
-        if let Some(e) = out.json.get("error").filter(|e| !e.is_null()) {
+        // The document holds the error too; a person (or `2>`) sees it on stderr as well
+        // (not for a command that succeeded: there it is the transaction's recorded failure).
+        if let Some(e) = out
+            .json
+            .get("error")
+            .filter(|e| !e.is_null() && out.status != ExitStatus::Ok)
+        {
             eprintln!(
                 "error [{}]: {}",
                 e["code"].as_str().unwrap_or("-"),
@@ -267,16 +272,17 @@ fn is_error_line(line: &str) -> bool {
     .any(|p| line.starts_with(p))
 }
 
-/// The human output split into (stdout, stderr).
+/// The human output split into (stdout, stderr). A command's text ends with its errors and
+/// warnings, and a message may run over several lines (TOML's caret under a mistyped key, the
+/// keys it expected): from the first error or warning line on, everything goes to stderr, so
+/// no part of an error lands among the results.
 fn split_streams(human: &str) -> (String, String) {
     let mut results = String::new();
     let mut errors = String::new();
+    let mut in_errors = false;
     for line in human.lines() {
-        let to = if is_error_line(line) {
-            &mut errors
-        } else {
-            &mut results
-        };
+        in_errors = in_errors || is_error_line(line);
+        let to = if in_errors { &mut errors } else { &mut results };
         to.push_str(line);
         to.push('\n');
     }
@@ -324,7 +330,43 @@ async fn journal_op(cfg: &Config, op: JournalOp) -> CommandOutput {
     }
 }
 
+/// A mistake in the command line that only the config's reading used to stop (exit 2,
+/// `usage`): judged before the config is read, whatever the config holds.
+fn usage_mistake(cli: &Cli) -> Option<CommandOutput> {
+    let opts = &cli.selftest_opts;
+    match (&cli.selftest, &cli.command) {
+        (Some(SelftestKind::Provision), None) if opts.vmid.is_none() => Some(usage(
+            "--selftest=provision needs -vmid N: the agent never picks a vmid; choose a free one with `felhom-agent guests` / `felhom-agent vmid-check N`",
+        )),
+        (Some(SelftestKind::Restore), None)
+            if opts.vmid.is_some() || opts.from.is_some() || opts.keep || opts.network.is_some() =>
+        {
+            Some(usage("--selftest=restore picks its own vmid in the restore-test band and its backup from the rotation; it takes only --dry-run (and --storage is set in [restore_test])"))
+        }
+        (None, Some(Command::Journal { op: Some(_), all: true, .. })) => {
+            Some(usage("--all belongs to `journal` alone"))
+        }
+        (None, Some(Command::Journal { op: Some(_), stats: true, .. })) => {
+            Some(usage("--stats belongs to `journal` alone"))
+        }
+        (None, Some(Command::Journal { op: Some(JournalOp::Resolve { reason, .. }), .. }))
+            if reason.trim().is_empty() =>
+        {
+            Some(usage("--reason must say what was done by hand"))
+        }
+        (None, Some(Command::Journal { stats: true, since: Some(since), .. })) => {
+            crate::metrics::stats::parse_since(since).err().map(|msg| usage(&msg))
+        }
+        _ => None,
+    }
+}
+
+// The match arms are kept on one line each (rustfmt would give up on them anyway).
+#[rustfmt::skip]
 async fn dispatch(cli: Cli) -> CommandOutput {
+    if let Some(mistake) = usage_mistake(&cli) {
+        return mistake;
+    }
     let selftest_opts_given = cli.selftest_opts.vmid.is_some()
         || cli.selftest_opts.from.is_some()
         || cli.selftest_opts.storage.is_some()
@@ -370,12 +412,9 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                         shutdown_token(),
                     )
                     .await;
-                    output::transaction(ran)
+                    output::transaction(ran, progress.as_ref().is_some_and(|p| p.showed_preflight()))
                 }
                 SelftestKind::Restore => {
-                    if opts.vmid.is_some() || opts.from.is_some() || opts.keep || opts.network.is_some() {
-                        return usage("--selftest=restore picks its own vmid in the restore-test band and its backup from the rotation; it takes only --dry-run (and --storage is set in [restore_test])");
-                    }
                     let ran = service::restore_test::run(
                         &cfg,
                         opts.dry_run,
@@ -384,7 +423,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                         shutdown_token(),
                     )
                     .await;
-                    output::restore_test(ran, opts.dry_run)
+                    output::restore_test(ran, opts.dry_run, progress.as_ref().is_some_and(|p| p.showed_preflight()))
                 }
             };
             if let Some(p) = progress {
@@ -404,12 +443,6 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Command::Doctor => output::doctor(&crate::doctor::check_all(&cli.global.config).await),
                 Command::Guests => output::guests(service::guests(&cfg).await),
                 Command::VmidCheck { vmid } => output::vmid_check(service::vmid_check(&cfg, &vmid).await),
-                Command::Journal { op: Some(_), all: true, .. } => {
-                    usage("--all belongs to `journal` alone")
-                }
-                Command::Journal { op: Some(_), stats: true, .. } => {
-                    usage("--stats belongs to `journal` alone")
-                }
                 Command::Journal { op: Some(op), .. } => journal_op(&cfg, op).await,
                 Command::Journal { stats: true, since, .. } => {
                     let since_s = match since.as_deref().map(crate::metrics::stats::parse_since).transpose() {
@@ -441,6 +474,7 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     let reporter = SpoolReporter::new(cfg.state_dir.clone());
                     output::transaction(
                         service::destroy(&cfg, &vmid, Ulid::new(), &reporter, shutdown_token()).await,
+                        false,
                     )
                 }
                 Command::Run => output::daemon(crate::hub::run(&cfg, shutdown_token()).await),
@@ -530,7 +564,7 @@ fn metrics_publish(
     match ended {
         Ok(()) => ExitStatus::Ok,
         Err(e) => {
-            tracing::error!(code = %crate::error::ErrorCode::ConfigInvalid, "metrics-publish: {e}; check [metrics] dir ({}) and {}", from.display(), to.display());
+            tracing::error!(code = %crate::error::ErrorCode::ConfigInvalid, "metrics-publish: {e}");
             ExitStatus::Environment
         }
     }

@@ -141,27 +141,41 @@ fn driven_output(driven: &Driven) -> CommandOutput {
 }
 
 /// Add the preflight's checks to a command's output: `preflight` in the JSON, one line per
-/// check before the human summary.
-fn with_preflight(mut out: CommandOutput, report: Option<&PreflightReport>) -> CommandOutput {
+/// check before the human summary (unless the live view already drew them: `shown`).
+fn with_preflight(
+    mut out: CommandOutput,
+    report: Option<&PreflightReport>,
+    shown: bool,
+) -> CommandOutput {
     if let Some(report) = report {
         if let Some(obj) = out.json.as_object_mut() {
             obj.insert("preflight".into(), report.to_json());
         }
-        out.human = format!("{}{}", report.human(), out.human);
+        if !shown {
+            out.human = format!("{}{}", report.human(), out.human);
+        }
     }
     out
 }
 
-/// `--selftest=provision` and `destroy`.
-pub fn transaction(ran: Result<TxnRun, Failure>) -> CommandOutput {
+/// `--selftest=provision` and `destroy`; `preflight_shown`: the live view drew the preflight.
+pub fn transaction(ran: Result<TxnRun, Failure>, preflight_shown: bool) -> CommandOutput {
     match ran {
-        Ok(run) => with_preflight(driven_output(&run.driven), run.preflight.as_ref()),
+        Ok(run) => with_preflight(
+            driven_output(&run.driven),
+            run.preflight.as_ref(),
+            preflight_shown,
+        ),
         Err(f) => CommandOutput::failure(&f),
     }
 }
 
-/// `--selftest=restore`.
-pub fn restore_test(ran: Result<RestoreTestRun, Failure>, dry_run: bool) -> CommandOutput {
+/// `--selftest=restore`; `preflight_shown`: the live view drew the preflight.
+pub fn restore_test(
+    ran: Result<RestoreTestRun, Failure>,
+    dry_run: bool,
+    preflight_shown: bool,
+) -> CommandOutput {
     let run = match ran {
         Ok(r) => r,
         Err(f) => return CommandOutput::failure(&f),
@@ -205,7 +219,12 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>, dry_run: bool) -> Comm
         )),
     }
     if let Some(f) = driven.state.failure() {
-        human.push_str(&format!("error [{}]: {}\n", f.code, f.message));
+        // A skip (the band is full) is a success: it says why, without an `error` line.
+        let label = match driven.state.outcome_kind() {
+            Some(crate::provision::machine::OutcomeKind::Skipped) => "skipped",
+            _ => "error",
+        };
+        human.push_str(&format!("{label} [{}]: {}\n", f.code, f.message));
     }
     if let Some(m) = &run.metrics_error {
         human.push_str(&format!("warning: {m}\n"));
@@ -225,6 +244,7 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>, dry_run: bool) -> Comm
             status,
         },
         run.preflight.as_ref(),
+        preflight_shown,
     )
 }
 
@@ -499,6 +519,14 @@ pub fn journal_cancel(ran: Result<Driven, Failure>) -> CommandOutput {
         (None, Some(crate::provision::machine::OutcomeKind::NeedsHuman)) => ExitStatus::NeedsHuman,
         (None, _) => ExitStatus::Ok,
     };
+    // The cancel succeeded: the transaction's recorded failure says why it had stopped (a
+    // result of the command), not that the command failed.
+    if let (ExitStatus::Ok, Some(f)) = (out.status, driven.state.failure()) {
+        out.human = out.human.replace(
+            &format!("error [{}]: {}\n", f.code, f.message),
+            &format!("why it had stopped [{}]: {}\n", f.code, f.message),
+        );
+    }
     out
 }
 
@@ -512,12 +540,27 @@ pub fn doctor(report: &DoctorReport) -> CommandOutput {
             DoctorStatus::Fail => "FAIL",
             DoctorStatus::Skipped => "skip",
         };
-        human.push_str(&format!("[{tag}] {:<12} {}\n", c.name, c.message));
+        human.push_str(&wrap_under(
+            &format!("[{tag}] {:<12} ", c.name),
+            7,
+            &c.message,
+            report_width(),
+        ));
     }
-    human.push_str(if report.ok {
-        "doctor: all checks passed\n"
-    } else {
-        "doctor: some checks failed, fix them and run `felhom-agent doctor` again\n"
+    let warnings = report
+        .checks
+        .iter()
+        .filter(|c| c.status == DoctorStatus::Warn)
+        .count();
+    human.push_str(&match (report.ok, warnings) {
+        (false, _) => {
+            "doctor: some checks failed, fix them and run `felhom-agent doctor` again\n".to_string()
+        }
+        (true, 0) => "doctor: all checks passed\n".to_string(),
+        (true, n) => format!(
+            "doctor: passed with {n} warning{}; read the [warn] lines\n",
+            if n == 1 { "" } else { "s" }
+        ),
     });
     CommandOutput {
         json: serde_json::to_value(report).unwrap_or_else(|_| json!({"ok": false})),
@@ -528,6 +571,61 @@ pub fn doctor(report: &DoctorReport) -> CommandOutput {
             ExitStatus::Environment
         },
     }
+}
+
+/// The width the human report is wrapped to: `$COLUMNS` when set (40 or more), else 80.
+fn report_width() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|&c| c >= 40)
+        .unwrap_or(80)
+}
+
+/// `head` then `text`, wrapped at spaces to `width` columns; the lines after the first are
+/// indented by `indent` spaces. A line of `text` (several lines: TOML's caret under a key)
+/// keeps its leading spaces; a word longer than the room (a long path) stays whole on a line
+/// of its own.
+pub fn wrap_under(head: &str, indent: usize, text: &str, width: usize) -> String {
+    let indent = " ".repeat(indent);
+    let mut lines: Vec<String> = Vec::new();
+    let room = |lines: &Vec<String>| {
+        let lead = if lines.is_empty() { head } else { &indent };
+        width.saturating_sub(lead.chars().count()).max(20)
+    };
+    for src in text.lines() {
+        let lead: String = src.chars().take_while(|c| *c == ' ').collect();
+        let mut line = lead.clone();
+        let mut has_word = false;
+        for word in src[lead.len()..].split(' ').filter(|w| !w.is_empty()) {
+            let need = line.chars().count() + usize::from(has_word) + word.chars().count();
+            // A word that does not fit beside the head starts the next line (with the wider
+            // room of an indented one).
+            let at_head = !has_word && lines.is_empty();
+            if (has_word || at_head) && need > room(&lines) {
+                lines.push(std::mem::replace(&mut line, lead.clone()));
+                has_word = false;
+            }
+            if has_word {
+                line.push(' ');
+            }
+            line.push_str(word);
+            has_word = true;
+        }
+        lines.push(line);
+    }
+    let mut out = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        out.push_str(if i == 0 { head } else { &indent });
+        out.push_str(line);
+        out = out.trim_end_matches(' ').to_string();
+        out.push('\n');
+    }
+    if lines.is_empty() {
+        out.push_str(head.trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// `run`: how the daemon ended.

@@ -1,7 +1,8 @@
 //! The live progress view of `--selftest=provision` and `--selftest=restore` on a terminal:
-//! one line per phase on stderr (name and elapsed time; a spinner and the UPID while the phase
-//! waits on a PVE task), then a summary table of the phases. Only when stderr is a terminal
-//! and the log format is not JSON; otherwise nothing changes.
+//! the preflight's report as soon as it ran, then one line per phase on stderr (name and
+//! elapsed time; a spinner and the UPID while the phase waits on a PVE task; at its end `+`
+//! done, `x` failed, `!` needs a person), then a summary table of the phases. Only when
+//! stderr is a terminal and the log format is not JSON; otherwise nothing changes.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,21 +27,30 @@ struct Live {
 #[derive(Debug, Default)]
 struct View {
     live: Option<Live>,
-    done: Vec<(Phase, Duration)>,
+    done: Vec<(Phase, Duration, char)>,
     tick: usize,
     /// Whether the line naming the transaction and its network was drawn.
     headed: bool,
+    /// Whether the preflight's report was drawn.
+    preflight_shown: bool,
+}
+
+/// The mark of a phase's line once it ended: `x` when it is the failure or its work failed
+/// (the next phase is `failed`), `!` for a condition only a person can settle, `+` done.
+fn end_mark(phase: Phase, next: Option<Phase>) -> char {
+    match (phase, next) {
+        (Phase::Failed, _) | (_, Some(Phase::Failed)) => 'x',
+        (Phase::NeedsHuman, _) | (_, Some(Phase::NeedsHuman)) => '!',
+        _ => '+',
+    }
 }
 
 impl View {
-    fn line(&self, live: &Live, finished: bool) -> String {
+    /// The line of `live`: with a spinner while it runs (`end` is `None`), else with its mark.
+    fn line(&self, live: &Live, end: Option<char>) -> String {
         let secs = live.since.elapsed().as_secs_f64();
-        let waits_on_task = !finished && live.phase == Phase::Submitted;
-        let mark = if finished {
-            '+'
-        } else {
-            SPINNER[self.tick % SPINNER.len()]
-        };
+        let waits_on_task = end.is_none() && live.phase == Phase::Submitted;
+        let mark = end.unwrap_or(SPINNER[self.tick % SPINNER.len()]);
         let mut s = format!("  {mark} {:<13} {secs:>7.1} s", live.phase.as_str());
         if let (true, Some(upid)) = (waits_on_task, live.upid.as_deref()) {
             // A UPID is PVE's, so hostile: printable ASCII only, bounded.
@@ -82,7 +92,7 @@ impl<R: Reporter> ProgressReporter<R> {
                     if let Ok(mut v) = view.lock() {
                         v.tick += 1;
                         if let Some(live) = &v.live {
-                            draw(&v.line(live, false), false);
+                            draw(&v.line(live, None), false);
                         }
                     }
                 }
@@ -96,6 +106,11 @@ impl<R: Reporter> ProgressReporter<R> {
         }
     }
 
+    /// Whether the preflight's report was drawn (the command's output then leaves it out).
+    pub fn showed_preflight(&self) -> bool {
+        self.view.lock().is_ok_and(|v| v.preflight_shown)
+    }
+
     /// Close the last phase's line and print the summary table.
     pub fn finish(mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -104,23 +119,31 @@ impl<R: Reporter> ProgressReporter<R> {
         }
         let Ok(mut v) = self.view.lock() else { return };
         if let Some(live) = v.live.take() {
-            draw(&v.line(&live, true), true);
-            v.done.push((live.phase, live.since.elapsed()));
+            let mark = end_mark(live.phase, None);
+            draw(&v.line(&live, Some(mark)), true);
+            v.done.push((live.phase, live.since.elapsed(), mark));
         }
         if v.done.is_empty() {
             return;
         }
-        let mut table = format!("\n  {:<13} {:>9}\n", "PHASE", "SECONDS");
+        let mut table = format!(
+            "\n    {:<13} {:>9}   (+ done, x failed, ! needs a person)\n",
+            "PHASE", "SECONDS"
+        );
         let mut total = Duration::ZERO;
-        for (phase, d) in &v.done {
+        for (phase, d, mark) in &v.done {
             table.push_str(&format!(
-                "  {:<13} {:>9.2}\n",
+                "  {mark} {:<13} {:>9.2}\n",
                 phase.as_str(),
                 d.as_secs_f64()
             ));
             total += *d;
         }
-        table.push_str(&format!("  {:<13} {:>9.2}\n", "total", total.as_secs_f64()));
+        table.push_str(&format!(
+            "    {:<13} {:>9.2}\n",
+            "total",
+            total.as_secs_f64()
+        ));
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "{table}");
         let _ = err.flush();
@@ -153,15 +176,16 @@ impl<R: Reporter> Reporter for ProgressReporter<R> {
                     );
                 }
                 if let Some(live) = v.live.take() {
-                    draw(&v.line(&live, true), true);
-                    v.done.push((live.phase, live.since.elapsed()));
+                    let mark = end_mark(live.phase, Some(state.phase()));
+                    draw(&v.line(&live, Some(mark)), true);
+                    v.done.push((live.phase, live.since.elapsed(), mark));
                 }
                 let live = Live {
                     phase: state.phase(),
                     since: Instant::now(),
                     upid: state.upid().map(str::to_string),
                 };
-                draw(&v.line(&live, false), false);
+                draw(&v.line(&live, None), false);
                 v.live = Some(live);
             }
         }
@@ -171,10 +195,45 @@ impl<R: Reporter> Reporter for ProgressReporter<R> {
     fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {
         self.inner.result(state, checks)
     }
+
+    fn preflight(&self, text: &str) {
+        if let Ok(mut v) = self.view.lock() {
+            draw(text.trim_end(), true);
+            v.preflight_shown = true;
+            if let Some(live) = &v.live {
+                draw(&v.line(live, None), false);
+            }
+        }
+        self.inner.preflight(text);
+    }
 }
 
 impl<R: Reporter> Drop for ProgressReporter<R> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_phase_is_marked_apart_from_a_finished_one() {
+        assert_eq!(end_mark(Phase::Validated, Some(Phase::Submitted)), '+');
+        // The phase whose work failed, and the failure itself.
+        assert_eq!(end_mark(Phase::Launched, Some(Phase::Failed)), 'x');
+        assert_eq!(end_mark(Phase::Failed, Some(Phase::Destroyed)), 'x');
+        assert_eq!(end_mark(Phase::Failed, None), 'x');
+        assert_eq!(end_mark(Phase::Created, Some(Phase::NeedsHuman)), '!');
+        assert_eq!(end_mark(Phase::NeedsHuman, None), '!');
+        assert_eq!(end_mark(Phase::Destroyed, None), '+');
+        let view = View::default();
+        let live = Live {
+            phase: Phase::Failed,
+            since: Instant::now(),
+            upid: None,
+        };
+        assert!(view.line(&live, Some('x')).starts_with("  x failed"));
     }
 }

@@ -399,7 +399,19 @@ pub fn publish(
             });
         }
     };
-    let dst = super::textfile::open_dir(to).map_err(|e| e.to_string())?;
+    let dst = super::textfile::open_dir(to).map_err(|e| match e {
+        super::textfile::TextfileError::OpenDir { source, .. } => format!(
+            "cannot open node_exporter's textfile folder {} (--to): {source}; create it \
+             (`install -d -m 0755 {}`; prometheus-node-exporter's package makes it) or fix --to \
+             in felhom-agent-metrics.service",
+            to.display(),
+            to.display()
+        ),
+        other => format!(
+            "node_exporter's textfile folder {} (--to): {other}",
+            to.display()
+        ),
+    })?;
     let mut out = Vec::new();
     for name in FILES {
         let verdict = match read_source(&src, name, owners) {

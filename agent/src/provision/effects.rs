@@ -82,6 +82,10 @@ pub trait Reporter: Send + Sync {
     /// hub. Called once per settled transaction, never for a dry run. `Err` says why it could
     /// not be stored.
     fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String>;
+    /// The preflight ran (before the first journal record): `text` is its report for a person.
+    /// Only a live view on a terminal shows it (before the phases that follow); others ignore
+    /// it, as the command's output holds the report.
+    fn preflight(&self, _text: &str) {}
 }
 
 /// Hand a settled transaction's result to the reporter (nothing for an open one or a dry run).

@@ -621,6 +621,7 @@ pub async fn provision(
     // The preflight (DESIGN rule 9): before the first journal intent; reads only. A refusal
     // becomes the transaction's first event, so nothing is journaled or written.
     let (report, first) = preflight::gate(cfg, &prepared.pve, &request, first).await;
+    reporter.preflight(&report.human());
     environment_refusal(&report, request.vmid)?;
     let mut exec = Executor::new(
         cfg,

@@ -246,6 +246,7 @@ pub async fn run(
     };
     // --- preflight (DESIGN §2 rule 9): before the first journal intent; reads only ---------
     let (report, first) = crate::preflight::gate(cfg, pve, &request, first).await;
+    reporter.preflight(&report.human());
     super::environment_refusal(&report, picked)?;
     // --- end preflight ---------------------------------------------------------------------
     let _lock = match (picked, dry_run) {
