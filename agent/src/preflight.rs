@@ -28,7 +28,9 @@ use crate::provision::machine::{Event, Marker, Request, TxnKind};
 use crate::pve::guest_config::{StoredConfig, StoredConfigText};
 use crate::pve::types::{BackupVolume, PoolInfo, StorageStatus};
 use crate::pve::{ApiErrorKind, GuestKind, PveClient, PveError};
-use restorable::{access_check, contents_check, network_check, paths_needed, tags_check};
+use restorable::{
+    access_check, contents_check, network_check, paths_needed, space_check, tags_check,
+};
 use restorable::{Asked, ClusterFiles, Held};
 
 /// How one preflight check ended.
@@ -760,7 +762,15 @@ pub async fn run(
         }
     }
     checks.push(tags_check(&files, &held, Marker::FLEET_TAG, req.token_id));
+    let avail = storage.as_ref().ok().and_then(|s| s.avail);
     checks.push(storage_verdict(req, storage));
+    match &stored_cfg {
+        Some(sc) => checks.push(space_check(sc, &asked, req.storage, avail)),
+        None => checks.push(PreflightCheck::skipped(
+            "space",
+            "the backup's stored configuration was not read",
+        )),
+    }
     checks.push(pool_verdict(req, pool));
     checks.push(profile_check(req));
     checks.push(checks_check(req));
