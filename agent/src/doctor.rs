@@ -47,7 +47,9 @@ const fn role_privs(guest_agent: &'static str) -> [&'static str; 8] {
     ]
 }
 /// The privileges the pool token needs on `/pool/<pool>` (or above it), beside one of
-/// [`AGENT_PRIVS_ANY`].
+/// [`AGENT_PRIVS_ANY`]. `Pool.Audit`: without it `/cluster/resources` drops each guest's
+/// `pool` (pve-manager `PVE/API2/Cluster.pm` `resources`), and the inventory cannot tell the
+/// pool's guests.
 pub const POOL_PRIVS: &[&str] = &[
     "VM.Allocate",
     "VM.Audit",
@@ -55,6 +57,7 @@ pub const POOL_PRIVS: &[&str] = &[
     "VM.PowerMgmt",
     "VM.Config.Options",
     "VM.Config.Network",
+    "Pool.Audit",
 ];
 /// Guest agent exec: PVE 9 privilege, and the PVE 8 one it replaced.
 pub const AGENT_PRIVS_ANY: &[&str] = &["VM.GuestAgent.Unrestricted", "VM.Monitor"];

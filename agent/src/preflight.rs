@@ -485,12 +485,15 @@ pub fn backup_verdict(
     };
     let Some(vol) = list.iter().find(|v| v.volid == volid) else {
         let owner = owner_from_volid(volid).map_or("<owner>".to_string(), |o| o.to_string());
+        let owner_path = format!("/vms/{owner}");
         return PreflightCheck::fail(
             "backup",
             ErrorCode::BackupMissing,
             format!(
-                "backup {volid} does not exist on storage {sid:?} of node {}, or this token may not read it (restoring another guest's backup needs VM.Backup on /vms/{owner}); {} backup(s) are visible there: list them with `pvesm list {sid} --content backup` and pass one with --from",
+                "backup {volid} does not exist on storage {sid:?} of node {}, or this token may not read it (restoring another guest's backup needs VM.Backup on {owner_path}, and nothing more there: {} with the role {}); {} backup(s) are visible there: list them with `pvesm list {sid} --content backup` and pass one with --from",
                 req.node,
+                restorable::grant_commands(&owner_path, restorable::BACKUP_OWNER_ROLE, req.token_id),
+                restorable::backup_owner_role_add(),
                 list.len()
             ),
         );

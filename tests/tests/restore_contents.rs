@@ -823,3 +823,74 @@ fn an_isolated_hub_provision_of_an_onboot_protected_backup_ends_ok() {
     let (status, log) = agent.terminate(wait);
     assert!(status.success(), "run exited {status}:\n{log}");
 }
+
+#[test]
+fn a_backup_of_a_guest_outside_the_pool_asks_for_vm_backup_alone_and_passes_with_it() {
+    // pve-storage check_volume_access (backup branch) and pve-manager extractconfig check
+    // VM.Backup on the backup's owner, nothing else: the advice is a role of that one
+    // privilege, never PVEVMUser (console, power and, on PVE 9, guest file access on a
+    // production guest).
+    const FOREIGN: &str = "local:backup/vzdump-lxc-101-2026_01_01-00_00_00.tar.zst";
+    let foreign_backup = || {
+        let mut s = demo_scenario();
+        s["volumes"]["local"]
+            .as_array_mut()
+            .expect("volumes")
+            .push(json!({"volname": FOREIGN.trim_start_matches("local:"), "vmid": 101,
+                         "config": {"unprivileged": "1", "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth"}}));
+        s
+    };
+    let opts = AgentOptions {
+        selftest_source: Some(FOREIGN.to_string()),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(foreign_backup(), &opts);
+    let names = [
+        "VM.Backup on /vms/101",
+        "pveum role add FelhomVMBackup -privs VM.Backup",
+        "pveum acl modify /vms/101 --tokens 'felhom@pve!agent' --roles FelhomVMBackup",
+        "--users 'felhom@pve' --roles FelhomVMBackup",
+    ];
+    // PVE's listing drops a backup the token may not access (check_volume_access), so the
+    // preflight cannot tell a missing backup from a hidden one, and says both; doctor, which
+    // asks for the privileges first, names the access.
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "backup_missing", "{doc:#}");
+    let doctor = w.agent(&["doctor", "--json"]);
+    let check = doctor.json()["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "selftest_source")
+        .cloned()
+        .expect("selftest_source");
+    assert_eq!(check["code"], "backup_access", "{check:#}");
+    for (text, what) in [
+        (doc["error"]["message"].as_str().unwrap_or(""), "provision"),
+        (check["message"].as_str().unwrap_or(""), "doctor"),
+    ] {
+        for n in names {
+            assert!(text.contains(n), "{what}: {n:?} not in {text}");
+        }
+        assert!(
+            !text.contains("PVEVM"),
+            "{what}: a built-in VM role is advised: {text}"
+        );
+    }
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+    // The one privilege is enough.
+    let mut s = foreign_backup();
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"]
+            .as_array_mut()
+            .expect("grants")
+            .push(json!([who, "/vms/101", ["VM.Backup"]]));
+    }
+    let w = World::with_options(s, &opts);
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+}
