@@ -418,7 +418,8 @@ class ScenarioPve(fake_server.FakePve):
     # (pve-api-facts.md §4.3: `add_vm_to_pool` only then), so the task ends `TASK ERROR: ...`
     # with the container present, unlocked and NOT in the pool. The default message is
     # add_vm_to_pool's when user.cfg's cluster lock times out (pve-access-control
-    # AccessControl.pm lock_user_config: "can't add VM N to pool: <cfs lock error>"). One-shot.
+    # AccessControl.pm add_vm_to_pool → lock_user_config: "can't add VM N to pool 'P': <cfs lock
+    # error>"). One-shot.
     lxc_restore_fail = None
     # `/set {"restore_outside_pool": {"140": true}}`: that vmid's `vzrestore` ends OK with the
     # container outside the pool (taken out of it the moment the task ends, as a person or
@@ -997,13 +998,15 @@ class ScenarioPve(fake_server.FakePve):
         failing = (self.lxc_restore_fail or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
         if failing:
             restored = body
-            message = failing if isinstance(failing, str) else (
-                "can't add VM {0} to pool: cfs-lock 'file-user_cfg' error: got lock request timeout".format(tid))
 
             async def body():
                 await restored()
                 # The container is restored (config written, lock gone); the pool join failed,
                 # so it is not in the pool and the task ends in error (see lxc_restore_fail).
+                pool = next((p for p, members in self.pools.items() if int(tid) in members), '')
+                message = failing if isinstance(failing, str) else (
+                    "can't add VM {0} to pool '{1}': cfs-lock 'file-user_cfg' error: got lock request timeout"
+                    .format(tid, pool))
                 self._pool_leave(int(tid))
                 raise fake_model.TaskError(message)
         upid = await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)

@@ -535,7 +535,7 @@ async fn a_create_answered_5xx_runs_on_and_an_lxc_restore_can_fail_in_its_pool_j
     let task = stopped_restore_task(&pve, 202).await;
     let exit = task["exitstatus"].as_str().unwrap_or("");
     assert!(
-        exit.starts_with("can't add VM 202 to pool: "),
+        exit.starts_with("can't add VM 202 to pool 'felhom': "),
         "the pool join failed: {task}"
     );
     let guest = pve.guest(202).expect("the container is left behind");

@@ -14,9 +14,16 @@
 //! - a VM's host devices are root's, mapped ones need `Mapping.Use` (qemu-server
 //!   `check_hostpci_perm`, `check_usb_perm`, via `check_mapping_access`);
 //! - a `hookscript` runs as root on the node at every start and only root may set one;
-//! - another guest's backup needs `Datastore.AllocateSpace` on its storage and `VM.Backup` on
-//!   its owner, unless `Datastore.Allocate` on the storage (pve-storage `PVE/Storage.pm`
-//!   `check_volume_access`);
+//! - another guest's backup needs `VM.Backup` on its owner (always: pve-manager
+//!   `PVE/API2/VZDump.pm` `extractconfig`) and `Datastore.AllocateSpace` on its storage unless
+//!   `Datastore.Allocate` there (pve-storage `PVE/Storage.pm` `check_volume_access`); the
+//!   grant advised is [`BACKUP_OWNER_ROLE`], that one privilege;
+//! - `quota` on a mount point survives the storage-only restore and an unprivileged container
+//!   never starts with it (pve-container `create_vm`, `API2/LXC/Status.pm` `vm_start`);
+//! - a VM's `vmstate` and `args`, for every restore, and a VM without its guest agent
+//!   (qemu-server `vm_start_nolock`, `check_vm_modify_config_perm`, `QemuServer/Agent.pm`);
+//! - the disks a restore allocates must fit into the target storage's free space (qemu-server
+//!   `restore_vma_archive` leaves a stub when they do not);
 //! - the marker's tags must pass the cluster's tag policy (pve-guest-common
 //!   `assert_tag_permissions`, `get_allowed_tags`).
 

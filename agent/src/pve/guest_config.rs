@@ -597,6 +597,9 @@ pub struct IsolationBreach {
 /// - `vmstate`: saved RAM the copy resumes (`vm_start_nolock` loads it), the production VM's
 ///   open connections included.
 ///
+/// `args` and `vmstate` are refused for every VM restore, isolated or not (the preflight's
+/// contents check); the others only for an isolated copy.
+///
 /// A container has none of these; its host access (bind and device mount points, `devN`, raw
 /// `lxc.*` keys) is refused for every restore by the preflight's contents check.
 pub fn isolation_breaches<'a>(
