@@ -594,6 +594,9 @@ pub struct IsolationBreach {
 /// - `ivshmem` with a `name`: memory shared with every VM of that name (`print_ivshmem`
 ///   without a name uses `pve-shm-<vmid>`, the copy's own);
 /// - `serialN` / `parallelN` on a host device (`/dev/…`; a `socket` serial stays the VM's);
+/// - a CD-ROM on the host's drive (`ide2: cdrom,media=cdrom` is `/dev/cdrom`: qemu-server
+///   `get_iso_path`), which a restore keeps verbatim (drives not in the backup's disk map); an
+///   ISO volume stays (its start dies when the ISO is gone: a known limit);
 /// - `vmstate`: saved RAM the copy resumes (`vm_start_nolock` loads it), the production VM's
 ///   open connections included.
 ///
@@ -654,6 +657,17 @@ pub fn isolation_breaches<'a>(
             Some((
                 ErrorCode::BackupHostPort,
                 "a port connected to a host device",
+            ))
+        } else if ["ide", "sata", "scsi"].iter().any(|p| numbered(key, p))
+            && property_items(value)
+                .iter()
+                .any(|(k, v)| k == "media" && v.as_deref() == Some("cdrom"))
+            && default_key_value(&property_items(value), "file")
+                .is_some_and(|f| f == "cdrom" || f.starts_with("/dev/"))
+        {
+            Some((
+                ErrorCode::BackupDevices,
+                "the host's CD/DVD drive passed to the VM",
             ))
         } else if key == "vmstate" {
             Some((
@@ -837,6 +851,10 @@ mod tests {
         assert!(keys("usb0: spice\nusb1: host=spice,usb3=1\n").is_empty());
         assert_eq!(keys("usb0: mapping=spice\n"), ["usb0"]);
         assert_eq!(keys("usb2: host=1234:5678\n"), ["usb2"]);
+        assert_eq!(
+            keys("ide2: cdrom,media=cdrom\nsata0: /dev/sr0,media=cdrom\nide0: local:iso/d.iso,media=cdrom\nide1: none,media=cdrom\n"),
+            ["ide2", "sata0"]
+        );
     }
 
     #[test]
