@@ -893,4 +893,32 @@ fn a_backup_of_a_guest_outside_the_pool_asks_for_vm_backup_alone_and_passes_with
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    let guest_grants = |w: &World| {
+        w.agent(&["doctor", "--json"]).json()["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["name"] == "guest_grants")
+            .cloned()
+            .expect("guest_grants")
+    };
+    assert_eq!(guest_grants(&w)["status"], "pass");
+    // The grant an older README gave there: doctor warns and names the one-privilege role.
+    let mut s = foreign_backup();
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"]
+            .as_array_mut()
+            .expect("grants")
+            .push(json!([who, "/vms/101", ["PVEVMUser"]]));
+    }
+    let w = World::with_options(s, &opts);
+    let check = guest_grants(&w);
+    assert_eq!(check["status"], "warn", "{check:#}");
+    let message = check["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("/vms/101")
+            && message.contains("VM.Console")
+            && message.contains("--roles FelhomVMBackup"),
+        "{check:#}"
+    );
 }
