@@ -4,7 +4,8 @@
 //! Checks: config (unknown keys, secret file mode), PVE TLS (pin or CA), the token, the
 //! token's effective privileges on the pool and storages, the pool, `.vmlist`, the `next-id`
 //! range, the state dir, how LXC exec is done (the exec helper answers), whether the token holds
-//! more than the agent's role on the pool (`least_privilege`), whether the units of the agent's
+//! more than the agent's role on the pool (`least_privilege`) or more than `VM.Backup` on a
+//! guest (`guest_grants`), whether the units of the agent's
 //! user refuse `bind(2)`/`listen(2)` and other architectures' calls as systemd loaded them
 //! (`abstract_sockets`), whether that user can run anything outside those units (a home it may
 //! write, a login sshd would accept, a user manager: `agent_user_home`, `agent_user_login`,
@@ -50,7 +51,9 @@ const fn role_privs(guest_agent: &'static str) -> [&'static str; 8] {
     ]
 }
 /// The privileges the pool token needs on `/pool/<pool>` (or above it), beside one of
-/// [`AGENT_PRIVS_ANY`].
+/// [`AGENT_PRIVS_ANY`]. `Pool.Audit`: without it `/cluster/resources` drops each guest's
+/// `pool` (pve-manager `PVE/API2/Cluster.pm` `resources`), and the inventory cannot tell the
+/// pool's guests.
 pub const POOL_PRIVS: &[&str] = &[
     "VM.Allocate",
     "VM.Audit",
@@ -58,6 +61,7 @@ pub const POOL_PRIVS: &[&str] = &[
     "VM.PowerMgmt",
     "VM.Config.Options",
     "VM.Config.Network",
+    "Pool.Audit",
 ];
 /// Guest agent exec: PVE 9 privilege, and the PVE 8 one it replaced.
 pub const AGENT_PRIVS_ANY: &[&str] = &["VM.GuestAgent.Unrestricted", "VM.Monitor"];
@@ -520,6 +524,44 @@ fn check_excess(
     );
 }
 
+/// A guest whose backups the agent restores without being in the pool needs `VM.Backup` and
+/// nothing else on `/vms/<vmid>` (pve-storage `check_volume_access`, pve-manager
+/// `extractconfig`). `Some(warning)` naming each `/vms/<vmid>` where the token holds more than
+/// that beyond what its pool role gives (an older README granted `PVEVMUser` there: the
+/// console, power and the guest agent's file access on a production guest), with the fix.
+pub fn guest_grants_beyond_backup(
+    token: &str,
+    perms: &Permissions,
+    on_pool: &BTreeSet<String>,
+) -> Option<String> {
+    use crate::preflight::restorable::{backup_owner_role_add, BACKUP_OWNER_ROLE};
+    let mut found = Vec::new();
+    for path in perms.keys() {
+        let Some(vmid) = path.strip_prefix("/vms/") else {
+            continue;
+        };
+        if vmid.is_empty() || !vmid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let extra: Vec<String> = held_on(perms, path)
+            .into_iter()
+            .filter(|p| p != "VM.Backup" && !on_pool.contains(p))
+            .collect();
+        if !extra.is_empty() {
+            found.push(format!("{path}: {}", extra.join(", ")));
+        }
+    }
+    if found.is_empty() {
+        return None;
+    }
+    let user = token.split('!').next().unwrap_or(token);
+    Some(format!(
+        "token {token} holds more on guests than the agent uses there ({}); a backup of a guest outside the pool needs VM.Backup there and nothing else (VM.Console is a root shell through the console, VM.PowerMgmt stops a production guest). Replace the grant: `pveum acl delete <path> --tokens '{token}' --roles <the broader role>` and the same with `--users '{user}'`, then `pveum acl modify <path> --tokens '{token}' --roles {BACKUP_OWNER_ROLE}` and the same with `--users '{user}'` (the role: {})",
+        found.join("; "),
+        backup_owner_role_add()
+    ))
+}
+
 fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
     let pool_path = format!("/pool/{}", cfg.pool);
     let on_pool = held_on(perms, &pool_path);
@@ -550,6 +592,13 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
         }
     }
     check_excess(cfg, &on_pool, &pool_path, r);
+    match guest_grants_beyond_backup(&cfg.pve.token_id, perms, &on_pool) {
+        None => r.pass(
+            "guest_grants",
+            "no guest outside the pool grants the token more than VM.Backup",
+        ),
+        Some(m) => r.warn("guest_grants", m),
+    }
     if missing.is_empty() {
         r.pass("privileges", format!("token {} may restore into {pool_path}, start, configure, destroy and exec in its guests, and allocate on {storage_path}", cfg.pve.token_id));
         return;
@@ -1643,6 +1692,29 @@ mod tests {
         let why = home_exposure(&home, other, &[other]).expect("world-writable .ssh");
         assert!(why.contains(".ssh"), "{why}");
         assert!(home_exposure(Path::new("relative"), other, &[other]).is_some());
+    }
+
+    #[test]
+    fn a_guest_outside_the_pool_granting_more_than_vm_backup_warns() {
+        let pool: BTreeSet<String> = ROLE_PRIVS_PVE9.iter().map(|p| p.to_string()).collect();
+        let token = "felhom@pve!agent";
+        let fine = perms(&[
+            ("/pool/felhom", ROLE_PRIVS_PVE9),
+            ("/vms/101", &["VM.Backup"]),
+        ]);
+        assert_eq!(guest_grants_beyond_backup(token, &fine, &pool), None);
+        let user_role = perms(&[
+            ("/pool/felhom", ROLE_PRIVS_PVE9),
+            (
+                "/vms/101",
+                &["VM.Backup", "VM.Console", "VM.PowerMgmt", "VM.Audit"],
+            ),
+            ("/vms/200", ROLE_PRIVS_PVE9),
+        ]);
+        let m = guest_grants_beyond_backup(token, &user_role, &pool).expect("a warning");
+        assert!(m.contains("/vms/101: VM.Console"), "{m}");
+        assert!(!m.contains("/vms/200"), "{m}");
+        assert!(m.contains("--roles FelhomVMBackup"), "{m}");
     }
 
     #[test]

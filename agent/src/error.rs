@@ -35,6 +35,9 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::BackupHostPort
         | ErrorCode::BackupVmstate
         | ErrorCode::BackupTemplate
+        | ErrorCode::BackupQuota
+        | ErrorCode::GuestAgentOff
+        | ErrorCode::StorageFull
         | ErrorCode::TagPolicy
         // A journal verb on a transaction in the wrong state: nothing was written.
         | ErrorCode::NotNeedsHuman

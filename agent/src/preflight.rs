@@ -28,7 +28,9 @@ use crate::provision::machine::{Event, Marker, Request, TxnKind};
 use crate::pve::guest_config::{StoredConfig, StoredConfigText};
 use crate::pve::types::{BackupVolume, PoolInfo, StorageStatus};
 use crate::pve::{ApiErrorKind, GuestKind, PveClient, PveError};
-use restorable::{access_check, contents_check, network_check, paths_needed, tags_check};
+use restorable::{
+    access_check, contents_check, network_check, paths_needed, space_check, tags_check,
+};
 use restorable::{Asked, ClusterFiles, Held};
 
 /// How one preflight check ended.
@@ -483,12 +485,15 @@ pub fn backup_verdict(
     };
     let Some(vol) = list.iter().find(|v| v.volid == volid) else {
         let owner = owner_from_volid(volid).map_or("<owner>".to_string(), |o| o.to_string());
+        let owner_path = format!("/vms/{owner}");
         return PreflightCheck::fail(
             "backup",
             ErrorCode::BackupMissing,
             format!(
-                "backup {volid} does not exist on storage {sid:?} of node {}, or this token may not read it (restoring another guest's backup needs VM.Backup on /vms/{owner}); {} backup(s) are visible there: list them with `pvesm list {sid} --content backup` and pass one with --from",
+                "backup {volid} does not exist on storage {sid:?} of node {}, or this token may not read it (restoring another guest's backup needs VM.Backup on {owner_path}, and nothing more there: {} with the role {}); {} backup(s) are visible there: list them with `pvesm list {sid} --content backup` and pass one with --from",
                 req.node,
+                restorable::grant_commands(&owner_path, restorable::BACKUP_OWNER_ROLE, req.token_id),
+                restorable::backup_owner_role_add(),
                 list.len()
             ),
         );
@@ -760,7 +765,15 @@ pub async fn run(
         }
     }
     checks.push(tags_check(&files, &held, Marker::FLEET_TAG, req.token_id));
+    let avail = storage.as_ref().ok().and_then(|s| s.avail);
     checks.push(storage_verdict(req, storage));
+    match &stored_cfg {
+        Some(sc) => checks.push(space_check(sc, &asked, req.storage, avail)),
+        None => checks.push(PreflightCheck::skipped(
+            "space",
+            "the backup's stored configuration was not read",
+        )),
+    }
     checks.push(pool_verdict(req, pool));
     checks.push(profile_check(req));
     checks.push(checks_check(req));

@@ -637,6 +637,7 @@ mod tests {
                     storage: "local-lvm".to_owned(),
                     keep: false,
                     profile: None,
+                    isolate_network: None,
                 },
             })
         );

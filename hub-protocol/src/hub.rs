@@ -50,6 +50,10 @@ pub enum DispatchAction {
         /// The bootstrap profile to run; `None` runs the agent's `default` profile.
         #[serde(default)]
         profile: Option<String>,
+        /// `Some(true)`: the guest starts with no NIC at all (as a restore-test copy), and
+        /// with `onboot=0` and `protection=0`; `Some(false)` or absent: with its stored NICs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        isolate_network: Option<bool>,
     },
     /// Destroy a guest this agent created, subject to the ownership gate (`destroy`).
     Destroy {

@@ -214,7 +214,7 @@ pub enum ErrorCode {
     BackupHookscript,
     /// Preflight: the token may not restore another guest's backup (`VM.Backup` on its owner, `Datastore.AllocateSpace` on its storage).
     BackupAccess,
-    /// Preflight: the backup carries `args` (raw QEMU arguments that can reach the host or a network without any NIC); refused for an isolated copy.
+    /// Preflight: the backup carries `args` (raw QEMU arguments, root's to set, that can reach the host or a network without any NIC); refused for every VM restore.
     BackupArgs,
     /// Preflight: the backup shares a host directory with the VM (`virtiofsN`); refused for an isolated copy.
     BackupHostDir,
@@ -222,10 +222,18 @@ pub enum ErrorCode {
     BackupSharedMemory,
     /// Preflight: the backup connects a serial or parallel port to a host device; refused for an isolated copy.
     BackupHostPort,
-    /// Preflight: the backup carries saved RAM (`vmstate`), which the copy would resume; refused for an isolated copy.
+    /// Preflight: the backup carries saved RAM (`vmstate`), which the copy would resume (and then free the production VM's state volume); refused for every VM restore.
     BackupVmstate,
     /// Preflight: the backup is of a template, which PVE restores as a template that never starts.
     BackupTemplate,
+    /// Preflight: a mount point of the container backup has `quota`, which the restore keeps and
+    /// an unprivileged container never starts with.
+    BackupQuota,
+    /// Preflight: the VM backup has no QEMU guest agent configured (`agent: 1`), through which
+    /// every command in the VM runs.
+    GuestAgentOff,
+    /// Preflight: the target storage has less free space than the backup's disks need.
+    StorageFull,
     /// Preflight: the cluster's tag policy refuses the marker's tags to the token.
     TagPolicy,
     /// `journal resolve`: the transaction is not awaiting a human (settled otherwise, already
@@ -279,7 +287,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 52] = [
+    pub const ALL: [ErrorCode; 55] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -313,6 +321,9 @@ impl ErrorCode {
         ErrorCode::BackupHostPort,
         ErrorCode::BackupVmstate,
         ErrorCode::BackupTemplate,
+        ErrorCode::BackupQuota,
+        ErrorCode::GuestAgentOff,
+        ErrorCode::StorageFull,
         ErrorCode::TagPolicy,
         ErrorCode::NotNeedsHuman,
         ErrorCode::TxnNotOpen,
@@ -370,6 +381,9 @@ impl ErrorCode {
             ErrorCode::BackupHostPort => "backup_host_port",
             ErrorCode::BackupVmstate => "backup_vmstate",
             ErrorCode::BackupTemplate => "backup_template",
+            ErrorCode::BackupQuota => "backup_quota",
+            ErrorCode::GuestAgentOff => "guest_agent_off",
+            ErrorCode::StorageFull => "storage_full",
             ErrorCode::TagPolicy => "tag_policy",
             ErrorCode::NotNeedsHuman => "not_needs_human",
             ErrorCode::TxnNotOpen => "txn_not_open",
@@ -565,6 +579,9 @@ mod tests {
             (ErrorCode::BackupHostPort, "backup_host_port"),
             (ErrorCode::BackupVmstate, "backup_vmstate"),
             (ErrorCode::BackupTemplate, "backup_template"),
+            (ErrorCode::BackupQuota, "backup_quota"),
+            (ErrorCode::GuestAgentOff, "guest_agent_off"),
+            (ErrorCode::StorageFull, "storage_full"),
             (ErrorCode::TagPolicy, "tag_policy"),
             (ErrorCode::NotNeedsHuman, "not_needs_human"),
             (ErrorCode::TxnNotOpen, "txn_not_open"),
@@ -578,7 +595,7 @@ mod tests {
             (ErrorCode::Interrupted, "interrupted"),
             (ErrorCode::AgentUserUnconfined, "agent_user_unconfined"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 52);
+        assert_eq!(ErrorCode::ALL.len(), 55);
     }
 
     #[test]

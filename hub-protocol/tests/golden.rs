@@ -240,6 +240,7 @@ fn cases() -> Vec<(&'static str, Expected)> {
                         storage: s("local-lvm"),
                         keep: false,
                         profile: Some(s("web")),
+                        isolate_network: None,
                     },
                 }),
             ),

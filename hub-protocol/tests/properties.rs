@@ -267,7 +267,8 @@ fn dispatch_action() -> impl Strategy<Value = DispatchAction> {
                     from,
                     storage,
                     keep,
-                    profile
+                    profile,
+                    isolate_network: None,
                 }
             ),
         any::<u32>().prop_map(|vmid| DispatchAction::Destroy { vmid }),

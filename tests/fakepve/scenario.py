@@ -118,8 +118,9 @@ def parse_size(text):
 
 def agent_configured(config):
     """True when a VM config enables the guest agent (`agent: 1` or `agent: enabled=1,…`)."""
-    first = str(config.get('agent', '0')).split(',')[0]
-    return first.split('=')[-1] in ('1', 'yes', 'on', 'true')
+    # qemu-server src/PVE/QemuServer/Agent.pm parse_guest_agent: `enabled` is the default key.
+    first, props = fake_lxc.split_props(str(config.get('agent', '0')))
+    return truthy(props.get('enabled', first))
 
 
 def os_error_text(stderr):
@@ -418,7 +419,8 @@ class ScenarioPve(fake_server.FakePve):
     # (pve-api-facts.md §4.3: `add_vm_to_pool` only then), so the task ends `TASK ERROR: ...`
     # with the container present, unlocked and NOT in the pool. The default message is
     # add_vm_to_pool's when user.cfg's cluster lock times out (pve-access-control
-    # AccessControl.pm lock_user_config: "can't add VM N to pool: <cfs lock error>"). One-shot.
+    # AccessControl.pm add_vm_to_pool → lock_user_config: "can't add VM N to pool 'P': <cfs lock
+    # error>"). One-shot.
     lxc_restore_fail = None
     # `/set {"restore_outside_pool": {"140": true}}`: that vmid's `vzrestore` ends OK with the
     # container outside the pool (taken out of it the moment the task ends, as a person or
@@ -720,10 +722,16 @@ class ScenarioPve(fake_server.FakePve):
                     props = [p for p in str(conf['smbios1']).split(',') if p and not p.startswith('uuid=')]
                     conf['smbios1'] = ','.join(['uuid=' + str(uuid.uuid4())] + props)
             except (fake_model.PveError, fake_model.TaskError) as e:
+                # restore_vma_archive: an allocation that fails frees what was allocated
+                # ($restore_destroy_volumes) and dies with the storage's error; create_vm removes
+                # the create lock, warns that the state is NOT cleaned up and ends the task with
+                # that error: the config stays, empty, outside the pool (the stub).
                 for volid in made:
                     self._qm_free(volid)
                 fake_qemu.QemuApi._qm_lock(vm, None)
-                raise fake_model.TaskError('{0} {1}'.format(failed, getattr(e, 'message', None) or e)) from e
+                notes.say('error before or during data restore, some or all disks were not completely restored. '
+                          'VM {0} state is NOT cleaned up.'.format(vmid))
+                raise fake_model.TaskError(getattr(e, 'message', None) or str(e)) from e
             vm.config = conf
             vm.name = conf.get('name') or 'VM {0}'.format(vmid)
             # qemu-server src/PVE/API2/Qemu.pm create_vm: a restored config that is a template
@@ -908,7 +916,11 @@ class ScenarioPve(fake_server.FakePve):
                             continue
                         size = parse_size(mount.pop('size', None))
                         if key == 'rootfs':
+                            # create_vm prints the stored mount point again with only its
+                            # volume and size replaced (print_ct_mountpoint): every other
+                            # option (quota, acl, mountoptions, ro, …) comes back.
                             mine = fake_lxc.parse_mount(conf['rootfs'])
+                            mine.update((k, x) for k, x in mount.items() if k != 'volume')
                             mine['size'] = fake_lxc.format_size(size)
                             conf['rootfs'] = fake_lxc.print_mount(mine, True)
                             continue
@@ -987,13 +999,15 @@ class ScenarioPve(fake_server.FakePve):
         failing = (self.lxc_restore_fail or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
         if failing:
             restored = body
-            message = failing if isinstance(failing, str) else (
-                "can't add VM {0} to pool: cfs-lock 'file-user_cfg' error: got lock request timeout".format(tid))
 
             async def body():
                 await restored()
                 # The container is restored (config written, lock gone); the pool join failed,
                 # so it is not in the pool and the task ends in error (see lxc_restore_fail).
+                pool = next((p for p, members in self.pools.items() if int(tid) in members), '')
+                message = failing if isinstance(failing, str) else (
+                    "can't add VM {0} to pool '{1}': cfs-lock 'file-user_cfg' error: got lock request timeout"
+                    .format(tid, pool))
                 self._pool_leave(int(tid))
                 raise fake_model.TaskError(message)
         upid = await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
@@ -1942,6 +1956,15 @@ class ScenarioPve(fake_server.FakePve):
 
     async def _start_steps(self, ct, user, skiplock=False):
         if not ct.template:
+            # pve-container src/PVE/API2/LXC/Status.pm vm_start, inside the vzstart worker: an
+            # unprivileged container with `quota` on any mount point (rootfs, mpN) dies
+            # "Quotas are not supported by unprivileged containers." before PVE::LXC::vm_start
+            # (whose update_lxc_config reads the bridges).
+            if truthy(ct.config.get('unprivileged')):
+                for key in sorted(ct.config, key=fake_qemu.natural):
+                    if key == 'rootfs' or re.fullmatch(r'mp\d+', key):
+                        if truthy(fake_lxc.parse_mount(str(ct.config[key])).get('quota')):
+                            raise fake_model.TaskError('Quotas are not supported by unprivileged containers.')
             self._update_lxc_config(ct)
         if not (self.bed_owned or {}).get(int(ct.vmid), {}).get('real'):
             return await super()._start_steps(ct, user, skiplock)

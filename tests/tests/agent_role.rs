@@ -243,3 +243,82 @@ fn doctor_warns_when_the_token_holds_vm_console_or_more_than_the_role() {
         "{msg}"
     );
 }
+
+#[test]
+fn no_readme_line_grants_a_built_in_role_on_a_guest() {
+    // A guest outside the pool whose backups are restored needs VM.Backup there and nothing
+    // else (pve-storage check_volume_access, pve-manager extractconfig): the README grants a
+    // role of that one privilege, as the preflight's and doctor's advice do.
+    use felhom_agent::preflight::restorable::BACKUP_OWNER_ROLE;
+    let text = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let mut on_guests = 0;
+    for line in text
+        .lines()
+        .filter(|l| l.contains("acl modify /vms/") || l.contains("acl modify \"/vms/"))
+    {
+        on_guests += 1;
+        let roles = line
+            .split("--roles")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no --roles: {line}"));
+        let role = roles
+            .trim()
+            .split(|c: char| c.is_whitespace() || c == '`' || c == ')')
+            .next()
+            .unwrap_or("");
+        assert_eq!(role, BACKUP_OWNER_ROLE, "{line}");
+    }
+    assert!(
+        on_guests >= 1,
+        "the README says nothing of backups outside the pool"
+    );
+    assert!(
+        text.contains(&format!(
+            "pveum role add {BACKUP_OWNER_ROLE} -privs \"VM.Backup\""
+        )),
+        "the README does not create {BACKUP_OWNER_ROLE}"
+    );
+    for builtin in ["PVEVMUser", "PVEVMAdmin", "PVEAdmin", "Administrator"] {
+        assert!(
+            !text.contains(&format!("--roles {builtin}")),
+            "the README grants {builtin}"
+        );
+    }
+}
+
+#[test]
+fn doctor_fails_a_token_without_pool_audit() {
+    // Without Pool.Audit on the pool, /cluster/resources drops each guest's `pool` (pve-manager
+    // PVE/API2/Cluster.pm resources) and the inventory cannot tell the pool's guests, while
+    // `/pools?poolid=` still answers (its check is made with noerr).
+    let mut s = felhom_tests::fakepve::demo_scenario();
+    for g in s["grants"].as_array_mut().expect("grants") {
+        if g[1] == "/pool/felhom" {
+            let privs: Vec<Value> = g[2]
+                .as_array()
+                .expect("privileges")
+                .iter()
+                .filter(|p| *p != "Pool.Audit")
+                .cloned()
+                .collect();
+            g[2] = Value::Array(privs);
+        }
+    }
+    let w = World::new(s);
+    let doc = w.agent(&["doctor", "--json"]).json();
+    let check = doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "privileges")
+        .cloned()
+        .expect("privileges");
+    assert_eq!(check["status"], "fail", "{check:#}");
+    assert!(
+        check["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Pool.Audit on /pool/felhom"),
+        "{check:#}"
+    );
+}

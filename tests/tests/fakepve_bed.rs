@@ -535,7 +535,7 @@ async fn a_create_answered_5xx_runs_on_and_an_lxc_restore_can_fail_in_its_pool_j
     let task = stopped_restore_task(&pve, 202).await;
     let exit = task["exitstatus"].as_str().unwrap_or("");
     assert!(
-        exit.starts_with("can't add VM 202 to pool: "),
+        exit.starts_with("can't add VM 202 to pool 'felhom': "),
         "the pool join failed: {task}"
     );
     let guest = pve.guest(202).expect("the container is left behind");
@@ -1193,4 +1193,96 @@ async fn a_template_backup_comes_back_a_template_that_never_starts() {
         task["exitstatus"], "you can't start a CT if it's a template",
         "{task:#}"
     );
+}
+
+#[tokio::test]
+async fn a_storage_only_restore_keeps_the_stored_mount_options_and_a_quota_never_starts_unprivileged(
+) {
+    // pve-container create_vm (storage only mode): each stored volume mount point is printed
+    // again with only its volume (`<storage>:<size in GiB>`) and size replaced, so its other
+    // options (`quota`, `acl`, `backup`, `mp`, …) come back; create_disks allocates it and
+    // writes that value. The start (API2/LXC/Status.pm vm_start) of an unprivileged container
+    // then dies "Quotas are not supported by unprivileged containers." for any mount point
+    // with `quota`.
+    let mut s = demo_scenario();
+    let volid = add_lxc_backup(
+        &mut s,
+        "backup/vzdump-lxc-200-2026_04_01-00_00_00.tar.zst",
+        json!({"rootfs": "local-lvm:vm-200-disk-0,acl=1,quota=1,size=8G",
+               "mp0": "local-lvm:vm-200-disk-1,backup=1,mp=/srv,quota=1,size=2G"}),
+    );
+    let pve = FakePve::start(s);
+    let (status, upid) = restore_lxc(&pve, "404", &volid, &[("unprivileged", "1")]).await;
+    assert_eq!(status, 200, "{upid}");
+    assert_eq!(stopped_task(&pve, &upid).await["exitstatus"], "OK");
+    let cfg = pve.guest(404).expect("404")["config"].clone();
+    let rootfs = cfg["rootfs"].as_str().unwrap_or("");
+    assert!(
+        rootfs.starts_with("local-lvm:") && rootfs.contains("acl=1") && rootfs.contains("quota=1"),
+        "{cfg:#}"
+    );
+    assert!(rootfs.contains("size=8G"), "{cfg:#}");
+    let mp0 = cfg["mp0"].as_str().unwrap_or("");
+    for option in ["backup=1", "mp=/srv", "quota=1"] {
+        assert!(mp0.contains(option), "{option} not in {mp0}");
+    }
+    let (status, body) = send(
+        &pve,
+        reqwest::Method::POST,
+        "/nodes/pve1/lxc/404/status/start",
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let task = stopped_task(&pve, body["data"].as_str().expect("UPID")).await;
+    assert_eq!(
+        task["exitstatus"], "Quotas are not supported by unprivileged containers.",
+        "{task:#}"
+    );
+    assert_eq!(pve.guest(404).expect("404")["status"], "stopped");
+}
+
+#[tokio::test]
+async fn a_vm_restore_that_cannot_allocate_its_disks_leaves_the_stub() {
+    // qemu-server restore_vma_archive allocates the stored disks (restore_allocate_devices);
+    // a failed allocation frees what was allocated ($restore_destroy_volumes) and dies with the
+    // storage's error; API2/Qemu.pm create_vm removes the create lock, warns "error before or
+    // during data restore, … VM <vmid> state is NOT cleaned up." and ends the task with that
+    // error: the empty config stays, outside the pool.
+    let mut s = demo_scenario();
+    add_qemu_backup(&mut s, qemu_backup_config(), json!(false));
+    s["storages"] = json!({"local-lvm": {"avail": 1u64 << 30, "total": 100u64 << 30}});
+    let pve = FakePve::start(s);
+    let (status, body) = send(
+        &pve,
+        reqwest::Method::POST,
+        "/nodes/pve1/qemu",
+        &[
+            ("vmid", "424"),
+            ("archive", QEMU_BACKUP),
+            ("storage", "local-lvm"),
+            ("pool", "felhom"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let task = stopped_task(&pve, body["data"].as_str().expect("UPID")).await;
+    let exit = task["exitstatus"].as_str().unwrap_or("");
+    assert!(
+        exit.contains("local-lvm") && exit.contains("No space left on device"),
+        "{task:#}"
+    );
+    assert!(
+        !exit.contains("NOT cleaned up"),
+        "the warning is a log line: {task:#}"
+    );
+    let note = "error before or during data restore, some or all disks were not completely restored. VM 424 state is NOT cleaned up.";
+    assert!(
+        task["log"].as_array().expect("log").contains(&json!(note)),
+        "{task:#}"
+    );
+    let stub = pve.guest(424).expect("the stub config is left");
+    assert!(stub["lock"].is_null(), "{stub:#}");
+    assert_ne!(stub["pool"], "felhom", "{stub:#}");
+    assert!(stub["config"].get("scsi0").is_none(), "no disk: {stub:#}");
 }

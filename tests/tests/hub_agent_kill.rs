@@ -32,6 +32,7 @@ fn provision(vmid: u32) -> DispatchAction {
         storage: "local-lvm".to_string(),
         keep: false,
         profile: None,
+        isolate_network: None,
     }
 }
 

@@ -38,6 +38,7 @@ fn a_named_profile_runs_and_destroy_and_re_dispatch_go_through_the_gate() {
         storage: "local-lvm".to_string(),
         keep: true,
         profile: Some("web".to_string()),
+        isolate_network: None,
     });
     let state = hub.wait_for("the provision's result", WAIT, |s| {
         s.results.contains_key(&provision)
@@ -126,6 +127,7 @@ fn a_refused_dispatch_sent_again_is_answered_from_the_journal_even_once_the_vmid
         storage: "local-lvm".to_string(),
         keep: false,
         profile: None,
+        isolate_network: None,
     };
     let txn = hub.dispatch(action.clone());
     let state = hub.wait_for("the refusal", WAIT, |s| s.results.contains_key(&txn));

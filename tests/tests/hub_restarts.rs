@@ -48,6 +48,7 @@ fn transaction_dispatch(vmid: u32) -> DispatchAction {
         storage: "local-lvm".to_string(),
         keep: false,
         profile: None,
+        isolate_network: None,
     }
 }
 

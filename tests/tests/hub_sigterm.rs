@@ -34,6 +34,7 @@ fn provision(vmid: u32, keep: bool) -> DispatchAction {
         storage: "local-lvm".to_string(),
         keep,
         profile: None,
+        isolate_network: None,
     }
 }
 

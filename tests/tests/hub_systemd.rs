@@ -403,6 +403,7 @@ fn a_crash_during_a_long_restore_is_ready_at_once_and_the_provision_ends_ok() {
         storage: "local-lvm".to_string(),
         keep: false,
         profile: None,
+        isolate_network: None,
     });
     let deadline = Instant::now() + WAIT;
     let upid = loop {

@@ -251,32 +251,71 @@ fn qemu_restore_test_comes_up_with_every_nic_isolated() {
 }
 
 #[test]
-fn qemu_guest_without_a_guest_agent_is_unproven_and_cleaned_up_through_the_gate() {
-    let mut config = qemu_backup_config();
-    config.as_object_mut().expect("config").remove("agent");
+fn qemu_guest_whose_agent_is_turned_off_after_its_restore_fails_at_once_and_is_cleaned_up() {
+    // The preflight refuses a backup without `agent: 1` before any write (guest_agent_off,
+    // restore_contents.rs). A VM whose guest agent is turned off between its restore and its
+    // start answers the first exec "No QEMU guest agent configured" (qemu-server
+    // QemuServer/Agent.pm assert_agent_available): that is an answer, not a guest still
+    // booting, so the launch fails at once instead of waiting the launch timeout.
     let w = world(
-        scenario(config, json!({"agent": false, "start_secs": 10})),
-        "",
+        scenario(
+            qemu_backup_config(),
+            json!({"agent": false, "start_secs": 10}),
+        ),
+        "launch_timeout_secs = 120\n",
     );
-    let run = w.agent(&["--selftest=provision", "-vmid", "330", "--json"]);
+    let vmid = 330;
+    w.pve.set(json!({"answer_delay": {
+        format!("PUT /api2/json/nodes/pve1/qemu/{vmid}/config"): 1.0
+    }}));
+    let started = Instant::now();
+    let agent = {
+        let mut cmd = w.command();
+        cmd.args(["--selftest=provision", "-vmid", "330", "--json"]);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.spawn().expect("agent")
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut changed = false;
+    while Instant::now() < deadline && !changed {
+        let marked = w.pve.guest(vmid).is_some_and(|g| {
+            g["config"]["tags"]
+                .as_str()
+                .is_some_and(|t| t.contains("felhom"))
+        });
+        if marked {
+            w.pve
+                .guest_set(vmid, json!({"config": {"agent": "enabled=0"}}));
+            changed = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = agent.wait_with_output().expect("agent output");
+    let waited = started.elapsed();
+    assert!(changed, "the VM was never marked");
+    let run = AgentRun {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
     let doc = run.json();
     assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
-    assert_eq!(doc["outcome"], "failed", "{doc:#}");
     assert_eq!(doc["error"]["code"], "launch_unproven", "{doc:#}");
     let msg = doc["error"]["message"].as_str().unwrap_or("");
     assert!(
-        msg.to_lowercase().contains("guest agent"),
-        "names the missing guest agent: {msg}"
+        msg.contains("no QEMU guest agent configured") && msg.contains("agent: 1"),
+        "names the missing guest agent and the fix: {msg}"
     );
+    assert!(waited < Duration::from_secs(60), "took {waited:?}");
+    // PVE was asked once and answered in its words; nothing ran in the guest.
+    assert_eq!(agent_calls(&w, vmid, "exec").len(), 1);
+    assert!(agent_calls(&w, vmid, "exec-status").is_empty());
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
-    // PVE was asked, and answered in its words; nothing ran in the guest.
-    assert!(!agent_calls(&w, 330, "exec").is_empty());
-    assert!(agent_calls(&w, 330, "exec-status").is_empty());
     let deletes = guest_deletes(&w);
     assert_eq!(deletes.len(), 1, "{deletes:?}");
-    assert!(deletes[0].targets_vmid(330));
-    assert!(w.pve.guest(330).is_none());
-    assert!(wait_bed_gone(&w, 330));
+    assert!(deletes[0].targets_vmid(vmid));
+    assert!(w.pve.guest(vmid).is_none());
+    assert!(wait_bed_gone(&w, vmid));
 }
 
 #[test]

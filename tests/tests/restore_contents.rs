@@ -608,3 +608,317 @@ fn an_old_tar_vm_backup_is_restored_with_no_option_and_marked_afterwards() {
     );
     assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
 }
+
+#[test]
+fn a_privileged_backup_with_a_quota_is_refused_before_any_write() {
+    // The storage-only restore keeps each stored mount point's options (pve-container
+    // create_vm, `print_ct_mountpoint` of the stored mount point with only volume and size
+    // replaced), so `quota=1` survives the conversion to unprivileged, and every start then
+    // dies "Quotas are not supported by unprivileged containers." (`API2/LXC/Status.pm`).
+    for (key, value) in [
+        ("rootfs", "local-lvm:vm-200-disk-0,size=8G,quota=1"),
+        ("mp0", "local-lvm:vm-200-disk-1,mp=/srv,size=2G,quota=1"),
+    ] {
+        let mut config = json!({
+            "rootfs": "local-lvm:vm-200-disk-0,size=8G",
+            "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth"
+        });
+        config[key] = json!(value);
+        let w = World::new(scenario_with_backup(config));
+        refused_before_any_write(&w, "backup_quota", "selftest_source", &["quota", key]);
+    }
+}
+
+/// A world whose `selftest_source` is [`felhom_tests::fakepve::QEMU_BACKUP`], stored with
+/// `config`; `storages`: the scenario's storage options (e.g. `avail`).
+fn vm_provision_world(config: Value, storages: Value) -> World {
+    let mut s = demo_scenario();
+    felhom_tests::fakepve::add_qemu_backup(&mut s, config, json!({"agent": true}));
+    s["attrs"] = json!({"qemu_restore_secs": 5});
+    s["storages"] = storages;
+    let opts = AgentOptions {
+        selftest_source: Some(felhom_tests::fakepve::QEMU_BACKUP.to_string()),
+        ..AgentOptions::default()
+    };
+    World::with_options(s, &opts)
+}
+
+#[test]
+fn saved_ram_and_raw_args_are_refused_for_a_provision_that_keeps_its_network() {
+    // A restore keeps `vmstate` and `args` verbatim (qemu-server restore_update_config_line):
+    // the copy would resume the production VM's memory on the production network and free the
+    // state volume, which is the production VM's, at its first start (vm_start_nolock); `args`
+    // is root's (check_vm_modify_config_perm: "only root can set 'args' config").
+    for (key, value, code) in [
+        (
+            "vmstate",
+            "local-lvm:vm-300-state-suspend-2026-01-01",
+            "backup_vmstate",
+        ),
+        (
+            "args",
+            "-chardev socket,id=prod,path=/run/prod.sock",
+            "backup_args",
+        ),
+    ] {
+        let mut config = felhom_tests::fakepve::qemu_backup_config();
+        config[key] = json!(value);
+        let w = vm_provision_world(config, json!({}));
+        let run = w.agent(&[
+            "--selftest=provision",
+            "-vmid",
+            "130",
+            "--network=stored",
+            "--json",
+        ]);
+        let doc = run.json();
+        assert_eq!(run.code, Some(3), "{key}: {doc:#}\n{}", run.stderr);
+        assert_eq!(doc["error"]["code"], code, "{key}: {doc:#}");
+        assert!(
+            doc["error"]["message"].as_str().unwrap_or("").contains(key),
+            "{key}: {doc:#}"
+        );
+        assert!(w.pve.writes().is_empty(), "{key}: {:#?}", w.pve.writes());
+        assert!(w.pve.start_configs().is_empty(), "{key}");
+    }
+}
+
+#[test]
+fn a_vm_restore_onto_a_storage_too_small_for_its_disks_is_refused_before_any_write() {
+    // qemu-server allocates every stored disk at its stored size before any data is written
+    // (restore_vma_archive → restore_allocate_devices); a failed allocation ends the task and
+    // leaves the VM's config behind, empty and outside the pool (API2/Qemu.pm create_vm: "VM
+    // <vmid> state is NOT cleaned up"). The stored config gives each disk's size and PVE's
+    // storage status its free space: 8 GiB + 4 GiB do not fit into 10 GiB.
+    let mut config = felhom_tests::fakepve::qemu_backup_config();
+    config["scsi1"] = json!("local-lvm:vm-300-disk-1,size=4G");
+    config["ide2"] = json!("local:iso/debian.iso,media=cdrom,size=600M");
+    let w = vm_provision_world(
+        config,
+        json!({"local-lvm": {"avail": 10u64 << 30, "total": 100u64 << 30}}),
+    );
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "130",
+        "--network=stored",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "storage_full", "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    for n in ["local-lvm", "scsi0", "scsi1", "130"] {
+        assert!(message.contains(n), "{n:?} not in {message}");
+    }
+    assert!(
+        !message.contains("ide2"),
+        "a CD-ROM is not allocated: {message}"
+    );
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+    // The same disks fit into 13 GiB: the check counts only what is allocated.
+    let mut config = felhom_tests::fakepve::qemu_backup_config();
+    config["scsi1"] = json!("local-lvm:vm-300-disk-1,size=4G");
+    let w = vm_provision_world(
+        config,
+        json!({"local-lvm": {"avail": 13u64 << 30, "total": 100u64 << 30}}),
+    );
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "130",
+        "--network=stored",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+}
+
+#[test]
+fn a_vm_without_a_guest_agent_is_refused_before_any_write() {
+    // Without `agent: 1` PVE answers every guest agent call "No QEMU guest agent configured"
+    // (qemu-server `PVE/QemuServer/Agent.pm` assert_agent_available): nothing can prove the
+    // VM's launch, bootstrap it or check it, so the provision is refused before its restore
+    // rather than after a start.
+    for agent in [None, Some("0"), Some("enabled=0,fstrim_cloned_disks=1")] {
+        let mut config = felhom_tests::fakepve::qemu_backup_config();
+        match agent {
+            None => {
+                config.as_object_mut().expect("config").remove("agent");
+            }
+            Some(v) => config["agent"] = json!(v),
+        }
+        let w = vm_provision_world(config, json!({}));
+        let started = std::time::Instant::now();
+        let run = w.agent(&[
+            "--selftest=provision",
+            "-vmid",
+            "130",
+            "--network=stored",
+            "--json",
+        ]);
+        let doc = run.json();
+        assert_eq!(run.code, Some(3), "{agent:?}: {doc:#}\n{}", run.stderr);
+        assert_eq!(
+            doc["error"]["code"], "guest_agent_off",
+            "{agent:?}: {doc:#}"
+        );
+        let message = doc["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains("agent: 1"), "{message}");
+        assert!(
+            w.pve.writes().is_empty(),
+            "{agent:?}: {:#?}",
+            w.pve.writes()
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
+fn an_isolated_hub_provision_of_an_onboot_protected_backup_ends_ok() {
+    // The last read before the start refuses onboot and protection for every isolated
+    // transaction, so the restore of every isolated one sends both off, not only a selftest's.
+    use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
+    use hub_protocol::{DispatchAction, Outcome};
+    let wait = std::time::Duration::from_secs(90);
+    let hub = DevHub::start(DevHubOptions::default());
+    let opts = AgentOptions {
+        hub: Some(hub.hub_options()),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(scenario_with_backup(customer_backup_config()), &opts);
+    let path = w.path();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    hub.wait_for("the session", wait, |s| s.sessions == 1);
+    let txn = hub.dispatch(DispatchAction::Provision {
+        vmid: 6201,
+        from: "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst".to_string(),
+        storage: "local-lvm".to_string(),
+        keep: false,
+        profile: None,
+        isolate_network: Some(true),
+    });
+    let state = hub.wait_for("the provision's result", wait, |s| {
+        s.results.contains_key(&txn)
+    });
+    let result = &state.results[&txn][0].1;
+    assert_eq!(result.outcome, Outcome::Ok, "{result:?}");
+    assert!(result.destroyed, "{result:?}");
+    let config = started_config(&w, 6201);
+    assert_eq!(nics_of(&config), Vec::new(), "{config:#?}");
+    assert_no_onboot_nor_protection(&config);
+    assert_eq!(w.pve.network_exposures(), Vec::new());
+    let post = restore_post(&w, "lxc");
+    assert_eq!(post.param("onboot"), Some("0"), "{post:?}");
+    assert_eq!(post.param("protection"), Some("0"), "{post:?}");
+    assert!(w.pve.guest(6201).is_none(), "guest 6201 is left");
+    let (status, log) = agent.terminate(wait);
+    assert!(status.success(), "run exited {status}:\n{log}");
+}
+
+#[test]
+fn a_backup_of_a_guest_outside_the_pool_asks_for_vm_backup_alone_and_passes_with_it() {
+    // pve-storage check_volume_access (backup branch) and pve-manager extractconfig check
+    // VM.Backup on the backup's owner, nothing else: the advice is a role of that one
+    // privilege, never PVEVMUser (console, power and, on PVE 9, guest file access on a
+    // production guest).
+    const FOREIGN: &str = "local:backup/vzdump-lxc-101-2026_01_01-00_00_00.tar.zst";
+    let foreign_backup = || {
+        let mut s = demo_scenario();
+        s["volumes"]["local"]
+            .as_array_mut()
+            .expect("volumes")
+            .push(json!({"volname": FOREIGN.trim_start_matches("local:"), "vmid": 101,
+                         "config": {"unprivileged": "1", "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth"}}));
+        s
+    };
+    let opts = AgentOptions {
+        selftest_source: Some(FOREIGN.to_string()),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(foreign_backup(), &opts);
+    let names = [
+        "VM.Backup on /vms/101",
+        "pveum role add FelhomVMBackup -privs VM.Backup",
+        "pveum acl modify /vms/101 --tokens 'felhom@pve!agent' --roles FelhomVMBackup",
+        "--users 'felhom@pve' --roles FelhomVMBackup",
+    ];
+    // PVE's listing drops a backup the token may not access (check_volume_access), so the
+    // preflight cannot tell a missing backup from a hidden one, and says both; doctor, which
+    // asks for the privileges first, names the access.
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "backup_missing", "{doc:#}");
+    let doctor = w.agent(&["doctor", "--json"]);
+    let check = doctor.json()["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "selftest_source")
+        .cloned()
+        .expect("selftest_source");
+    assert_eq!(check["code"], "backup_access", "{check:#}");
+    for (text, what) in [
+        (doc["error"]["message"].as_str().unwrap_or(""), "provision"),
+        (check["message"].as_str().unwrap_or(""), "doctor"),
+    ] {
+        for n in names {
+            assert!(text.contains(n), "{what}: {n:?} not in {text}");
+        }
+        assert!(
+            !text.contains("PVEVM"),
+            "{what}: a built-in VM role is advised: {text}"
+        );
+    }
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+    // The one privilege is enough.
+    let mut s = foreign_backup();
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"]
+            .as_array_mut()
+            .expect("grants")
+            .push(json!([who, "/vms/101", ["VM.Backup"]]));
+    }
+    let w = World::with_options(s, &opts);
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    let guest_grants = |w: &World| {
+        w.agent(&["doctor", "--json"]).json()["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["name"] == "guest_grants")
+            .cloned()
+            .expect("guest_grants")
+    };
+    assert_eq!(guest_grants(&w)["status"], "pass");
+    // The grant an older README gave there: doctor warns and names the one-privilege role.
+    let mut s = foreign_backup();
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"]
+            .as_array_mut()
+            .expect("grants")
+            .push(json!([who, "/vms/101", ["PVEVMUser"]]));
+    }
+    let w = World::with_options(s, &opts);
+    let check = guest_grants(&w);
+    assert_eq!(check["status"], "warn", "{check:#}");
+    let message = check["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("/vms/101")
+            && message.contains("VM.Console")
+            && message.contains("--roles FelhomVMBackup"),
+        "{check:#}"
+    );
+}

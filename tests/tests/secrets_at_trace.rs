@@ -46,6 +46,7 @@ fn no_token_is_printed_even_at_trace_level() {
         storage: "local-lvm".to_string(),
         keep: false,
         profile: None,
+        isolate_network: None,
     });
     let state = hub.wait_for("the provision's result", WAIT, |s| {
         s.results.contains_key(&txn)

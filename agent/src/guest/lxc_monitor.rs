@@ -19,9 +19,10 @@
 //! process's credentials on it, which `SO_PEERCRED` gives a client. On PVE that process is
 //! `/usr/bin/lxc-start -F -n <vmid>`, run as root by `pve-container@<vmid>.service`
 //! (pve-container `src/pve-container@.service` `ExecStart`; `-F` keeps it in the foreground, so
-//! no fork comes between); a daemonized `lxc-start` would show its title
-//! `[lxc monitor] <lxcpath> <name>` (lxc `src/lxc/lxccontainer.c` `do_lxcapi_start`,
-//! `setproctitle`).
+//! no fork comes between). A daemonized start's `[lxc monitor] <lxcpath> <name>` title is
+//! never the listener: `do_lxcapi_start` (lxc `src/lxc/lxccontainer.c`) creates the socket in
+//! `lxc_init_handler` → `lxc_server_init` before it forks, and only the child takes the title
+//! (`setproctitle`), so the peer credentials name the parent; such a title is not accepted.
 //!
 //! [`check_monitor`] connects to the name without blocking (a listener that never accepts cannot
 //! stall it; LXC's command handler takes a connection closed without a request as nothing,
@@ -157,19 +158,16 @@ fn read_cmdline(path: &Path) -> Vec<u8> {
 }
 
 /// Whether `cmdline` (`/proc/<pid>/cmdline`) is LXC's monitor of container `vmid`:
-/// `lxc-start … -n <vmid>` (PVE's `lxc-start -F -n <vmid>`), or the title
-/// `[lxc monitor] <lxcpath> <vmid>` of a daemonized start. A title written over the arguments
-/// shows as one string with spaces; it is split on them.
-pub fn is_monitor_cmdline(cmdline: &[u8], lxcpath: &str, vmid: u32) -> bool {
+/// `lxc-start … -n <vmid>` (PVE's `lxc-start -F -n <vmid>`). A command line written over its
+/// arguments shows as one string with spaces; it is split on them. The lxcpath is not in
+/// PVE's command line: a start under another lxcpath binds another name.
+pub fn is_monitor_cmdline(cmdline: &[u8], _lxcpath: &str, vmid: u32) -> bool {
     let text = String::from_utf8_lossy(cmdline);
     let mut args: Vec<&str> = text.split('\0').filter(|a| !a.is_empty()).collect();
     if args.len() == 1 {
         args = args[0].split_ascii_whitespace().collect();
     }
     let vmid = vmid.to_string();
-    if args.len() == 4 && args[0] == "[lxc" && args[1] == "monitor]" {
-        return args[2] == lxcpath && args[3] == vmid;
-    }
     let Some(first) = args.first() else {
         return false;
     };
@@ -227,7 +225,8 @@ mod tests {
         assert!(ok(b"lxc-start\x00-F\x00-n120\x00"));
         assert!(ok(b"/usr/bin/lxc-start\x00-F\x00--name=120\x00"));
         assert!(ok(b"/usr/bin/lxc-start -F -n 120\x00\x00\x00"));
-        assert!(ok(b"[lxc monitor] /var/lib/lxc 120\x00"));
+        // The title of a daemonized start's child, which never holds the socket.
+        assert!(!ok(b"[lxc monitor] /var/lib/lxc 120\x00"));
         assert!(!ok(b"[lxc monitor] /tmp/lxc 120\x00"));
         assert!(!ok(b"/usr/bin/lxc-start\x00-F\x00-n\x00121\x00"));
         assert!(!ok(

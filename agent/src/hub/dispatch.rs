@@ -688,6 +688,7 @@ mod tests {
                 storage: "local-lvm".into(),
                 keep: false,
                 profile: None,
+                isolate_network: None,
             },
         }
     }

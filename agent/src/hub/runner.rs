@@ -231,6 +231,7 @@ impl DispatchRunner for ProvisionRunner {
                     storage,
                     keep,
                     profile,
+                    isolate_network,
                 } => {
                     let req = ProvisionRequest {
                         vmid: Some(vmid.to_string()),
@@ -239,7 +240,7 @@ impl DispatchRunner for ProvisionRunner {
                         keep: *keep,
                         dry_run: false,
                         profile: profile.clone(),
-                        isolate_network: None,
+                        isolate_network: *isolate_network,
                     };
                     service::provision(
                         &self.cfg,

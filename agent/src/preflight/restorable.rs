@@ -14,9 +14,16 @@
 //! - a VM's host devices are root's, mapped ones need `Mapping.Use` (qemu-server
 //!   `check_hostpci_perm`, `check_usb_perm`, via `check_mapping_access`);
 //! - a `hookscript` runs as root on the node at every start and only root may set one;
-//! - another guest's backup needs `Datastore.AllocateSpace` on its storage and `VM.Backup` on
-//!   its owner, unless `Datastore.Allocate` on the storage (pve-storage `PVE/Storage.pm`
-//!   `check_volume_access`);
+//! - another guest's backup needs `VM.Backup` on its owner (always: pve-manager
+//!   `PVE/API2/VZDump.pm` `extractconfig`) and `Datastore.AllocateSpace` on its storage unless
+//!   `Datastore.Allocate` there (pve-storage `PVE/Storage.pm` `check_volume_access`); the
+//!   grant advised is [`BACKUP_OWNER_ROLE`], that one privilege;
+//! - `quota` on a mount point survives the storage-only restore and an unprivileged container
+//!   never starts with it (pve-container `create_vm`, `API2/LXC/Status.pm` `vm_start`);
+//! - a VM's `vmstate` and `args`, for every restore, and a VM without its guest agent
+//!   (qemu-server `vm_start_nolock`, `check_vm_modify_config_perm`, `QemuServer/Agent.pm`);
+//! - the disks a restore allocates must fit into the target storage's free space (qemu-server
+//!   `restore_vma_archive` leaves a stub when they do not);
 //! - the marker's tags must pass the cluster's tag policy (pve-guest-common
 //!   `assert_tag_permissions`, `get_allowed_tags`).
 
@@ -252,8 +259,24 @@ pub fn grant_commands(path: &str, role: &str, token_id: &str) -> String {
     )
 }
 
-/// Another guest's backup: `Datastore.AllocateSpace` on its storage and `VM.Backup` on its
-/// owner, unless `Datastore.Allocate` on the storage or the owner is the target vmid.
+/// The role of one privilege, `VM.Backup`, granted on the owner of a backup whose guest is
+/// not in the pool: what pve-storage `check_volume_access` (backup branch) and pve-manager
+/// `PVE/API2/VZDump.pm` `extractconfig` check there, and nothing else (no console, no power,
+/// no guest agent: PVE's built-in `PVEVMUser` holds all three). With it the token may also
+/// back that guest up and restore a backup over it with `force` (pve-container and
+/// qemu-server `create_vm`), which the agent never sends.
+pub const BACKUP_OWNER_ROLE: &str = "FelhomVMBackup";
+
+/// `pveum role add` for [`BACKUP_OWNER_ROLE`].
+pub fn backup_owner_role_add() -> String {
+    format!("`pveum role add {BACKUP_OWNER_ROLE} -privs VM.Backup` (once per cluster)")
+}
+
+/// Another guest's backup: reading its stored configuration needs `VM.Backup` on its owner
+/// always (pve-manager `PVE/API2/VZDump.pm` `extractconfig`: `check_volume_access` with no
+/// vmid, then `VM.Backup` on the owner whatever the storage privileges); restoring it needs
+/// `Datastore.Allocate` on its storage, or `Datastore.AllocateSpace` there and `VM.Backup` on
+/// the owner, unless the owner is the target vmid (pve-storage `check_volume_access`).
 pub fn access_check(asked: &Asked<'_>, held: &Held) -> PreflightCheck {
     let name = "backup_access";
     if let Some(why) = &held.unreadable {
@@ -268,21 +291,12 @@ pub fn access_check(asked: &Asked<'_>, held: &Held) -> PreflightCheck {
     let Some(owner) = asked.owner else {
         return PreflightCheck::pass(name, "the backup names no owner vmid");
     };
-    if asked.vmid == Some(owner) {
-        return PreflightCheck::pass(
-            name,
-            format!("backup {} is vmid {owner}'s own", asked.volid),
-        );
-    }
-    if held.has(&storage, "Datastore.Allocate") {
-        return PreflightCheck::pass(
-            name,
-            format!("the token holds Datastore.Allocate on {storage}"),
-        );
-    }
     let owner_path = format!("/vms/{owner}");
     let mut missing = Vec::new();
-    if !held.has(&storage, "Datastore.AllocateSpace") {
+    let storage_ok = asked.vmid == Some(owner)
+        || held.has(&storage, "Datastore.Allocate")
+        || held.has(&storage, "Datastore.AllocateSpace");
+    if !storage_ok {
         missing.push((
             format!("Datastore.AllocateSpace on {storage}"),
             grant_commands(&storage, "PVEDatastoreUser", asked.token_id),
@@ -291,13 +305,17 @@ pub fn access_check(asked: &Asked<'_>, held: &Held) -> PreflightCheck {
     if !held.has(&owner_path, "VM.Backup") {
         missing.push((
             format!("VM.Backup on {owner_path}"),
-            grant_commands(&owner_path, "PVEVMUser", asked.token_id),
+            format!(
+                "{} (the role: {})",
+                grant_commands(&owner_path, BACKUP_OWNER_ROLE, asked.token_id),
+                backup_owner_role_add()
+            ),
         ));
     }
     if missing.is_empty() {
         return PreflightCheck::pass(
             name,
-            format!("the token holds Datastore.AllocateSpace on {storage} and VM.Backup on {owner_path} (backup of vmid {owner})"),
+            format!("the token holds VM.Backup on {owner_path} and may use backups on {storage} (backup of vmid {owner})"),
         );
     }
     let (what, how): (Vec<String>, Vec<String>) = missing.into_iter().unzip();
@@ -305,7 +323,7 @@ pub fn access_check(asked: &Asked<'_>, held: &Held) -> PreflightCheck {
         name,
         ErrorCode::BackupAccess,
         format!(
-            "backup {} belongs to vmid {owner}; restoring it needs {} (pve-storage check_volume_access), which token {} lacks; grant them: {}",
+            "backup {} belongs to vmid {owner}; reading its stored configuration and restoring it need {} (pve-manager extractconfig, pve-storage check_volume_access), which token {} lacks; grant them: {}",
             asked.volid,
             what.join(" and "),
             asked.token_id,
@@ -425,6 +443,23 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
                 .filter(|m| m.is_host_path())
                 .map(|m| format!("{} ({})", m.key, crate::error::outside_text(&m.volume)))
                 .collect();
+            let quota: Vec<String> = stored
+                .mount_points()
+                .into_iter()
+                .filter(|m| m.quota)
+                .map(|m| m.key)
+                .collect();
+            if !quota.is_empty() {
+                return PreflightCheck::fail(
+                    name,
+                    ErrorCode::BackupQuota,
+                    format!(
+                        "backup {volid} has quota=1 on mount point(s) {}: the restore keeps each stored mount point's options (pve-container create_vm, storage only mode) and the agent restores every container unprivileged, which PVE never starts with quotas (\"Quotas are not supported by unprivileged containers.\", pve-container vm_start); turn the quota off in the guest (`pct set <vmid> --{} <volume>,…` without quota=1), back it up again and restore that backup",
+                        quota.join(", "),
+                        quota[0]
+                    ),
+                );
+            }
             let raw: Vec<&str> = stored.raw_lxc_keys();
             let devs = stored.devices();
             if !host.is_empty() || !raw.is_empty() || !devs.is_empty() {
@@ -450,6 +485,31 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
         }
         GuestKind::Qemu => {
             let breaches = stored.isolation_breaches(GuestKind::Qemu);
+            // Refused for every restore, isolated or not: `vmstate` is resumed at the first
+            // start, twin of the production VM on whatever network it keeps, and then freed,
+            // though it is the production VM's volume (qemu-server `vm_start_nolock`: resume,
+            // then `vdisk_free` of the state); `args` is root's to set (qemu-server
+            // `check_vm_modify_config_perm`: "only root can set 'args' config") and restored
+            // verbatim (`restore_update_config_line`), so it may name the production VM's host
+            // resources (a disk, a socket, a chardev) for the copy to open.
+            let always: Vec<String> = breaches
+                .iter()
+                .filter(|b| b.key == "vmstate" || b.key == "args")
+                .map(|b| format!("{} ({})", b.key, b.why))
+                .collect();
+            if let Some(first) = breaches
+                .iter()
+                .find(|b| b.key == "vmstate" || b.key == "args")
+            {
+                return PreflightCheck::fail(
+                    name,
+                    first.code,
+                    format!(
+                        "backup {volid} carries {}: a restore keeps every stored line (qemu-server restore_update_config_line), `vmstate` makes the restored VM resume the production VM's memory, connections included, and free that state volume at its start (vm_start_nolock), and `args` is set only by root (check_vm_modify_config_perm); remove them from the guest (`qm set <vmid> --delete vmstate,args`, or start the hibernated VM once), back it up again and restore that backup",
+                        always.join(", ")
+                    ),
+                );
+            }
             if asked.isolate {
                 if let Some(first) = breaches.first() {
                     let all: Vec<String> = breaches
@@ -504,6 +564,18 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
                     ),
                 );
             }
+            if !stored.guest_agent_enabled() {
+                return PreflightCheck::fail(
+                    name,
+                    ErrorCode::GuestAgentOff,
+                    format!(
+                        "backup {volid} is of a VM whose config does not enable its QEMU guest agent (`agent: 1`; the backup has {}), so PVE would answer every command in it \"No QEMU guest agent configured\" (qemu-server QemuServer/Agent.pm assert_agent_available) and nothing could prove its launch, bootstrap or check it; install qemu-guest-agent in the guest, set `qm set <vmid> --agent 1`, back it up again and restore that backup",
+                        stored
+                            .get("agent")
+                            .map_or("no agent line".to_string(), |a| format!("agent: {}", crate::error::outside_text(a)))
+                    ),
+                );
+            }
         }
     }
     PreflightCheck::pass(
@@ -513,6 +585,94 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
         } else {
             "no hookscript, host path, host device or template in the backup".to_string()
         },
+    )
+}
+
+/// Whether the target storage has room for the disks the restore allocates there, at their
+/// stored sizes ([`StoredConfig::allocated_disks`]; the request names one storage, and PVE
+/// puts every disk on it). A VM restore that fails to allocate leaves its config behind,
+/// empty and outside the pool, where the token cannot remove it (qemu-server
+/// `PVE/API2/Qemu.pm` `create_vm`: "VM <vmid> state is NOT cleaned up"); a thin pool filled
+/// by a restore stops every guest on it. So the stored sizes must fit into what PVE reports
+/// free (`avail` of `GET /nodes/<node>/storage/<storage>/status`), thin storage or not.
+pub fn space_check(
+    stored: &StoredConfig,
+    asked: &Asked<'_>,
+    storage: &str,
+    avail: Option<u64>,
+) -> PreflightCheck {
+    let name = "space";
+    let disks = stored.allocated_disks(asked.guest);
+    let known: u64 = disks.iter().filter_map(|(_, s)| *s).sum();
+    let no_size: Vec<&str> = disks
+        .iter()
+        .filter(|(_, s)| s.is_none())
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let listed = |disks: &[(String, Option<u64>)]| {
+        disks
+            .iter()
+            .map(|(k, s)| match s {
+                Some(s) => format!("{k} {}", gib(*s)),
+                None => format!("{k} (no size)"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(avail) = avail else {
+        return PreflightCheck::pass(
+            name,
+            format!(
+                "storage {storage:?} reports no free space; the backup's disks need {}",
+                gib(known)
+            ),
+        );
+    };
+    let vmid = asked
+        .vmid
+        .map_or("the new guest".to_string(), |v| format!("vmid {v}"));
+    if known > avail {
+        return PreflightCheck::fail(
+            name,
+            ErrorCode::StorageFull,
+            format!(
+                "the restore of backup {} into {vmid} allocates {} on storage {storage:?} of node {} ({}), which has {} free; PVE allocates every disk at its stored size before it writes any data, and a VM restore that fails there leaves its config behind outside the pool; free space on {storage:?} or restore onto a storage with room (`pvesm status --content {}`)",
+                asked.volid,
+                gib(known),
+                asked.node,
+                listed(&disks),
+                gib(avail),
+                super::content_needed(asked.guest)
+            ),
+        );
+    }
+    PreflightCheck::pass(
+        name,
+        format!(
+            "the backup's disks ({}) fit into the {} free on storage {storage:?}{}",
+            if disks.is_empty() {
+                "none".to_string()
+            } else {
+                listed(&disks)
+            },
+            gib(avail),
+            if no_size.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (no stored size for {}: PVE refuses or sizes those itself)",
+                    no_size.join(", ")
+                )
+            }
+        ),
+    )
+}
+
+/// Bytes as GiB with two decimals, and the bytes.
+fn gib(bytes: u64) -> String {
+    format!(
+        "{:.2} GiB ({bytes} bytes)",
+        bytes as f64 / f64::from(1u32 << 30)
     )
 }
 
@@ -785,7 +945,13 @@ mod tests {
             Some(ErrorCode::BackupDevices)
         );
         let held = Held::from_table(&[("/mapping/usb/stick", &["Mapping.Use"])]);
-        assert_eq!(contents_check(&mapped, &vm, &held).code, None);
+        assert_eq!(
+            contents_check(&mapped, &vm, &held).code,
+            Some(ErrorCode::GuestAgentOff)
+        );
+        let mapped_agent =
+            StoredConfig::parse("usb0: mapping=stick\nagent: 1,fstrim_cloned_disks=1\n");
+        assert_eq!(contents_check(&mapped_agent, &vm, &held).code, None);
         // A virtiofs directory and the host's RNG: Mapping.Use inside the task too.
         for (text, path) in [
             ("virtiofs0: share1,cache=auto\n", "/mapping/dir/share1"),
@@ -797,7 +963,8 @@ mod tests {
             assert!(c.message.contains(path), "{c:?}");
             assert!(paths_needed(Some(&sc), &vm, &ClusterFiles::default()).contains(path));
             let held = Held::from_table(&[(path, &["Mapping.Use"])]);
-            assert_eq!(contents_check(&sc, &vm, &held).code, None, "{text}");
+            let with_agent = StoredConfig::parse(&format!("{text}agent: enabled=1\n"));
+            assert_eq!(contents_check(&with_agent, &vm, &held).code, None, "{text}");
         }
         // An isolated copy: every key that reaches the host or a network without a NIC is
         // refused, mapped and held or not.
@@ -828,7 +995,7 @@ mod tests {
             volid: "local:backup/vzdump-qemu-300-2014_01_01-00_00_00.tar.lzo",
             ..asked(GuestKind::Qemu, true)
         };
-        let empty = StoredConfig::parse("scsi0: x\n");
+        let empty = StoredConfig::parse("scsi0: x\nagent: 1\n");
         assert_eq!(
             contents_check(&empty, &tar, &none).code,
             Some(ErrorCode::BackupMissing)
@@ -838,6 +1005,87 @@ mod tests {
             ..tar
         };
         assert_eq!(contents_check(&empty, &provision, &none).code, None);
+    }
+
+    #[test]
+    fn a_quota_saved_ram_raw_args_or_no_guest_agent_are_refused_for_every_restore() {
+        let none = Held::from_table(&[]);
+        for isolate in [false, true] {
+            let ct = asked(GuestKind::Lxc, isolate);
+            for text in [
+                "rootfs: local-lvm:vm-200-disk-0,size=8G,quota=1\n",
+                "unprivileged: 1\nrootfs: local-lvm:vm-200-disk-0,size=8G\nmp1: local-lvm:vm-200-disk-1,mp=/srv,quota=on,size=1G\n",
+            ] {
+                let c = contents_check(&StoredConfig::parse(text), &ct, &none);
+                assert_eq!(c.code, Some(ErrorCode::BackupQuota), "{text}: {c:?}");
+                assert!(c.message.contains("quota"), "{c:?}");
+            }
+            let vm = Asked {
+                volid: "local:backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst",
+                ..asked(GuestKind::Qemu, isolate)
+            };
+            for (text, code) in [
+                (
+                    "agent: 1\nvmstate: local:300/vm-300-state-x.raw\n",
+                    ErrorCode::BackupVmstate,
+                ),
+                ("agent: 1\nargs: -cpu host\n", ErrorCode::BackupArgs),
+                (
+                    "scsi0: local-lvm:vm-300-disk-0,size=8G\n",
+                    ErrorCode::GuestAgentOff,
+                ),
+                ("agent: 0\n", ErrorCode::GuestAgentOff),
+                (
+                    "agent: enabled=0,fstrim_cloned_disks=1\n",
+                    ErrorCode::GuestAgentOff,
+                ),
+            ] {
+                let c = contents_check(&StoredConfig::parse(text), &vm, &none);
+                assert_eq!(c.code, Some(code), "{isolate} {text}: {c:?}");
+            }
+            let c = contents_check(
+                &StoredConfig::parse("agent: fstrim_cloned_disks=1,enabled=1\n"),
+                &vm,
+                &none,
+            );
+            assert_eq!(c.code, None, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn the_disks_a_restore_allocates_must_fit_into_the_free_space() {
+        let vm = Asked {
+            volid: "local:backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst",
+            ..asked(GuestKind::Qemu, false)
+        };
+        let stored = StoredConfig::parse(
+            "agent: 1\nscsi0: local-lvm:vm-300-disk-0,size=8G\nvirtio1: ceph:vm-300-disk-1,size=512M\n\
+             ide2: local:iso/d.iso,media=cdrom,size=600M\nide0: none,media=cdrom\n\
+             sata0: local-lvm:vm-300-disk-2,backup=0,size=100G\nefidisk0: local-lvm:vm-300-disk-3,size=4M\n",
+        );
+        let need = (8u64 << 30) + (512 << 20) + (4 << 20);
+        assert_eq!(
+            space_check(&stored, &vm, "local-lvm", Some(need)).code,
+            None
+        );
+        let c = space_check(&stored, &vm, "local-lvm", Some(need - 1));
+        assert_eq!(c.code, Some(ErrorCode::StorageFull), "{c:?}");
+        for n in ["scsi0", "virtio1", "efidisk0", "local-lvm", "vmid 120"] {
+            assert!(c.message.contains(n), "{n}: {}", c.message);
+        }
+        for n in ["ide2", "ide0", "sata0"] {
+            assert!(!c.message.contains(n), "{n}: {}", c.message);
+        }
+        assert_eq!(space_check(&stored, &vm, "local-lvm", None).code, None);
+        let ct = StoredConfig::parse(
+            "rootfs: local-lvm:vm-200-disk-0,size=8G\nmp0: /srv,mp=/srv\nmp1: local-lvm:vm-200-disk-1,mp=/a,size=2G\n",
+        );
+        let a = asked(GuestKind::Lxc, false);
+        assert_eq!(space_check(&ct, &a, "local-lvm", Some(10 << 30)).code, None);
+        assert_eq!(
+            space_check(&ct, &a, "local-lvm", Some((10 << 30) - 1)).code,
+            Some(ErrorCode::StorageFull)
+        );
     }
 
     #[test]
@@ -857,13 +1105,39 @@ mod tests {
             ("/vms/200", &["VM.Backup"]),
         ]);
         assert_eq!(access_check(&a, &both).code, None);
+        // Datastore.Allocate restores any backup, but extractconfig still checks VM.Backup on
+        // the owner: the grant is the one-privilege role, never a built-in VM role.
         let alloc = Held::from_table(&[("/storage/local", &["Datastore.Allocate"])]);
-        assert_eq!(access_check(&a, &alloc).code, None);
+        let c = access_check(&a, &alloc);
+        assert_eq!(c.code, Some(ErrorCode::BackupAccess), "{c:?}");
+        assert!(
+            c.message.contains("--roles FelhomVMBackup"),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message
+                .contains("pveum role add FelhomVMBackup -privs VM.Backup"),
+            "{}",
+            c.message
+        );
+        assert!(!c.message.contains("PVEVM"), "{}", c.message);
+        let alloc_backup = Held::from_table(&[
+            ("/storage/local", &["Datastore.Allocate"]),
+            ("/vms/200", &["VM.Backup"]),
+        ]);
+        assert_eq!(access_check(&a, &alloc_backup).code, None);
         let own = Asked {
             vmid: Some(200),
             ..asked(GuestKind::Lxc, false)
         };
-        assert_eq!(access_check(&own, &Held::from_table(&[])).code, None);
+        let c = access_check(&own, &Held::from_table(&[]));
+        assert!(
+            c.message.contains("VM.Backup on /vms/200") && !c.message.contains("Datastore"),
+            "{c:?}"
+        );
+        let own_held = Held::from_table(&[("/vms/200", &["VM.Backup"])]);
+        assert_eq!(access_check(&own, &own_held).code, None);
     }
 
     #[test]

@@ -762,8 +762,10 @@ impl<'a> Executor<'a> {
             return None;
         }
         let node = &self.cfg.node;
-        let what = if isolate {
+        let what = if state.kind() == TxnKind::SelftestRestore {
             "restore-test copy"
+        } else if isolate {
+            "isolated guest"
         } else {
             "selftest guest"
         };
@@ -1445,14 +1447,16 @@ impl<'a> Executor<'a> {
 
 /// The options a restore request sends besides its target, from the configuration stored in
 /// the backup (`None`: unreadable):
-/// - isolated (restore test): every stored NIC (and `net0` at least) given with no bridge and
-///   its link down. The request's NICs win over the stored ones for a container restored
+/// - isolated (a restore-test copy, a throwaway selftest, a provision told to isolate): every
+///   NIC the backup stores given with no bridge and its link down (a backup without NICs gets
+///   none). The request's NICs win over the stored ones for a container restored
 ///   without `unique` (pve-container `PVE/LXC/Create.pm` `sanitize_and_merge_config`) and for
 ///   a VM always (qemu-server `PVE/QemuServer.pm` `restore_merge_config`: the request's
 ///   parameters override the backup's); PVE gives each a new MAC.
-/// - a selftest guest (`--selftest=…`, restore test): `onboot=0` and `protection=0`, so a copy
-///   never starts at the node's boot and its destroy is never refused; the request's keys win
-///   for both kinds (same functions).
+/// - a selftest guest (`--selftest=…`, restore test) and every isolated guest: `onboot=0` and
+///   `protection=0`, so a copy never starts at the node's boot and its destroy is never
+///   refused, and [`start_refusal`], which refuses both for exactly these transactions, lets
+///   it start; the request's keys win for both kinds (same functions).
 /// - `description`: the marker line first, then the backup's own description, so the guest
 ///   carries the marker from its first write and keeps the customer's notes (a description
 ///   given with the restore replaces the stored one). `tags` cannot go with it: PVE checks them
@@ -1475,7 +1479,7 @@ pub fn restore_options(
             out.push((nic.key, value));
         }
     }
-    if selftest {
+    if selftest || isolate {
         out.push(("onboot".to_string(), "0".to_string()));
         out.push(("protection".to_string(), "0".to_string()));
     }
@@ -1730,6 +1734,21 @@ mod tests {
         let none = StoredConfig::parse("scsi0: x\n");
         let o = restore_options(GuestKind::Qemu, true, true, Some(&none), marker());
         assert!(o.iter().all(|(k, _)| !is_net_key(k)), "{o:?}");
+    }
+
+    #[test]
+    fn every_isolated_restore_sends_onboot_and_protection_off_as_its_start_check_demands() {
+        // start_refusal refuses onboot and protection for every isolated transaction: the
+        // restore of every isolated one sends both off, selftest or hub provision.
+        let stored = StoredConfig::parse(STORED_CT);
+        for selftest in [true, false] {
+            let o = restore_options(GuestKind::Lxc, true, selftest, Some(&stored), marker());
+            let o = opts(&o);
+            assert!(
+                o.contains(&("onboot", "0")) && o.contains(&("protection", "0")),
+                "{o:?}"
+            );
+        }
     }
 
     #[test]

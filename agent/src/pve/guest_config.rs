@@ -239,6 +239,11 @@ pub struct MountPoint {
     pub key: String,
     /// The volume as written (`local-lvm:vm-1-disk-0`, `/srv/data`, `/dev/sdb1`).
     pub volume: String,
+    /// `quota=1`: user quotas inside the container, which pve-container refuses to start an
+    /// unprivileged container with (`PVE/API2/LXC/Status.pm` `vm_start`).
+    pub quota: bool,
+    /// `size=`, in bytes, when given and readable.
+    pub size: Option<u64>,
 }
 
 impl MountPoint {
@@ -403,9 +408,17 @@ impl StoredConfig {
                             .map(|(ik, _)| ik.clone())
                     })
                     .unwrap_or_default();
+                let get = |name: &str| {
+                    items
+                        .iter()
+                        .find(|(ik, iv)| ik == name && iv.is_some())
+                        .and_then(|(_, iv)| iv.clone())
+                };
                 MountPoint {
                     key: k.clone(),
                     volume,
+                    quota: get("quota").is_some_and(|q| is_true(&q)),
+                    size: get("size").as_deref().and_then(parse_disk_size),
                 }
             })
             .collect()
@@ -450,6 +463,64 @@ impl StoredConfig {
             }
         }
         out
+    }
+
+    /// The volumes a restore of this configuration allocates on the target storage, each with
+    /// its stored size in bytes (`None`: no readable `size=`):
+    /// - a container: `rootfs` and every `mpN` on a storage volume (pve-container `create_vm`,
+    ///   storage only mode: "unable to detect disk size" without one; bind and device mount
+    ///   points allocate nothing);
+    /// - a VM: every disk (`ideN`, `sataN`, `scsiN`, `virtioN`, `efidiskN`, `tpmstateN`) on a
+    ///   storage volume, except CD-ROMs (`media=cdrom`, `none`, `cdrom`) and disks left out of
+    ///   the backup (`backup=0`, commented out by qemu-server `restore_update_config_line`),
+    ///   which qemu-server allocates before it writes any data (`restore_allocate_devices`).
+    pub fn allocated_disks(&self, kind: GuestKind) -> Vec<(String, Option<u64>)> {
+        match kind {
+            GuestKind::Lxc => self
+                .mount_points()
+                .into_iter()
+                .filter(|m| !m.is_host_path())
+                .map(|m| (m.key, m.size))
+                .collect(),
+            GuestKind::Qemu => self
+                .keys
+                .iter()
+                .filter(|(k, _)| {
+                    ["ide", "sata", "scsi", "virtio", "efidisk", "tpmstate"]
+                        .iter()
+                        .any(|p| numbered(k, p))
+                })
+                .filter_map(|(k, v)| {
+                    let items = property_items(v);
+                    let get = |name: &str| {
+                        items
+                            .iter()
+                            .find(|(ik, iv)| ik == name && iv.is_some())
+                            .and_then(|(_, iv)| iv.clone())
+                    };
+                    let file = default_key_value(&items, "file").unwrap_or_default();
+                    let cdrom = get("media").as_deref() == Some("cdrom")
+                        || file == "none"
+                        || file == "cdrom";
+                    let skipped = get("backup").is_some_and(|b| !is_true(&b));
+                    if cdrom || skipped || file.starts_with('/') {
+                        return None;
+                    }
+                    Some((k.clone(), get("size").as_deref().and_then(parse_disk_size)))
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether the VM has its QEMU guest agent enabled: `agent: 1` or `agent: enabled=1,…`
+    /// (qemu-server `PVE/QemuServer/Agent.pm`, `parse_guest_agent`: `enabled` is the default
+    /// key and false when the key is absent). Without it PVE answers every guest agent call
+    /// "No QEMU guest agent configured" (`assert_agent_available`).
+    pub fn guest_agent_enabled(&self) -> bool {
+        self.get("agent").is_some_and(|v| {
+            let items = property_items(v);
+            default_key_value(&items, "enabled").is_some_and(|e| is_true(&e))
+        })
     }
 
     /// The container's device passthroughs (`devN`, root only).
@@ -523,8 +594,14 @@ pub struct IsolationBreach {
 /// - `ivshmem` with a `name`: memory shared with every VM of that name (`print_ivshmem`
 ///   without a name uses `pve-shm-<vmid>`, the copy's own);
 /// - `serialN` / `parallelN` on a host device (`/dev/…`; a `socket` serial stays the VM's);
+/// - a CD-ROM on the host's drive (`ide2: cdrom,media=cdrom` is `/dev/cdrom`: qemu-server
+///   `get_iso_path`), which a restore keeps verbatim (drives not in the backup's disk map); an
+///   ISO volume stays (its start dies when the ISO is gone: a known limit);
 /// - `vmstate`: saved RAM the copy resumes (`vm_start_nolock` loads it), the production VM's
 ///   open connections included.
+///
+/// `args` and `vmstate` are refused for every VM restore, isolated or not (the preflight's
+/// contents check); the others only for an isolated copy.
 ///
 /// A container has none of these; its host access (bind and device mount points, `devN`, raw
 /// `lxc.*` keys) is refused for every restore by the preflight's contents check.
@@ -538,14 +615,13 @@ pub fn isolation_breaches<'a>(
     }
     let mut out = Vec::new();
     for (key, value) in pairs {
-        let first = property_items(value)
-            .into_iter()
-            .next()
-            .map(|(k, v)| match v {
-                Some(v) if k == "host" || k == "mapping" => v,
-                _ => k,
-            })
-            .unwrap_or_default();
+        // A USB port is SPICE's (no host device) only when its `host` is `spice`, given bare or
+        // as `host=spice`; `mapping=spice` names a mapping called "spice", a host device
+        // (qemu-server `PVE/API2/Qemu.pm` `check_usb_perm`: `host` other than spice is root's,
+        // else a `mapping` needs Mapping.Use).
+        let items = property_items(value);
+        let spice_port = items.iter().all(|(k, _)| k != "mapping")
+            && default_key_value(&items, "host").is_some_and(|h| h.eq_ignore_ascii_case("spice"));
         let breach = if key == "args" {
             Some((
                 ErrorCode::BackupArgs,
@@ -556,7 +632,7 @@ pub fn isolation_breaches<'a>(
                 ErrorCode::BackupDevices,
                 "a passed-through PCI device (an SR-IOV VF is a NIC no netN shows)",
             ))
-        } else if numbered(key, "usb") && !first.eq_ignore_ascii_case("spice") {
+        } else if numbered(key, "usb") && !spice_port {
             Some((
                 ErrorCode::BackupDevices,
                 "a passed-through USB device (a USB NIC is a NIC no netN shows)",
@@ -582,6 +658,17 @@ pub fn isolation_breaches<'a>(
                 ErrorCode::BackupHostPort,
                 "a port connected to a host device",
             ))
+        } else if ["ide", "sata", "scsi"].iter().any(|p| numbered(key, p))
+            && property_items(value)
+                .iter()
+                .any(|(k, v)| k == "media" && v.as_deref() == Some("cdrom"))
+            && default_key_value(&property_items(value), "file")
+                .is_some_and(|f| f == "cdrom" || f.starts_with("/dev/"))
+        {
+            Some((
+                ErrorCode::BackupDevices,
+                "the host's CD/DVD drive passed to the VM",
+            ))
         } else if key == "vmstate" {
             Some((
                 ErrorCode::BackupVmstate,
@@ -599,6 +686,35 @@ pub fn isolation_breaches<'a>(
         }
     }
     out
+}
+
+/// A disk size as PVE writes it, in bytes (pve-common `PVE/JSONSchema.pm` `parse_size`:
+/// `<digits>[.<digits>]` then `K`, `M`, `G`, `T` or `KiB` … `TiB`, powers of 1024, or none);
+/// `None` when it is not that.
+pub fn parse_disk_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let exp = match unit {
+        "" => 0,
+        "K" | "KiB" => 1,
+        "M" | "MiB" => 2,
+        "G" | "GiB" => 3,
+        "T" | "TiB" => 4,
+        _ => return None,
+    };
+    let (int, frac) = num.split_once('.').unwrap_or((num, "0"));
+    if int.is_empty()
+        || frac.is_empty()
+        || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let value: f64 = num.parse().ok()?;
+    let bytes = value * 1024f64.powi(exp);
+    (bytes < 2f64.powi(63)).then_some(bytes as u64)
 }
 
 /// pve-common `PVE/Tools.pm` `decode_text`: `%XX` escapes to bytes, read as UTF-8.
@@ -721,6 +837,36 @@ mod tests {
                 ("usb2", Some("/mapping/usb/stick".to_string())),
             ]
         );
+    }
+
+    #[test]
+    fn a_usb_port_is_spices_only_by_its_host() {
+        let keys = |text: &str| -> Vec<String> {
+            StoredConfig::parse(text)
+                .isolation_breaches(GuestKind::Qemu)
+                .into_iter()
+                .map(|b| b.key)
+                .collect()
+        };
+        assert!(keys("usb0: spice\nusb1: host=spice,usb3=1\n").is_empty());
+        assert_eq!(keys("usb0: mapping=spice\n"), ["usb0"]);
+        assert_eq!(keys("usb2: host=1234:5678\n"), ["usb2"]);
+        assert_eq!(
+            keys("ide2: cdrom,media=cdrom\nsata0: /dev/sr0,media=cdrom\nide0: local:iso/d.iso,media=cdrom\nide1: none,media=cdrom\n"),
+            ["ide2", "sata0"]
+        );
+    }
+
+    #[test]
+    fn disk_sizes_read_as_pve_parse_size() {
+        assert_eq!(parse_disk_size("8G"), Some(8 << 30));
+        assert_eq!(parse_disk_size("512M"), Some(512 << 20));
+        assert_eq!(parse_disk_size("1.5GiB"), Some(3 << 29));
+        assert_eq!(parse_disk_size("4096"), Some(4096));
+        assert_eq!(parse_disk_size("1T"), Some(1 << 40));
+        for bad in ["", "G", "8g", "8X", "-1G", "1.G", ".5G", "8 G"] {
+            assert_eq!(parse_disk_size(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
