@@ -12,6 +12,12 @@
 //! and a sweep inside the container kills whatever still carries the exec's tag (killing `pct`
 //! is not guaranteed to stop the attached process). Every pushed file is read back and
 //! verified.
+//!
+//! Before every `pct exec` root's LXC monitor of the container names its init, whose namespaces
+//! are held open ([`super::lxc_monitor::container_init`]); `pct exec` runs [`FIRST_STAGE`],
+//! which waits on stdin until the agent has proven, from the node's `/proc`, that it runs in
+//! exactly those namespaces; only then do the command, its environment values and its stdin
+//! follow (`tests/data/lxc-attach-facts.md`).
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
