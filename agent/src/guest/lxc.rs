@@ -324,6 +324,9 @@ impl LxcExec {
                 if let Err(detail) = checked {
                     group.kill();
                     let _ = child.wait().await;
+                    if let Some(t) = &stderr_task {
+                        t.abort();
+                    }
                     return Err(refuse(detail));
                 }
                 verified = true;
@@ -331,6 +334,9 @@ impl LxcExec {
             Handshake::Garbage(bytes) => {
                 group.kill();
                 let _ = child.wait().await;
+                if let Some(t) = &stderr_task {
+                    t.abort();
+                }
                 return Err(refuse(format!(
                     "what `pct exec` started wrote {} before the first stage's ready line",
                     crate::error::outside_text(&String::from_utf8_lossy(bytes))
