@@ -143,7 +143,7 @@ fi
 # The agent runs `pct` with a cleared environment, so the stand-in's settings live in a wrapper.
 cat >"$work/bin/pct" <<WRAP
 #!/bin/sh
-FELHOM_PCT_STATE='$work/pct-state' exec '$root/tests/pct/pct' "\$@"
+FELHOM_PCT_STATE='$work/pct-state' FELHOM_PCT_LXCPATH='$work/lxc' exec '$root/tests/pct/pct' "\$@"
 WRAP
 chmod 755 "$work/bin/pct"
 export PATH="$work/bin:$PATH"

@@ -50,6 +50,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::ExecGuestPrivileged
         | ErrorCode::ExecWrongPhase
         | ErrorCode::ExecMonitorUntrusted
+        | ErrorCode::ExecAttachMismatch
         | ErrorCode::ExecRequestInvalid => ExitStatus::Refused,
         ErrorCode::PveRefused
         | ErrorCode::GuestOutsidePool
@@ -321,6 +322,7 @@ mod tests {
             ErrorCode::ExecGuestPrivileged,
             ErrorCode::ExecWrongPhase,
             ErrorCode::ExecMonitorUntrusted,
+            ErrorCode::ExecAttachMismatch,
             ErrorCode::ExecRequestInvalid,
         ] {
             assert_eq!(exit_status(code), ExitStatus::Refused, "{code}");

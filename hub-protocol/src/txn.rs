@@ -264,6 +264,10 @@ pub enum ErrorCode {
     /// The container's LXC command socket is held by someone other than root's LXC monitor of
     /// that container: `pct exec` was not run.
     ExecMonitorUntrusted,
+    /// What `pct exec` started was not proven to run in the namespaces of the container's init
+    /// that root's LXC monitor named (the container stopped or restarted meanwhile, or another
+    /// process answered on its command socket): it was killed before the command ran.
+    ExecAttachMismatch,
     /// The agent's pool does not exist on the cluster (PVE: `pool '<id>' does not exist`);
     /// `pveum pool add <id>` creates it.
     PoolMissing,
@@ -287,7 +291,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 55] = [
+    pub const ALL: [ErrorCode; 56] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -336,6 +340,7 @@ impl ErrorCode {
         ErrorCode::ExecGuestPrivileged,
         ErrorCode::ExecWrongPhase,
         ErrorCode::ExecMonitorUntrusted,
+        ErrorCode::ExecAttachMismatch,
         ErrorCode::PoolMissing,
         ErrorCode::PveUnsupported,
         ErrorCode::GuestOutsidePool,
@@ -396,6 +401,7 @@ impl ErrorCode {
             ErrorCode::ExecGuestPrivileged => "exec_guest_privileged",
             ErrorCode::ExecWrongPhase => "exec_wrong_phase",
             ErrorCode::ExecMonitorUntrusted => "exec_monitor_untrusted",
+            ErrorCode::ExecAttachMismatch => "exec_attach_mismatch",
             ErrorCode::PoolMissing => "pool_missing",
             ErrorCode::PveUnsupported => "pve_unsupported",
             ErrorCode::GuestOutsidePool => "guest_outside_pool",
@@ -590,12 +596,13 @@ mod tests {
             (ErrorCode::PveUnsupported, "pve_unsupported"),
             (ErrorCode::GuestOutsidePool, "guest_outside_pool"),
             (ErrorCode::ExecMonitorUntrusted, "exec_monitor_untrusted"),
+            (ErrorCode::ExecAttachMismatch, "exec_attach_mismatch"),
             (ErrorCode::StateDirFull, "state_dir_full"),
             (ErrorCode::TokenFileInvalid, "token_file_invalid"),
             (ErrorCode::Interrupted, "interrupted"),
             (ErrorCode::AgentUserUnconfined, "agent_user_unconfined"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 55);
+        assert_eq!(ErrorCode::ALL.len(), 56);
     }
 
     #[test]

@@ -1106,7 +1106,8 @@ class ScenarioPve(fake_server.FakePve):
 
     def bed_monitor(self, vmid, running):
         """Keep a running bed container's LXC monitor stand-in (`tests/pct/lxc-monitor`, root's,
-        holding `@<lxc_path>/<vmid>/command`, which the agent checks before every `pct exec`) and
+        holding `@<lxc_path>/<vmid>/command`, which the agent checks before every `pct exec`, and
+        running the container's init, whose namespaces every `pct exec` enters) and
         none for a stopped or gone one. Started before the answer that shows the container
         running; one that died is not started again until the container stops and starts."""
         if not self.guest_bed or not self.guest_bed.get('lxc_path'):
@@ -1117,7 +1118,8 @@ class ScenarioPve(fake_server.FakePve):
         if running:
             if mon is not None:
                 return
-            proc = subprocess.Popen(['perl', self.guest_bed['monitor'], self.guest_bed['lxc_path'], str(vmid)],
+            rootfs = os.path.join(self.bed_dir(vmid), 'rootfs')
+            proc = subprocess.Popen(['perl', self.guest_bed['monitor'], self.guest_bed['lxc_path'], str(vmid), rootfs],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                     start_new_session=True)
             line = proc.stdout.readline().strip()

@@ -122,13 +122,15 @@ impl Drop for MonitorProc {
     }
 }
 
-/// Start `tests/pct/lxc-monitor <lxc_path> <vmid>` (as `uid`, when given: a squatter), and wait
-/// until it listens. `None` when the name is taken already.
+/// Start `tests/pct/lxc-monitor <lxc_path> <vmid> [<rootfs>]` (as `uid`, when given: a
+/// squatter), and wait until it listens (and, given `rootfs`, the container's init runs). `None`
+/// when the name is taken already.
 fn spawn_monitor(
     lxc_path: &Path,
     vmid: u32,
     uid: Option<u32>,
     script: &Path,
+    rootfs: Option<&Path>,
 ) -> Option<std::process::Child> {
     use std::io::BufRead;
     use std::os::unix::process::CommandExt;
@@ -136,6 +138,7 @@ fn spawn_monitor(
     cmd.arg(script)
         .arg(lxc_path)
         .arg(vmid.to_string())
+        .args(rootfs)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit());
@@ -185,7 +188,7 @@ impl Squatter {
             .and_then(|_| set_mode(dir.path(), 0o755))
             .and_then(|()| set_mode(&script, 0o644))
             .unwrap_or_else(|e| panic!("cannot copy the LXC monitor stand-in: {e}"));
-        let child = spawn_monitor(lxc_path, vmid, Some(uid), &script)
+        let child = spawn_monitor(lxc_path, vmid, Some(uid), &script, None)
             .unwrap_or_else(|| panic!("the command socket of {vmid} is held already"));
         Squatter {
             _proc: MonitorProc { child },
@@ -231,11 +234,12 @@ impl GuestBed {
              parent=$(tr '\\000\\t\\n' '   ' < /proc/$PPID/cmdline 2>/dev/null)\n\
              printf '%s\\t%s\\t%s\\t%s\\n' \"$PPID\" \"${{1:-}}\" \"${{2:-}}\" \"$parent\" >> '{}'\n\
              echo $$ >> '{}'\n\
-             FELHOM_PCT_STATE='{}' exec '{}' \"$@\"\n",
+             FELHOM_PCT_STATE='{}' FELHOM_PCT_LXCPATH='{}' exec '{}' \"$@\"\n",
             dir.path().join("pct-env.last").display(),
             dir.path().join("pct-calls.log").display(),
             dir.path().join("pct-pids").display(),
             dir.path().join("state").display(),
+            dir.path().join("lxc").display(),
             pct_stand_in().display()
         );
         std::fs::write(&wrapper, script)
@@ -401,9 +405,13 @@ impl GuestBed {
         if !running {
             monitors.remove(&vmid);
         } else if let std::collections::hash_map::Entry::Vacant(slot) = monitors.entry(vmid) {
-            if let Some(child) =
-                spawn_monitor(&self.lxc_path(), vmid, None, &lxc_monitor_stand_in())
-            {
+            if let Some(child) = spawn_monitor(
+                &self.lxc_path(),
+                vmid,
+                None,
+                &lxc_monitor_stand_in(),
+                Some(&self.rootfs(vmid)),
+            ) {
                 slot.insert(MonitorProc { child });
             }
         }

@@ -901,16 +901,18 @@ fn a_command_socket_not_held_by_roots_lxc_monitor_makes_the_helper_refuse_and_pc
         h.log_text()
     );
 
-    // The monitor (the fake's stand-in, root's) ends; the name is free.
+    // The monitor (the fake's stand-in, root's) lets go of the name while the container's init
+    // and the paused bootstrap in it live on (SIGUSR1; a monitor that ended would take the
+    // container, and the bootstrap, with it): the name is free.
     let lxc = w.bed.lxc_path();
     let Monitor::Trusted(pid) = check_monitor(&lxc, 163) else {
         panic!("163 has no trusted monitor: {:?}", check_monitor(&lxc, 163));
     };
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
-        nix::sys::signal::Signal::SIGKILL,
+        nix::sys::signal::Signal::SIGUSR1,
     )
-    .expect("kill the monitor");
+    .expect("signal the monitor");
     let deadline = Instant::now() + Duration::from_secs(10);
     while check_monitor(&lxc, 163) != Monitor::Absent {
         assert!(

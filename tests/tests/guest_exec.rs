@@ -302,7 +302,8 @@ async fn pushed_files_arrive_verified_with_their_mode() {
 async fn a_push_whose_write_did_nothing_is_detected() {
     let bed = GuestBed::new();
     bed.add_ct(101);
-    // `pct exec` exits 0 and runs nothing: the write "succeeds", the read-back finds nothing.
+    // `pct exec` exits 0 and runs nothing: its first stage never says it runs in the
+    // container, so the exec is an error of its own, not an outcome whose write "succeeded".
     bed.add_fault(101, PctFault::ExecNoop);
     let err = bed
         .lxc(101)
@@ -313,7 +314,12 @@ async fn a_push_whose_write_did_nothing_is_detected() {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, ExecError::PushUnverified { .. }), "{err}");
+    assert!(matches!(err, ExecError::AttachMismatch { .. }), "{err}");
+    assert_eq!(err.code().as_str(), "exec_attach_mismatch");
+    assert!(
+        err.to_string().contains("before the first stage started"),
+        "{err}"
+    );
     assert!(!bed.guest_path(101, "/root/app.conf").exists());
 }
 

@@ -12,8 +12,10 @@ use felhom_tests::world::World;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-/// Processes whose root directory is `rootfs` (the guest's, as the `pct` stand-in chroots
-/// into it), with their command lines: read from /proc, the source.
+/// Processes whose root directory is `rootfs` (the guest's, as the `pct` stand-in enters it),
+/// with their command lines: read from /proc, the source. The container's own init (PID 1 of
+/// its PID namespace, `tests/pct/lxc-monitor`) and the `sleep 3600` it waits on are the
+/// container's, not an exec's, and are left out.
 fn processes_in(rootfs: &Path) -> Vec<(u32, String)> {
     let want = fs::canonicalize(rootfs).unwrap_or_else(|_| rootfs.to_path_buf());
     let mut found = Vec::new();
@@ -40,6 +42,25 @@ fn processes_in(rootfs: &Path) -> Vec<(u32, String)> {
         let cmdline = fs::read(e.path().join("cmdline"))
             .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
             .unwrap_or_default();
+        let status = fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        let ns_pid = |status: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().last())
+                .map(str::to_string)
+        };
+        if ns_pid(&status).as_deref() == Some("1") {
+            continue;
+        }
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_string))
+            .unwrap_or_default();
+        let parent = fs::read_to_string(format!("/proc/{ppid}/status")).unwrap_or_default();
+        if cmdline == "sleep 3600 " && ns_pid(&parent).as_deref() == Some("1") {
+            continue;
+        }
         found.push((pid, cmdline));
     }
     found

@@ -220,7 +220,9 @@ folders of root's nobody else can write (or sticky, as /tmp), bound in a private
 given mode 0660 and the [agent] user's group, then renamed into place; at exit the socket is \
 removed only if the name still holds it. Right before \
 every pct exec, the container's LXC command socket must be held by root's LXC monitor of that \
-container (else exec_monitor_untrusted). It logs every request (caller uid, vmid, \
+container (else exec_monitor_untrusted), and what pct exec starts must run in the namespaces \
+of the init that monitor names before the command runs (else it is killed: exec_attach_mismatch). \
+It logs every request (caller uid, vmid, \
 transaction, argv, result), never environment values or stdin.",
         after_help = "Exit codes: 0 stopped (idle or SIGTERM), 6 the config, the [agent] user or the socket \
 is unusable."

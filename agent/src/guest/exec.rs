@@ -308,6 +308,20 @@ pub enum ExecError {
         /// Who holds it, or why it cannot be proven.
         detail: String,
     },
+    /// What `pct exec` started could not be proven to run in the namespaces of the container's
+    /// init as root's LXC monitor named it (the first stage of [`super::lxc`]): it was killed
+    /// before the command ran.
+    #[error("{guest}: what `pct exec` started is not proven to run inside the container ({detail}); it was killed before the command ran (root's LXC monitor pid {monitor}, the container's init pid {init}). If the container stopped or restarted meanwhile, retry once it runs; else check `ss -xlp | grep /{vmid}/command` on the node for a process other than `lxc-start -F -n {vmid}` holding its command socket", vmid = guest.vmid)]
+    AttachMismatch {
+        /// The guest.
+        guest: GuestRef,
+        /// Root's LXC monitor that named the init.
+        monitor: u32,
+        /// The init it named.
+        init: u32,
+        /// What differed, or why it could not be proven.
+        detail: String,
+    },
     /// The VM runs but its guest agent does not answer.
     #[error("the QEMU guest agent of {guest} is not running; wait for the guest to finish booting or install and start qemu-guest-agent in it")]
     AgentNotRunning {
@@ -398,6 +412,7 @@ impl ExecError {
             Self::HelperUnavailable { .. } => ErrorCode::ExecHelperUnavailable,
             Self::HelperRefused { code, .. } => *code,
             Self::MonitorUntrusted { .. } => ErrorCode::ExecMonitorUntrusted,
+            Self::AttachMismatch { .. } => ErrorCode::ExecAttachMismatch,
             _ => ErrorCode::LaunchUnproven,
         }
     }

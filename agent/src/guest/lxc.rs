@@ -12,6 +12,12 @@
 //! and a sweep inside the container kills whatever still carries the exec's tag (killing `pct`
 //! is not guaranteed to stop the attached process). Every pushed file is read back and
 //! verified.
+//!
+//! Before every `pct exec` root's LXC monitor of the container names its init, whose namespaces
+//! are held open ([`super::lxc_monitor::container_init`]); `pct exec` runs [`FIRST_STAGE`],
+//! which waits on stdin until the agent has proven, from the node's `/proc`, that it runs in
+//! exactly those namespaces; only then do the command, its environment values and its stdin
+//! follow (`tests/data/lxc-attach-facts.md`).
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
@@ -39,6 +45,29 @@ use crate::pve::GuestKind;
 
 /// `PATH` given to the `pct` process (what PVE's CLI handler sets itself).
 const PCT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The first stage of every `pct exec`: `/bin/sh -c FIRST_STAGE felhom-attach <nonce> <command…>`.
+/// It says it is ready on stdout, then waits for the go line on stdin and only then runs the
+/// command (`exec`, the rest of stdin left to it); anything else on stdin, or its end, and it
+/// exits 125 having run nothing. Between its ready line and the go line the agent proves, from
+/// the node's `/proc`, that this process, the only one below its own `pct` carrying the nonce,
+/// runs in the namespaces of the container's init as root's LXC monitor named it
+/// ([`super::lxc_monitor::container_init`]): whatever answered `lxc-attach` on the command
+/// socket, the command runs there or not at all.
+pub(crate) const FIRST_STAGE: &str = "echo felhom-attach-ready || exit 125
+IFS= read -r felhom_go || exit 125
+[ \"$felhom_go\" = go ] || exit 125
+shift
+exec \"$@\"";
+
+/// The first stage's `$0`.
+const FIRST_STAGE_NAME: &str = "felhom-attach";
+/// What the first stage prints once it runs.
+const READY_LINE: &[u8] = b"felhom-attach-ready\n";
+/// What lets it run the command.
+const GO_LINE: &[u8] = b"go\n";
+/// The most processes below one `pct` that are looked at.
+const MAX_DESCENDANTS: usize = 4096;
 
 /// How `pct` is run.
 #[derive(Debug, Clone)]
@@ -155,17 +184,9 @@ impl LxcExec {
         let exec_id = self.ids.next_id();
         let inner = guest_command(request, &exec_id)
             .map_err(|reason| ExecError::InvalidRequest { guest, reason })?;
-        let mut args: Vec<OsString> = vec![
-            "exec".into(),
-            self.vmid.to_string().into(),
-            "--keep-env".into(),
-            "0".into(),
-            "--".into(),
-        ];
-        args.extend(inner.argv.into_iter().map(OsString::from));
         let outcome = self
             .run_pct(
-                args,
+                inner.argv,
                 inner.stdin.as_deref(),
                 request.timeout,
                 request.output_cap,
@@ -201,50 +222,139 @@ impl LxcExec {
         }
     }
 
-    /// Spawn `pct` with `args` in its own process group and wait for it, its timeout, or both
-    /// (`stop` firing counts as the timeout).
+    /// Spawn `pct exec` of `inner` (behind the first stage, [`FIRST_STAGE`]) in its own process
+    /// group, prove that the first stage runs in the namespaces of the container's init, let it
+    /// run `inner` with `stdin`, and wait for it, its timeout, or both (`stop` firing counts as
+    /// the timeout).
     async fn run_pct(
         &self,
-        args: Vec<OsString>,
+        inner: Vec<String>,
         stdin: Option<&[u8]>,
         timeout: Duration,
         cap: usize,
         stop: Option<&CancellationToken>,
     ) -> Result<ExecOutcome, ExecError> {
         let guest = self.guest_ref();
-        // Right before `pct exec`: the container's command socket must be root's monitor's,
-        // or `lxc-attach` would enter whatever its listener names.
-        match super::lxc_monitor::check_monitor(&self.config.lxc_path, self.vmid) {
-            Monitor::Trusted(_) => {}
-            Monitor::Absent => return Err(ExecError::NotRunning { guest }),
-            Monitor::Untrusted(detail) => {
+        // Right before `pct exec`: the container's command socket must be root's monitor's, and
+        // that monitor names the init whose namespaces the command must enter (held open here
+        // until the first stage was compared with them).
+        let init = match super::lxc_monitor::container_init(&self.config.lxc_path, self.vmid) {
+            Ok(init) => init,
+            Err(Monitor::Absent) => return Err(ExecError::NotRunning { guest }),
+            Err(Monitor::Untrusted(detail)) => {
                 return Err(ExecError::MonitorUntrusted { guest, detail });
             }
-        }
+            Err(Monitor::Trusted(_)) => unreachable!("container_init never errs with Trusted"),
+        };
+        let nonce = ulid::Ulid::new().to_string();
+        let mut args: Vec<OsString> = vec![
+            "exec".into(),
+            self.vmid.to_string().into(),
+            "--keep-env".into(),
+            "0".into(),
+            "--".into(),
+            "/bin/sh".into(),
+            "-c".into(),
+            FIRST_STAGE.into(),
+            FIRST_STAGE_NAME.into(),
+            nonce.clone().into(),
+        ];
+        args.extend(inner.into_iter().map(OsString::from));
         let program = self.resolve_program();
         let mut cmd = tokio::process::Command::new(&program);
         cmd.args(&args)
             .env_clear()
             .env("PATH", PCT_PATH)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
         let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
         let mut child = cmd.spawn().map_err(|source| ExecError::Spawn {
             guest,
             program: program.display().to_string(),
             source,
         })?;
         let mut group = GroupGuard::new(child.id());
+        let stopped = || async {
+            match stop {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let stderr_buf = Arc::new(Mutex::new(Captured::default()));
+        let stderr_task = child
+            .stderr
+            .take()
+            .map(|r| tokio::spawn(read_capped(r, Arc::clone(&stderr_buf), cap)));
+        let mut stdin_pipe = child.stdin.take();
+        let mut stdout_pipe = child.stdout.take();
 
-        let stdin_task = match (stdin, child.stdin.take()) {
-            (Some(bytes), Some(mut pipe)) => {
-                let bytes = bytes.to_vec();
+        // The first stage: its ready line, then the check of where it runs.
+        let hand = match stdout_pipe.as_mut() {
+            Some(out) => tokio::select! {
+                h = read_ready_line(out) => h,
+                () = tokio::time::sleep_until(deadline) => Handshake::TimedOut,
+                () = stopped() => Handshake::TimedOut,
+            },
+            None => Handshake::Ended(Vec::new()),
+        };
+        let (monitor, init_pid) = (init.monitor, init.pid);
+        let refuse = |detail: String| ExecError::AttachMismatch {
+            guest,
+            monitor,
+            init: init_pid,
+            detail,
+        };
+        let mut verified = false;
+        match &hand {
+            Handshake::Ready => {
+                let pct_pid = child.id().unwrap_or(0);
+                let held: Vec<(&'static str, u64, u64)> = init
+                    .namespaces
+                    .iter()
+                    .map(|n| (n.name, n.dev, n.ino))
+                    .collect();
+                let nonce = nonce.clone();
+                let checked =
+                    tokio::task::spawn_blocking(move || verify_first_stage(pct_pid, &nonce, &held))
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the check did not finish: {e}")));
+                if let Err(detail) = checked {
+                    group.kill();
+                    let _ = child.wait().await;
+                    if let Some(t) = &stderr_task {
+                        t.abort();
+                    }
+                    return Err(refuse(detail));
+                }
+                verified = true;
+            }
+            Handshake::Garbage(bytes) => {
+                group.kill();
+                let _ = child.wait().await;
+                if let Some(t) = &stderr_task {
+                    t.abort();
+                }
+                return Err(refuse(format!(
+                    "what `pct exec` started wrote {} before the first stage's ready line",
+                    crate::error::outside_text(&String::from_utf8_lossy(bytes))
+                )));
+            }
+            // pct ended (or closed its output) before the first stage started: nothing ran. Its
+            // stdin closes, its end is waited for below and said as an error.
+            Handshake::Ended(_) => {
+                stdin_pipe = None;
+            }
+            Handshake::TimedOut => {}
+        }
+        drop(init);
+
+        let stdin_task = match (verified, stdin_pipe) {
+            (true, Some(mut pipe)) => {
+                let mut bytes = GO_LINE.to_vec();
+                bytes.extend_from_slice(stdin.unwrap_or_default());
                 Some(tokio::spawn(async move {
                     // A command that does not read its stdin closes the pipe: not an error.
                     let _ = pipe.write_all(&bytes).await;
@@ -254,26 +364,17 @@ impl LxcExec {
             _ => None,
         };
         let stdout_buf = Arc::new(Mutex::new(Captured::default()));
-        let stderr_buf = Arc::new(Mutex::new(Captured::default()));
-        let stdout_task = child
-            .stdout
-            .take()
-            .map(|r| tokio::spawn(read_capped(r, Arc::clone(&stdout_buf), cap)));
-        let stderr_task = child
-            .stderr
-            .take()
-            .map(|r| tokio::spawn(read_capped(r, Arc::clone(&stderr_buf), cap)));
+        let stdout_task =
+            stdout_pipe.map(|r| tokio::spawn(read_capped(r, Arc::clone(&stdout_buf), cap)));
 
-        let stopped = async {
-            match stop {
-                Some(token) => token.cancelled().await,
-                None => std::future::pending().await,
+        let waited = if matches!(hand, Handshake::TimedOut) {
+            Err(())
+        } else {
+            tokio::select! {
+                r = child.wait() => Ok(r),
+                () = tokio::time::sleep_until(deadline) => Err(()),
+                () = stopped() => Err(()),
             }
-        };
-        let waited = tokio::select! {
-            r = child.wait() => Ok(r),
-            () = tokio::time::sleep(timeout) => Err(()),
-            () = stopped => Err(()),
         };
         let exit = match waited {
             Ok(Ok(status)) => {
@@ -324,12 +425,31 @@ impl LxcExec {
         let take = |buf: &Arc<Mutex<Captured>>| {
             std::mem::take(&mut *buf.lock().unwrap_or_else(|e| e.into_inner()))
         };
-        Ok(ExecOutcome {
+        let outcome = ExecOutcome {
             exit,
             stdout: take(&stdout_buf),
             stderr: take(&stderr_buf),
             duration: started.elapsed(),
-        })
+        };
+        if matches!(hand, Handshake::Ended(_)) {
+            // Nothing of the command ran: pct's own refusal, or an attach that failed.
+            if let Some(err) = classify_pct_failure(guest, &outcome) {
+                return Err(err);
+            }
+            let said = super::exec::last_line(&outcome.stderr.text())
+                .map(|l| format!("; it said: {l}"))
+                .unwrap_or_default();
+            return Err(ExecError::AttachMismatch {
+                guest,
+                monitor,
+                init: init_pid,
+                detail: format!(
+                    "`pct exec` ended ({}) before the first stage started in the container{said}",
+                    outcome.summary()
+                ),
+            });
+        }
+        Ok(outcome)
     }
 
     /// Write `bytes` to `guest_path` through `pct exec` (the bytes on stdin), then read the
@@ -431,6 +551,182 @@ impl super::exec::LxcExecFactory for PctConfig {
             "`{}` run by the agent itself (as root)",
             self.program.display()
         )
+    }
+}
+
+/// How the first stage's ready line went.
+enum Handshake {
+    /// It came, alone.
+    Ready,
+    /// Output came that is not it.
+    Garbage(Vec<u8>),
+    /// The output closed first (with what came before).
+    Ended(#[allow(dead_code)] Vec<u8>),
+    /// The exec's time ran out (or it was stopped) first.
+    TimedOut,
+}
+
+/// Read the first stage's ready line from `out`, nothing more.
+async fn read_ready_line<R: AsyncRead + Unpin>(out: &mut R) -> Handshake {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    loop {
+        match out.read(&mut buf).await {
+            Ok(0) | Err(_) => return Handshake::Ended(got),
+            Ok(n) => {
+                got.extend_from_slice(&buf[..n]);
+                if got.len() >= READY_LINE.len() || !READY_LINE.starts_with(&got) {
+                    return if got == READY_LINE {
+                        Handshake::Ready
+                    } else {
+                        Handshake::Garbage(got)
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The ids of the processes below `root` (not `root` itself), through
+/// `/proc/<pid>/task/<tid>/children`, or by reading every `/proc/<pid>/stat` where the kernel
+/// has no `children` files.
+fn descendants(root: u32) -> Vec<u32> {
+    let children_file = format!("/proc/{root}/task/{root}/children");
+    let mut found = Vec::new();
+    if Path::new(&children_file).exists() {
+        let mut queue = vec![root];
+        while let Some(p) = queue.pop() {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+                continue;
+            };
+            for task in tasks.flatten() {
+                let text =
+                    std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+                for child in text
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok())
+                {
+                    if found.len() < MAX_DESCENDANTS && !found.contains(&child) {
+                        found.push(child);
+                        queue.push(child);
+                    }
+                }
+            }
+        }
+        return found;
+    }
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        if let Some(ppid) = stat_ppid(&stat) {
+            parents.push((pid, ppid));
+        }
+    }
+    let mut queue = vec![root];
+    while let Some(p) = queue.pop() {
+        for (pid, _) in parents.iter().filter(|(_, pp)| *pp == p) {
+            if found.len() < MAX_DESCENDANTS && !found.contains(pid) {
+                found.push(*pid);
+                queue.push(*pid);
+            }
+        }
+    }
+    found
+}
+
+/// The parent pid in a `/proc/<pid>/stat` line (after the command name in parentheses, which
+/// may itself hold `)` and spaces).
+fn stat_ppid(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Prove that the one process below `pct` running the first stage with `nonce` runs in the
+/// namespaces `held` (name, device, inode) of the container's init. `Err` says what differed.
+fn verify_first_stage(
+    pct: u32,
+    nonce: &str,
+    held: &[(&'static str, u64, u64)],
+) -> Result<(), String> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::{fstatat, Mode};
+    use std::io::Read;
+    let want: [&[u8]; 5] = [
+        b"/bin/sh",
+        b"-c",
+        FIRST_STAGE.as_bytes(),
+        FIRST_STAGE_NAME.as_bytes(),
+        nonce.as_bytes(),
+    ];
+    let mut stages = Vec::new();
+    for pid in descendants(pct) {
+        // The process's folder, opened once: what is read through it is that process's even if
+        // it ends and its pid is reused meanwhile (reads then fail).
+        let Ok(dir) = nix::fcntl::open(
+            format!("/proc/{pid}").as_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        let mut cmdline = Vec::new();
+        if let Ok(fd) = openat(
+            &dir,
+            "cmdline",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            let _ = std::fs::File::from(fd)
+                .take(64 * 1024)
+                .read_to_end(&mut cmdline);
+        }
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.len() >= want.len() && args[..want.len()] == want {
+            stages.push((pid, dir));
+        }
+    }
+    let (pid, dir) = match stages.len() {
+        1 => stages.remove(0),
+        0 => {
+            return Err(format!(
+            "no process below pct (pid {pct}) runs the first stage; it ended or was never started"
+        ))
+        }
+        n => {
+            return Err(format!(
+                "{n} processes below pct (pid {pct}) run the first stage; exactly one must"
+            ))
+        }
+    };
+    let mut differ = Vec::new();
+    for (name, dev, ino) in held {
+        match fstatat(
+            &dir,
+            format!("ns/{name}").as_str(),
+            nix::fcntl::AtFlags::empty(),
+        ) {
+            Ok(st) if st.st_dev == *dev && st.st_ino == *ino => {}
+            Ok(st) => differ.push(format!(
+                "{name} (namespace {}, the init's {ino})",
+                st.st_ino
+            )),
+            Err(e) => differ.push(format!("{name} (unreadable: {e})")),
+        }
+    }
+    if differ.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the first stage (pid {pid}) does not run in the container init's namespaces: {}",
+            differ.join(", ")
+        ))
     }
 }
 

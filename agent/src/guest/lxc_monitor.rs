@@ -28,10 +28,12 @@
 //! stall it; LXC's command handler takes a connection closed without a request as nothing,
 //! `lxc_cmd_handler`), reads the listener's credentials and requires uid 0, a live process whose
 //! real, effective, saved and filesystem uids are 0, and a command line that is that container's
-//! monitor. It narrows the window, it does not close it: the monitor can end (the container
-//! stops) and another process bind the name between this check and `lxc-attach`'s own connect.
-//! The units close it for the agent's user (`systemd/README.md`: no abstract socket in the
-//! node's network namespace).
+//! monitor. That alone narrows the window, it does not close it: the monitor can end (the
+//! container stops) and another process bind the name between this check and `lxc-attach`'s own
+//! connect. So [`container_init`] also asks the verified monitor, on the same connection, for
+//! the container's init and holds the init's namespaces open, and every `pct exec` proves that
+//! what `lxc-attach` started runs in exactly those namespaces before the command is let run
+//! (`super::lxc`, "the first stage").
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -70,60 +72,63 @@ pub enum Monitor {
 
 /// Who holds `@<lxcpath>/<vmid>/command` (see the module docs).
 pub fn check_monitor(lxcpath: &Path, vmid: u32) -> Monitor {
+    match connect_verified(lxcpath, vmid) {
+        Ok((_, pid)) => Monitor::Trusted(pid),
+        Err(m) => m,
+    }
+}
+
+/// A connection to container `vmid`'s command socket whose listener was proven to be root's LXC
+/// monitor of that container, and that monitor's pid; else what [`check_monitor`] says (never
+/// `Trusted`).
+fn connect_verified(lxcpath: &Path, vmid: u32) -> Result<(std::os::fd::OwnedFd, u32), Monitor> {
     use nix::sys::socket::{
         connect, getsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, UnixAddr,
     };
     let lxcpath = lxcpath.to_string_lossy();
     let name = command_socket_name(&lxcpath, &vmid.to_string());
     let shown = format!("@{name}");
-    let addr = match UnixAddr::new_abstract(name.as_bytes()) {
-        Ok(a) => a,
-        Err(e) => return Monitor::Untrusted(format!("cannot name {shown}: {e}")),
-    };
-    let fd = match socket(
+    let addr = UnixAddr::new_abstract(name.as_bytes())
+        .map_err(|e| Monitor::Untrusted(format!("cannot name {shown}: {e}")))?;
+    let fd = socket(
         AddressFamily::Unix,
         SockType::Stream,
         SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
         None,
-    ) {
-        Ok(fd) => fd,
-        Err(e) => return Monitor::Untrusted(format!("cannot open a socket to ask {shown}: {e}")),
-    };
+    )
+    .map_err(|e| Monitor::Untrusted(format!("cannot open a socket to ask {shown}: {e}")))?;
     match connect(fd.as_raw_fd(), &addr) {
         Ok(()) => {}
-        Err(nix::errno::Errno::ECONNREFUSED | nix::errno::Errno::ENOENT) => return Monitor::Absent,
+        Err(nix::errno::Errno::ECONNREFUSED | nix::errno::Errno::ENOENT) => {
+            return Err(Monitor::Absent)
+        }
         Err(nix::errno::Errno::EAGAIN) => {
-            return Monitor::Untrusted(format!(
+            return Err(Monitor::Untrusted(format!(
                 "the listener of {shown} accepts no connection (its backlog is full)"
-            ))
+            )))
         }
-        Err(e) => return Monitor::Untrusted(format!("cannot connect to {shown}: {e}")),
-    }
-    let cred = match getsockopt(&fd, sockopt::PeerCredentials) {
-        Ok(c) => c,
         Err(e) => {
-            return Monitor::Untrusted(format!(
-                "cannot read the credentials of the listener of {shown}: {e}"
-            ))
+            return Err(Monitor::Untrusted(format!(
+                "cannot connect to {shown}: {e}"
+            )))
         }
-    };
-    drop(fd);
+    }
+    let cred = getsockopt(&fd, sockopt::PeerCredentials).map_err(|e| {
+        Monitor::Untrusted(format!(
+            "cannot read the credentials of the listener of {shown}: {e}"
+        ))
+    })?;
     let (pid, uid) = (cred.pid(), cred.uid());
     if uid != 0 {
-        return Monitor::Untrusted(format!(
+        return Err(Monitor::Untrusted(format!(
             "{shown} is held by uid {uid} (pid {pid}), not by root's LXC monitor"
-        ));
+        )));
     }
-    let Ok(pid) = u32::try_from(pid) else {
-        return Monitor::Untrusted(format!(
+    let pid = u32::try_from(pid).ok().filter(|p| *p != 0).ok_or_else(|| {
+        Monitor::Untrusted(format!(
             "{shown} is held by no process of this pid namespace"
-        ));
-    };
-    if pid == 0 {
-        return Monitor::Untrusted(format!(
-            "{shown} is held by no process of this pid namespace"
-        ));
-    }
+        ))
+    })?;
     let proc_dir = Path::new("/proc").join(pid.to_string());
     let status = std::fs::read_to_string(proc_dir.join("status")).unwrap_or_default();
     let root_only = status
@@ -134,18 +139,166 @@ pub fn check_monitor(lxcpath: &Path, vmid: u32) -> Monitor {
             ids.len() == 4 && ids.iter().all(|i| *i == "0")
         });
     if !root_only {
-        return Monitor::Untrusted(format!(
+        return Err(Monitor::Untrusted(format!(
             "the process {pid} that listens on {shown} is gone or no longer root's"
-        ));
+        )));
     }
     let cmdline = read_cmdline(&proc_dir.join("cmdline"));
     if !is_monitor_cmdline(&cmdline, &lxcpath, vmid) {
-        return Monitor::Untrusted(format!(
+        return Err(Monitor::Untrusted(format!(
             "the root process {pid} that listens on {shown} is not the LXC monitor of {vmid} (its command line: {})",
             crate::error::outside_text(&String::from_utf8_lossy(&cmdline))
-        ));
+        )));
     }
-    Monitor::Trusted(pid)
+    Ok((fd, pid))
+}
+
+/// LXC's `LXC_CMD_GET_INIT_PID` (lxc `src/lxc/commands.h` `lxc_cmd_t`).
+const LXC_CMD_GET_INIT_PID: i32 = 4;
+/// How long root's monitor may take to answer.
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The namespaces an attached process shares with the container's init (lxc `src/lxc/
+/// namespace.c` `ns_info`; the time namespace is left out: LXC enters it only when the
+/// container has one of its own, and PVE makes none).
+pub const NAMESPACES: [&str; 7] = ["mnt", "pid", "user", "net", "uts", "ipc", "cgroup"];
+
+/// One namespace of the container's init, held open: while the descriptor is open the
+/// namespace lives, so no other namespace can get its inode number.
+#[derive(Debug)]
+pub struct HeldNamespace {
+    /// Its name in `/proc/<pid>/ns/`.
+    pub name: &'static str,
+    /// The device of the namespace file system.
+    pub dev: u64,
+    /// The namespace's inode number.
+    pub ino: u64,
+    _file: std::fs::File,
+}
+
+/// A running container's init as root's LXC monitor named it, with its namespaces held open
+/// ([`container_init`]).
+#[derive(Debug)]
+pub struct ContainerInit {
+    /// Root's LXC monitor of the container.
+    pub monitor: u32,
+    /// The init's pid (in this pid namespace).
+    pub pid: u32,
+    /// Its namespaces, [`NAMESPACES`] in order.
+    pub namespaces: Vec<HeldNamespace>,
+}
+
+/// The init of container `vmid`, asked of root's LXC monitor on a connection whose listener was
+/// proven to be that monitor ([`check_monitor`]'s checks, then `LXC_CMD_GET_INIT_PID` on the
+/// same connection), with its namespaces opened through `/proc/<pid>/ns/*` and held. The monitor
+/// is asked twice, the namespaces opened between the two answers: the same monitor naming the
+/// same init after the opens means the init was not reaped in between (the monitor is its
+/// parent and reaper, lxc `src/lxc/start.c`), so its pid could not be reused and what was
+/// opened is the init's. `Err` says why not: [`Monitor::Absent`] when the container does not run
+/// (or stops meanwhile), [`Monitor::Untrusted`] otherwise.
+pub fn container_init(lxcpath: &Path, vmid: u32) -> Result<ContainerInit, Monitor> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = format!(
+        "@{}",
+        command_socket_name(&lxcpath.to_string_lossy(), &vmid.to_string())
+    );
+    let (fd, monitor) = connect_verified(lxcpath, vmid)?;
+    let pid = ask_init_pid(fd, &shown, monitor)?;
+    let proc_dir = Path::new("/proc").join(pid.to_string());
+    let mut namespaces = Vec::with_capacity(NAMESPACES.len());
+    for name in NAMESPACES {
+        let path = proc_dir.join("ns").join(name);
+        let opened = std::fs::File::open(&path).and_then(|f| f.metadata().map(|m| (f, m)));
+        match opened {
+            Ok((file, meta)) => namespaces.push(HeldNamespace {
+                name,
+                dev: meta.dev(),
+                ino: meta.ino(),
+                _file: file,
+            }),
+            // The init ended: the container is stopping.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Monitor::Absent),
+            Err(e) => {
+                return Err(Monitor::Untrusted(format!(
+                    "cannot open {} of the init {pid} that root's LXC monitor {monitor} named on {shown}: {e}",
+                    path.display()
+                )))
+            }
+        }
+    }
+    let (fd, again) = connect_verified(lxcpath, vmid)?;
+    let pid_again = ask_init_pid(fd, &shown, again)?;
+    if again != monitor || pid_again != pid {
+        return Err(Monitor::Untrusted(format!(
+            "the container restarted while its init was looked up (monitor {monitor}, init {pid}; then monitor {again}, init {pid_again}); retry"
+        )));
+    }
+    Ok(ContainerInit {
+        monitor,
+        pid,
+        namespaces,
+    })
+}
+
+/// Send `LXC_CMD_GET_INIT_PID` on `fd` and read the answer (lxc `src/lxc/commands.c`
+/// `lxc_cmd_send`, `lxc_cmd_rsp_recv`, `lxc_cmd_get_init_pid_callback`): the request is
+/// `struct lxc_cmd_req { int cmd; int datalen; const void *data; }`, the answer `struct
+/// lxc_cmd_rsp { int ret; int datalen; void *data; }` with the pid in `data`, both in the
+/// machine's own layout.
+fn ask_init_pid(fd: std::os::fd::OwnedFd, shown: &str, monitor: u32) -> Result<u32, Monitor> {
+    use std::io::{Read, Write};
+    const WORD: usize = std::mem::size_of::<usize>();
+    let mut stream = std::os::unix::net::UnixStream::from(fd);
+    let untrusted = |what: String| {
+        Monitor::Untrusted(format!(
+            "root's LXC monitor {monitor} on {shown} did not name the container's init: {what}"
+        ))
+    };
+    stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_read_timeout(Some(ANSWER_TIMEOUT)))
+        .and_then(|()| stream.set_write_timeout(Some(ANSWER_TIMEOUT)))
+        .map_err(|e| untrusted(e.to_string()))?;
+    let mut request = Vec::with_capacity(8 + WORD);
+    request.extend_from_slice(&LXC_CMD_GET_INIT_PID.to_ne_bytes());
+    request.extend_from_slice(&0i32.to_ne_bytes());
+    request.extend_from_slice(&[0u8; WORD]);
+    match stream.write_all(&request) {
+        Ok(()) => {}
+        // The monitor closed the connection: the container stopped.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Err(Monitor::Absent),
+        Err(e) => return Err(untrusted(format!("sending the request: {e}"))),
+    }
+    let mut answer = [0u8; 8 + WORD];
+    match stream.read_exact(&mut answer) {
+        Ok(()) => {}
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            return Err(Monitor::Absent)
+        }
+        Err(e) => return Err(untrusted(format!("reading the answer: {e}"))),
+    }
+    let ret = i32::from_ne_bytes([answer[0], answer[1], answer[2], answer[3]]);
+    let datalen = i32::from_ne_bytes([answer[4], answer[5], answer[6], answer[7]]);
+    let mut data = [0u8; WORD];
+    data.copy_from_slice(&answer[8..]);
+    let data = isize::from_ne_bytes(data);
+    if ret != 0 || datalen != 0 {
+        return Err(untrusted(format!(
+            "it answered ret {ret}, {datalen} bytes of data"
+        )));
+    }
+    // LXC's PTR_TO_PID: the pid is the pointer's value.
+    match i32::try_from(data).ok().and_then(|p| u32::try_from(p).ok()) {
+        Some(pid) if pid > 1 => Ok(pid),
+        // -1: no init (yet, or any more).
+        _ if data < 0 => Err(Monitor::Absent),
+        _ => Err(untrusted(format!("it named pid {data}"))),
+    }
 }
 
 fn read_cmdline(path: &Path) -> Vec<u8> {
