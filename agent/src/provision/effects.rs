@@ -177,6 +177,28 @@ pub struct Driven {
     pub halted: Option<Failure>,
 }
 
+impl Driven {
+    /// Stopped by the operator or the service manager (Ctrl-C, SIGTERM) before it settled:
+    /// the transaction is open where the journal holds it, to be resumed. Not an outcome.
+    pub fn interrupted(&self) -> bool {
+        self.state.outcome().is_none()
+            && self
+                .halted
+                .as_ref()
+                .is_some_and(|h| h.code == ErrorCode::Interrupted)
+    }
+
+    /// The word for how the drive ended: the outcome once settled, `interrupted` for a stop
+    /// the journal can resume, else `None` (open for another reason).
+    pub fn ending(&self) -> Option<&'static str> {
+        match self.state.outcome_kind() {
+            Some(o) => Some(o.as_str()),
+            None if self.interrupted() => Some("interrupted"),
+            None => None,
+        }
+    }
+}
+
 /// The settle window of the task search (a test build may shorten it through the environment).
 #[cfg(not(feature = "test-hooks"))]
 fn submit_settle() -> Duration {
