@@ -115,6 +115,18 @@ fn mark_interrupted(json: &mut Value) {
     }
 }
 
+/// What the boot wait waited for and saw: `boot` in the JSON, a `boot:` line in the text
+/// (before the summary line, after the checks).
+fn add_boot(json: &mut Value, text: &mut String, driven: &Driven) {
+    let Some(boot) = &driven.boot else {
+        return;
+    };
+    if let Some(obj) = json.as_object_mut() {
+        obj.insert("boot".into(), json!(boot));
+    }
+    text.insert_str(0, &format!("boot: {boot}\n"));
+}
+
 /// The exit status of a driven transaction: a halted one is open, so never "done".
 fn status_of(driven: &Driven) -> ExitStatus {
     match (&driven.halted, driven.state.outcome()) {
@@ -142,6 +154,7 @@ fn driven_output(driven: &Driven) -> CommandOutput {
     if driven.interrupted() {
         mark_interrupted(&mut json);
     }
+    add_boot(&mut json, &mut text, driven);
     if let Some(h) = &driven.halted {
         if let Some(obj) = json.as_object_mut() {
             obj.insert(
@@ -209,6 +222,7 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>, dry_run: bool) -> Comm
     let outcome = driven.ending().unwrap_or("needs_human");
     let band = &run.band;
     let mut human = String::new();
+    add_boot(&mut doc, &mut human, driven);
     let refused = run
         .preflight
         .as_ref()
