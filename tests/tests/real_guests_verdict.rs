@@ -1,0 +1,105 @@
+//! The restore test's verdict on real guests (unprivileged LXC containers running Debian 12
+//! with systemd, `tests/tests/real_guests.rs` describes the bed): the checks judge a booted
+//! guest. Each test needs LXC: on a machine where it does not work, the test prints why and
+//! ends (`FELHOM_REQUIRE_REAL_GUESTS=1` makes that a failure).
+
+use felhom_tests::fakepve::AgentOptions;
+use felhom_tests::world::World;
+use serde_json::{json, Value};
+
+/// The backup of the demo's container 200 as a Debian guest with a static `eth0`.
+const NET0: &str =
+    "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,type=veth";
+
+/// A unit of the backup that sleeps 5 s, then fails, started by the boot (`multi-user.target`
+/// wants it): it is failed only 5 s into the boot.
+const LATE_UNIT: &str = "[Unit]\nDescription=Sleeps 5 s, then fails\n\n[Service]\nType=oneshot\nExecStart=/bin/sh -c 'sleep 5; exit 1'\n";
+const LATE_WANTS: &str = "[Unit]\nWants=late.service\n";
+
+fn debian_scenario(files: Value) -> Value {
+    let mut s = felhom_tests::fakepve::demo_scenario();
+    let vol = &mut s["volumes"]["local"][0];
+    vol["config"] = json!({
+        "arch": "amd64",
+        "ostype": "debian",
+        "hostname": "web1",
+        "memory": "512",
+        "net0": NET0,
+        "rootfs": "local-lvm:vm-200-disk-0,size=8G",
+        "unprivileged": "1",
+    });
+    vol["guest"] = json!({ "files": files });
+    s
+}
+
+/// The failed-unit check, leaving out the two units this bed's isolated Debian copy shows
+/// failed whatever its backup holds (`networking.service`: no NIC; `sys-kernel-debug.mount`:
+/// Debian's `userns.conf`), so this file judges the boot wait alone.
+const PACK: &str = r#"
+[[check]]
+name = "no-other-failed-units"
+sql = "SELECT id, active_state, sub_state FROM systemd_units WHERE active_state = 'failed' AND id != 'networking.service' AND id != 'sys-kernel-debug.mount'"
+expect = "rows == 0"
+
+[[check]]
+name = "systemd-runs"
+sql = "SELECT id FROM systemd_units WHERE id = 'systemd-journald.service' AND active_state = 'active'"
+expect = "rows == 1"
+"#;
+
+fn real_world(files: Value) -> Option<World> {
+    match World::real(debian_scenario(files), &AgentOptions::default()) {
+        Ok(w) => {
+            // The restore test reads the provision's check packs (no [restore_test] checks_dir).
+            std::fs::write(w.files.checks_dir.join("default.toml"), PACK)
+                .unwrap_or_else(|e| panic!("cannot write the check pack: {e}"));
+            Some(w)
+        }
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_unit_failing_5_s_into_the_boot_of_a_real_copy_turns_its_restore_test_red_naming_it() {
+    let Some(w) = real_world(json!({
+        "/etc/systemd/system/late.service": LATE_UNIT,
+        "/etc/systemd/system/multi-user.target.d/late.conf": LATE_WANTS,
+    })) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("no-other-failed-units") && message.contains("late.service"),
+        "{message}"
+    );
+    assert!(
+        doc["boot"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("systemd: degraded")),
+        "{doc:#}"
+    );
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+}
+
+#[test]
+fn a_real_copy_whose_backup_is_fine_ends_ok_after_its_boot() {
+    let Some(w) = real_world(json!({})) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert!(
+        doc["boot"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("systemd: ")),
+        "{doc:#}"
+    );
+}
