@@ -138,3 +138,90 @@ fn the_default_pack_passes_a_real_unprivileged_debian_copy_whose_backup_is_fine(
         "{doc:#}"
     );
 }
+
+/// The links of the network namespace of process `pid`, as `ip -o link show` prints them there.
+fn links_in_netns_of(pid: &str) -> String {
+    let out = std::process::Command::new("nsenter")
+        .args(["-t", pid, "-n", "ip", "-o", "link", "show"])
+        .output()
+        .expect("nsenter");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every link of this machine whose name starts with `prefix`, with its bridge ports.
+fn bed_links_and_ports(prefix: &str) -> Vec<String> {
+    let mut all = Vec::new();
+    for link in felhom_tests::guestbed::links_with_prefix(prefix) {
+        let brif = std::path::Path::new("/sys/class/net")
+            .join(&link)
+            .join("brif");
+        let mut ports: Vec<String> = std::fs::read_dir(&brif)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        ports.sort();
+        all.push(format!("{link} ports {ports:?}"));
+    }
+    all.sort();
+    all
+}
+
+/// From the host, while a restore-test copy of a guest with a stored NIC runs: no interface in
+/// the copy's network namespace has a peer outside it (`ip` prints `link-netnsid` for a veth
+/// whose other end is in another namespace), and no link or bridge port of the bed appeared.
+#[test]
+fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_bridges_gain_no_port() {
+    // A boot of 5 s more (a unit that sleeps, then succeeds): the copy runs long enough to look.
+    let slow =
+        "[Unit]\nDescription=Sleeps 5 s\n\n[Service]\nType=oneshot\nExecStart=/bin/sleep 5\n";
+    let Some(w) = real_world(json!({
+        "/etc/systemd/system/slow.service": slow,
+        "/etc/systemd/system/multi-user.target.d/slow.conf": "[Unit]\nWants=slow.service\n",
+    })) else {
+        return;
+    };
+    let prefix = w.bed.net_prefix().expect("real bed").to_string();
+    let before = bed_links_and_ports(&prefix);
+    let lxc_path = w.bed.lxc_path().display().to_string();
+    let mut child = w
+        .command()
+        .args(["--selftest=restore", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("agent");
+    // Until the copy runs: LXC's init pid of 990002.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let pid = loop {
+        let out = std::process::Command::new("lxc-info")
+            .args(["-P", &lxc_path, "-n", "990002", "-p", "-H"])
+            .output()
+            .expect("lxc-info");
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()) {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "the copy never ran");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let links = links_in_netns_of(&pid);
+    let during = bed_links_and_ports(&prefix);
+    let out: felhom_tests::agent::AgentRun = child.wait_with_output().expect("agent").into();
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    assert!(!links.trim().is_empty(), "no link read in the copy");
+    assert!(
+        !links.contains("link-netnsid"),
+        "an interface of the copy has its peer in another namespace:\n{links}"
+    );
+    assert_eq!(
+        before, during,
+        "the bed's links or bridge ports changed while the copy ran"
+    );
+}
