@@ -190,7 +190,7 @@ fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_brid
     let prefix = w.bed.net_prefix().expect("real bed").to_string();
     let before = bed_links_and_ports(&prefix);
     let lxc_path = w.bed.lxc_path().display().to_string();
-    let mut child = w
+    let child = w
         .command()
         .args(["--selftest=restore", "--json"])
         .stdout(std::process::Stdio::piped())
