@@ -286,6 +286,9 @@ pub struct ProvisionConfig {
     pub checks_dir: PathBuf,
     /// How long a started guest may take to answer its first exec (the proof of launch).
     pub launch_timeout: std::time::Duration,
+    /// How long a launched guest's boot may take to end (systemd `is-system-running --wait`),
+    /// for provisions and restore tests alike.
+    pub boot_timeout: std::time::Duration,
 }
 
 /// Bounds of `[provision] launch_timeout_secs`.
@@ -382,6 +385,7 @@ struct RawProvision {
     bootstrap_dir: Option<PathBuf>,
     checks_dir: Option<PathBuf>,
     launch_timeout_secs: Option<u64>,
+    boot_timeout_secs: Option<u64>,
 }
 
 fn invalid(msg: String) -> Failure {
@@ -552,6 +556,18 @@ impl Config {
                 LAUNCH_TIMEOUT_SECS.end()
             )));
         }
+        let boot_timeout_secs = p
+            .boot_timeout_secs
+            .unwrap_or(crate::guest::boot::BOOT_TIMEOUT.as_secs());
+        if !crate::guest::boot::BOOT_TIMEOUT_SECS.contains(&boot_timeout_secs) {
+            return Err(invalid(format!(
+                "{}: [provision] boot_timeout_secs = {boot_timeout_secs} is out of range; use {} to {} seconds (default {})",
+                path.display(),
+                crate::guest::boot::BOOT_TIMEOUT_SECS.start(),
+                crate::guest::boot::BOOT_TIMEOUT_SECS.end(),
+                crate::guest::boot::BOOT_TIMEOUT.as_secs()
+            )));
+        }
         let provision = ProvisionConfig {
             storage: p.storage.unwrap_or_else(|| "local-lvm".to_string()),
             selftest_source: p.selftest_source,
@@ -562,6 +578,7 @@ impl Config {
                 .checks_dir
                 .unwrap_or_else(|| PathBuf::from("/etc/felhom-agent/checks.d")),
             launch_timeout: std::time::Duration::from_secs(launch_timeout_secs),
+            boot_timeout: std::time::Duration::from_secs(boot_timeout_secs),
         };
         let restore_test = RestoreTestConfig {
             backup_storages: rt.backup_storages.unwrap_or_else(|| {

@@ -57,7 +57,10 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::TaskFailed
         | ErrorCode::TaskTimeout
         | ErrorCode::GuestLocked => ExitStatus::PveFailed,
-        ErrorCode::LaunchUnproven | ErrorCode::BootstrapFailed | ErrorCode::CheckFailed => {
+        ErrorCode::LaunchUnproven
+        | ErrorCode::BootUnfinished
+        | ErrorCode::BootstrapFailed
+        | ErrorCode::CheckFailed => {
             ExitStatus::GuestFailed
         }
         ErrorCode::PveUnreachable

@@ -60,6 +60,9 @@ pub enum Phase {
     Started,
     /// The guest is running and answers an exec.
     Launched,
+    /// The guest's boot has ended: its systemd answered `running` or `degraded` (a guest
+    /// without systemd: the launch proof's exec is all there is to wait for).
+    Booted,
     /// The bootstrap profile ran successfully inside the guest.
     Bootstrapped,
     /// The osquery checks passed.
@@ -79,13 +82,14 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase: the forward path in order, then the other outcomes.
-    pub const ALL: [Phase; 13] = [
+    pub const ALL: [Phase; 14] = [
         Phase::Planned,
         Phase::Validated,
         Phase::Submitted,
         Phase::Created,
         Phase::Started,
         Phase::Launched,
+        Phase::Booted,
         Phase::Bootstrapped,
         Phase::Verified,
         Phase::Reported,
@@ -104,6 +108,7 @@ impl Phase {
             Phase::Created => "created",
             Phase::Started => "started",
             Phase::Launched => "launched",
+            Phase::Booted => "booted",
             Phase::Bootstrapped => "bootstrapped",
             Phase::Verified => "verified",
             Phase::Reported => "reported",
@@ -287,11 +292,14 @@ pub enum ErrorCode {
     /// `doctor`: the agent's system user could run something outside the agent's units (a
     /// home it can write, a login sshd would accept, a user manager systemd would start).
     AgentUserUnconfined,
+    /// The guest's boot did not end within the boot timeout (its systemd still `starting`,
+    /// or in a state that is not `running` or `degraded`); the message names the state seen.
+    BootUnfinished,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 56] = [
+    pub const ALL: [ErrorCode; 57] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -348,6 +356,7 @@ impl ErrorCode {
         ErrorCode::TokenFileInvalid,
         ErrorCode::Interrupted,
         ErrorCode::AgentUserUnconfined,
+        ErrorCode::BootUnfinished,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -409,6 +418,7 @@ impl ErrorCode {
             ErrorCode::TokenFileInvalid => "token_file_invalid",
             ErrorCode::Interrupted => "interrupted",
             ErrorCode::AgentUserUnconfined => "agent_user_unconfined",
+            ErrorCode::BootUnfinished => "boot_unfinished",
         }
     }
 }
@@ -523,6 +533,7 @@ mod tests {
             (Phase::Created, "created"),
             (Phase::Started, "started"),
             (Phase::Launched, "launched"),
+            (Phase::Booted, "booted"),
             (Phase::Bootstrapped, "bootstrapped"),
             (Phase::Verified, "verified"),
             (Phase::Reported, "reported"),
@@ -601,8 +612,9 @@ mod tests {
             (ErrorCode::TokenFileInvalid, "token_file_invalid"),
             (ErrorCode::Interrupted, "interrupted"),
             (ErrorCode::AgentUserUnconfined, "agent_user_unconfined"),
+            (ErrorCode::BootUnfinished, "boot_unfinished"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 56);
+        assert_eq!(ErrorCode::ALL.len(), 57);
     }
 
     #[test]

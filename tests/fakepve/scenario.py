@@ -1054,6 +1054,21 @@ class ScenarioPve(fake_server.FakePve):
             'CT' if kind == 'lxc' else 'vm', vmid)
         with open(os.path.join(d, 'rootfs.tmp', 'etc', 'hostname'), 'w', encoding='utf-8') as fh:
             fh.write(str(name) + '\n')
+        # `files`: {guest path: text} written into the restored root filesystem (the backup's own
+        # files: a stand-in `systemctl`, a unit's state); a text starting with `#!` is executable.
+        # A path ending in `/` is a folder.
+        for path, text in sorted((spec.get('files') or {}).items()):
+            rel = str(path).lstrip('/')
+            if not rel or '..' in rel.split('/'):
+                raise ScenarioError('guest file {0!r} is not a plain absolute path'.format(path))
+            full = os.path.join(d, 'rootfs.tmp', rel)
+            if str(path).endswith('/'):
+                os.makedirs(full, exist_ok=True)
+                continue
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, 'w', encoding='utf-8') as fh:
+                fh.write(str(text))
+            os.chmod(full, 0o755 if str(text).startswith('#!') else 0o644)
         os.rename(os.path.join(d, 'rootfs.tmp'), os.path.join(d, 'rootfs'))
         with open(os.path.join(d, 'kind'), 'w', encoding='utf-8') as fh:
             fh.write(kind + '\n')

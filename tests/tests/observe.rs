@@ -479,6 +479,7 @@ fn on_a_terminal_a_line_per_phase_appears_while_the_provision_runs() {
         "created",
         "started",
         "launched",
+        "booted",
         "bootstrapped",
         "verified",
     ] {

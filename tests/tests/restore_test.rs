@@ -223,3 +223,130 @@ fn rotation_tests_each_pool_guest_in_turn() {
         "{tested:?}"
     );
 }
+
+/// The `--selftest=restore` run started (with `extra` args), SIGTERMed once its restore task's
+/// UPID is journaled while the task still runs; its output.
+fn sigterm_during_the_restore(w: &RestoreWorld, extra: &[&str]) -> AgentRun {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use std::time::{Duration, Instant};
+    // A restore of 8 real seconds, so SIGTERM lands inside it.
+    w.world
+        .pve
+        .set(json!({"time_scale": 0.02, "ct_secs": {"create": 400}}));
+    let mut args = vec!["--selftest=restore"];
+    args.extend_from_slice(extra);
+    let child = w
+        .world
+        .command()
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the agent");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let upid = loop {
+        let open = w.world.journal().into_iter().find(|t| {
+            t["kind"] == "selftest-restore" && t["upid"].is_string() && t["outcome"].is_null()
+        });
+        if let Some(t) = open {
+            break t["upid"].as_str().expect("upid").to_string();
+        }
+        assert!(Instant::now() < deadline, "no restore UPID journaled");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let running = w
+        .world
+        .pve
+        .tasks()
+        .iter()
+        .any(|t| t["upid"].as_str() == Some(upid.as_str()) && t["status"] == "running");
+    assert!(
+        running,
+        "the restore task ended before the SIGTERM: the test proves nothing"
+    );
+    kill(
+        Pid::from_raw(i32::try_from(child.id()).expect("pid")),
+        Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let run: AgentRun = child.wait_with_output().expect("output").into();
+    // Back to quick tasks for what follows.
+    w.world
+        .pve
+        .set(json!({"time_scale": 0.01, "ct_secs": {"create": 30}}));
+    run
+}
+
+#[test]
+fn sigterm_during_the_restore_is_interrupted_and_the_resume_writes_its_outcome() {
+    let w = RestoreWorld::new(felhom_tests::fakepve::demo_scenario());
+    let run = sigterm_during_the_restore(&w, &["--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(130), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "interrupted", "{doc:#}");
+    assert_eq!(doc["halted"]["code"], "interrupted", "{doc:#}");
+    let metrics = w.metrics();
+    let samples = parse_prometheus(&metrics);
+    assert_eq!(
+        sample(
+            &samples,
+            "felhom_restore_test_outcome{outcome=\"interrupted\"}"
+        ),
+        1.0,
+        "{metrics}"
+    );
+    assert!(
+        samples
+            .iter()
+            .filter(|(s, _)| s.contains("needs_human") || s.contains("failed"))
+            .all(|(_, v)| *v == 0.0),
+        "an interruption is no failure and needs no person:\n{metrics}"
+    );
+    let txn = doc["txn"].as_str().expect("txn").to_string();
+    let row = w.world.journal_txn(&txn);
+    assert_eq!(row["interrupted"], json!(true), "{row:#}");
+
+    // The resume follows the task to its end, checks and destroys the copy: `ok`, also in
+    // the metrics (the last success with it).
+    let resumed = w.agent(&["journal", "resume", &txn, "--json"]);
+    assert_eq!(
+        resumed.code,
+        Some(0),
+        "{}\n{}",
+        resumed.stdout,
+        resumed.stderr
+    );
+    assert_eq!(resumed.json()["outcome"], "ok", "{}", resumed.stdout);
+    let metrics = w.metrics();
+    let samples = parse_prometheus(&metrics);
+    assert_eq!(
+        sample(&samples, "felhom_restore_test_outcome{outcome=\"ok\"}"),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &samples,
+            "felhom_restore_test_outcome{outcome=\"interrupted\"}"
+        ),
+        0.0,
+        "{metrics}"
+    );
+    assert!(
+        sample(
+            &samples,
+            "felhom_restore_test_last_success_timestamp_seconds"
+        ) > 1.7e9,
+        "{metrics}"
+    );
+
+    // The text says it too.
+    let run = sigterm_during_the_restore(&w, &[]);
+    assert_eq!(run.code, Some(130), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains(": interrupted") && !run.stdout.contains("needs_human"),
+        "{}",
+        run.stdout
+    );
+}

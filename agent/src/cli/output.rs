@@ -51,7 +51,9 @@ fn network_word(state: &State) -> Option<&'static str> {
     })
 }
 
-fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>) -> String {
+/// The human summary; `open_word` names an open transaction (`open`, or `interrupted` when a
+/// stop left it for a resume).
+fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>, open_word: &str) -> String {
     let mut s = String::new();
     if let Some(Value::Array(steps)) = plan {
         s.push_str(&format!(
@@ -94,7 +96,7 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>) -> String 
         outcome
             .as_ref()
             .map(|o| o.outcome.as_str())
-            .unwrap_or("open"),
+            .unwrap_or(open_word),
         state.phase(),
         state.destroy_armed(),
         state.destroyed(),
@@ -103,6 +105,26 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>) -> String 
         s.push_str(&format!("error [{}]: {}\n", f.code, f.message));
     }
     s
+}
+
+/// A stop (Ctrl-C, SIGTERM) is no outcome (the journal resumes the transaction), but the
+/// document says what happened: `outcome` is `interrupted`, never null or `needs_human`.
+fn mark_interrupted(json: &mut Value) {
+    if let Some(obj) = json.as_object_mut() {
+        obj.insert("outcome".into(), json!("interrupted"));
+    }
+}
+
+/// What the boot wait waited for and saw: `boot` in the JSON, a `boot:` line in the text
+/// (before the summary line, after the checks).
+fn add_boot(json: &mut Value, text: &mut String, driven: &Driven) {
+    let Some(boot) = &driven.boot else {
+        return;
+    };
+    if let Some(obj) = json.as_object_mut() {
+        obj.insert("boot".into(), json!(boot));
+    }
+    text.insert_str(0, &format!("boot: {boot}\n"));
 }
 
 /// The exit status of a driven transaction: a halted one is open, so never "done".
@@ -123,7 +145,16 @@ fn driven_output(driven: &Driven) -> CommandOutput {
         .as_ref()
         .map(|p| serde_json::to_value(p).unwrap_or(Value::Null));
     let mut json = result_json(&driven.state, &driven.checks, plan.as_ref());
-    let mut text = human(&driven.state, &driven.checks, plan.as_ref());
+    let open_word = if driven.interrupted() {
+        "interrupted"
+    } else {
+        "open"
+    };
+    let mut text = human(&driven.state, &driven.checks, plan.as_ref(), open_word);
+    if driven.interrupted() {
+        mark_interrupted(&mut json);
+    }
+    add_boot(&mut json, &mut text, driven);
     if let Some(h) = &driven.halted {
         if let Some(obj) = json.as_object_mut() {
             obj.insert(
@@ -189,16 +220,23 @@ pub fn restore_test(
     if let Some(obj) = doc.as_object_mut() {
         obj.insert("backup".into(), json!(run.backup));
         obj.insert("band".into(), json!(run.band));
+        if let Some(h) = &driven.halted {
+            obj.insert(
+                "halted".into(),
+                json!({"code": h.code.as_str(), "message": h.message}),
+            );
+        }
         if let Some(m) = &run.metrics_error {
             obj.insert("metrics_error".into(), json!(m));
         }
     }
-    let outcome = driven
-        .state
-        .outcome_kind()
-        .map_or("needs_human", |o| o.as_str());
+    if driven.interrupted() {
+        mark_interrupted(&mut doc);
+    }
+    let outcome = driven.ending().unwrap_or("needs_human");
     let band = &run.band;
     let mut human = String::new();
+    add_boot(&mut doc, &mut human, driven);
     let refused = run
         .preflight
         .as_ref()
@@ -229,14 +267,10 @@ pub fn restore_test(
     if let Some(m) = &run.metrics_error {
         human.push_str(&format!("warning: {m}\n"));
     }
-    let status = match (&driven.halted, driven.state.outcome()) {
-        (Some(h), _) => {
-            human.push_str(&format!("halted [{}]: {}\n", h.code, h.message));
-            ExitStatus::NeedsHuman
-        }
-        (None, Some(o)) => o.exit_status(),
-        (None, None) => ExitStatus::NeedsHuman,
-    };
+    if let Some(h) = &driven.halted {
+        human.push_str(&format!("halted [{}]: {}\n", h.code, h.message));
+    }
+    let status = status_of(driven);
     with_preflight(
         CommandOutput {
             json: doc,

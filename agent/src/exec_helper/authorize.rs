@@ -65,7 +65,12 @@ impl Owners {
 }
 
 /// The steps in which a transaction runs commands in its guest.
-pub const GUEST_STEPS: [Step; 3] = [Step::ProveLaunch, Step::Bootstrap, Step::Checks];
+pub const GUEST_STEPS: [Step; 4] = [
+    Step::ProveLaunch,
+    Step::WaitBoot,
+    Step::Bootstrap,
+    Step::Checks,
+];
 
 /// Check all four before running a request for `vmid` on behalf of `txn`. Blocking (reads
 /// files, may run `pct list` / `qm list`): call it off the async threads.

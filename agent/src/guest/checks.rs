@@ -781,6 +781,48 @@ pub fn bound_results(results: &mut [CheckResult]) {
     }
 }
 
+/// The most rows a failed check names in its message.
+const NAMED_ROWS: usize = 5;
+
+/// The first column a query selects, when it is a plain name (`SELECT id, active_state …`
+/// gives `id`): the column that names a row in a failed check's message.
+fn first_column(sql: &str) -> Option<String> {
+    let rest = sql.trim_start();
+    let rest = rest
+        .get(..6)
+        .filter(|w| w.eq_ignore_ascii_case("select"))
+        .map(|_| &rest[6..])?;
+    let col = rest.split([',', ' ', '\n', '\t']).find(|w| !w.is_empty())?;
+    col.chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        .then(|| col.to_string())
+}
+
+/// `: a, b (and N more)`: what names each returned row (its first selected column, else `id`,
+/// `name` or `path`, else its first column), for the message of a failed row count, so a red
+/// `no-failed-units` names the units. Guest text: escaped and clipped.
+fn name_rows(rows: &[Row], first: Option<String>) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let label = |row: &Row| -> String {
+        let v = first
+            .as_deref()
+            .and_then(|c| row.get(c))
+            .or_else(|| ["id", "name", "path"].iter().find_map(|c| row.get(*c)))
+            .or_else(|| row.values().next())
+            .map_or("", String::as_str);
+        crate::error::outside_text_max(v, 128)
+    };
+    let named: Vec<String> = rows.iter().take(NAMED_ROWS).map(label).collect();
+    let more = rows.len().saturating_sub(NAMED_ROWS);
+    if more > 0 {
+        format!(": {} (and {more} more)", named.join(", "))
+    } else {
+        format!(": {}", named.join(", "))
+    }
+}
+
 /// Run one check; `Err` is an `error` result with this message.
 async fn run_one<E: GuestExec>(
     exec: &E,
@@ -807,8 +849,9 @@ async fn run_one<E: GuestExec>(
                 (
                     CheckStatus::Fail,
                     Some(format!(
-                        "expected rows {} {count}, the query returned {row_count}",
-                        op.symbol()
+                        "expected rows {} {count}, the query returned {row_count}{}",
+                        op.symbol(),
+                        name_rows(&rows, first_column(&check.sql))
                     )),
                 )
             }
@@ -908,6 +951,41 @@ fn osquery_rows(outcome: &ExecOutcome, timeout: Duration, cap: usize) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_row_count_names_the_rows_by_their_first_selected_column() {
+        let row = |id: &str| -> Row {
+            [
+                ("active_state", "failed"),
+                ("id", id),
+                ("sub_state", "failed"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+        };
+        let sql =
+            "SELECT id, active_state, sub_state FROM systemd_units WHERE active_state = 'failed'";
+        assert_eq!(first_column(sql).as_deref(), Some("id"));
+        assert_eq!(
+            name_rows(
+                &[row("late.service"), row("nginx.service")],
+                first_column(sql)
+            ),
+            ": late.service, nginx.service"
+        );
+        let many: Vec<Row> = (0..7).map(|i| row(&format!("u{i}.service"))).collect();
+        assert!(name_rows(&many, Some("id".into())).ends_with("u4.service (and 2 more)"));
+        assert_eq!(first_column("SELECT count(*) FROM x"), None);
+        // Without a plain first column: the row's `id`.
+        assert_eq!(name_rows(&[row("x.service")], None), ": x.service");
+        assert_eq!(name_rows(&[], None), "");
+        // Guest text is escaped.
+        assert_eq!(
+            name_rows(&[row("evil\u{1b}[31m.service")], Some("id".into())),
+            format!(": {}", crate::error::outside_text("evil\u{1b}[31m.service"))
+        );
+    }
     use crate::guest::exec::Captured;
 
     #[test]

@@ -6,12 +6,14 @@
 //! - [`lxc`]: [`LxcExec`], `pct exec` (files too, on its stdin);
 //! - [`lxc_monitor`]: who holds a container's LXC command socket, checked before every `pct exec`;
 //! - [`qemu`]: [`QemuExec`] over the [`GuestAgentApi`] seam the PVE client implements;
+//! - [`boot`]: the wait for the guest's boot to end (systemd's `is-system-running --wait`);
 //! - [`bootstrap`]: profiles pushed into the guest and run once per transaction;
 //! - [`checks`]: osquery check packs, run with `osqueryi --json` and judged pass/fail/error.
 //!
 //! This module never decides whether a guest may be destroyed and never reads the agent's own
 //! environment into a guest.
 
+pub mod boot;
 pub mod bootstrap;
 pub mod checks;
 pub mod exec;

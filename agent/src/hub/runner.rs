@@ -219,6 +219,7 @@ impl DispatchRunner for ProvisionRunner {
                     checks: vec![],
                     plan: None,
                     halted: None,
+                    boot: None,
                 })
             } else {
                 service::resume(&self.cfg, state, &reporter, cancel.clone()).await

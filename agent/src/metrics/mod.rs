@@ -191,10 +191,23 @@ pub fn hub_text(connected: bool, outbox_depth: u64) -> String {
     s
 }
 
+/// The values of `felhom_restore_test_outcome`'s `outcome` label: the settled outcomes, and
+/// `interrupted` for a run stopped (Ctrl-C, SIGTERM) before it settled, whose transaction the
+/// journal resumes (the resume writes the outcome it reaches). Only `failed`, `needs_human` and
+/// `refused` raise the alert.
+pub const RESTORE_TEST_OUTCOMES: [&str; 6] = [
+    "ok",
+    "failed",
+    "skipped",
+    "needs_human",
+    "refused",
+    "interrupted",
+];
+
 /// What the restore-test metrics say about the last run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RestoreTestFigures<'a> {
-    /// `ok`, `failed`, `skipped`, `needs_human` or `refused`.
+    /// One of [`RESTORE_TEST_OUTCOMES`].
     pub outcome: &'a str,
     /// How long the run took, seconds.
     pub duration_s: f64,
@@ -250,7 +263,7 @@ pub fn restore_test_text(f: &RestoreTestFigures<'_>) -> String {
         "gauge",
         "The outcome of the last run (1 for the outcome it had).",
     );
-    for o in ["ok", "failed", "skipped", "needs_human", "refused"] {
+    for o in RESTORE_TEST_OUTCOMES {
         let _ = writeln!(
             s,
             "felhom_restore_test_outcome{{outcome=\"{o}\"}} {}",
@@ -408,5 +421,6 @@ mod tests {
         assert!(t.contains("felhom_restore_test_outcome{outcome=\"skipped\"} 1"));
         assert!(t.contains("felhom_restore_test_outcome{outcome=\"ok\"} 0"));
         assert!(t.contains("felhom_restore_test_skipped_total 2"));
+        assert!(t.contains("felhom_restore_test_outcome{outcome=\"interrupted\"} 0"));
     }
 }

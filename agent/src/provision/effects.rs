@@ -118,6 +118,8 @@ pub struct Timeouts {
     pub power: Duration,
     /// First exec answer after the start.
     pub launch_proof: Duration,
+    /// The guest's boot ending, after the launch proof.
+    pub boot: Duration,
     /// A destroyed guest leaving the list.
     pub confirm_gone: Duration,
     /// The search for the task of a restore request whose answer is unknown.
@@ -130,6 +132,7 @@ impl Default for Timeouts {
             restore: RESTORE_TIMEOUT,
             power: POWER_TIMEOUT,
             launch_proof: LAUNCH_PROOF_TIMEOUT,
+            boot: crate::guest::boot::BOOT_TIMEOUT,
             confirm_gone: CONFIRM_GONE_TIMEOUT,
             submit_settle: submit_settle(),
         }
@@ -148,6 +151,8 @@ pub struct Executor<'a> {
     lxc: Arc<dyn LxcExecFactory>,
     /// Check results of the transaction being driven.
     checks: Vec<CheckResult>,
+    /// What the boot wait of this drive saw, for the report.
+    boot: Option<String>,
     /// The dry-run plan of the transaction being driven.
     plan: Option<Vec<PlanStep>>,
     /// Set when the drive stopped before the transaction settled (interrupt, journal failure).
@@ -179,6 +184,30 @@ pub struct Driven {
     pub plan: Option<Vec<PlanStep>>,
     /// Why the drive stopped before the transaction settled.
     pub halted: Option<Failure>,
+    /// What the boot wait waited for and saw (`None` when the drive did not wait for a boot).
+    pub boot: Option<String>,
+}
+
+impl Driven {
+    /// Stopped by the operator or the service manager (Ctrl-C, SIGTERM) before it settled:
+    /// the transaction is open where the journal holds it, to be resumed. Not an outcome.
+    pub fn interrupted(&self) -> bool {
+        self.state.outcome().is_none()
+            && self
+                .halted
+                .as_ref()
+                .is_some_and(|h| h.code == ErrorCode::Interrupted)
+    }
+
+    /// The word for how the drive ended: the outcome once settled, `interrupted` for a stop
+    /// the journal can resume, else `None` (open for another reason).
+    pub fn ending(&self) -> Option<&'static str> {
+        match self.state.outcome_kind() {
+            Some(o) => Some(o.as_str()),
+            None if self.interrupted() => Some("interrupted"),
+            None => None,
+        }
+    }
 }
 
 /// The settle window of the task search (a test build may shorten it through the environment).
@@ -250,10 +279,12 @@ impl<'a> Executor<'a> {
             cancel,
             timeouts: Timeouts {
                 launch_proof: cfg.provision.launch_timeout,
+                boot: cfg.provision.boot_timeout,
                 ..Timeouts::default()
             },
             lxc,
             checks: Vec::new(),
+            boot: None,
             plan: None,
             halted: None,
             started: Instant::now(),
@@ -384,6 +415,7 @@ impl<'a> Executor<'a> {
             checks: std::mem::take(&mut self.checks),
             plan: self.plan.take(),
             halted: halted.or_else(|| self.halted.take()),
+            boot: self.boot.take(),
         }
     }
 
@@ -617,6 +649,42 @@ impl<'a> Executor<'a> {
                 Some(match self.prove_launch(vmid, guest, state.txn()).await {
                     Ok(()) => Event::LaunchProven,
                     Err(message) => Event::LaunchUnproven { message },
+                })
+            }
+            Effect::WaitBoot { vmid, guest } => {
+                // Ctrl-C stops the wait (the exec is dropped, as in the bootstrap); a resume
+                // waits again.
+                let cancel = self.cancel.clone();
+                let exec = self.exec_for(vmid, guest, state.txn());
+                let waited = tokio::select! {
+                    w = crate::guest::boot::wait_boot(&exec, self.timeouts.boot) => w,
+                    () = cancel.cancelled() => {
+                        return Err(Failure::new(
+                            ErrorCode::Interrupted,
+                            format!(
+                                "interrupted while waiting for the boot of vmid {vmid} to end (transaction {}); the journal holds the transaction and `felhom-agent journal resume {}` waits again",
+                                state.txn(),
+                                state.txn()
+                            ),
+                        ));
+                    }
+                };
+                Some(match waited {
+                    Ok(seen) => {
+                        tracing::info!(vmid, "boot ended: {seen}");
+                        self.boot = Some(seen.clone());
+                        Event::BootEnded { seen }
+                    }
+                    Err(message) => {
+                        self.boot = Some(message.clone());
+                        Event::BootUnfinished {
+                            message: format!(
+                                "{message} ({} {vmid} on node {})",
+                                guest.pve_word(),
+                                self.cfg.node
+                            ),
+                        }
+                    }
                 })
             }
             Effect::Bootstrap { vmid, guest } => {

@@ -92,6 +92,9 @@ pub enum Step {
     Start,
     /// Waiting for the proof of launch (running and answers an exec).
     ProveLaunch,
+    /// Waiting for the guest's boot to end (systemd's `is-system-running --wait`), so the
+    /// bootstrap and the checks judge a booted guest, not one whose units have not run yet.
+    WaitBoot,
     /// Waiting for the bootstrap profile to finish.
     Bootstrap,
     /// Waiting for the osquery checks.
@@ -110,7 +113,7 @@ pub enum Step {
 
 impl Step {
     /// Every step.
-    pub const ALL: [Step; 17] = [
+    pub const ALL: [Step; 18] = [
         Step::Validate,
         Step::Submit,
         Step::ProbeSubmit,
@@ -121,6 +124,7 @@ impl Step {
         Step::VerifyMarker,
         Step::Start,
         Step::ProveLaunch,
+        Step::WaitBoot,
         Step::Bootstrap,
         Step::Checks,
         Step::Report,
@@ -144,6 +148,7 @@ impl Step {
             }
             Step::Start => &[E::Started, E::StartFailed],
             Step::ProveLaunch => &[E::LaunchProven, E::LaunchUnproven],
+            Step::WaitBoot => &[E::BootEnded, E::BootUnfinished],
             Step::Bootstrap => &[E::Bootstrapped, E::BootstrapFailed],
             Step::Checks => &[E::ChecksPassed, E::ChecksFailed],
             Step::Report => &[E::ReportQueued],
@@ -165,6 +170,7 @@ impl Step {
             Step::VerifyMarker => "verify_marker",
             Step::Start => "start",
             Step::ProveLaunch => "prove_launch",
+            Step::WaitBoot => "wait_boot",
             Step::Bootstrap => "bootstrap",
             Step::Checks => "checks",
             Step::Report => "report",
@@ -503,6 +509,16 @@ pub enum Event {
         /// What was seen.
         message: String,
     },
+    /// The guest's boot ended (or there is no boot state to wait for).
+    BootEnded {
+        /// What was waited for and seen, for the report.
+        seen: String,
+    },
+    /// The guest's boot did not end within the boot timeout.
+    BootUnfinished {
+        /// The boot state seen, and what still ran.
+        message: String,
+    },
     /// The bootstrap profile ran successfully.
     Bootstrapped,
     /// The bootstrap profile failed (exit status, timeout, push error).
@@ -558,6 +574,10 @@ pub enum EventKind {
     LaunchProven,
     /// [`Event::LaunchUnproven`].
     LaunchUnproven,
+    /// [`Event::BootEnded`].
+    BootEnded,
+    /// [`Event::BootUnfinished`].
+    BootUnfinished,
     /// [`Event::Bootstrapped`].
     Bootstrapped,
     /// [`Event::BootstrapFailed`].
@@ -574,7 +594,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every event kind.
-    pub const ALL: [EventKind; 22] = [
+    pub const ALL: [EventKind; 24] = [
         EventKind::VmidAccepted,
         EventKind::VmidRefused,
         EventKind::BandFull,
@@ -591,6 +611,8 @@ impl EventKind {
         EventKind::StartFailed,
         EventKind::LaunchProven,
         EventKind::LaunchUnproven,
+        EventKind::BootEnded,
+        EventKind::BootUnfinished,
         EventKind::Bootstrapped,
         EventKind::BootstrapFailed,
         EventKind::ChecksPassed,
@@ -618,6 +640,8 @@ impl EventKind {
             EventKind::StartFailed => "start_failed",
             EventKind::LaunchProven => "launch_proven",
             EventKind::LaunchUnproven => "launch_unproven",
+            EventKind::BootEnded => "boot_ended",
+            EventKind::BootUnfinished => "boot_unfinished",
             EventKind::Bootstrapped => "bootstrapped",
             EventKind::BootstrapFailed => "bootstrap_failed",
             EventKind::ChecksPassed => "checks_passed",
@@ -654,6 +678,8 @@ impl Event {
             Event::StartFailed { .. } => EventKind::StartFailed,
             Event::LaunchProven => EventKind::LaunchProven,
             Event::LaunchUnproven { .. } => EventKind::LaunchUnproven,
+            Event::BootEnded { .. } => EventKind::BootEnded,
+            Event::BootUnfinished { .. } => EventKind::BootUnfinished,
             Event::Bootstrapped => EventKind::Bootstrapped,
             Event::BootstrapFailed { .. } => EventKind::BootstrapFailed,
             Event::ChecksPassed => EventKind::ChecksPassed,
@@ -700,6 +726,8 @@ pub enum PlanStep {
     Start,
     /// Prove the launch (running, answers an exec).
     ProveLaunch,
+    /// Wait for the guest's boot to end.
+    WaitBoot,
     /// Run the bootstrap profile.
     Bootstrap,
     /// Run the osquery checks.
@@ -800,6 +828,14 @@ pub enum Effect {
         /// Its type.
         guest: GuestKind,
     },
+    /// Wait until the guest's boot has ended (bounded by the boot timeout); answer
+    /// [`Event::BootEnded`] or [`Event::BootUnfinished`].
+    WaitBoot {
+        /// The guest.
+        vmid: u32,
+        /// Its type.
+        guest: GuestKind,
+    },
     /// Push and run the bootstrap profile; answer [`Event::Bootstrapped`] or
     /// [`Event::BootstrapFailed`].
     Bootstrap {
@@ -866,6 +902,7 @@ impl Effect {
             Effect::VerifyMarker { .. } => "verify_marker",
             Effect::Start { .. } => "start",
             Effect::ProveLaunch { .. } => "prove_launch",
+            Effect::WaitBoot { .. } => "wait_boot",
             Effect::Bootstrap { .. } => "bootstrap",
             Effect::RunChecks { .. } => "run_checks",
             Effect::Report => "report",
@@ -1418,7 +1455,8 @@ impl State {
     fn interrupted(&self, vmid: u32, detail: &str) -> Failure {
         let code = match self.reached {
             Phase::Created | Phase::Started => ErrorCode::LaunchUnproven,
-            Phase::Launched => ErrorCode::BootstrapFailed,
+            Phase::Launched => ErrorCode::BootUnfinished,
+            Phase::Booted => ErrorCode::BootstrapFailed,
             Phase::Bootstrapped => ErrorCode::CheckFailed,
             _ => ErrorCode::TaskFailed,
         };
@@ -1476,6 +1514,7 @@ impl State {
                 PlanStep::VerifyMarker,
                 PlanStep::Start,
                 PlanStep::ProveLaunch,
+                PlanStep::WaitBoot,
                 PlanStep::Bootstrap,
                 PlanStep::RunChecks,
                 PlanStep::Report,
@@ -2063,7 +2102,18 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
         }
         (Step::ProveLaunch, Event::LaunchProven) => {
             let vmid = s.require_vmid(kind)?;
-            s.advance(Phase::Launched, Step::Bootstrap);
+            s.advance(Phase::Launched, Step::WaitBoot);
+            vec![
+                s.journal(),
+                Effect::WaitBoot {
+                    vmid,
+                    guest: s.guest(),
+                },
+            ]
+        }
+        (Step::WaitBoot, Event::BootEnded { .. }) => {
+            let vmid = s.require_vmid(kind)?;
+            s.advance(Phase::Booted, Step::Bootstrap);
             vec![
                 s.journal(),
                 Effect::Bootstrap {
@@ -2071,6 +2121,14 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
                     guest: s.guest(),
                 },
             ]
+        }
+        (Step::WaitBoot, Event::BootUnfinished { message }) => {
+            let vmid = s.require_vmid(kind)?;
+            let f = Failure::new(
+                ErrorCode::BootUnfinished,
+                format!("the boot of guest {vmid} did not end: {message}"),
+            );
+            s.fail(f, vmid)
         }
         (Step::ProveLaunch, Event::LaunchUnproven { message }) => {
             let vmid = s.require_vmid(kind)?;
@@ -2236,53 +2294,55 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
                 s.needs_human(ErrorCode::OwnershipUnproven, msg)
             }
         },
-        Step::Start | Step::ProveLaunch | Step::Bootstrap | Step::Checks => match seen {
-            Seen::Ours { .. } if s.destroy_armed => {
-                let detail = if s.request.keep {
-                    "the guest is kept (--keep)"
-                } else {
-                    "the guest is cleaned up after a fresh ownership re-check"
-                };
-                let f = s.interrupted(vmid, detail);
-                s.fail(f, vmid)
-            }
-            Seen::Absent => {
-                if s.destroy_armed {
-                    s.disarm(format!(
-                        "guest {vmid} was gone when the agent settled the transaction"
-                    ));
+        Step::Start | Step::ProveLaunch | Step::WaitBoot | Step::Bootstrap | Step::Checks => {
+            match seen {
+                Seen::Ours { .. } if s.destroy_armed => {
+                    let detail = if s.request.keep {
+                        "the guest is kept (--keep)"
+                    } else {
+                        "the guest is cleaned up after a fresh ownership re-check"
+                    };
+                    let f = s.interrupted(vmid, detail);
+                    s.fail(f, vmid)
                 }
-                let f = s.interrupted(vmid, "the guest is gone; nothing to clean up");
-                s.note_failure(f);
-                s.finish(OutcomeKind::Failed);
-                vec![s.journal()]
-            }
-            other => {
-                let what = match other {
-                    Seen::Copy { differs } => format!(
-                        "carries marker {} but not the identity PVE gave it at its restore \
+                Seen::Absent => {
+                    if s.destroy_armed {
+                        s.disarm(format!(
+                            "guest {vmid} was gone when the agent settled the transaction"
+                        ));
+                    }
+                    let f = s.interrupted(vmid, "the guest is gone; nothing to clean up");
+                    s.note_failure(f);
+                    s.finish(OutcomeKind::Failed);
+                    vec![s.journal()]
+                }
+                other => {
+                    let what = match other {
+                        Seen::Copy { differs } => format!(
+                            "carries marker {} but not the identity PVE gave it at its restore \
                          ({differs}): it is a copy",
-                        s.txn_tag()
-                    ),
-                    Seen::Unreadable { reason } => format!("cannot be read ({reason})"),
-                    _ => format!("no longer shows marker {}", s.txn_tag()),
-                };
-                if s.destroy_armed {
-                    s.disarm(format!(
-                        "guest {vmid} {what} when the agent settled the transaction"
-                    ));
-                }
-                s.destroy_armed = false;
-                let msg = format!(
+                            s.txn_tag()
+                        ),
+                        Seen::Unreadable { reason } => format!("cannot be read ({reason})"),
+                        _ => format!("no longer shows marker {}", s.txn_tag()),
+                    };
+                    if s.destroy_armed {
+                        s.disarm(format!(
+                            "guest {vmid} {what} when the agent settled the transaction"
+                        ));
+                    }
+                    s.destroy_armed = false;
+                    let msg = format!(
                     "the agent stopped during phase {} of transaction {}; guest {vmid} {what}, so \
                      its ownership is unproven and it was not touched; check it with `{}`",
                     s.reached,
                     s.request.txn,
                     s.cmd_config(vmid)
                 );
-                s.needs_human(ErrorCode::OwnershipUnproven, msg)
+                    s.needs_human(ErrorCode::OwnershipUnproven, msg)
+                }
             }
-        },
+        }
         // Verified but not yet in the outbox: report, then the normal end.
         Step::Report => vec![s.journal(), Effect::Report],
         // A cleanup was under way: start it again with a fresh re-check.
@@ -2364,6 +2424,8 @@ enum Resumption {
     Arm,
     /// Start (again, unless it runs), then prove the launch.
     Start,
+    /// Wait for the guest's boot again (it may have ended meanwhile).
+    WaitBoot,
     /// Run the bootstrap again from its start.
     Bootstrap,
     /// Run the checks again from their start.
@@ -2399,6 +2461,7 @@ fn resumable(state: &State, observed: &RecoveryObservation) -> Option<Resumption
             }
         }
         Step::Start | Step::ProveLaunch if proven => Some(Resumption::Start),
+        Step::WaitBoot if proven => Some(Resumption::WaitBoot),
         Step::Bootstrap if proven => Some(Resumption::Bootstrap),
         Step::Checks if proven => Some(Resumption::Checks),
         _ => None,
@@ -2435,6 +2498,10 @@ impl Resumption {
             Resumption::Start => {
                 s.step = Step::Start;
                 vec![s.journal(), Effect::Start { vmid, guest }]
+            }
+            Resumption::WaitBoot => {
+                s.step = Step::WaitBoot;
+                vec![s.journal(), Effect::WaitBoot { vmid, guest }]
             }
             Resumption::Bootstrap => {
                 s.step = Step::Bootstrap;

@@ -538,6 +538,7 @@ pub async fn settle_one(
         tracing::warn!(txn = %o.txn, vmid, outcome = o.outcome.as_str(), phase = o.phase.as_str(), destroyed = o.destroyed, "settled");
     }
     refresh_metrics(cfg, journal);
+    restore_test::record_taken_up(cfg, journal, &driven);
     SettleOne::Settled(Box::new(driven))
 }
 

@@ -161,6 +161,69 @@ async fn candidates(
     Ok(newest_per_guest(&volumes, pool_vmids))
 }
 
+/// The label of a run's end in the metrics: its outcome, `interrupted` for a stop the journal
+/// resumes, `needs_human` for a drive halted otherwise (open, and nothing resumes it by itself).
+pub fn metrics_label(driven: &Driven) -> &'static str {
+    driven.ending().unwrap_or("needs_human")
+}
+
+/// Store the rotation (`rot`, with the last success set when `driven` ended `ok`) and write
+/// the restore-test metrics for how `driven` ended, then the journal-derived ones. `Err`: why
+/// a metrics file could not be written (the rotation's failure is only logged).
+fn write_metrics(
+    cfg: &Config,
+    journal: &crate::provision::Journal,
+    driven: &Driven,
+    rot: &mut RotationState,
+    duration_s: f64,
+) -> Result<(), String> {
+    let rotation_path = cfg.state_dir.join(ROTATION_FILE);
+    let now = unix_now();
+    if driven.state.outcome_kind() == Some(OutcomeKind::Ok) {
+        rot.last_success = Some(now);
+    }
+    if let Ok(bytes) = serde_json::to_vec_pretty(&rot) {
+        if let Err(e) = write_atomic(&rotation_path, &bytes, 0o600) {
+            tracing::error!(path = %rotation_path.display(), error = %e, "cannot store the rotation");
+        }
+    }
+    let text = metrics::restore_test_text(&metrics::RestoreTestFigures {
+        outcome: metrics_label(driven),
+        duration_s,
+        now,
+        last_success: rot.last_success,
+        skipped_total: rot.skipped_total,
+        runs_total: rot.runs_total,
+    });
+    let mut first_error = metrics::textfile::write(&cfg.metrics.dir, METRICS_FILE, &text)
+        .err()
+        .map(|e| e.to_string());
+    if let Err(e) = metrics::update_transactions(&cfg.metrics.dir, journal) {
+        first_error.get_or_insert(e);
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// A restore test taken up after its run stopped (`journal resume`, `journal cancel`, the
+/// settle every writing command and the daemon's start do first): the restore-test metrics
+/// say how it ended now, so an `interrupted` (or a stale red) is replaced by the outcome the
+/// resume reached. Its duration counts from the transaction's start. The run was counted when
+/// it started; the rotation only gains the last success.
+pub fn record_taken_up(cfg: &Config, journal: &crate::provision::Journal, driven: &Driven) {
+    if driven.state.kind() != TxnKind::SelftestRestore || driven.state.request().dry_run {
+        return;
+    }
+    let mut rot = read_rotation(&cfg.state_dir.join(ROTATION_FILE));
+    let started_ms = driven.state.txn().timestamp_ms();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let duration_s = now_ms.saturating_sub(started_ms) as f64 / 1000.0;
+    if let Err(e) = write_metrics(cfg, journal, driven, &mut rot, duration_s) {
+        tracing::warn!(txn = %driven.state.txn(), "restore-test metrics not updated: {e}");
+    }
+}
+
 /// What one restore-test run did.
 #[derive(Debug, Clone)]
 pub struct RestoreTestRun {
@@ -198,8 +261,7 @@ pub async fn run(
     let pool = pool_view(cfg, pve).await?;
     let pool_vmids: Vec<u32> = pool.guests().map(|g| g.vmid).collect();
     let inventory = join(&full, &pool);
-    let rotation_path = cfg.state_dir.join(ROTATION_FILE);
-    let mut rot = read_rotation(&rotation_path);
+    let mut rot = read_rotation(&cfg.state_dir.join(ROTATION_FILE));
 
     let cands = candidates(cfg, pve, &pool_vmids).await?;
     let Some(chosen) = next_in_rotation(&cands, rot.last.as_deref()).cloned() else {
@@ -276,30 +338,14 @@ pub async fn run(
         } else {
             rot.last = Some(chosen.key.clone());
         }
-        let now = unix_now();
-        if outcome == Some(OutcomeKind::Ok) {
-            rot.last_success = Some(now);
-        }
-        if let Ok(bytes) = serde_json::to_vec_pretty(&rot) {
-            if let Err(e) = write_atomic(&rotation_path, &bytes, 0o600) {
-                tracing::error!(path = %rotation_path.display(), error = %e, "cannot store the rotation");
-            }
-        }
-        let label = outcome.map_or("needs_human", OutcomeKind::as_str);
-        let text = metrics::restore_test_text(&metrics::RestoreTestFigures {
-            outcome: label,
-            duration_s: started.elapsed().as_secs_f64(),
-            now,
-            last_success: rot.last_success,
-            skipped_total: rot.skipped_total,
-            runs_total: rot.runs_total,
-        });
-        if let Err(e) = metrics::textfile::write(&cfg.metrics.dir, METRICS_FILE, &text) {
-            metrics_error = Some(e.to_string());
-        }
-        if let Err(e) = metrics::update_transactions(&cfg.metrics.dir, &prepared.journal) {
-            metrics_error.get_or_insert(e);
-        }
+        metrics_error = write_metrics(
+            cfg,
+            &prepared.journal,
+            &driven,
+            &mut rot,
+            started.elapsed().as_secs_f64(),
+        )
+        .err();
     }
     Ok(RestoreTestRun {
         driven,

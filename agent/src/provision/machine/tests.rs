@@ -141,6 +141,9 @@ fn towards(s: &State, target: Step) -> Event {
         Step::VerifyMarker | Step::Recheck => Event::GuestObserved(ours(&m)),
         Step::Start => Event::Started,
         Step::ProveLaunch => Event::LaunchProven,
+        Step::WaitBoot => Event::BootEnded {
+            seen: "systemd: running after 1.0s".to_string(),
+        },
         Step::Bootstrap => Event::Bootstrapped,
         Step::Checks => Event::ChecksPassed,
         Step::Report => Event::ReportQueued,
@@ -215,6 +218,12 @@ fn sample(kind: EventKind, s: &State) -> Event {
         EventKind::LaunchUnproven => Event::LaunchUnproven {
             message: "no exec answer".to_string(),
         },
+        EventKind::BootEnded => Event::BootEnded {
+            seen: "systemd: degraded after 2.0s".to_string(),
+        },
+        EventKind::BootUnfinished => Event::BootUnfinished {
+            message: "its systemd is starting; jobs still running: slow.service".to_string(),
+        },
         EventKind::Bootstrapped => Event::Bootstrapped,
         EventKind::BootstrapFailed => Event::BootstrapFailed {
             message: "exit status 1".to_string(),
@@ -249,6 +258,8 @@ const ALLOWED: &[(Step, EventKind)] = &[
     (Step::Start, EventKind::StartFailed),
     (Step::ProveLaunch, EventKind::LaunchProven),
     (Step::ProveLaunch, EventKind::LaunchUnproven),
+    (Step::WaitBoot, EventKind::BootEnded),
+    (Step::WaitBoot, EventKind::BootUnfinished),
     (Step::Bootstrap, EventKind::Bootstrapped),
     (Step::Bootstrap, EventKind::BootstrapFailed),
     (Step::Checks, EventKind::ChecksPassed),
@@ -801,11 +812,37 @@ fn every_allowed_transition_does_what_the_table_says() {
             from: at(Step::ProveLaunch),
             event: Event::LaunchProven,
             phase: Phase::Launched,
+            step: Step::WaitBoot,
+            outcome: None,
+            armed: true,
+            effects: &["journal", "wait_boot"],
+            code: None,
+        },
+        Row {
+            name: "boot ended",
+            from: at(Step::WaitBoot),
+            event: Event::BootEnded {
+                seen: "systemd: degraded after 3.0s".to_string(),
+            },
+            phase: Phase::Booted,
             step: Step::Bootstrap,
             outcome: None,
             armed: true,
             effects: &["journal", "bootstrap"],
             code: None,
+        },
+        Row {
+            name: "boot unfinished",
+            from: at(Step::WaitBoot),
+            event: Event::BootUnfinished {
+                message: "its systemd is starting".to_string(),
+            },
+            phase: Phase::Failed,
+            step: Step::Recheck,
+            outcome: None,
+            armed: true,
+            effects: &["journal", "recheck_ownership"],
+            code: Some(C::BootUnfinished),
         },
         Row {
             name: "launch unproven",
@@ -1070,6 +1107,7 @@ fn happy_path_emits_the_effects_in_order_and_ends_destroyed_ok() {
             "verify_marker",
             "start",
             "prove_launch",
+            "wait_boot",
             "bootstrap",
             "run_checks",
             "report",
@@ -2404,7 +2442,12 @@ fn the_exec_helper_accepts_every_step_that_runs_commands_in_the_guest_and_nothin
     let id = hub_protocol::TxnId::from_ulid(txn());
     // The launch proof, bootstrap and checks exec into the guest; the executor journals the
     // state of each step before it runs the step.
-    for step in [Step::ProveLaunch, Step::Bootstrap, Step::Checks] {
+    for step in [
+        Step::ProveLaunch,
+        Step::WaitBoot,
+        Step::Bootstrap,
+        Step::Checks,
+    ] {
         for keep in [false, true] {
             let s = at_with(step, GuestKind::Lxc, keep);
             assert!(
@@ -2484,6 +2527,7 @@ fn open_steps() -> Vec<State> {
         Step::VerifyMarker,
         Step::Start,
         Step::ProveLaunch,
+        Step::WaitBoot,
         Step::Bootstrap,
         Step::Checks,
         Step::Report,
@@ -2558,6 +2602,7 @@ fn resumes_to(s: &State, task: &str, view: &str) -> Option<(Step, &'static [&'st
             Some((Step::WriteMarker, &["journal", "write_marker"]))
         }
         (Step::Start | Step::ProveLaunch, _, "ours") => Some((Step::Start, &["journal", "start"])),
+        (Step::WaitBoot, _, "ours") => Some((Step::WaitBoot, &["journal", "wait_boot"])),
         (Step::Bootstrap, _, "ours") => Some((Step::Bootstrap, &["journal", "bootstrap"])),
         (Step::Checks, _, "ours") => Some((Step::Checks, &["journal", "run_checks"])),
         _ => None,

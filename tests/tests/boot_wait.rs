@@ -1,0 +1,141 @@
+//! The checks judge a booted guest: after the launch proof the agent waits for the guest's boot
+//! to end (systemd's `is-system-running --wait`) before the bootstrap and the checks, for
+//! provisions and restore tests alike, bounded by `[provision] boot_timeout_secs`; the wait is
+//! its own phase (`launched` lasts as long as the boot, `booted` starts when it ended).
+//!
+//! The bed's guests are busybox root filesystems; a backup here carries a stand-in `systemctl`
+//! and `/run/systemd/system` (what sd_booted(3) looks for), so the copy "boots" as a systemd
+//! guest would: a unit that fails seconds into the boot is failed only once the boot has gone
+//! that far. A guest without either has no boot state to wait for, and the report says so.
+
+use felhom_tests::fakepve::AgentOptions;
+use felhom_tests::world::World;
+use serde_json::{json, Value};
+
+/// The stand-in's answer to `is-system-running --wait`: the boot takes 3 s, and at its end
+/// `late.service` (a unit that sleeps, then fails) is failed, as the guest's osqueryi then
+/// reports it (`systemd_units`).
+const SYSTEMCTL_LATE_FAILURE: &str = r#"#!/bin/sh
+units=/usr/share/osquery-standin/systemd_units
+case "$*" in
+  "is-system-running --wait")
+    sleep 3
+    mkdir -p /usr/share/osquery-standin
+    printf 'late.service\tSleeps 5 s, then fails\tloaded\tfailed\tfailed\tenabled\n' >>"$units"
+    echo degraded
+    exit 1 ;;
+  "is-system-running") echo degraded; exit 1 ;;
+  *) exit 0 ;;
+esac
+"#;
+
+/// A boot that never ends: `slow.service` is still starting.
+const SYSTEMCTL_NEVER_BOOTED: &str = r#"#!/bin/sh
+case "$*" in
+  "is-system-running --wait") exec sleep 600 ;;
+  "is-system-running") echo starting; exit 1 ;;
+  "list-jobs --no-legend --no-pager") printf '12 slow.service start running\n' ;;
+  *) exit 0 ;;
+esac
+"#;
+
+/// The demo scenario whose LXC backup (of guest 200) restores a guest holding `systemctl`.
+fn scenario_with_systemctl(systemctl: &str) -> Value {
+    let mut s = felhom_tests::fakepve::demo_scenario();
+    let vols = s["volumes"]["local"].as_array_mut().expect("volumes");
+    let vol = vols
+        .iter_mut()
+        .find(|v| v["vmid"] == 200)
+        .expect("the backup of 200");
+    vol["guest"] = json!({"files": {
+        "/run/systemd/system/": "",
+        "/usr/bin/systemctl": systemctl,
+    }});
+    s
+}
+
+/// The longest `launched` phase of `kind` in `journal --stats --json`, in seconds.
+fn launched_max(w: &World, kind: &str) -> f64 {
+    let run = w.agent(&["journal", "--stats", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    doc["kinds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|k| k["kind"] == kind)
+        .flat_map(|k| k["phases"].as_array().cloned().unwrap_or_default())
+        .find(|p| p["phase"] == "launched")
+        .and_then(|p| p["max"].as_f64())
+        .unwrap_or_else(|| panic!("no launched phase for {kind} in {doc:#}"))
+}
+
+#[test]
+fn a_unit_failing_seconds_into_the_boot_turns_the_restore_test_red_naming_it() {
+    let w = World::new(scenario_with_systemctl(SYSTEMCTL_LATE_FAILURE));
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "failed", "{doc:#}");
+    assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("no-failed-units") && message.contains("late.service"),
+        "the failure names the check and the unit: {message}"
+    );
+    assert!(
+        doc["boot"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("systemd: degraded")),
+        "{doc:#}"
+    );
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    // The wait is its own phase figure: `launched` lasted the boot (3 s).
+    let launched = launched_max(&w, "selftest-restore");
+    assert!(launched >= 2.5, "launched lasted {launched}s");
+}
+
+#[test]
+fn a_boot_that_does_not_end_in_time_names_the_state_and_what_still_runs() {
+    let opts = AgentOptions {
+        extra_toml: "boot_timeout_secs = 5\n".to_string(),
+        ..AgentOptions::default()
+    };
+    let w = World::with_options(scenario_with_systemctl(SYSTEMCTL_NEVER_BOOTED), &opts);
+    let started = std::time::Instant::now();
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let took = started.elapsed();
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "boot_unfinished", "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("starting")
+            && message.contains("slow.service")
+            && message.contains("120")
+            && message.contains("boot_timeout_secs"),
+        "{message}"
+    );
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "the wait was not bounded: {took:?}"
+    );
+}
+
+#[test]
+fn a_guest_without_systemd_is_waited_for_by_its_launch_proof_and_the_report_says_so() {
+    let w = World::demo();
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert!(
+        doc["boot"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("no systemd in the guest")),
+        "{doc:#}"
+    );
+    let text = w.agent(&["--selftest=restore"]);
+    assert_eq!(text.code, Some(0), "{}\n{}", text.stdout, text.stderr);
+    assert!(text.stdout.contains("boot: no systemd"), "{}", text.stdout);
+}

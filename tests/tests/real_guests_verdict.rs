@@ -1,0 +1,227 @@
+//! The restore test's verdict on real guests (unprivileged LXC containers running Debian 12
+//! with systemd, `tests/tests/real_guests.rs` describes the bed): the checks judge a booted
+//! guest. Each test needs LXC: on a machine where it does not work, the test prints why and
+//! ends (`FELHOM_REQUIRE_REAL_GUESTS=1` makes that a failure).
+
+use felhom_tests::fakepve::AgentOptions;
+use felhom_tests::world::World;
+use serde_json::{json, Value};
+
+/// The backup of the demo's container 200 as a Debian guest with a static `eth0`.
+const NET0: &str =
+    "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,type=veth";
+
+/// A unit of the backup that sleeps 5 s, then fails, started by the boot (`multi-user.target`
+/// wants it): it is failed only 5 s into the boot.
+const LATE_UNIT: &str = "[Unit]\nDescription=Sleeps 5 s, then fails\n\n[Service]\nType=oneshot\nExecStart=/bin/sh -c 'sleep 5; exit 1'\n";
+const LATE_WANTS: &str = "[Unit]\nWants=late.service\n";
+
+fn debian_scenario(files: Value) -> Value {
+    debian_scenario_with(files, Some(NET0))
+}
+
+/// The same guest; `net0`: its stored NIC (`None`: the backup stores none).
+fn debian_scenario_with(files: Value, net0: Option<&str>) -> Value {
+    let mut s = felhom_tests::fakepve::demo_scenario();
+    let vol = &mut s["volumes"]["local"][0];
+    vol["config"] = json!({
+        "arch": "amd64",
+        "ostype": "debian",
+        "hostname": "web1",
+        "memory": "512",
+        "rootfs": "local-lvm:vm-200-disk-0,size=8G",
+        "unprivileged": "1",
+    });
+    if let Some(net0) = net0 {
+        vol["config"]["net0"] = json!(net0);
+    }
+    vol["guest"] = json!({ "files": files });
+    s
+}
+
+/// The failed-unit check, leaving out the two units this bed's isolated Debian copy shows
+/// failed whatever its backup holds (`networking.service`: no NIC; `sys-kernel-debug.mount`:
+/// Debian's `userns.conf`), so this file judges the boot wait alone.
+const PACK: &str = r#"
+[[check]]
+name = "no-other-failed-units"
+sql = "SELECT id, active_state, sub_state FROM systemd_units WHERE active_state = 'failed' AND id != 'networking.service' AND id != 'sys-kernel-debug.mount'"
+expect = "rows == 0"
+
+[[check]]
+name = "systemd-runs"
+sql = "SELECT id FROM systemd_units WHERE id = 'systemd-journald.service' AND active_state = 'active'"
+expect = "rows == 1"
+"#;
+
+fn real_world(files: Value) -> Option<World> {
+    match World::real(debian_scenario(files), &AgentOptions::default()) {
+        Ok(w) => {
+            // The restore test reads the provision's check packs (no [restore_test] checks_dir).
+            std::fs::write(w.files.checks_dir.join("default.toml"), PACK)
+                .unwrap_or_else(|e| panic!("cannot write the check pack: {e}"));
+            Some(w)
+        }
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_unit_failing_5_s_into_the_boot_of_a_real_copy_turns_its_restore_test_red_naming_it() {
+    let Some(w) = real_world(json!({
+        "/etc/systemd/system/late.service": LATE_UNIT,
+        "/etc/systemd/system/multi-user.target.d/late.conf": LATE_WANTS,
+    })) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("no-other-failed-units") && message.contains("late.service"),
+        "{message}"
+    );
+    assert!(
+        doc["boot"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("systemd: degraded")),
+        "{doc:#}"
+    );
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+}
+
+#[test]
+fn a_real_copy_whose_backup_is_fine_ends_ok_after_its_boot() {
+    let Some(w) = real_world(json!({})) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert!(
+        doc["boot"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("systemd: ")),
+        "{doc:#}"
+    );
+}
+
+/// The default pack as shipped judges a real unprivileged Debian copy whose backup is fine
+/// (no stored NIC, so nothing of the isolation shows): ok, although `sys-kernel-debug.mount`
+/// is failed in it, as in every unprivileged container on PVE
+/// (`tests/data/guest-units-facts.md` section 1).
+#[test]
+fn the_default_pack_passes_a_real_unprivileged_debian_copy_whose_backup_is_fine() {
+    let w = match World::real(
+        debian_scenario_with(json!({}), None),
+        &AgentOptions::default(),
+    ) {
+        Ok(w) => w,
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            return;
+        }
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    let checks = doc["checks"].as_array().expect("checks");
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["name"] == "no-failed-units" && c["status"] == "pass"),
+        "{doc:#}"
+    );
+}
+
+/// The links of the network namespace of process `pid`, as `ip -o link show` prints them there.
+fn links_in_netns_of(pid: &str) -> String {
+    let out = std::process::Command::new("nsenter")
+        .args(["-t", pid, "-n", "ip", "-o", "link", "show"])
+        .output()
+        .expect("nsenter");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every link of this machine whose name starts with `prefix`, with its bridge ports.
+fn bed_links_and_ports(prefix: &str) -> Vec<String> {
+    let mut all = Vec::new();
+    for link in felhom_tests::guestbed::links_with_prefix(prefix) {
+        let brif = std::path::Path::new("/sys/class/net")
+            .join(&link)
+            .join("brif");
+        let mut ports: Vec<String> = std::fs::read_dir(&brif)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        ports.sort();
+        all.push(format!("{link} ports {ports:?}"));
+    }
+    all.sort();
+    all
+}
+
+/// From the host, while a restore-test copy of a guest with a stored NIC runs: no interface in
+/// the copy's network namespace has a peer outside it (`ip` prints `link-netnsid` for a veth
+/// whose other end is in another namespace), and no link or bridge port of the bed appeared.
+#[test]
+fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_bridges_gain_no_port() {
+    // A boot of 5 s more (a unit that sleeps, then succeeds): the copy runs long enough to look.
+    let slow =
+        "[Unit]\nDescription=Sleeps 5 s\n\n[Service]\nType=oneshot\nExecStart=/bin/sleep 5\n";
+    let Some(w) = real_world(json!({
+        "/etc/systemd/system/slow.service": slow,
+        "/etc/systemd/system/multi-user.target.d/slow.conf": "[Unit]\nWants=slow.service\n",
+    })) else {
+        return;
+    };
+    let prefix = w.bed.net_prefix().expect("real bed").to_string();
+    let before = bed_links_and_ports(&prefix);
+    let lxc_path = w.bed.lxc_path().display().to_string();
+    let child = w
+        .command()
+        .args(["--selftest=restore", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("agent");
+    // Until the copy runs: LXC's init pid of 990002.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let pid = loop {
+        let out = std::process::Command::new("lxc-info")
+            .args(["-P", &lxc_path, "-n", "990002", "-p", "-H"])
+            .output()
+            .expect("lxc-info");
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()) {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "the copy never ran");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let links = links_in_netns_of(&pid);
+    let during = bed_links_and_ports(&prefix);
+    let out: felhom_tests::agent::AgentRun = child.wait_with_output().expect("agent").into();
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    assert!(!links.trim().is_empty(), "no link read in the copy");
+    assert!(
+        !links.contains("link-netnsid"),
+        "an interface of the copy has its peer in another namespace:\n{links}"
+    );
+    assert_eq!(
+        before, during,
+        "the bed's links or bridge ports changed while the copy ran"
+    );
+}
