@@ -274,7 +274,9 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
             return r;
         }
     };
-    check_agent_user(&cfg, &mut r);
+    // Read as root, before the switch below: /etc/shadow, `sshd -T`, the unit folders.
+    check_agent_user_confinement(&cfg, &mut r);
+    drop_to_agent_user(&cfg, &mut r);
     if cfg.policy.is_unlimited() {
         r.pass(
             "policy",
@@ -298,7 +300,6 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
     }
     check_metrics(&cfg, &mut r);
     check_abstract_sockets(&mut r);
-    check_agent_user(&cfg, &mut r);
     check_exec(&cfg, &mut r).await;
     check_hub(&cfg, &mut r).await;
     r.ok = r.checks.iter().all(|c| c.status != CheckStatus::Fail);
@@ -309,7 +310,7 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
 /// switches to that user for good ([`crate::privdrop`]); `doctor` does the same here, so each
 /// check below is judged by the process that will act: the files it can read and write, and
 /// how it reaches into containers (the exec helper, probed as that user).
-fn check_agent_user(cfg: &Config, r: &mut DoctorReport) {
+fn drop_to_agent_user(cfg: &Config, r: &mut DoctorReport) {
     use crate::privdrop::{drop_to, Dropped};
     let Some(user) = &cfg.agent_user else {
         return;
@@ -1166,7 +1167,7 @@ fn find_sshd() -> Option<std::path::PathBuf> {
 /// would be read from there), a login sshd would accept (`agent_user_login`), a user manager
 /// systemd would start for it (`agent_user_manager`). Each failure names the fix
 /// (`agent_user_unconfined`); the package's postinst applies all three.
-fn check_agent_user(cfg: &Config, r: &mut DoctorReport) {
+fn check_agent_user_confinement(cfg: &Config, r: &mut DoctorReport) {
     let name = cfg.agent_user.as_deref().unwrap_or(PACKAGE_USER);
     let user = match AgentUser::lookup(name) {
         Ok(Some(u)) => u,

@@ -465,7 +465,7 @@ fn the_metrics_path_keeps_publishing_under_a_write_every_200ms_for_60s() {
     while started.elapsed() < Duration::from_secs(60) {
         n += 1;
         write(n);
-        if n % 25 == 0 {
+        if n.is_multiple_of(25) {
             // Fail early once the path unit is dead for good.
             let state = m.prop("felhom-agent-metrics.path", "ActiveState");
             assert_eq!(
