@@ -289,6 +289,29 @@ fn provision_with_the_stored_network_boots_eth0_on_the_bed_bridge_and_passes_its
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+
+    // Stopped behind PVE's back (through LXC): PVE sees it stopped, and `pct exec` refuses as
+    // pve-container's does (check_running finds no command socket), exit 255.
+    let stopped = Command::new("lxc-stop")
+        .arg("-P")
+        .arg(w.bed.lxc_path())
+        .args(["-n", "123", "--kill"])
+        .status()
+        .expect("lxc-stop");
+    assert!(stopped.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while w.pve.guest(123).expect("kept")["status"] != "stopped" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "PVE never saw 123 stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, out, err) = pct_exec(&w, 123, &["true"]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (Some(255), "", "container '123' not running!\n")
+    );
 }
 
 /// Everything a real bed started is gone once its world is dropped, also when the test
