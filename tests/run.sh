@@ -105,8 +105,12 @@ if [ -s "$reports" ]; then
   printf '\n== figures the tests measured\n' >&2
   grep -v '^real guests: ' "$reports" >&2 || true
 fi
-printf '\n== %s tests ran on real guests (LXC containers running Debian with systemd)\n' \
-  "$(grep -c '^real guests: [a-z_0-9:]*$' "$reports" || true)" >&2
+real_count=$(grep -c '^real guests: [a-z_0-9:]*$' "$reports" || true)
+printf '\n== %s tests ran on real guests (LXC containers running Debian with systemd)\n' "$real_count" >&2
+if [ "$status" -eq 0 ] && [ "$real_count" -eq 0 ] && [ "$FELHOM_REQUIRE_REAL_GUESTS" = 1 ]; then
+  echo "no test ran on real guests: the real bed is missing from this run" >&2
+  status=1
+fi
 if [ "$status" -ne 0 ]; then
   [ -z "$fuzz_pid" ] || kill -- "-$fuzz_pid" 2>/dev/null || true
   exit "$status"
