@@ -42,8 +42,14 @@ trap 'print_times $?' EXIT
 step "setup (tests/setup.sh)"
 source tests/setup.sh
 
-step "the real guests' Debian root filesystem (tests/testbed/build-debian-rootfs.sh, cached)"
-tests/testbed/build-debian-rootfs.sh >/dev/null
+# The real guests' Debian root filesystem (tests/testbed/build-debian-rootfs.sh; a minute or two
+# on a fresh clone, mostly downloads and disk, then cached): built beside the checks and builds
+# below, waited for before the tests.
+debian_log=$(mktemp)
+cleanup+=("$debian_log")
+printf '\n== the real guests'"'"' Debian root filesystem: built beside the steps below\n' >&2
+nice -n 10 tests/testbed/build-debian-rootfs.sh >"$debian_log" 2>&1 &
+debian_pid=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -81,6 +87,13 @@ if [ "${FELHOM_CI_SERIAL:-0}" != 1 ]; then
   fuzz_pid=$!
 fi
 
+step "the real guests' Debian root filesystem (wait for its build)"
+if ! wait "$debian_pid"; then
+  cat "$debian_log" >&2
+  echo "building the real guests' root filesystem failed (above)" >&2
+  exit 1
+fi
+
 # The tests: cargo-nextest (it comes with the machine's toolchain) runs each test in its own
 # process and several at once (tests/nextest.toml); without it, `cargo test` runs them one test
 # binary after the other. The doc tests run with `cargo test --doc` (nextest does not run them).
@@ -114,8 +127,12 @@ if [ -s "$reports" ]; then
   printf '\n== figures the tests measured\n' >&2
   grep -v -e '^real guests: ' -e '^real systemd: ' "$reports" >&2 || true
 fi
-printf '\n== %s tests ran on real guests (LXC containers running Debian with systemd)\n' \
-  "$(grep -c '^real guests: [a-z_0-9:]*$' "$reports" || true)" >&2
+real_count=$(grep -c '^real guests: [a-z_0-9:]*$' "$reports" || true)
+printf '\n== %s tests ran on real guests (LXC containers running Debian with systemd)\n' "$real_count" >&2
+if [ "$status" -eq 0 ] && [ "$real_count" -eq 0 ] && [ "$FELHOM_REQUIRE_REAL_GUESTS" = 1 ]; then
+  echo "no test ran on real guests: the real bed is missing from this run" >&2
+  status=1
+fi
 printf '\n== tests under a real systemd 252 (systemd-nspawn): %s ran, %s not run\n' \
   "$(grep -c '^real systemd: ran ' "$reports" || true)" "$(grep -c '^real systemd: .* NOT RUN: ' "$reports" || true)" >&2
 if [ "$status" -ne 0 ]; then

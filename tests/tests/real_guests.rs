@@ -1,9 +1,9 @@
 //! The test bed on real guests: containers the fake PVE restores are real unprivileged LXC
 //! containers running Debian 12 with systemd (`tests/testbed/build-debian-rootfs.sh`,
 //! `guest_bed.real_lxc` in `tests/fakepve/scenario.py`), and `pct exec` is `lxc-attach`
-//! (`tests/pct/pct`). Each test here needs LXC: on a machine where it does not work, the test
-//! prints why and ends (`tests/run.sh` sets `FELHOM_REQUIRE_REAL_GUESTS=1`, which makes that a
-//! failure).
+//! (`tests/pct/pct`). Each test here but the last needs LXC: on a machine where it does not
+//! work, the test prints why and ends (`tests/run.sh` sets `FELHOM_REQUIRE_REAL_GUESTS=1`, which
+//! makes that a failure); the last shows that behaviour on a `PATH` without LXC.
 
 use std::process::Command;
 use std::time::Duration;
@@ -289,6 +289,29 @@ fn provision_with_the_stored_network_boots_eth0_on_the_bed_bridge_and_passes_its
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+
+    // Stopped behind PVE's back (through LXC): PVE sees it stopped, and `pct exec` refuses as
+    // pve-container's does (check_running finds no command socket), exit 255.
+    let stopped = Command::new("lxc-stop")
+        .arg("-P")
+        .arg(w.bed.lxc_path())
+        .args(["-n", "123", "--kill"])
+        .status()
+        .expect("lxc-stop");
+    assert!(stopped.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while w.pve.guest(123).expect("kept")["status"] != "stopped" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "PVE never saw 123 stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, out, err) = pct_exec(&w, 123, &["true"]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (Some(255), "", "container '123' not running!\n")
+    );
 }
 
 /// Everything a real bed started is gone once its world is dropped, also when the test
@@ -378,4 +401,60 @@ fn restore_test_of_a_real_guest_restores_boots_checks_and_destroys_it() {
     assert_eq!(processes_with_marker(&monitor), vec![]);
     let prefix = w.bed.net_prefix().expect("real bed");
     assert_eq!(links_with_prefix(prefix), Vec::<String>::new());
+}
+
+/// A machine without LXC (here: a `PATH` without `lxc-*`): a test asking for real guests gets
+/// a one-line reason and the busybox bed, and fails instead with `FELHOM_REQUIRE_REAL_GUESTS=1`.
+#[test]
+fn without_lxc_the_reason_is_printed_and_the_busybox_bed_used_unless_real_guests_are_required() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    let mut linked = 0;
+    for dir in ["/usr/local/bin", "/usr/bin", "/usr/sbin"] {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let text = name.to_string_lossy();
+            if text.starts_with("lxc-") || bin.path().join(&name).exists() {
+                continue;
+            }
+            if std::os::unix::fs::symlink(entry.path(), bin.path().join(&name)).is_ok() {
+                linked += 1;
+            }
+        }
+    }
+    assert!(linked > 100, "{linked}");
+    let probe = |require: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_real-bed-probe"));
+        cmd.env("PATH", bin.path())
+            .env_remove("FELHOM_TEST_REPORTS");
+        match require {
+            Some(v) => cmd.env("FELHOM_REQUIRE_REAL_GUESTS", v),
+            None => cmd.env_remove("FELHOM_REQUIRE_REAL_GUESTS"),
+        };
+        cmd.output().expect("real-bed-probe")
+    };
+    let out = probe(None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "busybox lxc-start is not installed (tests/setup.sh installs it)"
+    );
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("no real guests here"))
+        .collect();
+    assert_eq!(
+        said,
+        ["no real guests here (lxc-start is not installed (tests/setup.sh installs it)): the busybox bed instead"],
+        "{stderr}"
+    );
+    let out = probe(Some("1"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("lxc-start is not installed")
+            && stderr.contains("FELHOM_REQUIRE_REAL_GUESTS=1"),
+        "{stderr}"
+    );
 }
