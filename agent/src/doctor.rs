@@ -1489,7 +1489,13 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
 /// How the agent reaches into containers, and whether the exec helper answers when it is the
 /// way.
 async fn check_exec(cfg: &Config, r: &mut DoctorReport) {
-    let mode = ExecMode::of_process(cfg);
+    // With [agent] user the commands never run as root: judged so even when the switch
+    // failed here (the agent_user line says why); any uid but 0 stands for the user.
+    let euid = match &cfg.agent_user {
+        Some(_) if nix::unistd::geteuid().is_root() => u32::MAX,
+        _ => nix::unistd::geteuid().as_raw(),
+    };
+    let mode = ExecMode::choose(cfg, euid);
     match &mode {
         ExecMode::Direct => r.pass("exec", format!("LXC exec: {}", mode.describe())),
         ExecMode::Helper { socket, .. } => match probe(socket).await {

@@ -593,3 +593,40 @@ fn the_human_report_fits_80_columns_and_counts_its_warnings() {
         "{last}"
     );
 }
+
+/// `[agent] user` names no user of this node: the switch fails (its own line, the code every
+/// other command stops with), and the exec check is still judged as the commands would run
+/// once the user exists: through the helper, never as root's `pct`.
+#[test]
+fn an_unknown_agent_user_fails_and_exec_is_still_judged_for_that_user() {
+    assert!(nix::unistd::geteuid().is_root(), "run as root");
+    assert!(
+        !std::path::Path::new("/run/felhom-agent/exec.sock").exists(),
+        "a helper may answer at the default socket on this machine"
+    );
+    let pve = FakePve::demo();
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            exec_helper: false,
+            extra_toml: "\n[agent]\nuser = \"no-such-user-x\"\n".to_string(),
+            ..AgentOptions::default()
+        },
+    );
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    let user = check(&doc, "agent_user");
+    assert_eq!(user["status"], "fail", "{doc:#}");
+    assert_eq!(user["code"], "config_invalid", "{user}");
+    let guests = run_agent(&files.config_path, &["guests", "--json"]);
+    assert_eq!(
+        guests.json()["error"]["code"],
+        user["code"],
+        "{}",
+        guests.stdout
+    );
+    let exec = check(&doc, "exec");
+    assert_eq!(exec["status"], "fail", "{doc:#}");
+    assert_eq!(exec["code"], "exec_helper_unavailable", "{exec}");
+}
