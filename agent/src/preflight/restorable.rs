@@ -603,7 +603,11 @@ pub fn space_check(
 ) -> PreflightCheck {
     let name = "space";
     let disks = stored.allocated_disks(asked.guest);
-    let known: u64 = disks.iter().filter_map(|(_, s)| *s).sum();
+    // Sizes come from a backup: hostile until checked, so the sum saturates.
+    let known: u64 = disks
+        .iter()
+        .filter_map(|(_, s)| *s)
+        .fold(0, u64::saturating_add);
     let no_size: Vec<&str> = disks
         .iter()
         .filter(|(_, s)| s.is_none())
@@ -1077,6 +1081,13 @@ mod tests {
             assert!(!c.message.contains(n), "{n}: {}", c.message);
         }
         assert_eq!(space_check(&stored, &vm, "local-lvm", None).code, None);
+        let huge = StoredConfig::parse(
+            "scsi0: a:x,size=8000000T\nscsi1: a:y,size=8000000T\nscsi2: a:z,size=8000000T\n",
+        );
+        assert_eq!(
+            space_check(&huge, &vm, "local-lvm", Some(u64::MAX - 1)).code,
+            Some(ErrorCode::StorageFull)
+        );
         let ct = StoredConfig::parse(
             "rootfs: local-lvm:vm-200-disk-0,size=8G\nmp0: /srv,mp=/srv\nmp1: local-lvm:vm-200-disk-1,mp=/a,size=2G\n",
         );
