@@ -238,7 +238,18 @@ impl LxcExec {
         // Right before `pct exec`: the container's command socket must be root's monitor's, and
         // that monitor names the init whose namespaces the command must enter (held open here
         // until the first stage was compared with them).
-        let init = match super::lxc_monitor::container_init(&self.config.lxc_path, self.vmid) {
+        let (lxc_path, vmid) = (self.config.lxc_path.clone(), self.vmid);
+        // Blocking socket and /proc reads (root's monitor has a few seconds to answer).
+        let init = tokio::task::spawn_blocking(move || {
+            super::lxc_monitor::container_init(&lxc_path, vmid)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(Monitor::Untrusted(format!(
+                "the look-up of the container's init did not finish: {e}"
+            )))
+        });
+        let init = match init {
             Ok(init) => init,
             Err(Monitor::Absent) => return Err(ExecError::NotRunning { guest }),
             Err(Monitor::Untrusted(detail)) => {
