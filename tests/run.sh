@@ -42,6 +42,15 @@ trap 'print_times $?' EXIT
 step "setup (tests/setup.sh)"
 source tests/setup.sh
 
+# The real guests' Debian root filesystem (tests/testbed/build-debian-rootfs.sh; a minute or two
+# on a fresh clone, mostly downloads and disk, then cached): built beside the checks and builds
+# below, waited for before the tests.
+debian_log=$(mktemp)
+cleanup+=("$debian_log")
+printf '\n== the real guests'"'"' Debian root filesystem: built beside the steps below\n' >&2
+nice -n 10 tests/testbed/build-debian-rootfs.sh >"$debian_log" 2>&1 &
+debian_pid=$!
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -69,6 +78,13 @@ if [ "${FELHOM_CI_SERIAL:-0}" != 1 ]; then
   fuzz_pid=$!
 fi
 
+step "the real guests' Debian root filesystem (wait for its build)"
+if ! wait "$debian_pid"; then
+  cat "$debian_log" >&2
+  echo "building the real guests' root filesystem failed (above)" >&2
+  exit 1
+fi
+
 # The tests: cargo-nextest (it comes with the machine's toolchain) runs each test in its own
 # process and several at once (tests/nextest.toml); without it, `cargo test` runs them one test
 # binary after the other. The doc tests run with `cargo test --doc` (nextest does not run them).
@@ -76,6 +92,9 @@ log=$(mktemp)
 reports=$(mktemp)
 cleanup+=("$log" "$reports")
 export FELHOM_TEST_REPORTS=$reports
+# The tests that ask for real guests (LXC containers running Debian) fail when this machine
+# cannot run them, instead of falling back to the busybox bed.
+export FELHOM_REQUIRE_REAL_GUESTS=${FELHOM_REQUIRE_REAL_GUESTS:-1}
 junit=""
 set +e
 if cargo nextest --version >/dev/null 2>&1; then
@@ -97,7 +116,13 @@ fi
 set -e
 if [ -s "$reports" ]; then
   printf '\n== figures the tests measured\n' >&2
-  cat "$reports" >&2
+  grep -v '^real guests: ' "$reports" >&2 || true
+fi
+real_count=$(grep -c '^real guests: [a-z_0-9:]*$' "$reports" || true)
+printf '\n== %s tests ran on real guests (LXC containers running Debian with systemd)\n' "$real_count" >&2
+if [ "$status" -eq 0 ] && [ "$real_count" -eq 0 ] && [ "$FELHOM_REQUIRE_REAL_GUESTS" = 1 ]; then
+  echo "no test ran on real guests: the real bed is missing from this run" >&2
+  status=1
 fi
 if [ "$status" -ne 0 ]; then
   [ -z "$fuzz_pid" ] || kill -- "-$fuzz_pid" 2>/dev/null || true

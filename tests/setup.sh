@@ -17,3 +17,20 @@ if ! command -v promtool >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
 fi
 source "$_root/tests/setup-package.sh"
+
+# The real guests of the test bed (tests/src/guestbed.rs `real_lxc`): LXC runs unprivileged
+# containers of a Debian root filesystem that mmdebstrap builds once
+# (tests/testbed/build-debian-rootfs.sh); uidmap's newuidmap/newgidmap and root's subordinate
+# ids map them as PVE does (`lxc.idmap = u 0 100000 65536`).
+_lxc_need=()
+command -v lxc-start >/dev/null 2>&1 || _lxc_need+=(lxc)
+command -v mmdebstrap >/dev/null 2>&1 || _lxc_need+=(mmdebstrap)
+command -v newuidmap >/dev/null 2>&1 || _lxc_need+=(uidmap)
+if [ ${#_lxc_need[@]} -gt 0 ]; then
+  _step "apt-get install ${_lxc_need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${_lxc_need[@]}"
+fi
+for _ids in /etc/subuid /etc/subgid; do
+  grep -q '^root:' "$_ids" 2>/dev/null || echo 'root:100000:65536' >>"$_ids"
+done

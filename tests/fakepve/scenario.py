@@ -39,6 +39,7 @@ and a VM's guest agent runs commands inside its own namespaces (tests/fakepve/RE
 
 import asyncio
 import base64
+import glob
 import hashlib
 import inspect
 import ipaddress
@@ -915,7 +916,7 @@ class ScenarioPve(fake_server.FakePve):
                         conf[key] = self._realise(vmid, key, fake_lxc.print_mount(mount, False), taken)
                 ct.config = conf
                 if bed is not None:
-                    await self.bed_create(ct, 'lxc', bed)
+                    await self.bed_create(ct, 'lxc', bed, stored=backup)
             self._restore_hooks[vmid] = (pre, post)
         try:
             upid = await super()._lxc_create(user, v)
@@ -1016,14 +1017,25 @@ class ScenarioPve(fake_server.FakePve):
     def bed_dir(self, vmid):
         return os.path.join(self.guest_bed['state'], str(vmid))
 
-    async def bed_create(self, guest, kind, spec):
+    async def bed_create(self, guest, kind, spec, stored=None):
         """Give a guest a root filesystem of its own (its disks, restored): a copy of the template,
         hostname from its config. A VM's spec says whether a guest agent runs inside (`agent`,
-        default true) and how many PVE seconds it boots before the agent answers (`boot_secs`)."""
+        default true) and how many PVE seconds it boots before the agent answers (`boot_secs`).
+        A container of a real bed (`real_lxc`) is a real LXC container: see bed_lxc_create;
+        `stored` is the config of the backup it is restored from."""
         if not self.guest_bed:
             raise fake_model.TaskError('the scenario has no guest_bed for a guest with a root filesystem')
         spec = dict(spec) if isinstance(spec, dict) else {}
         vmid = int(guest.vmid)
+        if kind == 'lxc' and self.bed_real():
+            try:
+                await self.bed_lxc_create(guest, spec, stored)
+            except (OSError, ValueError) as e:
+                # A bed failure ends the restore task in error (never a task that hangs).
+                log.warning('real container %s could not be made', guest.vmid, exc_info=True)
+                raise fake_model.TaskError('unable to restore CT {0} - the test bed: {1}'.format(
+                    guest.vmid, e)) from e
+            return
         d = self.bed_dir(vmid)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
@@ -1053,10 +1065,16 @@ class ScenarioPve(fake_server.FakePve):
             if guest is None:
                 self.bed_stop(vmid)
                 self.bed_monitor(vmid, False)
+                if spec.get('real'):
+                    self.bed_lxc_stop(vmid)
+                    shutil.rmtree(os.path.join(self.guest_bed['lxc_path'], str(vmid)), ignore_errors=True)
                 shutil.rmtree(d, ignore_errors=True)
                 del self.bed_owned[vmid]
                 continue
             running = guest.status == 'running'
+            if spec.get('real'):
+                self.bed_lxc_sync(guest, running)
+                continue
             if spec['kind'] == 'lxc':
                 want = 'running\n' if running else 'stopped\n'
                 path = os.path.join(d, 'status')
@@ -1182,6 +1200,356 @@ class ScenarioPve(fake_server.FakePve):
         proc = await self.bed_spawn(vmid, argv, stdin)
         out, err = await proc.communicate(stdin)
         return proc.returncode, out, err
+
+    # ------------------------------------------------ real LXC containers (guest_bed.real_lxc)
+
+    # guest_bed['real_lxc'] = {"tarball": the Debian root filesystem with owners shifted by
+    # 100000 (tests/testbed/build-debian-rootfs.sh), "osqueryi": the stand-in installed into
+    # each guest, "net_prefix": the prefix of every bridge and veth this bed makes}.
+    # vmid -> {"proc": the `lxc-start -F` process (root's LXC monitor), "log": its output}.
+    bed_lxc = None
+    # PVE bridge name -> the bed bridge standing in for it (made on first use, removed at the end).
+    bed_bridges = None
+    _bed_veth = 0
+    # The idmap pve-container writes for an unprivileged container (LXC.pm update_lxc_config).
+    LXC_SHIFT = 100000
+
+    def bed_real(self):
+        return bool(self.guest_bed and self.guest_bed.get('real_lxc'))
+
+    def _guest_file(self, rootfs, path, text, mode=0o644):
+        """Write a file of a real container's root filesystem, owned by the container's root.
+        The fake runs as root and a guest that ran may have replaced any folder or file with a
+        link: every component is opened without following links (a link where a folder should
+        be fails the write; a link at the file's own name is removed first)."""
+        parts = [p for p in path.split('/') if p]
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        fd = os.open(rootfs, flags)
+        try:
+            for part in parts[:-1]:
+                try:
+                    nxt = os.open(part, flags, dir_fd=fd)
+                except FileNotFoundError:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.chown(part, self.LXC_SHIFT, self.LXC_SHIFT, dir_fd=fd, follow_symlinks=False)
+                    nxt = os.open(part, flags, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            name = parts[-1]
+            try:
+                os.unlink(name, dir_fd=fd)  # a file or a link, never followed
+            except FileNotFoundError:
+                pass
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=fd)
+            try:
+                os.fchown(out, self.LXC_SHIFT, self.LXC_SHIFT)
+                os.fchmod(out, mode)
+                data = text.encode('utf-8')
+                while data:
+                    data = data[os.write(out, data):]
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _debian_interfaces(config):
+        """/etc/network/interfaces as pve-container writes it for a Debian >= 10 guest with these
+        NICs (src/PVE/LXC/Setup/Debian.pm setup_network: `auto <name>`, `iface <name> inet
+        static` with `address <cidr>` and `gateway <gw>`, or `inet dhcp|manual`); None when no
+        NIC has a name and an address, where setup_network returns without touching the file
+        (`return if !scalar(keys %$networks)`). The merge with sections already in the file is
+        left out: the bed's root filesystem holds only `lo`."""
+        out = []
+        for key in sorted(config, key=fake_qemu.natural):
+            if not NET_KEY.match(key):
+                continue
+            _, props = fake_lxc.split_props(str(config[key]))
+            name, ip, gw = props.get('name'), props.get('ip'), props.get('gw')
+            if not name or not (ip or gw or props.get('ip6')):
+                continue
+            out.append('auto {0}\n'.format(name))
+            if ip in ('dhcp', 'manual'):
+                out.append('iface {0} inet {1}\n\n'.format(name, ip))
+            elif ip:
+                out.append('iface {0} inet static\n\taddress {1}\n'.format(name, ip))
+                if gw:
+                    out.append('\tgateway {0}\n'.format(gw))
+                out.append('\n')
+        if not out:
+            return None
+        return 'auto lo\niface lo inet loopback\n\n' + ''.join(out)
+
+    async def bed_lxc_create(self, guest, spec, stored):
+        """A restored unprivileged container: the bed's Debian tarball extracted with its owners
+        shifted by 100000 (as PVE restores an unprivileged backup), the osqueryi stand-in
+        installed as osquery's package lays it out, the hostname, and /etc/network/interfaces as
+        the backup's guest last ran with it (written by pve-container at its last start from its
+        NICs: `stored`). `spec["files"]` ({guest path: text}) adds files."""
+        real = self.guest_bed['real_lxc']
+        vmid = int(guest.vmid)
+        d = self.bed_dir(vmid)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        # Every folder above the root filesystem must be traversable by the container's root.
+        os.chmod(d, 0o711)
+        tmp = os.path.join(d, 'rootfs.tmp')
+        os.makedirs(tmp)
+        proc = await asyncio.create_subprocess_exec(
+            'tar', '--numeric-owner', '--warning=no-unknown-keyword', '-xpf', real['tarball'], '-C', tmp,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise fake_model.TaskError('could not extract the bed\'s Debian root filesystem: {0}'.format(
+                err.decode('utf-8', 'replace').strip()))
+        os.chown(tmp, self.LXC_SHIFT, self.LXC_SHIFT)
+        os.chmod(tmp, 0o755)
+        with open(real['osqueryi'], encoding='utf-8') as fh:
+            standin = fh.read()
+        self._guest_file(tmp, '/opt/osquery/bin/osqueryd', standin, 0o755)
+        for link in ('/usr/bin/osqueryi', '/usr/bin/osqueryd'):
+            full = os.path.join(tmp, link.lstrip('/'))
+            os.symlink('/opt/osquery/bin/osqueryd', full)
+            os.lchown(full, self.LXC_SHIFT, self.LXC_SHIFT)
+        name = guest.config.get('hostname') or 'CT{0}'.format(vmid)
+        self._guest_file(tmp, '/etc/hostname', '{0}\n'.format(name))
+        interfaces = self._debian_interfaces(stored or {})
+        if interfaces:
+            self._guest_file(tmp, '/etc/network/interfaces', interfaces)
+        for path, text in sorted((spec.get('files') or {}).items()):
+            self._guest_file(tmp, str(path), str(text))
+        os.rename(tmp, os.path.join(d, 'rootfs'))
+        for fname, text in (('kind', 'lxc\n'), ('real', 'lxc\n'), ('status', 'stopped\n')):
+            with open(os.path.join(d, fname), 'w', encoding='utf-8') as fh:
+                fh.write(text)
+        spec['kind'] = 'lxc'
+        spec['real'] = True
+        self.bed_owned[vmid] = spec
+        self.bed_sync()
+
+    def _bed_link(self, kind):
+        """A new link name of this bed: <prefix><kind><n>, at most 15 characters (IFNAMSIZ)."""
+        self._bed_veth += 1
+        name = '{0}{1}{2}'.format(self.guest_bed['real_lxc']['net_prefix'], kind, self._bed_veth)
+        if len(name) > 15:
+            raise fake_model.TaskError('bed link name {0} is too long'.format(name))
+        return name
+
+    def _bed_bridge(self, bridge):
+        """The bed bridge standing in for PVE bridge `bridge`: no uplink, no address, up."""
+        if self.bed_bridges is None:
+            self.bed_bridges = {}
+        name = self.bed_bridges.get(bridge)
+        if name is not None:
+            return name
+        name = self._bed_link('b')
+        # addrgenmode none: not even an IPv6 link-local address.
+        for argv in (['ip', 'link', 'add', name, 'type', 'bridge'],
+                     ['ip', 'link', 'set', name, 'addrgenmode', 'none'],
+                     ['ip', 'link', 'set', name, 'up']):
+            run = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            if run.returncode != 0:
+                raise fake_model.TaskError('cannot make bed bridge {0} for {1}: {2}'.format(
+                    name, bridge, run.stderr.decode('utf-8', 'replace').strip()))
+        self.bed_bridges[bridge] = name
+        return name
+
+    def bed_lxc_config(self, ct):
+        """The LXC config of a real container, as pve-container's update_lxc_config
+        (src/PVE/LXC.pm) writes it, for what this bed needs: the cgroup layout, arch, the
+        includes of its ostype (and userns for an unprivileged one), `lxc.mount.auto =
+        sys:mixed`, `lxc.monitor.unshare`, the idmap, the console, ttys, TERM, the hostname, the
+        root filesystem, and one veth per netN (name, hwaddr, mtu). Left out: seccomp and AppArmor
+        (PVE's own profiles), cgroup limits, and lxcnetaddbr: the veth's host end is attached by
+        LXC (`lxc.net.N.link`) to a bed bridge, named by the bed so it cannot clash with a link
+        of the machine. A container is unprivileged here whatever its config says (the shifted
+        tarball): a privileged one is not part of the bed."""
+        vmid = int(ct.vmid)
+        conf = ct.config or {}
+        cfgpath = '/usr/share/lxc/config'
+        ostype = str(conf.get('ostype') or 'debian')
+        inc = os.path.join(cfgpath, ostype + '.common.conf')
+        if not os.path.isfile(inc):
+            inc = os.path.join(cfgpath, 'common.conf')
+        userns = os.path.join(cfgpath, ostype + '.userns.conf')
+        if not os.path.isfile(userns):
+            userns = os.path.join(cfgpath, 'userns.conf')
+        # PVE's cgroup layout (lxc.monitor/<vmid>, lxc/<vmid>) below a folder of this bed
+        # (felhom-bed/<net_prefix>/), so that beds running side by side with the same vmids do
+        # not share a cgroup, and the bed can find and remove all of it.
+        top = 'felhom-bed/{0}'.format(self.guest_bed['real_lxc']['net_prefix'])
+        lines = [
+            'lxc.cgroup.relative = 0',
+            'lxc.cgroup.dir.monitor = {0}/lxc.monitor/{1}'.format(top, vmid),
+            'lxc.cgroup.dir.container = {0}/lxc/{1}'.format(top, vmid),
+            'lxc.cgroup.dir.container.inner = ns',
+            'lxc.arch = {0}'.format(conf.get('arch') or 'amd64'),
+            'lxc.include = {0}'.format(inc),
+            'lxc.include = {0}'.format(userns),
+            'lxc.mount.auto = sys:mixed',
+            'lxc.monitor.unshare = 1',
+            'lxc.idmap = u 0 {0} 65536'.format(self.LXC_SHIFT),
+            'lxc.idmap = g 0 {0} 65536'.format(self.LXC_SHIFT),
+            'lxc.console.path = none',
+            'lxc.tty.max = {0}'.format(int(conf.get('tty') or 2)),
+            'lxc.environment = TERM=linux',
+            'lxc.uts.name = {0}'.format(conf.get('hostname') or 'CT{0}'.format(vmid)),
+            'lxc.rootfs.path = {0}'.format(os.path.join(self.bed_dir(vmid), 'rootfs')),
+            # The bed's own: LXC's errors about this container, for the fake's log.
+            'lxc.log.file = {0}'.format(os.path.join(self.bed_dir(vmid), 'lxc.log')),
+            'lxc.log.level = ERROR',
+        ]
+        for key in sorted(conf, key=fake_qemu.natural):
+            m = NET_KEY.match(key)
+            if not m:
+                continue
+            ind = key[3:]
+            _, props = fake_lxc.split_props(str(conf[key]))
+            bridge = props.get('bridge')
+            mtu = int(props.get('mtu') or self._bridge_mtu(bridge))
+            lines.append('lxc.net.{0}.type = veth'.format(ind))
+            lines.append('lxc.net.{0}.veth.pair = {1}'.format(ind, self._bed_link('v')))
+            if props.get('hwaddr'):
+                lines.append('lxc.net.{0}.hwaddr = {1}'.format(ind, props['hwaddr']))
+            if props.get('name'):
+                lines.append('lxc.net.{0}.name = {1}'.format(ind, props['name']))
+            lines.append('lxc.net.{0}.mtu = {1}'.format(ind, mtu))
+            if not truthy(props.get('link_down')):
+                lines.append('lxc.net.{0}.link = {1}'.format(ind, self._bed_bridge(bridge)))
+        return '\n'.join(lines) + '\n'
+
+    def _bed_lxc_prepare(self, ct):
+        """What happens at a real container's start before LXC runs it: update_lxc_config writes
+        its config, and pve-container's pre-start hook (Setup pre_start_hook) sets the hostname
+        and, when it has NICs, its network config (Debian.pm setup_network)."""
+        vmid = int(ct.vmid)
+        rootfs = os.path.join(self.bed_dir(vmid), 'rootfs')
+        lxcdir = os.path.join(self.guest_bed['lxc_path'], str(vmid))
+        os.makedirs(lxcdir, exist_ok=True)
+        with open(os.path.join(lxcdir, 'config'), 'w', encoding='utf-8') as fh:
+            fh.write(self.bed_lxc_config(ct))
+        name = (ct.config or {}).get('hostname') or 'CT{0}'.format(vmid)
+        self._guest_file(rootfs, '/etc/hostname', '{0}\n'.format(name))
+        interfaces = self._debian_interfaces(ct.config or {})
+        if interfaces:
+            self._guest_file(rootfs, '/etc/network/interfaces', interfaces)
+        log_path = os.path.join(self.bed_dir(vmid), 'lxc-start.log')
+        logf = open(log_path, 'ab')
+        # pve-container@.service runs `/usr/bin/lxc-start -F -n <vmid>`; the bed's lxcpath is
+        # not LXC's default, so `-P <lxcpath>` comes first.
+        proc = subprocess.Popen(['lxc-start', '-P', self.guest_bed['lxc_path'], '-F', '-n', str(vmid)],
+                                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+        logf.close()
+        if self.bed_lxc is None:
+            self.bed_lxc = {}
+        self.bed_lxc[vmid] = {'proc': proc, 'log': log_path}
+        return proc
+
+    def _bed_lxc_failed(self, vmid, proc):
+        tail = ''
+        for name in ('lxc-start.log', 'lxc.log'):
+            try:
+                with open(os.path.join(self.bed_dir(vmid), name), encoding='utf-8', errors='replace') as fh:
+                    tail += fh.read()[-2000:]
+            except OSError:
+                pass
+        log.warning('real container %s did not start: %s', vmid, tail)
+        self.bed_lxc_stop(vmid)
+        return fake_model.TaskError("startup for container '{0}' failed".format(vmid))
+
+    async def bed_lxc_start(self, ct):
+        """Start a real container and wait until LXC says RUNNING (pve-container vm_start:
+        `systemctl start pve-container@<vmid>`, whose ExecStart is `lxc-start -F -n <vmid>`,
+        then it waits for the container to run); "startup for container '<vmid>' failed" else."""
+        vmid = int(ct.vmid)
+        old = (self.bed_lxc or {}).get(vmid)
+        if old is not None and old['proc'].poll() is None:
+            return
+        proc = self._bed_lxc_prepare(ct)
+        # PVE says stopped until the start task ends: bed_sync must not stop it meanwhile.
+        self.bed_lxc[vmid]['starting'] = True
+        wait = await asyncio.create_subprocess_exec(
+            'lxc-wait', '-P', self.guest_bed['lxc_path'], '-n', str(vmid), '-s', 'RUNNING', '-t', '30',
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        code = await wait.wait()
+        self.bed_lxc[vmid]['starting'] = False
+        if code != 0 or proc.poll() is not None:
+            raise self._bed_lxc_failed(vmid, proc)
+        self._bed_lxc_status(vmid, True)
+
+    def _bed_lxc_status(self, vmid, running):
+        path = os.path.join(self.bed_dir(vmid), 'status')
+        with open(path + '.tmp', 'w', encoding='utf-8') as fh:
+            fh.write('running\n' if running else 'stopped\n')
+        os.replace(path + '.tmp', path)
+
+    def bed_lxc_sync(self, ct, running):
+        """Keep a real container in step with PVE: stopped through LXC when PVE stopped it;
+        started (waiting for RUNNING) when PVE says it runs and no start task started it; and a
+        container whose monitor ended by itself (a poweroff inside) is stopped for PVE too, as
+        pvestatd would see it."""
+        vmid = int(ct.vmid)
+        rec = (self.bed_lxc or {}).get(vmid)
+        if rec is not None and rec.get('starting'):
+            return
+        if not running:
+            if rec is not None:
+                self.bed_lxc_stop(vmid)
+            return
+        if rec is None:
+            proc = self._bed_lxc_prepare(ct)
+            ok = subprocess.run(['lxc-wait', '-P', self.guest_bed['lxc_path'], '-n', str(vmid), '-s', 'RUNNING',
+                                 '-t', '30'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+            if not ok or proc.poll() is not None:
+                self._bed_lxc_failed(vmid, proc)
+                ct.status = 'stopped'
+                ct.pid = None
+                return
+            self._bed_lxc_status(vmid, True)
+        elif rec['proc'].poll() is not None:
+            del self.bed_lxc[vmid]
+            self._bed_lxc_status(vmid, False)
+            ct.status = 'stopped'
+            ct.pid = None
+
+    def bed_lxc_stop(self, vmid):
+        """Stop a real container as PVE's vm_stop does without a timeout (`lxc-stop -n <vmid>
+        --kill`), and wait for its monitor to end."""
+        rec = (self.bed_lxc or {}).pop(int(vmid), None)
+        subprocess.run(['lxc-stop', '-P', self.guest_bed['lxc_path'], '-n', str(vmid), '--kill'],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        if rec is not None:
+            try:
+                rec['proc'].wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                rec['proc'].kill()
+                rec['proc'].wait(timeout=5)
+        try:
+            self._bed_lxc_status(int(vmid), False)
+        except OSError:
+            pass
+
+    def bed_lxc_teardown(self):
+        """Stop every real container and remove every bridge this bed made (the fake ends)."""
+        if not self.bed_real():
+            return
+        for vmid in list(self.bed_lxc or {}):
+            try:
+                self.bed_lxc_stop(vmid)
+            except Exception:  # noqa: BLE001 - the rest must go too
+                log.warning('stopping real container %s failed', vmid, exc_info=True)
+        for name in list((self.bed_bridges or {}).values()):
+            subprocess.run(['ip', 'link', 'del', name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.bed_bridges = {}
+        # The bed's cgroup folders LXC leaves (the parents of its containers' cgroups).
+        top = os.path.join('felhom-bed', self.guest_bed['real_lxc']['net_prefix'])
+        for hier in glob.glob('/sys/fs/cgroup/*/') + ['/sys/fs/cgroup/']:
+            base = os.path.join(hier, top)
+            for root, dirs, _ in sorted(os.walk(base), key=lambda x: -len(x[0])):
+                try:
+                    os.rmdir(root)
+                except OSError:
+                    pass
 
     # ------------------------------------------------ the guest agent of a bed VM
 
@@ -1606,7 +1974,23 @@ class ScenarioPve(fake_server.FakePve):
     async def _start_steps(self, ct, user, skiplock=False):
         if not ct.template:
             self._update_lxc_config(ct)
-        return await super()._start_steps(ct, user, skiplock)
+        if not (self.bed_owned or {}).get(int(ct.vmid), {}).get('real'):
+            return await super()._start_steps(ct, user, skiplock)
+        # fakepve's vzstart steps, with the real container started (and RUNNING for LXC) before
+        # PVE says it runs: an answer that shows it running comes after LXC's RUNNING.
+        if ct.template:
+            raise fake_model.TaskError("you can't start a CT if it's a template")
+        if not skiplock:
+            self._task_lock(ct, allow=('mounted',))
+        await self.ceph_io(ct, [k for k in ct.config if fake_lxc.MOUNT_KEY.match(k)])
+        await self.pause(ct.start_secs)
+        if ct.start_error:
+            raise fake_model.TaskError(ct.start_error)
+        self._apply(ct)
+        await self.bed_lxc_start(ct)
+        ct.status = 'running'
+        ct.started_at = time.time()
+        ct.pid = next(self._ct_pids)
 
     @staticmethod
     def _exposure(kind, config):
@@ -1915,6 +2299,13 @@ def build(sc):
             raise ScenarioError('guest_bed needs "state" (the pct stand-in state folder) and "template" (a rootfs)')
         pve.guest_bed = {'state': bed['state'], 'template': bed['template']}
         bed_monitor_setup(pve, bed)
+        real = bed.get('real_lxc')
+        if real:
+            if not (isinstance(real, dict) and real.get('tarball') and real.get('osqueryi')
+                    and re.fullmatch(r'[a-z][a-z0-9]{2,7}', str(real.get('net_prefix', ''))) and bed.get('lxc_path')):
+                raise ScenarioError('guest_bed real_lxc needs "tarball", "osqueryi", "net_prefix" (3-8 of a-z0-9) '
+                                    'and the bed\'s "lxc_path"')
+            pve.guest_bed['real_lxc'] = dict(real)
 
     for node in sc.get('nodes', []):
         if isinstance(node, str):
@@ -2174,6 +2565,7 @@ async def serve(sc, ready_out):
             pve.bed_stop(vmid)
         for vmid in list(pve.bed_monitors or {}):
             pve.bed_monitor(vmid, False)
+        pve.bed_lxc_teardown()
         for step in (control.cleanup(), pve.stop()):
             try:
                 await asyncio.wait_for(step, 5)

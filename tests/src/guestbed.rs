@@ -8,6 +8,11 @@
 //!   agent runs `pct` with a cleared environment.
 //! - [`processes_with_marker`] lists live processes whose command line holds a marker, to prove
 //!   nothing was left behind.
+//! - [`GuestBed::new_real`] (and `World::real`) asks for real guests: the containers the fake
+//!   restores are unprivileged LXC containers running Debian with systemd ([`real_lxc`] builds
+//!   their root filesystem and probes LXC once), `pct exec` is `lxc-attach`; where LXC does not
+//!   run, a one-line reason and the busybox bed ([`require_real_guests`] turns that into a
+//!   failure). Dropping a real bed removes its containers, links and cgroups ([`teardown_real`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -205,6 +210,8 @@ impl Squatter {
 #[derive(Debug)]
 pub struct GuestBed {
     dir: tempfile::TempDir,
+    /// Set when the fake PVE makes this bed's containers real LXC containers.
+    real: Option<RealLxc>,
     /// The LXC monitor stand-ins this bed started for its running containers (those the fake
     /// PVE makes have theirs from the fake).
     monitors: std::sync::Mutex<std::collections::HashMap<u32, MonitorProc>>,
@@ -247,10 +254,56 @@ impl GuestBed {
         std::fs::write(&wrapper, script)
             .and_then(|()| set_mode(&wrapper, 0o755))
             .unwrap_or_else(|e| panic!("cannot write the pct wrapper: {e}"));
+        // The state folder records the lxcpath for the `pct` stand-in (a real container's
+        // `pct exec` asks LXC there); a real container's root filesystem sits below the bed
+        // folder, which its root (uid 100000) must be able to traverse.
+        std::fs::write(
+            dir.path().join("state/lxc_path"),
+            dir.path().join("lxc").display().to_string(),
+        )
+        .and_then(|()| set_mode(dir.path(), 0o711))
+        .and_then(|()| set_mode(&dir.path().join("state"), 0o711))
+        .unwrap_or_else(|e| panic!("cannot lay out the guest bed: {e}"));
         Self {
             dir,
+            real: None,
             monitors: std::sync::Mutex::default(),
         }
+    }
+
+    /// A bed whose containers, once the fake PVE restores them, are real LXC containers
+    /// running a real Debian with systemd ([`real_lxc`]): `Ok` with the bed when LXC works on
+    /// this machine, else `Err` with a one-line reason and the busybox bed to go on with
+    /// (printed; a panic instead when `FELHOM_REQUIRE_REAL_GUESTS=1`).
+    pub fn new_real() -> Result<Self, (String, Self)> {
+        let mut bed = Self::new();
+        match real_lxc() {
+            Ok(tarball) => {
+                bed.real = Some(RealLxc {
+                    tarball: tarball.clone(),
+                    net_prefix: net_prefix(),
+                });
+                Ok(bed)
+            }
+            Err(reason) => {
+                let line = format!("no real guests here ({reason}): the busybox bed instead");
+                if require_real_guests() {
+                    panic!("{line}, but FELHOM_REQUIRE_REAL_GUESTS=1");
+                }
+                crate::report(&line);
+                Err((reason.clone(), bed))
+            }
+        }
+    }
+
+    /// Whether this bed's containers are real LXC containers.
+    pub fn is_real(&self) -> bool {
+        self.real.is_some()
+    }
+
+    /// The prefix of every bridge and veth this bed's fake makes (real beds only).
+    pub fn net_prefix(&self) -> Option<&str> {
+        self.real.as_ref().map(|r| r.net_prefix.as_str())
     }
 
     /// The lxcpath of this bed's containers: a running container's LXC monitor stand-in holds
@@ -416,6 +469,13 @@ impl GuestBed {
             "lxc_path": self.lxc_path().display().to_string(),
             "monitor": lxc_monitor_stand_in().display().to_string(),
         });
+        if let Some(real) = &self.real {
+            scenario["guest_bed"]["real_lxc"] = serde_json::json!({
+                "tarball": real.tarball.display().to_string(),
+                "osqueryi": repo_root().join("tests/testbed/osqueryi").display().to_string(),
+                "net_prefix": real.net_prefix,
+            });
+        }
         if let Some(stores) = scenario
             .get_mut("volumes")
             .and_then(serde_json::Value::as_object_mut)
@@ -443,6 +503,9 @@ impl GuestBed {
 impl Drop for GuestBed {
     fn drop(&mut self) {
         self.kill_running_pct();
+        if let Some(real) = &self.real {
+            teardown_real(&self.lxc_path(), &real.net_prefix);
+        }
         if !std::thread::panicking() {
             self.assert_no_push();
         }
@@ -619,5 +682,285 @@ pub fn all_cmdlines() -> Vec<String> {
             out.push(String::from_utf8_lossy(&bytes).replace('\0', " "));
         }
     }
+    out
+}
+
+/// What a real bed needs: the Debian root filesystem and its link prefix.
+#[derive(Debug)]
+struct RealLxc {
+    /// The shifted tarball (`tests/testbed/build-debian-rootfs.sh`).
+    tarball: PathBuf,
+    /// `fhb` + 4 characters: every bridge and veth of this bed starts with it.
+    net_prefix: String,
+}
+
+/// Whether a missing real bed fails the test (`FELHOM_REQUIRE_REAL_GUESTS=1`, set by
+/// `tests/run.sh`).
+pub fn require_real_guests() -> bool {
+    std::env::var("FELHOM_REQUIRE_REAL_GUESTS").is_ok_and(|v| v == "1")
+}
+
+/// A link prefix no other bed of this machine uses now: `fhb` and four base-36 characters of
+/// the pid, a counter and the time.
+fn net_prefix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let mut x = (u128::from(std::process::id()) << 20)
+        ^ (u128::from(N.fetch_add(1, Ordering::Relaxed)) << 40)
+        ^ nanos;
+    let digits = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = String::from("fhb");
+    for _ in 0..4 {
+        out.push(char::from(digits[(x % 36) as usize]));
+        x /= 36;
+    }
+    out
+}
+
+/// The real bed's Debian root filesystem, built on first use, and whether LXC runs a
+/// container here: `Ok(shifted tarball)` or a one-line reason (once per test process; a
+/// success is remembered for this boot in `target/testbed/`, so later test processes skip the
+/// throwaway container).
+pub fn real_lxc() -> &'static Result<PathBuf, String> {
+    static REAL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    REAL.get_or_init(|| {
+        for tool in [
+            "lxc-start",
+            "lxc-attach",
+            "lxc-stop",
+            "lxc-wait",
+            "mmdebstrap",
+        ] {
+            if !in_path(tool) {
+                return Err(format!(
+                    "{tool} is not installed (tests/setup.sh installs it)"
+                ));
+            }
+        }
+        let out_dir = repo_root().join("target/testbed");
+        let out = Command::new("bash")
+            .arg(repo_root().join("tests/testbed/build-debian-rootfs.sh"))
+            .arg(&out_dir)
+            .output()
+            .map_err(|e| format!("cannot run build-debian-rootfs.sh: {e}"))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            return Err(format!(
+                "tests/testbed/build-debian-rootfs.sh failed ({}): {last}",
+                out.status
+            ));
+        }
+        let tarball = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let stamp = out_dir.join(format!("lxc-works-{}", boot.trim()));
+        if !stamp.exists() {
+            probe_lxc()?;
+            let _ = std::fs::write(&stamp, "a throwaway unprivileged container started\n");
+        }
+        Ok(tarball)
+    })
+}
+
+fn in_path(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p).any(|d| {
+            std::fs::metadata(d.join(tool)).is_ok_and(|m| {
+                use std::os::unix::fs::PermissionsExt;
+                m.is_file() && m.permissions().mode() & 0o111 != 0
+            })
+        })
+    })
+}
+
+/// Start a throwaway unprivileged container (the busybox template, owners shifted by 100000,
+/// the idmap and includes of a PVE container) and run a command in it; Err: why not.
+fn probe_lxc() -> Result<(), String> {
+    let dir = tempfile::Builder::new()
+        .prefix("felhom-lxcprobe-")
+        .tempdir()
+        .map_err(|e| format!("cannot make a folder for the LXC probe: {e}"))?;
+    set_mode(dir.path(), 0o711).map_err(|e| format!("chmod of the LXC probe folder: {e}"))?;
+    let lxc = dir.path().join("lxc");
+    let rootfs = dir.path().join("rootfs");
+    let name = "probe";
+    std::fs::create_dir_all(lxc.join(name)).map_err(|e| format!("LXC probe folder: {e}"))?;
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(template_rootfs())
+        .arg(&rootfs)
+        .status()
+        .is_ok_and(|s| s.success())
+        && Command::new("chown")
+            .args(["-hR", "100000:100000"])
+            .arg(&rootfs)
+            .status()
+            .is_ok_and(|s| s.success());
+    if !copied {
+        return Err("cannot copy the busybox template for the LXC probe".into());
+    }
+    let config = format!(
+        "lxc.include = /usr/share/lxc/config/common.conf\n\
+         lxc.include = /usr/share/lxc/config/userns.conf\n\
+         lxc.idmap = u 0 100000 65536\nlxc.idmap = g 0 100000 65536\n\
+         lxc.rootfs.path = {}\nlxc.init.cmd = /usr/bin/busybox sleep 60\n\
+         lxc.console.path = none\nlxc.uts.name = probe\n",
+        rootfs.display()
+    );
+    std::fs::write(lxc.join(name).join("config"), config)
+        .map_err(|e| format!("LXC probe config: {e}"))?;
+    let log = dir.path().join("start.log");
+    let logf = std::fs::File::create(&log).map_err(|e| format!("LXC probe log: {e}"))?;
+    let mut start = Command::new("lxc-start")
+        .arg("-P")
+        .arg(&lxc)
+        .args(["-F", "-n", name])
+        .stdin(std::process::Stdio::null())
+        .stdout(logf.try_clone().map_err(|e| e.to_string())?)
+        .stderr(logf)
+        .spawn()
+        .map_err(|e| format!("cannot run lxc-start: {e}"))?;
+    let running = Command::new("lxc-wait")
+        .arg("-P")
+        .arg(&lxc)
+        .args(["-n", name, "-s", "RUNNING", "-t", "15"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let ran = running
+        && Command::new("lxc-attach")
+            .arg("-P")
+            .arg(&lxc)
+            .args(["-n", name, "--clear-env", "--", "/usr/bin/busybox", "true"])
+            .status()
+            .is_ok_and(|s| s.success());
+    let _ = Command::new("lxc-stop")
+        .arg("-P")
+        .arg(&lxc)
+        .args(["-n", name, "--kill"])
+        .status();
+    let _ = start.kill();
+    let _ = start.wait();
+    if ran {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no output");
+    Err(format!(
+        "a throwaway unprivileged container {} (lxc-start said: {last})",
+        if running {
+            "started but lxc-attach failed"
+        } else {
+            "did not start"
+        }
+    ))
+}
+
+/// Stop every container of `lxc_path` through LXC, kill any process still naming it, and
+/// remove every link whose name starts with `prefix`: what a real bed leaves nothing of.
+pub fn teardown_real(lxc_path: &Path, prefix: &str) {
+    if let Ok(entries) = std::fs::read_dir(lxc_path) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let _ = Command::new("lxc-stop")
+                .arg("-P")
+                .arg(lxc_path)
+                .arg("-n")
+                .arg(&name)
+                .arg("--kill")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+    let marker = lxc_path.display().to_string();
+    if !wait_processes_gone(&marker, Duration::from_secs(5)).is_empty() {
+        kill_processes_with_marker(&marker);
+        let _ = wait_processes_gone(&marker, Duration::from_secs(5));
+    }
+    // Whatever still runs in the bed's cgroups (a container whose monitor was killed), then
+    // the cgroup folders themselves, deepest first.
+    let dirs = cgroup_dirs(prefix);
+    for _ in 0..50 {
+        let mut any = false;
+        for d in &dirs {
+            for pid in std::fs::read_to_string(d.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse::<i32>().ok())
+            {
+                any = true;
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        if !any {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for d in dirs.iter().rev() {
+        let _ = std::fs::remove_dir(d);
+    }
+    for link in links_with_prefix(prefix) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &link])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// The network links of this machine whose names start with `prefix`.
+pub fn links_with_prefix(prefix: &str) -> Vec<String> {
+    std::fs::read_dir("/sys/class/net")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+/// Every cgroup folder of a real bed (`felhom-bed/<prefix>` in each hierarchy, and below),
+/// parents before children.
+pub fn cgroup_dirs(prefix: &str) -> Vec<PathBuf> {
+    let mut tops = vec![PathBuf::from("/sys/fs/cgroup/felhom-bed").join(prefix)];
+    for entry in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        tops.push(entry.path().join("felhom-bed").join(prefix));
+    }
+    let mut out = Vec::new();
+    for top in tops {
+        if !top.is_dir() {
+            continue;
+        }
+        let mut stack = vec![top];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(entry.path());
+                }
+            }
+            out.push(d);
+        }
+    }
+    out.sort_by_key(|p| p.components().count());
     out
 }

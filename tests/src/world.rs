@@ -128,9 +128,32 @@ impl World {
     /// Tasks take time ([`tasks_take_time`]). Unless `opts.exec_helper` is false, the agent
     /// is split as on a node: its execs into containers go to an exec helper process of this
     /// world ([`World::helper`]), which alone runs the bed's `pct`.
-    pub fn with_options(mut scenario: Value, opts: &AgentOptions) -> World {
+    pub fn with_options(scenario: Value, opts: &AgentOptions) -> World {
+        World::with_bed(scenario, opts, GuestBed::new())
+    }
+
+    /// [`World::with_options`] on real guests: the containers the fake restores are real LXC
+    /// containers running Debian with systemd ([`GuestBed::new_real`]). `Err` with the reason
+    /// and a world on the busybox bed when LXC does not work here (the reason is printed; with
+    /// `FELHOM_REQUIRE_REAL_GUESTS=1` it panics instead). Each world on real guests adds a
+    /// line `real guests: <test>` to the test reports (`tests/run.sh` counts them).
+    pub fn real(scenario: Value, opts: &AgentOptions) -> Result<World, (String, World)> {
+        match GuestBed::new_real() {
+            Ok(bed) => {
+                let name = std::thread::current()
+                    .name()
+                    .unwrap_or("a test")
+                    .to_string();
+                crate::report(&format!("real guests: {name}"));
+                Ok(World::with_bed(scenario, opts, bed))
+            }
+            Err((reason, bed)) => Err((reason, World::with_bed(scenario, opts, bed))),
+        }
+    }
+
+    /// [`World::with_options`] with this bed.
+    pub fn with_bed(mut scenario: Value, opts: &AgentOptions, bed: GuestBed) -> World {
         tasks_take_time(&mut scenario);
-        let bed = GuestBed::new();
         bed.join_scenario(&mut scenario);
         let pve = FakePve::start(scenario);
         let files = AgentFiles::write(&pve, opts);

@@ -14,8 +14,13 @@ use felhom_tests::agent::agent_bin;
 use felhom_tests::fakepve::{fakepve_python, workspace_root};
 
 fn run_demo(script: &Path) -> Output {
+    run_demo_env(script, &[])
+}
+
+fn run_demo_env(script: &Path, env: &[(&str, &str)]) -> Output {
     Command::new("bash")
         .arg(script)
+        .envs(env.iter().copied())
         .current_dir(workspace_root())
         .env("FELHOM_AGENT_BIN", agent_bin())
         .env("FELHOM_FAKEPVE_PYTHON", fakepve_python())
@@ -51,6 +56,22 @@ fn demo_exits_zero_with_provision_and_restore_test_ok() {
         Some(0),
         "the demo failed:\n{stdout}\n--- stderr\n{stderr}"
     );
+    // Real guests where LXC runs (the demo's first line says which bed it used).
+    let real = stdout
+        .lines()
+        .any(|l| l.starts_with("guests: real LXC containers"));
+    if real {
+        felhom_tests::report("real guests: demo_exits_zero_with_provision_and_restore_test_ok");
+        assert!(
+            stdout.contains("guest 121: its container, root filesystem and LXC config are gone"),
+            "{stdout}"
+        );
+    } else {
+        assert!(
+            !felhom_tests::guestbed::require_real_guests(),
+            "the demo ran on the busybox bed with FELHOM_REQUIRE_REAL_GUESTS=1:\n{stdout}"
+        );
+    }
     // What the agent itself printed, not what the demo concluded.
     let (body, rc) = step(&stdout, "--selftest=provision -vmid 120");
     assert_eq!(rc, 0, "{stdout}");
@@ -102,7 +123,9 @@ fn demo_fails_when_the_exec_helper_cannot_read_the_container_config() {
         std::process::id()
     )));
     fs::write(&copy.0, broken).expect("write the demo's copy");
-    let out = run_demo(&copy.0);
+    // The busybox bed: the failure shown is the helper's, before any guest runs a command, and
+    // a real guest would only add a minute.
+    let out = run_demo_env(&copy.0, &[("FELHOM_DEMO_GUESTS", "busybox")]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(

@@ -295,7 +295,9 @@ fn provision_in_bootstrap(w: &World, vmid: u32) -> (Child, String) {
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("provision");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // A real guest's restore extracts a Debian root filesystem, and its start boots systemd:
+    // with other tests doing the same on two cores, that can take a minute or more.
+    let deadline = Instant::now() + Duration::from_secs(180);
     while rootfs_file(w, vmid, "/root/bootstrap-started").is_none() {
         if let Ok(Some(status)) = provision.try_wait() {
             panic!(
@@ -966,6 +968,117 @@ fn a_command_socket_not_held_by_roots_lxc_monitor_makes_the_helper_refuse_and_pc
         w.bed.pct_calls()
     );
     assert!(rootfs_file(&w, 163, "/root/squatted").is_none());
+}
+
+/// The squat on real guests: container 164 is a real LXC container of the bed (Debian with
+/// systemd), its monitor the real `lxc-start -P <lxcpath> -F -n 164`, and `pct exec` is the real
+/// `lxc-attach`. The helper trusts that monitor and runs a command inside (its PID 1 is
+/// systemd); once the container is stopped through LXC, uid 65534 binds its command socket's
+/// name, and the helper refuses (`exec_monitor_untrusted`) without starting `pct`, so the real
+/// `lxc-attach` never meets the squatter.
+#[test]
+fn the_real_lxc_monitor_is_trusted_and_a_squatter_on_a_stopped_containers_name_is_refused() {
+    use felhom_agent::guest::lxc_monitor::{check_monitor, Monitor};
+    let opts = felhom_tests::fakepve::AgentOptions {
+        exec_helper: false,
+        ..felhom_tests::fakepve::AgentOptions::default()
+    };
+    let w = match World::real(felhom_tests::fakepve::demo_scenario(), &opts) {
+        Ok(w) => w,
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            return;
+        }
+    };
+    let h = Helper::start(&w, "");
+    let (mut provision, txn) = provision_in_bootstrap(&w, 164);
+    let lxc = w.bed.lxc_path();
+    let Monitor::Trusted(pid) = check_monitor(&lxc, 164) else {
+        panic!("164 has no trusted monitor: {:?}", check_monitor(&lxc, 164));
+    };
+    // LXC's own program holds the name (not the bed's stand-in, a perl script).
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe");
+    assert!(exe.ends_with("lxc-start"), "{exe:?}");
+    let r = h.call(&exec_request(
+        164,
+        &txn,
+        &["/bin/sh", "-c", "echo in-guest; cat /proc/1/comm"],
+    ));
+    assert_eq!(
+        r["exec"]["exit"],
+        json!({"exited": 0}),
+        "{r:#}\n{}",
+        h.log_text()
+    );
+    assert_eq!(
+        r["exec"]["stdout"].as_str().unwrap_or(""),
+        b64(b"in-guest\nsystemd\n"),
+        "{r:#}"
+    );
+
+    // The container stops (through LXC): its monitor ends, the name is free. The provision is
+    // held still meanwhile (SIGSTOP), so its transaction stays in its bootstrap while the
+    // bootstrap's command dies with the container.
+    let agent = nix::unistd::Pid::from_raw(i32::try_from(provision.id()).expect("pid"));
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    let stopped = Command::new("lxc-stop")
+        .arg("-P")
+        .arg(&lxc)
+        .args(["-n", "164", "--kill"])
+        .status()
+        .expect("lxc-stop");
+    assert!(stopped.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while check_monitor(&lxc, 164) != Monitor::Absent {
+        assert!(
+            Instant::now() < deadline,
+            "the monitor never let go of its name"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _squatter = felhom_tests::guestbed::Squatter::bind(&lxc, 164, 65534);
+    let bed_execs = || {
+        w.bed
+            .pct_calls()
+            .iter()
+            .filter(|c| c.sub == "exec" && c.vmid == "164")
+            .count()
+    };
+    let (helper_before, bed_before) = (h.pct_calls_for(164), bed_execs());
+    let r = h.call(&exec_request(
+        164,
+        &txn,
+        &["/bin/sh", "-c", ": > /root/squatted"],
+    ));
+    assert_eq!(
+        code(&r),
+        "exec_monitor_untrusted",
+        "{r:#}\n{}",
+        h.log_text()
+    );
+    let msg = r["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("164") && msg.contains("uid 65534"), "{msg}");
+    assert_eq!(h.pct_calls_for(164), helper_before, "{:#?}", h.pct_calls());
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+
+    // The provision's bootstrap died with its container: the provision fails, and no `pct exec`
+    // (so no lxc-attach) ran for 164 after the squat.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Ok(Some(status)) = provision.try_wait() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the provision never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_ne!(status.code(), Some(0), "the provision passed");
+    assert_eq!(
+        bed_execs(),
+        bed_before,
+        "pct exec ran for 164 after the squat: {:#?}",
+        w.bed.pct_calls()
+    );
+    assert!(rootfs_file(&w, 164, "/root/squatted").is_none());
 }
 
 /// `exec-helper --socket` binds only in a folder of root's that nobody else can write: a folder

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Builds the root filesystem of the test bed's real containers: a Debian 12 (bookworm) made by
+# mmdebstrap --variant=minbase with systemd as init, ifupdown, iproute2, procps and busybox (the
+# osqueryi stand-in's awk, and the wget of its `curl` table), as a tarball, and a copy of it whose
+# owners are shifted by 100000: what an unprivileged container of PVE holds on disk (pve-container
+# `update_lxc_config`: `lxc.idmap = u 0 100000 65536`). The bed extracts the shifted one
+# (`tar --numeric-owner -xpf`) into each container it restores.
+#
+# Usage: tests/testbed/build-debian-rootfs.sh [DIR]   (default: <repo>/target/testbed)
+# Prints the path of the shifted tarball (DIR/debian-<key>.shifted.tar) on stdout.
+#
+# Cached: the key is the sha256 of this script, so a tarball is built once per version of the
+# script; the build runs under a lock (concurrent callers wait and then reuse it) and is renamed
+# into place whole. Older keys are removed. Packages come from this machine's own apt sources
+# (/etc/apt/sources.list and sources.list.d: the Debian mirror it is configured with), with its
+# Acquire::Check-Valid-Until / Check-Date settings (a snapshot mirror needs them off).
+#
+# Needs root, mmdebstrap and python3 (tests/setup.sh installs mmdebstrap). Takes 20-60 s.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+out=${1:-$repo/target/testbed}
+mkdir -p "$out"
+
+key=$(sha256sum "$here/build-debian-rootfs.sh" | cut -c1-16)
+plain=$out/debian-$key.tar
+shifted=$out/debian-$key.shifted.tar
+
+exec 9>"$out/.build-debian-rootfs.lock"
+flock 9
+if [ -s "$plain" ] && [ -s "$shifted" ]; then
+  echo "$shifted"
+  exit 0
+fi
+
+if ! command -v mmdebstrap >/dev/null 2>&1; then
+  echo "build-debian-rootfs: mmdebstrap is not installed (tests/setup.sh installs it)" >&2
+  exit 1
+fi
+
+# The machine's Debian sources: every .list/.sources file that names a bookworm suite.
+sources=()
+for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+  [ -f "$f" ] || continue
+  grep -qE '^[^#]*\bbookworm' "$f" || continue
+  sources+=("$f")
+done
+if [ ${#sources[@]} -eq 0 ]; then
+  sources=(http://deb.debian.org/debian)
+fi
+
+aptopts=()
+eval "$(apt-config shell valid Acquire::Check-Valid-Until date Acquire::Check-Date)"
+[ "${valid:-}" = false ] && aptopts+=(--aptopt='Acquire::Check-Valid-Until "false"')
+[ "${date:-}" = false ] && aptopts+=(--aptopt='Acquire::Check-Date "false"')
+
+scratch=$(mktemp -d "$out/.debian-build.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+
+# Documentation, manual pages and translations are left out (a smaller tarball, a faster copy
+# per container); nothing the guest runs reads them. The merged /usr is laid out by mmdebstrap's
+# own hook instead of the usrmerge package, which would pull in perl (46 MB).
+hooks=()
+[ -d /usr/share/mmdebstrap/hooks/merged-usr ] && hooks+=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+mmdebstrap --quiet --variant=minbase --mode=root --format=tar "${hooks[@]}" \
+  --include=systemd-sysv,ifupdown,iproute2,procps,busybox,hostname \
+  --dpkgopt='path-exclude=/usr/share/man/*' \
+  --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+  --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --dpkgopt='path-exclude=/usr/share/info/*' \
+  --customize-hook='echo debian-bed >"$1/etc/hostname"' \
+  --customize-hook='printf "auto lo\niface lo inet loopback\n" >"$1/etc/network/interfaces"' \
+  --customize-hook='rm -f "$1/etc/machine-id" "$1/var/lib/dbus/machine-id"; : >"$1/etc/machine-id"' \
+  "${aptopts[@]}" \
+  bookworm "$scratch/debian.tar" "${sources[@]}" >&2
+
+# The shifted copy: every owner + 100000, names dropped (extracted with --numeric-owner).
+python3 - "$scratch/debian.tar" "$scratch/debian.shifted.tar" <<'EOF'
+import sys, tarfile
+src, dst = sys.argv[1], sys.argv[2]
+with tarfile.open(src, 'r:') as tin, tarfile.open(dst, 'w:', format=tarfile.PAX_FORMAT) as tout:
+    for m in tin:
+        m.uid += 100000
+        m.gid += 100000
+        m.uname = m.gname = ''
+        tout.addfile(m, tin.extractfile(m) if m.isreg() else None)
+EOF
+
+for old in "$out"/debian-*.tar; do
+  case $old in "$plain" | "$shifted") ;; *) rm -f "$old" ;; esac
+done
+mv "$scratch/debian.tar" "$plain"
+mv "$scratch/debian.shifted.tar" "$shifted"
+echo "$shifted"
