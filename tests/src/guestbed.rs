@@ -82,6 +82,9 @@ pub enum PctFault {
     ExecEscape,
     /// The root filesystem is mounted read-only.
     RootfsReadOnly,
+    /// `pct exec` enters the node's own namespaces instead of the container init's (what a
+    /// process answering on the container's command socket makes `lxc-attach` do).
+    AttachHost,
 }
 
 impl PctFault {
@@ -91,6 +94,7 @@ impl PctFault {
             Self::StdinTruncate => "stdin-truncate",
             Self::ExecEscape => "exec-escape",
             Self::RootfsReadOnly => "rootfs-ro",
+            Self::AttachHost => "attach-host",
         }
     }
 }

@@ -570,3 +570,45 @@ fn a_dropped_bed_leaves_no_guest_command_running() {
         "still running after the bed was dropped: {left:#?}"
     );
 }
+
+/// `pct exec` that enters the node's own namespaces instead of the container's (what a process
+/// answering on a stopped container's command socket makes `lxc-attach` do): the first stage is
+/// found there, the command never runs, the exec is refused naming what differed, and pct's
+/// process group is gone.
+#[tokio::test]
+async fn an_attach_into_other_namespaces_is_refused_before_the_command_runs() {
+    let bed = GuestBed::new();
+    bed.add_ct(101);
+    bed.add_fault(101, PctFault::AttachHost);
+    let host = tempfile::Builder::new()
+        .prefix("felhom-attach-host-")
+        .tempdir()
+        .unwrap();
+    let marker = host.path().join("ran");
+    let marker_text = marker.display().to_string();
+    let script = format!(": > '{marker_text}'");
+    for push in [false, true] {
+        let err = if push {
+            bed.lxc(101)
+                .push_file(&PushSource::Bytes(b"x".to_vec()), &marker_text, 0o600)
+                .await
+                .unwrap_err()
+        } else {
+            bed.lxc(101).exec(&sh(&script)).await.unwrap_err()
+        };
+        assert!(matches!(err, ExecError::AttachMismatch { .. }), "{err}");
+        assert_eq!(err.code().as_str(), "exec_attach_mismatch");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("CT 101")
+                && msg.contains("mnt (namespace")
+                && msg.contains("pid (namespace"),
+            "{msg}"
+        );
+        assert!(!marker.exists(), "the command ran on the node");
+    }
+    assert!(
+        wait_processes_gone(&marker_text, Duration::from_secs(5)).is_empty(),
+        "a first stage was left running"
+    );
+}

@@ -11,7 +11,10 @@
 //! an LXC container on this node), `user.cfg` (the vmid must be in the agent's pool) and the
 //! container's own config (unprivileged, no raw `lxc.` keys, no host-path mount point, no
 //! device: [`ct_conf`]). A request never names a host path: pushed files travel inline, and
-//! are written by a shell inside the container. Environment values and stdin are never logged.
+//! are written by a shell inside the container. Every `pct exec` it runs proves, before the
+//! command runs, that what `lxc-attach` started is in the namespaces of the init root's LXC
+//! monitor named (`crate::guest::lxc`, the first stage; else `exec_attach_mismatch`).
+//! Environment values and stdin are never logged.
 //!
 //! [`client`] is the agent's side: [`client::HelperExec`] and the choice between the helper and
 //! `pct` itself ([`client::ExecMode`]).

@@ -238,7 +238,18 @@ impl LxcExec {
         // Right before `pct exec`: the container's command socket must be root's monitor's, and
         // that monitor names the init whose namespaces the command must enter (held open here
         // until the first stage was compared with them).
-        let init = match super::lxc_monitor::container_init(&self.config.lxc_path, self.vmid) {
+        let (lxc_path, vmid) = (self.config.lxc_path.clone(), self.vmid);
+        // Blocking socket and /proc reads (root's monitor has a few seconds to answer).
+        let init = tokio::task::spawn_blocking(move || {
+            super::lxc_monitor::container_init(&lxc_path, vmid)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(Monitor::Untrusted(format!(
+                "the look-up of the container's init did not finish: {e}"
+            )))
+        });
+        let init = match init {
             Ok(init) => init,
             Err(Monitor::Absent) => return Err(ExecError::NotRunning { guest }),
             Err(Monitor::Untrusted(detail)) => {
@@ -869,6 +880,77 @@ mod tests {
         // Exit 0 is never a refusal.
         assert!(
             classify_pct_failure(CT, &outcome(0, "", "container '120' not running!")).is_none()
+        );
+    }
+
+    #[test]
+    fn the_parent_pid_is_read_after_the_last_parenthesis() {
+        assert_eq!(stat_ppid("42 (sh) S 7 42 42 0"), Some(7));
+        assert_eq!(stat_ppid("42 (a) b) (c) R 9 1 1"), Some(9));
+        assert_eq!(stat_ppid("42 (sh"), None);
+        assert_eq!(stat_ppid(""), None);
+    }
+
+    #[tokio::test]
+    async fn only_the_exact_ready_line_is_ready() {
+        let ready = |bytes: &'static [u8]| async move {
+            let mut r = bytes;
+            read_ready_line(&mut r).await
+        };
+        assert!(matches!(
+            ready(b"felhom-attach-ready\n").await,
+            Handshake::Ready
+        ));
+        // Anything more, or other, is not (the first stage writes nothing after it until go).
+        assert!(matches!(
+            ready(b"felhom-attach-ready\nx").await,
+            Handshake::Garbage(_)
+        ));
+        assert!(matches!(ready(b"hello\n").await, Handshake::Garbage(_)));
+        assert!(matches!(
+            ready(b"felhom-attach-ready-").await,
+            Handshake::Garbage(_)
+        ));
+        // The end before the line: pct ended first.
+        assert!(matches!(ready(b"felhom-att").await, Handshake::Ended(_)));
+        assert!(matches!(ready(b"").await, Handshake::Ended(_)));
+    }
+
+    #[test]
+    fn the_first_stage_runs_its_command_only_after_go() {
+        let run = |stdin: &str| {
+            let out = std::process::Command::new("/bin/sh")
+                .args([
+                    "-c",
+                    FIRST_STAGE,
+                    FIRST_STAGE_NAME,
+                    "NONCE",
+                    "/bin/sh",
+                    "-c",
+                ])
+                .arg("echo ran; cat")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .and_then(|mut c| {
+                    use std::io::Write;
+                    c.stdin.take().map(|mut i| i.write_all(stdin.as_bytes()));
+                    c.wait_with_output()
+                })
+                .expect("sh");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+        assert_eq!(
+            run("go\nrest\n"),
+            (Some(0), "felhom-attach-ready\nran\nrest\n".to_string())
+        );
+        assert_eq!(run(""), (Some(125), "felhom-attach-ready\n".to_string()));
+        assert_eq!(
+            run("no\nrest\n"),
+            (Some(125), "felhom-attach-ready\n".to_string())
         );
     }
 

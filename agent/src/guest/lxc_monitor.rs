@@ -394,5 +394,9 @@ mod tests {
     fn nobody_listening_is_absent() {
         let path = format!("/nonexistent/felhom-{}", std::process::id());
         assert_eq!(check_monitor(Path::new(&path), 120), Monitor::Absent);
+        assert!(matches!(
+            container_init(Path::new(&path), 120),
+            Err(Monitor::Absent)
+        ));
     }
 }
