@@ -149,6 +149,8 @@ pub struct Executor<'a> {
     checks: Vec<CheckResult>,
     /// What the boot wait of this drive saw, for the report.
     boot: Option<String>,
+    /// What the isolation changed in the copy, for the report.
+    isolation: Option<String>,
     /// The dry-run plan of the transaction being driven.
     plan: Option<Vec<PlanStep>>,
     /// Set when the drive stopped before the transaction settled (interrupt, journal failure).
@@ -182,6 +184,9 @@ pub struct Driven {
     pub halted: Option<Failure>,
     /// What the boot wait waited for and saw (`None` when the drive did not wait for a boot).
     pub boot: Option<String>,
+    /// What the isolation changed in an isolated restore-test copy (its stored interfaces given
+    /// as unconnected pairs, the units restarted), `None` when it changed nothing.
+    pub isolation: Option<String>,
 }
 
 impl Driven {
@@ -281,6 +286,7 @@ impl<'a> Executor<'a> {
             lxc,
             checks: Vec::new(),
             boot: None,
+            isolation: None,
             plan: None,
             halted: None,
             started: Instant::now(),
@@ -412,6 +418,7 @@ impl<'a> Executor<'a> {
             plan: self.plan.take(),
             halted: halted.or_else(|| self.halted.take()),
             boot: self.boot.take(),
+            isolation: self.isolation.take(),
         }
     }
 
@@ -664,6 +671,10 @@ impl<'a> Executor<'a> {
                             ),
                         ));
                     }
+                };
+                let waited = match waited {
+                    Ok(seen) => self.lab_network(state, vmid, guest, seen).await,
+                    Err(e) => Err(e),
                 };
                 Some(match waited {
                     Ok(seen) => {
@@ -1293,6 +1304,53 @@ impl<'a> Executor<'a> {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// After the boot of an isolated restore-test container with systemd: give it the
+    /// interfaces its backup stores, each as a veth pair whose other end stays inside the copy
+    /// (it reaches nothing; no bridge gains a port), restart the units that had failed, and
+    /// wait for the boot to settle again; what changed goes to the report. Anything else is
+    /// left as it booted.
+    async fn lab_network(
+        &mut self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+        seen: String,
+    ) -> Result<String, String> {
+        let req = state.request();
+        if state.kind() != TxnKind::SelftestRestore
+            || !req.isolate_network
+            || guest != GuestKind::Lxc
+            || !seen.starts_with("systemd")
+        {
+            return Ok(seen);
+        }
+        let names: Vec<String> = match self.pve.extract_config(&self.cfg.node, &req.volid).await {
+            Ok(text) => StoredConfig::parse(&text)
+                .nics(GuestKind::Lxc)
+                .into_iter()
+                .filter_map(|n| n.name)
+                .collect(),
+            Err(e) => {
+                self.isolation = Some(format!(
+                    "nothing given: the stored config of {} could not be read ({e})",
+                    req.volid
+                ));
+                return Ok(seen);
+            }
+        };
+        let exec = self.exec_for(vmid, guest, state.txn());
+        let changed =
+            crate::guest::boot::give_lab_interfaces(&exec, &names, self.timeouts.boot).await?;
+        let Some(changed) = changed else {
+            return Ok(seen);
+        };
+        tracing::info!(vmid, "isolation: {changed}");
+        let settled = crate::guest::boot::wait_boot(&exec, self.timeouts.boot).await;
+        drop(exec);
+        self.isolation = Some(changed);
+        settled
     }
 
     async fn bootstrap(&self, state: &State, vmid: u32, guest: GuestKind) -> Result<(), String> {
