@@ -268,3 +268,34 @@ fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_
         text.stdout
     );
 }
+
+/// A Debian guest with DHCP on `eth0` and `eth1`: both are given inside the copy; no lease can
+/// come in a copy that reaches nothing, so `networking.service` fails again for the DHCP
+/// stanzas alone, its failed state is reset and the report says so: the restore test ends ok
+/// with the default pack.
+#[test]
+fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_and_names_the_dhcp_stanzas() {
+    let mut scenario = debian_scenario_with(
+        json!({}),
+        Some("name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=dhcp,type=veth"),
+    );
+    scenario["volumes"]["local"][0]["config"]["net1"] =
+        json!("name=eth1,bridge=vmbr0,hwaddr=BC:24:11:00:02:01,ip=dhcp,type=veth");
+    let w = match World::real(scenario, &AgentOptions::default()) {
+        Ok(w) => w,
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            return;
+        }
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("eth0 given as an unconnected veth pair")
+            && changed.contains("eth1 given as an unconnected veth pair")
+            && changed.contains("networking.service failed for the DHCP stanza of eth0, eth1"),
+        "{doc:#}"
+    );
+}

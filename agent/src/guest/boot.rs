@@ -176,7 +176,15 @@ echo \"given $n felab$i\"; given=1; else echo \"refused $n\"; fi; i=$((i+1)); do
 [ \"$given\" = 1 ] || exit 0; \
 for u in $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{print $1}'); do \
 systemctl reset-failed \"$u\" 2>/dev/null; timeout 120 systemctl restart \"$u\" >/dev/null 2>&1; \
-echo \"restarted $u $(systemctl is-active \"$u\" 2>/dev/null)\"; done";
+echo \"restarted $u $(systemctl is-active \"$u\" 2>/dev/null)\"; done; \
+[ -n \"${FELHOM_LAB_DHCP:-}\" ] || exit 0; \
+[ \"$(systemctl is-active networking.service 2>/dev/null)\" = failed ] || exit 0; \
+for n in \"$@\"; do case \" $FELHOM_LAB_DHCP \" in *\" $n \"*) continue;; esac; \
+ifquery --state \"$n\" >/dev/null 2>&1 || { echo \"dhcp-kept $n\"; exit 0; }; done; \
+systemctl reset-failed networking.service && echo \"dhcp-reset networking.service\"";
+
+/// The variable naming (space-separated) the interfaces the backup stores with `ip=dhcp`.
+const LAB_DHCP_VAR: &str = "FELHOM_LAB_DHCP";
 
 /// Whether `name` can be an interface name the copy is given (IFNAMSIZ, no shell or path
 /// meaning): it comes from the backup's stored config, which the guest's owner wrote.
@@ -194,10 +202,14 @@ pub fn valid_ifname(name: &str) -> bool {
 /// veth pair whose other end is also inside the copy, so it boots as its production guest
 /// boots without reaching anything; then restart the units that had failed and wait for the
 /// boot to settle again. `Ok`: what the isolation changed, for the report (`None`: nothing to
-/// give). Names that are not plain interface names are left out and said.
+/// give). Names that are not plain interface names are left out and said. `dhcp`: the names
+/// stored with `ip=dhcp`; when `networking.service` is still failed after the restart and every
+/// other given interface is up (`ifquery --state`), its failure is the DHCP stanza's (no lease
+/// can come in a copy that reaches nothing): its failed state is reset, and the report says so.
 pub async fn give_lab_interfaces<E: GuestExec>(
     exec: &E,
     names: &[String],
+    dhcp: &[String],
     timeout: Duration,
 ) -> Result<Option<String>, String> {
     let (ok, bad): (Vec<&String>, Vec<&String>) = names.iter().partition(|n| valid_ifname(n));
@@ -211,9 +223,17 @@ pub async fn give_lab_interfaces<E: GuestExec>(
         "sh".into(),
     ];
     argv.extend(ok.iter().map(|n| n.to_string()));
-    let req = ExecRequest::new(argv)
+    let dhcp: Vec<&str> = dhcp
+        .iter()
+        .filter(|n| valid_ifname(n) && ok.contains(n))
+        .map(String::as_str)
+        .collect();
+    let mut req = ExecRequest::new(argv)
         .timeout(timeout)
         .output_cap(16 * 1024);
+    if !dhcp.is_empty() {
+        req = req.env(LAB_DHCP_VAR, dhcp.join(" "));
+    }
     let out = exec
         .exec(&req)
         .await
@@ -240,6 +260,16 @@ pub async fn give_lab_interfaces<E: GuestExec>(
             )),
             (Some("refused"), Some(n), _) => notes.push(format!(
                 "{} could not be made (no `ip`, or the kernel refused a veth)",
+                crate::error::outside_text_max(n, 32)
+            )),
+            (Some("dhcp-reset"), Some(u), _) => notes.push(format!(
+                "{} failed for the DHCP stanza of {} (no lease in an isolated copy; every other \
+                 stored interface is up): its failed state was reset",
+                crate::error::outside_text_max(u, 128),
+                dhcp.join(", ")
+            )),
+            (Some("dhcp-kept"), Some(n), _) => notes.push(format!(
+                "networking.service left failed: {} (not DHCP) is not up",
                 crate::error::outside_text_max(n, 32)
             )),
             (Some("restarted"), Some(u), st) => restarted.push(format!(

@@ -1326,23 +1326,40 @@ impl<'a> Executor<'a> {
         {
             return Ok(seen);
         }
-        let names: Vec<String> = match self.pve.extract_config(&self.cfg.node, &req.volid).await {
-            Ok(text) => StoredConfig::parse(&text)
-                .nics(GuestKind::Lxc)
-                .into_iter()
-                .filter_map(|n| n.name)
-                .collect(),
-            Err(e) => {
-                self.isolation = Some(format!(
-                    "nothing given: the stored config of {} could not be read ({e})",
-                    req.volid
-                ));
-                return Ok(seen);
-            }
-        };
+        let (names, dhcp): (Vec<String>, Vec<String>) =
+            match self.pve.extract_config(&self.cfg.node, &req.volid).await {
+                Ok(text) => {
+                    let stored = StoredConfig::parse(&text);
+                    let mut names = Vec::new();
+                    let mut dhcp = Vec::new();
+                    for nic in stored.nics(GuestKind::Lxc) {
+                        let Some(name) = nic.name.clone() else {
+                            continue;
+                        };
+                        let is_dhcp = stored.get(&nic.key).is_some_and(|v| {
+                            crate::pve::guest_config::property_items(v)
+                                .iter()
+                                .any(|(k, v)| k == "ip" && v.as_deref() == Some("dhcp"))
+                        });
+                        if is_dhcp {
+                            dhcp.push(name.clone());
+                        }
+                        names.push(name);
+                    }
+                    (names, dhcp)
+                }
+                Err(e) => {
+                    self.isolation = Some(format!(
+                        "nothing given: the stored config of {} could not be read ({e})",
+                        req.volid
+                    ));
+                    return Ok(seen);
+                }
+            };
         let exec = self.exec_for(vmid, guest, state.txn());
         let changed =
-            crate::guest::boot::give_lab_interfaces(&exec, &names, self.timeouts.boot).await?;
+            crate::guest::boot::give_lab_interfaces(&exec, &names, &dhcp, self.timeouts.boot)
+                .await?;
         let Some(changed) = changed else {
             return Ok(seen);
         };
