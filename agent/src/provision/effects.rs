@@ -725,6 +725,7 @@ impl<'a> Executor<'a> {
                         guest,
                         state.kind() == TxnKind::SelftestRestore,
                         state.txn(),
+                        &state.request().volid,
                     )
                     .await
                 {
@@ -1407,13 +1408,32 @@ impl<'a> Executor<'a> {
         guest: GuestKind,
         restore: bool,
         txn: ulid::Ulid,
+        volid: &str,
     ) -> Result<(), String> {
         let dir = if restore {
             &self.cfg.restore_test.checks_dir
         } else {
             &self.cfg.provision.checks_dir
         };
-        let checks = load_packs(dir).map_err(|e| e.to_string())?;
+        let mut checks = load_packs(dir).map_err(|e| e.to_string())?;
+        // Checks for chosen guests only (`guests`, `guest_tags`): those of the guest whose
+        // backup this copy is, by its vmid or a PVE tag of the restored config.
+        if checks.iter().any(|c| c.scope != Default::default()) {
+            let source = crate::pve::types::backup_owner_from_volid(volid);
+            let tags = if checks.iter().any(|c| c.scope.needs_tags()) {
+                match self.pve.config_get(&self.cfg.node, guest, vmid).await {
+                    Ok(c) => c
+                        .get("tags")
+                        .and_then(|v| v.as_str())
+                        .map(crate::guest::checks::split_tags)
+                        .unwrap_or_default(),
+                    Err(_) => Vec::new(),
+                }
+            } else {
+                Vec::new()
+            };
+            checks.retain(|c| c.scope.applies(source, &tags));
+        }
         if checks.is_empty() {
             return Err(format!(
                 "no checks in {}: a guest is only green when checked; install the default pack (checks.d/default.toml)",
