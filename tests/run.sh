@@ -42,6 +42,15 @@ trap 'print_times $?' EXIT
 step "setup (tests/setup.sh)"
 source tests/setup.sh
 
+# The real guests' Debian root filesystem (tests/testbed/build-debian-rootfs.sh; a minute or two
+# on a fresh clone, mostly downloads and disk, then cached): built beside the checks and builds
+# below, waited for before the tests.
+debian_log=$(mktemp)
+cleanup+=("$debian_log")
+printf '\n== the real guests'"'"' Debian root filesystem: built beside the steps below\n' >&2
+nice -n 10 tests/testbed/build-debian-rootfs.sh >"$debian_log" 2>&1 &
+debian_pid=$!
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -67,6 +76,13 @@ if [ "${FELHOM_CI_SERIAL:-0}" != 1 ]; then
   # Its own process group (setsid), so a failed test run stops the whole build.
   setsid nice -n 19 tests/fuzz.sh build >"$fuzz_log" 2>&1 &
   fuzz_pid=$!
+fi
+
+step "the real guests' Debian root filesystem (wait for its build)"
+if ! wait "$debian_pid"; then
+  cat "$debian_log" >&2
+  echo "building the real guests' root filesystem failed (above)" >&2
+  exit 1
 fi
 
 # The tests: cargo-nextest (it comes with the machine's toolchain) runs each test in its own
@@ -102,8 +118,12 @@ if [ -s "$reports" ]; then
   printf '\n== figures the tests measured\n' >&2
   grep -v '^real guests: ' "$reports" >&2 || true
 fi
-printf '\n== %s tests ran on real guests (LXC containers running Debian with systemd)\n' \
-  "$(grep -c '^real guests: [a-z_0-9:]*$' "$reports" || true)" >&2
+real_count=$(grep -c '^real guests: [a-z_0-9:]*$' "$reports" || true)
+printf '\n== %s tests ran on real guests (LXC containers running Debian with systemd)\n' "$real_count" >&2
+if [ "$status" -eq 0 ] && [ "$real_count" -eq 0 ] && [ "$FELHOM_REQUIRE_REAL_GUESTS" = 1 ]; then
+  echo "no test ran on real guests: the real bed is missing from this run" >&2
+  status=1
+fi
 if [ "$status" -ne 0 ]; then
   [ -z "$fuzz_pid" ] || kill -- "-$fuzz_pid" 2>/dev/null || true
   exit "$status"

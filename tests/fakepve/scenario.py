@@ -1028,7 +1028,13 @@ class ScenarioPve(fake_server.FakePve):
         spec = dict(spec) if isinstance(spec, dict) else {}
         vmid = int(guest.vmid)
         if kind == 'lxc' and self.bed_real():
-            await self.bed_lxc_create(guest, spec, stored)
+            try:
+                await self.bed_lxc_create(guest, spec, stored)
+            except (OSError, ValueError) as e:
+                # A bed failure ends the restore task in error (never a task that hangs).
+                log.warning('real container %s could not be made', guest.vmid, exc_info=True)
+                raise fake_model.TaskError('unable to restore CT {0} - the test bed: {1}'.format(
+                    guest.vmid, e)) from e
             return
         d = self.bed_dir(vmid)
         shutil.rmtree(d, ignore_errors=True)
@@ -1225,16 +1231,39 @@ class ScenarioPve(fake_server.FakePve):
         return bool(self.guest_bed and self.guest_bed.get('real_lxc'))
 
     def _guest_file(self, rootfs, path, text, mode=0o644):
-        """Write a file of a real container's root filesystem (made by this bed, so no guest
-        could have planted a link in it yet) owned by the container's root."""
-        full = os.path.join(rootfs, path.lstrip('/'))
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        if os.path.islink(full):
-            os.unlink(full)
-        with open(full, 'w', encoding='utf-8') as fh:
-            fh.write(text)
-        os.chmod(full, mode)
-        os.chown(full, self.LXC_SHIFT, self.LXC_SHIFT)
+        """Write a file of a real container's root filesystem, owned by the container's root.
+        The fake runs as root and a guest that ran may have replaced any folder or file with a
+        link: every component is opened without following links (a link where a folder should
+        be fails the write; a link at the file's own name is removed first)."""
+        parts = [p for p in path.split('/') if p]
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        fd = os.open(rootfs, flags)
+        try:
+            for part in parts[:-1]:
+                try:
+                    nxt = os.open(part, flags, dir_fd=fd)
+                except FileNotFoundError:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.chown(part, self.LXC_SHIFT, self.LXC_SHIFT, dir_fd=fd, follow_symlinks=False)
+                    nxt = os.open(part, flags, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            name = parts[-1]
+            try:
+                os.unlink(name, dir_fd=fd)  # a file or a link, never followed
+            except FileNotFoundError:
+                pass
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=fd)
+            try:
+                os.fchown(out, self.LXC_SHIFT, self.LXC_SHIFT)
+                os.fchmod(out, mode)
+                data = text.encode('utf-8')
+                while data:
+                    data = data[os.write(out, data):]
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _debian_interfaces(config):

@@ -8,6 +8,11 @@
 //!   agent runs `pct` with a cleared environment.
 //! - [`processes_with_marker`] lists live processes whose command line holds a marker, to prove
 //!   nothing was left behind.
+//! - [`GuestBed::new_real`] (and `World::real`) asks for real guests: the containers the fake
+//!   restores are unprivileged LXC containers running Debian with systemd ([`real_lxc`] builds
+//!   their root filesystem and probes LXC once), `pct exec` is `lxc-attach`; where LXC does not
+//!   run, a one-line reason and the busybox bed ([`require_real_guests`] turns that into a
+//!   failure). Dropping a real bed removes its containers, links and cgroups ([`teardown_real`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -59,8 +59,11 @@ scratch=$(mktemp -d "$out/.debian-build.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 
 # Documentation, manual pages and translations are left out (a smaller tarball, a faster copy
-# per container); nothing the guest runs reads them.
-mmdebstrap --quiet --variant=minbase --mode=root --format=tar \
+# per container); nothing the guest runs reads them. The merged /usr is laid out by mmdebstrap's
+# own hook instead of the usrmerge package, which would pull in perl (46 MB).
+hooks=()
+[ -d /usr/share/mmdebstrap/hooks/merged-usr ] && hooks+=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+mmdebstrap --quiet --variant=minbase --mode=root --format=tar "${hooks[@]}" \
   --include=systemd-sysv,ifupdown,iproute2,procps,busybox,hostname \
   --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/doc/*' \

@@ -1,5 +1,8 @@
 //! osquery checks in a real container of the test bed, against the `osqueryi` stand-in: each
 //! status is reached for the reason it claims.
+//!
+//! The busybox bed on purpose: each status is forced through the stand-in's controls (its unit
+//! list, its delay), which a real guest's systemd does not take.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -1,5 +1,8 @@
 //! LXC exec and push against real processes: the `pct` stand-in runs every command in a real
 //! root filesystem (busybox under unshare + chroot).
+//!
+//! The busybox bed on purpose: several tests inject the stand-in's faults (`PctFault`: a no-op exec,
+//! a cut stdin, an escape, a read-only root), which a real container cannot be made to show.
 
 use std::time::{Duration, Instant};
 

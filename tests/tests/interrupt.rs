@@ -56,6 +56,57 @@ fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
 #[test]
 fn ctrl_c_stops_a_bootstrap_running_sleep_60_and_leaves_no_process_in_the_guest() {
     let w = World::demo();
+    let rootfs = w.bed.rootfs(120);
+    ctrl_c_in_bootstrap(&w, &|| {
+        processes_in(&rootfs)
+            .into_iter()
+            .map(|(_, c)| c.trim_end().to_string())
+            .collect()
+    });
+}
+
+/// The same on a real guest: a Debian container with systemd whose `pct exec` is
+/// `lxc-attach`; what runs in the guest is what `ps` inside it lists (its own PID namespace,
+/// its own /proc).
+#[test]
+fn ctrl_c_stops_a_bootstrap_running_sleep_60_in_a_real_guest_and_leaves_no_process_in_it() {
+    let w = match World::real(
+        felhom_tests::fakepve::demo_scenario(),
+        &felhom_tests::fakepve::AgentOptions::default(),
+    ) {
+        Ok(w) => w,
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            return;
+        }
+    };
+    let pct = w.bed.pct();
+    ctrl_c_in_bootstrap(&w, &|| {
+        let out = std::process::Command::new(&pct)
+            .args([
+                "exec",
+                "120",
+                "--keep-env",
+                "0",
+                "--",
+                "ps",
+                "-e",
+                "-o",
+                "args=",
+            ])
+            .output()
+            .expect("pct exec ps");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim_end().to_string())
+            .filter(|l| l != "ps -e -o args=")
+            .collect()
+    });
+}
+
+/// Ctrl-C while the bootstrap of guest 120 runs `sleep 60`; `guest_processes` lists the
+/// command lines of what runs in the guest (beyond its own init and services).
+fn ctrl_c_in_bootstrap(w: &World, guest_processes: &dyn Fn() -> Vec<String>) {
     let run_script: PathBuf = w.files.bootstrap_dir.join("default").join("run");
     fs::write(&run_script, "#!/bin/sh\nsleep 60\n").expect("write the profile");
     let mut agent = w
@@ -65,12 +116,9 @@ fn ctrl_c_stops_a_bootstrap_running_sleep_60_and_leaves_no_process_in_the_guest(
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the agent");
-    let rootfs = w.bed.rootfs(120);
     // The event: `sleep 60` runs inside the guest.
-    wait_for("sleep 60 in guest 120", Duration::from_secs(120), || {
-        processes_in(&rootfs)
-            .iter()
-            .any(|(_, c)| c.trim_end() == "sleep 60")
+    wait_for("sleep 60 in guest 120", Duration::from_secs(180), || {
+        guest_processes().iter().any(|c| c == "sleep 60")
     });
     let pid = Pid::from_raw(i32::try_from(agent.id()).expect("pid"));
     kill(pid, Signal::SIGINT).expect("SIGINT");
@@ -104,7 +152,10 @@ fn ctrl_c_stops_a_bootstrap_running_sleep_60_and_leaves_no_process_in_the_guest(
     let left = {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let left = processes_in(&rootfs);
+            let left: Vec<String> = guest_processes()
+                .into_iter()
+                .filter(|c| c.contains("sleep") || c.contains("felhom"))
+                .collect();
             if left.is_empty() || Instant::now() >= deadline {
                 break left;
             }

@@ -8,6 +8,9 @@
 //! with proof of ownership; no
 //! foreign guest is ever written; no guest is left without a record; and no `needs_human`
 //! may be left: [`ALLOWED_NEEDS_HUMAN`] is empty, so every kill point settles without a person.
+//!
+//! The busybox bed on purpose: the walk restores a guest per kill point (dozens), and a real
+//! Debian restore costs seconds each; the real bed's start and stop are shown in `real_guests.rs`.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;

@@ -1,9 +1,9 @@
 //! The test bed on real guests: containers the fake PVE restores are real unprivileged LXC
 //! containers running Debian 12 with systemd (`tests/testbed/build-debian-rootfs.sh`,
 //! `guest_bed.real_lxc` in `tests/fakepve/scenario.py`), and `pct exec` is `lxc-attach`
-//! (`tests/pct/pct`). Each test here needs LXC: on a machine where it does not work, the test
-//! prints why and ends (`tests/run.sh` sets `FELHOM_REQUIRE_REAL_GUESTS=1`, which makes that a
-//! failure).
+//! (`tests/pct/pct`). Each test here but the last needs LXC: on a machine where it does not
+//! work, the test prints why and ends (`tests/run.sh` sets `FELHOM_REQUIRE_REAL_GUESTS=1`, which
+//! makes that a failure); the last shows that behaviour on a `PATH` without LXC.
 
 use std::process::Command;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 /// The backup of the demo's container 200 as a Debian guest with a static address on vmbr0:
 /// what its `/etc/network/interfaces` says (pve-container wrote it at its last start).
 const NET0: &str =
-    "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,type=veth";
+    "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,mtu=1450,type=veth";
 
 fn debian_scenario() -> Value {
     let mut s = felhom_tests::fakepve::demo_scenario();
@@ -220,11 +220,46 @@ fn provision_with_the_stored_network_boots_eth0_on_the_bed_bridge_and_passes_its
         .to_lowercase();
     let (_, link, _) = pct_exec(&w, 123, &["ip", "-o", "link", "show", "dev", "eth0"]);
     assert!(
-        link.contains("state UP") && link.contains(&format!("link/ether {hwaddr} ")),
+        link.contains("state UP")
+            && link.contains(" mtu 1450 ")
+            && link.contains(&format!("link/ether {hwaddr} ")),
         "{link} (PVE: {net0})"
     );
     let (_, state, _) = pct_exec(&w, 123, &["systemctl", "is-active", "networking.service"]);
     assert_eq!(state.trim(), "active");
+    // The default bootstrap profile ran in the real guest (its shell is dash).
+    let (_, env, err) = pct_exec(&w, 123, &["cat", "/var/lib/felhom/provisioned.env"]);
+    assert!(env.contains("FELHOM_VMID=123\n"), "{env}{err}");
+    // The osqueryi stand-in's `curl` table fetches from inside the guest: a page served by
+    // busybox httpd on the guest's own address.
+    let (code, _, err) = pct_exec(
+        &w,
+        123,
+        &[
+            "sh",
+            "-c",
+            "mkdir -p /srv/www && echo hello-from-web1 > /srv/www/index.html && \
+             busybox httpd -p 10.20.0.31:8080 -h /srv/www",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, rows, err) = pct_exec(
+        &w,
+        123,
+        &[
+            "osqueryi",
+            "--json",
+            "SELECT url, response_code, result FROM curl WHERE url = 'http://10.20.0.31:8080/index.html'",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let rows: Value = serde_json::from_str(&rows).expect("osqueryi JSON");
+    assert_eq!(
+        rows,
+        json!([{"response_code": "200", "result": "hello-from-web1",
+                "url": "http://10.20.0.31:8080/index.html"}]),
+        "{err}"
+    );
     // The host end is on a bridge of this bed (its name starts with the bed's prefix), and the
     // bridge has no uplink and no address.
     let prefix = w.bed.net_prefix().expect("real bed").to_string();
@@ -253,6 +288,29 @@ fn provision_with_the_stored_network_boots_eth0_on_the_bed_bridge_and_passes_its
         out.stdout.is_empty(),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+
+    // Stopped behind PVE's back (through LXC): PVE sees it stopped, and `pct exec` refuses as
+    // pve-container's does (check_running finds no command socket), exit 255.
+    let stopped = Command::new("lxc-stop")
+        .arg("-P")
+        .arg(w.bed.lxc_path())
+        .args(["-n", "123", "--kill"])
+        .status()
+        .expect("lxc-stop");
+    assert!(stopped.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while w.pve.guest(123).expect("kept")["status"] != "stopped" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "PVE never saw 123 stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, out, err) = pct_exec(&w, 123, &["true"]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (Some(255), "", "container '123' not running!\n")
     );
 }
 
@@ -308,4 +366,95 @@ fn nothing_of_a_real_bed_is_left_after_a_panic_mid_provision() {
         "cgroups left"
     );
     assert!(!std::path::Path::new(&lxc_path).exists(), "{lxc_path} left");
+}
+
+/// `--selftest=restore` on a real guest: the isolated copy is restored, booted (systemd runs
+/// in it while its checks read it), checked and destroyed; afterwards nothing of it is left on
+/// the machine: no LXC config, no root filesystem, no monitor, no link.
+#[test]
+fn restore_test_of_a_real_guest_restores_boots_checks_and_destroys_it() {
+    let Some(w) = real_world(&AgentOptions::default()) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    let vmid = doc["vmid"].as_u64().expect("vmid");
+    let checks = doc["checks"].as_array().expect("checks");
+    assert_eq!(checks.len(), 4, "{doc:#}");
+    assert!(checks.iter().all(|c| c["status"] == "pass"), "{doc:#}");
+    // It was started with no NIC (the start's record); that systemd ran in it while it was
+    // checked, the pack's `systemd-runs` shows.
+    let starts = w.pve.start_configs();
+    let (_, config) = starts
+        .iter()
+        .find(|(v, _)| u64::from(*v) == vmid)
+        .unwrap_or_else(|| panic!("{vmid} was never started: {starts:#?}"));
+    assert!(!config.keys().any(|k| k.starts_with("net")), "{config:#?}");
+    // And it is gone, with everything the bed made for it.
+    let lxc_path = w.bed.lxc_path();
+    assert!(!lxc_path.join(vmid.to_string()).exists());
+    assert!(!w.bed.state_dir().join(vmid.to_string()).exists());
+    let monitor = format!("{} -F -n {vmid}", lxc_path.display());
+    assert_eq!(processes_with_marker(&monitor), vec![]);
+    let prefix = w.bed.net_prefix().expect("real bed");
+    assert_eq!(links_with_prefix(prefix), Vec::<String>::new());
+}
+
+/// A machine without LXC (here: a `PATH` without `lxc-*`): a test asking for real guests gets
+/// a one-line reason and the busybox bed, and fails instead with `FELHOM_REQUIRE_REAL_GUESTS=1`.
+#[test]
+fn without_lxc_the_reason_is_printed_and_the_busybox_bed_used_unless_real_guests_are_required() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    let mut linked = 0;
+    for dir in ["/usr/local/bin", "/usr/bin", "/usr/sbin"] {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let text = name.to_string_lossy();
+            if text.starts_with("lxc-") || bin.path().join(&name).exists() {
+                continue;
+            }
+            if std::os::unix::fs::symlink(entry.path(), bin.path().join(&name)).is_ok() {
+                linked += 1;
+            }
+        }
+    }
+    assert!(linked > 100, "{linked}");
+    let probe = |require: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_real-bed-probe"));
+        cmd.env("PATH", bin.path())
+            .env_remove("FELHOM_TEST_REPORTS");
+        match require {
+            Some(v) => cmd.env("FELHOM_REQUIRE_REAL_GUESTS", v),
+            None => cmd.env_remove("FELHOM_REQUIRE_REAL_GUESTS"),
+        };
+        cmd.output().expect("real-bed-probe")
+    };
+    let out = probe(None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "busybox lxc-start is not installed (tests/setup.sh installs it)"
+    );
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("no real guests here"))
+        .collect();
+    assert_eq!(
+        said,
+        ["no real guests here (lxc-start is not installed (tests/setup.sh installs it)): the busybox bed instead"],
+        "{stderr}"
+    );
+    let out = probe(Some("1"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("lxc-start is not installed")
+            && stderr.contains("FELHOM_REQUIRE_REAL_GUESTS=1"),
+        "{stderr}"
+    );
 }
