@@ -305,9 +305,7 @@ fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_and_names_the_dhcp_stanza
 const SHOP_UNIT: &str = "[Unit]\nDescription=The shop\nAfter=network.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.31:80 -h /srv/www\n";
 
 /// The application checks: the shop answers from inside the copy (osquery's `curl` table), for
-/// the copies of guest 200 only; a check for another guest does not run. (The passing case,
-/// the shop enabled, is not here: the bed's `curl` stand-in, busybox `wget` inside the copy,
-/// ends in "Segmentation fault" on this machine, so it cannot pass yet.)
+/// the copies of guest 200 only; a check for another guest does not run.
 const SHOP_PACK: &str = r#"
 [[check]]
 name = "shop-answers"
@@ -342,6 +340,33 @@ fn shop_world(enabled: bool) -> Option<World> {
     std::fs::write(w.files.checks_dir.join("shop.toml"), SHOP_PACK)
         .unwrap_or_else(|e| panic!("cannot write the shop pack: {e}"));
     Some(w)
+}
+
+#[test]
+fn the_shop_answers_from_inside_its_isolated_copy() {
+    let Some(w) = shop_world(true) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    let checks = doc["checks"].as_array().expect("checks");
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["name"] == "shop-answers" && c["status"] == "pass"),
+        "{doc:#}"
+    );
+    assert!(
+        !checks.iter().any(|c| c["name"] == "other-guests-app"),
+        "a check for other guests ran: {doc:#}"
+    );
+    assert!(
+        doc["isolation"]
+            .as_str()
+            .is_some_and(|i| i.contains("shop.service (active)")),
+        "{doc:#}"
+    );
 }
 
 #[test]
