@@ -13,18 +13,21 @@ use felhom_tests::world::World;
 use serde_json::{json, Value};
 
 /// The stand-in's answer to `is-system-running --wait`: the boot takes 3 s, and at its end
-/// `late.service` (a unit that sleeps, then fails) is failed, as the guest's osqueryi then
-/// reports it (`systemd_units`).
+/// `late.service` (a unit that sleeps, then fails) is failed, as `systemctl show` (what the
+/// guest's osqueryi reads for `systemd_units`) then reports it.
 const SYSTEMCTL_LATE_FAILURE: &str = r#"#!/bin/sh
-units=/usr/share/osquery-standin/systemd_units
-case "$*" in
+case "$1 $2" in
   "is-system-running --wait")
     sleep 3
-    mkdir -p /usr/share/osquery-standin
-    printf 'late.service\tSleeps 5 s, then fails\tloaded\tfailed\tfailed\tenabled\n' >>"$units"
+    : >/run/late-failed
     echo degraded
     exit 1 ;;
-  "is-system-running") echo degraded; exit 1 ;;
+  "is-system-running ") echo degraded; exit 1 ;;
+  "show *")
+    [ -e /run/late-failed ] || exit 0
+    printf 'Id=late.service\nDescription=Sleeps 5 s, then fails\nLoadState=loaded\n'
+    printf 'ActiveState=failed\nSubState=failed\nUnitFileState=enabled\nFollowing=\n'
+    printf 'FragmentPath=/etc/systemd/system/late.service\nSourcePath=\n\n' ;;
   *) exit 0 ;;
 esac
 "#;
@@ -90,6 +93,14 @@ fn a_unit_failing_seconds_into_the_boot_turns_the_restore_test_red_naming_it() {
         "{doc:#}"
     );
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    // This bed's guests share the host's network namespace (a chroot): the copy is given no
+    // interface there, nothing is made on the host, and the report says why.
+    assert!(
+        doc["isolation"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("nothing given: the copy's network namespace holds")),
+        "{doc:#}"
+    );
     // The wait is its own phase figure: `launched` lasted the boot (3 s).
     let launched = launched_max(&w, "selftest-restore");
     assert!(launched >= 2.5, "launched lasted {launched}s");

@@ -175,7 +175,8 @@ fn bed_links_and_ports(prefix: &str) -> Vec<String> {
 
 /// From the host, while a restore-test copy of a guest with a stored NIC runs: no interface in
 /// the copy's network namespace has a peer outside it (`ip` prints `link-netnsid` for a veth
-/// whose other end is in another namespace), and no link or bridge port of the bed appeared.
+/// whose other end is in another namespace), also once it was given its stored `eth0` as a
+/// pair, and no link or bridge port of the bed appeared.
 #[test]
 fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_bridges_gain_no_port() {
     // A boot of 5 s more (a unit that sleeps, then succeeds): the copy runs long enough to look.
@@ -211,11 +212,22 @@ fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_brid
         assert!(std::time::Instant::now() < deadline, "the copy never ran");
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
-    let links = links_in_netns_of(&pid);
+    // Until the copy has been given its eth0 (after its boot), then look.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let links = loop {
+        let links = links_in_netns_of(&pid);
+        if links.contains(": eth0") || std::time::Instant::now() >= deadline {
+            break links;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     let during = bed_links_and_ports(&prefix);
     let out: felhom_tests::agent::AgentRun = child.wait_with_output().expect("agent").into();
     assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
-    assert!(!links.trim().is_empty(), "no link read in the copy");
+    assert!(
+        links.contains(": eth0@") && links.contains(": felab0@"),
+        "the copy was not given its eth0 as a pair:\n{links}"
+    );
     assert!(
         !links.contains("link-netnsid"),
         "an interface of the copy has its peer in another namespace:\n{links}"
@@ -223,5 +235,153 @@ fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_brid
     assert_eq!(
         before, during,
         "the bed's links or bridge ports changed while the copy ran"
+    );
+}
+
+/// A Debian guest with a static `eth0` stored in its backup: its isolated copy is given `eth0`
+/// as a veth pair whose other end is inside the copy too, `networking.service` (failed at the
+/// boot for the missing device) is restarted and brings up the stored address, and the restore
+/// test ends ok with the default pack as shipped; the report names what the isolation changed.
+#[test]
+fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_pack() {
+    let w = match World::real(debian_scenario(json!({})), &AgentOptions::default()) {
+        Ok(w) => w,
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            return;
+        }
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("eth0 given as an unconnected veth pair")
+            && changed.contains("networking.service (active)"),
+        "{doc:#}"
+    );
+    let text = w.agent(&["--selftest=restore"]);
+    assert_eq!(text.code, Some(0), "{}\n{}", text.stdout, text.stderr);
+    assert!(
+        text.stdout.contains("isolation: eth0 given"),
+        "{}",
+        text.stdout
+    );
+}
+
+/// A Debian guest with DHCP on `eth0` and `eth1`: both are given inside the copy; no lease can
+/// come in a copy that reaches nothing, so `networking.service` fails again for the DHCP
+/// stanzas alone, its failed state is reset and the report says so: the restore test ends ok
+/// with the default pack.
+#[test]
+fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_and_names_the_dhcp_stanzas() {
+    let mut scenario = debian_scenario_with(
+        json!({}),
+        Some("name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=dhcp,type=veth"),
+    );
+    scenario["volumes"]["local"][0]["config"]["net1"] =
+        json!("name=eth1,bridge=vmbr0,hwaddr=BC:24:11:00:02:01,ip=dhcp,type=veth");
+    let w = match World::real(scenario, &AgentOptions::default()) {
+        Ok(w) => w,
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            return;
+        }
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("eth0 given as an unconnected veth pair")
+            && changed.contains("eth1 given as an unconnected veth pair")
+            && changed.contains("networking.service failed for the DHCP stanza of eth0, eth1"),
+        "{doc:#}"
+    );
+}
+
+/// The shop: busybox's httpd bound to the guest's stored address (it fails at the copy's boot,
+/// the address being missing, and runs once the copy was given its eth0).
+const SHOP_UNIT: &str = "[Unit]\nDescription=The shop\nAfter=network.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.31:80 -h /srv/www\n";
+
+/// The application checks: the shop answers from inside the copy (osquery's `curl` table), for
+/// the copies of guest 200 only; a check for another guest does not run.
+const SHOP_PACK: &str = r#"
+[[check]]
+name = "shop-answers"
+sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.31/'"
+expect = "response_code == '200'"
+guests = [200]
+
+[[check]]
+name = "other-guests-app"
+sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.99/'"
+expect = "response_code == '200'"
+guests = [999]
+guest_tags = ["not-this-one"]
+"#;
+
+fn shop_world(enabled: bool) -> Option<World> {
+    let mut files = json!({
+        "/etc/systemd/system/shop.service": SHOP_UNIT,
+        "/srv/www/index.html": "the shop\n",
+    });
+    if enabled {
+        files["/etc/systemd/system/multi-user.target.d/shop.conf"] =
+            json!("[Unit]\nWants=shop.service\n");
+    }
+    let w = match World::real(debian_scenario(files), &AgentOptions::default()) {
+        Ok(w) => w,
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            return None;
+        }
+    };
+    std::fs::write(w.files.checks_dir.join("shop.toml"), SHOP_PACK)
+        .unwrap_or_else(|e| panic!("cannot write the shop pack: {e}"));
+    Some(w)
+}
+
+#[test]
+fn the_shop_answers_from_inside_its_isolated_copy() {
+    let Some(w) = shop_world(true) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    let checks = doc["checks"].as_array().expect("checks");
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["name"] == "shop-answers" && c["status"] == "pass"),
+        "{doc:#}"
+    );
+    assert!(
+        !checks.iter().any(|c| c["name"] == "other-guests-app"),
+        "a check for other guests ran: {doc:#}"
+    );
+    assert!(
+        doc["isolation"]
+            .as_str()
+            .is_some_and(|i| i.contains("shop.service (active)")),
+        "{doc:#}"
+    );
+}
+
+#[test]
+fn with_the_shops_unit_disabled_in_the_backup_the_restore_test_is_red_naming_the_check() {
+    let Some(w) = shop_world(false) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("shop-answers"), "{message}");
+    let checks = doc["checks"].as_array().expect("checks");
+    assert!(
+        !checks.iter().any(|c| c["name"] == "other-guests-app"),
+        "a check for other guests ran: {doc:#}"
     );
 }

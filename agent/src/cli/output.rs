@@ -123,8 +123,15 @@ fn add_boot(json: &mut Value, text: &mut String, driven: &Driven) {
     };
     if let Some(obj) = json.as_object_mut() {
         obj.insert("boot".into(), json!(boot));
+        if let Some(changed) = &driven.isolation {
+            obj.insert("isolation".into(), json!(changed));
+        }
     }
-    text.insert_str(0, &format!("boot: {boot}\n"));
+    let mut lines = format!("boot: {boot}\n");
+    if let Some(changed) = &driven.isolation {
+        lines.push_str(&format!("isolation: {changed}\n"));
+    }
+    text.insert_str(0, &lines);
 }
 
 /// The exit status of a driven transaction: a halted one is open, so never "done".

@@ -160,6 +160,143 @@ pub async fn wait_boot<E: GuestExec>(exec: &E, timeout: Duration) -> Result<Stri
     ))
 }
 
+/// What the copy runs to be given its stored interfaces. First the guard: the copy's network
+/// namespace must hold nothing but `lo` (and what an earlier run gave it), as an isolated copy
+/// without NICs does; anything else (a NIC, or a namespace that is not the copy's own) and
+/// nothing is made. Then for each name (argv), unless the copy has it, a veth pair whose both ends stay in the copy's own network namespace (`<name>` and
+/// `felabN`, the peer set up), then every unit that had failed is restarted (its failure may
+/// have been the missing interface or address), each answered with its state afterwards.
+const LAB_SCRIPT: &str = "for l in $(awk -F: 'NR>2{gsub(/ /,\"\",$1); print $1}' /proc/net/dev); do \
+case \" lo $* \" in *\" $l \"*) continue;; esac; case $l in felab*) continue;; esac; \
+echo \"foreign $l\"; exit 0; done; \
+i=0; given=0; for n in \"$@\"; do \
+if ip link show dev \"$n\" >/dev/null 2>&1; then echo \"present $n\"; \
+elif ip link add \"$n\" type veth peer name \"felab$i\" 2>/dev/null && ip link set \"felab$i\" up; then \
+echo \"given $n felab$i\"; given=1; else echo \"refused $n\"; fi; i=$((i+1)); done; \
+[ \"$given\" = 1 ] || exit 0; \
+for u in $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{print $1}'); do \
+systemctl reset-failed \"$u\" 2>/dev/null; timeout 120 systemctl restart \"$u\" >/dev/null 2>&1; \
+echo \"restarted $u $(systemctl is-active \"$u\" 2>/dev/null)\"; done; \
+[ -n \"${FELHOM_LAB_DHCP:-}\" ] || exit 0; \
+[ \"$(systemctl is-active networking.service 2>/dev/null)\" = failed ] || exit 0; \
+for n in \"$@\"; do case \" $FELHOM_LAB_DHCP \" in *\" $n \"*) continue;; esac; \
+ifquery --state \"$n\" >/dev/null 2>&1 || { echo \"dhcp-kept $n\"; exit 0; }; done; \
+systemctl reset-failed networking.service && echo \"dhcp-reset networking.service\"";
+
+/// The variable naming (space-separated) the interfaces the backup stores with `ip=dhcp`.
+const LAB_DHCP_VAR: &str = "FELHOM_LAB_DHCP";
+
+/// Whether `name` can be an interface name the copy is given (IFNAMSIZ, no shell or path
+/// meaning): it comes from the backup's stored config, which the guest's owner wrote.
+pub fn valid_ifname(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 15
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        && !name.starts_with("felab")
+}
+
+/// Give an isolated copy its stored interfaces (`names`, from the backup's `netN`), each as a
+/// veth pair whose other end is also inside the copy, so it boots as its production guest
+/// boots without reaching anything; then restart the units that had failed and wait for the
+/// boot to settle again. `Ok`: what the isolation changed, for the report (`None`: nothing to
+/// give). Names that are not plain interface names are left out and said. `dhcp`: the names
+/// stored with `ip=dhcp`; when `networking.service` is still failed after the restart and every
+/// other given interface is up (`ifquery --state`), its failure is the DHCP stanza's (no lease
+/// can come in a copy that reaches nothing): its failed state is reset, and the report says so.
+pub async fn give_lab_interfaces<E: GuestExec>(
+    exec: &E,
+    names: &[String],
+    dhcp: &[String],
+    timeout: Duration,
+) -> Result<Option<String>, String> {
+    let (ok, bad): (Vec<&String>, Vec<&String>) = names.iter().partition(|n| valid_ifname(n));
+    if ok.is_empty() && bad.is_empty() {
+        return Ok(None);
+    }
+    let mut argv: Vec<String> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        LAB_SCRIPT.into(),
+        "sh".into(),
+    ];
+    argv.extend(ok.iter().map(|n| n.to_string()));
+    let dhcp: Vec<&str> = dhcp
+        .iter()
+        .filter(|n| valid_ifname(n) && ok.contains(n))
+        .map(String::as_str)
+        .collect();
+    let mut req = ExecRequest::new(argv)
+        .timeout(timeout)
+        .output_cap(16 * 1024);
+    if !dhcp.is_empty() {
+        req = req.env(LAB_DHCP_VAR, dhcp.join(" "));
+    }
+    let out = exec
+        .exec(&req)
+        .await
+        .map_err(|e| format!("the copy's stored interfaces could not be given: {e}"))?;
+    let mut given = Vec::new();
+    let mut restarted = Vec::new();
+    let mut notes = Vec::new();
+    for line in out.stdout.text().lines() {
+        let mut w = line.split_whitespace();
+        match (w.next(), w.next(), w.next()) {
+            (Some("given"), Some(n), Some(p)) => given.push(format!(
+                "{} given as an unconnected veth pair (peer {} inside the copy)",
+                crate::error::outside_text_max(n, 32),
+                crate::error::outside_text_max(p, 32)
+            )),
+            (Some("present"), Some(n), _) => notes.push(format!(
+                "{} was there already",
+                crate::error::outside_text_max(n, 32)
+            )),
+            (Some("foreign"), Some(n), _) => notes.push(format!(
+                "nothing given: the copy's network namespace holds {}, which an isolated copy \
+                 does not",
+                crate::error::outside_text_max(n, 32)
+            )),
+            (Some("refused"), Some(n), _) => notes.push(format!(
+                "{} could not be made (no `ip`, or the kernel refused a veth)",
+                crate::error::outside_text_max(n, 32)
+            )),
+            (Some("dhcp-reset"), Some(u), _) => notes.push(format!(
+                "{} failed for the DHCP stanza of {} (no lease in an isolated copy; every other \
+                 stored interface is up): its failed state was reset",
+                crate::error::outside_text_max(u, 128),
+                dhcp.join(", ")
+            )),
+            (Some("dhcp-kept"), Some(n), _) => notes.push(format!(
+                "networking.service left failed: {} (not DHCP) is not up",
+                crate::error::outside_text_max(n, 32)
+            )),
+            (Some("restarted"), Some(u), st) => restarted.push(format!(
+                "{} ({})",
+                crate::error::outside_text_max(u, 128),
+                crate::error::outside_text_max(st.unwrap_or("unknown"), 32)
+            )),
+            _ => {}
+        }
+        if restarted.len() >= 32 {
+            break;
+        }
+    }
+    for n in bad {
+        notes.push(format!(
+            "{} left out (not a plain interface name)",
+            crate::error::outside_text_max(n, 32)
+        ));
+    }
+    let mut parts = given;
+    if !restarted.is_empty() {
+        parts.push(format!("restarted {}", restarted.join(", ")));
+    }
+    parts.extend(notes);
+    Ok(Some(parts.join("; ")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +321,25 @@ mod tests {
             BootState::Booting("no answer")
         );
         assert_eq!(parse_state(""), BootState::Booting("no answer"));
+    }
+
+    #[test]
+    fn interface_names_from_a_backup_are_plain_or_left_out() {
+        for ok in ["eth0", "ens18", "eth0.20", "br-lan", "a_b"] {
+            assert!(valid_ifname(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-x",
+            "eth0;reboot",
+            "a/b",
+            "$(x)",
+            "abcdefghijklmnop",
+            "felab0",
+            "e th",
+        ] {
+            assert!(!valid_ifname(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -275,6 +275,47 @@ pub struct Check {
     pub timeout: Duration,
     /// The pack it came from.
     pub pack: PathBuf,
+    /// The guests whose copies it runs in (`guests`: the backup's guest vmids; `guest_tags`:
+    /// a PVE tag of the guest); empty both: every guest.
+    pub scope: CheckScope,
+}
+
+/// Which guests a check applies to: an application check for chosen guests only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckScope {
+    /// The vmids of the guests whose backups restore the copies it runs in.
+    pub guests: Vec<u32>,
+    /// PVE tags (lowercase); a guest carrying any of them is in scope.
+    pub tags: Vec<String>,
+}
+
+impl CheckScope {
+    /// Whether a check of this scope runs for the copy of guest `source` (the backup's vmid,
+    /// when known) carrying `tags` (the restored config's `tags`).
+    pub fn applies(&self, source: Option<u32>, tags: &[String]) -> bool {
+        if self.guests.is_empty() && self.tags.is_empty() {
+            return true;
+        }
+        source.is_some_and(|v| self.guests.contains(&v))
+            || tags
+                .iter()
+                .any(|t| self.tags.iter().any(|s| s.eq_ignore_ascii_case(t)))
+    }
+
+    /// Whether this scope asks for the guest's tags.
+    pub fn needs_tags(&self) -> bool {
+        !self.tags.is_empty()
+    }
+}
+
+/// The tags of a PVE `tags` value (`a;b`, also `,` or space separated), lowercase.
+pub fn split_tags(value: &str) -> Vec<String> {
+    value
+        .split([';', ',', ' '])
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_lowercase)
+        .collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -295,6 +336,10 @@ struct RawCheck {
     expect: Option<String>,
     #[serde(default)]
     timeout_secs: Option<u64>,
+    #[serde(default)]
+    guests: Vec<u32>,
+    #[serde(default)]
+    guest_tags: Vec<String>,
 }
 
 fn valid_check_name(name: &str) -> bool {
@@ -348,6 +393,16 @@ pub fn parse_pack(text: &str, origin: &Path) -> Result<Vec<Check>, CheckError> {
             }
             Some(s) => Duration::from_secs(s),
         };
+        if let Some(t) = c.guest_tags.iter().find(|t| {
+            t.is_empty()
+                || !t
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '-' | '_' | '.' | '+'))
+        }) {
+            return Err(invalid(format!(
+                "guest_tags holds {t:?}, which is not a PVE tag (letters, digits, '-', '_', '.', '+')"
+            )));
+        }
         checks.push(Check {
             name: c.name,
             description: c.description,
@@ -355,6 +410,10 @@ pub fn parse_pack(text: &str, origin: &Path) -> Result<Vec<Check>, CheckError> {
             expect,
             timeout,
             pack: origin.to_owned(),
+            scope: CheckScope {
+                guests: c.guests,
+                tags: c.guest_tags.iter().map(|t| t.to_lowercase()).collect(),
+            },
         });
     }
     Ok(checks)
@@ -951,6 +1010,20 @@ fn osquery_rows(outcome: &ExecOutcome, timeout: Duration, cap: usize) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scoped_check_runs_only_for_its_guests_or_tags() {
+        let pack = "[[check]]\nname = \"shop\"\nsql = \"SELECT 1\"\nguests = [200]\nguest_tags = [\"Web\"]\n\n[[check]]\nname = \"all\"\nsql = \"SELECT 1\"\n";
+        let checks = parse_pack(pack, Path::new("/p.toml")).expect("valid");
+        let shop = &checks[0].scope;
+        assert!(shop.applies(Some(200), &[]));
+        assert!(shop.applies(Some(300), &split_tags("customer;web")));
+        assert!(!shop.applies(Some(300), &split_tags("customer;prod")));
+        assert!(!shop.applies(None, &[]));
+        assert!(checks[1].scope.applies(None, &[]));
+        let bad = "[[check]]\nname = \"x\"\nsql = \"SELECT 1\"\nguest_tags = [\"a;b\"]\n";
+        assert!(parse_pack(bad, Path::new("/p.toml")).is_err());
+    }
 
     #[test]
     fn a_failed_row_count_names_the_rows_by_their_first_selected_column() {

@@ -220,6 +220,7 @@ impl DispatchRunner for ProvisionRunner {
                     plan: None,
                     halted: None,
                     boot: None,
+                    isolation: None,
                 })
             } else {
                 service::resume(&self.cfg, state, &reporter, cancel.clone()).await

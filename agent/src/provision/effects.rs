@@ -153,6 +153,8 @@ pub struct Executor<'a> {
     checks: Vec<CheckResult>,
     /// What the boot wait of this drive saw, for the report.
     boot: Option<String>,
+    /// What the isolation changed in the copy, for the report.
+    isolation: Option<String>,
     /// The dry-run plan of the transaction being driven.
     plan: Option<Vec<PlanStep>>,
     /// Set when the drive stopped before the transaction settled (interrupt, journal failure).
@@ -186,6 +188,9 @@ pub struct Driven {
     pub halted: Option<Failure>,
     /// What the boot wait waited for and saw (`None` when the drive did not wait for a boot).
     pub boot: Option<String>,
+    /// What the isolation changed in an isolated restore-test copy (its stored interfaces given
+    /// as unconnected pairs, the units restarted), `None` when it changed nothing.
+    pub isolation: Option<String>,
 }
 
 impl Driven {
@@ -285,6 +290,7 @@ impl<'a> Executor<'a> {
             lxc,
             checks: Vec::new(),
             boot: None,
+            isolation: None,
             plan: None,
             halted: None,
             started: Instant::now(),
@@ -416,6 +422,7 @@ impl<'a> Executor<'a> {
             plan: self.plan.take(),
             halted: halted.or_else(|| self.halted.take()),
             boot: self.boot.take(),
+            isolation: self.isolation.take(),
         }
     }
 
@@ -669,6 +676,10 @@ impl<'a> Executor<'a> {
                         ));
                     }
                 };
+                let waited = match waited {
+                    Ok(seen) => self.lab_network(state, vmid, guest, seen).await,
+                    Err(e) => Err(e),
+                };
                 Some(match waited {
                     Ok(seen) => {
                         tracing::info!(vmid, "boot ended: {seen}");
@@ -718,6 +729,7 @@ impl<'a> Executor<'a> {
                         guest,
                         state.kind() == TxnKind::SelftestRestore,
                         state.txn(),
+                        &state.request().volid,
                     )
                     .await
                 {
@@ -1301,6 +1313,70 @@ impl<'a> Executor<'a> {
         }
     }
 
+    /// After the boot of an isolated restore-test container with systemd: give it the
+    /// interfaces its backup stores, each as a veth pair whose other end stays inside the copy
+    /// (it reaches nothing; no bridge gains a port), restart the units that had failed, and
+    /// wait for the boot to settle again; what changed goes to the report. Anything else is
+    /// left as it booted.
+    async fn lab_network(
+        &mut self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+        seen: String,
+    ) -> Result<String, String> {
+        let req = state.request();
+        if state.kind() != TxnKind::SelftestRestore
+            || !req.isolate_network
+            || guest != GuestKind::Lxc
+            || !seen.starts_with("systemd")
+        {
+            return Ok(seen);
+        }
+        let (names, dhcp): (Vec<String>, Vec<String>) =
+            match self.pve.extract_config(&self.cfg.node, &req.volid).await {
+                Ok(text) => {
+                    let stored = StoredConfig::parse(&text);
+                    let mut names = Vec::new();
+                    let mut dhcp = Vec::new();
+                    for nic in stored.nics(GuestKind::Lxc) {
+                        let Some(name) = nic.name.clone() else {
+                            continue;
+                        };
+                        let is_dhcp = stored.get(&nic.key).is_some_and(|v| {
+                            crate::pve::guest_config::property_items(v)
+                                .iter()
+                                .any(|(k, v)| k == "ip" && v.as_deref() == Some("dhcp"))
+                        });
+                        if is_dhcp {
+                            dhcp.push(name.clone());
+                        }
+                        names.push(name);
+                    }
+                    (names, dhcp)
+                }
+                Err(e) => {
+                    self.isolation = Some(format!(
+                        "nothing given: the stored config of {} could not be read ({e})",
+                        req.volid
+                    ));
+                    return Ok(seen);
+                }
+            };
+        let exec = self.exec_for(vmid, guest, state.txn());
+        let changed =
+            crate::guest::boot::give_lab_interfaces(&exec, &names, &dhcp, self.timeouts.boot)
+                .await?;
+        let Some(changed) = changed else {
+            return Ok(seen);
+        };
+        tracing::info!(vmid, "isolation: {changed}");
+        let settled = crate::guest::boot::wait_boot(&exec, self.timeouts.boot).await;
+        drop(exec);
+        self.isolation = Some(changed);
+        settled
+    }
+
     async fn bootstrap(&self, state: &State, vmid: u32, guest: GuestKind) -> Result<(), String> {
         if state.kind() == TxnKind::SelftestRestore {
             // A restored copy of a production guest is checked, never changed.
@@ -1338,13 +1414,32 @@ impl<'a> Executor<'a> {
         guest: GuestKind,
         restore: bool,
         txn: ulid::Ulid,
+        volid: &str,
     ) -> Result<(), String> {
         let dir = if restore {
             &self.cfg.restore_test.checks_dir
         } else {
             &self.cfg.provision.checks_dir
         };
-        let checks = load_packs(dir).map_err(|e| e.to_string())?;
+        let mut checks = load_packs(dir).map_err(|e| e.to_string())?;
+        // Checks for chosen guests only (`guests`, `guest_tags`): those of the guest whose
+        // backup this copy is, by its vmid or a PVE tag of the restored config.
+        if checks.iter().any(|c| c.scope != Default::default()) {
+            let source = crate::pve::types::backup_owner_from_volid(volid);
+            let tags = if checks.iter().any(|c| c.scope.needs_tags()) {
+                match self.pve.config_get(&self.cfg.node, guest, vmid).await {
+                    Ok(c) => c
+                        .get("tags")
+                        .and_then(|v| v.as_str())
+                        .map(crate::guest::checks::split_tags)
+                        .unwrap_or_default(),
+                    Err(_) => Vec::new(),
+                }
+            } else {
+                Vec::new()
+            };
+            checks.retain(|c| c.scope.applies(source, &tags));
+        }
         if checks.is_empty() {
             return Err(format!(
                 "no checks in {}: a guest is only green when checked; install the default pack (checks.d/default.toml)",

@@ -257,6 +257,17 @@ pub fn backup_kind_from_volid(volid: &str) -> Option<GuestKind> {
     }
 }
 
+/// The vmid of the guest a vzdump backup was made of (`vzdump-lxc-200-…` gives 200), from its
+/// volid; `None` for another name.
+pub fn backup_owner_from_volid(volid: &str) -> Option<u32> {
+    let name = volid.split_once(':').map_or(volid, |(_, v)| v);
+    let file = name.rsplit('/').next().unwrap_or(name);
+    let rest = ["vzdump-lxc-", "vzdump-qemu-", "vzdump-openvz-"]
+        .iter()
+        .find_map(|p| file.strip_prefix(p))?;
+    rest.split('-').next()?.parse().ok()
+}
+
 /// `GET /nodes/{node}/storage/{storage}/status`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
 pub struct StorageStatus {
