@@ -14,6 +14,11 @@ use serde::Deserialize;
 
 use crate::error::{ErrorCode, Failure};
 
+/// The default bound of the wait for a guest's boot (`[provision] boot_timeout_secs`).
+pub const BOOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+/// Bounds of `[provision] boot_timeout_secs`.
+pub const BOOT_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 5..=3600;
+
 /// A secret value (token secret, hub credential). `Debug` and `Display` never show it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -556,16 +561,14 @@ impl Config {
                 LAUNCH_TIMEOUT_SECS.end()
             )));
         }
-        let boot_timeout_secs = p
-            .boot_timeout_secs
-            .unwrap_or(crate::guest::boot::BOOT_TIMEOUT.as_secs());
-        if !crate::guest::boot::BOOT_TIMEOUT_SECS.contains(&boot_timeout_secs) {
+        let boot_timeout_secs = p.boot_timeout_secs.unwrap_or(BOOT_TIMEOUT.as_secs());
+        if !BOOT_TIMEOUT_SECS.contains(&boot_timeout_secs) {
             return Err(invalid(format!(
                 "{}: [provision] boot_timeout_secs = {boot_timeout_secs} is out of range; use {} to {} seconds (default {})",
                 path.display(),
-                crate::guest::boot::BOOT_TIMEOUT_SECS.start(),
-                crate::guest::boot::BOOT_TIMEOUT_SECS.end(),
-                crate::guest::boot::BOOT_TIMEOUT.as_secs()
+                BOOT_TIMEOUT_SECS.start(),
+                BOOT_TIMEOUT_SECS.end(),
+                BOOT_TIMEOUT.as_secs()
             )));
         }
         let provision = ProvisionConfig {

@@ -25,13 +25,25 @@ fn publish(config: &Path, from: &Path, to: &Path) -> (Option<i32>, String) {
 fn a_missing_folder_is_named_as_the_one_it_is() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("agent.toml");
-    std::fs::copy(repo_root().join("packaging/agent.toml.example"), &config).expect("config");
+    let example = std::fs::read_to_string(repo_root().join("packaging/agent.toml.example"))
+        .expect("the example config");
+    // `metrics-publish` publishes only `[metrics] dir`: the config names the --from of each run.
+    let with_dir = |from: &Path| {
+        let line = format!("dir = \"{}\"", from.display());
+        let text = example.replacen("# dir = \"/var/lib/felhom-agent-metrics\"", &line, 1);
+        assert!(
+            text.contains(&line),
+            "the example config has no [metrics] dir line"
+        );
+        std::fs::write(&config, text).expect("config");
+    };
     let present = dir.path().join("present");
     std::fs::create_dir(&present).expect("mkdir");
     let missing = dir.path().join("missing");
 
     // node_exporter's folder is missing: named as that, with --to; the agent's folder is fine
     // and not blamed.
+    with_dir(&present);
     let (code, err) = publish(&config, &present, &missing);
     assert_eq!(code, Some(6), "{err}");
     assert!(
@@ -47,6 +59,7 @@ fn a_missing_folder_is_named_as_the_one_it_is() {
     );
 
     // The agent's folder is missing: named as that, with [metrics] dir / --from.
+    with_dir(&missing);
     let (code, err) = publish(&config, &missing, &present);
     assert_eq!(code, Some(6), "{err}");
     assert!(

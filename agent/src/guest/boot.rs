@@ -19,10 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::exec::{ExecError, ExecRequest, GuestExec, GuestExit};
 
-/// The default bound of the wait (`[provision] boot_timeout_secs`).
-pub const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
-/// Bounds of `[provision] boot_timeout_secs`.
-pub const BOOT_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 5..=3600;
+pub use crate::config::{BOOT_TIMEOUT, BOOT_TIMEOUT_SECS};
 /// The time the final read of the state (after the timeout) may take.
 const STATE_READ_TIMEOUT: Duration = Duration::from_secs(20);
 /// The pause between two asks when the answer was not final (a systemd older than `--wait`).
