@@ -313,8 +313,8 @@ impl<'a> Executor<'a> {
     /// The stored configuration of `volid`: the carried one when it is this volume's, else
     /// read from PVE.
     async fn stored_config_text(&mut self, node: &str, volid: &str) -> Result<String, PveError> {
-        match self.carried_config.take() {
-            Some(c) if c.volid == volid => Ok(c.text),
+        match &self.carried_config {
+            Some(c) if c.volid == volid => Ok(c.text.clone()),
             _ => self.pve.extract_config(node, volid).await,
         }
     }
@@ -1313,7 +1313,8 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// After the boot of an isolated restore-test container with systemd: give it the
+    /// After the boot of an isolated container copy with systemd (a restore test, a throwaway
+    /// `--selftest=provision`, a hub provision told to isolate): give it the
     /// interfaces its backup stores, each as a veth pair whose other end stays inside the copy
     /// (it reaches nothing; no bridge gains a port), restart the units that had failed, and
     /// wait for the boot to settle again; what changed goes to the report. Anything else is
@@ -1326,43 +1327,41 @@ impl<'a> Executor<'a> {
         seen: String,
     ) -> Result<String, String> {
         let req = state.request();
-        if state.kind() != TxnKind::SelftestRestore
-            || !req.isolate_network
-            || guest != GuestKind::Lxc
-            || !seen.starts_with("systemd")
-        {
+        if !req.isolate_network || guest != GuestKind::Lxc || !seen.starts_with("systemd") {
             return Ok(seen);
         }
-        let (names, dhcp): (Vec<String>, Vec<String>) =
-            match self.pve.extract_config(&self.cfg.node, &req.volid).await {
-                Ok(text) => {
-                    let stored = StoredConfig::parse(&text);
-                    let mut names = Vec::new();
-                    let mut dhcp = Vec::new();
-                    for nic in stored.nics(GuestKind::Lxc) {
-                        let Some(name) = nic.name.clone() else {
-                            continue;
-                        };
-                        let is_dhcp = stored.get(&nic.key).is_some_and(|v| {
-                            crate::pve::guest_config::property_items(v)
-                                .iter()
-                                .any(|(k, v)| k == "ip" && v.as_deref() == Some("dhcp"))
-                        });
-                        if is_dhcp {
-                            dhcp.push(name.clone());
-                        }
-                        names.push(name);
+        let (names, dhcp): (Vec<String>, Vec<String>) = match self
+            .stored_config_text(&self.cfg.node.clone(), &req.volid)
+            .await
+        {
+            Ok(text) => {
+                let stored = StoredConfig::parse(&text);
+                let mut names = Vec::new();
+                let mut dhcp = Vec::new();
+                for nic in stored.nics(GuestKind::Lxc) {
+                    let Some(name) = nic.name.clone() else {
+                        continue;
+                    };
+                    let is_dhcp = stored.get(&nic.key).is_some_and(|v| {
+                        crate::pve::guest_config::property_items(v)
+                            .iter()
+                            .any(|(k, v)| k == "ip" && v.as_deref() == Some("dhcp"))
+                    });
+                    if is_dhcp {
+                        dhcp.push(name.clone());
                     }
-                    (names, dhcp)
+                    names.push(name);
                 }
-                Err(e) => {
-                    self.isolation = Some(format!(
-                        "nothing given: the stored config of {} could not be read ({e})",
-                        req.volid
-                    ));
-                    return Ok(seen);
-                }
-            };
+                (names, dhcp)
+            }
+            Err(e) => {
+                self.isolation = Some(format!(
+                    "nothing given: the stored config of {} could not be read ({e})",
+                    req.volid
+                ));
+                return Ok(seen);
+            }
+        };
         let exec = self.exec_for(vmid, guest, state.txn());
         let changed =
             crate::guest::boot::give_lab_interfaces(&exec, &names, &dhcp, self.timeouts.boot)
