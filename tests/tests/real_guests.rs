@@ -86,6 +86,23 @@ fn pct_exec(w: &World, vmid: u32, argv: &[&str]) -> (Option<i32>, String, String
     )
 }
 
+/// Wait (60 s at most) until `pct exec` in the guest answers (`up`) or is refused.
+fn wait_exec(w: &World, vmid: u32, up: bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (code, _, err) = pct_exec(w, vmid, &["true"]);
+        if (code == Some(0)) == up {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "CT {vmid} did not {} within 60 s: {err}",
+            if up { "answer" } else { "stop" }
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 /// Wait until systemd inside the guest has finished starting up (`is-system-running --wait`
 /// answers `running` or `degraded`); returns that answer.
 fn wait_booted(w: &World, vmid: u32) -> String {
@@ -126,6 +143,20 @@ fn isolated_copy_of_a_debian_guest_shows_networking_failed() {
             .is_some_and(|c| !c.keys().any(|k| k.starts_with("net"))),
         "the isolated copy has a NIC: {config}"
     );
+
+    // The agent found networking.service failed after the boot (it restarts only failed
+    // units) and gave the copy its eth0 as a pair whose other end stays inside it.
+    let isolation = doc["isolation"].as_str().unwrap_or_default();
+    assert!(
+        isolation.contains("eth0 given") && isolation.contains("networking.service"),
+        "{doc:#}"
+    );
+    // PVE stops and starts the copy: it boots again as PVE boots it, with no NIC, and the pair
+    // the agent gave it went with its old network namespace.
+    w.pve.guest_set(122, json!({"status": "stopped"}));
+    wait_exec(&w, 122, false);
+    w.pve.guest_set(122, json!({"status": "running"}));
+    wait_exec(&w, 122, true);
 
     // What the backup's guest had: eth0, static, written by pve-container at its last start.
     let (code, interfaces, err) = pct_exec(&w, 122, &["cat", "/etc/network/interfaces"]);
