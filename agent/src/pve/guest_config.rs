@@ -32,19 +32,23 @@ pub fn property_items(value: &str) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-/// The value of property `name` in a property string's items, given as `name=value` or, PVE's
-/// default key, as the bare first item (`virtiofs0: share1`, `rng0: /dev/hwrng`).
-fn default_key_value(items: &[(String, Option<String>)], name: &str) -> Option<String> {
+/// The value of property `name` in a property string's items, given as `name=value`.
+fn item_value(items: &[(String, Option<String>)], name: &str) -> Option<String> {
     items
         .iter()
         .find(|(k, v)| k == name && v.is_some())
         .and_then(|(_, v)| v.clone())
-        .or_else(|| {
-            items
-                .first()
-                .filter(|(_, v)| v.is_none())
-                .map(|(k, _)| k.clone())
-        })
+}
+
+/// The value of property `name` in a property string's items, given as `name=value` or, PVE's
+/// default key, as the bare first item (`virtiofs0: share1`, `rng0: /dev/hwrng`).
+fn default_key_value(items: &[(String, Option<String>)], name: &str) -> Option<String> {
+    item_value(items, name).or_else(|| {
+        items
+            .first()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.clone())
+    })
 }
 
 /// Whether `key` is `netN`.
@@ -408,12 +412,7 @@ impl StoredConfig {
                             .map(|(ik, _)| ik.clone())
                     })
                     .unwrap_or_default();
-                let get = |name: &str| {
-                    items
-                        .iter()
-                        .find(|(ik, iv)| ik == name && iv.is_some())
-                        .and_then(|(_, iv)| iv.clone())
-                };
+                let get = |name: &str| item_value(&items, name);
                 MountPoint {
                     key: k.clone(),
                     volume,
@@ -492,12 +491,7 @@ impl StoredConfig {
                 })
                 .filter_map(|(k, v)| {
                     let items = property_items(v);
-                    let get = |name: &str| {
-                        items
-                            .iter()
-                            .find(|(ik, iv)| ik == name && iv.is_some())
-                            .and_then(|(_, iv)| iv.clone())
-                    };
+                    let get = |name: &str| item_value(&items, name);
                     let file = default_key_value(&items, "file").unwrap_or_default();
                     let cdrom = get("media").as_deref() == Some("cdrom")
                         || file == "none"
@@ -536,12 +530,7 @@ impl StoredConfig {
             .filter(|(k, _)| numbered(k, "hostpci") || numbered(k, "usb"))
             .filter_map(|(k, v)| {
                 let items = property_items(v);
-                let get = |name: &str| {
-                    items
-                        .iter()
-                        .find(|(ik, iv)| ik == name && iv.is_some())
-                        .and_then(|(_, iv)| iv.clone())
-                };
+                let get = |name: &str| item_value(&items, name);
                 let mapping = get("mapping");
                 let host = get("host").or_else(|| {
                     // `hostpci0: 0000:01:00.0` (the first item is `host`)
