@@ -161,6 +161,23 @@ pub struct TxnResult {
     pub checks: Vec<CheckReport>,
     /// Why it did not end `ok`.
     pub error: Option<ErrorInfo>,
+    /// What the isolation changed in an isolated copy (its stored interfaces given as
+    /// unconnected pairs inside it, the units restarted), as the text output and `--json` say
+    /// it; absent when nothing was changed. At most [`MAX_ISOLATION_BYTES`]
+    /// (see [`TxnResult::isolation_text`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
+}
+
+/// The longest `isolation` note a result carries; longer text is clipped.
+pub const MAX_ISOLATION_BYTES: usize = 1024;
+
+impl TxnResult {
+    /// `text` clipped to [`MAX_ISOLATION_BYTES`] (on a char boundary), for the `isolation`
+    /// field: the note names interfaces and units read from the guest's own config.
+    pub fn isolation_text(text: &str) -> String {
+        crate::clip(text, MAX_ISOLATION_BYTES).to_owned()
+    }
 }
 
 /// A message from the agent to the hub. Its wire `type` is given with each variant.
@@ -265,6 +282,40 @@ mod tests {
                 value
             );
         }
+    }
+
+    #[test]
+    fn a_result_without_isolation_has_no_such_key_and_older_results_decode() {
+        let body = json!({
+            "txn": "01KJMMA6WMJMRNV7E9Z0C1HT0H", "kind": "selftest-restore", "vmid": 9001,
+            "outcome": "ok", "phase": "destroyed", "destroy_armed": true, "destroyed": true,
+            "checks": [], "error": null
+        });
+        let result: TxnResult = serde_json::from_value(body.clone()).unwrap();
+        assert_eq!(result.isolation, None);
+        assert_eq!(serde_json::to_value(&result).unwrap(), body);
+
+        let with = TxnResult {
+            isolation: Some("eth0 given as an unconnected veth pair".to_owned()),
+            ..result
+        };
+        let wire = serde_json::to_value(&with).unwrap();
+        assert_eq!(
+            wire["isolation"],
+            json!("eth0 given as an unconnected veth pair")
+        );
+        assert_eq!(serde_json::from_value::<TxnResult>(wire).unwrap(), with);
+    }
+
+    #[test]
+    fn isolation_text_is_clipped_on_a_char_boundary() {
+        let short = "eth0 given as an unconnected veth pair";
+        assert_eq!(TxnResult::isolation_text(short), short);
+        let long = "é".repeat(MAX_ISOLATION_BYTES);
+        let clipped = TxnResult::isolation_text(&long);
+        assert!(clipped.len() <= MAX_ISOLATION_BYTES);
+        assert!(clipped.len() >= MAX_ISOLATION_BYTES - 1);
+        assert!(long.starts_with(&clipped));
     }
 
     #[test]

@@ -734,6 +734,7 @@ mod tests {
                 destroy_armed: true,
                 destroyed: false,
                 checks: vec![],
+                isolation: None,
                 error: None,
             }),
             AgentMessage::Ack(Ack { ids: vec![id()] }),
@@ -833,6 +834,7 @@ mod tests {
                 message: None,
                 duration_ms: 1,
             }],
+            isolation: None,
             error: None,
         };
         let env = Envelope::new(

@@ -89,7 +89,7 @@ mod version;
 pub use ack::Ack;
 pub use agent::{
     capability, AgentMessage, Event, GuestStatus, GuestType, Heartbeat, Hello, HostFacts,
-    Inventory, PoolGuest, TxnResult,
+    Inventory, PoolGuest, TxnResult, MAX_ISOLATION_BYTES,
 };
 pub use codec::{
     decode, decode_value, encode, AgentEnvelope, EncodeError, Envelope, HubEnvelope, Message,

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 const PROVISION_TXN: &str = "01KJMMA6WMJMRNV7E9Z0C1HT0H";
 const INVENTORY_TXN: &str = "01KJMMAE70TEP0Y8EXPSPATJH6";
+const RESTORE_TEST_TXN: &str = "01KJMMB1F8D3N6R0S2V5Y7ZA9B";
 
 fn mid(text: &str) -> MessageId {
     MessageId::parse(text).unwrap()
@@ -138,6 +139,28 @@ fn cases() -> Vec<(&'static str, Expected)> {
             ),
         ),
         (
+            "agent_result_isolated.json",
+            agent(
+                "01KJMMB3J0Q5V8M2C6T4W9XK7D",
+                "2026-03-01T12:10:04.500Z",
+                AgentMessage::Result(TxnResult {
+                    txn: txn(RESTORE_TEST_TXN),
+                    kind: TxnKind::SelftestRestore,
+                    vmid: Some(9001),
+                    outcome: Outcome::Ok,
+                    phase: Phase::Destroyed,
+                    destroy_armed: true,
+                    destroyed: true,
+                    checks: vec![],
+                    error: None,
+                    isolation: Some(s(
+                        "eth0 given as an unconnected veth pair (peer felab0 inside the copy); \
+                         restarted networking.service (active)",
+                    )),
+                }),
+            ),
+        ),
+        (
             "agent_result.json",
             agent(
                 "01KJMMA9TC2R00K6AGV0VFCXEC",
@@ -185,6 +208,7 @@ fn cases() -> Vec<(&'static str, Expected)> {
                         code: ErrorCode::CheckFailed,
                         message: s("check no_world_writable_etc failed in CT 120 on pve1: 1 row where none were expected; the guest was destroyed"),
                     }),
+                    isolation: None,
                 }),
             ),
         ),

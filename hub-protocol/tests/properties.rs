@@ -214,10 +214,18 @@ fn txn_result() -> impl Strategy<Value = TxnResult> {
             phase(),
         ),
         (any::<bool>(), any::<bool>()),
-        (vec(check_report(), 0..3), option::of(error_info())),
+        (
+            vec(check_report(), 0..3),
+            option::of(error_info()),
+            option::of(text()),
+        ),
     )
         .prop_map(
-            |((txn, kind, vmid, outcome, phase), (destroy_armed, destroyed), (checks, error))| {
+            |(
+                (txn, kind, vmid, outcome, phase),
+                (destroy_armed, destroyed),
+                (checks, error, isolation),
+            )| {
                 TxnResult {
                     txn,
                     kind,
@@ -228,6 +236,7 @@ fn txn_result() -> impl Strategy<Value = TxnResult> {
                     destroyed,
                     checks,
                     error,
+                    isolation,
                 }
             },
         )

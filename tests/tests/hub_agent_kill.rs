@@ -179,6 +179,7 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
                 destroy_armed: true,
                 destroyed: true,
                 checks: vec![],
+                isolation: None,
                 error: None,
             }))
             .await
@@ -232,6 +233,7 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
             destroy_armed: false,
             destroyed: false,
             checks: vec![],
+            isolation: None,
             error: None,
         }),
     )

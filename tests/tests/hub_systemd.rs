@@ -331,6 +331,7 @@ fn seed_result(state_dir: &Path) -> TxnId {
                 destroy_armed: false,
                 destroyed: false,
                 checks: vec![],
+                isolation: None,
                 error: None,
             }))
             .await

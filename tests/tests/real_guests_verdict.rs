@@ -385,3 +385,45 @@ fn with_the_shops_unit_disabled_in_the_backup_the_restore_test_is_red_naming_the
         "a check for other guests ran: {doc:#}"
     );
 }
+
+/// The same restore test dispatched by the hub: the result the hub received says what the
+/// isolation changed (the copy's `eth0` given as an unconnected pair), as `--json` does.
+#[test]
+fn a_hub_dispatched_restore_test_of_a_real_copy_tells_the_hub_what_the_isolation_changed() {
+    use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
+    use hub_protocol::{DispatchAction, Outcome};
+
+    let hub = DevHub::start(DevHubOptions::default());
+    let opts = AgentOptions {
+        hub: Some(hub.hub_options()),
+        ..AgentOptions::default()
+    };
+    let w = match World::real(debian_scenario(json!({})), &opts) {
+        Ok(w) => w,
+        Err((reason, _)) => {
+            eprintln!("skipped on this machine: {reason}");
+            return;
+        }
+    };
+    let path = w.path();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    let wait = std::time::Duration::from_secs(300);
+    hub.wait_for("the session", wait, |s| s.sessions == 1);
+    let txn = hub.dispatch(DispatchAction::RestoreTest { dry_run: false });
+    let state = hub.wait_for("the restore test's result", wait, |s| {
+        s.results.contains_key(&txn)
+    });
+    let result = &state.results[&txn][0].1;
+    assert_eq!(result.outcome, Outcome::Ok, "{result:?}");
+    let changed = result.isolation.as_deref().unwrap_or("");
+    assert!(
+        changed.contains("eth0 given as an unconnected veth pair")
+            && changed.contains("networking.service"),
+        "{result:?}"
+    );
+    drop(agent);
+}

@@ -192,8 +192,13 @@ impl<R: Reporter> Reporter for ProgressReporter<R> {
         self.inner.phase(state, record);
     }
 
-    fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {
-        self.inner.result(state, checks)
+    fn result(
+        &self,
+        state: &State,
+        checks: &[CheckResult],
+        isolation: Option<&str>,
+    ) -> Result<(), String> {
+        self.inner.result(state, checks, isolation)
     }
 
     fn preflight(&self, text: &str) {

@@ -203,6 +203,7 @@ impl RefusingRunner {
             destroy_armed: false,
             destroyed: false,
             checks: Vec::new(),
+            isolation: None,
             error: Some(ErrorInfo {
                 code: ErrorCode::ConfigInvalid,
                 message: format!(
@@ -765,6 +766,7 @@ mod tests {
             let result = TxnResult {
                 outcome: Outcome::Ok,
                 phase: Phase::Reported,
+                isolation: None,
                 error: None,
                 ..RefusingRunner::refusal(&dispatch)
             };

@@ -861,6 +861,7 @@ mod tests {
             destroy_armed: true,
             destroyed: false,
             checks: vec![],
+            isolation: None,
             error: None,
         })
     }

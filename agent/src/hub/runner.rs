@@ -40,6 +40,7 @@ fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure)
         destroy_armed: false,
         destroyed: false,
         checks: vec![],
+        isolation: None,
         error: Some(error_info(failure)),
     }
 }
@@ -100,9 +101,14 @@ impl Reporter for OutboxReporter {
             tracing::error!(%txn, record, error = %e, "a phase event could not be stored for the hub; the journal holds the phase");
         }
     }
-    fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {
+    fn result(
+        &self,
+        state: &State,
+        checks: &[CheckResult],
+        isolation: Option<&str>,
+    ) -> Result<(), String> {
         match &self.spool_results {
-            Some(dir) => SpoolReporter::new(dir.clone()).result(state, checks),
+            Some(dir) => SpoolReporter::new(dir.clone()).result(state, checks, isolation),
             None => Ok(()),
         }
     }
@@ -123,12 +129,17 @@ impl SpoolReporter {
 
 impl Reporter for SpoolReporter {
     fn phase(&self, _state: &State, _record: u64) {}
-    fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String> {
+    fn result(
+        &self,
+        state: &State,
+        checks: &[CheckResult],
+        isolation: Option<&str>,
+    ) -> Result<(), String> {
         // A dry run writes nothing, the outbox included: it is no transaction the hub tracks.
         if state.request().dry_run {
             return Ok(());
         }
-        let result = wire_result(state, checks)
+        let result = wire_result(state, checks, isolation)
             .ok_or_else(|| format!("transaction {} is still open", state.txn()))?;
         spool(&self.state_dir, AgentMessage::Result(result))
             .map(|_| ())
@@ -298,7 +309,7 @@ impl DispatchRunner for ProvisionRunner {
                 }
                 RunEnd::Interrupted
             }
-            Some(d) => match wire_result(&d.state, &d.checks) {
+            Some(d) => match wire_result(&d.state, &d.checks, d.isolation.as_deref()) {
                 Some(r) => RunEnd::Finished(r),
                 None => RunEnd::Interrupted,
             },
@@ -308,6 +319,6 @@ impl DispatchRunner for ProvisionRunner {
 
     fn state_of(&self, txn: TxnId) -> Option<TxnResult> {
         let state = service::known(&self.cfg, txn.ulid())?;
-        wire_result(&state, &[])
+        wire_result(&state, &[], None)
     }
 }

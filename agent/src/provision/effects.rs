@@ -80,8 +80,13 @@ pub trait Reporter: Send + Sync {
     fn phase(&self, state: &State, record: u64);
     /// The result of a transaction is final (settled, whatever the outcome); queue it for the
     /// hub. Called once per settled transaction, never for a dry run. `Err` says why it could
-    /// not be stored.
-    fn result(&self, state: &State, checks: &[CheckResult]) -> Result<(), String>;
+    /// not be stored. `isolation`: what the isolation changed in the copy, when it did.
+    fn result(
+        &self,
+        state: &State,
+        checks: &[CheckResult],
+        isolation: Option<&str>,
+    ) -> Result<(), String>;
     /// The preflight ran (before the first journal record): `text` is its report for a person.
     /// Only a live view on a terminal shows it (before the phases that follow); others ignore
     /// it, as the command's output holds the report.
@@ -89,11 +94,16 @@ pub trait Reporter: Send + Sync {
 }
 
 /// Hand a settled transaction's result to the reporter (nothing for an open one or a dry run).
-pub fn report_final(reporter: &dyn Reporter, state: &State, checks: &[CheckResult]) {
+pub fn report_final(
+    reporter: &dyn Reporter,
+    state: &State,
+    checks: &[CheckResult],
+    isolation: Option<&str>,
+) {
     if !state.is_terminal() || state.request().dry_run {
         return;
     }
-    if let Err(e) = reporter.result(state, checks) {
+    if let Err(e) = reporter.result(state, checks, isolation) {
         tracing::error!(txn = %state.txn(), error = %e, "the result could not be stored for the hub; it is in the journal");
     }
 }
@@ -104,7 +114,12 @@ pub struct LogReporter;
 
 impl Reporter for LogReporter {
     fn phase(&self, _state: &State, _record: u64) {}
-    fn result(&self, _state: &State, _checks: &[CheckResult]) -> Result<(), String> {
+    fn result(
+        &self,
+        _state: &State,
+        _checks: &[CheckResult],
+        _isolation: Option<&str>,
+    ) -> Result<(), String> {
         Ok(())
     }
 }
@@ -414,7 +429,12 @@ impl<'a> Executor<'a> {
 
     fn finish(&mut self, state: State, halted: Option<Failure>) -> Driven {
         if halted.is_none() && self.halted.is_none() {
-            report_final(self.reporter, &state, &self.checks);
+            report_final(
+                self.reporter,
+                &state,
+                &self.checks,
+                self.isolation.as_deref(),
+            );
         }
         Driven {
             state,

@@ -786,7 +786,11 @@ pub async fn resume(
 }
 
 /// The wire form of a settled transaction's result (`None` while it is open).
-pub fn wire_result(state: &State, checks: &[CheckResult]) -> Option<TxnResult> {
+pub fn wire_result(
+    state: &State,
+    checks: &[CheckResult],
+    isolation: Option<&str>,
+) -> Option<TxnResult> {
     let outcome = state.outcome()?;
     Some(TxnResult {
         txn: TxnId::from_ulid(state.txn()),
@@ -798,6 +802,7 @@ pub fn wire_result(state: &State, checks: &[CheckResult]) -> Option<TxnResult> {
         destroyed: state.destroyed(),
         checks: checks.to_vec(),
         error: state.failure().map(error_info),
+        isolation: isolation.map(TxnResult::isolation_text),
     })
 }
 
