@@ -76,6 +76,14 @@ fi
 base=${FELHOM_TEST_STATE_BASE:-$root/target/tmp}
 case "$base/" in /tmp/* | /run/* | /dev/shm/*) base=/var/tmp/felhom-agent-tests ;; esac
 as_owner mkdir -p "$base"
+# A real container's root (uid 100000) must pass through every folder above its root
+# filesystem: a checkout below a folder others may not enter (a `mktemp -d` folder is 0700)
+# keeps its work folder in /var/tmp too.
+if ! setpriv --reuid 100000 --regid 100000 --clear-groups test -x "$base" 2>/dev/null; then
+  base=/var/tmp/felhom-agent-tests
+  mkdir -p "$base"
+  chmod 0711 "$base"
+fi
 work=$(mktemp -d "$base/felhom-demo.XXXXXX")
 fake_pid=""
 helper_pid=""
