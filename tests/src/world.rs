@@ -132,6 +132,19 @@ impl World {
         World::with_bed(scenario, opts, GuestBed::new())
     }
 
+    /// [`real`](Self::real) for a test that needs real guests: `None` after printing why this
+    /// machine has none ("skipped on this machine: …"; with `FELHOM_REQUIRE_REAL_GUESTS=1`
+    /// `real` panics instead, so `tests/run.sh` never skips).
+    pub fn real_or_skip(scenario: Value, opts: &AgentOptions) -> Option<World> {
+        match World::real(scenario, opts) {
+            Ok(w) => Some(w),
+            Err((reason, _)) => {
+                eprintln!("skipped on this machine: {reason}");
+                None
+            }
+        }
+    }
+
     /// [`World::with_options`] on real guests: the containers the fake restores are real LXC
     /// containers running Debian with systemd ([`GuestBed::new_real`]). `Err` with the reason
     /// and a world on the busybox bed when LXC does not work here (the reason is printed; with

@@ -983,12 +983,8 @@ fn the_real_lxc_monitor_is_trusted_and_a_squatter_on_a_stopped_containers_name_i
         exec_helper: false,
         ..felhom_tests::fakepve::AgentOptions::default()
     };
-    let w = match World::real(felhom_tests::fakepve::demo_scenario(), &opts) {
-        Ok(w) => w,
-        Err((reason, _)) => {
-            eprintln!("skipped on this machine: {reason}");
-            return;
-        }
+    let Some(w) = World::real_or_skip(felhom_tests::fakepve::demo_scenario(), &opts) else {
+        return;
     };
     let h = Helper::start(&w, "");
     let (mut provision, txn) = provision_in_bootstrap(&w, 164);

@@ -91,15 +91,11 @@ fn ctrl_c_stops_a_bootstrap_running_sleep_60_and_leaves_no_process_in_the_guest(
 /// its own /proc).
 #[test]
 fn ctrl_c_stops_a_bootstrap_running_sleep_60_in_a_real_guest_and_leaves_no_process_in_it() {
-    let w = match World::real(
+    let Some(w) = World::real_or_skip(
         felhom_tests::fakepve::demo_scenario(),
         &felhom_tests::fakepve::AgentOptions::default(),
-    ) {
-        Ok(w) => w,
-        Err((reason, _)) => {
-            eprintln!("skipped on this machine: {reason}");
-            return;
-        }
+    ) else {
+        return;
     };
     let pct = w.bed.pct();
     ctrl_c_in_bootstrap(&w, &|| {

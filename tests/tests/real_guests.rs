@@ -59,17 +59,10 @@ expect = "rows == 1"
 "#;
 
 fn real_world(opts: &AgentOptions) -> Option<World> {
-    match World::real(debian_scenario(), opts) {
-        Ok(w) => {
-            std::fs::write(w.files.checks_dir.join("default.toml"), PACK)
-                .unwrap_or_else(|e| panic!("cannot write the check pack: {e}"));
-            Some(w)
-        }
-        Err((reason, _)) => {
-            eprintln!("skipped on this machine: {reason}");
-            None
-        }
-    }
+    let w = World::real_or_skip(debian_scenario(), opts)?;
+    std::fs::write(w.files.checks_dir.join("default.toml"), PACK)
+        .unwrap_or_else(|e| panic!("cannot write the check pack: {e}"));
+    Some(w)
 }
 
 /// `pct exec <vmid> --keep-env 0 -- argv` through the bed's `pct`: (exit code, stdout, stderr).

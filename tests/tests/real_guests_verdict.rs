@@ -55,18 +55,11 @@ expect = "rows == 1"
 "#;
 
 fn real_world(files: Value) -> Option<World> {
-    match World::real(debian_scenario(files), &AgentOptions::default()) {
-        Ok(w) => {
-            // The restore test reads the provision's check packs (no [restore_test] checks_dir).
-            std::fs::write(w.files.checks_dir.join("default.toml"), PACK)
-                .unwrap_or_else(|e| panic!("cannot write the check pack: {e}"));
-            Some(w)
-        }
-        Err((reason, _)) => {
-            eprintln!("skipped on this machine: {reason}");
-            None
-        }
-    }
+    let w = World::real_or_skip(debian_scenario(files), &AgentOptions::default())?;
+    // The restore test reads the provision's check packs (no [restore_test] checks_dir).
+    std::fs::write(w.files.checks_dir.join("default.toml"), PACK)
+        .unwrap_or_else(|e| panic!("cannot write the check pack: {e}"));
+    Some(w)
 }
 
 #[test]
@@ -117,15 +110,11 @@ fn a_real_copy_whose_backup_is_fine_ends_ok_after_its_boot() {
 /// (`tests/data/guest-units-facts.md` section 1).
 #[test]
 fn the_default_pack_passes_a_real_unprivileged_debian_copy_whose_backup_is_fine() {
-    let w = match World::real(
+    let Some(w) = World::real_or_skip(
         debian_scenario_with(json!({}), None),
         &AgentOptions::default(),
-    ) {
-        Ok(w) => w,
-        Err((reason, _)) => {
-            eprintln!("skipped on this machine: {reason}");
-            return;
-        }
+    ) else {
+        return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
@@ -244,12 +233,8 @@ fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_brid
 /// test ends ok with the default pack as shipped; the report names what the isolation changed.
 #[test]
 fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_pack() {
-    let w = match World::real(debian_scenario(json!({})), &AgentOptions::default()) {
-        Ok(w) => w,
-        Err((reason, _)) => {
-            eprintln!("skipped on this machine: {reason}");
-            return;
-        }
+    let Some(w) = World::real_or_skip(debian_scenario(json!({})), &AgentOptions::default()) else {
+        return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
@@ -281,12 +266,8 @@ fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_and_names_the_dhcp_stanza
     );
     scenario["volumes"]["local"][0]["config"]["net1"] =
         json!("name=eth1,bridge=vmbr0,hwaddr=BC:24:11:00:02:01,ip=dhcp,type=veth");
-    let w = match World::real(scenario, &AgentOptions::default()) {
-        Ok(w) => w,
-        Err((reason, _)) => {
-            eprintln!("skipped on this machine: {reason}");
-            return;
-        }
+    let Some(w) = World::real_or_skip(scenario, &AgentOptions::default()) else {
+        return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
@@ -330,13 +311,7 @@ fn shop_world(enabled: bool) -> Option<World> {
         files["/etc/systemd/system/multi-user.target.d/shop.conf"] =
             json!("[Unit]\nWants=shop.service\n");
     }
-    let w = match World::real(debian_scenario(files), &AgentOptions::default()) {
-        Ok(w) => w,
-        Err((reason, _)) => {
-            eprintln!("skipped on this machine: {reason}");
-            return None;
-        }
-    };
+    let w = World::real_or_skip(debian_scenario(files), &AgentOptions::default())?;
     std::fs::write(w.files.checks_dir.join("shop.toml"), SHOP_PACK)
         .unwrap_or_else(|e| panic!("cannot write the shop pack: {e}"));
     Some(w)
@@ -398,12 +373,8 @@ fn a_hub_dispatched_restore_test_of_a_real_copy_tells_the_hub_what_the_isolation
         hub: Some(hub.hub_options()),
         ..AgentOptions::default()
     };
-    let w = match World::real(debian_scenario(json!({})), &opts) {
-        Ok(w) => w,
-        Err((reason, _)) => {
-            eprintln!("skipped on this machine: {reason}");
-            return;
-        }
+    let Some(w) = World::real_or_skip(debian_scenario(json!({})), &opts) else {
+        return;
     };
     let path = w.path();
     let agent = AgentDaemon::spawn(
