@@ -272,4 +272,23 @@ impl World {
     pub fn state_dir(&self) -> PathBuf {
         self.files.state_dir.clone()
     }
+
+    /// The messages a command line run spooled for the daemon to carry to the hub (each a
+    /// frame as written), sorted.
+    pub fn spooled(&self) -> Vec<String> {
+        let dir = self.state_dir().join("outbox").join("spool");
+        let mut out: Vec<String> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "msg"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| std::fs::read_to_string(p).expect("read spooled message"))
+            .collect();
+        out.sort();
+        out
+    }
 }

@@ -292,24 +292,6 @@ fn failed_qemu_restore_leftover_needs_a_human_with_the_command() {
     );
 }
 
-/// The spooled messages waiting for the daemon to carry them to the hub.
-fn spooled(w: &World) -> Vec<String> {
-    let dir = w.state_dir().join("outbox").join("spool");
-    let mut out: Vec<String> = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "msg"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default()
-        .into_iter()
-        .map(|p| std::fs::read_to_string(p).expect("read spooled message"))
-        .collect();
-    out.sort();
-    out
-}
-
 #[test]
 fn every_settled_selftest_leaves_its_final_result_for_the_hub() {
     let w = World::demo();
@@ -330,7 +312,7 @@ fn every_settled_selftest_leaves_its_final_result_for_the_hub() {
         "--json",
     ]);
     assert_eq!(dry.code, Some(0));
-    let messages = spooled(&w);
+    let messages = w.spooled();
     assert_eq!(messages.len(), 2, "one final result each for the failed provision and the refused destroy, none for the dry run: {messages:#?}");
     let failed_msg = messages
         .iter()
@@ -398,7 +380,7 @@ fn a_guest_printing_a_huge_value_is_still_destroyed_and_bounded() {
     let journal = w.agent(&["journal", "--json"]);
     assert_eq!(journal.code, Some(0), "{}", journal.stderr);
     let _: Value = serde_json::from_str(&journal.stdout).expect("journal --json parses");
-    let messages = spooled(&w);
+    let messages = w.spooled();
     let result = messages
         .iter()
         .find(|m| m.contains(doc["txn"].as_str().expect("txn")))

@@ -96,20 +96,28 @@ fn wait_exec(w: &World, vmid: u32, up: bool) {
     }
 }
 
-/// Wait until systemd inside the guest has finished starting up (`is-system-running --wait`
-/// answers `running` or `degraded`); returns that answer.
+/// Wait (60 s at most) until systemd inside the guest has finished starting up
+/// (`is-system-running --wait` answers `running` or `degraded`); returns that answer. Right
+/// after its start the guest's PID 1 may not have its bus yet (`Failed to connect to bus`, no
+/// state word): that is asked again, as the agent's boot wait does.
 fn wait_booted(w: &World, vmid: u32) -> String {
-    let (_, out, err) = pct_exec(
-        w,
-        vmid,
-        &["timeout", "60", "systemctl", "is-system-running", "--wait"],
-    );
-    let state = out.trim().to_string();
-    assert!(
-        state == "running" || state == "degraded",
-        "systemd in {vmid} did not finish starting: {state:?} {err}"
-    );
-    state
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, out, err) = pct_exec(
+            w,
+            vmid,
+            &["timeout", "60", "systemctl", "is-system-running", "--wait"],
+        );
+        let state = out.trim().to_string();
+        if state == "running" || state == "degraded" {
+            return state;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "systemd in {vmid} did not finish starting within 60 s: {state:?} {err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }
 
 #[test]

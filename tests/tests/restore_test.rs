@@ -306,6 +306,32 @@ fn sigterm_during_the_restore_is_interrupted_and_the_resume_writes_its_outcome()
     let txn = doc["txn"].as_str().expect("txn").to_string();
     let row = w.world.journal_txn(&txn);
     assert_eq!(row["interrupted"], json!(true), "{row:#}");
+    // The hub is told: an event of the open transaction with the code `interrupted` (no
+    // result: nothing is settled yet, and nothing needs a person).
+    let frames: Vec<Value> = w
+        .world
+        .spooled()
+        .iter()
+        .map(|f| serde_json::from_str(f).expect("a spooled frame is JSON"))
+        .collect();
+    let about: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f["body"]["txn"] == json!(txn))
+        .collect();
+    assert_eq!(about.len(), 1, "{frames:#?}");
+    assert_eq!(about[0]["type"], "event", "{:#}", about[0]);
+    assert_eq!(
+        about[0]["body"]["error"]["code"], "interrupted",
+        "{:#}",
+        about[0]
+    );
+    assert!(
+        about[0]["body"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(&format!("journal resume {txn}"))),
+        "{:#}",
+        about[0]
+    );
 
     // The resume follows the task to its end, checks and destroys the copy: `ok`, also in
     // the metrics (the last success with it).
@@ -318,6 +344,16 @@ fn sigterm_during_the_restore_is_interrupted_and_the_resume_writes_its_outcome()
         resumed.stderr
     );
     assert_eq!(resumed.json()["outcome"], "ok", "{}", resumed.stdout);
+    // Then its result, `ok`, beside the interruption's event.
+    let results: Vec<Value> = w
+        .world
+        .spooled()
+        .iter()
+        .map(|f| serde_json::from_str::<Value>(f).expect("JSON"))
+        .filter(|f| f["type"] == "result" && f["body"]["txn"] == json!(txn))
+        .collect();
+    assert_eq!(results.len(), 1, "{results:#?}");
+    assert_eq!(results[0]["body"]["outcome"], "ok", "{:#}", results[0]);
     let metrics = w.metrics();
     let samples = parse_prometheus(&metrics);
     assert_eq!(

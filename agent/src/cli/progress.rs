@@ -211,6 +211,10 @@ impl<R: Reporter> Reporter for ProgressReporter<R> {
         }
         self.inner.preflight(text);
     }
+
+    fn interrupted(&self, state: &State, record: u64, why: &crate::error::Failure) {
+        self.inner.interrupted(state, record, why);
+    }
 }
 
 impl<R: Reporter> Drop for ProgressReporter<R> {

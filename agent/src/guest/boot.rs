@@ -25,10 +25,16 @@ const STATE_READ_TIMEOUT: Duration = Duration::from_secs(20);
 /// The pause between two asks when the answer was not final (a systemd older than `--wait`).
 const POLL: Duration = Duration::from_secs(1);
 
-/// What the guest runs: whether systemd is its init, and if so the wait's answer.
+/// What the guest runs: whether systemd is its init, and if so the wait's answer. systemd
+/// makes `/run/systemd/system` in `mount_setup()` (`src/shared/mount-setup.c`), after its
+/// early mounts: an exec can answer before that, while PID 1 is already systemd and its bus not
+/// yet there. So PID 1's own binary (`/proc/1/exe`, `/proc/1/comm`) also says systemd; then
+/// `systemctl` prints no state word ("Failed to connect to bus") and the wait asks again.
 const WAIT_SCRIPT: &str =
-    "if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then \
-printf 'systemd '; systemctl is-system-running --wait 2>/dev/null; exit 0; fi; echo no-systemd";
+    "command -v systemctl >/dev/null 2>&1 && { [ -d /run/systemd/system ] || \
+case \"$(readlink /proc/1/exe 2>/dev/null) $(cat /proc/1/comm 2>/dev/null)\" in \
+*/systemd\\ *|*\\ systemd) true;; *) false;; esac; } && \
+{ printf 'systemd '; systemctl is-system-running --wait 2>/dev/null; exit 0; }; echo no-systemd";
 /// The read after the timeout: the state, then up to five jobs systemd still runs.
 const STATE_SCRIPT: &str = "printf 'systemd '; systemctl is-system-running 2>/dev/null; \
 systemctl list-jobs --no-legend --no-pager 2>/dev/null | head -n 5";

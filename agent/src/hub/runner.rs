@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
 use super::dispatch::{DispatchRunner, EventSink, RunEnd};
-use super::outbox::{event_message_id, now_timestamp, spool, Outbox};
+use super::outbox::{event_message_id, now_timestamp, spool, spool_as, Outbox};
 use crate::config::Config;
 use crate::error::{exit_status, ExitStatus, Failure};
 use crate::guest::checks::CheckResult;
@@ -43,6 +43,37 @@ fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure)
         isolation: None,
         error: Some(error_info(failure)),
     }
+}
+
+/// The event telling the hub that transaction `state` stopped on an interrupt at its
+/// `record`-th journal record, still open (the resume reports its result later), and its id:
+/// derived from the transaction and that record, so a second stop of the same transaction
+/// (after a resume went on) is a new event and the same stop reported twice is applied once.
+/// `None` when no timestamp can be written.
+pub fn interrupted_event(
+    state: &State,
+    record: u64,
+    why: &Failure,
+) -> Option<(hub_protocol::MessageId, Event)> {
+    let txn = TxnId::from_ulid(state.txn());
+    let at = now_timestamp().ok()?;
+    let event = Event {
+        txn,
+        kind: state.kind(),
+        vmid: state.vmid(),
+        phase: state.phase(),
+        at,
+        detail: Some(format!(
+            "interrupted at step {}; open: `felhom-agent journal resume {}` or the next agent command settles it",
+            state.step(),
+            state.txn()
+        )),
+        error: Some(error_info(why)),
+    };
+    Some((
+        super::outbox::derived_message_id(txn, &format!("interrupted {record}")),
+        event,
+    ))
 }
 
 /// Reports a transaction's phases to the daemon's outbox, each event synced before
@@ -112,6 +143,14 @@ impl Reporter for OutboxReporter {
             None => Ok(()),
         }
     }
+    fn interrupted(&self, state: &State, record: u64, why: &Failure) {
+        let Some((id, event)) = interrupted_event(state, record, why) else {
+            return;
+        };
+        if let Err(e) = self.outbox.push_event_blocking(id, event) {
+            tracing::error!(txn = %state.txn(), error = %e, "the interruption could not be stored for the hub; the journal holds it");
+        }
+    }
 }
 
 /// Reports a command-line transaction's result to the hub by spooling it in the state dir;
@@ -144,6 +183,14 @@ impl Reporter for SpoolReporter {
         spool(&self.state_dir, AgentMessage::Result(result))
             .map(|_| ())
             .map_err(|e| e.to_string())
+    }
+    fn interrupted(&self, state: &State, record: u64, why: &Failure) {
+        let Some((id, event)) = interrupted_event(state, record, why) else {
+            return;
+        };
+        if let Err(e) = spool_as(&self.state_dir, id, AgentMessage::Event(event)) {
+            tracing::error!(txn = %state.txn(), error = %e, "the interruption could not be spooled for the hub; the journal holds it");
+        }
     }
 }
 

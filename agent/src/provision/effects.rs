@@ -91,6 +91,11 @@ pub trait Reporter: Send + Sync {
     /// Only a live view on a terminal shows it (before the phases that follow); others ignore
     /// it, as the command's output holds the report.
     fn preflight(&self, _text: &str) {}
+    /// The drive stopped on an interrupt (Ctrl-C, SIGTERM) with the transaction open at
+    /// `state`, its last journal record being the `record`-th: no result (the transaction is
+    /// not settled; a resume settles it and reports the result), but the hub may be told that
+    /// it stopped and why. Never called for a dry run.
+    fn interrupted(&self, _state: &State, _record: u64, _why: &Failure) {}
 }
 
 /// Hand a settled transaction's result to the reporter (nothing for an open one or a dry run).
@@ -176,6 +181,8 @@ pub struct Executor<'a> {
     halted: Option<Failure>,
     started: Instant,
     journal_count: u32,
+    /// The number of the last journal record this drive wrote (0: none yet).
+    last_record: u64,
     kill_at: Option<(bool, u32)>,
     /// The backup's stored configuration as the preflight read it, for the restore request.
     carried_config: Option<StoredConfigText>,
@@ -310,6 +317,7 @@ impl<'a> Executor<'a> {
             halted: None,
             started: Instant::now(),
             journal_count: 0,
+            last_record: 0,
             kill_at: parse_kill_at(),
             carried_config: None,
             fresh_config: std::sync::Mutex::new(None),
@@ -436,6 +444,11 @@ impl<'a> Executor<'a> {
                 self.isolation.as_deref(),
             );
         }
+        if let Some(why) = halted.as_ref().filter(|h| h.code == ErrorCode::Interrupted) {
+            if !state.is_terminal() && !state.request().dry_run && self.last_record > 0 {
+                self.reporter.interrupted(&state, self.last_record, why);
+            }
+        }
         Driven {
             state,
             checks: std::mem::take(&mut self.checks),
@@ -522,6 +535,7 @@ impl<'a> Executor<'a> {
         // The record counts as done once its event is stored (a reporter that keeps events
         // syncs it before returning). A kill between the two is made good by the next start,
         // which reports the last journaled record again under the same identity.
+        self.last_record = journaled.records;
         self.reporter.phase(s, journaled.records);
         Ok(())
     }
