@@ -136,7 +136,9 @@ pub struct Event {
     pub at: Timestamp,
     /// A short human note (UPID, profile, check name, ...).
     pub detail: Option<String>,
-    /// The error, for a phase reached by failing.
+    /// The error, for a phase reached by failing; or code `interrupted` when the agent was
+    /// stopped (Ctrl-C, SIGTERM) with the transaction open at this phase: no outcome yet, the
+    /// result follows once a resume settles it.
     pub error: Option<ErrorInfo>,
 }
 

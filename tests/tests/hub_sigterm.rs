@@ -23,7 +23,7 @@ use felhom_agent::provision::Journal;
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
 use felhom_tests::fakepve::{AgentOptions, RecordedRequest};
 use felhom_tests::world::World;
-use hub_protocol::{DispatchAction, Outcome, TxnId};
+use hub_protocol::{DispatchAction, ErrorCode, Event, Outcome, TxnId};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -152,6 +152,27 @@ fn sigterm_during_a_restore_aborts_no_task_and_the_next_start_resumes_it_to_ok()
         s.results.contains_key(&txn)
     });
     assert_eq!(state.results[&txn].len(), 1, "the result was applied twice");
+    // Each stop was told to the hub before the result: an event of the open transaction with
+    // the code `interrupted`, one per stop (the resume's own stop is a second one).
+    let stops: Vec<&Event> = state
+        .events
+        .iter()
+        .map(|(_, e)| e)
+        .filter(|e| {
+            e.txn == txn
+                && e.error
+                    .as_ref()
+                    .is_some_and(|x| x.code == ErrorCode::Interrupted)
+        })
+        .collect();
+    assert_eq!(stops.len(), 2, "{:#?}", state.events);
+    assert!(
+        stops.iter().all(|e| e
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("journal resume"))),
+        "{stops:#?}"
+    );
     let result = &state.results[&txn][0].1;
     assert_eq!(result.vmid, Some(6200));
     assert_eq!(result.outcome, Outcome::Ok, "{result:?}\n{}", agent.log());

@@ -445,8 +445,18 @@ impl<'a> Executor<'a> {
             );
         }
         if let Some(why) = halted.as_ref().filter(|h| h.code == ErrorCode::Interrupted) {
-            if !state.is_terminal() && !state.request().dry_run && self.last_record > 0 {
-                self.reporter.interrupted(&state, self.last_record, why);
+            // A resume stopped before it wrote a record of its own: the journal's last one.
+            let record = match self.last_record {
+                0 => self
+                    .journal
+                    .get(state.txn())
+                    .ok()
+                    .flatten()
+                    .map_or(0, |t| t.records),
+                n => n,
+            };
+            if !state.is_terminal() && !state.request().dry_run && record > 0 {
+                self.reporter.interrupted(&state, record, why);
             }
         }
         Driven {
