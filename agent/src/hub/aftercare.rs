@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hub_protocol::{AgentMessage, Event, TxnId};
+use hub_protocol::AgentMessage;
 use tokio_util::sync::CancellationToken;
 
 use super::outbox::{event_message_id, now_timestamp, spool_as};
@@ -94,19 +94,15 @@ fn spool_closure(cfg: &Config, state: &State, record: u64) -> Result<(), String>
         ResolvedBy::Operator => "an operator",
         ResolvedBy::Refresh => "a journal refresh",
     };
-    let txn = TxnId::from_ulid(state.txn());
-    let event = Event {
-        txn,
-        kind: state.kind(),
-        vmid: state.vmid(),
-        phase: state.phase(),
+    let event = super::runner::state_event(
+        state,
         at,
-        detail: Some(format!("needs_human closed by {by}: {}", resolution.reason)),
-        error: None,
-    };
+        Some(format!("needs_human closed by {by}: {}", resolution.reason)),
+        None,
+    );
     spool_as(
         &cfg.state_dir,
-        event_message_id(txn, record),
+        event_message_id(event.txn, record),
         AgentMessage::Event(event),
     )
     .map(|_| ())

@@ -45,6 +45,24 @@ fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure)
     }
 }
 
+/// The event of transaction `state` at its phase, journaled `at`.
+pub(crate) fn state_event(
+    state: &State,
+    at: hub_protocol::Timestamp,
+    detail: Option<String>,
+    error: Option<hub_protocol::ErrorInfo>,
+) -> Event {
+    Event {
+        txn: TxnId::from_ulid(state.txn()),
+        kind: state.kind(),
+        vmid: state.vmid(),
+        phase: state.phase(),
+        at,
+        detail,
+        error,
+    }
+}
+
 /// The event telling the hub that transaction `state` stopped on an interrupt at its
 /// `record`-th journal record, still open (the resume reports its result later), and its id:
 /// derived from the transaction and that record, so a second stop of the same transaction
@@ -55,23 +73,18 @@ pub fn interrupted_event(
     record: u64,
     why: &Failure,
 ) -> Option<(hub_protocol::MessageId, Event)> {
-    let txn = TxnId::from_ulid(state.txn());
-    let at = now_timestamp().ok()?;
-    let event = Event {
-        txn,
-        kind: state.kind(),
-        vmid: state.vmid(),
-        phase: state.phase(),
-        at,
-        detail: Some(format!(
+    let event = state_event(
+        state,
+        now_timestamp().ok()?,
+        Some(format!(
             "interrupted at step {}; open: `felhom-agent journal resume {}` or the next agent command settles it",
             state.step(),
             state.txn()
         )),
-        error: Some(error_info(why)),
-    };
+        Some(error_info(why)),
+    );
     Some((
-        super::outbox::derived_message_id(txn, &format!("interrupted {record}")),
+        super::outbox::derived_message_id(event.txn, &format!("interrupted {record}")),
         event,
     ))
 }
@@ -116,15 +129,12 @@ impl Reporter for OutboxReporter {
                 return;
             }
         };
-        let event = Event {
-            txn,
-            kind: state.kind(),
-            vmid: state.vmid(),
-            phase: state.phase(),
+        let event = state_event(
+            state,
             at,
-            detail: Some(format!("step {}", state.step())).filter(|_| !state.is_terminal()),
-            error: state.failure().map(error_info),
-        };
+            Some(format!("step {}", state.step())).filter(|_| !state.is_terminal()),
+            state.failure().map(error_info),
+        );
         if let Err(e) = self
             .outbox
             .push_event_blocking(event_message_id(txn, record), event)
