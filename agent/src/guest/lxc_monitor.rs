@@ -254,6 +254,15 @@ fn ask_init_pid(fd: std::os::fd::OwnedFd, shown: &str, monitor: u32) -> Result<u
             "root's LXC monitor {monitor} on {shown} did not name the container's init: {what}"
         ))
     };
+    // Our credentials go with the request whatever the monitor's socket says: LXC checks them
+    // (`lxc_abstract_unix_rcv_credential`: uid 0 or its own) but turns on `SO_PASSCRED` on the
+    // accepted connection only after `accept` (`lxc_cmd_accept`), and the kernel attaches
+    // credentials to a message only when the sender's or the receiver's socket asks for them
+    // (or the receiver is not accepted yet: `net/unix/af_unix.c` `unix_passcred_enabled`). A
+    // request that lands in between arrives with the overflow uid (65534) and LXC answers
+    // `-EPERM`. LXC's own clients send them explicitly (`lxc_abstract_unix_send_credential`).
+    nix::sys::socket::setsockopt(&stream, nix::sys::socket::sockopt::PassCred, &true)
+        .map_err(|e| untrusted(format!("cannot send our credentials: {e}")))?;
     stream
         .set_nonblocking(false)
         .and_then(|()| stream.set_read_timeout(Some(ANSWER_TIMEOUT)))
@@ -347,6 +356,61 @@ pub fn is_monitor_cmdline(cmdline: &[u8], _lxcpath: &str, vmid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// LXC's side of one command connection, in LXC's order (`lxc_cmd_accept`, then
+    /// `lxc_cmd_handler`): `SO_PASSCRED` turned on only once the request is already queued (the
+    /// window under load), the sender's credentials read as `lxc_abstract_unix_rcv_credential`
+    /// reads them (a uid other than 0 and its own: `-EPERM`), else the init pid 4242 answered.
+    fn lxc_monitor_late_passcred(server: std::os::unix::net::UnixStream) -> i32 {
+        use nix::sys::socket::{recv, recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags};
+        use std::io::Write;
+        let mut server = server;
+        // Wait until the request is queued (a blocking peek), then ask for credentials.
+        let mut peek = [0u8; 1];
+        recv(server.as_raw_fd(), &mut peek, MsgFlags::MSG_PEEK).expect("peek");
+        setsockopt(&server, sockopt::PassCred, &true).expect("SO_PASSCRED");
+        let mut req = [0u8; 16];
+        let mut iov = [std::io::IoSliceMut::new(&mut req)];
+        let mut space = nix::cmsg_space!(nix::sys::socket::UnixCredentials);
+        let msg = recvmsg::<()>(
+            server.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::empty(),
+        )
+        .expect("recvmsg");
+        let uid = msg
+            .cmsgs()
+            .expect("cmsgs")
+            .find_map(|c| match c {
+                ControlMessageOwned::ScmCredentials(c) => Some(c.uid()),
+                _ => None,
+            })
+            .expect("SCM_CREDENTIALS");
+        let (ret, pid): (i32, isize) = if uid != 0 && uid != nix::unistd::getuid().as_raw() {
+            (-1, 0)
+        } else {
+            (0, 4242)
+        };
+        let mut answer = Vec::new();
+        answer.extend_from_slice(&ret.to_ne_bytes());
+        answer.extend_from_slice(&0i32.to_ne_bytes());
+        answer.extend_from_slice(&pid.to_ne_bytes());
+        server.write_all(&answer).expect("answer");
+        i32::try_from(uid).unwrap_or(-1)
+    }
+
+    #[test]
+    fn a_request_sent_before_the_monitor_asks_for_credentials_still_carries_ours() {
+        use std::os::fd::OwnedFd;
+        let (client, server) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let monitor = std::thread::spawn(move || lxc_monitor_late_passcred(server));
+        let asked = ask_init_pid(OwnedFd::from(client), "@test/120/command", 1);
+        let seen_uid = monitor.join().expect("monitor thread");
+        let me = i32::try_from(nix::unistd::getuid().as_raw()).unwrap_or(-1);
+        assert_eq!(seen_uid, me, "the monitor saw no credentials of ours");
+        assert!(matches!(asked, Ok(4242)), "{asked:?}");
+    }
 
     #[test]
     fn the_name_is_lxcs_and_is_hashed_when_it_does_not_fit() {
