@@ -1350,9 +1350,10 @@ impl<'a> Executor<'a> {
     /// After the boot of an isolated container copy with systemd (a restore test, a throwaway
     /// `--selftest=provision`, a hub provision told to isolate): give it the
     /// interfaces its backup stores, each as a veth pair whose other end stays inside the copy
-    /// (it reaches nothing; no bridge gains a port), restart the units that had failed, and
-    /// wait for the boot to settle again; what changed goes to the report. Anything else is
-    /// left as it booted.
+    /// (it reaches nothing; no bridge gains a port), restart the failed units that can have
+    /// failed for the missing interface, reset a restore-test copy's `sys-kernel-debug.mount`
+    /// when the user namespace made it fail, and wait for the boot to settle again; what
+    /// changed goes to the report. Anything else is left as it booted.
     async fn lab_network(
         &mut self,
         state: &State,
@@ -1397,9 +1398,13 @@ impl<'a> Executor<'a> {
             }
         };
         let exec = self.exec_for(vmid, guest, state.txn());
+        let lab = crate::guest::boot::LabRequest {
+            names: &names,
+            dhcp: &dhcp,
+            reset_userns_debugfs: state.kind() == TxnKind::SelftestRestore,
+        };
         let changed =
-            crate::guest::boot::give_lab_interfaces(&exec, &names, &dhcp, self.timeouts.boot)
-                .await?;
+            crate::guest::boot::give_lab_interfaces(&exec, &lab, self.timeouts.boot).await?;
         let Some(changed) = changed else {
             return Ok(seen);
         };
