@@ -170,7 +170,11 @@ pub async fn wait_boot<E: GuestExec>(exec: &E, timeout: Duration) -> Result<Stri
 ///    that is not the copy's own) and nothing at all is done.
 /// 2. For each name, unless the copy has it, a veth pair whose both ends stay in the copy's own
 ///    network namespace (`<name>` and `felabN`, the peer set up).
-/// 3. When one was given: the failed units that can have failed for the missing interface are
+/// 3. With `FELHOM_LAB_USERNS` (restore-test copies), given or not: when
+///    `sys-kernel-debug.mount` is failed and the copy runs in a user namespace that is not the
+///    initial one (its `/proc/self/uid_map` is not the single line `0 0 4294967295`), that
+///    mount's failed state is reset: debugfs cannot be mounted there.
+/// 4. When one was given: the failed units that can have failed for the missing interface are
 ///    restarted, each answered with its state afterwards: first the network's own
 ///    (`networking.service`, `systemd-networkd.service`,
 ///    `systemd-networkd-wait-online.service`), then every unit ordered after `network.target`,
@@ -179,10 +183,12 @@ pub async fn wait_boot<E: GuestExec>(exec: &E, timeout: Duration) -> Result<Stri
 ///    hide that. Then, with `FELHOM_LAB_DHCP`, `networking.service` still failed and every
 ///    other given interface up (`ifquery --state`), its failed state is reset (no lease can come
 ///    in a copy that reaches nothing).
-/// 4. With `FELHOM_LAB_USERNS` (restore-test copies), given or not: when
-///    `sys-kernel-debug.mount` is failed and the copy runs in a user namespace that is not the
-///    initial one (its `/proc/self/uid_map` is not the single line `0 0 4294967295`), that
-///    mount's failed state is reset: debugfs cannot be mounted there.
+///    Likewise `systemd-networkd-wait-online.service`, still failed after its restart, is
+///    reset when every given interface networkd manages (DHCP ones left aside) is online by
+///    networkd's own reckoning (`ONLINE_STATE=online` in `/run/systemd/netif/links/<ifindex>`:
+///    its required operational state and address reached) and only its setup state is short of
+///    `configured`: networkd then waits for a router advertisement or a lease, which cannot
+///    come in a copy that reaches nothing (`tests/data/guest-units-facts.md` §2).
 const LAB_SCRIPT: &str = r#"
 for l in $(awk -F: 'NR>2{gsub(/ /,"",$1); print $1}' /proc/net/dev); do
   case " lo $* " in *" $l "*) continue;; esac
@@ -197,6 +203,12 @@ for n in "$@"; do
   else echo "refused $n"; fi
   i=$((i+1))
 done
+if [ -n "${FELHOM_LAB_USERNS:-}" ] && [ "$(systemctl is-failed sys-kernel-debug.mount 2>/dev/null)" = failed ]; then
+  map=$(awk '{$1=$1; print}' /proc/self/uid_map 2>/dev/null)
+  if [ -n "$map" ] && [ "$map" != "0 0 4294967295" ]; then
+    systemctl reset-failed sys-kernel-debug.mount && echo "userns-reset sys-kernel-debug.mount"
+  fi
+fi
 if [ "$given" = 1 ]; then
   failed=" $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{printf "%s ", $1}')"
   net=
@@ -224,11 +236,15 @@ if [ "$given" = 1 ]; then
     done
     [ "$up" = 1 ] && systemctl reset-failed networking.service && echo "dhcp-reset networking.service"
   fi
-fi
-if [ -n "${FELHOM_LAB_USERNS:-}" ] && [ "$(systemctl is-failed sys-kernel-debug.mount 2>/dev/null)" = failed ]; then
-  map=$(awk '{$1=$1; print}' /proc/self/uid_map 2>/dev/null)
-  if [ -n "$map" ] && [ "$map" != "0 0 4294967295" ]; then
-    systemctl reset-failed sys-kernel-debug.mount && echo "userns-reset sys-kernel-debug.mount"
+  if [ "$(systemctl is-active systemd-networkd-wait-online.service 2>/dev/null)" = failed ]; then
+    up=1
+    for n in "$@"; do
+      case " ${FELHOM_LAB_DHCP:-} " in *" $n "*) continue;; esac
+      f=/run/systemd/netif/links/$(cat "/sys/class/net/$n/ifindex" 2>/dev/null)
+      grep -qx ADMIN_STATE=unmanaged "$f" 2>/dev/null && continue
+      grep -qx ONLINE_STATE=online "$f" 2>/dev/null || { echo "online-kept $n"; up=0; break; }
+    done
+    [ "$up" = 1 ] && systemctl reset-failed systemd-networkd-wait-online.service && echo "online-reset systemd-networkd-wait-online.service"
   fi
 fi
 exit 0
@@ -351,6 +367,16 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
                  stored interface is up): its failed state was reset",
                 clip(u, 128),
                 dhcp.join(", ")
+            )),
+            (Some("online-reset"), Some(u), _) => notes.push(format!(
+                "{} failed although every given interface networkd manages is online (its \
+                 address set): networkd waits for a router advertisement or a DHCP lease, which \
+                 cannot come in an isolated copy; its failed state was reset",
+                clip(u, 128)
+            )),
+            (Some("online-kept"), Some(n), _) => notes.push(format!(
+                "systemd-networkd-wait-online.service left failed: {} is not online",
+                clip(n, 32)
             )),
             (Some("dhcp-kept"), Some(n), _) => notes.push(format!(
                 "networking.service left failed: {} (not DHCP) is not up",
