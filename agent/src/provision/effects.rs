@@ -1365,6 +1365,7 @@ impl<'a> Executor<'a> {
         if !req.isolate_network || guest != GuestKind::Lxc || !seen.starts_with("systemd") {
             return Ok(seen);
         }
+        let mut unread = None;
         let (names, dhcp): (Vec<String>, Vec<String>) = match self
             .stored_config_text(&self.cfg.node.clone(), &req.volid)
             .await
@@ -1390,11 +1391,11 @@ impl<'a> Executor<'a> {
                 (names, dhcp)
             }
             Err(e) => {
-                self.isolation = Some(format!(
+                unread = Some(format!(
                     "nothing given: the stored config of {} could not be read ({e})",
                     req.volid
                 ));
-                return Ok(seen);
+                (Vec::new(), Vec::new())
             }
         };
         let exec = self.exec_for(vmid, guest, state.txn());
@@ -1406,7 +1407,12 @@ impl<'a> Executor<'a> {
         let changed =
             crate::guest::boot::give_lab_interfaces(&exec, &lab, self.timeouts.boot).await?;
         let Some(changed) = changed else {
+            self.isolation = unread;
             return Ok(seen);
+        };
+        let changed = match unread {
+            Some(unread) => format!("{unread}; {changed}"),
+            None => changed,
         };
         tracing::info!(vmid, "isolation: {changed}");
         let settled = crate::guest::boot::wait_boot(&exec, self.timeouts.boot).await;
