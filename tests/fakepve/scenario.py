@@ -1246,11 +1246,12 @@ class ScenarioPve(fake_server.FakePve):
     def bed_real(self):
         return bool(self.guest_bed and self.guest_bed.get('real_lxc'))
 
-    def _guest_file(self, rootfs, path, text, mode=0o644):
-        """Write a file of a real container's root filesystem, owned by the container's root.
-        The fake runs as root and a guest that ran may have replaced any folder or file with a
-        link: every component is opened without following links (a link where a folder should
-        be fails the write; a link at the file's own name is removed first)."""
+    def _guest_file(self, rootfs, path, text, mode=0o644, link=None):
+        """Write a file of a real container's root filesystem, owned by the container's root
+        (`link`: a symbolic link to that target instead, as `systemctl enable` and `mask` make
+        them). The fake runs as root and a guest that ran may have replaced any folder or file
+        with a link: every component is opened without following links (a link where a folder
+        should be fails the write; a link at the file's own name is removed first)."""
         parts = [p for p in path.split('/') if p]
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
         fd = os.open(rootfs, flags)
@@ -1269,6 +1270,10 @@ class ScenarioPve(fake_server.FakePve):
                 os.unlink(name, dir_fd=fd)  # a file or a link, never followed
             except FileNotFoundError:
                 pass
+            if link is not None:
+                os.symlink(link, name, dir_fd=fd)
+                os.chown(name, self.LXC_SHIFT, self.LXC_SHIFT, dir_fd=fd, follow_symlinks=False)
+                return
             out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=fd)
             try:
                 os.fchown(out, self.LXC_SHIFT, self.LXC_SHIFT)
@@ -1314,7 +1319,8 @@ class ScenarioPve(fake_server.FakePve):
         shifted by 100000 (as PVE restores an unprivileged backup), the osqueryi stand-in
         installed as osquery's package lays it out, the hostname, and /etc/network/interfaces as
         the backup's guest last ran with it (written by pve-container at its last start from its
-        NICs: `stored`). `spec["files"]` ({guest path: text}) adds files."""
+        NICs: `stored`). `spec["files"]` ({guest path: text}) adds files, `spec["links"]`
+        ({guest path: target}) symbolic links."""
         real = self.guest_bed['real_lxc']
         vmid = int(guest.vmid)
         d = self.bed_dir(vmid)
@@ -1347,6 +1353,8 @@ class ScenarioPve(fake_server.FakePve):
             self._guest_file(tmp, '/etc/network/interfaces', interfaces)
         for path, text in sorted((spec.get('files') or {}).items()):
             self._guest_file(tmp, str(path), str(text))
+        for path, target in sorted((spec.get('links') or {}).items()):
+            self._guest_file(tmp, str(path), '', link=str(target))
         os.rename(tmp, os.path.join(d, 'rootfs'))
         for fname, text in (('kind', 'lxc\n'), ('real', 'lxc\n'), ('status', 'stopped\n')):
             with open(os.path.join(d, fname), 'w', encoding='utf-8') as fh:

@@ -104,28 +104,22 @@ fn a_real_copy_whose_backup_is_fine_ends_ok_after_its_boot() {
     );
 }
 
-/// The default pack as shipped judges a real unprivileged Debian copy whose backup is fine
-/// (no stored NIC, so nothing of the isolation shows): ok, although `sys-kernel-debug.mount`
-/// is failed in it, as in every unprivileged container on PVE
-/// (`tests/data/guest-units-facts.md` section 1).
+/// The default pack as shipped, and an operator's pack that lists every failed unit, judge a
+/// real unprivileged Debian copy whose backup is fine and stores no NIC (no interface to give):
+/// ok; `sys-kernel-debug.mount`, failed in it as in every unprivileged container on PVE
+/// (`tests/data/guest-units-facts.md` section 1), had its failed state reset, and that is all
+/// the isolation says.
 #[test]
 fn the_default_pack_passes_a_real_unprivileged_debian_copy_whose_backup_is_fine() {
-    let Some(w) = World::real_or_skip(
-        debian_scenario_with(json!({}), None),
-        &AgentOptions::default(),
-    ) else {
+    let Some(w) = world_with_every_failed_pack(debian_scenario_with(json!({}), None)) else {
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
-    let checks = doc["checks"].as_array().expect("checks");
-    assert!(
-        checks
-            .iter()
-            .any(|c| c["name"] == "no-failed-units" && c["status"] == "pass"),
-        "{doc:#}"
-    );
+    assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
+    assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
+    assert_eq!(doc["isolation"], json!(DEBUGFS_RESET), "{doc:#}");
 }
 
 /// The links of the network namespace of process `pid`, as `ip -o link show` prints them there.
@@ -227,22 +221,59 @@ fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_brid
     );
 }
 
+/// An operator's own pack that lists every failed unit, leaving none out: in a copy whose
+/// backup is fine it passes only when the isolation left nothing failed that is not the
+/// backup's.
+const EVERY_FAILED_PACK: &str = r#"
+[[check]]
+name = "no-failed-unit-at-all"
+sql = "SELECT id FROM systemd_units WHERE active_state = 'failed'"
+expect = "rows == 0"
+"#;
+
+/// What the report says when a restore-test copy's `sys-kernel-debug.mount` was reset
+/// (`tests/data/guest-units-facts.md` section 1).
+const DEBUGFS_RESET: &str = "sys-kernel-debug.mount failed as in every unprivileged container \
+(debugfs cannot be mounted in a user namespace); its failed state reset";
+
+/// The world of `scenario` with the shipped default pack and the operator's pack that lists
+/// every failed unit.
+fn world_with_every_failed_pack(scenario: Value) -> Option<World> {
+    let w = World::real_or_skip(scenario, &AgentOptions::default())?;
+    std::fs::write(w.files.checks_dir.join("operator.toml"), EVERY_FAILED_PACK)
+        .unwrap_or_else(|e| panic!("cannot write the operator's pack: {e}"));
+    Some(w)
+}
+
+/// Whether the report's check `name` has `status`.
+fn check_is(doc: &Value, name: &str, status: &str) -> bool {
+    doc["checks"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["name"] == name && c["status"] == status))
+}
+
 /// A Debian guest with a static `eth0` stored in its backup: its isolated copy is given `eth0`
 /// as a veth pair whose other end is inside the copy too, `networking.service` (failed at the
-/// boot for the missing device) is restarted and brings up the stored address, and the restore
-/// test ends ok with the default pack as shipped; the report names what the isolation changed.
+/// boot for the missing device) is restarted and brings up the stored address,
+/// `sys-kernel-debug.mount` (failed as in every unprivileged container) is reset, and the
+/// restore test ends ok with the default pack as shipped and with an operator's pack that
+/// lists every failed unit; the report names what the isolation changed.
 #[test]
-fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_pack() {
-    let Some(w) = World::real_or_skip(debian_scenario(json!({})), &AgentOptions::default()) else {
+fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_and_an_every_failed_unit_pack(
+) {
+    let Some(w) = world_with_every_failed_pack(debian_scenario(json!({}))) else {
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
+    assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
     let changed = doc["isolation"].as_str().unwrap_or("");
     assert!(
         changed.contains("eth0 given as an unconnected veth pair")
-            && changed.contains("networking.service (active)"),
+            && changed.contains("networking.service (active)")
+            && changed.contains(DEBUGFS_RESET),
         "{doc:#}"
     );
     let text = w.agent(&["--selftest=restore"]);
@@ -257,7 +288,8 @@ fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_
 /// A Debian guest with DHCP on `eth0` and `eth1`: both are given inside the copy; no lease can
 /// come in a copy that reaches nothing, so `networking.service` fails again for the DHCP
 /// stanzas alone, its failed state is reset and the report says so: the restore test ends ok
-/// with the default pack.
+/// with the default pack and with an operator's pack that lists every failed unit
+/// (`sys-kernel-debug.mount` reset and named too).
 #[test]
 fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_and_names_the_dhcp_stanzas() {
     let mut scenario = debian_scenario_with(
@@ -266,17 +298,147 @@ fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_and_names_the_dhcp_stanza
     );
     scenario["volumes"]["local"][0]["config"]["net1"] =
         json!("name=eth1,bridge=vmbr0,hwaddr=BC:24:11:00:02:01,ip=dhcp,type=veth");
-    let Some(w) = World::real_or_skip(scenario, &AgentOptions::default()) else {
+    let Some(w) = world_with_every_failed_pack(scenario) else {
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
+    assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
     let changed = doc["isolation"].as_str().unwrap_or("");
     assert!(
         changed.contains("eth0 given as an unconnected veth pair")
             && changed.contains("eth1 given as an unconnected veth pair")
-            && changed.contains("networking.service failed for the DHCP stanza of eth0, eth1"),
+            && changed.contains("networking.service failed for the DHCP stanza of eth0, eth1")
+            && changed.contains(DEBUGFS_RESET),
+        "{doc:#}"
+    );
+}
+
+/// A unit of the backup that fails at its first start in a boot and would succeed when
+/// started again: it passes only when `/srv/www/flaky-ran` exists, which its `ExecStopPost`
+/// writes (`ExecStopPost` runs after a failed start too). It has no network ordering.
+const FLAKY_UNIT: &str = "[Unit]\nDescription=Fails at its first start only\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/test -e /srv/www/flaky-ran\nExecStopPost=/bin/sh -c 'echo ran >/srv/www/flaky-ran'\n";
+
+/// The shop, ordered after `network-online.target`, bound to the stored address.
+const SHOP_ONLINE_UNIT: &str = "[Unit]\nDescription=The shop\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.31:80 -h /srv/www\n";
+
+/// The shop's checks for the copy of guest 200: it answers, and it serves the file the flaky
+/// unit's `ExecStopPost` wrote (so a restart of that unit would have succeeded).
+const SHOP_ONLINE_PACK: &str = r#"
+[[check]]
+name = "shop-answers"
+sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.31/'"
+expect = "response_code == '200'"
+guests = [200]
+
+[[check]]
+name = "flaky-would-start-now"
+sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.31/flaky-ran'"
+expect = "response_code == '200'"
+guests = [200]
+"#;
+
+/// The restart after the interfaces were given is narrow: a unit with no network ordering that
+/// failed at the boot for a reason of its own (and would succeed if restarted) is left failed,
+/// named in the report, and the operator's pack that lists every failed unit turns the restore
+/// test red naming it; the shop (`After=network-online.target`, bound to the stored address)
+/// is restarted and answers; `sys-kernel-debug.mount` is not what the check names.
+#[test]
+fn a_unit_failing_at_boot_for_its_own_reason_is_not_restarted_and_turns_the_restore_test_red() {
+    let files = json!({
+        "/etc/systemd/system/flaky.service": FLAKY_UNIT,
+        "/etc/systemd/system/multi-user.target.d/flaky.conf": "[Unit]\nWants=flaky.service\n",
+        "/etc/systemd/system/shop.service": SHOP_ONLINE_UNIT,
+        "/etc/systemd/system/multi-user.target.d/shop.conf": "[Unit]\nWants=shop.service\n",
+        "/srv/www/index.html": "the shop\n",
+    });
+    let Some(w) = world_with_every_failed_pack(debian_scenario(files)) else {
+        return;
+    };
+    std::fs::write(w.files.checks_dir.join("shop.toml"), SHOP_ONLINE_PACK)
+        .unwrap_or_else(|e| panic!("cannot write the shop pack: {e}"));
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("no-failed-unit-at-all") && message.contains("flaky.service"),
+        "{message}"
+    );
+    assert!(!message.contains("sys-kernel-debug.mount"), "{message}");
+    assert!(check_is(&doc, "no-failed-unit-at-all", "fail"), "{doc:#}");
+    assert!(check_is(&doc, "no-failed-units", "fail"), "{doc:#}");
+    assert!(check_is(&doc, "shop-answers", "pass"), "{doc:#}");
+    assert!(check_is(&doc, "flaky-would-start-now", "pass"), "{doc:#}");
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("shop.service (active)")
+            && changed.contains(
+                "left failed (no network ordering: its failure is its own): flaky.service"
+            )
+            && !changed.contains("flaky.service (")
+            && changed.contains(DEBUGFS_RESET),
+        "{doc:#}"
+    );
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+}
+
+/// A systemd-networkd guest: `networking.service` masked, `systemd-networkd` (with its socket)
+/// and `systemd-networkd-wait-online.service` enabled (the links `systemctl enable` and `mask`
+/// make), the stored static address in `/etc/systemd/network/eth0.network` (nothing else: IPv6
+/// router advertisements are accepted, networkd's default), and the shop
+/// (`After=network-online.target`, which pulls the wait in) bound to it. wait-online's own
+/// timeout is 2 minutes (`--timeout=120` by default); a drop-in makes it 5 s so the copy's
+/// boot, where no link can come online, ends within the test's time. Once `eth0` is given,
+/// networkd sets its address (the shop answers) but keeps it `configuring` (no router
+/// advertisement can come), so wait-online fails again after its restart; the isolation
+/// resets it and says why (`tests/data/guest-units-facts.md` section 2).
+#[test]
+fn an_isolated_copy_of_a_systemd_networkd_guest_ends_ok_with_the_default_pack() {
+    let lib = "/lib/systemd/system";
+    let mut scenario = debian_scenario(json!({
+        "/etc/systemd/network/eth0.network":
+            "[Match]\nName=eth0\n\n[Network]\nAddress=10.20.0.31/24\nGateway=10.20.0.1\n",
+        "/etc/systemd/system/systemd-networkd-wait-online.service.d/timeout.conf":
+            "[Service]\nExecStart=\nExecStart=/lib/systemd/systemd-networkd-wait-online --timeout=5\n",
+        "/etc/systemd/system/shop.service": SHOP_ONLINE_UNIT,
+        "/etc/systemd/system/multi-user.target.d/shop.conf": "[Unit]\nWants=shop.service\n",
+        "/srv/www/index.html": "the shop\n",
+    }));
+    scenario["volumes"]["local"][0]["guest"]["links"] = json!({
+        "/etc/systemd/system/networking.service": "/dev/null",
+        "/etc/systemd/system/multi-user.target.wants/systemd-networkd.service":
+            format!("{lib}/systemd-networkd.service"),
+        "/etc/systemd/system/sockets.target.wants/systemd-networkd.socket":
+            format!("{lib}/systemd-networkd.socket"),
+        "/etc/systemd/system/network-online.target.wants/systemd-networkd-wait-online.service":
+            format!("{lib}/systemd-networkd-wait-online.service"),
+    });
+    let Some(w) = world_with_every_failed_pack(scenario) else {
+        return;
+    };
+    std::fs::write(w.files.checks_dir.join("shop.toml"), SHOP_PACK)
+        .unwrap_or_else(|e| panic!("cannot write the shop pack: {e}"));
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
+    assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
+    assert!(check_is(&doc, "shop-answers", "pass"), "{doc:#}");
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("eth0 given as an unconnected veth pair")
+            && changed.contains("restarted systemd-networkd-wait-online.service (failed)")
+            && changed.contains(
+                "systemd-networkd-wait-online.service failed although every given interface \
+                 networkd manages is online"
+            )
+            && changed.contains("shop.service (active)")
+            && changed.contains(DEBUGFS_RESET)
+            && !changed.contains("networking.service"),
         "{doc:#}"
     );
 }

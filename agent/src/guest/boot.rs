@@ -163,31 +163,101 @@ pub async fn wait_boot<E: GuestExec>(exec: &E, timeout: Duration) -> Result<Stri
     ))
 }
 
-/// What the copy runs to be given its stored interfaces. First the guard: the copy's network
-/// namespace must hold nothing but `lo` (and what an earlier run gave it), as an isolated copy
-/// without NICs does; anything else (a NIC, or a namespace that is not the copy's own) and
-/// nothing is made. Then for each name (argv), unless the copy has it, a veth pair whose both ends stay in the copy's own network namespace (`<name>` and
-/// `felabN`, the peer set up), then every unit that had failed is restarted (its failure may
-/// have been the missing interface or address), each answered with its state afterwards.
-const LAB_SCRIPT: &str = "for l in $(awk -F: 'NR>2{gsub(/ /,\"\",$1); print $1}' /proc/net/dev); do \
-case \" lo $* \" in *\" $l \"*) continue;; esac; case $l in felab*) continue;; esac; \
-echo \"foreign $l\"; exit 0; done; \
-i=0; given=0; for n in \"$@\"; do \
-if ip link show dev \"$n\" >/dev/null 2>&1; then echo \"present $n\"; \
-elif ip link add \"$n\" type veth peer name \"felab$i\" 2>/dev/null && ip link set \"felab$i\" up; then \
-echo \"given $n felab$i\"; given=1; else echo \"refused $n\"; fi; i=$((i+1)); done; \
-[ \"$given\" = 1 ] || exit 0; \
-for u in $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{print $1}'); do \
-systemctl reset-failed \"$u\" 2>/dev/null; timeout 120 systemctl restart \"$u\" >/dev/null 2>&1; \
-echo \"restarted $u $(systemctl is-active \"$u\" 2>/dev/null)\"; done; \
-[ -n \"${FELHOM_LAB_DHCP:-}\" ] || exit 0; \
-[ \"$(systemctl is-active networking.service 2>/dev/null)\" = failed ] || exit 0; \
-for n in \"$@\"; do case \" $FELHOM_LAB_DHCP \" in *\" $n \"*) continue;; esac; \
-ifquery --state \"$n\" >/dev/null 2>&1 || { echo \"dhcp-kept $n\"; exit 0; }; done; \
-systemctl reset-failed networking.service && echo \"dhcp-reset networking.service\"";
+/// What the copy runs to be given its stored interfaces (argv), in four steps.
+///
+/// 1. The guard: the copy's network namespace must hold nothing but `lo` (and what an earlier
+///    run gave it), as an isolated copy without NICs does; anything else (a NIC, or a namespace
+///    that is not the copy's own) and nothing at all is done.
+/// 2. For each name, unless the copy has it, a veth pair whose both ends stay in the copy's own
+///    network namespace (`<name>` and `felabN`, the peer set up).
+/// 3. With `FELHOM_LAB_USERNS` (restore-test copies), given or not: when
+///    `sys-kernel-debug.mount` is failed and the copy runs in a user namespace that is not the
+///    initial one (its `/proc/self/uid_map` is not the single line `0 0 4294967295`), that
+///    mount's failed state is reset: debugfs cannot be mounted there.
+/// 4. When one was given: the failed units that can have failed for the missing interface are
+///    restarted, each answered with its state afterwards: first the network's own
+///    (`networking.service`, `systemd-networkd.service`,
+///    `systemd-networkd-wait-online.service`), then every unit ordered after `network.target`,
+///    `network-online.target` or `network-pre.target`. Any other failed unit is named and left
+///    failed: it failed for a reason of its own, and a restart that happens to succeed must not
+///    hide that. Then, with `FELHOM_LAB_DHCP`, `networking.service` still failed and every
+///    other given interface up (`ifquery --state`), its failed state is reset (no lease can come
+///    in a copy that reaches nothing).
+///    Likewise `systemd-networkd-wait-online.service`, still failed after its restart, is
+///    reset when every given interface networkd manages (DHCP ones left aside) is online by
+///    networkd's own reckoning (`ONLINE_STATE=online` in `/run/systemd/netif/links/<ifindex>`:
+///    its required operational state and address reached) and only its setup state is short of
+///    `configured`: networkd then waits for a router advertisement or a lease, which cannot
+///    come in a copy that reaches nothing (`tests/data/guest-units-facts.md` §2).
+const LAB_SCRIPT: &str = r#"
+for l in $(awk -F: 'NR>2{gsub(/ /,"",$1); print $1}' /proc/net/dev); do
+  case " lo $* " in *" $l "*) continue;; esac
+  case $l in felab*) continue;; esac
+  echo "foreign $l"; exit 0
+done
+i=0; given=0
+for n in "$@"; do
+  if ip link show dev "$n" >/dev/null 2>&1; then echo "present $n"
+  elif ip link add "$n" type veth peer name "felab$i" 2>/dev/null && ip link set "felab$i" up; then
+    echo "given $n felab$i"; given=1
+  else echo "refused $n"; fi
+  i=$((i+1))
+done
+if [ -n "${FELHOM_LAB_USERNS:-}" ] && [ "$(systemctl is-failed sys-kernel-debug.mount 2>/dev/null)" = failed ]; then
+  map=$(awk '{$1=$1; print}' /proc/self/uid_map 2>/dev/null)
+  if [ -n "$map" ] && [ "$map" != "0 0 4294967295" ]; then
+    systemctl reset-failed sys-kernel-debug.mount && echo "userns-reset sys-kernel-debug.mount"
+  fi
+fi
+if [ "$given" = 1 ]; then
+  failed=" $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{printf "%s ", $1}')"
+  net=
+  for u in networking.service systemd-networkd.service systemd-networkd-wait-online.service; do
+    case $failed in *" $u "*) net="$net $u";; esac
+  done
+  after=
+  for u in $failed; do
+    case " $net " in *" $u "*) continue;; esac
+    case " $(systemctl show -p After --value "$u" 2>/dev/null) " in
+      *" network.target "*|*" network-online.target "*|*" network-pre.target "*) after="$after $u";;
+      *) echo "kept $u";;
+    esac
+  done
+  for u in $net $after; do
+    systemctl reset-failed "$u" 2>/dev/null
+    timeout 120 systemctl restart "$u" >/dev/null 2>&1
+    echo "restarted $u $(systemctl is-active "$u" 2>/dev/null)"
+  done
+  if [ -n "${FELHOM_LAB_DHCP:-}" ] && [ "$(systemctl is-active networking.service 2>/dev/null)" = failed ]; then
+    up=1
+    for n in "$@"; do
+      case " $FELHOM_LAB_DHCP " in *" $n "*) continue;; esac
+      ifquery --state "$n" >/dev/null 2>&1 || { echo "dhcp-kept $n"; up=0; break; }
+    done
+    [ "$up" = 1 ] && systemctl reset-failed networking.service && echo "dhcp-reset networking.service"
+  fi
+  if [ "$(systemctl is-active systemd-networkd-wait-online.service 2>/dev/null)" = failed ]; then
+    up=1
+    for n in "$@"; do
+      case " ${FELHOM_LAB_DHCP:-} " in *" $n "*) continue;; esac
+      f=/run/systemd/netif/links/$(cat "/sys/class/net/$n/ifindex" 2>/dev/null)
+      grep -qx ADMIN_STATE=unmanaged "$f" 2>/dev/null && continue
+      grep -qx ONLINE_STATE=online "$f" 2>/dev/null || { echo "online-kept $n"; up=0; break; }
+    done
+    [ "$up" = 1 ] && systemctl reset-failed systemd-networkd-wait-online.service && echo "online-reset systemd-networkd-wait-online.service"
+  fi
+fi
+exit 0
+"#;
 
 /// The variable naming (space-separated) the interfaces the backup stores with `ip=dhcp`.
 const LAB_DHCP_VAR: &str = "FELHOM_LAB_DHCP";
+/// The variable that lets the script reset `sys-kernel-debug.mount` in a user namespace.
+const LAB_USERNS_VAR: &str = "FELHOM_LAB_USERNS";
+
+/// What the report says of `sys-kernel-debug.mount` when its failed state was reset.
+pub const DEBUGFS_RESET_NOTE: &str = "sys-kernel-debug.mount failed as in every unprivileged \
+container (debugfs cannot be mounted in a user namespace); its failed state reset";
 
 /// Whether `name` can be an interface name the copy is given (IFNAMSIZ, no shell or path
 /// meaning): it comes from the backup's stored config, which the guest's owner wrote.
@@ -201,22 +271,36 @@ pub fn valid_ifname(name: &str) -> bool {
         && !name.starts_with("felab")
 }
 
-/// Give an isolated copy its stored interfaces (`names`, from the backup's `netN`), each as a
-/// veth pair whose other end is also inside the copy, so it boots as its production guest
-/// boots without reaching anything; then restart the units that had failed and wait for the
-/// boot to settle again. `Ok`: what the isolation changed, for the report (`None`: nothing to
-/// give). Names that are not plain interface names are left out and said. `dhcp`: the names
-/// stored with `ip=dhcp`; when `networking.service` is still failed after the restart and every
-/// other given interface is up (`ifquery --state`), its failure is the DHCP stanza's (no lease
-/// can come in a copy that reaches nothing): its failed state is reset, and the report says so.
+/// What the lab is asked to do in an isolated copy.
+#[derive(Debug, Clone, Default)]
+pub struct LabRequest<'a> {
+    /// The stored interface names (the backup's `netN`).
+    pub names: &'a [String],
+    /// The names stored with `ip=dhcp`.
+    pub dhcp: &'a [String],
+    /// A restore-test copy: `sys-kernel-debug.mount`, failed in a user namespace that is not
+    /// the initial one, has its failed state reset (`tests/data/guest-units-facts.md` §1).
+    pub reset_userns_debugfs: bool,
+}
+
+/// Give an isolated copy its stored interfaces (`lab.names`, from the backup's `netN`), each as
+/// a veth pair whose other end is also inside the copy, so it boots as its production guest
+/// boots without reaching anything; then restart the failed units that can have failed for
+/// the missing interface (the network's own and those ordered after a network target; the
+/// others are named and stay failed). `Ok`: what the isolation changed, for the report
+/// (`None`: nothing). Names that are not plain interface names are left out and said.
+/// `lab.dhcp`: the names stored with `ip=dhcp`; when `networking.service` is still failed after
+/// the restart and every other given interface is up (`ifquery --state`), its failure is the
+/// DHCP stanza's (no lease can come in a copy that reaches nothing): its failed state is reset,
+/// and the report says so. `lab.reset_userns_debugfs`: see [`LabRequest`], done also when no
+/// interface is to be given.
 pub async fn give_lab_interfaces<E: GuestExec>(
     exec: &E,
-    names: &[String],
-    dhcp: &[String],
+    lab: &LabRequest<'_>,
     timeout: Duration,
 ) -> Result<Option<String>, String> {
-    let (ok, bad): (Vec<&String>, Vec<&String>) = names.iter().partition(|n| valid_ifname(n));
-    if ok.is_empty() && bad.is_empty() {
+    let (ok, bad): (Vec<&String>, Vec<&String>) = lab.names.iter().partition(|n| valid_ifname(n));
+    if ok.is_empty() && bad.is_empty() && !lab.reset_userns_debugfs {
         return Ok(None);
     }
     let mut argv: Vec<String> = vec![
@@ -226,7 +310,8 @@ pub async fn give_lab_interfaces<E: GuestExec>(
         "sh".into(),
     ];
     argv.extend(ok.iter().map(|n| n.to_string()));
-    let dhcp: Vec<&str> = dhcp
+    let dhcp: Vec<&str> = lab
+        .dhcp
         .iter()
         .filter(|n| valid_ifname(n) && ok.contains(n))
         .map(String::as_str)
@@ -237,67 +322,96 @@ pub async fn give_lab_interfaces<E: GuestExec>(
     if !dhcp.is_empty() {
         req = req.env(LAB_DHCP_VAR, dhcp.join(" "));
     }
+    if lab.reset_userns_debugfs {
+        req = req.env(LAB_USERNS_VAR, "1");
+    }
     let out = exec
         .exec(&req)
         .await
         .map_err(|e| format!("the copy's stored interfaces could not be given: {e}"))?;
+    let parts = lab_report(&out.stdout.text(), &dhcp, !ok.is_empty(), &bad);
+    Ok((!parts.is_empty()).then(|| parts.join("; ")))
+}
+
+/// The report's parts from the lab script's output (hostile: only its closed set of line
+/// words is read, every name escaped and clipped). `asked`: interfaces were to be given (a
+/// foreign link is then worth saying; without, the run was for the debugfs reset alone).
+fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<String> {
+    let clip = crate::error::outside_text_max;
     let mut given = Vec::new();
     let mut restarted = Vec::new();
+    let mut kept = Vec::new();
     let mut notes = Vec::new();
-    for line in out.stdout.text().lines() {
+    for line in stdout.lines().take(256) {
         let mut w = line.split_whitespace();
         match (w.next(), w.next(), w.next()) {
             (Some("given"), Some(n), Some(p)) => given.push(format!(
                 "{} given as an unconnected veth pair (peer {} inside the copy)",
-                crate::error::outside_text_max(n, 32),
-                crate::error::outside_text_max(p, 32)
+                clip(n, 32),
+                clip(p, 32)
             )),
-            (Some("present"), Some(n), _) => notes.push(format!(
-                "{} was there already",
-                crate::error::outside_text_max(n, 32)
-            )),
-            (Some("foreign"), Some(n), _) => notes.push(format!(
+            (Some("present"), Some(n), _) => {
+                notes.push(format!("{} was there already", clip(n, 32)))
+            }
+            (Some("foreign"), Some(n), _) if asked => notes.push(format!(
                 "nothing given: the copy's network namespace holds {}, which an isolated copy \
                  does not",
-                crate::error::outside_text_max(n, 32)
+                clip(n, 32)
             )),
             (Some("refused"), Some(n), _) => notes.push(format!(
                 "{} could not be made (no `ip`, or the kernel refused a veth)",
-                crate::error::outside_text_max(n, 32)
+                clip(n, 32)
             )),
             (Some("dhcp-reset"), Some(u), _) => notes.push(format!(
                 "{} failed for the DHCP stanza of {} (no lease in an isolated copy; every other \
                  stored interface is up): its failed state was reset",
-                crate::error::outside_text_max(u, 128),
+                clip(u, 128),
                 dhcp.join(", ")
+            )),
+            (Some("online-reset"), Some(u), _) => notes.push(format!(
+                "{} failed although every given interface networkd manages is online (its \
+                 address set): networkd waits for a router advertisement or a DHCP lease, which \
+                 cannot come in an isolated copy; its failed state was reset",
+                clip(u, 128)
+            )),
+            (Some("online-kept"), Some(n), _) => notes.push(format!(
+                "systemd-networkd-wait-online.service left failed: {} is not online",
+                clip(n, 32)
             )),
             (Some("dhcp-kept"), Some(n), _) => notes.push(format!(
                 "networking.service left failed: {} (not DHCP) is not up",
-                crate::error::outside_text_max(n, 32)
+                clip(n, 32)
             )),
-            (Some("restarted"), Some(u), st) => restarted.push(format!(
+            (Some("restarted"), Some(u), st) if restarted.len() < 32 => restarted.push(format!(
                 "{} ({})",
-                crate::error::outside_text_max(u, 128),
-                crate::error::outside_text_max(st.unwrap_or("unknown"), 32)
+                clip(u, 128),
+                clip(st.unwrap_or("unknown"), 32)
             )),
+            (Some("kept"), Some(u), _) if kept.len() < 32 => kept.push(clip(u, 128)),
+            (Some("userns-reset"), Some("sys-kernel-debug.mount"), _) => {
+                notes.push(DEBUGFS_RESET_NOTE.to_string())
+            }
             _ => {}
-        }
-        if restarted.len() >= 32 {
-            break;
         }
     }
     for n in bad {
         notes.push(format!(
             "{} left out (not a plain interface name)",
-            crate::error::outside_text_max(n, 32)
+            clip(n, 32)
         ));
     }
     let mut parts = given;
     if !restarted.is_empty() {
         parts.push(format!("restarted {}", restarted.join(", ")));
     }
+    if !kept.is_empty() {
+        parts.push(format!(
+            "not restarted, left failed (no network ordering: its failure is its own): {}",
+            kept.join(", ")
+        ));
+    }
     parts.extend(notes);
-    Ok(Some(parts.join("; ")))
+    parts
 }
 
 #[cfg(test)]
@@ -343,6 +457,51 @@ mod tests {
         ] {
             assert!(!valid_ifname(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_lab_report_names_what_was_restarted_what_was_left_failed_and_the_debugfs_reset() {
+        let out = "given eth0 felab0\n\
+                   kept flaky.service\n\
+                   restarted networking.service active\n\
+                   restarted shop.service active\n\
+                   userns-reset sys-kernel-debug.mount\n\
+                   userns-reset other.mount\n\
+                   whatever the guest prints\n";
+        let parts = lab_report(out, &[], true, &[]);
+        let text = parts.join("; ");
+        assert_eq!(
+            parts[0],
+            "eth0 given as an unconnected veth pair (peer felab0 inside the copy)"
+        );
+        assert!(
+            text.contains("restarted networking.service (active), shop.service (active)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "left failed (no network ordering: its failure is its own): flaky.service"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(DEBUGFS_RESET_NOTE), "{text}");
+        // Only the one mount is ever named as reset.
+        assert!(!text.contains("other.mount"), "{text}");
+        assert!(!text.contains("whatever"), "{text}");
+    }
+
+    #[test]
+    fn a_lab_run_for_the_debugfs_reset_alone_says_nothing_of_foreign_links() {
+        assert!(lab_report("foreign eth0\n", &[], false, &[]).is_empty());
+        let asked = lab_report("foreign eth0\n", &[], true, &[]);
+        assert_eq!(asked.len(), 1);
+        assert!(asked[0].starts_with("nothing given: the copy's network namespace holds eth0"));
+        let bad = "eth0;reboot".to_string();
+        let out = lab_report("", &[], true, &[&bad]);
+        assert_eq!(
+            out,
+            vec!["eth0;reboot left out (not a plain interface name)".to_string()]
+        );
     }
 
     #[test]

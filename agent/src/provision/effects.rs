@@ -1360,9 +1360,10 @@ impl<'a> Executor<'a> {
     /// After the boot of an isolated container copy with systemd (a restore test, a throwaway
     /// `--selftest=provision`, a hub provision told to isolate): give it the
     /// interfaces its backup stores, each as a veth pair whose other end stays inside the copy
-    /// (it reaches nothing; no bridge gains a port), restart the units that had failed, and
-    /// wait for the boot to settle again; what changed goes to the report. Anything else is
-    /// left as it booted.
+    /// (it reaches nothing; no bridge gains a port), restart the failed units that can have
+    /// failed for the missing interface, reset a restore-test copy's `sys-kernel-debug.mount`
+    /// when the user namespace made it fail, and wait for the boot to settle again; what
+    /// changed goes to the report. Anything else is left as it booted.
     async fn lab_network(
         &mut self,
         state: &State,
@@ -1374,6 +1375,7 @@ impl<'a> Executor<'a> {
         if !req.isolate_network || guest != GuestKind::Lxc || !seen.starts_with("systemd") {
             return Ok(seen);
         }
+        let mut unread = None;
         let (names, dhcp): (Vec<String>, Vec<String>) = match self
             .stored_config_text(&self.cfg.node.clone(), &req.volid)
             .await
@@ -1399,19 +1401,28 @@ impl<'a> Executor<'a> {
                 (names, dhcp)
             }
             Err(e) => {
-                self.isolation = Some(format!(
+                unread = Some(format!(
                     "nothing given: the stored config of {} could not be read ({e})",
                     req.volid
                 ));
-                return Ok(seen);
+                (Vec::new(), Vec::new())
             }
         };
         let exec = self.exec_for(vmid, guest, state.txn());
+        let lab = crate::guest::boot::LabRequest {
+            names: &names,
+            dhcp: &dhcp,
+            reset_userns_debugfs: state.kind() == TxnKind::SelftestRestore,
+        };
         let changed =
-            crate::guest::boot::give_lab_interfaces(&exec, &names, &dhcp, self.timeouts.boot)
-                .await?;
+            crate::guest::boot::give_lab_interfaces(&exec, &lab, self.timeouts.boot).await?;
         let Some(changed) = changed else {
+            self.isolation = unread;
             return Ok(seen);
+        };
+        let changed = match unread {
+            Some(unread) => format!("{unread}; {changed}"),
+            None => changed,
         };
         tracing::info!(vmid, "isolation: {changed}");
         let settled = crate::guest::boot::wait_boot(&exec, self.timeouts.boot).await;
