@@ -433,6 +433,81 @@ fn doctor_check(json: &str, name: &str) -> String {
         .to_string()
 }
 
+/// An upgrade from a version whose user had its state directory as home, no expiry and a user
+/// manager it could start: postinst stops the running daemon (usermod refuses while a process of
+/// the user runs), moves the home, expires the account, masks `user@<uid>.service` and starts
+/// the daemon again, under a real systemd; doctor then finds the user confined.
+#[test]
+fn an_upgrade_confines_an_older_installs_user_and_restarts_its_running_daemon() {
+    let Some(m) = installed_machine("the upgrade's confinement of the user") else {
+        return;
+    };
+    let pve = FakePve::demo();
+    configure(&m, &pve, None);
+    // The older install: its user's home the state directory, not expired, no mask; the
+    // daemon running as that user.
+    let uid = m.ok("id -u felhom-agent");
+    m.ok(&format!(
+        "usermod -d /var/lib/felhom-agent -e '' felhom-agent && \
+         rm -f /etc/systemd/system/user@{uid}.service && systemctl daemon-reload && \
+         systemctl start --no-block felhom-agent.service"
+    ));
+    assert_eq!(
+        settled_state(&m, "felhom-agent.service"),
+        "active",
+        "{}",
+        journal(&m, "felhom-agent.service")
+    );
+    let old_pid = m.prop("felhom-agent.service", "MainPID");
+    assert_eq!(
+        m.ok(&format!("stat -c %U /proc/{old_pid}")),
+        "felhom-agent",
+        "the daemon does not run as the agent's user: the upgrade proves nothing"
+    );
+    let home = m.ok("getent passwd felhom-agent | cut -d: -f6");
+    assert_eq!(home, "/var/lib/felhom-agent");
+    let before = m.sh("felhom-agent --json doctor 2>/dev/null");
+    let before = String::from_utf8_lossy(&before.stdout).into_owned();
+    assert_eq!(doctor_check(&before, "agent_user_home"), "fail", "{before}");
+
+    // The upgrade (the same .deb again runs `postinst configure <version>`).
+    let out = m.ok("dpkg -i /tmp/felhom-agent.deb 2>&1");
+    assert!(
+        out.contains("Setting up felhom-agent") && !out.contains("could not"),
+        "dpkg -i printed: {out}"
+    );
+    assert_eq!(
+        m.ok("getent passwd felhom-agent | cut -d: -f6"),
+        "/nonexistent"
+    );
+    assert_eq!(m.ok("getent shadow felhom-agent | cut -d: -f8"), "1");
+    assert_eq!(
+        m.ok(&format!(
+            "readlink /etc/systemd/system/user@{uid}.service; systemctl is-enabled user@{uid}.service || true"
+        )),
+        "/dev/null\nmasked"
+    );
+    // The daemon runs again, a new process, as the agent's user.
+    assert_eq!(
+        settled_state(&m, "felhom-agent.service"),
+        "active",
+        "{}",
+        journal(&m, "felhom-agent.service")
+    );
+    let new_pid = m.prop("felhom-agent.service", "MainPID");
+    assert_ne!(new_pid, old_pid, "the daemon was not restarted");
+    assert_eq!(m.ok(&format!("stat -c %U /proc/{new_pid}")), "felhom-agent");
+    let after = m.sh("felhom-agent --json doctor 2>/dev/null");
+    let after = String::from_utf8_lossy(&after.stdout).into_owned();
+    for check in ["agent_user_home", "agent_user_login", "agent_user_manager"] {
+        assert_eq!(doctor_check(&after, check), "pass", "{check}: {after}");
+    }
+    report("real systemd: an upgrade confined an older install's user and restarted its daemon");
+
+    let left = m.shut_down();
+    assert!(left.is_empty(), "left after the machine stopped: {left:?}");
+}
+
 #[test]
 fn the_metrics_path_keeps_publishing_under_a_write_every_200ms_for_60s() {
     let Some(m) = installed_machine("the metrics path under load") else {
