@@ -10,7 +10,10 @@
 //!   under a metrics write every 200 ms for 60 s (systemd's default start limit once stopped
 //!   it for good, `unit-start-limit-hit`);
 //! - `doctor`'s reading of `systemctl show` (the syscall filter) holds against what this
-//!   systemd prints.
+//!   systemd prints;
+//! - an upgrade over an older install whose user had a home, no expiry and a user manager:
+//!   postinst stops the running daemon, confines the user (`usermod -d /nonexistent`, `-e 1`,
+//!   `user@<uid>.service` masked) and starts the daemon again as that user.
 //!
 //! The `.deb` is `$FELHOM_TEST_DEB` (tests/run.sh builds it in its package step), else it is
 //! built here with `packaging/build-deb.sh --from-debug` into `target/debian-test/` (that
