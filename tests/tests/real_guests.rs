@@ -152,6 +152,13 @@ fn isolated_copy_of_a_debian_guest_shows_networking_failed() {
         isolation.contains("eth0 given") && isolation.contains("networking.service"),
         "{doc:#}"
     );
+    // A selftest's guest is the agent's own throwaway copy: sys-kernel-debug.mount, failed in
+    // its user namespace, is reset and named, never "left failed".
+    assert!(
+        isolation.contains("sys-kernel-debug.mount failed as in every unprivileged container")
+            && !isolation.contains("left failed"),
+        "{doc:#}"
+    );
     // PVE stops and starts the copy: it boots again as PVE boots it, with no NIC, and the pair
     // the agent gave it went with its old network namespace.
     w.pve.guest_set(122, json!({"status": "stopped"}));

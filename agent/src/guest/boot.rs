@@ -278,8 +278,9 @@ pub struct LabRequest<'a> {
     pub names: &'a [String],
     /// The names stored with `ip=dhcp`.
     pub dhcp: &'a [String],
-    /// A restore-test copy: `sys-kernel-debug.mount`, failed in a user namespace that is not
-    /// the initial one, has its failed state reset (`tests/data/guest-units-facts.md` §1).
+    /// A copy of the agent's own (a restore test's or a selftest's, never a customer's guest):
+    /// `sys-kernel-debug.mount`, failed in a user namespace that is not the initial one, has its
+    /// failed state reset (`tests/data/guest-units-facts.md` §1).
     pub reset_userns_debugfs: bool,
 }
 

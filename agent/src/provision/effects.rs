@@ -1412,7 +1412,12 @@ impl<'a> Executor<'a> {
         let lab = crate::guest::boot::LabRequest {
             names: &names,
             dhcp: &dhcp,
-            reset_userns_debugfs: state.kind() == TxnKind::SelftestRestore,
+            // The agent's own throwaway copies (a restore test's, a selftest's), never a
+            // customer's guest provisioned isolated.
+            reset_userns_debugfs: matches!(
+                state.kind(),
+                TxnKind::SelftestRestore | TxnKind::SelftestProvision
+            ),
         };
         let changed =
             crate::guest::boot::give_lab_interfaces(&exec, &lab, self.timeouts.boot).await?;
