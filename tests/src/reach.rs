@@ -155,6 +155,16 @@ mod tests {
         }
         drop(dir);
         assert!(!path.exists(), "{} left behind", path.display());
+        // A test that panics leaves nothing behind either.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let dir = reachable_tempdir("felhom-reach-test-", &inner);
+            tx.send(dir.path().to_path_buf()).expect("send");
+            panic!("a failing test");
+        }));
+        let path = rx.recv().expect("the folder's path");
+        assert!(panicked.is_err() && path.starts_with(FALLBACK_BASE));
+        assert!(!path.exists(), "{} left behind", path.display());
 
         // Once others may pass, the folder stays where it was asked for.
         set_mode(closed.path(), 0o755);
@@ -166,19 +176,18 @@ mod tests {
         let original = closed.path().join("script");
         std::fs::write(&original, "the original\n").expect("write");
         let copy = ReachableCopy::new(&original);
-        let read = std::process::Command::new("setpriv")
-            .args([
-                "--reuid",
-                "65534",
-                "--regid",
-                "65534",
-                "--clear-groups",
-                "cat",
-            ])
-            .arg(copy.path())
-            .current_dir("/")
-            .output()
-            .expect("setpriv");
+        let cat_as_nobody = |file: &Path| {
+            std::process::Command::new("setpriv")
+                .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+                .arg("cat")
+                .arg(file)
+                .current_dir("/")
+                .output()
+                .expect("setpriv")
+        };
+        let read = cat_as_nobody(&original);
+        assert!(!read.status.success(), "nobody read {}", original.display());
+        let read = cat_as_nobody(copy.path());
         assert_eq!(
             String::from_utf8_lossy(&read.stdout),
             "the original\n",
