@@ -78,11 +78,10 @@ case "$base/" in /tmp/* | /run/* | /dev/shm/*) base=/var/tmp/felhom-agent-tests 
 as_owner mkdir -p "$base"
 # A real container's root (uid 100000) must pass through every folder above its root
 # filesystem: a checkout below a folder others may not enter (a `mktemp -d` folder is 0700)
-# keeps its work folder in /var/tmp too.
+# keeps its work folder directly in /var/tmp (mode 1777: anyone may pass), where nothing of the
+# demo stays once it ends.
 if ! setpriv --reuid 100000 --regid 100000 --clear-groups test -x "$base" 2>/dev/null; then
-  base=/var/tmp/felhom-agent-tests
-  mkdir -p "$base"
-  chmod 0711 "$base"
+  base=/var/tmp
 fi
 work=$(mktemp -d "$base/felhom-demo.XXXXXX")
 fake_pid=""

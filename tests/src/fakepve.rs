@@ -1441,10 +1441,9 @@ impl AgentFiles {
 
     /// Write the agent's files for `pve`.
     pub fn write(pve: &FakePve, opts: &AgentOptions) -> AgentFiles {
-        let dir = tempfile::Builder::new()
-            .prefix("felhom-agent-")
-            .tempdir_in(state_base())
-            .unwrap_or_else(|e| panic!("cannot make a temporary directory: {e}"));
+        // The agent may switch to its user (`[agent] user`), which must reach its state dir,
+        // the helper's socket and what it reads after the switch.
+        let dir = crate::reach::reachable_tempdir("felhom-agent-", &state_base());
         let p = |name: &str| dir.path().join(name);
         let files = AgentFiles {
             config_path: p("agent.toml"),

@@ -182,26 +182,18 @@ pub struct Squatter {
     _proc: MonitorProc,
     /// The stand-in's copy `uid` can read (the checkout may sit below a folder only root may
     /// enter, as a `mktemp -d` clone does).
-    _script: tempfile::TempDir,
+    _script: crate::reach::ReachableCopy,
 }
 
 impl Squatter {
     /// Bind `@<lxc_path>/<vmid>/command` as `uid` (panics when the name is taken).
     pub fn bind(lxc_path: &Path, vmid: u32, uid: u32) -> Squatter {
-        let dir = tempfile::Builder::new()
-            .prefix("felhom-squatter-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot make a folder for the squatter's script: {e}"));
-        let script = dir.path().join("lxc-monitor");
-        std::fs::copy(lxc_monitor_stand_in(), &script)
-            .and_then(|_| set_mode(dir.path(), 0o755))
-            .and_then(|()| set_mode(&script, 0o644))
-            .unwrap_or_else(|e| panic!("cannot copy the LXC monitor stand-in: {e}"));
-        let child = spawn_monitor(lxc_path, vmid, Some(uid), &script, None)
+        let script = crate::reach::ReachableCopy::new(&lxc_monitor_stand_in());
+        let child = spawn_monitor(lxc_path, vmid, Some(uid), script.path(), None)
             .unwrap_or_else(|| panic!("the command socket of {vmid} is held already"));
         Squatter {
             _proc: MonitorProc { child },
-            _script: dir,
+            _script: script,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod devhub;
 pub mod fakepve;
 pub mod guestbed;
 pub mod nspawn;
+pub mod reach;
 pub mod world;
 
 /// Print a figure a test measured so that it shows in the test command's output even when the

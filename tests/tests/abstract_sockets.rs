@@ -17,6 +17,7 @@ use std::process::{Command, Stdio};
 
 use felhom_agent::guest::lxc_monitor::{check_monitor, Monitor};
 use felhom_tests::guestbed::{lxc_monitor_stand_in, repo_root};
+use felhom_tests::reach::ReachableCopy;
 use felhom_tests::world::World;
 
 /// What the filter must refuse.
@@ -54,10 +55,12 @@ fn unit_denies(unit: &str) -> (BTreeSet<String>, bool) {
     (denied, eperm)
 }
 
-/// Bind `@<lxc_path>/<vmid>/command` as uid 65534 through the LXC monitor stand-in, under the
-/// deny list `deny` (none: no filter): what it printed, its exit status; a listener that
-/// started is killed after the check.
+/// Bind `@<lxc_path>/<vmid>/command` as uid 65534 through the LXC monitor stand-in (a copy that
+/// uid can read: the checkout may sit below a folder only root may enter), under the deny list
+/// `deny` (none: no filter): what it printed, its exit status; a listener that started is
+/// killed after the check.
 fn squat(lxc_path: &Path, vmid: u32, deny: Option<&BTreeSet<String>>) -> (String, Option<i32>) {
+    let script = ReachableCopy::new(&lxc_monitor_stand_in());
     let mut cmd = Command::new("python3");
     cmd.arg(seccomp_run());
     if let Some(deny) = deny {
@@ -65,7 +68,7 @@ fn squat(lxc_path: &Path, vmid: u32, deny: Option<&BTreeSet<String>>) -> (String
             .arg(deny.iter().cloned().collect::<Vec<_>>().join(","));
     }
     cmd.args(["--uid", "65534", "--", "perl"])
-        .arg(lxc_monitor_stand_in())
+        .arg(script.path())
         .arg(lxc_path)
         .arg(vmid.to_string())
         .stdin(Stdio::piped())

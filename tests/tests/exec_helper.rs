@@ -881,6 +881,96 @@ fn an_open_provision_runs_commands_through_the_helper_during_its_bootstrap_and_n
     assert_eq!(h.pct_calls_for(162), before);
 }
 
+/// Wait until no process holds the name of `vmid`'s LXC command socket (panics after
+/// `within`).
+fn wait_until_name_is_free(lxc: &Path, vmid: u32, within: Duration) {
+    use felhom_agent::guest::lxc_monitor::{check_monitor, Monitor};
+    let deadline = Instant::now() + within;
+    while check_monitor(lxc, vmid) != Monitor::Absent {
+        assert!(
+            Instant::now() < deadline,
+            "the monitor of {vmid} never let go of its name"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many times the bed's `pct exec` ran for `vmid`, whoever started it.
+fn bed_execs(w: &World, vmid: u32) -> usize {
+    let vmid = vmid.to_string();
+    w.bed
+        .pct_calls()
+        .iter()
+        .filter(|c| c.sub == "exec" && c.vmid == vmid)
+        .count()
+}
+
+/// Uid 65534 binds the freed name of `vmid`'s command socket; the helper refuses an exec of
+/// transaction `txn` into it (`exec_monitor_untrusted`, naming the vmid and the squatter's uid)
+/// without starting `pct`. The squatter (it holds the name until dropped), and the bed's
+/// `pct exec` count for `vmid` at the squat.
+fn squat_and_see_the_helper_refuse(
+    w: &World,
+    h: &Helper,
+    txn: &str,
+    vmid: u32,
+) -> (felhom_tests::guestbed::Squatter, usize) {
+    let squatter = felhom_tests::guestbed::Squatter::bind(&w.bed.lxc_path(), vmid, 65534);
+    let (helper_before, bed_before) = (h.pct_calls_for(vmid), bed_execs(w, vmid));
+    let r = h.call(&exec_request(
+        vmid,
+        txn,
+        &["/bin/sh", "-c", ": > /root/squatted"],
+    ));
+    assert_eq!(
+        code(&r),
+        "exec_monitor_untrusted",
+        "{r:#}\n{}",
+        h.log_text()
+    );
+    let msg = r["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(&vmid.to_string()) && msg.contains("uid 65534"),
+        "{msg}"
+    );
+    assert_eq!(h.pct_calls_for(vmid), helper_before, "{:#?}", h.pct_calls());
+    (squatter, bed_before)
+}
+
+/// The squatted provision of `vmid` ends (within 120 s) and fails, no `pct exec` ran for `vmid`
+/// since the squat (`bed_before` of them before it), and the squatter's file is nowhere in the
+/// container.
+fn assert_the_provision_fails_without_pct_exec(
+    w: &World,
+    provision: &mut Child,
+    vmid: u32,
+    bed_before: usize,
+) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Ok(Some(status)) = provision.try_wait() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the provision of {vmid} never ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_ne!(
+        status.code(),
+        Some(0),
+        "the provision of {vmid} passed with a squatted socket"
+    );
+    assert_eq!(
+        bed_execs(w, vmid),
+        bed_before,
+        "pct exec ran for {vmid} after the squat: {:#?}",
+        w.bed.pct_calls()
+    );
+    assert!(rootfs_file(w, vmid, "/root/squatted").is_none());
+}
+
 /// The squat against the helper: an open provision of 163 is in its bootstrap (the helper runs
 /// its commands); then the container's LXC monitor ends while `pct` still takes the container
 /// for running, and uid 65534 binds `@<lxcpath>/163/command` with the monitor's very command
@@ -913,61 +1003,12 @@ fn a_command_socket_not_held_by_roots_lxc_monitor_makes_the_helper_refuse_and_pc
         nix::sys::signal::Signal::SIGUSR1,
     )
     .expect("signal the monitor");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while check_monitor(&lxc, 163) != Monitor::Absent {
-        assert!(
-            Instant::now() < deadline,
-            "the monitor never let go of its name"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _squatter = felhom_tests::guestbed::Squatter::bind(&lxc, 163, 65534);
-    let bed_execs = || {
-        w.bed
-            .pct_calls()
-            .iter()
-            .filter(|c| c.sub == "exec" && c.vmid == "163")
-            .count()
-    };
-    let (helper_before, bed_before) = (h.pct_calls_for(163), bed_execs());
-
-    let r = h.call(&exec_request(
-        163,
-        &txn,
-        &["/bin/sh", "-c", ": > /root/squatted"],
-    ));
-    assert_eq!(
-        code(&r),
-        "exec_monitor_untrusted",
-        "{r:#}\n{}",
-        h.log_text()
-    );
-    let msg = r["error"]["message"].as_str().unwrap_or("");
-    assert!(msg.contains("163") && msg.contains("uid 65534"), "{msg}");
-    assert_eq!(h.pct_calls_for(163), helper_before, "{:#?}", h.pct_calls());
+    wait_until_name_is_free(&lxc, 163, Duration::from_secs(10));
+    let (_squatter, bed_before) = squat_and_see_the_helper_refuse(&w, &h, &txn, 163);
 
     // The bootstrap is released: the agent's next exec into 163 meets the squatter too.
     std::fs::write(w.bed.guest_path(163, "/root/release"), b"").expect("release");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Ok(Some(status)) = provision.try_wait() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the provision never ended");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_ne!(
-        status.code(),
-        Some(0),
-        "the provision passed with a squatted socket"
-    );
-    assert_eq!(
-        bed_execs(),
-        bed_before,
-        "pct exec ran for 163 after the squat: {:#?}",
-        w.bed.pct_calls()
-    );
-    assert!(rootfs_file(&w, 163, "/root/squatted").is_none());
+    assert_the_provision_fails_without_pct_exec(&w, &mut provision, 163, bed_before);
 }
 
 /// The squat on real guests: container 164 is a real LXC container of the bed (Debian with
@@ -1024,57 +1065,13 @@ fn the_real_lxc_monitor_is_trusted_and_a_squatter_on_a_stopped_containers_name_i
         .status()
         .expect("lxc-stop");
     assert!(stopped.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while check_monitor(&lxc, 164) != Monitor::Absent {
-        assert!(
-            Instant::now() < deadline,
-            "the monitor never let go of its name"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _squatter = felhom_tests::guestbed::Squatter::bind(&lxc, 164, 65534);
-    let bed_execs = || {
-        w.bed
-            .pct_calls()
-            .iter()
-            .filter(|c| c.sub == "exec" && c.vmid == "164")
-            .count()
-    };
-    let (helper_before, bed_before) = (h.pct_calls_for(164), bed_execs());
-    let r = h.call(&exec_request(
-        164,
-        &txn,
-        &["/bin/sh", "-c", ": > /root/squatted"],
-    ));
-    assert_eq!(
-        code(&r),
-        "exec_monitor_untrusted",
-        "{r:#}\n{}",
-        h.log_text()
-    );
-    let msg = r["error"]["message"].as_str().unwrap_or("");
-    assert!(msg.contains("164") && msg.contains("uid 65534"), "{msg}");
-    assert_eq!(h.pct_calls_for(164), helper_before, "{:#?}", h.pct_calls());
+    wait_until_name_is_free(&lxc, 164, Duration::from_secs(20));
+    let (_squatter, bed_before) = squat_and_see_the_helper_refuse(&w, &h, &txn, 164);
     nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
 
     // The provision's bootstrap died with its container: the provision fails, and no `pct exec`
     // (so no lxc-attach) ran for 164 after the squat.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Ok(Some(status)) = provision.try_wait() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the provision never ended");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_ne!(status.code(), Some(0), "the provision passed");
-    assert_eq!(
-        bed_execs(),
-        bed_before,
-        "pct exec ran for 164 after the squat: {:#?}",
-        w.bed.pct_calls()
-    );
-    assert!(rootfs_file(&w, 164, "/root/squatted").is_none());
+    assert_the_provision_fails_without_pct_exec(&w, &mut provision, 164, bed_before);
 }
 
 /// `exec-helper --socket` binds only in a folder of root's that nobody else can write: a folder

@@ -97,17 +97,48 @@ fn folder(base: &Path, name: &str) -> PathBuf {
     d
 }
 
-#[test]
-fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
-    let w = World::demo();
+/// A folder of mode 0755 for one test's folders, removed when dropped.
+fn base() -> tempfile::TempDir {
     let base = tempfile::Builder::new()
         .prefix("felhom-publish-")
         .tempdir()
         .expect("tempdir");
     std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    base
+}
+
+/// The two folders of a publish in a [`base`] of their own: the agent's (the `[metrics] dir`
+/// of `config`, a copy of the world's config) and node_exporter's.
+struct Folders {
+    base: tempfile::TempDir,
+    agent: PathBuf,
+    ne: PathBuf,
+    config: PathBuf,
+}
+
+fn folders(w: &World) -> Folders {
+    let base = base();
     let agent = folder(base.path(), "agent");
     let ne = folder(base.path(), "node-exporter");
-    let config = &config_for(&w, &agent);
+    let config = config_for(w, &agent);
+    Folders {
+        base,
+        agent,
+        ne,
+        config,
+    }
+}
+
+#[test]
+fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
+    let w = World::demo();
+    let Folders {
+        base,
+        agent,
+        ne,
+        config,
+    } = folders(&w);
+    let config = &config;
 
     // A fresh install: nothing written yet, nothing published, nothing for node_exporter to
     // fail on.
@@ -211,10 +242,7 @@ fn what_the_agent_writes_is_published_as_it_wrote_it() {
     let w = World::demo();
     let run = w.agent(&["--selftest=provision", "-vmid", "172", "--json"]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let base = tempfile::Builder::new()
-        .prefix("felhom-publish-")
-        .tempdir()
-        .expect("tempdir");
+    let base = base();
     let ne = folder(base.path(), "node-exporter");
     let (code, log) = publish(&w.files.config_path, &w.files.metrics_dir, &ne);
     assert_eq!(code, Some(0), "{log}");
@@ -232,11 +260,7 @@ fn from_must_be_the_folder_the_agent_writes_into() {
     // The unit's --from names the folder its path unit watches; a [metrics] dir elsewhere
     // would publish nothing the agent writes, for good. Refused, naming both.
     let w = World::demo();
-    let base = tempfile::Builder::new()
-        .prefix("felhom-publish-")
-        .tempdir()
-        .expect("tempdir");
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let base = base();
     let other = folder(base.path(), "other");
     let ne = folder(base.path(), "node-exporter");
     std::fs::write(
@@ -257,14 +281,12 @@ fn from_must_be_the_folder_the_agent_writes_into() {
 #[test]
 fn a_refused_agent_folder_removes_the_published_copies() {
     let w = World::demo();
-    let base = tempfile::Builder::new()
-        .prefix("felhom-publish-")
-        .tempdir()
-        .expect("tempdir");
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let agent = folder(base.path(), "agent");
-    let ne = folder(base.path(), "node-exporter");
-    let config = config_for(&w, &agent);
+    let Folders {
+        base: _base,
+        agent,
+        ne,
+        config,
+    } = folders(&w);
     std::fs::write(
         agent.join("felhom_hub.prom"),
         "felhom_hub_connected 1\nfelhom_outbox_depth 0\n",
@@ -285,14 +307,12 @@ fn a_refused_agent_folder_removes_the_published_copies() {
 #[test]
 fn with_idle_exit_it_follows_every_change_then_exits_when_still() {
     let w = World::demo();
-    let base = tempfile::Builder::new()
-        .prefix("felhom-publish-")
-        .tempdir()
-        .expect("tempdir");
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let agent = folder(base.path(), "agent");
-    let ne = folder(base.path(), "node-exporter");
-    let config = config_for(&w, &agent);
+    let Folders {
+        base: _base,
+        agent,
+        ne,
+        config,
+    } = folders(&w);
     let mut child = agent_command(&config)
         .args(["metrics-publish", "--idle-exit", "3", "--from"])
         .arg(&agent)
