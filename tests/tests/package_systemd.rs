@@ -137,17 +137,27 @@ fn configure(m: &Machine, pve: &FakePve, hub: Option<&DevHub>) {
 }
 
 /// `systemctl is-active UNIT` once it has settled (not activating/deactivating).
+/// Settled: no job of the unit is queued (a `restart --no-block` passes through `inactive`
+/// between its stop and its start while its job waits) and the state is not a transition.
 fn settled_state(m: &Machine, unit: &str) -> String {
-    m.wait_for(
+    let (state, _) = m.wait_for(
         &format!("{unit} to settle"),
         WAIT,
         |m| {
-            String::from_utf8_lossy(&m.sh(&format!("systemctl is-active {unit}")).stdout)
-                .trim()
-                .to_string()
+            let out = m.sh(&format!(
+                "systemctl is-active {unit}; systemctl list-jobs --no-legend --no-pager {unit} | wc -l"
+            ));
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let mut lines = text.lines().map(str::trim);
+            let state = lines.next().unwrap_or("").to_string();
+            let jobs = lines.next().unwrap_or("").to_string();
+            (state, jobs)
         },
-        |s| !matches!(s.as_str(), "activating" | "deactivating" | "reloading" | ""),
-    )
+        |(s, jobs)| {
+            jobs == "0" && !matches!(s.as_str(), "activating" | "deactivating" | "reloading" | "")
+        },
+    );
+    state
 }
 
 fn journal(m: &Machine, unit: &str) -> String {
