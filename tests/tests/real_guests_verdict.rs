@@ -156,6 +156,57 @@ fn bed_links_and_ports(prefix: &str) -> Vec<String> {
     all
 }
 
+/// LXC's init pid of container `vmid` once it runs (180 s at most).
+fn init_pid_of(lxc_path: &str, vmid: u32) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    loop {
+        let out = std::process::Command::new("lxc-info")
+            .args(["-P", lxc_path, "-n", &vmid.to_string(), "-p", "-H"])
+            .output()
+            .expect("lxc-info");
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()) {
+            return pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "CT {vmid} never ran");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The two looks of the isolation test below see a guest that is connected: a guest provisioned
+/// with its stored network has an `eth0` whose peer is outside its namespace (`link-netnsid`),
+/// and the bed's bridge gained that peer as a port. So that test fails when a copy is wired to
+/// the outside.
+#[test]
+fn the_looks_from_the_host_see_a_guest_with_its_stored_network_wired_to_the_bridge() {
+    let Some(w) = real_world(json!({})) else {
+        return;
+    };
+    let prefix = w.bed.net_prefix().expect("real bed").to_string();
+    let before = bed_links_and_ports(&prefix);
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "123",
+        "--network",
+        "stored",
+        "--keep",
+        "--json",
+    ]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let pid = init_pid_of(&w.bed.lxc_path().display().to_string(), 123);
+    let links = links_in_netns_of(&pid);
+    assert!(
+        links.contains(": eth0@") && links.contains("link-netnsid"),
+        "{links}"
+    );
+    let during = bed_links_and_ports(&prefix);
+    assert_ne!(
+        before, during,
+        "no bridge port appeared for the connected guest"
+    );
+}
+
 /// From the host, while a restore-test copy of a guest with a stored NIC runs: no interface in
 /// the copy's network namespace has a peer outside it (`ip` prints `link-netnsid` for a veth
 /// whose other end is in another namespace), also once it was given its stored `eth0` as a
@@ -181,20 +232,7 @@ fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_brid
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("agent");
-    // Until the copy runs: LXC's init pid of 990002.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
-    let pid = loop {
-        let out = std::process::Command::new("lxc-info")
-            .args(["-P", &lxc_path, "-n", "990002", "-p", "-H"])
-            .output()
-            .expect("lxc-info");
-        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if out.status.success() && !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()) {
-            break pid;
-        }
-        assert!(std::time::Instant::now() < deadline, "the copy never ran");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let pid = init_pid_of(&lxc_path, 990002);
     // Until the copy has been given its eth0 (after its boot), then look.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     let links = loop {
