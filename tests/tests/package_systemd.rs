@@ -515,7 +515,7 @@ fn an_upgrade_confines_an_older_installs_user_and_restarts_its_running_daemon() 
     for check in ["agent_user_home", "agent_user_login", "agent_user_manager"] {
         assert_eq!(doctor_check(&after, check), "pass", "{check}: {after}");
     }
-    report("real systemd: an upgrade confined an older install's user and restarted its daemon");
+    report("real systemd: ran an upgrade that confined an older install's user and restarted its daemon");
 
     let left = m.shut_down();
     assert!(left.is_empty(), "left after the machine stopped: {left:?}");
