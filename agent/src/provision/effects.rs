@@ -1430,7 +1430,10 @@ impl<'a> Executor<'a> {
             None => changed,
         };
         tracing::info!(vmid, "isolation: {changed}");
-        let settled = crate::guest::boot::wait_boot(&exec, self.timeouts.boot).await;
+        // The boot as first seen stays first: the second wait only follows the restarts.
+        let settled = crate::guest::boot::wait_boot(&exec, self.timeouts.boot)
+            .await
+            .map(|after| format!("{seen}; after the isolation, {after}"));
         drop(exec);
         self.isolation = Some(changed);
         settled
