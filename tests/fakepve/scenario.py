@@ -1233,7 +1233,8 @@ class ScenarioPve(fake_server.FakePve):
     # ------------------------------------------------ real LXC containers (guest_bed.real_lxc)
 
     # guest_bed['real_lxc'] = {"tarball": the Debian root filesystem with owners shifted by
-    # 100000 (tests/testbed/build-debian-rootfs.sh), "osqueryi": the stand-in installed into
+    # 100000 (tests/testbed/build-debian-rootfs.sh), "releases": {Debian suite: its tarball} for
+    # the guests whose backup names a `release`, "osqueryi": the stand-in installed into
     # each guest, "net_prefix": the prefix of every bridge and veth this bed makes}.
     # vmid -> {"proc": the `lxc-start -F` process (root's LXC monitor), "log": its output}.
     bed_lxc = None
@@ -1320,8 +1321,16 @@ class ScenarioPve(fake_server.FakePve):
         installed as osquery's package lays it out, the hostname, and /etc/network/interfaces as
         the backup's guest last ran with it (written by pve-container at its last start from its
         NICs: `stored`). `spec["files"]` ({guest path: text}) adds files, `spec["links"]`
-        ({guest path: target}) symbolic links."""
+        ({guest path: target}) symbolic links, `spec["release"]` picks the Debian release
+        (a key of real_lxc["releases"]; the default tarball without)."""
         real = self.guest_bed['real_lxc']
+        tarball = real['tarball']
+        release = spec.get('release')
+        if release is not None:
+            tarball = (real.get('releases') or {}).get(release)
+            if not tarball:
+                raise fake_model.TaskError('the bed has no Debian release {0!r} (it has: {1})'.format(
+                    release, ', '.join(sorted(real.get('releases') or {}))))
         vmid = int(guest.vmid)
         d = self.bed_dir(vmid)
         shutil.rmtree(d, ignore_errors=True)
@@ -1331,7 +1340,7 @@ class ScenarioPve(fake_server.FakePve):
         tmp = os.path.join(d, 'rootfs.tmp')
         os.makedirs(tmp)
         proc = await asyncio.create_subprocess_exec(
-            'tar', '--numeric-owner', '--warning=no-unknown-keyword', '-xpf', real['tarball'], '-C', tmp,
+            'tar', '--numeric-owner', '--warning=no-unknown-keyword', '-xpf', tarball, '-C', tmp,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         _, err = await proc.communicate()
         if proc.returncode != 0:

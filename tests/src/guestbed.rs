@@ -270,9 +270,9 @@ impl GuestBed {
     pub fn new_real() -> Result<Self, (String, Self)> {
         let mut bed = Self::new();
         match real_lxc() {
-            Ok(tarball) => {
+            Ok(tarballs) => {
                 bed.real = Some(RealLxc {
-                    tarball: tarball.clone(),
+                    tarballs: tarballs.clone(),
                     net_prefix: net_prefix(),
                 });
                 Ok(bed)
@@ -462,8 +462,14 @@ impl GuestBed {
             "monitor": lxc_monitor_stand_in().display().to_string(),
         });
         if let Some(real) = &self.real {
+            let releases: serde_json::Map<String, serde_json::Value> = real
+                .tarballs
+                .iter()
+                .map(|(name, path)| (name.to_string(), path.display().to_string().into()))
+                .collect();
             scenario["guest_bed"]["real_lxc"] = serde_json::json!({
-                "tarball": real.tarball.display().to_string(),
+                "tarball": real.tarballs[0].1.display().to_string(),
+                "releases": releases,
                 "osqueryi": repo_root().join("tests/testbed/osqueryi").display().to_string(),
                 "net_prefix": real.net_prefix,
             });
@@ -677,11 +683,20 @@ pub fn all_cmdlines() -> Vec<String> {
     out
 }
 
-/// What a real bed needs: the Debian root filesystem and its link prefix.
+/// The Debian releases the real bed's guests run (`tests/testbed/build-debian-rootfs.sh`): a
+/// backup volume's `guest.release` names one; bookworm (Debian 12, PVE 8's systemd 252) when it
+/// names none. What differs between them is what breaks: systemd 247 (bullseye) and 257
+/// (trixie) fail other units in a user namespace than 252 does.
+pub const DEBIAN_RELEASES: [&str; 3] = ["bookworm", "bullseye", "trixie"];
+
+/// The shifted tarball of each release in [`DEBIAN_RELEASES`], the default first.
+pub type Releases = Vec<(&'static str, PathBuf)>;
+
+/// What a real bed needs: the Debian root filesystems and its link prefix.
 #[derive(Debug)]
 struct RealLxc {
-    /// The shifted tarball (`tests/testbed/build-debian-rootfs.sh`).
-    tarball: PathBuf,
+    /// The shifted tarball of each release (`tests/testbed/build-debian-rootfs.sh`).
+    tarballs: Releases,
     /// `fhb` + 4 characters: every bridge and veth of this bed starts with it.
     net_prefix: String,
 }
@@ -713,12 +728,12 @@ fn net_prefix() -> String {
     out
 }
 
-/// The real bed's Debian root filesystem, built on first use, and whether LXC runs a
-/// container here: `Ok(shifted tarball)` or a one-line reason (once per test process; a
-/// success is remembered for this boot in `target/testbed/`, so later test processes skip the
-/// throwaway container).
-pub fn real_lxc() -> &'static Result<PathBuf, String> {
-    static REAL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+/// The real bed's Debian root filesystems, built on first use, and whether LXC runs a
+/// container here: `Ok(shifted tarball of each release)` or a one-line reason (once per test
+/// process; a success is remembered for this boot in `target/testbed/`, so later test
+/// processes skip the throwaway container).
+pub fn real_lxc() -> &'static Result<Releases, String> {
+    static REAL: OnceLock<Result<Releases, String>> = OnceLock::new();
     REAL.get_or_init(|| {
         for tool in [
             "lxc-start",
@@ -734,31 +749,36 @@ pub fn real_lxc() -> &'static Result<PathBuf, String> {
             }
         }
         let out_dir = repo_root().join("target/testbed");
-        let out = Command::new("bash")
-            .arg(repo_root().join("tests/testbed/build-debian-rootfs.sh"))
-            .arg(&out_dir)
-            .output()
-            .map_err(|e| format!("cannot run build-debian-rootfs.sh: {e}"))?;
-        if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr);
-            let last = err
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            return Err(format!(
-                "tests/testbed/build-debian-rootfs.sh failed ({}): {last}",
-                out.status
-            ));
+        let mut tarballs = Releases::new();
+        for release in DEBIAN_RELEASES {
+            let out = Command::new("bash")
+                .arg(repo_root().join("tests/testbed/build-debian-rootfs.sh"))
+                .arg(&out_dir)
+                .arg(release)
+                .output()
+                .map_err(|e| format!("cannot run build-debian-rootfs.sh: {e}"))?;
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                let last = err
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("");
+                return Err(format!(
+                    "tests/testbed/build-debian-rootfs.sh {release} failed ({}): {last}",
+                    out.status
+                ));
+            }
+            let tarball = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            tarballs.push((release, tarball));
         }
-        let tarball = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         let stamp = out_dir.join(format!("lxc-works-{}", boot.trim()));
         if !stamp.exists() {
             probe_lxc()?;
             let _ = std::fs::write(&stamp, "a throwaway unprivileged container started\n");
         }
-        Ok(tarball)
+        Ok(tarballs)
     })
 }
 

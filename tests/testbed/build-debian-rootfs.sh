@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Builds the root filesystem of the test bed's real containers: a Debian 12 (bookworm) made by
-# mmdebstrap --variant=minbase with systemd as init, ifupdown, iproute2, procps and busybox (the
-# osqueryi stand-in's awk, and the wget of its `curl` table), as a tarball, and a copy of it whose
-# owners are shifted by 100000: what an unprivileged container of PVE holds on disk (pve-container
+# Builds the root filesystem of the test bed's real containers: a Debian release made by
+# mmdebstrap --variant=minbase with systemd as init and what every real container template
+# carries (ifupdown, iproute2, procps, kmod, isc-dhcp-client: a root without kmod fails
+# systemd-modules-load for a reason no real template has), plus busybox (the osqueryi stand-in's
+# awk, and the wget of its `curl` table), as a tarball, and a copy of it whose owners are
+# shifted by 100000: what an unprivileged container of PVE holds on disk (pve-container
 # `update_lxc_config`: `lxc.idmap = u 0 100000 65536`). The bed extracts the shifted one
 # (`tar --numeric-owner -xpf`) into each container it restores.
 #
-# Usage: tests/testbed/build-debian-rootfs.sh [DIR]   (default: <repo>/target/testbed)
-# Prints the path of the shifted tarball (DIR/debian-<key>.shifted.tar) on stdout.
+# Usage: tests/testbed/build-debian-rootfs.sh [DIR [SUITE]]
+#   DIR    default <repo>/target/testbed
+#   SUITE  bookworm (Debian 12, systemd 252; the default), bullseye (Debian 11, systemd 247) or
+#          trixie (Debian 13, systemd 257): the releases whose differences the bed shows
+# Prints the path of the shifted tarball (DIR/debian-<suite>-<key>.shifted.tar) on stdout.
 #
 # Cached: the key is the sha256 of this script, so a tarball is built once per version of the
-# script; the build runs under a lock (concurrent callers wait and then reuse it) and is renamed
-# into place whole. Older keys are removed. Packages come from this machine's own apt sources
-# (/etc/apt/sources.list and sources.list.d: the Debian mirror it is configured with), with its
+# script and suite; the build runs under a lock (concurrent callers wait and then reuse it) and
+# is renamed into place whole. Older keys of the same suite are removed. Packages come from
+# this machine's Debian mirror (the URIs of its apt sources that name bookworm), with its
 # Acquire::Check-Valid-Until / Check-Date settings (a snapshot mirror needs them off).
 #
 # Needs root, mmdebstrap and python3 (tests/setup.sh installs mmdebstrap). Takes 20-60 s.
@@ -21,13 +26,18 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${1:-$repo/target/testbed}
+suite=${2:-bookworm}
+case $suite in
+  bullseye | bookworm | trixie) ;;
+  *) echo "build-debian-rootfs: unknown suite '$suite' (bullseye, bookworm or trixie)" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 
 key=$(sha256sum "$here/build-debian-rootfs.sh" | cut -c1-16)
-plain=$out/debian-$key.tar
-shifted=$out/debian-$key.shifted.tar
+plain=$out/debian-$suite-$key.tar
+shifted=$out/debian-$suite-$key.shifted.tar
 
-exec 9>"$out/.build-debian-rootfs.lock"
+exec 9>"$out/.build-debian-rootfs-$suite.lock"
 flock 9
 if [ -s "$plain" ] && [ -s "$shifted" ]; then
   echo "$shifted"
@@ -39,16 +49,20 @@ if ! command -v mmdebstrap >/dev/null 2>&1; then
   exit 1
 fi
 
-# The machine's Debian sources: every .list/.sources file that names a bookworm suite.
-sources=()
+# The machine's Debian mirror: the first URI of an apt source that names a bookworm suite
+# (the security archive left aside); each release is taken from it by its own suite name.
+mirror=""
 for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
   [ -f "$f" ] || continue
   grep -qE '^[^#]*\bbookworm' "$f" || continue
-  sources+=("$f")
+  uri=$(awk '/^[[:space:]]*#/ {next}
+    /^URIs:/ {print $2; exit}
+    /^deb[[:space:]]/ {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' "$f")
+  case $uri in */debian-security* | "") continue ;; esac
+  mirror=$uri
+  break
 done
-if [ ${#sources[@]} -eq 0 ]; then
-  sources=(http://deb.debian.org/debian)
-fi
+mirror=${mirror:-http://deb.debian.org/debian}
 
 aptopts=()
 eval "$(apt-config shell valid Acquire::Check-Valid-Until date Acquire::Check-Date)"
@@ -61,10 +75,13 @@ trap 'rm -rf "$scratch"' EXIT
 # Documentation, manual pages and translations are left out (a smaller tarball, a faster copy
 # per container); nothing the guest runs reads them. The merged /usr is laid out by mmdebstrap's
 # own hook instead of the usrmerge package, which would pull in perl (46 MB).
+# bullseye has no usr-is-merged package for the hook to install; its root keeps its own layout.
 hooks=()
-[ -d /usr/share/mmdebstrap/hooks/merged-usr ] && hooks+=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+if [ "$suite" != bullseye ] && [ -d /usr/share/mmdebstrap/hooks/merged-usr ]; then
+  hooks+=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+fi
 mmdebstrap --quiet --variant=minbase --mode=root --format=tar "${hooks[@]}" \
-  --include=systemd-sysv,ifupdown,iproute2,procps,busybox,hostname \
+  --include=systemd-sysv,ifupdown,iproute2,procps,busybox,hostname,kmod,isc-dhcp-client \
   --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -74,7 +91,7 @@ mmdebstrap --quiet --variant=minbase --mode=root --format=tar "${hooks[@]}" \
   --customize-hook='printf "auto lo\niface lo inet loopback\n" >"$1/etc/network/interfaces"' \
   --customize-hook='rm -f "$1/etc/machine-id" "$1/var/lib/dbus/machine-id"; : >"$1/etc/machine-id"' \
   "${aptopts[@]}" \
-  bookworm "$scratch/debian.tar" "${sources[@]}" >&2
+  "$suite" "$scratch/debian.tar" "deb $mirror $suite main" >&2
 
 # The shifted copy: every owner + 100000, names dropped (extracted with --numeric-owner).
 python3 - "$scratch/debian.tar" "$scratch/debian.shifted.tar" <<'EOF'
@@ -88,8 +105,13 @@ with tarfile.open(src, 'r:') as tin, tarfile.open(dst, 'w:', format=tarfile.PAX_
         tout.addfile(m, tin.extractfile(m) if m.isreg() else None)
 EOF
 
+# Older keys of this suite, and the tarballs of before the suite was in the name.
 for old in "$out"/debian-*.tar; do
-  case $old in "$plain" | "$shifted") ;; *) rm -f "$old" ;; esac
+  [ "$old" = "$plain" ] || [ "$old" = "$shifted" ] && continue
+  name=${old##*/}
+  if [[ $name == debian-"$suite"-* || $name =~ ^debian-[0-9a-f]{16}(\.shifted)?\.tar$ ]]; then
+    rm -f "$old"
+  fi
 done
 mv "$scratch/debian.tar" "$plain"
 mv "$scratch/debian.shifted.tar" "$shifted"

@@ -293,8 +293,8 @@ fn check_is(doc: &Value, name: &str, status: &str) -> bool {
 }
 
 /// A Debian guest with a static `eth0` stored in its backup: its isolated copy is given `eth0`
-/// as a veth pair whose other end is inside the copy too, `networking.service` (failed at the
-/// boot for the missing device) is restarted and brings up the stored address,
+/// as a veth pair whose other end is inside the copy too, before its boot wait (so
+/// `networking.service` finds it, or, when it ran before the device was there, is restarted),
 /// `sys-kernel-debug.mount` (failed as in every unprivileged container) is reset, and the
 /// restore test ends ok with the default pack as shipped and with an operator's pack that
 /// lists every failed unit; the report names what the isolation changed.
@@ -312,7 +312,6 @@ fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_
     let changed = doc["isolation"].as_str().unwrap_or("");
     assert!(
         changed.contains("eth0 given as an unconnected veth pair")
-            && changed.contains("networking.service (active)")
             && changed.contains(DEBUGFS_RESET),
         "{doc:#}"
     );
@@ -331,9 +330,9 @@ fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_
 /// with the default pack and with an operator's pack that lists every failed unit
 /// (`sys-kernel-debug.mount` reset and named too).
 #[test]
-fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_and_names_the_dhcp_stanzas() {
+fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_without_a_lease() {
     let mut scenario = debian_scenario_with(
-        json!({}),
+        json!({ "/etc/dhcp/dhclient.conf": DHCLIENT_CONF }),
         Some("name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=dhcp,type=veth"),
     );
     scenario["volumes"]["local"][0]["config"]["net1"] =
@@ -347,14 +346,22 @@ fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_and_names_the_dhcp_stanza
     assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
     assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
     let changed = doc["isolation"].as_str().unwrap_or("");
+    // With isc-dhcp-client (every real template has it), `dhclient` gives up after its timeout
+    // and goes on in the background, so `ifup` and networking.service succeed without a lease
+    // (`tests/data/guest-units-facts.md` section 2): nothing is left failed to reset.
     assert!(
         changed.contains("eth0 given as an unconnected veth pair")
             && changed.contains("eth1 given as an unconnected veth pair")
-            && changed.contains("networking.service failed for the DHCP stanza of eth0, eth1")
             && changed.contains(DEBUGFS_RESET),
         "{doc:#}"
     );
 }
+
+/// isc-dhcp-client's settings in the DHCP guests' backups: `ifup` runs `dhclient -1`, which
+/// gives up after `timeout` seconds without a lease (60 by default, per interface, one after
+/// the other: a copy with two DHCP stanzas boots 2 minutes longer than production). 5 s keeps
+/// the test's boot short; what the copy then shows is the same.
+const DHCLIENT_CONF: &str = "timeout 5;\nretry 5;\n";
 
 /// A unit of the backup that fails at its first start in a boot and would succeed when
 /// started again: it passes only when `/srv/www/flaky-ran` exists, which its `ExecStopPost`
@@ -378,7 +385,7 @@ guests = [200]
 /// failed at the boot for a reason of its own (and would succeed if restarted) is left failed,
 /// named in the report, and the operator's pack that lists every failed unit turns the restore
 /// test red naming it; the shop (`After=network-online.target`, bound to the stored address)
-/// is restarted and answers; `sys-kernel-debug.mount` is not what the check names.
+/// answers; `sys-kernel-debug.mount` is not what the check names.
 #[test]
 fn a_unit_failing_at_boot_for_its_own_reason_is_not_restarted_and_turns_the_restore_test_red() {
     let files = json!({
@@ -411,10 +418,8 @@ fn a_unit_failing_at_boot_for_its_own_reason_is_not_restarted_and_turns_the_rest
     assert!(check_is(&doc, "flaky-would-start-now", "pass"), "{doc:#}");
     let changed = doc["isolation"].as_str().unwrap_or("");
     assert!(
-        changed.contains("shop.service (active)")
-            && changed.contains(
-                "left failed (no network ordering: its failure is its own): flaky.service"
-            )
+        changed
+            .contains("left failed (no network ordering: its failure is its own): flaky.service")
             && !changed.contains("flaky.service (")
             && changed.contains(DEBUGFS_RESET),
         "{doc:#}"
@@ -428,9 +433,9 @@ fn a_unit_failing_at_boot_for_its_own_reason_is_not_restarted_and_turns_the_rest
 /// router advertisements are accepted, networkd's default), and the shop
 /// (`After=network-online.target`, which pulls the wait in) bound to it. wait-online's own
 /// timeout is 2 minutes (`--timeout=120` by default); a drop-in makes it 5 s so the copy's
-/// boot, where no link can come online, ends within the test's time. Once `eth0` is given,
-/// networkd sets its address (the shop answers) but keeps it `configuring` (no router
-/// advertisement can come), so wait-online fails again after its restart; the isolation
+/// boot, where no link can come online, ends within the test's time. `eth0` is given before
+/// the boot wait: networkd sets its address (the shop answers) but keeps it `configuring` (no
+/// router advertisement can come), so wait-online fails, and again after its restart; the isolation
 /// resets it and says why (`tests/data/guest-units-facts.md` section 2).
 #[test]
 fn an_isolated_copy_of_a_systemd_networkd_guest_ends_ok_with_the_default_pack() {
@@ -472,7 +477,6 @@ fn an_isolated_copy_of_a_systemd_networkd_guest_ends_ok_with_the_default_pack() 
                 "systemd-networkd-wait-online.service failed although every given interface \
                  networkd manages is online"
             )
-            && changed.contains("shop.service (active)")
             && changed.contains(DEBUGFS_RESET)
             && !changed.contains("networking.service"),
         "{doc:#}"
@@ -537,7 +541,7 @@ fn the_shop_answers_from_inside_its_isolated_copy() {
     assert!(
         doc["isolation"]
             .as_str()
-            .is_some_and(|i| i.contains("shop.service (active)")),
+            .is_some_and(|i| i.contains("eth0 given as an unconnected veth pair")),
         "{doc:#}"
     );
 }
@@ -591,7 +595,7 @@ fn a_hub_dispatched_restore_test_of_a_real_copy_tells_the_hub_what_the_isolation
     let changed = result.isolation.as_deref().unwrap_or("");
     assert!(
         changed.contains("eth0 given as an unconnected veth pair")
-            && changed.contains("networking.service"),
+            && changed.contains(DEBUGFS_RESET),
         "{result:?}"
     );
     drop(agent);

@@ -7,6 +7,8 @@
 //! - [`lxc_monitor`]: who holds a container's LXC command socket, checked before every `pct exec`;
 //! - [`qemu`]: [`QemuExec`] over the [`GuestAgentApi`] seam the PVE client implements;
 //! - [`boot`]: the wait for the guest's boot to end (systemd's `is-system-running --wait`);
+//! - [`lab`]: what an isolated copy is given (its stored interfaces, inside it) and which of its
+//!   failed units are the isolation's or the node's doing;
 //! - [`bootstrap`]: profiles pushed into the guest and run once per transaction;
 //! - [`checks`]: osquery check packs, run with `osqueryi --json` and judged pass/fail/error.
 //!
@@ -17,6 +19,7 @@ pub mod boot;
 pub mod bootstrap;
 pub mod checks;
 pub mod exec;
+pub mod lab;
 pub mod lxc;
 pub mod lxc_monitor;
 pub mod qemu;

@@ -41,6 +41,8 @@ use crate::pve::request::{LxcRestore, QemuRestore};
 use crate::pve::{wait_task, ApiErrorKind, GuestKind, PveClient, PveError, Upid, WaitOptions};
 use serde_json::Value;
 
+mod lab;
+
 /// A guest's configuration as `GET …/config` answers it.
 type GuestConfig = std::collections::BTreeMap<String, Value>;
 
@@ -706,9 +708,34 @@ impl<'a> Executor<'a> {
                 // Ctrl-C stops the wait (the exec is dropped, as in the bootstrap); a resume
                 // waits again.
                 let cancel = self.cancel.clone();
+                // An isolated copy is given its stored interfaces before the wait, so it boots
+                // toward its stored network as its production guest does.
+                let lab = self.lab_for(state, guest).await;
                 let exec = self.exec_for(vmid, guest, state.txn());
+                let give_and_wait = async {
+                    let mut given = None;
+                    if let Some(lab) = &lab {
+                        match crate::guest::lab::give_interfaces(
+                            &exec,
+                            &lab.request(),
+                            self.timeouts.boot,
+                        )
+                        .await
+                        {
+                            Ok(g) => given = g,
+                            Err(e) => return (None, Err(e)),
+                        }
+                        if let Some(given) = &given {
+                            tracing::info!(vmid, "isolation: {given}");
+                        }
+                    }
+                    (
+                        given,
+                        crate::guest::boot::wait_boot(&exec, self.timeouts.boot).await,
+                    )
+                };
                 let waited = tokio::select! {
-                    w = crate::guest::boot::wait_boot(&exec, self.timeouts.boot) => w,
+                    w = give_and_wait => w,
                     () = cancel.cancelled() => {
                         return Err(Failure::new(
                             ErrorCode::Interrupted,
@@ -720,9 +747,18 @@ impl<'a> Executor<'a> {
                         ));
                     }
                 };
-                let waited = match waited {
-                    Ok(seen) => self.lab_network(state, vmid, guest, seen).await,
-                    Err(e) => Err(e),
+                drop(exec);
+                let (given, waited) = waited;
+                let waited = match (waited, lab) {
+                    (Ok(seen), Some(mut lab)) => {
+                        lab.given = given;
+                        self.lab_settle(state, vmid, guest, seen, lab).await
+                    }
+                    (Ok(seen), None) => Ok(seen),
+                    (Err(e), _) => {
+                        self.isolation = given;
+                        Err(e)
+                    }
                 };
                 Some(match waited {
                     Ok(seen) => {
@@ -1355,88 +1391,6 @@ impl<'a> Executor<'a> {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-    }
-
-    /// After the boot of an isolated container copy with systemd (a restore test, a throwaway
-    /// `--selftest=provision`, a hub provision told to isolate): give it the
-    /// interfaces its backup stores, each as a veth pair whose other end stays inside the copy
-    /// (it reaches nothing; no bridge gains a port), restart the failed units that can have
-    /// failed for the missing interface, reset a restore-test copy's `sys-kernel-debug.mount`
-    /// when the user namespace made it fail, and wait for the boot to settle again; what
-    /// changed goes to the report. Anything else is left as it booted.
-    async fn lab_network(
-        &mut self,
-        state: &State,
-        vmid: u32,
-        guest: GuestKind,
-        seen: String,
-    ) -> Result<String, String> {
-        let req = state.request();
-        if !req.isolate_network || guest != GuestKind::Lxc || !seen.starts_with("systemd") {
-            return Ok(seen);
-        }
-        let mut unread = None;
-        let (names, dhcp): (Vec<String>, Vec<String>) = match self
-            .stored_config_text(&self.cfg.node.clone(), &req.volid)
-            .await
-        {
-            Ok(text) => {
-                let stored = StoredConfig::parse(&text);
-                let mut names = Vec::new();
-                let mut dhcp = Vec::new();
-                for nic in stored.nics(GuestKind::Lxc) {
-                    let Some(name) = nic.name.clone() else {
-                        continue;
-                    };
-                    let is_dhcp = stored.get(&nic.key).is_some_and(|v| {
-                        crate::pve::guest_config::property_items(v)
-                            .iter()
-                            .any(|(k, v)| k == "ip" && v.as_deref() == Some("dhcp"))
-                    });
-                    if is_dhcp {
-                        dhcp.push(name.clone());
-                    }
-                    names.push(name);
-                }
-                (names, dhcp)
-            }
-            Err(e) => {
-                unread = Some(format!(
-                    "nothing given: the stored config of {} could not be read ({e})",
-                    req.volid
-                ));
-                (Vec::new(), Vec::new())
-            }
-        };
-        let exec = self.exec_for(vmid, guest, state.txn());
-        let lab = crate::guest::boot::LabRequest {
-            names: &names,
-            dhcp: &dhcp,
-            // The agent's own throwaway copies (a restore test's, a selftest's), never a
-            // customer's guest provisioned isolated.
-            reset_userns_debugfs: matches!(
-                state.kind(),
-                TxnKind::SelftestRestore | TxnKind::SelftestProvision
-            ),
-        };
-        let changed =
-            crate::guest::boot::give_lab_interfaces(&exec, &lab, self.timeouts.boot).await?;
-        let Some(changed) = changed else {
-            self.isolation = unread;
-            return Ok(seen);
-        };
-        let changed = match unread {
-            Some(unread) => format!("{unread}; {changed}"),
-            None => changed,
-        };
-        tracing::info!(vmid, "isolation: {changed}");
-        // The boot as first seen stays first: the second wait only follows the restarts.
-        let settled = crate::guest::boot::wait_boot(&exec, self.timeouts.boot)
-            .await
-            .map(|after| format!("{seen}; after the isolation, {after}"));
-        drop(exec);
-        self.isolation = Some(changed);
-        settled
     }
 
     async fn bootstrap(&self, state: &State, vmid: u32, guest: GuestKind) -> Result<(), String> {

@@ -1,0 +1,423 @@
+//! The lab: what an isolated copy of a container is given so it boots as its production guest
+//! boots without reaching anything, and which of its failures are the isolation's or the node's
+//! doing rather than its backup's.
+//!
+//! An isolated copy starts with no NIC (the restore test's copies, a throwaway
+//! `--selftest=provision` guest, a hub provision told to isolate). Two steps, each one exec:
+//!
+//! 1. [`give_interfaces`], as soon as the copy answers (after the launch proof, before the boot
+//!    wait): the guard, then each interface the backup stores as a veth pair whose other end
+//!    stays inside the copy (it reaches nothing; no bridge gains a port). The copy's own network
+//!    units then find the devices they wait for, as in production. A network unit that already
+//!    failed for the missing device is restarted without waiting, so a boot held on
+//!    `network-online.target` goes on.
+//! 2. [`settle`], once the boot has ended: in the agent's own throwaway copies only, the failed
+//!    units that are the node's doing are reset and named (a filesystem a user namespace cannot
+//!    mount; journald's audit socket on a systemd that cannot tell it is refused); then the
+//!    failed units the missing interface can explain are restarted (the network's own, and those
+//!    ordered after a network target), and what fails only for a DHCP lease or a router
+//!    advertisement that cannot come is reset. Any other failed unit stays failed and is named:
+//!    it failed for a reason of its own, and a restart that happens to succeed must not hide it.
+//!
+//! What both steps print is hostile (the guest runs them): only a closed set of line words is
+//! read, every name escaped and clipped. Sources: `tests/data/guest-units-facts.md`.
+
+use std::time::Duration;
+
+use super::exec::{ExecRequest, GuestExec};
+
+/// The guard, shared by both steps: the copy's network namespace may hold, besides `lo` and
+/// what the lab gave it (a stored name whose veth peer is `felabN`, and the `felabN` ends),
+/// only links that reach nothing:
+/// - the fallback devices of the node's tunnel modules, made in every new network namespace
+///   (`sit0`, `tunl0`, `gre0`, `gretap0`, `erspan0`, `ip6tnl0`, `ip6gre0`, `ip_vti0`, …:
+///   Linux `net_has_fallback_tunnels`, `net.core.fb_tunnels_only_for_init_net` 0 by default),
+///   known by their kind in `ip -d` (the ethernet-typed ones, `gretap` and `erspan`, too);
+/// - any other link that is not an ethernet device and has no peer outside.
+///
+/// A link whose peer is in another namespace (`link-netns`/`link-netnsid` in `ip -d -o link`:
+/// iproute2 prints it from `IFLA_LINK_NETNSID`) or an ethernet device the lab did not make (a
+/// NIC, a bridge, the guest's own veth) stops the lab: "foreign <name> outside|ether". A listing
+/// without `lo` (no `ip`, or one that cannot read links) stops it too: "unreadable".
+const GUARD: &str = r#"
+links=$(ip -d -o link show 2>/dev/null)
+case "$links" in *" lo: "*) ;; *) echo unreadable; exit 0;; esac
+verdict=$(printf '%s\n' "$links" | awk -v names=" $* " '
+{
+  name = $2; sub(/:$/, "", name); peer = ""
+  at = index(name, "@")
+  if (at) { peer = substr(name, at + 1); name = substr(name, 1, at - 1) }
+  n = split($0, seg, /\\/)
+  type = ""; kind = ""
+  if (n >= 2) { split(seg[2], w, " "); type = w[1] }
+  if (n >= 3) { split(seg[3], w, " "); kind = w[1] }
+  if ($0 ~ / link-netns/) { print "foreign " name " outside"; exit }
+  if (name == "lo") next
+  if (kind == "veth" && name ~ /^felab[0-9]+$/) next
+  if (kind == "veth" && index(names, " " name " ") && peer ~ /^felab[0-9]+$/) next
+  if (kind ~ /^(ipip|sit|ip6tnl|gre|gretap|erspan|ip6gre|ip6gretap|ip6erspan|vti|vti6)$/) next
+  if (type == "link/ether") { print "foreign " name " ether"; exit }
+}')
+[ -z "$verdict" ] || { echo "$verdict"; exit 0; }
+"#;
+
+/// Step 1's work after the guard, in a guest whose init is systemd (as the boot wait knows it:
+/// `/run/systemd/system`, or PID 1's own binary before systemd made that folder; otherwise
+/// "no-systemd" and nothing is done, as the boot wait then has no boot to wait for): each stored name, unless the copy has it (then the guard
+/// saw it as the lab's own), becomes a veth pair `<name>`/`felabN` with both ends in the copy,
+/// the peer set up. Then a network unit of the copy's that already failed (it ran before the
+/// device was there) is restarted without waiting (`--no-block`): the boot goes on toward its
+/// stored network.
+const GIVE: &str = r#"
+i=0; given=0
+command -v systemctl >/dev/null 2>&1 && { [ -d /run/systemd/system ] ||
+  case "$(readlink /proc/1/exe 2>/dev/null) $(cat /proc/1/comm 2>/dev/null)" in
+    */systemd\ *|*\ systemd) true;; *) false;; esac; } || { echo no-systemd; exit 0; }
+for n in "$@"; do
+  if ip link show dev "$n" >/dev/null 2>&1; then echo "present $n"
+  elif ip link add "$n" type veth peer name "felab$i" 2>/dev/null && ip link set "felab$i" up; then
+    echo "given $n felab$i"; given=1
+  else echo "refused $n"; fi
+  i=$((i+1))
+done
+if [ "$given" = 1 ] && command -v systemctl >/dev/null 2>&1; then
+  for u in networking.service systemd-networkd.service; do
+    if [ "$(systemctl is-failed "$u" 2>/dev/null)" = failed ]; then
+      systemctl reset-failed "$u" 2>/dev/null
+      systemctl restart --no-block "$u" >/dev/null 2>&1 && echo "early-restart $u"
+    fi
+  done
+fi
+exit 0
+"#;
+
+/// Step 2, after the guard (when the guard stops it, nothing is reset or restarted).
+///
+/// 1. With `FELHOM_LAB_USERNS` (the agent's own copies) and a user namespace that is not the
+///    initial one (`/proc/self/uid_map` is not the single line `0 0 4294967295`): a failed mount
+///    unit whose `Type=` is one of the filesystems named in the variable (none of them can be
+///    mounted in a user namespace) is reset, "userns-reset <unit> <type>"; a failed
+///    `systemd-journald-audit.socket` under a systemd older than 252.11 (it then takes the
+///    audit netlink socket for usable in a user namespace, and its bind is refused) likewise,
+///    "userns-reset systemd-journald-audit.socket audit <major>.<minor>".
+/// 2. When the copy holds a `felabN` end (the lab gave it an interface): the failed units the
+///    missing interface can explain are restarted, each answered with its state afterwards:
+///    first the network's own (`networking.service`, `systemd-networkd.service`,
+///    `systemd-networkd-wait-online.service`), then every unit ordered after `network.target`,
+///    `network-online.target` or `network-pre.target`; any other failed unit is named, "kept".
+///    Then, with `FELHOM_LAB_DHCP`, `networking.service` still failed and every other given
+///    interface up (`ifquery --state`), its failed state is reset: no lease can come in a copy
+///    that reaches nothing. Likewise `systemd-networkd-wait-online.service`, still failed after
+///    its restart, when every given interface networkd manages (DHCP ones left aside) is online
+///    by networkd's own reckoning (`ONLINE_STATE=online` in `/run/systemd/netif/links/<ifindex>`)
+///    and only its setup state is short of `configured`: networkd then waits for a router
+///    advertisement or a lease (`tests/data/guest-units-facts.md` §2).
+const SETTLE: &str = r#"
+if [ -n "${FELHOM_LAB_USERNS:-}" ]; then
+  map=$(awk '{$1=$1; print}' /proc/self/uid_map 2>/dev/null)
+  if [ -n "$map" ] && [ "$map" != "0 0 4294967295" ]; then
+    for u in $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{print $1}'); do
+      case $u in
+        *.mount)
+          t=$(systemctl show -p Type --value "$u" 2>/dev/null)
+          case " $FELHOM_LAB_USERNS " in
+            *" $t "*) [ -n "$t" ] && systemctl reset-failed "$u" && echo "userns-reset $u $t";;
+          esac;;
+        systemd-journald-audit.socket)
+          v=$(systemctl --version 2>/dev/null | awk 'NR == 1 {
+            full = $3; gsub(/[()]/, "", full); split(full, p, /[^0-9]+/)
+            min = (p[2] ~ /^[0-9]+$/) ? p[2] : 0
+            if ($1 == "systemd" && $2 ~ /^[0-9]+$/ && ($2 < 252 || ($2 == 252 && min < 11))) print $2 "." min }')
+          [ -n "$v" ] && systemctl reset-failed "$u" && echo "userns-reset $u audit $v";;
+      esac
+    done
+  fi
+fi
+if ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit !f}'; then
+  failed=" $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{printf "%s ", $1}')"
+  net=
+  for u in networking.service systemd-networkd.service systemd-networkd-wait-online.service; do
+    case $failed in *" $u "*) net="$net $u";; esac
+  done
+  after=
+  for u in $failed; do
+    case " $net " in *" $u "*) continue;; esac
+    case " $(systemctl show -p After --value "$u" 2>/dev/null) " in
+      *" network.target "*|*" network-online.target "*|*" network-pre.target "*) after="$after $u";;
+      *) echo "kept $u";;
+    esac
+  done
+  for u in $net $after; do
+    systemctl reset-failed "$u" 2>/dev/null
+    timeout 120 systemctl restart "$u" >/dev/null 2>&1
+    echo "restarted $u $(systemctl is-active "$u" 2>/dev/null)"
+  done
+  if [ -n "${FELHOM_LAB_DHCP:-}" ] && [ "$(systemctl is-active networking.service 2>/dev/null)" = failed ]; then
+    up=1
+    for n in "$@"; do
+      case " $FELHOM_LAB_DHCP " in *" $n "*) continue;; esac
+      ifquery --state "$n" >/dev/null 2>&1 || { echo "dhcp-kept $n"; up=0; break; }
+    done
+    [ "$up" = 1 ] && systemctl reset-failed networking.service && echo "dhcp-reset networking.service"
+  fi
+  if [ "$(systemctl is-active systemd-networkd-wait-online.service 2>/dev/null)" = failed ]; then
+    up=1
+    for n in "$@"; do
+      case " ${FELHOM_LAB_DHCP:-} " in *" $n "*) continue;; esac
+      f=/run/systemd/netif/links/$(cat "/sys/class/net/$n/ifindex" 2>/dev/null)
+      grep -qx ADMIN_STATE=unmanaged "$f" 2>/dev/null && continue
+      grep -qx ONLINE_STATE=online "$f" 2>/dev/null || { echo "online-kept $n"; up=0; break; }
+    done
+    [ "$up" = 1 ] && systemctl reset-failed systemd-networkd-wait-online.service && echo "online-reset systemd-networkd-wait-online.service"
+  fi
+fi
+exit 0
+"#;
+
+/// The variable naming (space-separated) the interfaces the backup stores with DHCP.
+const LAB_DHCP_VAR: &str = "FELHOM_LAB_DHCP";
+/// The variable naming the filesystems whose failed mount units are the user namespace's doing.
+const LAB_USERNS_VAR: &str = "FELHOM_LAB_USERNS";
+
+/// The filesystems a user namespace that is not the initial one cannot mount: their
+/// `file_system_type` has no `FS_USERNS_MOUNT` (Linux `fs/super.c` `mount_capable` then asks
+/// for `CAP_SYS_ADMIN` in the initial user namespace), while an unprivileged container keeps
+/// the capabilities systemd's units ask for (LXC's `userns.conf` clears `lxc.cap.drop`;
+/// pve-container's `update_lxc_config` adds none back), so systemd tries the mount and it
+/// fails. Each type with its kernel source: `tests/data/guest-units-facts.md` §1.
+pub const USERNS_UNMOUNTABLE: &[&str] = &[
+    // fs/debugfs/inode.c debug_fs_type: sys-kernel-debug.mount
+    "debugfs",
+    // fs/tracefs/inode.c trace_fs_type: sys-kernel-tracing.mount
+    "tracefs",
+    // fs/configfs/mount.c configfs_fs_type: sys-kernel-config.mount (a PVE node loads configfs)
+    "configfs",
+    // security/inode.c fs_type (securityfs)
+    "securityfs",
+    // fs/pstore/inode.c pstore_fs_type
+    "pstore",
+    // fs/fuse/control.c fuse_ctl_fs_type: sys-fs-fuse-connections.mount
+    "fusectl",
+    // fs/hugetlbfs/inode.c hugetlbfs_fs_type: dev-hugepages.mount
+    "hugetlbfs",
+];
+
+/// What the report says of a mount unit the user namespace made fail, its failed state reset.
+pub fn userns_mount_note(unit: &str, fstype: &str) -> String {
+    format!(
+        "{unit} failed as in every unprivileged container ({fstype} cannot be mounted in a user \
+         namespace); its failed state reset"
+    )
+}
+
+/// What the report says of `sys-kernel-debug.mount` when its failed state was reset.
+pub const DEBUGFS_RESET_NOTE: &str = "sys-kernel-debug.mount failed as in every unprivileged \
+container (debugfs cannot be mounted in a user namespace); its failed state reset";
+
+/// Whether `name` can be an interface name the copy is given (IFNAMSIZ, no shell or path
+/// meaning): it comes from the backup's stored config, which the guest's owner wrote.
+pub fn valid_ifname(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 15
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        && !name.starts_with("felab")
+}
+
+/// What the lab is asked to do in an isolated copy.
+#[derive(Debug, Clone, Default)]
+pub struct LabRequest<'a> {
+    /// The stored interface names (the backup's `netN`).
+    pub names: &'a [String],
+    /// The names stored with DHCP (`ip=dhcp`, `ip6=dhcp`): no lease can come in the copy.
+    pub dhcp: &'a [String],
+    /// A copy of the agent's own (a restore test's or a selftest's, never a customer's guest):
+    /// the failed units that are the node's doing in a user namespace are reset
+    /// ([`USERNS_UNMOUNTABLE`], journald's audit socket).
+    pub reset_node_failures: bool,
+}
+
+impl LabRequest<'_> {
+    fn plain_names(&self) -> (Vec<&String>, Vec<&String>) {
+        self.names.iter().partition(|n| valid_ifname(n))
+    }
+
+    fn argv(&self, script: String) -> Vec<String> {
+        let mut argv: Vec<String> = vec!["/bin/sh".into(), "-c".into(), script, "sh".into()];
+        argv.extend(self.plain_names().0.into_iter().cloned());
+        argv
+    }
+
+    fn dhcp_names(&self) -> Vec<&str> {
+        let ok = self.plain_names().0;
+        self.dhcp
+            .iter()
+            .filter(|n| ok.contains(n))
+            .map(String::as_str)
+            .collect()
+    }
+}
+
+/// Step 1: give an isolated copy its stored interfaces (`lab.names`), each as a veth pair
+/// whose other end is also inside the copy, and restart without waiting a network unit that
+/// already failed for the missing device. `Ok`: what was given, for the report (`None`:
+/// nothing to give). Names that are not plain interface names are left out and said.
+pub async fn give_interfaces<E: GuestExec>(
+    exec: &E,
+    lab: &LabRequest<'_>,
+    timeout: Duration,
+) -> Result<Option<String>, String> {
+    let (ok, bad) = lab.plain_names();
+    if ok.is_empty() && bad.is_empty() {
+        return Ok(None);
+    }
+    let req = ExecRequest::new(lab.argv(format!("{GUARD}{GIVE}")))
+        .timeout(timeout)
+        .output_cap(16 * 1024);
+    let out = exec
+        .exec(&req)
+        .await
+        .map_err(|e| format!("the copy's stored interfaces could not be given: {e}"))?;
+    let parts = lab_report(&out.stdout.text(), &[], true, &bad);
+    Ok((!parts.is_empty()).then(|| parts.join("; ")))
+}
+
+/// Step 2, after the boot: reset the node's failures (`lab.reset_node_failures`), restart
+/// what the missing interface can explain, reset what fails only for a lease or an
+/// advertisement. `Ok`: what changed, for the report (`None`: nothing).
+pub async fn settle<E: GuestExec>(
+    exec: &E,
+    lab: &LabRequest<'_>,
+    timeout: Duration,
+) -> Result<Option<String>, String> {
+    let (ok, _) = lab.plain_names();
+    if ok.is_empty() && !lab.reset_node_failures {
+        return Ok(None);
+    }
+    let dhcp = lab.dhcp_names();
+    let mut req = ExecRequest::new(lab.argv(format!("{GUARD}{SETTLE}")))
+        .timeout(timeout)
+        .output_cap(16 * 1024);
+    if !dhcp.is_empty() {
+        req = req.env(LAB_DHCP_VAR, dhcp.join(" "));
+    }
+    if lab.reset_node_failures {
+        req = req.env(LAB_USERNS_VAR, USERNS_UNMOUNTABLE.join(" "));
+    }
+    let out = exec
+        .exec(&req)
+        .await
+        .map_err(|e| format!("the copy's failed units could not be settled: {e}"))?;
+    let parts = lab_report(&out.stdout.text(), &dhcp, !ok.is_empty(), &[]);
+    Ok((!parts.is_empty()).then(|| parts.join("; ")))
+}
+
+/// The report's parts from a lab step's output (hostile: only its closed set of line words is
+/// read, every name escaped and clipped). `asked`: interfaces were to be given (a foreign link
+/// is then worth saying; without, the run was for the node's failures alone).
+fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<String> {
+    let clip = crate::error::outside_text_max;
+    let mut given = Vec::new();
+    let mut restarted = Vec::new();
+    let mut kept = Vec::new();
+    let mut notes = Vec::new();
+    for line in stdout.lines().take(256) {
+        let mut w = line.split_whitespace();
+        match (w.next(), w.next(), w.next(), w.next()) {
+            (Some("given"), Some(n), Some(p), _) => given.push(format!(
+                "{} given as an unconnected veth pair (peer {} inside the copy)",
+                clip(n, 32),
+                clip(p, 32)
+            )),
+            (Some("present"), Some(n), _, _) => {
+                notes.push(format!("{} was there already", clip(n, 32)))
+            }
+            (Some("foreign"), Some(n), why, _) if asked => notes.push(format!(
+                "nothing given: the copy's network namespace holds {}, {}",
+                clip(n, 32),
+                match why {
+                    Some("outside") => "whose peer is outside the copy",
+                    _ => "an ethernet device the isolation did not make",
+                }
+            )),
+            (Some("unreadable"), _, _, _) if asked => notes.push(
+                "nothing given: the copy's links could not be read (`ip -d -o link show`)"
+                    .to_string(),
+            ),
+            (Some("refused"), Some(n), _, _) => notes.push(format!(
+                "{} could not be made (no `ip`, or the kernel refused a veth)",
+                clip(n, 32)
+            )),
+            (Some("early-restart"), Some(u), _, _) => notes.push(format!(
+                "{} had failed before its device was given: restarted at once",
+                clip(u, 128)
+            )),
+            (Some("dhcp-reset"), Some(u), _, _) => notes.push(format!(
+                "{} failed for the DHCP stanza of {} (no lease in an isolated copy; every other \
+                 stored interface is up): its failed state was reset",
+                clip(u, 128),
+                dhcp.join(", ")
+            )),
+            (Some("online-reset"), Some(u), _, _) => notes.push(format!(
+                "{} failed although every given interface networkd manages is online (its \
+                 address set): networkd waits for a router advertisement or a DHCP lease, which \
+                 cannot come in an isolated copy; its failed state was reset",
+                clip(u, 128)
+            )),
+            (Some("online-kept"), Some(n), _, _) => notes.push(format!(
+                "systemd-networkd-wait-online.service left failed: {} is not online",
+                clip(n, 32)
+            )),
+            (Some("dhcp-kept"), Some(n), _, _) => notes.push(format!(
+                "networking.service left failed: {} (not DHCP) is not up",
+                clip(n, 32)
+            )),
+            (Some("restarted"), Some(u), st, _) if restarted.len() < 32 => restarted.push(format!(
+                "{} ({})",
+                clip(u, 128),
+                clip(st.unwrap_or("unknown"), 32)
+            )),
+            (Some("kept"), Some(u), _, _) if kept.len() < 32 => kept.push(clip(u, 128)),
+            (
+                Some("userns-reset"),
+                Some("systemd-journald-audit.socket"),
+                Some("audit"),
+                Some(v),
+            ) => notes.push(format!(
+                "systemd-journald-audit.socket failed as under every systemd older than \
+                     252.11 in an unprivileged container (systemd {} takes the audit socket for \
+                     usable in a user namespace; the kernel refuses it); its failed state reset",
+                clip(v, 16)
+            )),
+            (Some("userns-reset"), Some(u), Some(t), _)
+                if u.ends_with(".mount") && USERNS_UNMOUNTABLE.contains(&t) =>
+            {
+                notes.push(userns_mount_note(&clip(u, 128), t))
+            }
+            _ => {}
+        }
+    }
+    for n in bad {
+        notes.push(format!(
+            "{} left out (not a plain interface name)",
+            clip(n, 32)
+        ));
+    }
+    let mut parts = given;
+    if !restarted.is_empty() {
+        parts.push(format!("restarted {}", restarted.join(", ")));
+    }
+    if !kept.is_empty() {
+        parts.push(format!(
+            "not restarted, left failed (no network ordering: its failure is its own): {}",
+            kept.join(", ")
+        ));
+    }
+    parts.extend(notes);
+    parts
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,406 @@
+use super::*;
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn interface_names_from_a_backup_are_plain_or_left_out() {
+    for ok in ["eth0", "ens18", "eth0.20", "br-lan", "a_b"] {
+        assert!(valid_ifname(ok), "{ok}");
+    }
+    for bad in [
+        "",
+        "-x",
+        "eth0;reboot",
+        "a/b",
+        "$(x)",
+        "abcdefghijklmnop",
+        "felab0",
+        "e th",
+    ] {
+        assert!(!valid_ifname(bad), "{bad}");
+    }
+}
+
+#[test]
+fn the_lab_report_names_what_was_restarted_what_was_left_failed_and_the_node_resets() {
+    let out = "given eth0 felab0\n\
+               kept flaky.service\n\
+               restarted networking.service active\n\
+               restarted shop.service active\n\
+               userns-reset sys-kernel-debug.mount debugfs\n\
+               userns-reset sys-kernel-config.mount configfs\n\
+               userns-reset other.mount ext4\n\
+               userns-reset systemd-journald-audit.socket audit 247.3\n\
+               userns-reset flaky.service audit 247.3\n\
+               whatever the guest prints\n";
+    let parts = lab_report(out, &[], true, &[]);
+    let text = parts.join("; ");
+    assert_eq!(
+        parts[0],
+        "eth0 given as an unconnected veth pair (peer felab0 inside the copy)"
+    );
+    assert!(
+        text.contains("restarted networking.service (active), shop.service (active)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("left failed (no network ordering: its failure is its own): flaky.service"),
+        "{text}"
+    );
+    assert!(text.contains(DEBUGFS_RESET_NOTE), "{text}");
+    assert!(
+        text.contains(&userns_mount_note("sys-kernel-config.mount", "configfs")),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "systemd-journald-audit.socket failed as under every systemd older than 252.11"
+        ) && text.contains("systemd 247.3 takes"),
+        "{text}"
+    );
+    // Only a mount of a filesystem a user namespace cannot mount, and only the audit socket,
+    // are ever named as reset, whatever the guest prints.
+    assert!(!text.contains("other.mount"), "{text}");
+    assert!(!text.contains("flaky.service failed as"), "{text}");
+    assert!(!text.contains("whatever"), "{text}");
+    assert_eq!(
+        userns_mount_note("sys-kernel-debug.mount", "debugfs"),
+        DEBUGFS_RESET_NOTE
+    );
+}
+
+#[test]
+fn a_lab_run_for_the_node_failures_alone_says_nothing_of_foreign_links() {
+    assert!(lab_report("foreign eth0 ether\n", &[], false, &[]).is_empty());
+    let asked = lab_report("foreign eth0 outside\n", &[], true, &[]);
+    assert_eq!(
+        asked,
+        vec![
+            "nothing given: the copy's network namespace holds eth0, whose peer is outside the copy"
+                .to_string()
+        ]
+    );
+    let bad = "eth0;reboot".to_string();
+    let out = lab_report("", &[], true, &[&bad]);
+    assert_eq!(
+        out,
+        vec!["eth0;reboot left out (not a plain interface name)".to_string()]
+    );
+}
+
+/// A folder of stand-ins for the guest's commands, put first on the PATH of a real shell that
+/// runs the lab's real scripts.
+struct Guest {
+    dir: tempfile::TempDir,
+}
+
+impl Guest {
+    /// `links`: what `ip -d -o link show` prints (iproute2's one-line form: the lines of one
+    /// link joined by a backslash); `ip -o link show` prints the same, and any other `ip` call
+    /// succeeds and is logged. `systemctl`: a script body answering the calls the lab makes.
+    fn new(links: &str, systemctl: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("links"), links).expect("links");
+        write_exec(
+            &dir.path().join("ip"),
+            &format!(
+                "#!/bin/sh\necho \"ip $*\" >>'{log}'\ncase \"$*\" in\n\
+                 '-d -o link show'|'-o link show') cat '{links}';;\n\
+                 'link show dev '*) grep -q \"^[0-9]*: $4[@:]\" '{links}';;\n\
+                 *) exit 0;;\nesac\n",
+                log = dir.path().join("log").display(),
+                links = dir.path().join("links").display()
+            ),
+        );
+        write_exec(
+            &dir.path().join("systemctl"),
+            &format!(
+                "#!/bin/sh\necho \"systemctl $*\" >>'{log}'\n{systemctl}\n",
+                log = dir.path().join("log").display()
+            ),
+        );
+        Guest { dir }
+    }
+
+    /// Run `script` with the stored `names` in a real shell (see [`Init`]).
+    fn run(&self, script: &str, names: &[&str], env: &[(&str, &str)], init: Init) -> String {
+        let path = format!(
+            "{}:{}",
+            self.dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut cmd = match init {
+            Init::Host => Command::new("/bin/sh"),
+            Init::Userns => {
+                let mut c = Command::new("unshare");
+                c.args(["--user", "--map-root-user", "/bin/sh"]);
+                c
+            }
+            Init::Systemd | Init::Other => {
+                // The shell itself is PID 1 of a new PID namespace, under the name an init has.
+                let name = if init == Init::Systemd {
+                    "systemd"
+                } else {
+                    "init"
+                };
+                let shell = self.dir.path().join(name);
+                std::fs::copy("/bin/sh", &shell).expect("copy of /bin/sh");
+                let mut c = Command::new("unshare");
+                c.args(["--pid", "--fork", "--mount-proc"]).arg(shell);
+                c
+            }
+        };
+        cmd.args(["-c", script, "sh"]);
+        let out = cmd
+            .args(names)
+            .env("PATH", path)
+            .envs(env.iter().copied())
+            .output()
+            .expect("sh runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+}
+
+/// Where a lab script runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Init {
+    /// This process's own namespaces (the initial user namespace).
+    Host,
+    /// A user namespace that is not the initial one, as an unprivileged container's.
+    Userns,
+    /// PID 1 of its own PID namespace, whose binary is named `systemd` (before systemd made
+    /// `/run/systemd/system`, that is how the lab knows it).
+    Systemd,
+    /// PID 1 of its own PID namespace, an init that is not systemd.
+    Other,
+}
+
+fn write_exec(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+const LO: &str = "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00 promiscuity 0  allmulti 0 minmtu 0 maxmtu 0 addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 tso_max_size 524280 tso_max_segs 65535 gro_max_size 65536 \n";
+
+/// The fallback devices of the node's tunnel modules, as a new network namespace holds them
+/// (iproute2 6.1's `ip -d -o link show`; the peer of a tunnel with no lower device is `NONE`).
+const FALLBACK_TUNNELS: &str = "\
+2: tunl0@NONE: <NOARP> mtu 1480 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/ipip 0.0.0.0 brd 0.0.0.0 promiscuity 0  allmulti 0 minmtu 0 maxmtu 0 \\    ipip any remote any local any ttl inherit nopmtudisc addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 \n\
+3: gre0@NONE: <NOARP> mtu 1476 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/gre 0.0.0.0 brd 0.0.0.0 promiscuity 0  allmulti 0 minmtu 0 maxmtu 0 \\    gre remote any local any ttl inherit nopmtudisc addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 \n\
+4: gretap0@NONE: <BROADCAST,MULTICAST> mtu 1462 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/ether 00:00:00:00:00:00 brd ff:ff:ff:ff:ff:ff promiscuity 0  allmulti 0 minmtu 68 maxmtu 0 \\    gretap remote any local any ttl inherit nopmtudisc addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 \n\
+5: erspan0@NONE: <BROADCAST,MULTICAST> mtu 1450 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/ether 00:00:00:00:00:00 brd ff:ff:ff:ff:ff:ff promiscuity 0  allmulti 0 minmtu 68 maxmtu 0 \\    erspan remote any local any ttl inherit nopmtudisc erspan_ver 1 erspan_index 0 addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 \n\
+6: ip_vti0@NONE: <NOARP> mtu 1480 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/ipip 0.0.0.0 brd 0.0.0.0 promiscuity 0  allmulti 0 minmtu 0 maxmtu 0 \\    vti remote any local any ikey 0.0.0.0 okey 0.0.0.0 addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 \n\
+7: ip6_vti0@NONE: <NOARP> mtu 1332 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/tunnel6 :: brd :: permaddr 36ea:c5a7:b0c8:: promiscuity 0  allmulti 0 minmtu 1280 maxmtu 65535 \\    vti6 remote any local any hoplimit 0 encaplimit 0 tclass 0x00 flowlabel 0x00000 (flowinfo 0x00000000) addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 \n\
+8: sit0@NONE: <NOARP> mtu 1480 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/sit 0.0.0.0 brd 0.0.0.0 promiscuity 0  allmulti 0 minmtu 1280 maxmtu 65555 \\    sit remote any local any ttl 64 nopmtudisc 6rd-prefix 2002::/16 addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 \n\
+9: ip6tnl0@NONE: <NOARP> mtu 1452 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/tunnel6 :: brd :: permaddr 6e1b:4a7:4c4a:: promiscuity 0  allmulti 0 minmtu 68 maxmtu 65407 \\    ip6tnl ip6ip6 remote any local any hoplimit 0 encaplimit 0 tclass 0x00 flowlabel 0x00000 (flowinfo 0x00000000) addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 \n\
+10: ip6gre0@NONE: <NOARP> mtu 1448 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/gre6 :: brd :: promiscuity 0  allmulti 0 minmtu 1280 maxmtu 65535 \\    ip6gre remote any local any hoplimit inherit encaplimit 4 tclass 0x00 flowlabel 0x00000 (flowinfo 0x00000000) addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 \n";
+
+/// `eth0` and its peer `felab0`, as the lab makes them (both ends in the copy: no link-netnsid).
+const LAB_PAIR: &str = "\
+11: felab0@eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 86:97:25:17:f6:29 brd ff:ff:ff:ff:ff:ff promiscuity 0  allmulti 0 minmtu 68 maxmtu 65535 \\    veth addrgenmode eui64 numtxqueues 2 numrxqueues 2 gso_max_size 65536 gso_max_segs 65535 \n\
+12: eth0@felab0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether e6:44:0f:55:ba:aa brd ff:ff:ff:ff:ff:ff promiscuity 0  allmulti 0 minmtu 68 maxmtu 65535 \\    veth addrgenmode eui64 numtxqueues 2 numrxqueues 2 gso_max_size 65536 gso_max_segs 65535 \n";
+
+/// A NIC wired as PVE wires a container's: a veth whose peer is on the node (iproute2 prints
+/// `link-netnsid` for a peer in another namespace).
+const WIRED_ETH0: &str = "2: eth0@if14: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether bc:24:11:00:02:00 brd ff:ff:ff:ff:ff:ff link-netnsid 0 promiscuity 0  allmulti 0 minmtu 68 maxmtu 65535 \\    veth addrgenmode eui64 numtxqueues 2 numrxqueues 2 gso_max_size 65536 gso_max_segs 65535 \n";
+
+/// The guard alone: what it prints, then `passed` when it let the script go on.
+fn guard(links: &str, names: &[&str]) -> String {
+    let g = Guest::new(links, "exit 0");
+    g.run(&format!("{GUARD}echo passed\n"), names, &[], Init::Host)
+}
+
+#[test]
+fn the_guard_lets_fallback_tunnels_and_the_labs_own_pair_pass() {
+    let links = format!("{LO}{FALLBACK_TUNNELS}");
+    assert_eq!(guard(&links, &["eth0"]), "passed\n");
+    let links = format!("{LO}{FALLBACK_TUNNELS}{LAB_PAIR}");
+    assert_eq!(guard(&links, &["eth0"]), "passed\n");
+}
+
+#[test]
+fn the_guard_stops_at_a_peer_outside_an_ethernet_device_it_did_not_make_or_no_listing() {
+    // The production wiring, even under a stored name.
+    let links = format!("{LO}{FALLBACK_TUNNELS}{WIRED_ETH0}");
+    assert_eq!(guard(&links, &["eth0"]), "foreign eth0 outside\n");
+    // A named network namespace prints its name instead of its id.
+    let named = WIRED_ETH0.replace("link-netnsid 0", "link-netns pve");
+    assert_eq!(
+        guard(&format!("{LO}{named}"), &["eth0"]),
+        "foreign eth0 outside\n"
+    );
+    // The lab's pair under a name the backup does not store is not the lab's.
+    let links = format!("{LO}{LAB_PAIR}");
+    assert_eq!(guard(&links, &["eth1"]), "foreign eth0 ether\n");
+    // A physical NIC (no kind), a bridge.
+    let nic = "2: ens18: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc pfifo_fast state UP mode DEFAULT group default qlen 1000\\    link/ether 02:fc:00:00:00:01 brd ff:ff:ff:ff:ff:ff promiscuity 0  allmulti 0 minmtu 68 maxmtu 65535 addrgenmode eui64 numtxqueues 1 numrxqueues 1 gso_max_size 65536 gso_max_segs 65535 parentbus virtio parentdev virtio2 \n";
+    assert_eq!(
+        guard(&format!("{LO}{nic}"), &["eth0"]),
+        "foreign ens18 ether\n"
+    );
+    let bridge = "2: docker0: <NO-CARRIER,BROADCAST,MULTICAST,UP> mtu 1500 qdisc noqueue state DOWN mode DEFAULT group default\\    link/ether 3a:c4:c6:50:a5:0e brd ff:ff:ff:ff:ff:ff promiscuity 0  allmulti 0 minmtu 68 maxmtu 65535 \\    bridge forward_delay 1500 hello_time 200 max_age 2000 addrgenmode eui64 numtxqueues 1 numrxqueues 1 \n";
+    assert_eq!(
+        guard(&format!("{LO}{FALLBACK_TUNNELS}{bridge}"), &["eth0"]),
+        "foreign docker0 ether\n"
+    );
+    // A tunnel device whose lower end is in another namespace is no fallback device.
+    let tunnel_out = "2: gretap1@if5: <BROADCAST,MULTICAST> mtu 1462 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/ether 00:00:00:00:00:00 brd ff:ff:ff:ff:ff:ff link-netnsid 0 promiscuity 0 \\    gretap remote 192.0.2.1 local any ttl inherit addrgenmode eui64 \n";
+    assert_eq!(
+        guard(&format!("{LO}{tunnel_out}"), &["eth0"]),
+        "foreign gretap1 outside\n"
+    );
+    // No listing (no `ip`, or it could not read the links): nothing is done.
+    assert_eq!(guard("", &["eth0"]), "unreadable\n");
+}
+
+#[test]
+fn the_give_step_makes_each_missing_name_a_pair_and_restarts_a_network_unit_that_already_failed() {
+    let links = format!("{LO}{FALLBACK_TUNNELS}");
+    let systemctl = "case \"$*\" in\n\
+                     'is-failed networking.service') echo failed;;\n\
+                     'is-failed '*) echo inactive;;\n\
+                     esac\nexit 0";
+    let g = Guest::new(&links, systemctl);
+    let out = g.run(
+        &format!("{GUARD}{GIVE}"),
+        &["eth0", "eth1"],
+        &[],
+        Init::Systemd,
+    );
+    assert_eq!(
+        out,
+        "given eth0 felab0\ngiven eth1 felab1\nearly-restart networking.service\n"
+    );
+    let log = g.log();
+    assert!(
+        log.contains("ip link add eth0 type veth peer name felab0")
+            && log.contains("ip link set felab1 up")
+            && log.contains("systemctl restart --no-block networking.service")
+            && !log.contains("restart --no-block systemd-networkd"),
+        "{log}"
+    );
+    // Behind a foreign link nothing is made and nothing restarted.
+    let g = Guest::new(&format!("{LO}{WIRED_ETH0}"), systemctl);
+    let out = g.run(&format!("{GUARD}{GIVE}"), &["eth0"], &[], Init::Systemd);
+    assert_eq!(out, "foreign eth0 outside\n");
+    let log = g.log();
+    assert!(
+        !log.contains("link add") && !log.contains("restart"),
+        "{log}"
+    );
+    // A guest whose init is not systemd gets nothing.
+    let g = Guest::new(&links, systemctl);
+    let out = g.run(&format!("{GUARD}{GIVE}"), &["eth0"], &[], Init::Other);
+    assert_eq!(out, "no-systemd\n");
+    assert!(!g.log().contains("link add"), "{}", g.log());
+}
+
+/// A guest's `systemctl` that lists `failed` units, answers `show -p Type` from `types`
+/// (unit=type), prints `version` for `--version`, and logs every reset.
+fn failed_units_systemctl(failed: &[&str], types: &[(&str, &str)], version: &str) -> String {
+    let mut s = String::from("case \"$1 $2\" in\n");
+    s.push_str(&format!(
+        "'list-units --state=failed') for u in {}; do echo \"$u loaded failed failed x\"; done;;\n",
+        failed.join(" ")
+    ));
+    s.push_str(&format!(
+        "'--version ') echo '{version}'; echo '+PAM +AUDIT';;\n"
+    ));
+    s.push_str("'show -p') case \"$5\" in\n");
+    for (unit, t) in types {
+        s.push_str(&format!("  {unit}) echo {t};;\n"));
+    }
+    s.push_str("  esac;;\nesac\nexit 0");
+    s
+}
+
+fn userns_env() -> String {
+    USERNS_UNMOUNTABLE.join(" ")
+}
+
+#[test]
+fn the_settle_step_resets_the_mounts_a_user_namespace_cannot_make_and_the_audit_socket_of_an_old_systemd(
+) {
+    let failed = [
+        "sys-kernel-config.mount",
+        "sys-kernel-debug.mount",
+        "srv-data.mount",
+        "systemd-journald-audit.socket",
+        "shop.service",
+    ];
+    let types = [
+        ("sys-kernel-config.mount", "configfs"),
+        ("sys-kernel-debug.mount", "debugfs"),
+        ("srv-data.mount", "ext4"),
+    ];
+    let env = userns_env();
+    let env = [("FELHOM_LAB_USERNS", env.as_str())];
+    let links = format!("{LO}{FALLBACK_TUNNELS}");
+    // Debian 11's systemd 247 cannot tell; the node's failures are reset, the guest's own
+    // (an ext4 mount, a service) are not.
+    let g = Guest::new(
+        &links,
+        &failed_units_systemctl(&failed, &types, "systemd 247 (247.3-7+deb11u6)"),
+    );
+    let out = g.run(&format!("{GUARD}{SETTLE}"), &[], &env, Init::Userns);
+    assert_eq!(
+        out,
+        "userns-reset sys-kernel-config.mount configfs\n\
+         userns-reset sys-kernel-debug.mount debugfs\n\
+         userns-reset systemd-journald-audit.socket audit 247.3\n",
+    );
+    let log = g.log();
+    assert!(
+        !log.contains("reset-failed srv-data.mount") && !log.contains("reset-failed shop"),
+        "{log}"
+    );
+    // 252.11 and later tell: the socket is not the node's doing there.
+    for (version, reset) in [
+        ("systemd 252 (252.6-1)", true),
+        ("systemd 252 (252.39-1~deb12u2)", false),
+        ("systemd 257 (257.9-1~deb13u1)", false),
+        ("systemd 249 (249.11-0ubuntu3.12)", true),
+        ("not a version", false),
+    ] {
+        let g = Guest::new(
+            &links,
+            &failed_units_systemctl(&["systemd-journald-audit.socket"], &[], version),
+        );
+        let out = g.run(&format!("{GUARD}{SETTLE}"), &[], &env, Init::Userns);
+        assert_eq!(
+            out.contains("userns-reset systemd-journald-audit.socket"),
+            reset,
+            "{version}: {out}"
+        );
+    }
+    // In the initial user namespace (a privileged container), nothing is the user namespace's.
+    let g = Guest::new(
+        &links,
+        &failed_units_systemctl(&failed, &types, "systemd 247 (247.3-7+deb11u6)"),
+    );
+    assert_eq!(
+        g.run(&format!("{GUARD}{SETTLE}"), &[], &env, Init::Host),
+        ""
+    );
+    // A customer's guest (no variable): nothing is reset.
+    let g = Guest::new(
+        &links,
+        &failed_units_systemctl(&failed, &types, "systemd 247 (247.3-7+deb11u6)"),
+    );
+    assert_eq!(
+        g.run(&format!("{GUARD}{SETTLE}"), &[], &[], Init::Userns),
+        ""
+    );
+    assert!(!g.log().contains("reset-failed"), "{}", g.log());
+}
