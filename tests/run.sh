@@ -42,13 +42,15 @@ trap 'print_times $?' EXIT
 step "setup (tests/setup.sh)"
 source tests/setup.sh
 
-# The real guests' Debian root filesystem (tests/testbed/build-debian-rootfs.sh; a minute or two
-# on a fresh clone, mostly downloads and disk, then cached): built beside the checks and builds
-# below, waited for before the tests.
+# The real guests' Debian root filesystems, one per release the bed runs (Debian 11, 12 and 13:
+# tests/testbed/build-debian-rootfs.sh; a minute or two each on a fresh clone, mostly downloads
+# and disk, then cached): built beside the checks and builds below, waited for before the tests.
 debian_log=$(mktemp)
 cleanup+=("$debian_log")
-printf '\n== the real guests'"'"' Debian root filesystem: built beside the steps below\n' >&2
-nice -n 10 tests/testbed/build-debian-rootfs.sh >"$debian_log" 2>&1 &
+printf '\n== the real guests'"'"' Debian root filesystems: built beside the steps below\n' >&2
+nice -n 10 bash -c 'for suite in bookworm bullseye trixie; do
+  tests/testbed/build-debian-rootfs.sh "" "$suite" || exit 1
+done' >"$debian_log" 2>&1 &
 debian_pid=$!
 
 step "cargo fmt --check"
@@ -87,10 +89,10 @@ if [ "${FELHOM_CI_SERIAL:-0}" != 1 ]; then
   fuzz_pid=$!
 fi
 
-step "the real guests' Debian root filesystem (wait for its build)"
+step "the real guests' Debian root filesystems (wait for their build)"
 if ! wait "$debian_pid"; then
   cat "$debian_log" >&2
-  echo "building the real guests' root filesystem failed (above)" >&2
+  echo "building the real guests' root filesystems failed (above)" >&2
   exit 1
 fi
 

@@ -1291,7 +1291,8 @@ class ScenarioPve(fake_server.FakePve):
     def _debian_interfaces(config):
         """/etc/network/interfaces as pve-container writes it for a Debian >= 10 guest with these
         NICs (src/PVE/LXC/Setup/Debian.pm setup_network: `auto <name>`, `iface <name> inet
-        static` with `address <cidr>` and `gateway <gw>`, or `inet dhcp|manual`); None when no
+        static` with `address <cidr>` and `gateway <gw>`, or `inet dhcp|manual`; likewise for
+        `ip6`/`gw6`: `iface <name> inet6 static|dhcp|auto|manual`, no option lines); None when no
         NIC has a name and an address, where setup_network returns without touching the file
         (`return if !scalar(keys %$networks)`). The merge with sections already in the file is
         left out: the bed's root filesystem holds only `lo`."""
@@ -1310,6 +1311,14 @@ class ScenarioPve(fake_server.FakePve):
                 out.append('iface {0} inet static\n\taddress {1}\n'.format(name, ip))
                 if gw:
                     out.append('\tgateway {0}\n'.format(gw))
+                out.append('\n')
+            ip6, gw6 = props.get('ip6'), props.get('gw6')
+            if ip6 in ('dhcp', 'auto', 'manual'):
+                out.append('iface {0} inet6 {1}\n\n'.format(name, ip6))
+            elif ip6:
+                out.append('iface {0} inet6 static\n\taddress {1}\n'.format(name, ip6))
+                if gw6:
+                    out.append('\tgateway {0}\n'.format(gw6))
                 out.append('\n')
         if not out:
             return None

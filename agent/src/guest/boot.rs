@@ -35,9 +35,11 @@ const WAIT_SCRIPT: &str =
 case \"$(readlink /proc/1/exe 2>/dev/null) $(cat /proc/1/comm 2>/dev/null)\" in \
 */systemd\\ *|*\\ systemd) true;; *) false;; esac; } && \
 { printf 'systemd '; systemctl is-system-running --wait 2>/dev/null; exit 0; }; echo no-systemd";
-/// The read after the timeout: the state, then up to five jobs systemd still runs.
+/// The read after the timeout: the state, then up to five jobs systemd still runs, the running
+/// ones first (they hold the others).
 const STATE_SCRIPT: &str = "printf 'systemd '; systemctl is-system-running 2>/dev/null; \
-systemctl list-jobs --no-legend --no-pager 2>/dev/null | head -n 5";
+systemctl list-jobs --no-legend --no-pager 2>/dev/null | awk '$4 == \"running\" {print; next} \
+{w[n++] = $0} END {for (i = 0; i < n; i++) print w[i]}' | head -n 5";
 
 /// systemd's answer to `is-system-running`, as read from the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +54,12 @@ pub enum BootState {
     Booting(&'static str),
     /// `maintenance`, `stopping`, `offline`: the boot did not complete.
     Other(&'static str),
+}
+
+/// Whether a line of the guest's output is the wait's answer (`systemd <state>`, `no-systemd`).
+fn is_state_line(line: &str) -> bool {
+    let line = line.trim();
+    line == "no-systemd" || line == "systemd" || line.starts_with("systemd ")
 }
 
 /// The closed set of states `is-system-running` answers (systemd `src/core/manager.c`
@@ -86,10 +94,45 @@ fn pending_jobs(stdout: &str) -> Vec<String> {
         .collect()
 }
 
+/// A script the boot wait runs in place of its own (`/bin/sh -c <script> sh <args>…`, with
+/// `env`), to act while the boot goes on: it ends by printing the wait's answer as the last
+/// line (`systemd <state>`, or `no-systemd`); its other lines are handed back as they were
+/// printed (hostile: the caller reads only its own closed set of words).
+#[derive(Debug, Clone, Default)]
+pub struct BootWatch {
+    /// The script (`sh -c`).
+    pub script: String,
+    /// Its positional arguments.
+    pub args: Vec<String>,
+    /// Its environment, beside the exec's controlled one.
+    pub env: Vec<(&'static str, String)>,
+}
+
 /// Wait until the guest's boot has ended, at most `timeout`. `Ok`: what was waited for and
 /// seen, for the report. `Err`: the state seen at the end (and the jobs still running), or why
 /// the guest could not be asked.
 pub async fn wait_boot<E: GuestExec>(exec: &E, timeout: Duration) -> Result<String, String> {
+    wait_boot_watched(exec, timeout, None).await.0
+}
+
+/// [`wait_boot`], running `watch` in place of the plain wait: also the watch's own lines (at
+/// most 64; none from an answer cut by the timeout).
+pub async fn wait_boot_watched<E: GuestExec>(
+    exec: &E,
+    timeout: Duration,
+    watch: Option<&BootWatch>,
+) -> (Result<String, String>, Vec<String>) {
+    let mut lines = Vec::new();
+    let waited = wait_boot_inner(exec, timeout, watch, &mut lines).await;
+    (waited, lines)
+}
+
+async fn wait_boot_inner<E: GuestExec>(
+    exec: &E,
+    timeout: Duration,
+    watch: Option<&BootWatch>,
+    lines: &mut Vec<String>,
+) -> Result<String, String> {
     let started = Instant::now();
     let deadline = started + timeout;
     let mut last = BootState::Booting("no answer");
@@ -98,13 +141,33 @@ pub async fn wait_boot<E: GuestExec>(exec: &E, timeout: Duration) -> Result<Stri
         if left.is_zero() {
             break;
         }
-        let req = ExecRequest::new(["/bin/sh", "-c", WAIT_SCRIPT])
-            .timeout(left)
-            .output_cap(4096);
+        let mut req = match watch {
+            Some(w) => {
+                let mut argv = vec!["/bin/sh".to_string(), "-c".into(), w.script.clone()];
+                argv.push("sh".into());
+                argv.extend(w.args.iter().cloned());
+                let mut req = ExecRequest::new(argv);
+                for (k, v) in &w.env {
+                    req = req.env(*k, v.clone());
+                }
+                req
+            }
+            None => ExecRequest::new(["/bin/sh", "-c", WAIT_SCRIPT]),
+        };
+        req = req.timeout(left).output_cap(16 * 1024);
         match exec.exec(&req).await {
             Ok(out) if out.exit == GuestExit::TimedOut => break,
             Ok(out) => {
-                last = parse_state(&out.stdout.text());
+                let text = out.stdout.text();
+                let mut state = "";
+                for line in text.lines() {
+                    if is_state_line(line) {
+                        state = line;
+                    } else if lines.len() < 64 {
+                        lines.push(line.to_string());
+                    }
+                }
+                last = parse_state(state);
                 let took = started.elapsed().as_secs_f64();
                 match last {
                     BootState::NoSystemd => {

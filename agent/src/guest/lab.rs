@@ -24,6 +24,7 @@
 
 use std::time::Duration;
 
+use super::boot::BootWatch;
 use super::exec::{ExecRequest, GuestExec};
 
 /// The guard, shared by both steps: the copy's network namespace may hold, besides `lo` and
@@ -137,11 +138,15 @@ if ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit 
   failed=" $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{printf "%s ", $1}')"
   net=
   for u in networking.service systemd-networkd.service systemd-networkd-wait-online.service; do
-    case $failed in *" $u "*) net="$net $u";; esac
+    case $failed in *" $u "*) ;; *) continue;; esac
+    if [ "$u" = networking.service ] && [ -n "${FELHOM_LAB_DHCP6_STOPPED:-}" ]; then
+      echo "dhcp6-kept $u"; continue
+    fi
+    net="$net $u"
   done
   after=
   for u in $failed; do
-    case " $net " in *" $u "*) continue;; esac
+    case " $net networking.service " in *" $u "*) continue;; esac
     case " $(systemctl show -p After --value "$u" 2>/dev/null) " in
       *" network.target "*|*" network-online.target "*|*" network-pre.target "*) after="$after $u";;
       *) echo "kept $u";;
@@ -173,6 +178,48 @@ if ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit 
 fi
 exit 0
 "#;
+
+/// The boot wait of an agent's own copy whose backup stores `ip6=dhcp` (positional arguments:
+/// those interface names). pve-container writes `iface <name> inet6 dhcp`
+/// (`Setup/Debian.pm` `setup_network`), and ifupdown runs `dhclient -6` for it without `-1`
+/// (`inet6.defn`): with no DHCPv6 server it solicits for ever and `ifup`, so
+/// `networking.service` and the whole boot, waits for it until the unit's 5-minute start
+/// timeout (`tests/data/guest-units-facts.md` §2). In production a server answers; in a copy
+/// that reaches nothing none can. So while systemd is still starting, a `dhclient -6` for a
+/// stored name (found by its command line: ` -6 ` and the name as its last word) that has run
+/// `FELHOM_LAB_DHCP6_GIVE_UP` seconds is stopped (TERM), "dhcp6-stopped <name> <secs>": as
+/// IPv4's `dhclient` gives up by itself after its 60 seconds. The loop ends with the wait's
+/// answer, "systemd <state>", once systemd has left `initializing` and `starting`.
+const DHCP6_WATCH: &str = r#"
+give_up=${FELHOM_LAB_DHCP6_GIVE_UP:-60}
+while :; do
+  st=$(systemctl is-system-running 2>/dev/null)
+  case $st in running|degraded|maintenance|stopping) echo "systemd $st"; exit 0;; esac
+  now=$(date +%s); i=0
+  for n in "$@"; do
+    i=$((i+1)); pid=
+    for p in /proc/[0-9]*; do
+      case " $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" in
+        *dhclient*" -6 "*" $n ") pid=${p#/proc/}; break;;
+      esac
+    done
+    if [ -z "$pid" ]; then eval "seen_$i="; continue; fi
+    eval "t=\${seen_$i:-}"
+    if [ -z "$t" ]; then eval "seen_$i=$now"; continue; fi
+    if [ $((now - t)) -ge "$give_up" ] && kill "$pid" 2>/dev/null; then
+      echo "dhcp6-stopped $n $((now - t))"; eval "seen_$i="
+    fi
+  done
+  sleep 1
+done
+"#;
+
+/// How long a copy's `dhclient -6` may wait for a lease before the lab stops it: the 60 s after
+/// which IPv4's `dhclient` gives up by itself (isc-dhcp `clparse.c`: `timeout 60`).
+pub const DHCP6_GIVE_UP: Duration = Duration::from_secs(60);
+
+/// The variable naming the stored interfaces whose `dhclient -6` the boot wait stopped.
+const LAB_DHCP6_STOPPED_VAR: &str = "FELHOM_LAB_DHCP6_STOPPED";
 
 /// The variable naming (space-separated) the interfaces the backup stores with DHCP.
 const LAB_DHCP_VAR: &str = "FELHOM_LAB_DHCP";
@@ -233,6 +280,12 @@ pub struct LabRequest<'a> {
     pub names: &'a [String],
     /// The names stored with DHCP (`ip=dhcp`, `ip6=dhcp`): no lease can come in the copy.
     pub dhcp: &'a [String],
+    /// The names stored with `ip6=dhcp`: in the agent's own copies, the boot wait stops their
+    /// `dhclient -6` ([`dhcp6_watch`]).
+    pub dhcp6: &'a [String],
+    /// The names whose `dhclient -6` the boot wait stopped: `networking.service` failed for
+    /// them, and is not restarted (its restart would wait on them again).
+    pub dhcp6_stopped: &'a [String],
     /// A copy of the agent's own (a restore test's or a selftest's, never a customer's guest):
     /// the failed units that are the node's doing in a user namespace are reset
     /// ([`USERNS_UNMOUNTABLE`], journald's audit socket).
@@ -258,6 +311,55 @@ impl LabRequest<'_> {
             .map(String::as_str)
             .collect()
     }
+}
+
+/// The boot wait's watch for an agent's own copy with `ip6=dhcp` interfaces (`None`: none, or
+/// not the agent's own copy). `give_up`: [`DHCP6_GIVE_UP`].
+pub fn dhcp6_watch(lab: &LabRequest<'_>, give_up: Duration) -> Option<BootWatch> {
+    let ok = lab.plain_names().0;
+    let names: Vec<String> = lab
+        .dhcp6
+        .iter()
+        .filter(|n| ok.contains(n))
+        .cloned()
+        .collect();
+    if names.is_empty() || !lab.reset_node_failures {
+        return None;
+    }
+    Some(BootWatch {
+        script: DHCP6_WATCH.to_string(),
+        args: names,
+        env: vec![(
+            "FELHOM_LAB_DHCP6_GIVE_UP",
+            give_up.as_secs().max(1).to_string(),
+        )],
+    })
+}
+
+/// The names the watch stopped a `dhclient -6` for, and what the report says of each (from its
+/// lines: hostile, only "dhcp6-stopped <plain name> <secs>" of a stored name is read).
+pub fn dhcp6_stopped(lab: &LabRequest<'_>, lines: &[String]) -> (Vec<String>, Vec<String>) {
+    let mut names: Vec<String> = Vec::new();
+    let mut notes = Vec::new();
+    for line in lines {
+        let mut w = line.split_whitespace();
+        if let (Some("dhcp6-stopped"), Some(n), Some(secs)) = (w.next(), w.next(), w.next()) {
+            let Some(n) = lab.dhcp6.iter().find(|d| d.as_str() == n) else {
+                continue;
+            };
+            let Ok(secs) = secs.parse::<u64>() else {
+                continue;
+            };
+            if !names.contains(n) {
+                names.push(n.clone());
+                notes.push(format!(
+                    "the DHCPv6 client of {n} (ip6=dhcp) waited {secs}s for a lease that cannot \
+                     come in an isolated copy, holding networking.service and the boot: stopped"
+                ));
+            }
+        }
+    }
+    (names, notes)
 }
 
 /// Step 1: give an isolated copy its stored interfaces (`lab.names`), each as a veth pair
@@ -305,6 +407,15 @@ pub async fn settle<E: GuestExec>(
     }
     if lab.reset_node_failures {
         req = req.env(LAB_USERNS_VAR, USERNS_UNMOUNTABLE.join(" "));
+    }
+    let stopped: Vec<&str> = lab
+        .dhcp6_stopped
+        .iter()
+        .filter(|n| dhcp.contains(&n.as_str()))
+        .map(String::as_str)
+        .collect();
+    if !stopped.is_empty() {
+        req = req.env(LAB_DHCP6_STOPPED_VAR, stopped.join(" "));
     }
     let out = exec
         .exec(&req)
@@ -370,6 +481,11 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
                 "systemd-networkd-wait-online.service left failed: {} is not online",
                 clip(n, 32)
             )),
+            (Some("dhcp6-kept"), Some("networking.service"), _, _) => notes.push(
+                "networking.service failed for the stopped DHCPv6 client: not restarted (it \
+                 would wait on it again)"
+                    .to_string(),
+            ),
             (Some("dhcp-kept"), Some(n), _, _) => notes.push(format!(
                 "networking.service left failed: {} (not DHCP) is not up",
                 clip(n, 32)

@@ -723,16 +723,20 @@ impl<'a> Executor<'a> {
                         .await
                         {
                             Ok(g) => given = g,
-                            Err(e) => return (None, Err(e)),
+                            Err(e) => return (None, Vec::new(), Err(e)),
                         }
                         if let Some(given) = &given {
                             tracing::info!(vmid, "isolation: {given}");
                         }
                     }
-                    (
-                        given,
-                        crate::guest::boot::wait_boot(&exec, self.timeouts.boot).await,
+                    let watch = lab.as_ref().and_then(|l| l.boot_watch());
+                    let (waited, lines) = crate::guest::boot::wait_boot_watched(
+                        &exec,
+                        self.timeouts.boot,
+                        watch.as_ref(),
                     )
+                    .await;
+                    (given, lines, waited)
                 };
                 let waited = tokio::select! {
                     w = give_and_wait => w,
@@ -748,10 +752,12 @@ impl<'a> Executor<'a> {
                     }
                 };
                 drop(exec);
-                let (given, waited) = waited;
+                let (given, lines, waited) = waited;
                 let waited = match (waited, lab) {
                     (Ok(seen), Some(mut lab)) => {
                         lab.given = given;
+                        let stopped = crate::guest::lab::dhcp6_stopped(&lab.request(), &lines);
+                        lab.dhcp6_stopped = stopped;
                         self.lab_settle(state, vmid, guest, seen, lab).await
                     }
                     (Ok(seen), None) => Ok(seen),

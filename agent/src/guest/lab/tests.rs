@@ -404,3 +404,50 @@ fn the_settle_step_resets_the_mounts_a_user_namespace_cannot_make_and_the_audit_
     );
     assert!(!g.log().contains("reset-failed"), "{}", g.log());
 }
+
+#[test]
+fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
+    let names = ["eth0".to_string(), "eth1".to_string()];
+    let dhcp6 = ["eth0".to_string()];
+    let lab = LabRequest {
+        names: &names,
+        dhcp: &dhcp6,
+        dhcp6: &dhcp6,
+        dhcp6_stopped: &[],
+        reset_node_failures: true,
+    };
+    let lines: Vec<String> = [
+        "dhcp6-stopped eth1 61",
+        "dhcp6-stopped eth0 notanumber",
+        "dhcp6-stopped eth0 61",
+        "dhcp6-stopped eth0 62",
+        "systemd running",
+    ]
+    .iter()
+    .map(|l| l.to_string())
+    .collect();
+    let (stopped, notes) = dhcp6_stopped(&lab, &lines);
+    assert_eq!(stopped, vec!["eth0".to_string()]);
+    assert_eq!(
+        notes,
+        vec![
+            "the DHCPv6 client of eth0 (ip6=dhcp) waited 61s for a lease that cannot come in an \
+             isolated copy, holding networking.service and the boot: stopped"
+                .to_string()
+        ]
+    );
+    // The watch runs only in the agent's own copies, and only for stored ip6=dhcp names.
+    let watch = dhcp6_watch(&lab, DHCP6_GIVE_UP).expect("a watch");
+    assert_eq!(watch.args, vec!["eth0".to_string()]);
+    assert_eq!(
+        watch.env,
+        vec![("FELHOM_LAB_DHCP6_GIVE_UP", "60".to_string())]
+    );
+    let customer = LabRequest {
+        reset_node_failures: false,
+        ..lab.clone()
+    };
+    assert!(dhcp6_watch(&customer, DHCP6_GIVE_UP).is_none());
+    let none = LabRequest { dhcp6: &[], ..lab };
+    assert!(dhcp6_watch(&none, DHCP6_GIVE_UP).is_none());
+}

@@ -12,6 +12,10 @@ pub(super) struct Lab {
     names: Vec<String>,
     /// The names stored with DHCP.
     dhcp: Vec<String>,
+    /// The names stored with `ip6=dhcp`.
+    dhcp6: Vec<String>,
+    /// The names whose `dhclient -6` the boot wait stopped, and what the report says of it.
+    pub(super) dhcp6_stopped: (Vec<String>, Vec<String>),
     /// The agent's own throwaway copy: the node's failures are reset.
     own_copy: bool,
     /// Why nothing could be given (the stored config could not be read).
@@ -25,9 +29,39 @@ impl Lab {
         LabRequest {
             names: &self.names,
             dhcp: &self.dhcp,
+            dhcp6: &self.dhcp6,
+            dhcp6_stopped: &self.dhcp6_stopped.0,
             reset_node_failures: self.own_copy,
         }
     }
+
+    /// What the boot wait runs for this copy (`None`: the plain wait).
+    pub(super) fn boot_watch(&self) -> Option<crate::guest::boot::BootWatch> {
+        crate::guest::lab::dhcp6_watch(&self.request(), dhcp6_give_up())
+    }
+}
+
+/// How long a copy's `dhclient -6` may wait for a lease (a test build may shorten it through
+/// the environment).
+#[cfg(not(feature = "test-hooks"))]
+fn dhcp6_give_up() -> std::time::Duration {
+    crate::guest::lab::DHCP6_GIVE_UP
+}
+
+/// Test hook (only with the `test-hooks` feature): the seconds a copy's `dhclient -6` may wait,
+/// instead of [`crate::guest::lab::DHCP6_GIVE_UP`].
+#[cfg(feature = "test-hooks")]
+pub const DHCP6_GIVE_UP_ENV: &str = "FELHOM_AGENT_DHCP6_GIVE_UP_SECS";
+
+#[cfg(feature = "test-hooks")]
+fn dhcp6_give_up() -> std::time::Duration {
+    std::env::var(DHCP6_GIVE_UP_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(
+            crate::guest::lab::DHCP6_GIVE_UP,
+            std::time::Duration::from_secs,
+        )
 }
 
 impl Executor<'_> {
@@ -62,14 +96,17 @@ impl Executor<'_> {
                     // `ip=dhcp` and `ip6=dhcp` (pve-container `Setup/Debian.pm`
                     // `setup_network` writes `inet dhcp` and `inet6 dhcp`): no lease can come
                     // in a copy that reaches nothing.
-                    let is_dhcp = stored.get(&nic.key).is_some_and(|v| {
-                        crate::pve::guest_config::property_items(v)
-                            .iter()
-                            .any(|(k, v)| {
-                                matches!(k.as_str(), "ip" | "ip6") && v.as_deref() == Some("dhcp")
-                            })
-                    });
-                    if is_dhcp {
+                    let dhcp = |key: &str| {
+                        stored.get(&nic.key).is_some_and(|v| {
+                            crate::pve::guest_config::property_items(v)
+                                .iter()
+                                .any(|(k, v)| k == key && v.as_deref() == Some("dhcp"))
+                        })
+                    };
+                    if dhcp("ip6") {
+                        lab.dhcp6.push(name.clone());
+                    }
+                    if dhcp("ip") || dhcp("ip6") {
                         lab.dhcp.push(name.clone());
                     }
                     lab.names.push(name);
@@ -99,6 +136,7 @@ impl Executor<'_> {
     ) -> Result<String, String> {
         let mut parts: Vec<String> = lab.unread.clone().into_iter().collect();
         parts.extend(lab.given.clone());
+        parts.extend(lab.dhcp6_stopped.1.iter().cloned());
         let exec = self.exec_for(vmid, guest, state.txn());
         let settled = if seen.starts_with("systemd") {
             crate::guest::lab::settle(&exec, &lab.request(), self.timeouts.boot).await?

@@ -1,0 +1,327 @@
+//! The restore test's verdict on the Debian releases a fleet runs, each a real unprivileged
+//! LXC container (`tests/tests/real_guests.rs` describes the bed): Debian 11 (systemd 247),
+//! 12 (252) and 13 (257), nothing masked, built as `tests/testbed/build-debian-rootfs.sh` says.
+//! What differs between them is what breaks: systemd 247 fails journald's audit socket in a
+//! user namespace, and every release fails the mounts of filesystems a user namespace cannot
+//! mount (the node's doing: `tests/data/guest-units-facts.md` section 1).
+//!
+//! Each good backup's isolated copy must end `ok` with the default pack and with an
+//! operator's pack that lists every failed unit; a unit of its own that fails must turn it red,
+//! named. Each test needs LXC: on a machine where it does not work, the test prints why and ends
+//! (`FELHOM_REQUIRE_REAL_GUESTS=1` makes that a failure).
+
+use felhom_tests::fakepve::AgentOptions;
+use felhom_tests::world::World;
+use serde_json::{json, Value};
+
+/// An operator's own pack that lists every failed unit, leaving none out.
+const EVERY_FAILED_PACK: &str = r#"
+[[check]]
+name = "no-failed-unit-at-all"
+sql = "SELECT id FROM systemd_units WHERE active_state = 'failed'"
+expect = "rows == 0"
+"#;
+
+/// The shop answers on its stored address from inside the copy.
+const SHOP_PACK: &str = r#"
+[[check]]
+name = "shop-answers"
+sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.31/'"
+expect = "response_code == '200'"
+guests = [200]
+"#;
+
+/// The shop: busybox's httpd bound to the stored static address, ordered after
+/// `network-online.target` (which it pulls in).
+const SHOP_UNIT: &str = "[Unit]\nDescription=The shop\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.31:80 -h /srv/www\n";
+
+/// A unit the boot waits for, with no timeout, until `eth0` holds its stored address: the boot
+/// of a copy whose interface came late would hang on it until the agent's boot timeout.
+const WAITER_UNIT: &str = "[Unit]\nDescription=Waits for the stored address\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=infinity\nExecStart=/bin/sh -c 'until ip -4 -o addr show dev eth0 | grep -q 10.20.0.31/; do sleep 0.2; done'\n";
+
+/// A unit of the backup, ordered after `network-online.target`, that fails for its own reason.
+const BROKEN_UNIT: &str = "[Unit]\nDescription=Broken for its own reason\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nType=oneshot\nExecStart=/bin/false\n";
+
+/// isc-dhcp-client's settings: `dhclient` gives up after `timeout` seconds without a lease (60
+/// by default, per interface one after the other, IPv4 and IPv6 alike) and then goes on in the
+/// background; 5 s keeps the test's boot short, what the copy shows is the same.
+const DHCLIENT_CONF: &str = "timeout 5;\nretry 5;\n";
+
+/// `sys-kernel-config.mount` as a PVE node makes it fail: the node loads configfs, so
+/// `/sys/kernel/config` exists in every container and systemd tries the mount, which the kernel
+/// refuses in a user namespace. This machine's kernel has no configfs; the drop-in lifts the
+/// unit's path condition so the same unit (`Type=configfs`) fails the same way.
+const CONFIGFS_AS_ON_A_NODE: &str = "[Unit]\nConditionPathExists=\n";
+
+/// The backup of container 200 as a guest of `release`, with `files`, `links` and its NICs.
+fn scenario(release: &str, nics: &[&str], files: Value, links: Value) -> Value {
+    let mut s = felhom_tests::fakepve::demo_scenario();
+    let vol = &mut s["volumes"]["local"][0];
+    vol["config"] = json!({
+        "arch": "amd64",
+        "ostype": "debian",
+        "hostname": "web1",
+        "memory": "512",
+        "rootfs": "local-lvm:vm-200-disk-0,size=8G",
+        "unprivileged": "1",
+    });
+    for (i, nic) in nics.iter().enumerate() {
+        vol["config"][format!("net{i}")] = json!(nic);
+    }
+    vol["guest"] = json!({ "release": release, "files": files, "links": links });
+    s
+}
+
+/// The world of `scenario` with the shipped default pack, the operator's every-failed-unit
+/// pack and the shop's pack.
+fn world(scenario: Value) -> Option<World> {
+    let w = World::real_or_skip(scenario, &AgentOptions::default())?;
+    for (file, pack) in [
+        ("operator.toml", EVERY_FAILED_PACK),
+        ("shop.toml", SHOP_PACK),
+    ] {
+        std::fs::write(w.files.checks_dir.join(file), pack)
+            .unwrap_or_else(|e| panic!("cannot write {file}: {e}"));
+    }
+    Some(w)
+}
+
+/// How long the lab lets a copy's `dhclient -6` wait for a lease in these tests (the agent's
+/// test hook; 60 s by default, as IPv4's `dhclient` gives up by itself).
+const DHCP6_GIVE_UP_SECS: &str = "5";
+
+/// The restore test of `w`'s backup, `--json`.
+fn restore_test(w: &World) -> felhom_tests::agent::AgentRun {
+    w.command()
+        .args(["--selftest=restore", "--json"])
+        .env("FELHOM_AGENT_DHCP6_GIVE_UP_SECS", DHCP6_GIVE_UP_SECS)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the agent: {e}"))
+        .into()
+}
+
+fn check_is(doc: &Value, name: &str, status: &str) -> bool {
+    doc["checks"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["name"] == name && c["status"] == status))
+}
+
+/// The seconds of the first boot wait (`systemd: <state> after <s>s`).
+fn first_boot_secs(doc: &Value) -> f64 {
+    let boot = doc["boot"].as_str().unwrap_or("");
+    boot.split(" after ")
+        .nth(1)
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no boot time in {boot:?}"))
+}
+
+/// An ifupdown guest as pve-container's `Setup/Debian.pm` writes it: `eth0` static with
+/// `ip6=dhcp` (`iface eth0 inet6 dhcp`), `eth1` on DHCP; the shop on `eth0`'s address, a unit
+/// the boot waits for with no timeout until that address is there; `sys-kernel-config.mount`
+/// failing as on a node.
+fn ifupdown_guest(release: &str, extra: Value) -> Value {
+    let mut files = json!({
+        "/etc/dhcp/dhclient.conf": DHCLIENT_CONF,
+        "/etc/systemd/system/sys-kernel-config.mount.d/node.conf": CONFIGFS_AS_ON_A_NODE,
+        "/etc/systemd/system/shop.service": SHOP_UNIT,
+        "/etc/systemd/system/waiter.service": WAITER_UNIT,
+        "/etc/systemd/system/multi-user.target.d/app.conf":
+            "[Unit]\nWants=shop.service waiter.service\n",
+        "/srv/www/index.html": "the shop\n",
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        files[k] = v.clone();
+    }
+    scenario(
+        release,
+        &[
+            "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,ip6=dhcp,type=veth",
+            "name=eth1,bridge=vmbr0,hwaddr=BC:24:11:00:02:01,ip=dhcp,type=veth",
+        ],
+        files,
+        json!({}),
+    )
+}
+
+/// What the report says when a mount the user namespace cannot make was reset.
+fn userns_reset(unit: &str, fstype: &str) -> String {
+    format!(
+        "{unit} failed as in every unprivileged container ({fstype} cannot be mounted in a user \
+         namespace); its failed state reset"
+    )
+}
+
+/// A good ifupdown backup of `release` ends ok: both packs pass, the shop answers, the boot
+/// that waits for the stored address ended within seconds (its interfaces were given before
+/// the boot wait, the DHCPv6 client that waits for ever was stopped), and the report names what
+/// the isolation gave, stopped and reset.
+fn a_good_ifupdown_copy_ends_ok(release: &str) {
+    let Some(w) = world(ifupdown_guest(release, json!({}))) else {
+        return;
+    };
+    let run = restore_test(&w);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    for check in ["no-failed-units", "no-failed-unit-at-all", "shop-answers"] {
+        assert!(check_is(&doc, check, "pass"), "{check}: {doc:#}");
+    }
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("eth0 given as an unconnected veth pair")
+            && changed.contains("eth1 given as an unconnected veth pair")
+            && changed.contains(&userns_reset("sys-kernel-debug.mount", "debugfs"))
+            && changed.contains(&userns_reset("sys-kernel-config.mount", "configfs")),
+        "{doc:#}"
+    );
+    // `iface eth0 inet6 dhcp`: `dhclient -6` would hold the boot until networking.service's
+    // 5-minute start timeout; the lab stops it, then resets networking.service's failure, which
+    // is the DHCP stanzas' alone.
+    assert!(
+        changed.contains("the DHCPv6 client of eth0 (ip6=dhcp) waited")
+            && changed.contains("networking.service failed for the DHCP stanza of eth0, eth1"),
+        "{doc:#}"
+    );
+    // systemd 247 takes the audit socket for usable in a user namespace; 252.11 and later do
+    // not try it there.
+    assert_eq!(
+        changed.contains("systemd-journald-audit.socket failed as under every systemd older"),
+        release == "bullseye",
+        "{doc:#}"
+    );
+    // Without its interfaces before the wait, the waiter would hold the boot until the boot
+    // timeout (300 s).
+    let secs = first_boot_secs(&doc);
+    assert!(secs < 120.0, "the boot took {secs} s: {doc:#}");
+}
+
+/// A unit of the backup ordered after `network-online.target` that fails for its own reason
+/// (`ExecStart=/bin/false`) turns the copy red, named, and it alone: everything else of the
+/// same guest passes, the shop answers.
+fn a_broken_unit_after_network_online_turns_the_copy_red_naming_it(scenario: Value) {
+    let Some(w) = world(scenario) else {
+        return;
+    };
+    let run = restore_test(&w);
+    let doc = run.json();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
+    assert!(check_is(&doc, "no-failed-units", "fail"), "{doc:#}");
+    assert!(check_is(&doc, "no-failed-unit-at-all", "fail"), "{doc:#}");
+    assert!(check_is(&doc, "shop-answers", "pass"), "{doc:#}");
+    let failing: Vec<&Value> = doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .collect();
+    for check in &failing {
+        let rows = check["rows"].to_string();
+        assert!(
+            rows.contains("broken.service"),
+            "{} does not name broken.service: {doc:#}",
+            check["name"]
+        );
+        assert_eq!(
+            rows.matches(".service").count()
+                + rows.matches(".mount").count()
+                + rows.matches(".socket").count(),
+            1,
+            "{} names more than broken.service: {doc:#}",
+            check["name"]
+        );
+    }
+    assert_eq!(failing.len(), 2, "{doc:#}");
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(changed.contains("broken.service (failed)"), "{doc:#}");
+}
+
+/// A systemd-networkd guest as pve-container's `Setup/Base.pm` `setup_systemd_networkd` writes
+/// it (`/etc/systemd/network/eth0.network`: the static address and gateway), networking.service
+/// masked, networkd and its wait-online enabled (wait-online's timeout cut to 5 s by a drop-in:
+/// no link can come online in the copy before its interface is given), the shop and a broken
+/// unit after `network-online.target`.
+fn networkd_guest_with_a_broken_unit(release: &str) -> Value {
+    let lib = if release == "bullseye" {
+        "/lib/systemd/system"
+    } else {
+        "/usr/lib/systemd/system"
+    };
+    let wait_online = if release == "trixie" {
+        "/usr/lib/systemd/systemd-networkd-wait-online"
+    } else {
+        "/lib/systemd/systemd-networkd-wait-online"
+    };
+    scenario(
+        release,
+        &["name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,type=veth"],
+        json!({
+            "/etc/systemd/network/eth0.network":
+                "[Match]\nName=eth0\n\n[Network]\nDescription = Interface eth0 autoconfigured by PVE\nAddress = 10.20.0.31/24\nGateway = 10.20.0.1\nDHCP = no\nIPv6AcceptRA = false\n",
+            "/etc/systemd/system/systemd-networkd-wait-online.service.d/timeout.conf":
+                format!("[Service]\nExecStart=\nExecStart={wait_online} --timeout=5\n"),
+            "/etc/systemd/system/shop.service": SHOP_UNIT,
+            "/etc/systemd/system/broken.service": BROKEN_UNIT,
+            "/etc/systemd/system/multi-user.target.d/app.conf":
+                "[Unit]\nWants=shop.service broken.service\n",
+            "/srv/www/index.html": "the shop\n",
+        }),
+        json!({
+            "/etc/systemd/system/networking.service": "/dev/null",
+            "/etc/systemd/system/multi-user.target.wants/systemd-networkd.service":
+                format!("{lib}/systemd-networkd.service"),
+            "/etc/systemd/system/sockets.target.wants/systemd-networkd.socket":
+                format!("{lib}/systemd-networkd.socket"),
+            "/etc/systemd/system/network-online.target.wants/systemd-networkd-wait-online.service":
+                format!("{lib}/systemd-networkd-wait-online.service"),
+        }),
+    )
+}
+
+#[test]
+fn a_good_debian_11_ifupdown_copy_ends_ok() {
+    a_good_ifupdown_copy_ends_ok("bullseye");
+}
+
+#[test]
+fn a_good_debian_12_ifupdown_copy_ends_ok() {
+    a_good_ifupdown_copy_ends_ok("bookworm");
+}
+
+#[test]
+fn a_good_debian_13_ifupdown_copy_ends_ok() {
+    a_good_ifupdown_copy_ends_ok("trixie");
+}
+
+#[test]
+fn a_debian_12_ifupdown_copy_with_a_broken_unit_after_network_online_is_red_naming_it() {
+    a_broken_unit_after_network_online_turns_the_copy_red_naming_it(ifupdown_guest(
+        "bookworm",
+        json!({
+            "/etc/systemd/system/broken.service": BROKEN_UNIT,
+            "/etc/systemd/system/multi-user.target.d/broken.conf":
+                "[Unit]\nWants=broken.service\n",
+        }),
+    ));
+}
+
+#[test]
+fn a_debian_11_networkd_copy_with_a_broken_unit_after_network_online_is_red_naming_it() {
+    a_broken_unit_after_network_online_turns_the_copy_red_naming_it(
+        networkd_guest_with_a_broken_unit("bullseye"),
+    );
+}
+
+#[test]
+fn a_debian_12_networkd_copy_with_a_broken_unit_after_network_online_is_red_naming_it() {
+    a_broken_unit_after_network_online_turns_the_copy_red_naming_it(
+        networkd_guest_with_a_broken_unit("bookworm"),
+    );
+}
+
+#[test]
+fn a_debian_13_networkd_copy_with_a_broken_unit_after_network_online_is_red_naming_it() {
+    a_broken_unit_after_network_online_turns_the_copy_red_naming_it(
+        networkd_guest_with_a_broken_unit("trixie"),
+    );
+}
