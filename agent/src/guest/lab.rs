@@ -247,6 +247,17 @@ pub const USERNS_UNMOUNTABLE: &[&str] = &[
     "fusectl",
     // fs/hugetlbfs/inode.c hugetlbfs_fs_type: dev-hugepages.mount
     "hugetlbfs",
+    // fs/efivarfs/super.c efivarfs_type
+    "efivarfs",
+    // fs/autofs/init.c autofs_fs_type
+    "autofs",
+    // fs/nfsd/nfsctl.c nfsd_fs_type: proc-fs-nfsd.mount
+    "nfsd",
+    // net/sunrpc/rpc_pipe.c rpc_pipe_fs_type: run-rpc_pipefs.mount
+    "rpc_pipefs",
+    // kernel/bpf/inode.c: FS_USERNS_MOUNT since 6.9, but bpf_fill_super() still refuses a
+    // user namespace other than the initial one
+    "bpf",
 ];
 
 /// What the report says of a mount unit the user namespace made fail, its failed state reset.
