@@ -26,8 +26,14 @@ use crate::pve::GuestKind;
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default number of bytes kept per output stream.
 pub const DEFAULT_OUTPUT_CAP: usize = 1024 * 1024;
-/// `PATH` inside the guest (what `lxc-attach --clear-env` sets).
-pub const GUEST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// `PATH` inside the guest: what `lxc-attach --clear-env` sets, then NixOS's system profile.
+/// A NixOS guest keeps only `/bin/sh` and `/usr/bin/env` in the usual places
+/// (nixpkgs `nixos/modules/system/activation/activation-script.nix`, `environment.binsh` and
+/// `environment.usrbinenv`); `systemctl`, `ip` and every system package are in
+/// `/run/current-system/sw/bin` (`nixos/modules/config/system-path.nix`). Without it, such a
+/// guest would read as one without systemd.
+pub const GUEST_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/current-system/sw/bin";
 /// The variable that tags every process of one exec inside the guest.
 pub const EXEC_ID_VAR: &str = "FELHOM_EXEC_ID";
 /// The time allowed for reading back a pushed file.
@@ -953,7 +959,7 @@ mod tests {
             [
                 "/usr/bin/env",
                 "-i",
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/current-system/sw/bin",
                 "LANG=de_DE.UTF-8",
                 "HOME=/root",
                 "FELHOM_TXN=01ABC",
