@@ -38,12 +38,18 @@ use super::exec::{ExecRequest, GuestExec};
 ///
 /// A link whose peer is in another namespace (`link-netns`/`link-netnsid` in `ip -d -o link`:
 /// iproute2 prints it from `IFLA_LINK_NETNSID`) or an ethernet device the lab did not make (a
-/// NIC, a bridge, the guest's own veth) stops the lab: "foreign <name> outside|ether". A listing
-/// without `lo` (no `ip`, or one that cannot read links) stops it too: "unreadable".
+/// NIC, a bridge, the guest's own veth) stops the lab: "foreign <name> outside|ether". An `ip`
+/// without `-d` (busybox's) gives no kinds: every ethernet device but the lab's own stops it
+/// then. A listing without `lo` (no `ip`, or one that cannot read links) stops it too:
+/// "unreadable". After the boot (`lab_strict=0`), only a peer outside stops it: the guest's own
+/// boot may have made bridges (`docker0`), which reach nothing, and a device that reaches the
+/// wire without a peer (a physical NIC moved in at the start) was there, and stopped the lab,
+/// before the boot.
 const GUARD: &str = r#"
 links=$(ip -d -o link show 2>/dev/null)
+case "$links" in *" lo: "*) ;; *) links=$(ip -o link show 2>/dev/null);; esac
 case "$links" in *" lo: "*) ;; *) echo unreadable; exit 0;; esac
-verdict=$(printf '%s\n' "$links" | awk -v names=" $* " '
+verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v strict="${lab_strict:-1}" '
 {
   name = $2; sub(/:$/, "", name); peer = ""
   at = index(name, "@")
@@ -54,10 +60,11 @@ verdict=$(printf '%s\n' "$links" | awk -v names=" $* " '
   if (n >= 3) { split(seg[3], w, " "); kind = w[1] }
   if ($0 ~ / link-netns/) { print "foreign " name " outside"; exit }
   if (name == "lo") next
-  if (kind == "veth" && name ~ /^felab[0-9]+$/) next
-  if (kind == "veth" && index(names, " " name " ") && peer ~ /^felab[0-9]+$/) next
+  lab = (kind == "veth" || kind == "")
+  if (lab && name ~ /^felab[0-9]+$/) next
+  if (lab && index(names, " " name " ") && peer ~ /^felab[0-9]+$/) next
   if (kind ~ /^(ipip|sit|ip6tnl|gre|gretap|erspan|ip6gre|ip6gretap|ip6erspan|vti|vti6)$/) next
-  if (type == "link/ether") { print "foreign " name " ether"; exit }
+  if (strict && type == "link/ether") { print "foreign " name " ether"; exit }
 }')
 [ -z "$verdict" ] || { echo "$verdict"; exit 0; }
 "#;
@@ -376,15 +383,15 @@ pub fn dhcp6_stopped(lab: &LabRequest<'_>, lines: &[String]) -> (Vec<String>, Ve
 /// Step 1: give an isolated copy its stored interfaces (`lab.names`), each as a veth pair
 /// whose other end is also inside the copy, and restart without waiting a network unit that
 /// already failed for the missing device. `Ok`: what was given, for the report (`None`:
-/// nothing to give). Names that are not plain interface names are left out and said.
+/// nothing to give: empty). Names that are not plain interface names are left out and said.
 pub async fn give_interfaces<E: GuestExec>(
     exec: &E,
     lab: &LabRequest<'_>,
     timeout: Duration,
-) -> Result<Option<String>, String> {
+) -> Result<Vec<String>, String> {
     let (ok, bad) = lab.plain_names();
     if ok.is_empty() && bad.is_empty() {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let req = ExecRequest::new(lab.argv(format!("{GUARD}{GIVE}")))
         .timeout(timeout)
@@ -393,24 +400,23 @@ pub async fn give_interfaces<E: GuestExec>(
         .exec(&req)
         .await
         .map_err(|e| format!("the copy's stored interfaces could not be given: {e}"))?;
-    let parts = lab_report(&out.stdout.text(), &[], true, &bad);
-    Ok((!parts.is_empty()).then(|| parts.join("; ")))
+    Ok(lab_report(&out.stdout.text(), &[], true, &bad))
 }
 
 /// Step 2, after the boot: reset the node's failures (`lab.reset_node_failures`), restart
 /// what the missing interface can explain, reset what fails only for a lease or an
-/// advertisement. `Ok`: what changed, for the report (`None`: nothing).
+/// advertisement. `Ok`: what changed, for the report (nothing: empty).
 pub async fn settle<E: GuestExec>(
     exec: &E,
     lab: &LabRequest<'_>,
     timeout: Duration,
-) -> Result<Option<String>, String> {
+) -> Result<Vec<String>, String> {
     let (ok, _) = lab.plain_names();
     if ok.is_empty() && !lab.reset_node_failures {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let dhcp = lab.dhcp_names();
-    let mut req = ExecRequest::new(lab.argv(format!("{GUARD}{SETTLE}")))
+    let mut req = ExecRequest::new(lab.argv(format!("lab_strict=0\n{GUARD}{SETTLE}")))
         .timeout(timeout)
         .output_cap(16 * 1024);
     if !dhcp.is_empty() {
@@ -432,8 +438,7 @@ pub async fn settle<E: GuestExec>(
         .exec(&req)
         .await
         .map_err(|e| format!("the copy's failed units could not be settled: {e}"))?;
-    let parts = lab_report(&out.stdout.text(), &dhcp, !ok.is_empty(), &[]);
-    Ok((!parts.is_empty()).then(|| parts.join("; ")))
+    Ok(lab_report(&out.stdout.text(), &dhcp, !ok.is_empty(), &[]))
 }
 
 /// The report's parts from a lab step's output (hostile: only its closed set of line words is

@@ -713,7 +713,7 @@ impl<'a> Executor<'a> {
                 let lab = self.lab_for(state, guest).await;
                 let exec = self.exec_for(vmid, guest, state.txn());
                 let give_and_wait = async {
-                    let mut given = None;
+                    let mut given = Vec::new();
                     if let Some(lab) = &lab {
                         match crate::guest::lab::give_interfaces(
                             &exec,
@@ -723,10 +723,10 @@ impl<'a> Executor<'a> {
                         .await
                         {
                             Ok(g) => given = g,
-                            Err(e) => return (None, Vec::new(), Err(e)),
+                            Err(e) => return (Vec::new(), Vec::new(), Err(e)),
                         }
-                        if let Some(given) = &given {
-                            tracing::info!(vmid, "isolation: {given}");
+                        if !given.is_empty() {
+                            tracing::info!(vmid, "isolation: {}", given.join("; "));
                         }
                     }
                     let watch = lab.as_ref().and_then(|l| l.boot_watch());
@@ -762,7 +762,7 @@ impl<'a> Executor<'a> {
                     }
                     (Ok(seen), None) => Ok(seen),
                     (Err(e), _) => {
-                        self.isolation = given;
+                        self.isolation = (!given.is_empty()).then(|| given.join("; "));
                         Err(e)
                     }
                 };

@@ -100,12 +100,22 @@ impl Guest {
     /// link joined by a backslash); `ip -o link show` prints the same, and any other `ip` call
     /// succeeds and is logged. `systemctl`: a script body answering the calls the lab makes.
     fn new(links: &str, systemctl: &str) -> Self {
+        Self::with_ip_details(links, systemctl, true)
+    }
+
+    /// `details`: whether `ip` knows `-d` (busybox's does not: it prints its usage instead).
+    fn with_ip_details(links: &str, systemctl: &str, details: bool) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("links"), links).expect("links");
+        let no_details = if details {
+            ""
+        } else {
+            "'-d '*) echo 'Usage: ip [OPTIONS] address|route|link'; exit 0;;\n"
+        };
         write_exec(
             &dir.path().join("ip"),
             &format!(
-                "#!/bin/sh\necho \"ip $*\" >>'{log}'\ncase \"$*\" in\n\
+                "#!/bin/sh\necho \"ip $*\" >>'{log}'\ncase \"$*\" in\n{no_details}\
                  '-d -o link show'|'-o link show') cat '{links}';;\n\
                  'link show dev '*) grep -q \"^[0-9]*: $4[@:]\" '{links}';;\n\
                  *) exit 0;;\nesac\n",
@@ -219,6 +229,46 @@ const WIRED_ETH0: &str = "2: eth0@if14: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 15
 fn guard(links: &str, names: &[&str]) -> String {
     let g = Guest::new(links, "exit 0");
     g.run(&format!("{GUARD}echo passed\n"), names, &[], Init::Host)
+}
+
+/// The guard after the boot (`lab_strict=0`).
+fn guard_after_boot(links: &str, names: &[&str]) -> String {
+    let g = Guest::new(links, "exit 0");
+    g.run(
+        &format!("lab_strict=0\n{GUARD}echo passed\n"),
+        names,
+        &[],
+        Init::Host,
+    )
+}
+
+#[test]
+fn after_the_boot_the_guard_stops_only_at_a_peer_outside() {
+    let bridge = "13: docker0: <NO-CARRIER,BROADCAST,MULTICAST,UP> mtu 1500 qdisc noqueue state DOWN mode DEFAULT group default\\    link/ether 3a:c4:c6:50:a5:0e brd ff:ff:ff:ff:ff:ff promiscuity 0  allmulti 0 minmtu 68 maxmtu 65535 \\    bridge forward_delay 1500 addrgenmode eui64 \n";
+    let links = format!("{LO}{FALLBACK_TUNNELS}{LAB_PAIR}{bridge}");
+    // Before the boot a bridge stops the lab; the guest's own boot may make one.
+    assert_eq!(guard(&links, &["eth0"]), "foreign docker0 ether\n");
+    assert_eq!(guard_after_boot(&links, &["eth0"]), "passed\n");
+    let links = format!("{LO}{WIRED_ETH0}");
+    assert_eq!(
+        guard_after_boot(&links, &["eth0"]),
+        "foreign eth0 outside\n"
+    );
+}
+
+#[test]
+fn an_ip_without_details_still_guards_by_peer_and_ethernet_type() {
+    // busybox's `ip -o link`: no kind, no link-netnsid.
+    let busybox_pair = "2: felab0@eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue qlen 1000\\    link/ether 86:97:25:17:f6:29 brd ff:ff:ff:ff:ff:ff\n\
+3: eth0@felab0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue qlen 1000\\    link/ether e6:44:0f:55:ba:aa brd ff:ff:ff:ff:ff:ff\n";
+    let busybox_lo = "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue qlen 1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00\n";
+    let run = |links: &str| {
+        let g = Guest::with_ip_details(links, "exit 0", false);
+        g.run(&format!("{GUARD}echo passed\n"), &["eth0"], &[], Init::Host)
+    };
+    assert_eq!(run(&format!("{busybox_lo}{busybox_pair}")), "passed\n");
+    let nic = "2: ifb0: <BROADCAST,NOARP> mtu 1500 qdisc noop qlen 32\\    link/ether 7e:50:de:46:1a:f5 brd ff:ff:ff:ff:ff:ff\n";
+    assert_eq!(run(&format!("{busybox_lo}{nic}")), "foreign ifb0 ether\n");
 }
 
 #[test]

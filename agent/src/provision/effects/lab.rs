@@ -21,7 +21,7 @@ pub(super) struct Lab {
     /// Why nothing could be given (the stored config could not be read).
     unread: Option<String>,
     /// What the step before the boot wait gave, for the report.
-    pub(super) given: Option<String>,
+    pub(super) given: Vec<String>,
 }
 
 impl Lab {
@@ -135,20 +135,25 @@ impl Executor<'_> {
         lab: Lab,
     ) -> Result<String, String> {
         let mut parts: Vec<String> = lab.unread.clone().into_iter().collect();
-        parts.extend(lab.given.clone());
+        parts.extend(lab.given.iter().cloned());
         parts.extend(lab.dhcp6_stopped.1.iter().cloned());
         let exec = self.exec_for(vmid, guest, state.txn());
         let settled = if seen.starts_with("systemd") {
             crate::guest::lab::settle(&exec, &lab.request(), self.timeouts.boot).await?
         } else {
-            None
+            Vec::new()
         };
-        let Some(settled) = settled else {
+        if settled.is_empty() {
             self.isolation = (!parts.is_empty()).then(|| parts.join("; "));
             return Ok(seen);
-        };
-        tracing::info!(vmid, "isolation: {settled}");
-        parts.push(settled);
+        }
+        tracing::info!(vmid, "isolation: {}", settled.join("; "));
+        // The guard's word on a namespace it could not give to is said once.
+        for part in settled {
+            if !parts.contains(&part) {
+                parts.push(part);
+            }
+        }
         // The boot as first seen stays first: the second wait only follows the restarts.
         let settled = crate::guest::boot::wait_boot(&exec, self.timeouts.boot)
             .await
