@@ -234,23 +234,22 @@ fn a_broken_unit_after_network_online_turns_the_copy_red_naming_it(scenario: Val
     assert_eq!(failing.len(), 2, "{doc:#}");
     let changed = doc["isolation"].as_str().unwrap_or("");
     assert!(changed.contains("broken.service (failed)"), "{doc:#}");
+    // The copy's interfaces were there for its boot: nothing waited out a timeout
+    // (systemd-networkd-wait-online's is 2 minutes).
+    let secs = first_boot_secs(&doc);
+    assert!(secs < 60.0, "the boot took {secs} s: {doc:#}");
 }
 
 /// A systemd-networkd guest as pve-container's `Setup/Base.pm` `setup_systemd_networkd` writes
-/// it (`/etc/systemd/network/eth0.network`: the static address and gateway), networking.service
-/// masked, networkd and its wait-online enabled (wait-online's timeout cut to 5 s by a drop-in:
-/// no link can come online in the copy before its interface is given), the shop and a broken
-/// unit after `network-online.target`.
+/// it (`/etc/systemd/network/eth0.network`: the static address and gateway, `DHCP = no`,
+/// `IPv6AcceptRA = false`), networking.service masked, networkd and its wait-online enabled with
+/// wait-online's own 2-minute timeout, the shop and a broken unit after
+/// `network-online.target`.
 fn networkd_guest_with_a_broken_unit(release: &str) -> Value {
     let lib = if release == "bullseye" {
         "/lib/systemd/system"
     } else {
         "/usr/lib/systemd/system"
-    };
-    let wait_online = if release == "trixie" {
-        "/usr/lib/systemd/systemd-networkd-wait-online"
-    } else {
-        "/lib/systemd/systemd-networkd-wait-online"
     };
     scenario(
         release,
@@ -258,8 +257,6 @@ fn networkd_guest_with_a_broken_unit(release: &str) -> Value {
         json!({
             "/etc/systemd/network/eth0.network":
                 "[Match]\nName=eth0\n\n[Network]\nDescription = Interface eth0 autoconfigured by PVE\nAddress = 10.20.0.31/24\nGateway = 10.20.0.1\nDHCP = no\nIPv6AcceptRA = false\n",
-            "/etc/systemd/system/systemd-networkd-wait-online.service.d/timeout.conf":
-                format!("[Service]\nExecStart=\nExecStart={wait_online} --timeout=5\n"),
             "/etc/systemd/system/shop.service": SHOP_UNIT,
             "/etc/systemd/system/broken.service": BROKEN_UNIT,
             "/etc/systemd/system/multi-user.target.d/app.conf":
