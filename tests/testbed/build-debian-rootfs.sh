@@ -8,15 +8,17 @@
 # `update_lxc_config`: `lxc.idmap = u 0 100000 65536`). The bed extracts the shifted one
 # (`tar --numeric-owner -xpf`) into each container it restores.
 #
-# Usage: tests/testbed/build-debian-rootfs.sh [DIR [SUITE]]
-#   DIR    default <repo>/target/testbed
-#   SUITE  bookworm (Debian 12, systemd 252; the default), bullseye (Debian 11, systemd 247) or
-#          trixie (Debian 13, systemd 257): the releases whose differences the bed shows
-# Prints the path of the shifted tarball (DIR/debian-<suite>-<key>.shifted.tar) on stdout.
+# Usage: tests/testbed/build-debian-rootfs.sh [DIR [FLAVOUR]]
+#   DIR      default <repo>/target/testbed
+#   FLAVOUR  bookworm (Debian 12, systemd 252; the default), bullseye (Debian 11, systemd 247) or
+#            trixie (Debian 13, systemd 257): the releases whose differences the bed shows; or
+#            bookworm-ifupdown2 (ifupdown2 in place of ifupdown): the other network stack PVE's
+#            /etc/network/interfaces is read by
+# Prints the path of the shifted tarball (DIR/debian-<flavour>-<key>.shifted.tar) on stdout.
 #
 # Cached: the key is the sha256 of this script, so a tarball is built once per version of the
-# script and suite; the build runs under a lock (concurrent callers wait and then reuse it) and
-# is renamed into place whole. Older keys of the same suite are removed. Packages come from
+# script and flavour; the build runs under a lock (concurrent callers wait and then reuse it) and
+# is renamed into place whole. Older keys of the same flavour are removed. Packages come from
 # this machine's Debian mirror (the URIs of its apt sources that name bookworm), with its
 # Acquire::Check-Valid-Until / Check-Date settings (a snapshot mirror needs them off).
 #
@@ -26,18 +28,23 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 out=${1:-$repo/target/testbed}
-suite=${2:-bookworm}
-case $suite in
-  bullseye | bookworm | trixie) ;;
-  *) echo "build-debian-rootfs: unknown suite '$suite' (bullseye, bookworm or trixie)" >&2; exit 2 ;;
+flavour=${2:-bookworm}
+network=ifupdown
+case $flavour in
+  bullseye | bookworm | trixie) suite=$flavour ;;
+  bookworm-ifupdown2) suite=bookworm network=ifupdown2 ;;
+  *)
+    echo "build-debian-rootfs: unknown flavour '$flavour' (bullseye, bookworm, trixie, bookworm-ifupdown2)" >&2
+    exit 2
+    ;;
 esac
 mkdir -p "$out"
 
 key=$(sha256sum "$here/build-debian-rootfs.sh" | cut -c1-16)
-plain=$out/debian-$suite-$key.tar
-shifted=$out/debian-$suite-$key.shifted.tar
+plain=$out/debian-$flavour-$key.tar
+shifted=$out/debian-$flavour-$key.shifted.tar
 
-exec 9>"$out/.build-debian-rootfs-$suite.lock"
+exec 9>"$out/.build-debian-rootfs-$flavour.lock"
 flock 9
 if [ -s "$plain" ] && [ -s "$shifted" ]; then
   echo "$shifted"
@@ -81,7 +88,7 @@ if [ "$suite" != bullseye ] && [ -d /usr/share/mmdebstrap/hooks/merged-usr ]; th
   hooks+=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
 fi
 mmdebstrap --quiet --variant=minbase --mode=root --format=tar "${hooks[@]}" \
-  --include=systemd-sysv,ifupdown,iproute2,procps,busybox,hostname,kmod,isc-dhcp-client \
+  --include=systemd-sysv,"$network",iproute2,procps,busybox,hostname,kmod,isc-dhcp-client \
   --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -105,11 +112,11 @@ with tarfile.open(src, 'r:') as tin, tarfile.open(dst, 'w:', format=tarfile.PAX_
         tout.addfile(m, tin.extractfile(m) if m.isreg() else None)
 EOF
 
-# Older keys of this suite, and the tarballs of before the suite was in the name.
+# Older keys of this flavour, and the tarballs of before the flavour was in the name.
 for old in "$out"/debian-*.tar; do
   [ "$old" = "$plain" ] || [ "$old" = "$shifted" ] && continue
   name=${old##*/}
-  if [[ $name == debian-"$suite"-* || $name =~ ^debian-[0-9a-f]{16}(\.shifted)?\.tar$ ]]; then
+  if [[ $name =~ ^debian-($flavour-)?[0-9a-f]{16}(\.shifted)?\.tar$ ]]; then
     rm -f "$old"
   fi
 done

@@ -193,7 +193,8 @@ exit 0
 /// `networking.service` and the whole boot, waits for it until the unit's 5-minute start
 /// timeout (`tests/data/guest-units-facts.md` §2). In production a server answers; in a copy
 /// that reaches nothing none can. So while systemd is still starting, a `dhclient -6` for a
-/// stored name (found by its command line: ` -6 ` and the name as its last word) that has run
+/// stored name (found by its command line: the program `dhclient`, ` -6 ` and the name as its
+/// last word; never the watch itself, whose own command line holds those words) that has run
 /// `FELHOM_LAB_DHCP6_GIVE_UP` seconds is stopped (TERM), "dhcp6-stopped <name> <secs>": as
 /// IPv4's `dhclient` gives up by itself after its 60 seconds. The loop ends with the wait's
 /// answer, "systemd <state>", once systemd has left `initializing` and `starting`.
@@ -206,9 +207,9 @@ while :; do
   for n in "$@"; do
     i=$((i+1)); pid=
     for p in /proc/[0-9]*; do
-      case " $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" in
-        *dhclient*" -6 "*" $n ") pid=${p#/proc/}; break;;
-      esac
+      c=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)
+      case ${c%% *} in dhclient|*/dhclient) ;; *) continue;; esac
+      case " $c" in *" -6 "*" $n ") pid=${p#/proc/}; break;; esac
     done
     if [ -z "$pid" ]; then eval "seen_$i="; continue; fi
     eval "t=\${seen_$i:-}"

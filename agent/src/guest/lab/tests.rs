@@ -501,3 +501,71 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
     let none = LabRequest { dhcp6: &[], ..lab };
     assert!(dhcp6_watch(&none, DHCP6_GIVE_UP).is_none());
 }
+
+/// The DHCPv6 watch in a real shell beside a real process named `dhclient` (a copy of `/bin/sh`
+/// sleeping under the command line ifupdown gives `dhclient -6`): it stops that process once it
+/// has run the give-up time, never itself (its own command line holds the same words), and ends
+/// with systemd's answer.
+#[test]
+fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fake = dir.path().join("dhclient");
+    std::fs::copy("/bin/sh", &fake).expect("copy of /bin/sh");
+    // A name no real client of this machine serves.
+    let name = "feltst6";
+    let mut client = Command::new(&fake)
+        .args([
+            "-c",
+            "sleep 300; :",
+            "-6",
+            "-v",
+            "-pf",
+            "/run/dhclient6.x.pid",
+            name,
+        ])
+        .spawn()
+        .expect("the fake client starts");
+    let pid = client.id();
+    // systemd says `starting` while the client runs, `degraded` once it is gone (a zombie
+    // until this test waits for it).
+    let systemctl = format!(
+        "case \"$1\" in is-system-running) if grep -q '^State:[[:space:]]*[RS]' /proc/{pid}/status \
+         2>/dev/null; then echo starting; else echo degraded; fi;; esac\nexit 0"
+    );
+    let g = Guest::new(LO, &systemctl);
+    let started = std::time::Instant::now();
+    let out = g.run(
+        DHCP6_WATCH,
+        &[name],
+        &[("FELHOM_LAB_DHCP6_GIVE_UP", "1")],
+        Init::Host,
+    );
+    let status = client.wait().expect("the fake client was waited for");
+    let mut lines = out.lines();
+    let stopped = lines.next().unwrap_or("");
+    assert!(
+        stopped.starts_with(&format!("dhcp6-stopped {name} ")),
+        "{out}"
+    );
+    assert_eq!(lines.next(), Some("systemd degraded"), "{out}");
+    assert_eq!(lines.next(), None, "{out}");
+    assert!(!status.success(), "the client was not stopped: {status:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+
+    // No client at all for three seconds of a boot: the watch finds nothing to stop (its own
+    // command line holds `dhclient`, ` -6 ` and the name last, and stays alive).
+    let count = dir.path().join("count");
+    let systemctl = format!(
+        "case \"$1\" in is-system-running) echo x >>'{c}'; \
+         if [ \"$(wc -l <'{c}')\" -lt 4 ]; then echo starting; else echo running; fi;; esac\nexit 0",
+        c = count.display()
+    );
+    let g = Guest::new(LO, &systemctl);
+    let out = g.run(
+        DHCP6_WATCH,
+        &[name],
+        &[("FELHOM_LAB_DHCP6_GIVE_UP", "1")],
+        Init::Host,
+    );
+    assert_eq!(out, "systemd running\n");
+}
