@@ -9,7 +9,7 @@
 #                                                    not to ship
 #
 # Both generate the man page and the shell completions from the clap definitions
-# (agent/examples/gen-docs.rs) into <target>/release/felhom-docs/, where the assets expect
+# (packaging/gen-docs) into <target>/release/felhom-docs/, where the assets expect
 # them, then assemble the package (packaging/assemble-deb.py). Prints the path of the .deb on
 # stdout. Needs python3, binutils (strip) and dpkg-dev (dpkg-shlibdeps computes the libc
 # dependency); no cargo tool beyond the toolchain.
@@ -61,7 +61,7 @@ else
   compress=()
 fi
 
-cargo run --locked -q -p felhom-agent --example gen-docs -- "$docs" >/dev/null
+cargo run --locked -q -p felhom-gen-docs -- "$docs" >/dev/null
 # Debian policy wants man pages gzip -9, with no name and no time stamp in the header (so the
 # bytes are reproducible).
 gzip -9nf "$docs/felhom-agent.1"

@@ -33,6 +33,15 @@ use felhom_tests::guestbed::GuestBed;
 
 const VMID: u32 = 191;
 const TRIES: usize = 200;
+/// Real containers the real race runs against at once, each taking every `REAL_AT_ONCE`-th try
+/// (so each spans the whole range of offsets), each its own vmid from [`VMID`] on and its own
+/// lxcpath. A try's time is mostly LXC starting and stopping the container, which waits more
+/// than it computes (four at once take about a quarter of the time of one); tests/nextest.toml
+/// counts that test as two of the runner's slots.
+const REAL_AT_ONCE: usize = 4;
+/// The same for the test bed's containers, each in a bed of its own: a try there mostly waits
+/// too (for the stop at its offset, up to 300 ms; one bed: 16 s of processor time in 43 s).
+const BEDS_AT_ONCE: usize = 4;
 const FIRST_MS: f64 = -50.0;
 const LAST_MS: f64 = 300.0;
 /// The uid that squats the name.
@@ -122,8 +131,22 @@ struct Tally {
     unclear: Vec<String>,
 }
 
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.inside += other.inside;
+        self.inside_cut += other.inside_cut;
+        self.not_running += other.not_running;
+        self.monitor_untrusted += other.monitor_untrusted;
+        self.attach_mismatch += other.attach_mismatch;
+        self.squatter_answered += other.squatter_answered;
+        self.unclear.extend(other.unclear);
+    }
+}
+
 /// One container the race runs against.
 trait Container: Sync {
+    /// Its vmid.
+    fn vmid(&self) -> u32;
     /// Start it (it runs on return).
     fn start(&self);
     /// Stop it (its command socket is free, or about to be, on return).
@@ -137,6 +160,9 @@ trait Container: Sync {
 }
 
 impl Container for GuestBed {
+    fn vmid(&self) -> u32 {
+        VMID
+    }
     fn start(&self) {
         self.set_running(VMID, true);
     }
@@ -154,24 +180,63 @@ impl Container for GuestBed {
     }
 }
 
-/// The race against `ct`: the tally, and the tries whose command ran on the node.
-fn race(ct: &dyn Container) -> (Tally, Vec<String>) {
+/// The race against `cts`, the tries spread over them (each container takes every n-th try, in
+/// a thread of its own): the tally, and the tries whose command ran on the node.
+fn race(cts: &[&dyn Container]) -> (Tally, Vec<String>) {
     let host_dir = tempfile::Builder::new()
         .prefix("felhom-attach-race-")
         .tempdir()
         .expect("tempdir");
     let host = host_dir.path().display().to_string();
-    assert!(
-        !ct.guest_path(&host).exists(),
-        "the node's folder must not exist in the container"
-    );
-    let name = format!("{}/{VMID}/command", ct.lxc_path().display());
+    for ct in cts {
+        assert!(
+            !ct.guest_path(&host).exists(),
+            "the node's folder must not exist in the container"
+        );
+    }
+    let tally = std::thread::scope(|scope| {
+        let racers: Vec<_> = cts
+            .iter()
+            .enumerate()
+            .map(|(first, ct)| {
+                let host = host.as_str();
+                scope.spawn(move || race_tries(*ct, host, (first..TRIES).step_by(cts.len())))
+            })
+            .collect();
+        let mut tally = Tally::default();
+        let mut panic = None;
+        for racer in racers {
+            match racer.join() {
+                Ok(part) => tally.add(part),
+                Err(payload) => {
+                    panic.get_or_insert(payload);
+                }
+            }
+        }
+        if let Some(payload) = panic {
+            std::panic::resume_unwind(payload);
+        }
+        tally
+    });
+    let ran_outside: Vec<String> = std::fs::read_dir(host_dir.path())
+        .expect("read the node's folder")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    (tally, ran_outside)
+}
+
+/// The tries `tries` (of `0..TRIES`) against `ct`; a command that runs on the node leaves a
+/// file in `host`.
+fn race_tries(ct: &dyn Container, host: &str, tries: impl Iterator<Item = usize>) -> Tally {
+    let vmid = ct.vmid();
+    let name = format!("{}/{vmid}/command", ct.lxc_path().display());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let mut tally = Tally::default();
-    for i in 0..TRIES {
+    for i in tries {
         let offset = FIRST_MS + (LAST_MS - FIRST_MS) * i as f64 / (TRIES - 1) as f64;
         ct.start();
         let squatter = Squatter::start(&name);
@@ -205,7 +270,7 @@ fn race(ct: &dyn Container) -> (Tally, Vec<String>) {
             Err(ExecError::NotRunning { .. }) => tally.not_running += 1,
             Err(ExecError::MonitorUntrusted { .. }) => tally.monitor_untrusted += 1,
             Err(e @ ExecError::AttachMismatch { .. }) => {
-                assert!(e.to_string().contains("CT 191"), "{e}");
+                assert!(e.to_string().contains(&format!("CT {vmid}")), "{e}");
                 tally.attach_mismatch += 1;
             }
             Err(e) => tally
@@ -214,12 +279,7 @@ fn race(ct: &dyn Container) -> (Tally, Vec<String>) {
         }
     }
     ct.stop();
-    let ran_outside: Vec<String> = std::fs::read_dir(host_dir.path())
-        .expect("read the node's folder")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    (tally, ran_outside)
+    tally
 }
 
 fn assert_never_outside(what: &str, tally: &Tally, ran_outside: &[String]) {
@@ -245,11 +305,18 @@ fn assert_never_outside(what: &str, tally: &Tally, ran_outside: &[String]) {
     );
 }
 
+/// The race on the test bed ([`BEDS_AT_ONCE`] beds, the tries spread over them).
 #[test]
 fn a_container_stopped_around_an_exec_never_lets_the_command_run_outside_it() {
-    let bed = GuestBed::new();
-    bed.add_ct(VMID);
-    let (tally, ran_outside) = race(&bed);
+    let beds: Vec<GuestBed> = (0..BEDS_AT_ONCE)
+        .map(|_| {
+            let bed = GuestBed::new();
+            bed.add_ct(VMID);
+            bed
+        })
+        .collect();
+    let racers: Vec<&dyn Container> = beds.iter().map(|bed| bed as &dyn Container).collect();
+    let (tally, ran_outside) = race(&racers);
     assert_never_outside("the test bed", &tally, &ran_outside);
 }
 
@@ -259,13 +326,14 @@ fn a_container_stopped_around_an_exec_never_lets_the_command_run_outside_it() {
 /// pve-container's: `check_running` on `/proc/net/unix`, then the real `lxc-attach` in its
 /// place. Stopped with `lxc-stop --kill`.
 struct RealCt {
+    vmid: u32,
     dir: tempfile::TempDir,
     monitor: std::sync::Mutex<Option<std::process::Child>>,
 }
 
 impl RealCt {
-    /// Make it, or say why this machine cannot run it.
-    fn new() -> Result<RealCt, String> {
+    /// Make it as `vmid`, or say why this machine cannot run it.
+    fn new(vmid: u32) -> Result<RealCt, String> {
         for tool in ["lxc-start", "lxc-stop", "lxc-attach", "lxc-wait"] {
             let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
                 .any(|d| d.join(tool).exists());
@@ -282,7 +350,7 @@ impl RealCt {
             .tempdir()
             .map_err(|e| e.to_string())?;
         let lxc = dir.path();
-        let ct = lxc.join(VMID.to_string());
+        let ct = lxc.join(vmid.to_string());
         let rootfs = ct.join("rootfs");
         std::fs::create_dir_all(&ct).map_err(|e| e.to_string())?;
         let run = |cmd: &mut Command| -> Result<(), String> {
@@ -322,7 +390,7 @@ impl RealCt {
                  lxc.idmap = u 0 100000 65536\n\
                  lxc.idmap = g 0 100000 65536\n\
                  lxc.rootfs.path = dir:{}\n\
-                 lxc.uts.name = ct{VMID}\n\
+                 lxc.uts.name = ct{vmid}\n\
                  lxc.init.cmd = /ct-init\n",
                 rootfs.display()
             ),
@@ -344,6 +412,7 @@ impl RealCt {
         .map_err(|e| e.to_string())?;
         run(Command::new("chmod").arg("0755").arg(&pct))?;
         let real = RealCt {
+            vmid,
             dir,
             monitor: std::sync::Mutex::new(None),
         };
@@ -356,7 +425,7 @@ impl RealCt {
         let child = Command::new("lxc-start")
             .arg("-P")
             .arg(lxc)
-            .args(["-F", "-n", &VMID.to_string()])
+            .args(["-F", "-n", &self.vmid.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -367,7 +436,7 @@ impl RealCt {
         let out = Command::new("lxc-wait")
             .arg("-P")
             .arg(lxc)
-            .args(["-n", &VMID.to_string(), "-s", "RUNNING", "-t", "20"])
+            .args(["-n", &self.vmid.to_string(), "-s", "RUNNING", "-t", "20"])
             .output()
             .map_err(|e| format!("lxc-wait: {e}"))?;
         if !out.status.success() {
@@ -382,6 +451,9 @@ impl RealCt {
 }
 
 impl Container for RealCt {
+    fn vmid(&self) -> u32 {
+        self.vmid
+    }
     fn start(&self) {
         self.try_start().expect("the real container starts");
     }
@@ -389,7 +461,7 @@ impl Container for RealCt {
         let _ = Command::new("lxc-stop")
             .arg("-P")
             .arg(self.dir.path())
-            .args(["-n", &VMID.to_string(), "--kill"])
+            .args(["-n", &self.vmid.to_string(), "--kill"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
@@ -409,7 +481,7 @@ impl Container for RealCt {
     }
     fn lxc(&self) -> LxcExec {
         LxcExec::new(
-            VMID,
+            self.vmid,
             PctConfig {
                 program: self.dir.path().join("pct"),
                 kill_grace: Duration::from_millis(500),
@@ -425,7 +497,7 @@ impl Container for RealCt {
     fn guest_path(&self, guest_path: &str) -> PathBuf {
         self.dir
             .path()
-            .join(VMID.to_string())
+            .join(self.vmid.to_string())
             .join("rootfs")
             .join(guest_path.trim_start_matches('/'))
     }
@@ -437,12 +509,16 @@ impl Drop for RealCt {
     }
 }
 
-/// The same race against a real LXC container. A machine without LXC says why on stderr and
-/// runs nothing here, unless `FELHOM_REQUIRE_REAL_GUESTS=1` (then it fails).
+/// The same race against real LXC containers ([`REAL_AT_ONCE`] of them, the tries spread over
+/// them). A machine without LXC says why on stderr and runs nothing here, unless
+/// `FELHOM_REQUIRE_REAL_GUESTS=1` (then it fails).
 #[test]
 fn a_real_lxc_container_stopped_around_an_exec_never_lets_the_command_run_outside_it() {
-    let ct = match RealCt::new() {
-        Ok(ct) => ct,
+    let cts: Result<Vec<RealCt>, String> = (0..REAL_AT_ONCE as u32)
+        .map(|n| RealCt::new(VMID + n))
+        .collect();
+    let cts = match cts {
+        Ok(cts) => cts,
         Err(why) => {
             assert!(
                 std::env::var("FELHOM_REQUIRE_REAL_GUESTS").as_deref() != Ok("1"),
@@ -454,7 +530,8 @@ fn a_real_lxc_container_stopped_around_an_exec_never_lets_the_command_run_outsid
             return;
         }
     };
-    let (tally, ran_outside) = race(&ct);
-    drop(ct);
+    let racers: Vec<&dyn Container> = cts.iter().map(|ct| ct as &dyn Container).collect();
+    let (tally, ran_outside) = race(&racers);
+    drop(cts);
     assert_never_outside("real LXC", &tally, &ran_outside);
 }

@@ -310,67 +310,176 @@ fn walk_range() -> Option<(u32, u32)> {
     ))
 }
 
+/// Kill points walked at once, each in a world of its own (its own fake PVE, guest bed and
+/// exec helper, as each kill point always had): part of a kill point's time is the fake's tasks
+/// and held answers and the settle window, not computing. tests/nextest.toml counts each of
+/// these tests as that many of the runner's slots.
+const WORLDS_AT_ONCE: usize = 2;
+
+/// Walk the kill points `1..=last` (those `wanted` lets through) in [`WORLDS_AT_ONCE`] worlds at
+/// once. `at(k)` kills the provision at point `k` in a fresh world, settles and checks it:
+/// `Some` with its tally, or `None` when the provision ended before reaching that point. No point
+/// after the first `None` is started, as in a walk one point after the other; points already
+/// under way past it are still settled and checked, and counted apart.
+///
+/// The tally counts the points before the first that the provision did not reach: all of them
+/// are walked, whatever the order they end in.
+fn walk_points(
+    last: u32,
+    wanted: impl Fn(u32) -> bool + Sync,
+    at: impl Fn(u32) -> Option<Tally> + Sync,
+) -> (Tally, usize) {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Mutex;
+
+    let next = AtomicU32::new(1);
+    let ended_at = AtomicU32::new(u32::MAX);
+    let failed = AtomicBool::new(false);
+    let outcomes: Mutex<BTreeMap<u32, Option<Tally>>> = Mutex::new(BTreeMap::new());
+    /// Stops the other worlds from taking new points once one panicked.
+    struct OnPanic<'a>(&'a AtomicBool);
+    impl Drop for OnPanic<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..WORLDS_AT_ONCE)
+            .map(|_| {
+                scope.spawn(|| {
+                    let _guard = OnPanic(&failed);
+                    loop {
+                        let k = next.fetch_add(1, Ordering::SeqCst);
+                        if k > last || k > ended_at.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        if failed.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        if !wanted(k) {
+                            continue;
+                        }
+                        let outcome = at(k);
+                        if outcome.is_none() {
+                            ended_at.fetch_min(k, Ordering::SeqCst);
+                        }
+                        outcomes
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(k, outcome);
+                    }
+                })
+            })
+            .collect();
+        // The first failure is the test's, with its own message.
+        let mut panic = None;
+        for worker in workers {
+            if let Err(payload) = worker.join() {
+                panic.get_or_insert(payload);
+            }
+        }
+        if let Some(payload) = panic {
+            std::panic::resume_unwind(payload);
+        }
+    });
+    let ended = ended_at.into_inner();
+    let mut tally = Tally::default();
+    let mut past_the_end = 0;
+    for (k, outcome) in outcomes.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        match outcome {
+            Some(part) if k < ended => tally.add(part),
+            Some(_) => past_the_end += 1,
+            None => {}
+        }
+    }
+    (tally, past_the_end)
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.covered += other.covered;
+        self.destroyed_with_proof += other.destroyed_with_proof;
+        self.resumed_ok += other.resumed_ok;
+        for (reason, n) in other.needs_human {
+            *self.needs_human.entry(reason).or_default() += n;
+        }
+    }
+}
+
 /// Kills at every journal boundary on one side of the record (`before-journal` or
 /// `after-journal`), until the provision ends before the kill point.
-fn walk_boundaries(kind: &Kind, when: &str) -> Tally {
-    let mut tally = Tally::default();
+fn walk_boundaries(kind: &Kind, when: &str) -> (Tally, usize) {
     let range = walk_range();
-    for k in 1..=40u32 {
-        if range.is_some_and(|(a, b)| k < a || k > b) {
-            continue;
-        }
-        let w = (kind.world)();
-        let initial = full_list(&w);
-        let point = format!("{} {when}:{k}", kind.name);
-        let first = run(&w, &PROVISION, Some(&format!("{when}:{k}")));
-        if first.code.is_some() {
-            // The provision ended before reaching this kill point: every boundary is covered.
-            assert_eq!(
-                first.code,
-                Some(0),
-                "{point}: {}\n{}",
-                first.stdout,
-                first.stderr
-            );
-            break;
-        }
-        tally.covered += 1;
-        settle_and_check(&w, &initial, &point, &mut tally);
-    }
-    tally
+    walk_points(
+        40,
+        |k| !range.is_some_and(|(a, b)| k < a || k > b),
+        |k| {
+            let mut tally = Tally::default();
+            let w = (kind.world)();
+            let initial = full_list(&w);
+            let point = format!("{} {when}:{k}", kind.name);
+            let first = run(&w, &PROVISION, Some(&format!("{when}:{k}")));
+            if first.code.is_some() {
+                // The provision ended before reaching this kill point: every boundary is
+                // covered.
+                assert_eq!(
+                    first.code,
+                    Some(0),
+                    "{point}: {}\n{}",
+                    first.stdout,
+                    first.stderr
+                );
+                return None;
+            }
+            tally.covered += 1;
+            settle_and_check(&w, &initial, &point, &mut tally);
+            Some(tally)
+        },
+    )
 }
 
 /// Kills in the middle of each PVE write of the transaction.
-fn walk_mid_request(kind: &Kind) -> Tally {
-    let mut tally = Tally::default();
-    for n in 1..=held_writes(kind).len() {
-        let w = (kind.world)();
-        let initial = full_list(&w);
-        let Some(request) = kill_in_request(&w, kind, n) else {
-            break;
-        };
-        tally.covered += 1;
-        let point = format!("{} in {request}", kind.name);
-        settle_and_check(&w, &initial, &point, &mut tally);
-        if n == 1 {
-            // Killed while PVE held the restore's answer: the settling run found the task in
-            // the node's task list and recorded its UPID.
-            let task =
-                restore_task(&w).unwrap_or_else(|| panic!("{point}: PVE ran no restore task"));
-            let journal = run(&w, &["journal", "--json"], None).json();
-            let row = journal["transactions"]
-                .as_array()
-                .and_then(|a| a.iter().find(|t| t["vmid"] == VMID).cloned())
-                .unwrap_or_else(|| panic!("{point}: no transaction: {journal:#}"));
-            assert_eq!(row["upid"], task["upid"], "{point}: {row:#}");
-        }
-    }
-    tally
+fn walk_mid_request(kind: &Kind) -> (Tally, usize) {
+    walk_points(
+        held_writes(kind).len() as u32,
+        |_| true,
+        |n| {
+            let n = n as usize;
+            let mut tally = Tally::default();
+            let w = (kind.world)();
+            let initial = full_list(&w);
+            let request = kill_in_request(&w, kind, n)?;
+            tally.covered += 1;
+            let point = format!("{} in {request}", kind.name);
+            settle_and_check(&w, &initial, &point, &mut tally);
+            if n == 1 {
+                // Killed while PVE held the restore's answer: the settling run found the task
+                // in the node's task list and recorded its UPID.
+                let task =
+                    restore_task(&w).unwrap_or_else(|| panic!("{point}: PVE ran no restore task"));
+                let journal = run(&w, &["journal", "--json"], None).json();
+                let row = journal["transactions"]
+                    .as_array()
+                    .and_then(|a| a.iter().find(|t| t["vmid"] == VMID).cloned())
+                    .unwrap_or_else(|| panic!("{point}: no transaction: {journal:#}"));
+                assert_eq!(row["upid"], task["upid"], "{point}: {row:#}");
+            }
+            Some(tally)
+        },
+    )
 }
 
 /// Print a part's tally and check that it reached at least `minimum` kill points (fewer means
 /// the provision's journal or its writes changed under the walk: look before lowering it).
-fn report_part(kind: &Kind, part: &str, started: Instant, tally: &Tally, minimum: usize) {
+fn report_part(
+    kind: &Kind,
+    part: &str,
+    started: Instant,
+    (tally, past_the_end): &(Tally, usize),
+    minimum: usize,
+) {
     let reasons: Vec<String> = tally
         .needs_human
         .iter()
@@ -378,7 +487,8 @@ fn report_part(kind: &Kind, part: &str, started: Instant, tally: &Tally, minimum
         .collect();
     felhom_tests::report(&format!(
         "crash walk {} {part}: kill points covered: {}; resumed to ok: {}; a gated destroy: {}; \
-         needs_human per reason: [{}]; {:.0}s",
+         needs_human per reason: [{}]; also checked, started beside the point the provision \
+         ended before: {past_the_end}; {:.0}s",
         kind.name,
         tally.covered,
         tally.resumed_ok,
@@ -402,16 +512,17 @@ const BOUNDARIES_REACHED: usize = 13;
 
 // The walk is six tests (each kind: before each journal record, after it, in the middle of each
 // write), so that the test runner runs them side by side; together they are the whole walk.
+// Each walks its kill points in [`WORLDS_AT_ONCE`] worlds at once.
 
 /// Walk one part (`before-journal`, `after-journal` or `mid-request`) for one kind and check
 /// its tally.
 fn walk_part(kind: &Kind, part: &str) {
     let started = Instant::now();
-    let (tally, minimum) = match part {
+    let (walked, minimum) = match part {
         "mid-request" => (walk_mid_request(kind), held_writes(kind).len()),
         when => (walk_boundaries(kind, when), BOUNDARIES_REACHED),
     };
-    report_part(kind, part, started, &tally, minimum);
+    report_part(kind, part, started, &walked, minimum);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! for the Debian package (`tests/package.sh`, `packaging/README.md`).
 //!
 //! ```text
-//! cargo run -p felhom-agent --example gen-docs -- OUT_DIR
+//! cargo run -p felhom-gen-docs -- OUT_DIR
 //! ```
 //!
 //! Creates in `OUT_DIR`: `felhom-agent.1` (roff), `felhom-agent.bash`, `_felhom-agent` (zsh)
