@@ -1305,21 +1305,16 @@ class ScenarioPve(fake_server.FakePve):
             if not name or not (ip or gw or props.get('ip6')):
                 continue
             out.append('auto {0}\n'.format(name))
-            if ip in ('dhcp', 'manual'):
-                out.append('iface {0} inet {1}\n\n'.format(name, ip))
-            elif ip:
-                out.append('iface {0} inet static\n\taddress {1}\n'.format(name, ip))
-                if gw:
-                    out.append('\tgateway {0}\n'.format(gw))
-                out.append('\n')
-            ip6, gw6 = props.get('ip6'), props.get('gw6')
-            if ip6 in ('dhcp', 'auto', 'manual'):
-                out.append('iface {0} inet6 {1}\n\n'.format(name, ip6))
-            elif ip6:
-                out.append('iface {0} inet6 static\n\taddress {1}\n'.format(name, ip6))
-                if gw6:
-                    out.append('\tgateway {0}\n'.format(gw6))
-                out.append('\n')
+            for family, addr, gateway, methods in (('inet', ip, gw, ('dhcp', 'manual')),
+                                                   ('inet6', props.get('ip6'), props.get('gw6'),
+                                                    ('dhcp', 'auto', 'manual'))):
+                if addr in methods:
+                    out.append('iface {0} {1} {2}\n\n'.format(name, family, addr))
+                elif addr:
+                    out.append('iface {0} {1} static\n\taddress {2}\n'.format(name, family, addr))
+                    if gateway:
+                        out.append('\tgateway {0}\n'.format(gateway))
+                    out.append('\n')
         if not out:
             return None
         return 'auto lo\niface lo inet loopback\n\n' + ''.join(out)

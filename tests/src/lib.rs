@@ -10,6 +10,7 @@ pub mod fakepve;
 pub mod guestbed;
 pub mod nspawn;
 pub mod reach;
+pub mod verdict;
 pub mod world;
 
 /// Print a figure a test measured so that it shows in the test command's output even when the

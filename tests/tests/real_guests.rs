@@ -19,18 +19,7 @@ const NET0: &str =
     "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,mtu=1450,type=veth";
 
 fn debian_scenario() -> Value {
-    let mut s = felhom_tests::fakepve::demo_scenario();
-    let vol = &mut s["volumes"]["local"][0];
-    vol["config"] = json!({
-        "arch": "amd64",
-        "ostype": "debian",
-        "hostname": "web1",
-        "memory": "512",
-        "net0": NET0,
-        "rootfs": "local-lvm:vm-200-disk-0,size=8G",
-        "unprivileged": "1",
-    });
-    s
+    felhom_tests::verdict::debian_backup(None, &[NET0], json!({}), json!({}))
 }
 
 /// A check pack without `no-failed-units`: a real unprivileged Debian container here shows

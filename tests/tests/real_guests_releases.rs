@@ -11,16 +11,11 @@
 //! (`FELHOM_REQUIRE_REAL_GUESTS=1` makes that a failure).
 
 use felhom_tests::fakepve::AgentOptions;
+use felhom_tests::verdict::{
+    check_is, debian_backup, networkd_links, userns_reset, EVERY_FAILED_PACK,
+};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
-
-/// An operator's own pack that lists every failed unit, leaving none out.
-const EVERY_FAILED_PACK: &str = r#"
-[[check]]
-name = "no-failed-unit-at-all"
-sql = "SELECT id FROM systemd_units WHERE active_state = 'failed'"
-expect = "rows == 0"
-"#;
 
 /// The shop answers on its stored address from inside the copy.
 const SHOP_PACK: &str = r#"
@@ -53,23 +48,9 @@ const DHCLIENT_CONF: &str = "timeout 5;\nretry 5;\n";
 /// unit's path condition so the same unit (`Type=configfs`) fails the same way.
 const CONFIGFS_AS_ON_A_NODE: &str = "[Unit]\nConditionPathExists=\n";
 
-/// The backup of container 200 as a guest of `release`, with `files`, `links` and its NICs.
+/// The backup of container 200 as a Debian guest of `release`.
 fn scenario(release: &str, nics: &[&str], files: Value, links: Value) -> Value {
-    let mut s = felhom_tests::fakepve::demo_scenario();
-    let vol = &mut s["volumes"]["local"][0];
-    vol["config"] = json!({
-        "arch": "amd64",
-        "ostype": "debian",
-        "hostname": "web1",
-        "memory": "512",
-        "rootfs": "local-lvm:vm-200-disk-0,size=8G",
-        "unprivileged": "1",
-    });
-    for (i, nic) in nics.iter().enumerate() {
-        vol["config"][format!("net{i}")] = json!(nic);
-    }
-    vol["guest"] = json!({ "release": release, "files": files, "links": links });
-    s
+    debian_backup(Some(release), nics, files, links)
 }
 
 /// The world of `scenario` with the shipped default pack, the operator's every-failed-unit
@@ -98,12 +79,6 @@ fn restore_test(w: &World) -> felhom_tests::agent::AgentRun {
         .output()
         .unwrap_or_else(|e| panic!("cannot run the agent: {e}"))
         .into()
-}
-
-fn check_is(doc: &Value, name: &str, status: &str) -> bool {
-    doc["checks"]
-        .as_array()
-        .is_some_and(|c| c.iter().any(|c| c["name"] == name && c["status"] == status))
 }
 
 /// The seconds of the first boot wait (`systemd: <state> after <s>s`).
@@ -141,14 +116,6 @@ fn ifupdown_guest(release: &str, extra: Value) -> Value {
         ],
         files,
         json!({}),
-    )
-}
-
-/// What the report says when a mount the user namespace cannot make was reset.
-fn userns_reset(unit: &str, fstype: &str) -> String {
-    format!(
-        "{unit} failed as in every unprivileged container ({fstype} cannot be mounted in a user \
-         namespace); its failed state reset"
     )
 }
 
@@ -269,15 +236,7 @@ fn networkd_guest_with_a_broken_unit(release: &str) -> Value {
                 "[Unit]\nWants=shop.service broken.service\n",
             "/srv/www/index.html": "the shop\n",
         }),
-        json!({
-            "/etc/systemd/system/networking.service": "/dev/null",
-            "/etc/systemd/system/multi-user.target.wants/systemd-networkd.service":
-                format!("{lib}/systemd-networkd.service"),
-            "/etc/systemd/system/sockets.target.wants/systemd-networkd.socket":
-                format!("{lib}/systemd-networkd.socket"),
-            "/etc/systemd/system/network-online.target.wants/systemd-networkd-wait-online.service":
-                format!("{lib}/systemd-networkd-wait-online.service"),
-        }),
+        networkd_links(lib),
     )
 }
 

@@ -4,6 +4,7 @@
 //! ends (`FELHOM_REQUIRE_REAL_GUESTS=1` makes that a failure).
 
 use felhom_tests::fakepve::AgentOptions;
+use felhom_tests::verdict::{check_is, debian_backup, EVERY_FAILED_PACK};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
@@ -22,21 +23,7 @@ fn debian_scenario(files: Value) -> Value {
 
 /// The same guest; `net0`: its stored NIC (`None`: the backup stores none).
 fn debian_scenario_with(files: Value, net0: Option<&str>) -> Value {
-    let mut s = felhom_tests::fakepve::demo_scenario();
-    let vol = &mut s["volumes"]["local"][0];
-    vol["config"] = json!({
-        "arch": "amd64",
-        "ostype": "debian",
-        "hostname": "web1",
-        "memory": "512",
-        "rootfs": "local-lvm:vm-200-disk-0,size=8G",
-        "unprivileged": "1",
-    });
-    if let Some(net0) = net0 {
-        vol["config"]["net0"] = json!(net0);
-    }
-    vol["guest"] = json!({ "files": files });
-    s
+    debian_backup(None, net0.as_slice(), files, json!({}))
 }
 
 /// The failed-unit check, leaving out the two units this bed's isolated Debian copy shows
@@ -261,16 +248,6 @@ fn a_running_restore_test_copy_has_no_interface_with_a_peer_outside_and_the_brid
     );
 }
 
-/// An operator's own pack that lists every failed unit, leaving none out: in a copy whose
-/// backup is fine it passes only when the isolation left nothing failed that is not the
-/// backup's.
-const EVERY_FAILED_PACK: &str = r#"
-[[check]]
-name = "no-failed-unit-at-all"
-sql = "SELECT id FROM systemd_units WHERE active_state = 'failed'"
-expect = "rows == 0"
-"#;
-
 /// What the report says when a restore-test copy's `sys-kernel-debug.mount` was reset
 /// (`tests/data/guest-units-facts.md` section 1).
 const DEBUGFS_RESET: &str = "sys-kernel-debug.mount failed as in every unprivileged container \
@@ -283,13 +260,6 @@ fn world_with_every_failed_pack(scenario: Value) -> Option<World> {
     std::fs::write(w.files.checks_dir.join("operator.toml"), EVERY_FAILED_PACK)
         .unwrap_or_else(|e| panic!("cannot write the operator's pack: {e}"));
     Some(w)
-}
-
-/// Whether the report's check `name` has `status`.
-fn check_is(doc: &Value, name: &str, status: &str) -> bool {
-    doc["checks"]
-        .as_array()
-        .is_some_and(|c| c.iter().any(|c| c["name"] == name && c["status"] == status))
 }
 
 /// A Debian guest with a static `eth0` stored in its backup: its isolated copy is given `eth0`
@@ -449,15 +419,7 @@ fn an_isolated_copy_of_a_systemd_networkd_guest_ends_ok_with_the_default_pack() 
         "/etc/systemd/system/multi-user.target.d/shop.conf": "[Unit]\nWants=shop.service\n",
         "/srv/www/index.html": "the shop\n",
     }));
-    scenario["volumes"]["local"][0]["guest"]["links"] = json!({
-        "/etc/systemd/system/networking.service": "/dev/null",
-        "/etc/systemd/system/multi-user.target.wants/systemd-networkd.service":
-            format!("{lib}/systemd-networkd.service"),
-        "/etc/systemd/system/sockets.target.wants/systemd-networkd.socket":
-            format!("{lib}/systemd-networkd.socket"),
-        "/etc/systemd/system/network-online.target.wants/systemd-networkd-wait-online.service":
-            format!("{lib}/systemd-networkd-wait-online.service"),
-    });
+    scenario["volumes"]["local"][0]["guest"]["links"] = felhom_tests::verdict::networkd_links(lib);
     let Some(w) = world_with_every_failed_pack(scenario) else {
         return;
     };
