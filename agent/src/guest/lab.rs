@@ -75,7 +75,9 @@ verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v strict="${lab_strict:-
 /// saw it as the lab's own), becomes a veth pair `<name>`/`felabN` with both ends in the copy,
 /// the peer set up. Then a network unit of the copy's that already failed (it ran before the
 /// device was there) is restarted without waiting (`--no-block`): the boot goes on toward its
-/// stored network.
+/// stored network. ifupdown2's `networking.service` never fails (`start-networking` ends
+/// `exit 0` whatever `ifup -a` did), so in an ifupdown2 guest (`/usr/share/ifupdown2`) it is
+/// restarted when it already ran or runs: it may have run before the device was there.
 const GIVE: &str = r#"
 i=0; given=0
 command -v systemctl >/dev/null 2>&1 && { [ -d /run/systemd/system ] ||
@@ -90,7 +92,9 @@ for n in "$@"; do
 done
 if [ "$given" = 1 ] && command -v systemctl >/dev/null 2>&1; then
   for u in networking.service systemd-networkd.service; do
-    if [ "$(systemctl is-failed "$u" 2>/dev/null)" = failed ]; then
+    st=$(systemctl is-active "$u" 2>/dev/null)
+    if [ "$st" = failed ] || { [ "$u" = networking.service ] && [ -d /usr/share/ifupdown2 ] &&
+      { [ "$st" = active ] || [ "$st" = activating ]; }; }; then
       systemctl reset-failed "$u" 2>/dev/null
       systemctl restart --no-block "$u" >/dev/null 2>&1 && echo "early-restart $u"
     fi

@@ -318,8 +318,8 @@ fn the_guard_stops_at_a_peer_outside_an_ethernet_device_it_did_not_make_or_no_li
 fn the_give_step_makes_each_missing_name_a_pair_and_restarts_a_network_unit_that_already_failed() {
     let links = format!("{LO}{FALLBACK_TUNNELS}");
     let systemctl = "case \"$*\" in\n\
-                     'is-failed networking.service') echo failed;;\n\
-                     'is-failed '*) echo inactive;;\n\
+                     'is-active networking.service') echo failed;;\n\
+                     'is-active '*) echo inactive;;\n\
                      esac\nexit 0";
     let g = Guest::new(&links, systemctl);
     let out = g.run(
