@@ -1,5 +1,6 @@
 use super::*;
 
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::Command;
 
@@ -523,6 +524,11 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
             "/run/dhclient6.x.pid",
             name,
         ])
+        // Its own process group, with none of the test's output: its `sleep` goes with it.
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
         .spawn()
         .expect("the fake client starts");
     let pid = client.id();
@@ -541,6 +547,9 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
         Init::Host,
     );
     let status = client.wait().expect("the fake client was waited for");
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status();
     let mut lines = out.lines();
     let stopped = lines.next().unwrap_or("");
     assert!(
