@@ -67,3 +67,7 @@ pub fn networkd_links(lib: &str) -> Value {
             format!("{lib}/systemd-networkd-wait-online.service"),
     })
 }
+
+/// The shop: busybox's httpd bound to the stored static address 10.20.0.31, ordered after
+/// `network-online.target` (which it pulls in).
+pub const SHOP_ONLINE_UNIT: &str = "[Unit]\nDescription=The shop\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.31:80 -h /srv/www\n";

@@ -13,6 +13,7 @@
 use felhom_tests::fakepve::AgentOptions;
 use felhom_tests::verdict::{
     check_is, debian_backup, networkd_links, userns_reset, EVERY_FAILED_PACK,
+    SHOP_ONLINE_UNIT as SHOP_UNIT,
 };
 use felhom_tests::world::World;
 use serde_json::{json, Value};
@@ -25,10 +26,6 @@ sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.31/'"
 expect = "response_code == '200'"
 guests = [200]
 "#;
-
-/// The shop: busybox's httpd bound to the stored static address, ordered after
-/// `network-online.target` (which it pulls in).
-const SHOP_UNIT: &str = "[Unit]\nDescription=The shop\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.31:80 -h /srv/www\n";
 
 /// A unit the boot waits for, with no timeout, until `eth0` holds its stored address: the boot
 /// of a copy whose interface came late would hang on it until the agent's boot timeout.

@@ -4,7 +4,7 @@
 //! ends (`FELHOM_REQUIRE_REAL_GUESTS=1` makes that a failure).
 
 use felhom_tests::fakepve::AgentOptions;
-use felhom_tests::verdict::{check_is, debian_backup, EVERY_FAILED_PACK};
+use felhom_tests::verdict::{check_is, debian_backup, EVERY_FAILED_PACK, SHOP_ONLINE_UNIT};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
@@ -337,9 +337,6 @@ const DHCLIENT_CONF: &str = "timeout 5;\nretry 5;\n";
 /// started again: it passes only when `/srv/www/flaky-ran` exists, which its `ExecStopPost`
 /// writes (`ExecStopPost` runs after a failed start too). It has no network ordering.
 const FLAKY_UNIT: &str = "[Unit]\nDescription=Fails at its first start only\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/test -e /srv/www/flaky-ran\nExecStopPost=/bin/sh -c 'echo ran >/srv/www/flaky-ran'\n";
-
-/// The shop, ordered after `network-online.target`, bound to the stored address.
-const SHOP_ONLINE_UNIT: &str = "[Unit]\nDescription=The shop\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.31:80 -h /srv/www\n";
 
 /// Beside the shop's pack ([`SHOP_PACK`]): the shop serves the file the flaky unit's
 /// `ExecStopPost` wrote (so a restart of that unit would have succeeded).

@@ -280,10 +280,6 @@ pub fn userns_mount_note(unit: &str, fstype: &str) -> String {
     )
 }
 
-/// What the report says of `sys-kernel-debug.mount` when its failed state was reset.
-pub const DEBUGFS_RESET_NOTE: &str = "sys-kernel-debug.mount failed as in every unprivileged \
-container (debugfs cannot be mounted in a user namespace); its failed state reset";
-
 /// Whether `name` can be an interface name the copy is given (IFNAMSIZ, no shell or path
 /// meaning): it comes from the backup's stored config, which the guest's owner wrote.
 pub fn valid_ifname(name: &str) -> bool {

@@ -4,6 +4,10 @@ use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::Command;
 
+/// What the report says of `sys-kernel-debug.mount` when its failed state was reset.
+const DEBUGFS_RESET_NOTE: &str = "sys-kernel-debug.mount failed as in every unprivileged \
+container (debugfs cannot be mounted in a user namespace); its failed state reset";
+
 #[test]
 fn interface_names_from_a_backup_are_plain_or_left_out() {
     for ok in ["eth0", "ens18", "eth0.20", "br-lan", "a_b"] {
