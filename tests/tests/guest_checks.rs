@@ -276,6 +276,72 @@ async fn osquery_that_does_not_answer_in_time_is_an_error_and_is_killed() {
 }
 
 #[tokio::test]
+async fn a_check_that_never_returns_fails_alone_named_within_its_timeout() {
+    let bed = GuestBed::new();
+    bed.add_ct(136);
+    let control = bed.guest_path(136, "/etc/osquery-standin");
+    std::fs::create_dir_all(&control).unwrap();
+    std::fs::write(control.join("hang-on"), "FROM mounts").unwrap();
+    // The default pack (five checks, one of them on `mounts`), that check given 2 s; a failing
+    // check beside it.
+    let mut checks = default_pack();
+    let hung = checks
+        .iter_mut()
+        .find(|c| c.sql.contains("FROM mounts"))
+        .expect("the default pack reads the mounts");
+    hung.timeout = Duration::from_secs(2);
+    let hung = hung.name.clone();
+    checks.extend(
+        parse_pack(
+            "[[check]]\nname = \"no-such-host\"\nsql = \"SELECT hostname FROM system_info\"\nexpect = \"hostname == 'elsewhere'\"\n",
+            Path::new("test.toml"),
+        )
+        .unwrap(),
+    );
+    let started = Instant::now();
+    let results = run_checks(
+        &bed.lxc(136),
+        &checks,
+        &ctx("testbed"),
+        &CheckSettings::default(),
+    )
+    .await;
+    let took = started.elapsed();
+    // Every other check's own 30 s default would be far longer than this.
+    assert!(took < Duration::from_secs(25), "{took:?}");
+    let r = by_name(&results, &hung);
+    assert_eq!(r.status, CheckStatus::Error, "{r:?}");
+    assert!(
+        r.message
+            .as_deref()
+            .unwrap_or("")
+            .contains("did not answer within 2s"),
+        "{r:?}"
+    );
+    for other in &results {
+        if other.name == hung {
+            continue;
+        }
+        let want = if other.name == "no-such-host" {
+            CheckStatus::Fail
+        } else {
+            CheckStatus::Pass
+        };
+        assert_eq!(other.status, want, "{other:?}");
+    }
+    let err = verdict(bed.lxc(136).guest(), &results)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&hung) && err.contains("no-such-host"), "{err}");
+    // The hung stand-in sleeps with "613.41" on its command line: stopped with it.
+    let left = wait_processes_gone("sleep 613.41", Duration::from_secs(5));
+    if !left.is_empty() {
+        kill_processes_with_marker("sleep 613.41");
+        panic!("the hung check was left running: {left:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_placeholder_without_a_value_is_an_error() {
     let bed = GuestBed::new();
     bed.add_ct(138);

@@ -19,6 +19,7 @@ pub mod boot;
 pub mod bootstrap;
 pub mod checks;
 pub mod exec;
+pub mod frames;
 pub mod lab;
 pub mod lxc;
 pub mod lxc_monitor;
