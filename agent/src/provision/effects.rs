@@ -709,37 +709,13 @@ impl<'a> Executor<'a> {
                 // waits again.
                 let cancel = self.cancel.clone();
                 // An isolated copy is given its stored interfaces before the wait, so it boots
-                // toward its stored network as its production guest does.
+                // toward its stored network as its production guest does; what the isolation
+                // or the node made fail is settled after it: all in the wait's one exec.
                 let lab = self.lab_for(state, guest).await;
+                let plan = lab.as_ref().map(|l| l.plan()).unwrap_or_default();
                 let exec = self.exec_for(vmid, guest, state.txn());
-                let give_and_wait = async {
-                    let mut given = Vec::new();
-                    if let Some(lab) = &lab {
-                        match crate::guest::lab::give_interfaces(
-                            &exec,
-                            &lab.request(),
-                            self.timeouts.boot,
-                        )
-                        .await
-                        {
-                            Ok(g) => given = g,
-                            Err(e) => return (Vec::new(), Vec::new(), Err(e)),
-                        }
-                        if !given.is_empty() {
-                            tracing::info!(vmid, "isolation: {}", given.join("; "));
-                        }
-                    }
-                    let watch = lab.as_ref().and_then(|l| l.boot_watch());
-                    let (waited, lines) = crate::guest::boot::wait_boot_watched(
-                        &exec,
-                        self.timeouts.boot,
-                        watch.as_ref(),
-                    )
-                    .await;
-                    (given, lines, waited)
-                };
-                let waited = tokio::select! {
-                    w = give_and_wait => w,
+                let trip = tokio::select! {
+                    t = crate::guest::boot::boot_trip(&exec, self.timeouts.boot, &plan) => t,
                     () = cancel.cancelled() => {
                         return Err(Failure::new(
                             ErrorCode::Interrupted,
@@ -752,19 +728,9 @@ impl<'a> Executor<'a> {
                     }
                 };
                 drop(exec);
-                let (given, lines, waited) = waited;
-                let waited = match (waited, lab) {
-                    (Ok(seen), Some(mut lab)) => {
-                        lab.given = given;
-                        let stopped = crate::guest::lab::dhcp6_stopped(&lab.request(), &lines);
-                        lab.dhcp6_stopped = stopped;
-                        self.lab_settle(state, vmid, guest, seen, lab).await
-                    }
-                    (Ok(seen), None) => Ok(seen),
-                    (Err(e), _) => {
-                        self.isolation = (!given.is_empty()).then(|| given.join("; "));
-                        Err(e)
-                    }
+                let waited = match lab {
+                    Some(lab) => self.lab_done(vmid, &lab, trip),
+                    None => trip.first,
                 };
                 Some(match waited {
                     Ok(seen) => {
