@@ -584,7 +584,8 @@ pub async fn run_bootstrap<E: GuestExec>(
             txn: txn.to_owned(),
         });
     }
-    let step_error = |step: &'static str, detail: String| BootstrapError::Step { vmid, step, detail };
+    let step_error =
+        |step: &'static str, detail: String| BootstrapError::Step { vmid, step, detail };
     let base = format!("{GUEST_BOOTSTRAP_ROOT}/{txn}");
     let mut argv: Vec<String> = vec![
         "/bin/sh".into(),
@@ -646,18 +647,31 @@ pub async fn run_bootstrap<E: GuestExec>(
     for item in &items {
         match item {
             super::frames::Item::Line(l @ ("felhom-reused" | "felhom-ran")) => said = Some(*l),
-            super::frames::Item::Line(l) if l.starts_with("felhom-badfile ") || *l == "felhom-nobase64" => {
+            super::frames::Item::Line(l)
+                if l.starts_with("felhom-badfile ") || *l == "felhom-nobase64" =>
+            {
                 let detail = if *l == "felhom-nobase64" {
                     "the guest has no `base64` to decode the profile's files with".to_owned()
                 } else {
-                    format!("file {} of the profile did not arrive whole", crate::error::outside_text_max(&l[15..], 16))
+                    format!(
+                        "file {} of the profile did not arrive whole",
+                        crate::error::outside_text_max(&l[15..], 16)
+                    )
                 };
                 return Err(step_error("push", detail));
             }
             super::frames::Item::Line("felhom-cleanup-failed") => {
-                tracing::warn!(vmid, txn, "could not remove the pushed bootstrap profile from the guest");
+                tracing::warn!(
+                    vmid,
+                    txn,
+                    "could not remove the pushed bootstrap profile from the guest"
+                );
             }
-            super::frames::Item::Frame { name: "marker", bytes, truncated: false } if said.is_some() => {
+            super::frames::Item::Frame {
+                name: "marker",
+                bytes,
+                truncated: false,
+            } if said.is_some() => {
                 marker = Some(serde_json::from_slice::<BootstrapMarker>(bytes));
             }
             _ => {}
@@ -669,11 +683,17 @@ pub async fn run_bootstrap<E: GuestExec>(
                 tracing::info!(vmid, txn, profile = %crate::error::outside_text(&marker.profile), "bootstrap already recorded for this transaction; not running it again");
             }
             // The run has ended in the guest; its result is not journaled yet.
-            Ok(BootstrapReport { reused: said == "felhom-reused", marker })
+            Ok(BootstrapReport {
+                reused: said == "felhom-reused",
+                marker,
+            })
         }
         (Some(_), Some(Err(e)), _) => Err(step_error(
             "read marker",
-            format!("the marker {MARKER_PATH} is not readable: {}", crate::error::outside_text(&e.to_string())),
+            format!(
+                "the marker {MARKER_PATH} is not readable: {}",
+                crate::error::outside_text(&e.to_string())
+            ),
         )),
         (_, _, GuestExit::Exited(5)) => Err(step_error("prepare", outcome.summary())),
         (_, _, GuestExit::Exited(7)) => Err(step_error("write marker", outcome.summary())),
@@ -689,7 +709,6 @@ felhom_ms() {
   case $felhom_t in *[!0-9]*|'') echo "$(date +%s)000";; *) echo "$((felhom_t / 1000000))";; esac
 }
 "#;
-
 
 #[cfg(test)]
 mod tests {
