@@ -342,6 +342,37 @@ async fn a_check_that_never_returns_fails_alone_named_within_its_timeout() {
 }
 
 #[tokio::test]
+async fn in_a_guest_without_systemd_the_failed_units_check_could_not_run_and_says_so() {
+    let bed = GuestBed::new();
+    bed.add_ct(135);
+    // The bed's guests carry sd_booted(3)'s folder; this one, like an Alpine or Devuan guest,
+    // does not. osquery's systemd_units is then empty (the stand-in's file still lists units:
+    // the verdict must not come from that table).
+    std::fs::remove_dir(bed.guest_path(135, "/run/systemd/system")).expect("the bed's marker");
+    let ct = bed.lxc(135);
+    let results = run_checks(
+        &ct,
+        &default_pack(),
+        &ctx("testbed"),
+        &CheckSettings::default(),
+    )
+    .await;
+    let units = by_name(&results, "no-failed-units");
+    assert_eq!(units.status, CheckStatus::Error, "{units:?}");
+    let message = units.message.as_deref().unwrap_or("");
+    assert!(
+        message.starts_with("could not run: systemd is not the init of CT 135")
+            && message.contains("systemd_units"),
+        "{units:?}"
+    );
+    for other in results.iter().filter(|r| r.name != "no-failed-units") {
+        assert_eq!(other.status, CheckStatus::Pass, "{other:?}");
+    }
+    let err = verdict(ct.guest(), &results).unwrap_err().to_string();
+    assert!(err.contains("no-failed-units"), "{err}");
+}
+
+#[tokio::test]
 async fn a_placeholder_without_a_value_is_an_error() {
     let bed = GuestBed::new();
     bed.add_ct(138);

@@ -672,7 +672,8 @@ const RUN_SLACK: Duration = Duration::from_secs(30);
 
 /// The run of every check in one exec (`/bin/sh -c <this> felhom-checks CAP ERRCAP AT_ONCE
 /// SECS1 SQL1 SECS2 SQL2 …`): osquery is found with `test -x` (`felhom-osquery osqueryi`,
-/// `osqueryd` or `none`), each check runs as its own process (in a session of its own where the
+/// `osqueryd` or `none`), whether systemd is the guest's init is said (`felhom-init systemd`
+/// or `other`: sd_booted(3)'s `/run/systemd/system`, or PID 1's own binary), each check runs as its own process (in a session of its own where the
 /// guest has `setsid`, so what it started is stopped with it), AT_ONCE at a time, its stdout and
 /// stderr caught in a private folder, with a watchdog that kills it after its own SECS (a flag
 /// file says the watchdog did it). Then, for each check in order, `felhom-check <i> <status>
@@ -683,6 +684,8 @@ cap=$1 ecap=$2 at=$3; shift 3
 if test -x @OSQUERYI@; then o=@OSQUERYI@ s=; echo "felhom-osquery osqueryi"
 elif test -x @OSQUERYD@; then o=@OSQUERYD@ s=-S; echo "felhom-osquery osqueryd"
 else echo "felhom-osquery none"; exit 0; fi
+if [ -d /run/systemd/system ] || case "$(readlink /proc/1/exe 2>/dev/null) $(cat /proc/1/comm 2>/dev/null)" in
+  */systemd\ *|*\ systemd) true;; *) false;; esac; then echo "felhom-init systemd"; else echo "felhom-init other"; fi
 d=
 for t in /tmp /run /dev/shm /var/tmp; do
   d=$(mktemp -d "$t/felhom-checks.XXXXXX" 2>/dev/null) && break
@@ -747,7 +750,8 @@ pub async fn run_checks<E: GuestExec>(
     }
     let guest = exec.guest();
     let started = Instant::now();
-    let ran = run_all(exec, checks, settings).await;
+    let mut systemd = true;
+    let ran = run_all(exec, checks, settings, &mut systemd).await;
     let whole = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut results: Vec<CheckResult> = checks
         .iter()
@@ -760,6 +764,13 @@ pub async fn run_checks<E: GuestExec>(
                         "osquery is not installed in {guest} (looked for {OSQUERYI_PATH} and {OSQUERYD_PATH})"
                     )),
                     whole,
+                ),
+                Ok(Some(_)) if !systemd && reads_systemd_units(&check.sql) => (
+                    Err(format!(
+                        "could not run: systemd is not the init of {guest} (no /run/systemd/system), \
+                         so systemd_units has nothing to show and this check cannot judge the guest"
+                    )),
+                    0,
                 ),
                 Ok(Some(outcomes)) => match outcomes.get(i).and_then(Option::as_ref) {
                     Some((outcome, ms)) => (judge(check, outcome, ctx, settings), *ms),
@@ -801,6 +812,7 @@ async fn run_all<E: GuestExec>(
     exec: &E,
     checks: &[Check],
     settings: &CheckSettings,
+    systemd: &mut bool,
 ) -> Result<Option<Vec<Ran>>, String> {
     let mut argv = vec![
         "/bin/sh".to_owned(),
@@ -839,6 +851,7 @@ async fn run_all<E: GuestExec>(
                     (Some("felhom-osquery"), Some(which), None, _, _) => {
                         located = Some(which.to_owned())
                     }
+                    (Some("felhom-init"), Some(init), None, _, _) => *systemd = init == "systemd",
                     (Some("felhom-nofolder"), None, _, _, _) => {
                         // Nowhere to write (a read-only root without a tmpfs): one exec a check.
                         let Some(which) = located.as_deref() else {
@@ -917,6 +930,18 @@ async fn one_by_one<E: GuestExec>(
         }));
     }
     ran
+}
+
+/// Whether a check's query reads osquery's `systemd_units` table: in a guest whose init is not
+/// systemd that table is empty, and a check on it would pass or fail for nothing it saw.
+fn reads_systemd_units(sql: &str) -> bool {
+    let sql = sql.to_ascii_lowercase();
+    sql.match_indices("systemd_units").any(|(at, word)| {
+        let before = sql[..at].chars().next_back();
+        let after = sql[at + word.len()..].chars().next();
+        let ident = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        !ident(before) && !ident(after)
+    })
 }
 
 /// A `felhom-check <i> <status> <killed> <ms>` line: the check (0-based), how it ended (the
@@ -1521,5 +1546,16 @@ mod tests {
         assert_eq!(check_line("0", "0", "0", "1", 3), None);
         assert_eq!(check_line("4", "0", "0", "1", 3), None);
         assert_eq!(check_line("1", "none", "0", "1", 3), None);
+    }
+
+    #[test]
+    fn a_check_reads_systemd_units_by_the_table_name_as_a_word() {
+        assert!(reads_systemd_units("SELECT id FROM systemd_units WHERE x"));
+        assert!(reads_systemd_units("select * from SYSTEMD_UNITS"));
+        assert!(reads_systemd_units(
+            "SELECT count(*) FROM (SELECT id FROM systemd_units)"
+        ));
+        assert!(!reads_systemd_units("SELECT hostname FROM system_info"));
+        assert!(!reads_systemd_units("SELECT * FROM my_systemd_units_copy"));
     }
 }
