@@ -25,8 +25,12 @@ step_end() {
   step_current=""
 }
 cleanup=()
+roots_pid=""
 print_times() {
   local rc=$1
+  # A run that ends early stops the roots' build it started (each root is renamed into place
+  # whole, so nothing half made is kept).
+  [ -z "$roots_pid" ] || kill -- "-$roots_pid" 2>/dev/null || true
   [ ${#cleanup[@]} -eq 0 ] || rm -rf "${cleanup[@]}"
   step_end
   printf '\n== step times (%s, %s cores, load %s)\n' "$([ "$rc" -eq 0 ] && echo ok || echo "failed, exit $rc")" \
@@ -69,8 +73,9 @@ build_root() {
   esac >"$2/$1.log" 2>&1 || { echo "$1" >>"$2/failed"; return 1; }
 }
 export -f build_root
+# Its own process group (setsid), so that a run ending early stops the whole build.
 printf '%s\n' bookworm-ifupdown2 bookworm bullseye trixie systemd |
-  TMPDIR=$roots_tmp nice -n 5 xargs -P 2 -I'{}' bash -c 'build_root "$1" "$2"' _ '{}' "$roots_log" &
+  TMPDIR=$roots_tmp setsid nice -n 5 xargs -P 2 -I'{}' bash -c 'build_root "$1" "$2"' _ '{}' "$roots_log" &
 roots_pid=$!
 
 step "cargo fmt --check"
@@ -117,7 +122,10 @@ if [ "${FELHOM_CI_SERIAL:-0}" != 1 ]; then
 fi
 
 step "the roots the tests boot (wait for their build)"
-if ! wait "$roots_pid"; then
+roots_status=0
+wait "$roots_pid" || roots_status=$?
+roots_pid=""
+if [ "$roots_status" -ne 0 ]; then
   for failed in $(cat "$roots_log/failed" 2>/dev/null); do
     cat "$roots_log/$failed.log" >&2
     echo "building the root $failed failed (above)" >&2

@@ -53,8 +53,7 @@ pub fn memory_scratch_base() -> Option<&'static std::path::Path> {
         let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
         let line = info
             .lines()
-            .filter(|l| l.split(' ').nth(4) == Some("/dev/shm"))
-            .last()?;
+            .rfind(|l| l.split(' ').nth(4) == Some("/dev/shm"))?;
         let options: Vec<&str> = line.split(' ').nth(5)?.split(',').collect();
         let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
         let fit = fstype == "tmpfs"
