@@ -42,14 +42,14 @@ trap 'print_times $?' EXIT
 step "setup (tests/setup.sh)"
 source tests/setup.sh
 
-# The real guests' Debian root filesystems, one per release the bed runs (Debian 11, 12 and 13)
-# and ifupdown2 in place of ifupdown, by tests/testbed/build-debian-rootfs.sh
-# (under a minute each on a fresh clone, mostly downloads and disk, then cached): built beside the
-# checks and builds below, waited for before the tests.
+# The real guests' Debian root filesystems, one per release the bed runs (Debian 11, 12 and 13),
+# ifupdown2 in place of ifupdown, and NetworkManager beside ifupdown, by
+# tests/testbed/build-debian-rootfs.sh (under a minute each on a fresh clone, mostly downloads and
+# disk, then cached): built beside the checks and builds below, waited for before the tests.
 debian_log=$(mktemp)
 cleanup+=("$debian_log")
 printf '\n== the real guests'"'"' Debian root filesystems: built beside the steps below\n' >&2
-nice -n 10 bash -c 'for flavour in bookworm bullseye trixie bookworm-ifupdown2; do
+nice -n 10 bash -c 'for flavour in bookworm bullseye trixie bookworm-ifupdown2 bookworm-nm; do
   tests/testbed/build-debian-rootfs.sh "" "$flavour" || exit 1
 done' >"$debian_log" 2>&1 &
 debian_pid=$!
