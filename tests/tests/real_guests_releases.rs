@@ -276,8 +276,7 @@ fn a_good_debian_12_copy_with_network_manager_ends_ok() {
 }
 
 #[test]
-fn a_debian_12_copy_with_network_manager_and_a_broken_unit_after_network_online_is_red_naming_it()
-{
+fn a_debian_12_copy_with_network_manager_and_a_broken_unit_after_network_online_is_red_naming_it() {
     a_broken_unit_after_network_online_turns_the_copy_red_naming_it(ifupdown_guest(
         "bookworm-nm",
         json!({
