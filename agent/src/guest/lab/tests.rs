@@ -582,3 +582,97 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
     );
     assert_eq!(out, "systemd running\n");
 }
+
+/// The give step in a guest whose `systemctl` answers `nm_state` for
+/// `is-active NetworkManager.service` (`None`: the unit does not load) and whose `busctl`
+/// exits `busctl_exit`, with `/run` a tmpfs of the step's own mount namespace: what it printed,
+/// the lab's NetworkManager file (empty: none), and the log of `ip`, `systemctl` and `busctl`.
+fn give_beside_network_manager(
+    nm_state: Option<&str>,
+    busctl_exit: u8,
+) -> (String, String, String) {
+    let links = format!("{LO}{FALLBACK_TUNNELS}");
+    let systemctl = match nm_state {
+        Some(state) => format!(
+            "case \"$*\" in\n\
+             'show -p LoadState --value NetworkManager.service') echo loaded;;\n\
+             'is-active NetworkManager.service') echo {state};;\n\
+             'is-active '*) echo inactive;;\n\
+             esac\nexit 0"
+        ),
+        None => "case \"$*\" in\n\
+                 'show -p LoadState --value '*) echo not-found;;\n\
+                 'is-active '*) echo inactive;;\n\
+                 esac\nexit 0"
+            .to_string(),
+    };
+    let g = Guest::new(&links, &systemctl);
+    write_exec(
+        &g.dir.path().join("busctl"),
+        &format!(
+            "#!/bin/sh\necho \"busctl $*\" >>'{}'\nexit {busctl_exit}\n",
+            g.dir.path().join("log").display()
+        ),
+    );
+    let file = "/run/NetworkManager/conf.d/90-felhom-lab.conf";
+    // The step ends with `exit`: a subshell, so that the file can be read after it in the same
+    // mount namespace (Init::Systemd's own: the tmpfs never reaches this machine's /run).
+    let out = g.run(
+        &format!(
+            "mount -t tmpfs felhom-test /run || exit 1\n({GUARD}{GIVE})\n\
+             echo ---\ncat {file} 2>/dev/null\nexit 0\n"
+        ),
+        &["eth0", "eth1"],
+        &[],
+        Init::Systemd,
+    );
+    let (printed, written) = out.split_once("---\n").expect("the step ran");
+    (printed.to_string(), written.to_string(), g.log())
+}
+
+#[test]
+fn beside_network_manager_the_give_step_leaves_the_peers_unmanaged_before_it_makes_them() {
+    let conf = "[device-felhom-lab]\nmatch-device=interface-name:felab*\nmanaged=0\n";
+    let reload = "busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
+                  org.freedesktop.NetworkManager Reload u 1";
+    // A running NetworkManager: the file, then its reload, then the pairs.
+    let (printed, written, log) = give_beside_network_manager(Some("active"), 0);
+    assert_eq!(
+        printed,
+        "given eth0 felab0\ngiven eth1 felab1\nnm-unmanaged\n"
+    );
+    assert_eq!(written, conf);
+    let reloaded = log
+        .find(reload)
+        .unwrap_or_else(|| panic!("no reload: {log}"));
+    let made = log.find("ip link add eth0").expect("eth0 made");
+    assert!(reloaded < made, "{log}");
+    // One not started yet reads the file when it starts: no reload.
+    let (printed, written, log) = give_beside_network_manager(Some("inactive"), 0);
+    assert!(printed.ends_with("nm-unmanaged\n"), "{printed}");
+    assert_eq!(written, conf);
+    assert!(!log.contains("busctl"), "{log}");
+    // A refused reload is said.
+    let (printed, _, _) = give_beside_network_manager(Some("active"), 1);
+    assert!(printed.ends_with("nm-unreloaded\n"), "{printed}");
+    // Without NetworkManager nothing is written.
+    let (printed, written, log) = give_beside_network_manager(None, 0);
+    assert_eq!(printed, "given eth0 felab0\ngiven eth1 felab1\n");
+    assert_eq!(written, "");
+    assert!(!log.contains("busctl"), "{log}");
+    // What the report says of each.
+    let text = lab_report(&printed_lines("nm-unmanaged"), &[], true, &[]).join("; ");
+    assert!(
+        text.contains("the veth peers (felabN) left unmanaged by NetworkManager"),
+        "{text}"
+    );
+    let text = lab_report(&printed_lines("nm-unreloaded"), &[], true, &[]).join("; ");
+    assert!(
+        text.contains("NetworkManager refused to reload its configuration"),
+        "{text}"
+    );
+}
+
+fn printed_lines(word: &str) -> String {
+    format!("given eth0 felab0\n{word}\n")
+}
