@@ -79,7 +79,8 @@ verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v strict="${lab_strict:-
 /// `exit 0` whatever `ifup -a` did), so in an ifupdown2 guest (`/usr/share/ifupdown2`) it is
 /// restarted when it already ran or runs: it may have run before the device was there.
 ///
-/// In a guest with NetworkManager (its unit loads), the `felabN` ends are made unmanaged by it
+/// In a guest with NetworkManager (`/usr/sbin/NetworkManager`: this early in the boot
+/// `systemctl` may not reach systemd yet), the `felabN` ends are made unmanaged by it
 /// before they exist: in production they are on the node, and NetworkManager, which manages
 /// every device it finds that no `iface` stanza (Debian's `[ifupdown] managed=false`) or
 /// setting leaves out, would run DHCP on each through a default wired profile, so its startup
@@ -96,7 +97,7 @@ i=0; given=0; nm=
 command -v systemctl >/dev/null 2>&1 && { [ -d /run/systemd/system ] ||
   case "$(readlink /proc/1/exe 2>/dev/null) $(cat /proc/1/comm 2>/dev/null)" in
     */systemd\ *|*\ systemd) true;; *) false;; esac; } || { echo no-systemd; exit 0; }
-if [ "$(systemctl show -p LoadState --value NetworkManager.service 2>/dev/null)" = loaded ] &&
+if { [ -x /usr/sbin/NetworkManager ] || [ -x /sbin/NetworkManager ]; } &&
   mkdir -p /run/NetworkManager/conf.d 2>/dev/null &&
   printf '[device-felhom-lab]\nmatch-device=interface-name:felab*\nmanaged=0\n' \
     >/run/NetworkManager/conf.d/90-felhom-lab.conf 2>/dev/null; then

@@ -166,7 +166,15 @@ impl Guest {
                 c
             }
         };
-        cmd.args(["-c", script, "sh"]);
+        // An init's shell runs with a /run of its own (a tmpfs of its own mount namespace,
+        // which `--mount-proc` made): what the give step writes there never reaches this
+        // machine's, and this machine's systemd folder is not taken for the guest's.
+        let script = if matches!(init, Init::Systemd | Init::Other) {
+            format!("mount -t tmpfs felhom-test /run || exit 1\n{script}")
+        } else {
+            script.to_string()
+        };
+        cmd.args(["-c", &script, "sh"]);
         let out = cmd
             .args(names)
             .env("PATH", path)
@@ -194,9 +202,10 @@ enum Init {
     /// A user namespace that is not the initial one, as an unprivileged container's.
     Userns,
     /// PID 1 of its own PID namespace, whose binary is named `systemd` (before systemd made
-    /// `/run/systemd/system`, that is how the lab knows it).
+    /// `/run/systemd/system`, that is how the lab knows it), with an empty `/run` of its own.
     Systemd,
-    /// PID 1 of its own PID namespace, an init that is not systemd.
+    /// PID 1 of its own PID namespace, an init that is not systemd, with an empty `/run` of its
+    /// own.
     Other,
 }
 
@@ -584,8 +593,10 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
 }
 
 /// The give step in a guest whose `systemctl` answers `nm_state` for
-/// `is-active NetworkManager.service` (`None`: the unit does not load) and whose `busctl`
-/// exits `busctl_exit`, with `/run` a tmpfs of the step's own mount namespace: what it printed,
+/// `is-active NetworkManager.service` (`None`: NetworkManager is not installed) and whose
+/// `busctl` exits `busctl_exit`, with `/run` and `/usr/sbin` tmpfs of the step's own mount
+/// namespace ([`Init::Systemd`]; `/usr/sbin/NetworkManager` an empty executable when
+/// installed): what it printed,
 /// the lab's NetworkManager file (empty: none), and the log of `ip`, `systemctl` and `busctl`.
 fn give_beside_network_manager(
     nm_state: Option<&str>,
@@ -595,16 +606,11 @@ fn give_beside_network_manager(
     let systemctl = match nm_state {
         Some(state) => format!(
             "case \"$*\" in\n\
-             'show -p LoadState --value NetworkManager.service') echo loaded;;\n\
              'is-active NetworkManager.service') echo {state};;\n\
              'is-active '*) echo inactive;;\n\
              esac\nexit 0"
         ),
-        None => "case \"$*\" in\n\
-                 'show -p LoadState --value '*) echo not-found;;\n\
-                 'is-active '*) echo inactive;;\n\
-                 esac\nexit 0"
-            .to_string(),
+        None => "case \"$*\" in\n'is-active '*) echo inactive;;\nesac\nexit 0".to_string(),
     };
     let g = Guest::new(&links, &systemctl);
     write_exec(
@@ -615,11 +621,17 @@ fn give_beside_network_manager(
         ),
     );
     let file = "/run/NetworkManager/conf.d/90-felhom-lab.conf";
+    let install = if nm_state.is_some() {
+        ": >/usr/sbin/NetworkManager && chmod 755 /usr/sbin/NetworkManager || exit 1\n"
+    } else {
+        ""
+    };
     // The step ends with `exit`: a subshell, so that the file can be read after it in the same
-    // mount namespace (Init::Systemd's own: the tmpfs never reaches this machine's /run).
+    // mount namespace.
     let out = g.run(
         &format!(
-            "mount -t tmpfs felhom-test /run || exit 1\n({GUARD}{GIVE})\n\
+            "mount -t tmpfs felhom-test /usr/sbin || exit 1\n\
+             {install}({GUARD}{GIVE})\n\
              echo ---\ncat {file} 2>/dev/null\nexit 0\n"
         ),
         &["eth0", "eth1"],
