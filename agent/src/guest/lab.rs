@@ -91,7 +91,8 @@ verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v strict="${lab_strict:-
 /// is read when NetworkManager starts; one that runs already (or is starting: waited for up to
 /// 30 s until it is on the bus) is told to reload its configuration (D-Bus `Reload`, flag 1:
 /// the configuration files only) before the pairs are made, as NetworkManager reads `managed`
-/// when a device appears. "nm-unmanaged", or "nm-unreloaded" when the reload was refused.
+/// when a device appears. "nm-unmanaged" ("nm-unmanaged reloaded" after a reload), or
+/// "nm-unreloaded" when the reload was refused.
 const GIVE: &str = r#"
 i=0; given=0; nm=
 command -v systemctl >/dev/null 2>&1 && { [ -d /run/systemd/system ] ||
@@ -106,8 +107,9 @@ if { [ -x /usr/sbin/NetworkManager ] || [ -x /sbin/NetworkManager ]; } &&
     sleep 0.2; w=$((w+1))
   done
   if [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = active ]; then
-    busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
-      org.freedesktop.NetworkManager Reload u 1 >/dev/null 2>&1 || nm=nm-unreloaded
+    if busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
+      org.freedesktop.NetworkManager Reload u 1 >/dev/null 2>&1; then nm="nm-unmanaged reloaded"
+    else nm=nm-unreloaded; fi
   fi
 fi
 for n in "$@"; do
@@ -506,12 +508,16 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
                 "{} could not be made (no `ip`, or the kernel refused a veth)",
                 clip(n, 32)
             )),
-            (Some("nm-unmanaged"), _, _, _) => notes.push(
+            (Some("nm-unmanaged"), how, _, _) => notes.push(format!(
                 "the veth peers (felabN) left unmanaged by NetworkManager \
-                 (/run/NetworkManager/conf.d/90-felhom-lab.conf): in production they are on the \
-                 node"
-                    .to_string(),
-            ),
+                 (/run/NetworkManager/conf.d/90-felhom-lab.conf{}): in production they are on \
+                 the node",
+                if how == Some("reloaded") {
+                    ", reloaded by the running daemon"
+                } else {
+                    ""
+                }
+            )),
             (Some("nm-unreloaded"), _, _, _) => notes.push(
                 "NetworkManager refused to reload its configuration: it may manage the veth \
                  peers (felabN) and wait for a DHCP lease on them"

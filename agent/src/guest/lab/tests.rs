@@ -651,7 +651,7 @@ fn beside_network_manager_the_give_step_leaves_the_peers_unmanaged_before_it_mak
     let (printed, written, log) = give_beside_network_manager(Some("active"), 0);
     assert_eq!(
         printed,
-        "given eth0 felab0\ngiven eth1 felab1\nnm-unmanaged\n"
+        "given eth0 felab0\ngiven eth1 felab1\nnm-unmanaged reloaded\n"
     );
     assert_eq!(written, conf);
     let reloaded = log
@@ -676,6 +676,12 @@ fn beside_network_manager_the_give_step_leaves_the_peers_unmanaged_before_it_mak
     let text = lab_report(&printed_lines("nm-unmanaged"), &[], true, &[]).join("; ");
     assert!(
         text.contains("the veth peers (felabN) left unmanaged by NetworkManager"),
+        "{text}"
+    );
+    assert!(!text.contains("reloaded by the running daemon"), "{text}");
+    let text = lab_report(&printed_lines("nm-unmanaged reloaded"), &[], true, &[]).join("; ");
+    assert!(
+        text.contains("90-felhom-lab.conf, reloaded by the running daemon)"),
         "{text}"
     );
     let text = lab_report(&printed_lines("nm-unreloaded"), &[], true, &[]).join("; ");
