@@ -49,7 +49,7 @@ source tests/setup.sh
 debian_log=$(mktemp)
 cleanup+=("$debian_log")
 printf '\n== the real guests'"'"' Debian root filesystems: built beside the steps below\n' >&2
-nice -n 10 bash -c 'for flavour in bookworm bullseye trixie bookworm-ifupdown2 bookworm-nm; do
+nice -n 10 bash -c 'for flavour in bookworm bullseye trixie bookworm-ifupdown2 bullseye-nm bookworm-nm trixie-nm; do
   tests/testbed/build-debian-rootfs.sh "" "$flavour" || exit 1
 done' >"$debian_log" 2>&1 &
 debian_pid=$!
