@@ -88,10 +88,13 @@ verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v strict="${lab_strict:-
 /// (`tests/data/guest-units-facts.md` §2). The lab's own config file,
 /// `/run/NetworkManager/conf.d/90-felhom-lab.conf` (`[device-felhom-lab]`,
 /// `match-device=interface-name:felab*`, `managed=0`; volatile, read before `/etc`'s files),
-/// is read when NetworkManager starts; one that runs already (or is starting: waited for up to
-/// 30 s until it is on the bus) is told to reload its configuration (D-Bus `Reload`, flag 1:
-/// the configuration files only) before the pairs are made, as NetworkManager reads `managed`
-/// when a device appears. "nm-unmanaged" ("nm-unmanaged reloaded" after a reload), or
+/// is read when NetworkManager starts; one that runs already (or is starting: waited for until
+/// it is on the bus) is told to reload its configuration (D-Bus `Reload`, flag 1: the
+/// configuration files only) before the pairs are made, as NetworkManager reads `managed` when
+/// a device appears. The unit is `active` once the daemon holds its bus name, a moment before
+/// it registers its objects ("No such interface" until then, measured on Debian 11), so the
+/// reload is tried again every 0.2 s; the wait and the tries together last at most 30 s
+/// (`FELHOM_LAB_NM_TRIES` steps of 0.2 s, 150 unless the tests set it). "nm-unmanaged" ("nm-unmanaged reloaded" after a reload), or
 /// "nm-unreloaded" when the reload was refused.
 const GIVE: &str = r#"
 i=0; given=0; nm=
@@ -102,14 +105,19 @@ if { [ -x /usr/sbin/NetworkManager ] || [ -x /sbin/NetworkManager ]; } &&
   mkdir -p /run/NetworkManager/conf.d 2>/dev/null &&
   printf '[device-felhom-lab]\nmatch-device=interface-name:felab*\nmanaged=0\n' \
     >/run/NetworkManager/conf.d/90-felhom-lab.conf 2>/dev/null; then
-  nm=nm-unmanaged; w=0
-  while [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = activating ] && [ "$w" -lt 150 ]; do
+  nm=nm-unmanaged; w=0; tries=${FELHOM_LAB_NM_TRIES:-150}
+  while [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = activating ] && [ "$w" -lt "$tries" ]; do
     sleep 0.2; w=$((w+1))
   done
   if [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = active ]; then
-    if busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
-      org.freedesktop.NetworkManager Reload u 1 >/dev/null 2>&1; then nm="nm-unmanaged reloaded"
-    else nm=nm-unreloaded; fi
+    nm=nm-unreloaded
+    while [ "$w" -lt "$tries" ]; do
+      if busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
+        org.freedesktop.NetworkManager Reload u 1 >/dev/null 2>&1; then
+        nm="nm-unmanaged reloaded"; break
+      fi
+      sleep 0.2; w=$((w+1))
+    done
   fi
 fi
 for n in "$@"; do

@@ -594,13 +594,14 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
 
 /// The give step in a guest whose `systemctl` answers `nm_state` for
 /// `is-active NetworkManager.service` (`None`: NetworkManager is not installed) and whose
-/// `busctl` exits `busctl_exit`, with `/run` and `/usr/sbin` tmpfs of the step's own mount
-/// namespace ([`Init::Systemd`]; `/usr/sbin/NetworkManager` an empty executable when
-/// installed): what it printed,
-/// the lab's NetworkManager file (empty: none), and the log of `ip`, `systemctl` and `busctl`.
+/// `busctl` fails its first `busctl_fails` calls (as before the daemon registered its objects),
+/// given 5 tries (`FELHOM_LAB_NM_TRIES`), with `/run` and `/usr/sbin` tmpfs of the step's own
+/// mount namespace ([`Init::Systemd`]; `/usr/sbin/NetworkManager` an empty executable when
+/// installed): what it printed, the lab's NetworkManager file (empty: none), and the log of
+/// `ip`, `systemctl` and `busctl`.
 fn give_beside_network_manager(
     nm_state: Option<&str>,
-    busctl_exit: u8,
+    busctl_fails: u8,
 ) -> (String, String, String) {
     let links = format!("{LO}{FALLBACK_TUNNELS}");
     let systemctl = match nm_state {
@@ -616,8 +617,9 @@ fn give_beside_network_manager(
     write_exec(
         &g.dir.path().join("busctl"),
         &format!(
-            "#!/bin/sh\necho \"busctl $*\" >>'{}'\nexit {busctl_exit}\n",
-            g.dir.path().join("log").display()
+            "#!/bin/sh\necho \"busctl $*\" >>'{log}'\n\
+             [ \"$(grep -c '^busctl ' '{log}')\" -gt {busctl_fails} ]\n",
+            log = g.dir.path().join("log").display()
         ),
     );
     let file = "/run/NetworkManager/conf.d/90-felhom-lab.conf";
@@ -635,7 +637,7 @@ fn give_beside_network_manager(
              echo ---\ncat {file} 2>/dev/null\nexit 0\n"
         ),
         &["eth0", "eth1"],
-        &[],
+        &[("FELHOM_LAB_NM_TRIES", "5")],
         Init::Systemd,
     );
     let (printed, written) = out.split_once("---\n").expect("the step ran");
@@ -647,15 +649,17 @@ fn beside_network_manager_the_give_step_leaves_the_peers_unmanaged_before_it_mak
     let conf = "[device-felhom-lab]\nmatch-device=interface-name:felab*\nmanaged=0\n";
     let reload = "busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
                   org.freedesktop.NetworkManager Reload u 1";
-    // A running NetworkManager: the file, then its reload, then the pairs.
-    let (printed, written, log) = give_beside_network_manager(Some("active"), 0);
+    // A running NetworkManager: the file, then its reload (tried again while the daemon has
+    // not registered its objects), then the pairs.
+    let (printed, written, log) = give_beside_network_manager(Some("active"), 2);
     assert_eq!(
         printed,
         "given eth0 felab0\ngiven eth1 felab1\nnm-unmanaged reloaded\n"
     );
     assert_eq!(written, conf);
+    assert_eq!(log.matches(reload).count(), 3, "{log}");
     let reloaded = log
-        .find(reload)
+        .rfind(reload)
         .unwrap_or_else(|| panic!("no reload: {log}"));
     let made = log.find("ip link add eth0").expect("eth0 made");
     assert!(reloaded < made, "{log}");
@@ -664,9 +668,11 @@ fn beside_network_manager_the_give_step_leaves_the_peers_unmanaged_before_it_mak
     assert!(printed.ends_with("nm-unmanaged\n"), "{printed}");
     assert_eq!(written, conf);
     assert!(!log.contains("busctl"), "{log}");
-    // A refused reload is said.
-    let (printed, _, _) = give_beside_network_manager(Some("active"), 1);
+    // A reload refused at every try is said; the pairs are made after the last.
+    let (printed, _, log) = give_beside_network_manager(Some("active"), 9);
     assert!(printed.ends_with("nm-unreloaded\n"), "{printed}");
+    assert_eq!(log.matches(reload).count(), 5, "{log}");
+    assert!(log.rfind(reload) < log.find("ip link add eth0"), "{log}");
     // Without NetworkManager nothing is written.
     let (printed, written, log) = give_beside_network_manager(None, 0);
     assert_eq!(printed, "given eth0 felab0\ngiven eth1 felab1\n");
