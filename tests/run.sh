@@ -48,8 +48,9 @@ source tests/setup.sh
 
 # The roots the tests boot, built beside the checks and builds below and waited for before the
 # tests (cached under target/; a fresh clone builds them, mostly downloads, dpkg and disk): the
-# real guests' Debian root filesystems, one per release the bed runs (Debian 11, 12 and 13) and
-# ifupdown2 in place of ifupdown (tests/testbed/build-debian-rootfs.sh), and the Debian root
+# real guests' Debian root filesystems, one per release the bed runs (Debian 11, 12 and 13),
+# ifupdown2 in place of ifupdown, and NetworkManager beside ifupdown on each release
+# (tests/testbed/build-debian-rootfs.sh), and the Debian root
 # with systemd that the package's units run under (tests/testbed/build-systemd-root.sh, else
 # built by the first test that needs it). Two are built at a time: one's downloads and disk
 # waits leave the CPU to the other. mmdebstrap makes each root in a scratch folder under TMPDIR
@@ -74,7 +75,7 @@ build_root() {
 }
 export -f build_root
 # Its own process group (setsid), so that a run ending early stops the whole build.
-printf '%s\n' bookworm-ifupdown2 bookworm bullseye trixie systemd |
+printf '%s\n' bookworm-ifupdown2 bookworm bullseye trixie bookworm-nm bullseye-nm trixie-nm systemd |
   TMPDIR=$roots_tmp setsid nice -n 5 xargs -P 2 -I'{}' bash -c 'build_root "$1" "$2"' _ '{}' "$roots_log" &
 roots_pid=$!
 

@@ -684,8 +684,16 @@ pub fn all_cmdlines() -> Vec<String> {
 /// flavours): a backup volume's `guest.release` names one; bookworm (Debian 12, PVE 8's systemd
 /// 252) when it names none. What differs between them is what breaks: systemd 247 (bullseye)
 /// and 257 (trixie) fail other units in a user namespace than 252 does; `bookworm-ifupdown2`
-/// carries ifupdown2 in place of ifupdown.
-pub const DEBIAN_RELEASES: [&str; 4] = ["bookworm", "bullseye", "trixie", "bookworm-ifupdown2"];
+/// carries ifupdown2 in place of ifupdown, `<release>-nm` NetworkManager beside ifupdown.
+pub const DEBIAN_RELEASES: [&str; 7] = [
+    "bookworm",
+    "bullseye",
+    "trixie",
+    "bookworm-ifupdown2",
+    "bullseye-nm",
+    "bookworm-nm",
+    "trixie-nm",
+];
 
 /// The shifted tarball of each release in [`DEBIAN_RELEASES`], the default first.
 pub type Releases = Vec<(&'static str, PathBuf)>;

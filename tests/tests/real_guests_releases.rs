@@ -1,6 +1,7 @@
 //! The restore test's verdict on the Debian releases a fleet runs, each a real unprivileged
 //! LXC container (`tests/tests/real_guests.rs` describes the bed): Debian 11 (systemd 247),
-//! 12 (252) and 13 (257), nothing masked, built as `tests/testbed/build-debian-rootfs.sh` says.
+//! 12 (252) and 13 (257), nothing masked, built as `tests/testbed/build-debian-rootfs.sh` says;
+//! and Debian 12 with ifupdown2, and each with NetworkManager beside ifupdown.
 //! What differs between them is what breaks: systemd 247 fails journald's audit socket in a
 //! user namespace, and every release fails the mounts of filesystems a user namespace cannot
 //! mount (the node's doing: `tests/data/guest-units-facts.md` section 1).
@@ -152,6 +153,14 @@ fn a_good_ifupdown_copy_ends_ok(release: &str) {
         !release.ends_with("-ifupdown2"),
         "{doc:#}"
     );
+    // NetworkManager beside ifupdown leaves eth0 and eth1 to ifupdown (their `iface` stanzas),
+    // but would manage the lab's veth peers and wait for a lease on them: the lab leaves them
+    // unmanaged before they exist.
+    assert_eq!(
+        changed.contains("the veth peers (felabN) left unmanaged by NetworkManager"),
+        release.ends_with("-nm"),
+        "{doc:#}"
+    );
     // systemd 247 takes the audit socket for usable in a user namespace; 252.11 and later do
     // not try it there.
     assert_eq!(
@@ -258,15 +267,67 @@ fn a_good_debian_12_ifupdown2_copy_ends_ok() {
     a_good_ifupdown_copy_ends_ok("bookworm-ifupdown2");
 }
 
+/// A copy of an ifupdown guest of `release` that has NetworkManager beside ifupdown, as a Debian
+/// desktop install has it (`<release>-nm`: network-manager 1.30, 1.42, 1.52):
+/// `NetworkManager-wait-online.service`, which the package enables, runs before
+/// `network-online.target`, which the shop and the waiter pull in.
+fn network_manager_guest(release: &str, extra: Value) -> Value {
+    ifupdown_guest(&format!("{release}-nm"), extra)
+}
+
+/// The broken unit of `a_broken_unit_after_network_online_turns_the_copy_red_naming_it`, for an
+/// ifupdown guest.
+fn broken_unit_files() -> Value {
+    json!({
+        "/etc/systemd/system/broken.service": BROKEN_UNIT,
+        "/etc/systemd/system/multi-user.target.d/broken.conf": "[Unit]\nWants=broken.service\n",
+    })
+}
+
+#[test]
+fn a_good_debian_11_copy_with_network_manager_ends_ok() {
+    a_good_ifupdown_copy_ends_ok("bullseye-nm");
+}
+
+#[test]
+fn a_good_debian_12_copy_with_network_manager_ends_ok() {
+    a_good_ifupdown_copy_ends_ok("bookworm-nm");
+}
+
+#[test]
+fn a_good_debian_13_copy_with_network_manager_ends_ok() {
+    a_good_ifupdown_copy_ends_ok("trixie-nm");
+}
+
+#[test]
+fn a_debian_11_copy_with_network_manager_and_a_broken_unit_after_network_online_is_red_naming_it() {
+    a_broken_unit_after_network_online_turns_the_copy_red_naming_it(network_manager_guest(
+        "bullseye",
+        broken_unit_files(),
+    ));
+}
+
+#[test]
+fn a_debian_12_copy_with_network_manager_and_a_broken_unit_after_network_online_is_red_naming_it() {
+    a_broken_unit_after_network_online_turns_the_copy_red_naming_it(network_manager_guest(
+        "bookworm",
+        broken_unit_files(),
+    ));
+}
+
+#[test]
+fn a_debian_13_copy_with_network_manager_and_a_broken_unit_after_network_online_is_red_naming_it() {
+    a_broken_unit_after_network_online_turns_the_copy_red_naming_it(network_manager_guest(
+        "trixie",
+        broken_unit_files(),
+    ));
+}
+
 #[test]
 fn a_debian_12_ifupdown_copy_with_a_broken_unit_after_network_online_is_red_naming_it() {
     a_broken_unit_after_network_online_turns_the_copy_red_naming_it(ifupdown_guest(
         "bookworm",
-        json!({
-            "/etc/systemd/system/broken.service": BROKEN_UNIT,
-            "/etc/systemd/system/multi-user.target.d/broken.conf":
-                "[Unit]\nWants=broken.service\n",
-        }),
+        broken_unit_files(),
     ));
 }
 

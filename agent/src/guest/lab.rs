@@ -78,11 +78,48 @@ verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v strict="${lab_strict:-
 /// stored network. ifupdown2's `networking.service` never fails (`start-networking` ends
 /// `exit 0` whatever `ifup -a` did), so in an ifupdown2 guest (`/usr/share/ifupdown2`) it is
 /// restarted when it already ran or runs: it may have run before the device was there.
+///
+/// In a guest with NetworkManager (`/usr/sbin/NetworkManager`: this early in the boot
+/// `systemctl` may not reach systemd yet), the `felabN` ends are made unmanaged by it
+/// before they exist: in production they are on the node, and NetworkManager, which manages
+/// every device it finds that no `iface` stanza (Debian's `[ifupdown] managed=false`) or
+/// setting leaves out, would run DHCP on each through a default wired profile, so its startup
+/// never completes and `NetworkManager-wait-online.service` fails
+/// (`tests/data/guest-units-facts.md` §2). The lab's own config file,
+/// `/run/NetworkManager/conf.d/90-felhom-lab.conf` (`[device-felhom-lab]`,
+/// `match-device=interface-name:felab*`, `managed=0`; volatile, read before `/etc`'s files),
+/// is read when NetworkManager starts; one that runs already (or is starting: waited for until
+/// it is on the bus) is told to reload its configuration (D-Bus `Reload`, flag 1: the
+/// configuration files only) before the pairs are made, as NetworkManager reads `managed` when
+/// a device appears. The unit is `active` once the daemon holds its bus name, a moment before
+/// it registers its objects ("No such interface" until then, measured on Debian 11), so the
+/// reload is tried again every 0.2 s; the wait and the tries together last at most 30 s
+/// (`FELHOM_LAB_NM_TRIES` steps of 0.2 s, 150 unless the tests set it). "nm-unmanaged" ("nm-unmanaged reloaded" after a reload), or
+/// "nm-unreloaded" when the reload was refused.
 const GIVE: &str = r#"
-i=0; given=0
+i=0; given=0; nm=
 command -v systemctl >/dev/null 2>&1 && { [ -d /run/systemd/system ] ||
   case "$(readlink /proc/1/exe 2>/dev/null) $(cat /proc/1/comm 2>/dev/null)" in
     */systemd\ *|*\ systemd) true;; *) false;; esac; } || { echo no-systemd; exit 0; }
+if { [ -x /usr/sbin/NetworkManager ] || [ -x /sbin/NetworkManager ]; } &&
+  mkdir -p /run/NetworkManager/conf.d 2>/dev/null &&
+  printf '[device-felhom-lab]\nmatch-device=interface-name:felab*\nmanaged=0\n' \
+    >/run/NetworkManager/conf.d/90-felhom-lab.conf 2>/dev/null; then
+  nm=nm-unmanaged; w=0; tries=${FELHOM_LAB_NM_TRIES:-150}
+  while [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = activating ] && [ "$w" -lt "$tries" ]; do
+    sleep 0.2; w=$((w+1))
+  done
+  if [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = active ]; then
+    nm=nm-unreloaded
+    while [ "$w" -lt "$tries" ]; do
+      if busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
+        org.freedesktop.NetworkManager Reload u 1 >/dev/null 2>&1; then
+        nm="nm-unmanaged reloaded"; break
+      fi
+      sleep 0.2; w=$((w+1))
+    done
+  fi
+fi
 for n in "$@"; do
   if ip link show dev "$n" >/dev/null 2>&1; then echo "present $n"
   elif ip link add "$n" type veth peer name "felab$i" 2>/dev/null && ip link set "felab$i" up; then
@@ -90,6 +127,7 @@ for n in "$@"; do
   else echo "refused $n"; fi
   i=$((i+1))
 done
+[ "$given" = 1 ] && [ -n "$nm" ] && echo "$nm"
 if [ "$given" = 1 ] && command -v systemctl >/dev/null 2>&1; then
   for u in networking.service systemd-networkd.service; do
     st=$(systemctl is-active "$u" 2>/dev/null)
@@ -452,6 +490,21 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
                 "{} could not be made (no `ip`, or the kernel refused a veth)",
                 clip(n, 32)
             )),
+            (Some("nm-unmanaged"), how, _, _) => notes.push(format!(
+                "the veth peers (felabN) left unmanaged by NetworkManager \
+                 (/run/NetworkManager/conf.d/90-felhom-lab.conf{}): in production they are on \
+                 the node",
+                if how == Some("reloaded") {
+                    ", reloaded by the running daemon"
+                } else {
+                    ""
+                }
+            )),
+            (Some("nm-unreloaded"), _, _, _) => notes.push(
+                "NetworkManager refused to reload its configuration: it may manage the veth \
+                 peers (felabN) and wait for a DHCP lease on them"
+                    .to_string(),
+            ),
             (Some("early-restart"), Some(u), _, _) => notes.push(format!(
                 "{} had failed before its device was given: restarted at once",
                 clip(u, 128)

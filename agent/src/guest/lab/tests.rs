@@ -166,7 +166,15 @@ impl Guest {
                 c
             }
         };
-        cmd.args(["-c", script, "sh"]);
+        // An init's shell runs with a /run of its own (a tmpfs of its own mount namespace,
+        // which `--mount-proc` made): what the give step writes there never reaches this
+        // machine's, and this machine's systemd folder is not taken for the guest's.
+        let script = if matches!(init, Init::Systemd | Init::Other) {
+            format!("mount -t tmpfs felhom-test /run || exit 1\n{script}")
+        } else {
+            script.to_string()
+        };
+        cmd.args(["-c", &script, "sh"]);
         let out = cmd
             .args(names)
             .env("PATH", path)
@@ -194,9 +202,10 @@ enum Init {
     /// A user namespace that is not the initial one, as an unprivileged container's.
     Userns,
     /// PID 1 of its own PID namespace, whose binary is named `systemd` (before systemd made
-    /// `/run/systemd/system`, that is how the lab knows it).
+    /// `/run/systemd/system`, that is how the lab knows it), with an empty `/run` of its own.
     Systemd,
-    /// PID 1 of its own PID namespace, an init that is not systemd.
+    /// PID 1 of its own PID namespace, an init that is not systemd, with an empty `/run` of its
+    /// own.
     Other,
 }
 
@@ -630,4 +639,113 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
         .filter(|l| !l.starts_with("felhom-took "))
         .collect();
     assert_eq!(lines, ["felhom-step wait", "systemd running"], "{out}");
+}
+
+/// The give step in a guest whose `systemctl` answers `nm_state` for
+/// `is-active NetworkManager.service` (`None`: NetworkManager is not installed) and whose
+/// `busctl` fails its first `busctl_fails` calls (as before the daemon registered its objects),
+/// given 5 tries (`FELHOM_LAB_NM_TRIES`), with `/run` and `/usr/sbin` tmpfs of the step's own
+/// mount namespace ([`Init::Systemd`]; `/usr/sbin/NetworkManager` an empty executable when
+/// installed): what it printed, the lab's NetworkManager file (empty: none), and the log of
+/// `ip`, `systemctl` and `busctl`.
+fn give_beside_network_manager(
+    nm_state: Option<&str>,
+    busctl_fails: u8,
+) -> (String, String, String) {
+    let links = format!("{LO}{FALLBACK_TUNNELS}");
+    let systemctl = match nm_state {
+        Some(state) => format!(
+            "case \"$*\" in\n\
+             'is-active NetworkManager.service') echo {state};;\n\
+             'is-active '*) echo inactive;;\n\
+             esac\nexit 0"
+        ),
+        None => "case \"$*\" in\n'is-active '*) echo inactive;;\nesac\nexit 0".to_string(),
+    };
+    let g = Guest::new(&links, &systemctl);
+    write_exec(
+        &g.dir.path().join("busctl"),
+        &format!(
+            "#!/bin/sh\necho \"busctl $*\" >>'{log}'\n\
+             [ \"$(grep -c '^busctl ' '{log}')\" -gt {busctl_fails} ]\n",
+            log = g.dir.path().join("log").display()
+        ),
+    );
+    let file = "/run/NetworkManager/conf.d/90-felhom-lab.conf";
+    let install = if nm_state.is_some() {
+        ": >/usr/sbin/NetworkManager && chmod 755 /usr/sbin/NetworkManager || exit 1\n"
+    } else {
+        ""
+    };
+    // The step ends with `exit`: a subshell, so that the file can be read after it in the same
+    // mount namespace.
+    let out = g.run(
+        &format!(
+            "mount -t tmpfs felhom-test /usr/sbin || exit 1\n\
+             {install}({GUARD}{GIVE})\n\
+             echo ---\ncat {file} 2>/dev/null\nexit 0\n"
+        ),
+        &["eth0", "eth1"],
+        &[("FELHOM_LAB_NM_TRIES", "5")],
+        Init::Systemd,
+    );
+    let (printed, written) = out.split_once("---\n").expect("the step ran");
+    (printed.to_string(), written.to_string(), g.log())
+}
+
+#[test]
+fn beside_network_manager_the_give_step_leaves_the_peers_unmanaged_before_it_makes_them() {
+    let conf = "[device-felhom-lab]\nmatch-device=interface-name:felab*\nmanaged=0\n";
+    let reload = "busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
+                  org.freedesktop.NetworkManager Reload u 1";
+    // A running NetworkManager: the file, then its reload (tried again while the daemon has
+    // not registered its objects), then the pairs.
+    let (printed, written, log) = give_beside_network_manager(Some("active"), 2);
+    assert_eq!(
+        printed,
+        "given eth0 felab0\ngiven eth1 felab1\nnm-unmanaged reloaded\n"
+    );
+    assert_eq!(written, conf);
+    assert_eq!(log.matches(reload).count(), 3, "{log}");
+    let reloaded = log
+        .rfind(reload)
+        .unwrap_or_else(|| panic!("no reload: {log}"));
+    let made = log.find("ip link add eth0").expect("eth0 made");
+    assert!(reloaded < made, "{log}");
+    // One not started yet reads the file when it starts: no reload.
+    let (printed, written, log) = give_beside_network_manager(Some("inactive"), 0);
+    assert!(printed.ends_with("nm-unmanaged\n"), "{printed}");
+    assert_eq!(written, conf);
+    assert!(!log.contains("busctl"), "{log}");
+    // A reload refused at every try is said; the pairs are made after the last.
+    let (printed, _, log) = give_beside_network_manager(Some("active"), 9);
+    assert!(printed.ends_with("nm-unreloaded\n"), "{printed}");
+    assert_eq!(log.matches(reload).count(), 5, "{log}");
+    assert!(log.rfind(reload) < log.find("ip link add eth0"), "{log}");
+    // Without NetworkManager nothing is written.
+    let (printed, written, log) = give_beside_network_manager(None, 0);
+    assert_eq!(printed, "given eth0 felab0\ngiven eth1 felab1\n");
+    assert_eq!(written, "");
+    assert!(!log.contains("busctl"), "{log}");
+    // What the report says of each.
+    let text = lab_report(&printed_lines("nm-unmanaged"), &[], true, &[]).join("; ");
+    assert!(
+        text.contains("the veth peers (felabN) left unmanaged by NetworkManager"),
+        "{text}"
+    );
+    assert!(!text.contains("reloaded by the running daemon"), "{text}");
+    let text = lab_report(&printed_lines("nm-unmanaged reloaded"), &[], true, &[]).join("; ");
+    assert!(
+        text.contains("90-felhom-lab.conf, reloaded by the running daemon)"),
+        "{text}"
+    );
+    let text = lab_report(&printed_lines("nm-unreloaded"), &[], true, &[]).join("; ");
+    assert!(
+        text.contains("NetworkManager refused to reload its configuration"),
+        "{text}"
+    );
+}
+
+fn printed_lines(word: &str) -> String {
+    format!("given eth0 felab0\n{word}\n")
 }
