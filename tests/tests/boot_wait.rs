@@ -1,5 +1,5 @@
 //! The checks judge a booted guest: after the launch proof the agent waits for the guest's boot
-//! to end (systemd's `is-system-running --wait`) before the bootstrap and the checks, for
+//! to end (systemd's `is-system-running`) before the bootstrap and the checks, for
 //! provisions and restore tests alike, bounded by `[provision] boot_timeout_secs`; the wait is
 //! its own phase (`launched` lasts as long as the boot, `booted` starts when it ended).
 //!
