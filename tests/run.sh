@@ -85,9 +85,12 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-# The tests are built here, before the package and the wait for the roots, not in the test
-# step: the test step's time is the tests' own.
-step "cargo build (the binary the end-to-end tests run, and the tests)"
+# Everything is built here, before the package and the wait for the roots: the agent as
+# packaged (a plain build at the root: without the test hooks), then the workspace with the
+# binary the tests run, then the tests, so that the package step only packages (its builds are
+# cached: each is a copy) and the test step's time is the tests' own.
+step "cargo build (the agent as packaged, the binary the end-to-end tests run, and the tests)"
+cargo build --locked --bin felhom-agent
 cargo build --workspace --locked
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --config-file tests/nextest.toml --no-run
