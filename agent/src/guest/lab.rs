@@ -106,10 +106,11 @@ if { [ -x /usr/sbin/NetworkManager ] || [ -x /sbin/NetworkManager ]; } &&
   printf '[device-felhom-lab]\nmatch-device=interface-name:felab*\nmanaged=0\n' \
     >/run/NetworkManager/conf.d/90-felhom-lab.conf 2>/dev/null; then
   nm=nm-unmanaged; w=0; tries=${FELHOM_LAB_NM_TRIES:-150}
-  while [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = activating ] && [ "$w" -lt "$tries" ]; do
-    sleep 0.2; w=$((w+1))
+  st=$(systemctl is-active NetworkManager.service 2>/dev/null)
+  while [ "$st" = activating ] && [ "$w" -lt "$tries" ]; do
+    sleep 0.2; w=$((w+1)); st=$(systemctl is-active NetworkManager.service 2>/dev/null)
   done
-  if [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = active ]; then
+  if [ "$st" = active ]; then
     nm=nm-unreloaded
     while [ "$w" -lt "$tries" ]; do
       if busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
