@@ -78,6 +78,11 @@ verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v strict="${lab_strict:-
 /// stored network. ifupdown2's `networking.service` never fails (`start-networking` ends
 /// `exit 0` whatever `ifup -a` did), so in an ifupdown2 guest (`/usr/share/ifupdown2`) it is
 /// restarted when it already ran or runs: it may have run before the device was there.
+/// ifupdown's `networking.service` still `activating` may be an `ifup -a` that already failed on
+/// the missing devices (it fails on one within a second) and ends failed a moment later: it is
+/// watched for up to 10 s (`FELHOM_LAB_ACTIVATING_TRIES` steps of 0.2 s, 50 unless the tests
+/// set it), and restarted when it failed by then; still `activating` after that, it is an
+/// `ifup` that found the devices (waiting for a lease) and is left alone.
 ///
 /// In a guest with NetworkManager (`/usr/sbin/NetworkManager`: this early in the boot
 /// `systemctl` may not reach systemd yet), the `felabN` ends are made unmanaged by it
@@ -106,10 +111,11 @@ if { [ -x /usr/sbin/NetworkManager ] || [ -x /sbin/NetworkManager ]; } &&
   printf '[device-felhom-lab]\nmatch-device=interface-name:felab*\nmanaged=0\n' \
     >/run/NetworkManager/conf.d/90-felhom-lab.conf 2>/dev/null; then
   nm=nm-unmanaged; w=0; tries=${FELHOM_LAB_NM_TRIES:-150}
-  while [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = activating ] && [ "$w" -lt "$tries" ]; do
-    sleep 0.2; w=$((w+1))
+  st=$(systemctl is-active NetworkManager.service 2>/dev/null)
+  while [ "$st" = activating ] && [ "$w" -lt "$tries" ]; do
+    sleep 0.2; w=$((w+1)); st=$(systemctl is-active NetworkManager.service 2>/dev/null)
   done
-  if [ "$(systemctl is-active NetworkManager.service 2>/dev/null)" = active ]; then
+  if [ "$st" = active ]; then
     nm=nm-unreloaded
     while [ "$w" -lt "$tries" ]; do
       if busctl call org.freedesktop.NetworkManager /org/freedesktop/NetworkManager \
@@ -130,7 +136,11 @@ done
 [ "$given" = 1 ] && [ -n "$nm" ] && echo "$nm"
 if [ "$given" = 1 ] && command -v systemctl >/dev/null 2>&1; then
   for u in networking.service systemd-networkd.service; do
-    st=$(systemctl is-active "$u" 2>/dev/null)
+    st=$(systemctl is-active "$u" 2>/dev/null); n=0
+    while [ "$u" = networking.service ] && [ "$st" = activating ] && [ ! -d /usr/share/ifupdown2 ] &&
+      [ "$n" -lt "${FELHOM_LAB_ACTIVATING_TRIES:-50}" ]; do
+      sleep 0.2; n=$((n+1)); st=$(systemctl is-active "$u" 2>/dev/null)
+    done
     if [ "$st" = failed ] || { [ "$u" = networking.service ] && [ -d /usr/share/ifupdown2 ] &&
       { [ "$st" = active ] || [ "$st" = activating ]; }; }; then
       systemctl reset-failed "$u" 2>/dev/null

@@ -749,3 +749,63 @@ fn beside_network_manager_the_give_step_leaves_the_peers_unmanaged_before_it_mak
 fn printed_lines(word: &str) -> String {
     format!("given eth0 felab0\n{word}\n")
 }
+
+/// The give step where ifupdown's `networking.service` answers `activating` to its first
+/// `activating_answers` questions and then `then` (a count kept in the guest's log), given 5
+/// steps (`FELHOM_LAB_ACTIVATING_TRIES`): what it printed and the log.
+fn give_while_networking_activating(activating_answers: u8, then: &str) -> (String, String) {
+    let links = format!("{LO}{FALLBACK_TUNNELS}");
+    let g = Guest::new(&links, "");
+    let log = g.dir.path().join("log");
+    write_exec(
+        &g.dir.path().join("systemctl"),
+        &format!(
+            "#!/bin/sh\necho \"systemctl $*\" >>'{log}'\n\
+             case \"$*\" in\n\
+             'is-active networking.service')\n\
+             if [ \"$(grep -c '^systemctl is-active networking.service' '{log}')\" -gt \
+             {activating_answers} ]; then echo {then}; else echo activating; fi;;\n\
+             'is-active '*) echo inactive;;\n\
+             esac\nexit 0\n",
+            log = log.display()
+        ),
+    );
+    let out = g.run(
+        &format!("{GUARD}{GIVE}"),
+        &["eth0"],
+        &[("FELHOM_LAB_ACTIVATING_TRIES", "5")],
+        Init::Systemd,
+    );
+    (out, g.log())
+}
+
+#[test]
+fn an_ifupdown_networking_service_still_activating_is_watched_and_restarted_once_it_failed() {
+    // `ifup -a` ran before the device was there and fails a moment after the pair is made.
+    let (out, log) = give_while_networking_activating(2, "failed");
+    assert_eq!(out, "given eth0 felab0\nearly-restart networking.service\n");
+    assert_eq!(
+        log.matches("systemctl is-active networking.service")
+            .count(),
+        3,
+        "{log}"
+    );
+    assert!(
+        log.contains("systemctl restart --no-block networking.service"),
+        "{log}"
+    );
+    // Still activating after the watch: an `ifup` that found the devices, left alone.
+    let (out, log) = give_while_networking_activating(9, "failed");
+    assert_eq!(out, "given eth0 felab0\n");
+    assert_eq!(
+        log.matches("systemctl is-active networking.service")
+            .count(),
+        6,
+        "{log}"
+    );
+    assert!(!log.contains("restart"), "{log}");
+    // Activating, then active: it ran with the devices.
+    let (out, log) = give_while_networking_activating(1, "active");
+    assert_eq!(out, "given eth0 felab0\n");
+    assert!(!log.contains("restart"), "{log}");
+}
