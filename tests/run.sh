@@ -25,9 +25,13 @@ step_end() {
   step_current=""
 }
 cleanup=()
+roots_pid=""
 print_times() {
   local rc=$1
-  [ ${#cleanup[@]} -eq 0 ] || rm -f "${cleanup[@]}"
+  # A run that ends early stops the roots' build it started (each root is renamed into place
+  # whole, so nothing half made is kept).
+  [ -z "$roots_pid" ] || kill -- "-$roots_pid" 2>/dev/null || true
+  [ ${#cleanup[@]} -eq 0 ] || rm -rf "${cleanup[@]}"
   step_end
   printf '\n== step times (%s, %s cores, load %s)\n' "$([ "$rc" -eq 0 ] && echo ok || echo "failed, exit $rc")" \
     "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" >&2
@@ -42,17 +46,38 @@ trap 'print_times $?' EXIT
 step "setup (tests/setup.sh)"
 source tests/setup.sh
 
-# The real guests' Debian root filesystems, one per release the bed runs (Debian 11, 12 and 13),
-# ifupdown2 in place of ifupdown, and NetworkManager beside ifupdown, by
-# tests/testbed/build-debian-rootfs.sh (under a minute each on a fresh clone, mostly downloads and
-# disk, then cached): built beside the checks and builds below, waited for before the tests.
-debian_log=$(mktemp)
-cleanup+=("$debian_log")
-printf '\n== the real guests'"'"' Debian root filesystems: built beside the steps below\n' >&2
-nice -n 10 bash -c 'for flavour in bookworm bullseye trixie bookworm-ifupdown2 bullseye-nm bookworm-nm trixie-nm; do
-  tests/testbed/build-debian-rootfs.sh "" "$flavour" || exit 1
-done' >"$debian_log" 2>&1 &
-debian_pid=$!
+# The roots the tests boot, built beside the checks and builds below and waited for before the
+# tests (cached under target/; a fresh clone builds them, mostly downloads, dpkg and disk): the
+# real guests' Debian root filesystems, one per release the bed runs (Debian 11, 12 and 13),
+# ifupdown2 in place of ifupdown, and NetworkManager beside ifupdown on each release
+# (tests/testbed/build-debian-rootfs.sh), and the Debian root
+# with systemd that the package's units run under (tests/testbed/build-systemd-root.sh, else
+# built by the first test that needs it). Two are built at a time: one's downloads and disk
+# waits leave the CPU to the other. mmdebstrap makes each root in a scratch folder under TMPDIR
+# (thousands of files, removed after): on /dev/shm when that is a tmpfs fit for it, as the guest
+# bed's scratch files are (tests/src/lib.rs `memory_scratch_base`).
+roots_log=$(mktemp -d)
+cleanup+=("$roots_log")
+roots_tmp=${TMPDIR:-/tmp}
+if awk '$5 == "/dev/shm" {
+    fit = 1; n = split($6, o, ",")
+    for (i = 1; i <= n; i++) if (o[i] == "nodev" || o[i] == "noexec" || o[i] == "ro") fit = 0
+    for (i = 7; i < NF; i++) if ($i == "-") { if ($(i + 1) != "tmpfs") fit = 0; break }
+  } END { exit !fit }' /proc/self/mountinfo; then
+  roots_tmp=/dev/shm
+fi
+printf '\n== the roots the tests boot: built beside the steps below, two at a time\n' >&2
+build_root() {
+  case $1 in
+    systemd) tests/testbed/build-systemd-root.sh ;;
+    *) tests/testbed/build-debian-rootfs.sh "" "$1" ;;
+  esac >"$2/$1.log" 2>&1 || { echo "$1" >>"$2/failed"; return 1; }
+}
+export -f build_root
+# Its own process group (setsid), so that a run ending early stops the whole build.
+printf '%s\n' bookworm-ifupdown2 bookworm bullseye trixie bookworm-nm bullseye-nm trixie-nm systemd |
+  TMPDIR=$roots_tmp setsid nice -n 5 xargs -P 2 -I'{}' bash -c 'build_root "$1" "$2"' _ '{}' "$roots_log" &
+roots_pid=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -60,8 +85,18 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo build (the binary the end-to-end tests run)"
+# Everything is built here, before the package and the wait for the roots: the agent as
+# packaged (a plain build at the root: without the test hooks), then the workspace with the
+# binary the tests run, then the tests, so that the package step only packages (its builds are
+# cached: each is a copy) and the test step's time is the tests' own.
+step "cargo build (the agent as packaged, the binary the end-to-end tests run, and the tests)"
+cargo build --locked --bin felhom-agent
 cargo build --workspace --locked
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --config-file tests/nextest.toml --no-run
+else
+  cargo test --workspace --locked --lib --bins --tests --no-run
+fi
 export FELHOM_AGENT_BIN="$here/target/debug/felhom-agent"
 
 step "Debian package: build and check (tests/package.sh)"
@@ -90,10 +125,15 @@ if [ "${FELHOM_CI_SERIAL:-0}" != 1 ]; then
   fuzz_pid=$!
 fi
 
-step "the real guests' Debian root filesystems (wait for their build)"
-if ! wait "$debian_pid"; then
-  cat "$debian_log" >&2
-  echo "building the real guests' root filesystems failed (above)" >&2
+step "the roots the tests boot (wait for their build)"
+roots_status=0
+wait "$roots_pid" || roots_status=$?
+roots_pid=""
+if [ "$roots_status" -ne 0 ]; then
+  for failed in $(cat "$roots_log/failed" 2>/dev/null); do
+    cat "$roots_log/$failed.log" >&2
+    echo "building the root $failed failed (above)" >&2
+  done
   exit 1
 fi
 

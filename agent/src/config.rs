@@ -291,7 +291,7 @@ pub struct ProvisionConfig {
     pub checks_dir: PathBuf,
     /// How long a started guest may take to answer its first exec (the proof of launch).
     pub launch_timeout: std::time::Duration,
-    /// How long a launched guest's boot may take to end (systemd `is-system-running --wait`),
+    /// How long a launched guest's boot may take to end (systemd `is-system-running` answering running or degraded),
     /// for provisions and restore tests alike.
     pub boot_timeout: std::time::Duration,
 }

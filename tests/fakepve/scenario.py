@@ -58,6 +58,15 @@ import uuid
 
 REQUIRED_VERSION = '0.5.0'
 
+# aiohttp makes its TLS client contexts when it is imported, loading the system's CA store into
+# the verifying one (aiohttp 3.14.5 aiohttp/connector.py: `_SSL_CONTEXT_VERIFIED =
+# _make_ssl_context(True)`, ssl.create_default_context): about a tenth of a second of processor
+# time in every fake's start, and this fake is a server only (it never opens an HTTPS
+# connection). It is imported with no CA file to load (OpenSSL reads SSL_CERT_FILE when the
+# context loads its default paths); the environment is put back right after, for the processes
+# the fake starts.
+_ca_env = dict((k, os.environ.get(k)) for k in ('SSL_CERT_FILE',))
+os.environ['SSL_CERT_FILE'] = os.devnull
 try:
     import fakepve
     from aiohttp import web
@@ -73,6 +82,12 @@ try:
 except ImportError as exc:  # pragma: no cover - environment problem
     sys.stderr.write('scenario.py: cannot import fakepve ({0}); run tests/run.sh to install it\n'.format(exc))
     sys.exit(2)
+finally:
+    for _k, _v in _ca_env.items():
+        if _v is None:
+            os.environ.pop(_k, None)
+        else:
+            os.environ[_k] = _v
 
 log = logging.getLogger('fakepve-scenario')
 

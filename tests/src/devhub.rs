@@ -235,10 +235,7 @@ fn hub_frame(v: u32, message: HubMessage) -> String {
 }
 
 fn make_tls(host: &str) -> Tls {
-    let dir = tempfile::Builder::new()
-        .prefix("felhom-devhub-")
-        .tempdir()
-        .unwrap_or_else(|e| panic!("cannot make a temporary directory: {e}"));
+    let dir = crate::scratch_tempdir("felhom-devhub-");
     let certified =
         rcgen::generate_simple_self_signed(vec![host.to_string(), "localhost".to_string()])
             .unwrap_or_else(|e| panic!("cannot make a certificate: {e}"));

@@ -328,10 +328,7 @@ impl FakePve {
             .as_object_mut()
             .unwrap_or_else(|| panic!("a fakepve scenario must be a JSON object"));
         let host = loopback_host(std::process::id(), INSTANCE.fetch_add(1, Ordering::SeqCst));
-        let dir = tempfile::Builder::new()
-            .prefix("fakepve-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot make a temporary directory for fakepve: {e}"));
+        let dir = crate::scratch_tempdir("fakepve-");
         let certdir = dir.path().join("certs");
         obj.insert("host".into(), json!(host));
         obj.insert("certdir".into(), json!(certdir));

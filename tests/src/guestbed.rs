@@ -215,10 +215,7 @@ impl GuestBed {
     /// ([`join_scenario`](Self::join_scenario)).
     pub fn new() -> Self {
         template_rootfs();
-        let dir = tempfile::Builder::new()
-            .prefix("felhom-guestbed-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot create a temporary folder: {e}"));
+        let dir = crate::scratch_tempdir("felhom-guestbed-");
         std::fs::create_dir_all(dir.path().join("state"))
             .and_then(|()| std::fs::create_dir_all(dir.path().join("bin")))
             .and_then(|()| std::fs::create_dir_all(dir.path().join("scratch")))

@@ -57,6 +57,10 @@ done
 mkdir -p "$r/proc" "$r/sys" "$r/dev" "$r/root" "$r/run" "$r/var/lib" "$r/var/log" \
   "$r/etc" "$r/opt" "$r/home" "$r/mnt" "$r/usr/local/bin" "$r/usr/share"
 install -d -m 1777 "$r/tmp" "$r/var/tmp"
+# What sd_booted(3) looks for: the osqueryi stand-in answers systemd_units (from its file below)
+# as osquery does in a guest whose init is systemd, and the checks ask for this folder before
+# they trust that table. There is no systemctl: the boot wait sees no systemd to wait for.
+mkdir -p "$r/run/systemd/system"
 chmod 0700 "$r/root"
 
 mknod -m 0666 "$r/dev/null" c 1 3

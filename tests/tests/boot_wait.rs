@@ -1,5 +1,5 @@
 //! The checks judge a booted guest: after the launch proof the agent waits for the guest's boot
-//! to end (systemd's `is-system-running --wait`) before the bootstrap and the checks, for
+//! to end (systemd's `is-system-running`) before the bootstrap and the checks, for
 //! provisions and restore tests alike, bounded by `[provision] boot_timeout_secs`; the wait is
 //! its own phase (`launched` lasts as long as the boot, `booted` starts when it ended).
 //!
@@ -16,13 +16,18 @@ use serde_json::{json, Value};
 /// `late.service` (a unit that sleeps, then fails) is failed, as `systemctl show` (what the
 /// guest's osqueryi reads for `systemd_units`) then reports it.
 const SYSTEMCTL_LATE_FAILURE: &str = r#"#!/bin/sh
+# The boot's clock starts at the first ask; `starting` for 3 s, then `degraded`, late.service
+# failed (with --wait: the answer once the 3 s are over).
+[ -e /run/boot-started ] || date +%s >/run/boot-started
+booted() { [ $(( $(date +%s) - $(cat /run/boot-started) )) -ge 3 ] && : >/run/late-failed; }
 case "$1 $2" in
   "is-system-running --wait")
-    sleep 3
-    : >/run/late-failed
+    until booted; do sleep 1; done
     echo degraded
     exit 1 ;;
-  "is-system-running ") echo degraded; exit 1 ;;
+  "is-system-running ")
+    if booted; then echo degraded; else echo starting; fi
+    exit 1 ;;
   "show *")
     [ -e /run/late-failed ] || exit 0
     printf 'Id=late.service\nDescription=Sleeps 5 s, then fails\nLoadState=loaded\n'

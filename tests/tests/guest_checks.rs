@@ -276,6 +276,103 @@ async fn osquery_that_does_not_answer_in_time_is_an_error_and_is_killed() {
 }
 
 #[tokio::test]
+async fn a_check_that_never_returns_fails_alone_named_within_its_timeout() {
+    let bed = GuestBed::new();
+    bed.add_ct(136);
+    let control = bed.guest_path(136, "/etc/osquery-standin");
+    std::fs::create_dir_all(&control).unwrap();
+    std::fs::write(control.join("hang-on"), "FROM mounts").unwrap();
+    // The default pack (five checks, one of them on `mounts`), that check given 2 s; a failing
+    // check beside it.
+    let mut checks = default_pack();
+    let hung = checks
+        .iter_mut()
+        .find(|c| c.sql.contains("FROM mounts"))
+        .expect("the default pack reads the mounts");
+    hung.timeout = Duration::from_secs(2);
+    let hung = hung.name.clone();
+    checks.extend(
+        parse_pack(
+            "[[check]]\nname = \"no-such-host\"\nsql = \"SELECT hostname FROM system_info\"\nexpect = \"hostname == 'elsewhere'\"\n",
+            Path::new("test.toml"),
+        )
+        .unwrap(),
+    );
+    let started = Instant::now();
+    let results = run_checks(
+        &bed.lxc(136),
+        &checks,
+        &ctx("testbed"),
+        &CheckSettings::default(),
+    )
+    .await;
+    let took = started.elapsed();
+    // Every other check's own 30 s default would be far longer than this.
+    assert!(took < Duration::from_secs(25), "{took:?}");
+    let r = by_name(&results, &hung);
+    assert_eq!(r.status, CheckStatus::Error, "{r:?}");
+    assert!(
+        r.message
+            .as_deref()
+            .unwrap_or("")
+            .contains("did not answer within 2s"),
+        "{r:?}"
+    );
+    for other in &results {
+        if other.name == hung {
+            continue;
+        }
+        let want = if other.name == "no-such-host" {
+            CheckStatus::Fail
+        } else {
+            CheckStatus::Pass
+        };
+        assert_eq!(other.status, want, "{other:?}");
+    }
+    let err = verdict(bed.lxc(136).guest(), &results)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&hung) && err.contains("no-such-host"), "{err}");
+    // The hung stand-in sleeps with "613.41" on its command line: stopped with it.
+    let left = wait_processes_gone("sleep 613.41", Duration::from_secs(5));
+    if !left.is_empty() {
+        kill_processes_with_marker("sleep 613.41");
+        panic!("the hung check was left running: {left:?}");
+    }
+}
+
+#[tokio::test]
+async fn in_a_guest_without_systemd_the_failed_units_check_could_not_run_and_says_so() {
+    let bed = GuestBed::new();
+    bed.add_ct(135);
+    // The bed's guests carry sd_booted(3)'s folder; this one, like an Alpine or Devuan guest,
+    // does not. osquery's systemd_units is then empty (the stand-in's file still lists units:
+    // the verdict must not come from that table).
+    std::fs::remove_dir(bed.guest_path(135, "/run/systemd/system")).expect("the bed's marker");
+    let ct = bed.lxc(135);
+    let results = run_checks(
+        &ct,
+        &default_pack(),
+        &ctx("testbed"),
+        &CheckSettings::default(),
+    )
+    .await;
+    let units = by_name(&results, "no-failed-units");
+    assert_eq!(units.status, CheckStatus::Error, "{units:?}");
+    let message = units.message.as_deref().unwrap_or("");
+    assert!(
+        message.starts_with("could not run: systemd is not the init of CT 135")
+            && message.contains("systemd_units"),
+        "{units:?}"
+    );
+    for other in results.iter().filter(|r| r.name != "no-failed-units") {
+        assert_eq!(other.status, CheckStatus::Pass, "{other:?}");
+    }
+    let err = verdict(ct.guest(), &results).unwrap_err().to_string();
+    assert!(err.contains("no-failed-units"), "{err}");
+}
+
+#[tokio::test]
 async fn a_placeholder_without_a_value_is_an_error() {
     let bed = GuestBed::new();
     bed.add_ct(138);

@@ -403,9 +403,11 @@ fn lxc_execs_and_pushes_run_only_in_the_exec_helper() {
     let execs = calls.iter().filter(|c| c.sub == "exec").count();
     // Files (the bootstrap profile) reach the guest through `pct exec`, never `pct push`.
     let pushes = calls.iter().filter(|c| c.sub == "push").count();
+    // Four trips into the guest (each a `pct` process on a node): the launch proof; the boot
+    // wait; the bootstrap, its files on the exec's stdin; every check of every pack.
     assert!(
-        execs >= 3 && pushes == 0,
-        "the launch proof, the bootstrap (its files too) and the checks exec: {calls:#?}"
+        execs == 4 && pushes == 0,
+        "the launch proof, the boot wait, the bootstrap (its files too) and the checks, one exec each: {calls:#?}"
     );
     w.bed.assert_no_push();
     assert!(

@@ -131,11 +131,27 @@ fn green_qemu_provision_runs_the_bootstrap_for_real_and_destroys_through_the_gat
     );
     // Only through the guest agent of this VM; every pid's final status was read once (a
     // second read would have failed the exec).
+    // Four guest-agent `exec` calls ran (each through pveproxy and QMP on a node): the launch
+    // proof, the boot wait, the bootstrap with its files on stdin, every check. The launch
+    // proof is asked again while the VM's agent is not up yet (PVE refuses those: no pid).
     let execs = agent_calls(&w, 320, "exec");
-    assert!(
-        execs.len() >= 3,
-        "launch proof, bootstrap, checks: {execs:?}"
+    let proofs = execs
+        .iter()
+        .filter(|r| r.body.ends_with("command=echo%20felhom-launch-ok"))
+        .count();
+    assert!(proofs >= 1, "{execs:?}");
+    assert_eq!(
+        execs.len() - proofs,
+        3,
+        "boot wait, bootstrap, checks: {execs:?}"
     );
+    let mut pids: Vec<String> = agent_calls(&w, 320, "exec-status")
+        .iter()
+        .map(|r| r.query.clone())
+        .collect();
+    pids.sort();
+    pids.dedup();
+    assert_eq!(pids.len(), 4, "the execs that ran: {pids:?}");
     assert!(reqs
         .iter()
         .filter(|r| r.api_path().contains("/agent/"))

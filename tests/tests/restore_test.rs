@@ -97,9 +97,12 @@ fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
     assert_eq!(doc["outcome"], "ok");
     assert_eq!(doc["destroyed"], json!(true));
     assert_eq!(doc["kind"], "selftest-restore");
-    // The copy's checks ran through the exec helper only.
-    assert!(
-        w.world.assert_pct_only_from_helper() >= 1,
+    // The copy's checks ran through the exec helper only, in three trips into the copy (each a
+    // `pct` process on a node): the launch proof; the boot wait with the lab around it; every
+    // check of every pack. A copy is never bootstrapped.
+    assert_eq!(
+        w.world.assert_pct_only_from_helper(),
+        3,
         "{:#?}",
         w.world.bed.pct_calls()
     );

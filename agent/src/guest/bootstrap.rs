@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::exec::{ExecError, ExecOutcome, ExecRequest, GuestExec, GuestExit, PushSource};
+use super::exec::{ExecError, ExecOutcome, ExecRequest, GuestExec, GuestExit};
 use crate::error::ErrorCode;
 
 /// The agent's directory inside a guest.
@@ -31,8 +31,6 @@ pub const MARKER_VERSION: u32 = 1;
 pub const MAX_PROFILE_FILES: usize = 1000;
 /// At most this many bytes in a profile.
 pub const MAX_PROFILE_BYTES: u64 = 64 * 1024 * 1024;
-/// Exit status of the marker read when there is no marker.
-const NO_MARKER: i64 = 3;
 /// Largest marker read back.
 const MARKER_CAP: usize = 1024 * 1024;
 
@@ -97,6 +95,7 @@ pub enum BootstrapStatus {
 
 /// The recorded outcome of one run: exit status and bounded output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "OutcomeRecord")]
 pub struct BootstrapOutcome {
     /// ok, failed or timed_out.
     pub status: BootstrapStatus,
@@ -114,6 +113,49 @@ pub struct BootstrapOutcome {
     pub stderr_truncated: bool,
     /// Run time in milliseconds.
     pub duration_ms: u64,
+}
+
+/// An outcome as a marker holds it: the output as text (`stdout`, `stderr`), or as the guest's
+/// own run writes it, base64 (`stdout_b64`, `stderr_b64`: a shell cannot escape JSON).
+#[derive(Deserialize)]
+struct OutcomeRecord {
+    status: BootstrapStatus,
+    exit_code: Option<i64>,
+    signal: Option<i32>,
+    #[serde(default)]
+    stdout: String,
+    #[serde(default)]
+    stdout_b64: Option<String>,
+    stdout_truncated: bool,
+    #[serde(default)]
+    stderr: String,
+    #[serde(default)]
+    stderr_b64: Option<String>,
+    stderr_truncated: bool,
+    duration_ms: u64,
+}
+
+impl From<OutcomeRecord> for BootstrapOutcome {
+    fn from(r: OutcomeRecord) -> Self {
+        use base64::Engine as _;
+        let text = |plain: String, b64: Option<String>| match b64 {
+            Some(b) => base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                .unwrap_or_default(),
+            None => plain,
+        };
+        Self {
+            status: r.status,
+            exit_code: r.exit_code,
+            signal: r.signal,
+            stdout: text(r.stdout, r.stdout_b64),
+            stdout_truncated: r.stdout_truncated,
+            stderr: text(r.stderr, r.stderr_b64),
+            stderr_truncated: r.stderr_truncated,
+            duration_ms: r.duration_ms,
+        }
+    }
 }
 
 impl BootstrapOutcome {
@@ -456,8 +498,76 @@ fn walk_files(
     Ok(())
 }
 
+/// The bootstrap in one exec (`/bin/sh -c <this> felhom-bootstrap BASE MARKER TXN VMID PROFILE
+/// CAP SECS NDIRS DIR… [MODE SIZE SHA256 PATH]…`, the files on stdin, each a `felhom-file` line
+/// and its bytes in base64). When the marker names this transaction: `felhom-reused`, the
+/// marker as a frame, nothing run. Otherwise BASE is made anew (private), its folders made, each
+/// file decoded to BASE/PATH and checked (size, and SHA-256 where the guest has `sha256sum`),
+/// `./run` run in BASE (its own session where the guest has `setsid`; killed with what it
+/// started after SECS), the marker written (the output base64, at most CAP bytes each) and
+/// renamed into place, `felhom-ran` and the marker as a frame, BASE removed. Exit 5: BASE could
+/// not be made; 6: a file did not arrive whole (`felhom-badfile <n>`, `felhom-nobase64`); 7: the
+/// marker could not be written.
+const RUN_SCRIPT: &str = r#"
+base=$1 m=$2 txn=$3 vmid=$4 profile=$5 cap=$6 secs=$7 nd=$8; shift 8
+if [ -f "$m" ] && grep -q "\"txn\":\"$txn\"" "$m" 2>/dev/null; then
+  echo felhom-reused; felhom_frame marker "$m" 1048576; rm -f "$m.kept"; rm -rf "$base"; exit 0
+fi
+umask 077
+rm -rf "$base" && mkdir -p "$base/files" || exit 5
+while [ "$nd" -gt 0 ]; do mkdir -p "$base/files/$1" || exit 5; shift; nd=$((nd-1)); done
+command -v base64 >/dev/null 2>&1 || { echo felhom-nobase64; exit 6; }
+awk -v d="$base" '$0 == "felhom-file" { if (o) close(o); n++; o = d "/.in" n; printf "" > o; next } o { print > o } END { if (o) close(o) }' || exit 5
+n=0
+while [ $# -ge 4 ]; do
+  n=$((n+1)); t="$base/$4"
+  [ -f "$base/.in$n" ] && base64 -d <"$base/.in$n" >"$t" 2>/dev/null || { echo "felhom-badfile $n"; exit 6; }
+  rm -f "$base/.in$n"
+  [ "$(($(wc -c <"$t")))" = "$2" ] || { echo "felhom-badfile $n"; exit 6; }
+  if command -v sha256sum >/dev/null 2>&1; then
+    [ "$(sha256sum "$t" | cut -d' ' -f1)" = "$3" ] || { echo "felhom-badfile $n"; exit 6; }
+  fi
+  chmod "$1" "$t" || { echo "felhom-badfile $n"; exit 6; }
+  shift 4
+done
+cd "$base" || exit 5
+export FELHOM_TXN="$txn" FELHOM_VMID="$vmid" FELHOM_PROFILE="$profile" FELHOM_BOOTSTRAP_DIR="$base" FELHOM_FILES_DIR="$base/files"
+ss=; command -v setsid >/dev/null 2>&1 && ss=setsid
+o=$(mktemp "${TMPDIR:-/tmp}/felhom-bootstrap.XXXXXX" 2>/dev/null) || o="$base/.out"
+e=$(mktemp "${TMPDIR:-/tmp}/felhom-bootstrap.XXXXXX" 2>/dev/null) || e="$base/.err"
+k="$o.killed"
+t0=$(felhom_ms)
+$ss ./run </dev/null >"$o" 2>"$e" &
+p=$!
+( n=0
+  while kill -0 "$p" 2>/dev/null; do
+    if [ "$n" -ge "$secs" ]; then : >"$k"; kill -9 -"$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; exit 0; fi
+    sleep 1; n=$((n+1))
+  done ) >/dev/null 2>&1 </dev/null &
+w=$!
+wait "$p"; rc=$?
+kill "$w" 2>/dev/null
+ms=$(( $(felhom_ms) - t0 ))
+code=null sig=null
+if [ -e "$k" ] && [ "$rc" = 137 ]; then st=timed_out
+elif [ "$rc" = 0 ]; then st=ok code=0
+elif [ "$rc" -gt 128 ]; then st=failed sig=$((rc - 128))
+else st=failed code=$rc; fi
+b64() { head -c "$cap" "$1" | base64 | tr -d '\n'; }
+over() { if [ "$(($(wc -c <"$1")))" -gt "$cap" ]; then echo true; else echo false; fi; }
+mkdir -p "${m%/*}" &&
+printf '{"version":1,"txn":"%s","profile":"%s","vmid":%s,"time":"%s","outcome":{"status":"%s","exit_code":%s,"signal":%s,"stdout_b64":"%s","stdout_truncated":%s,"stderr_b64":"%s","stderr_truncated":%s,"duration_ms":%s}}\n' \
+  "$txn" "$profile" "$vmid" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$st" "$code" "$sig" "$(b64 "$o")" "$(over "$o")" "$(b64 "$e")" "$(over "$e")" "$ms" >"$m.$txn.tmp" &&
+mv -f "$m.$txn.tmp" "$m" || { rm -f "$o" "$e" "$k"; exit 7; }
+rm -f "$o" "$e" "$k"
+echo felhom-ran; felhom_frame marker "$m" 1048576; rm -f "$m.kept"
+cd / && rm -rf "$base" || echo felhom-cleanup-failed
+exit 0
+"#;
+
 /// Run `profile` in the guest for transaction `txn`, unless the guest's marker says this
-/// transaction already ran it (then the recorded outcome comes back with `reused: true`).
+/// transaction already ran it (then the recorded outcome comes back with `reused: true`): one
+/// exec ([`RUN_SCRIPT`]), the profile's files on its stdin.
 ///
 /// A profile that ran and failed is a report with a non-ok status (see
 /// [`BootstrapReport::into_result`]); errors mean it could not be run or recorded.
@@ -467,228 +577,138 @@ pub async fn run_bootstrap<E: GuestExec>(
     txn: &str,
     settings: &BootstrapSettings,
 ) -> Result<BootstrapReport, BootstrapError> {
+    use base64::Engine as _;
     let vmid = exec.guest().vmid;
     if !valid_txn(txn) {
         return Err(BootstrapError::InvalidTxn {
             txn: txn.to_owned(),
         });
     }
-    let as_exec = |source| BootstrapError::Exec { vmid, source };
-
+    let step_error =
+        |step: &'static str, detail: String| BootstrapError::Step { vmid, step, detail };
     let base = format!("{GUEST_BOOTSTRAP_ROOT}/{txn}");
-    let files_base = format!("{base}/files");
-    let mut dirs = vec![base.clone(), files_base.clone()];
-    dirs.extend(profile.dirs.iter().map(|d| format!("{files_base}/{d}")));
-    // One exec makes the profile's folders (anew) and reads the marker.
-    if let Some(marker) = prepare_and_read_marker(exec, &dirs, settings).await? {
-        if marker.txn == txn {
-            tracing::info!(vmid, txn, profile = %crate::error::outside_text(&marker.profile), "bootstrap already recorded for this transaction; not running it again");
-            let cleanup = step(
-                exec,
-                "cleanup",
-                ExecRequest::new(["/bin/sh", "-c", "rm -rf \"$1\"", "felhom-bootstrap", &base]),
-                settings,
-            )
-            .await;
-            if let Err(e) = cleanup {
-                tracing::warn!(vmid, txn, error = %e, "could not remove the bootstrap folder from the guest");
-            }
-            return Ok(BootstrapReport {
-                marker,
-                reused: true,
-            });
-        }
-    }
-
-    exec.push_file(
-        &PushSource::Path(profile.run.clone()),
-        &format!("{base}/run"),
-        0o700,
-    )
-    .await
-    .map_err(as_exec)?;
-    for file in &profile.files {
-        exec.push_file(
-            &PushSource::Path(file.local.clone()),
-            &format!("{files_base}/{}", file.relative),
-            file.mode,
-        )
-        .await
-        .map_err(as_exec)?;
-    }
-
-    tracing::info!(vmid, txn, profile = %profile.name, "running bootstrap profile");
-    let request = ExecRequest::new([
-        "/bin/sh",
-        "-c",
-        "cd \"$1\" && exec ./run",
-        "felhom-bootstrap",
-        &base,
-    ])
-    .env("FELHOM_TXN", txn)
-    .env("FELHOM_VMID", vmid.to_string())
-    .env("FELHOM_PROFILE", &profile.name)
-    .env("FELHOM_BOOTSTRAP_DIR", &base)
-    .env("FELHOM_FILES_DIR", &files_base)
-    .timeout(settings.timeout)
-    .output_cap(settings.output_cap);
-    let outcome = exec.exec(&request).await.map_err(as_exec)?;
-    let marker = BootstrapMarker {
-        version: MARKER_VERSION,
-        txn: txn.to_owned(),
-        profile: profile.name.clone(),
-        vmid,
-        time: crate::timefmt::now_rfc3339(),
-        outcome: BootstrapOutcome::from_exec(&outcome),
-    };
-    write_marker_and_clean_up(exec, &marker, &base, settings).await?;
-    Ok(BootstrapReport {
-        marker,
-        reused: false,
-    })
-}
-
-/// Run a preparation step with the steps' timeout and output cap: its outcome, whatever its
-/// exit status.
-async fn run_step<E: GuestExec>(
-    exec: &E,
-    request: ExecRequest,
-    settings: &BootstrapSettings,
-) -> Result<ExecOutcome, BootstrapError> {
-    let cap = request.output_cap.min(MARKER_CAP);
-    let request = request.timeout(settings.step_timeout).output_cap(cap);
-    exec.exec(&request)
-        .await
-        .map_err(|source| BootstrapError::Exec {
-            vmid: exec.guest().vmid,
-            source,
-        })
-}
-
-/// Run a preparation step; anything but exit 0 is an error.
-async fn step<E: GuestExec>(
-    exec: &E,
-    name: &'static str,
-    request: ExecRequest,
-    settings: &BootstrapSettings,
-) -> Result<ExecOutcome, BootstrapError> {
-    let vmid = exec.guest().vmid;
-    let outcome = run_step(exec, request, settings).await?;
-    if outcome.success() {
-        Ok(outcome)
-    } else {
-        Err(BootstrapError::Step {
-            vmid,
-            step: name,
-            detail: outcome.summary(),
-        })
-    }
-}
-
-/// The exit status of [`prepare_and_read_marker`]'s script when the folders could not be made.
-const PREPARE_FAILED: i64 = 5;
-
-/// Make the profile's folders in the guest (`dirs[0]` removed first, all made private), then
-/// read the marker: the marker, if there is a readable one.
-async fn prepare_and_read_marker<E: GuestExec>(
-    exec: &E,
-    dirs: &[String],
-    settings: &BootstrapSettings,
-) -> Result<Option<BootstrapMarker>, BootstrapError> {
-    let vmid = exec.guest().vmid;
-    let script = format!(
-        "m=$1; shift; umask 077 && rm -rf \"$1\" && mkdir -p \"$@\" || exit {PREPARE_FAILED}; \
-         [ -e \"$m\" ] || exit {NO_MARKER}; cat \"$m\""
-    );
-    let mut argv = vec![
-        "/bin/sh".to_owned(),
-        "-c".to_owned(),
-        script,
-        "felhom-bootstrap".to_owned(),
-        MARKER_PATH.to_owned(),
+    let mut argv: Vec<String> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        format!("{}{}{RUN_SCRIPT}", super::frames::FRAME_FN, MS_FN),
+        "felhom-bootstrap".into(),
+        base.clone(),
+        MARKER_PATH.into(),
+        txn.into(),
+        vmid.to_string(),
+        profile.name.clone(),
+        settings.output_cap.to_string(),
+        settings.timeout.as_secs().max(1).to_string(),
+        profile.dirs.len().to_string(),
     ];
-    argv.extend(dirs.iter().cloned());
-    let outcome = run_step(
-        exec,
-        ExecRequest::new(argv).output_cap(MARKER_CAP),
-        settings,
-    )
-    .await?;
-    match outcome.exit {
-        GuestExit::Exited(0) => {}
-        GuestExit::Exited(NO_MARKER) => return Ok(None),
-        GuestExit::Exited(PREPARE_FAILED) => {
-            return Err(BootstrapError::Step {
-                vmid,
-                step: "prepare",
-                detail: outcome.summary(),
-            })
-        }
-        _ => {
-            return Err(BootstrapError::Step {
-                vmid,
-                step: "read marker",
-                detail: outcome.summary(),
-            })
+    argv.extend(profile.dirs.iter().cloned());
+    let mut stdin = Vec::new();
+    let mut sources = vec![(profile.run.clone(), "run".to_string(), 0o700)];
+    sources.extend(
+        profile
+            .files
+            .iter()
+            .map(|f| (f.local.clone(), format!("files/{}", f.relative), f.mode)),
+    );
+    for (local, path, mode) in sources {
+        let bytes = std::fs::read(&local).map_err(|source| BootstrapError::Exec {
+            vmid,
+            source: super::exec::ExecError::LocalFile {
+                guest: exec.guest(),
+                path: local.clone(),
+                source,
+            },
+        })?;
+        argv.extend([
+            format!("{:o}", mode & 0o7777),
+            bytes.len().to_string(),
+            super::exec::sha256_hex(&bytes),
+            path,
+        ]);
+        stdin.extend_from_slice(b"felhom-file\n");
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        for line in encoded.as_bytes().chunks(76) {
+            stdin.extend_from_slice(line);
+            stdin.push(b'\n');
         }
     }
-    match serde_json::from_slice::<BootstrapMarker>(&outcome.stdout.bytes) {
-        Ok(marker) => Ok(Some(marker)),
-        Err(e) => {
-            tracing::warn!(vmid, error = %crate::error::outside_text(&e.to_string()), path = MARKER_PATH, "unreadable bootstrap marker in the guest; it will be replaced");
-            Ok(None)
-        }
-    }
-}
-
-/// The exit status of the marker's rename step when the marker is in place but the pushed
-/// profile could not be removed.
-const CLEANUP_FAILED: i64 = 4;
-
-/// Write the marker: push it to a temporary name (verified), then, in one exec, rename it over
-/// the marker and remove the pushed profile (`base`). A profile left behind is a warning, not
-/// an error: the marker is what counts.
-async fn write_marker_and_clean_up<E: GuestExec>(
-    exec: &E,
-    marker: &BootstrapMarker,
-    base: &str,
-    settings: &BootstrapSettings,
-) -> Result<(), BootstrapError> {
-    let vmid = exec.guest().vmid;
-    let mut json = serde_json::to_vec(marker).map_err(|e| BootstrapError::Step {
-        vmid,
-        step: "write marker",
-        detail: e.to_string(),
-    })?;
-    json.push(b'\n');
-    let tmp = format!("{MARKER_PATH}.{}.tmp", marker.txn);
-    exec.push_file(&PushSource::Bytes(json), &tmp, 0o600)
+    tracing::info!(vmid, txn, profile = %profile.name, "running bootstrap profile");
+    let request = ExecRequest::new(argv)
+        .stdin(stdin)
+        .timeout(settings.timeout + settings.step_timeout)
+        .output_cap(MARKER_CAP + 4096);
+    let outcome = exec
+        .exec(&request)
         .await
         .map_err(|source| BootstrapError::Exec { vmid, source })?;
-    let script = format!("mv -f \"$1\" \"$2\" || exit 1; rm -rf \"$3\" || exit {CLEANUP_FAILED}");
-    let request = ExecRequest::new([
-        "/bin/sh",
-        "-c",
-        &script,
-        "felhom-bootstrap",
-        &tmp,
-        MARKER_PATH,
-        base,
-    ]);
-    let outcome = run_step(exec, request, settings).await?;
-    match outcome.exit {
-        GuestExit::Exited(0) => Ok(()),
-        GuestExit::Exited(CLEANUP_FAILED) => {
-            tracing::warn!(vmid, txn = %marker.txn, detail = %outcome.summary(), "could not remove the pushed bootstrap profile from the guest");
-            Ok(())
+    let items = super::frames::parse(&outcome.stdout.bytes);
+    let mut said = None;
+    let mut marker = None;
+    for item in &items {
+        match item {
+            super::frames::Item::Line(l @ ("felhom-reused" | "felhom-ran")) => said = Some(*l),
+            super::frames::Item::Line(l)
+                if l.starts_with("felhom-badfile ") || *l == "felhom-nobase64" =>
+            {
+                let detail = if *l == "felhom-nobase64" {
+                    "the guest has no `base64` to decode the profile's files with".to_owned()
+                } else {
+                    format!(
+                        "file {} of the profile did not arrive whole",
+                        crate::error::outside_text_max(&l[15..], 16)
+                    )
+                };
+                return Err(step_error("push", detail));
+            }
+            super::frames::Item::Line("felhom-cleanup-failed") => {
+                tracing::warn!(
+                    vmid,
+                    txn,
+                    "could not remove the pushed bootstrap profile from the guest"
+                );
+            }
+            super::frames::Item::Frame {
+                name: "marker",
+                bytes,
+                truncated: false,
+            } if said.is_some() => {
+                marker = Some(serde_json::from_slice::<BootstrapMarker>(bytes));
+            }
+            _ => {}
         }
-        _ => Err(BootstrapError::Step {
-            vmid,
-            step: "write marker",
-            detail: outcome.summary(),
-        }),
+    }
+    match (said, marker, &outcome.exit) {
+        (Some(said), Some(Ok(marker)), GuestExit::Exited(0)) => {
+            if said == "felhom-reused" {
+                tracing::info!(vmid, txn, profile = %crate::error::outside_text(&marker.profile), "bootstrap already recorded for this transaction; not running it again");
+            }
+            // The run has ended in the guest; its result is not journaled yet.
+            Ok(BootstrapReport {
+                reused: said == "felhom-reused",
+                marker,
+            })
+        }
+        (Some(_), Some(Err(e)), _) => Err(step_error(
+            "read marker",
+            format!(
+                "the marker {MARKER_PATH} is not readable: {}",
+                crate::error::outside_text(&e.to_string())
+            ),
+        )),
+        (_, _, GuestExit::Exited(5)) => Err(step_error("prepare", outcome.summary())),
+        (_, _, GuestExit::Exited(7)) => Err(step_error("write marker", outcome.summary())),
+        _ => Err(step_error("run", outcome.summary())),
     }
 }
+
+/// The shell function `felhom_ms`: milliseconds since the epoch (seconds where `date` has no
+/// `%N`).
+const MS_FN: &str = r#"
+felhom_ms() {
+  felhom_t=$(date +%s%N 2>/dev/null)
+  case $felhom_t in *[!0-9]*|'') echo "$(date +%s)000";; *) echo "$((felhom_t / 1000000))";; esac
+}
+"#;
 
 #[cfg(test)]
 mod tests {

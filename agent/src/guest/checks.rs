@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::exec::{ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef};
+use super::exec::{Captured, ExecOutcome, ExecRequest, GuestExec, GuestExit, GuestRef};
 use crate::error::ErrorCode;
 
 /// The default timeout of one check.
@@ -50,8 +50,6 @@ pub const OSQUERY_FLAGS: [&str; 5] = [
 pub const OSQUERYI_PATH: &str = "/usr/bin/osqueryi";
 /// The fallback: the one real binary of osquery's package, run with `-S`.
 pub const OSQUERYD_PATH: &str = "/opt/osquery/bin/osqueryd";
-/// Exit status of the locate probe when neither exists.
-const NOT_FOUND: i64 = 3;
 
 /// A comparison of the row count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -526,8 +524,6 @@ pub struct CheckSettings {
     pub max_rows: usize,
     /// Bytes of osquery output read per check.
     pub output_cap: usize,
-    /// Time allowed for locating osquery.
-    pub locate_timeout: Duration,
 }
 
 impl Default for CheckSettings {
@@ -535,7 +531,6 @@ impl Default for CheckSettings {
         Self {
             max_rows: 20,
             output_cap: 4 * 1024 * 1024,
-            locate_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -640,55 +635,6 @@ pub fn verdict(guest: GuestRef, results: &[CheckResult]) -> Result<(), CheckErro
     })
 }
 
-/// How osquery is started in the guest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OsqueryCommand {
-    /// `/usr/bin/osqueryi`.
-    Osqueryi,
-    /// `/opt/osquery/bin/osqueryd -S`.
-    OsquerydShell,
-}
-
-impl OsqueryCommand {
-    /// The argv that runs `sql` with the one-shot flags.
-    pub fn argv(&self, sql: &str) -> Vec<String> {
-        let mut argv = match self {
-            Self::Osqueryi => vec![OSQUERYI_PATH.to_owned()],
-            Self::OsquerydShell => vec![OSQUERYD_PATH.to_owned(), "-S".to_owned()],
-        };
-        argv.extend(OSQUERY_FLAGS.iter().map(|f| (*f).to_owned()));
-        argv.push(sql.to_owned());
-        argv
-    }
-}
-
-/// Find osquery in the guest with `test -x`: `Ok(None)` when it is not installed.
-pub async fn locate_osquery<E: GuestExec>(
-    exec: &E,
-    settings: &CheckSettings,
-) -> Result<Option<OsqueryCommand>, String> {
-    let script = format!(
-        "if test -x {OSQUERYI_PATH}; then echo osqueryi; \
-         elif test -x {OSQUERYD_PATH}; then echo osqueryd; \
-         else exit {NOT_FOUND}; fi"
-    );
-    let request = ExecRequest::new(["/bin/sh".to_owned(), "-c".to_owned(), script])
-        .timeout(settings.locate_timeout)
-        .output_cap(1024);
-    let outcome = exec.exec(&request).await.map_err(|e| e.to_string())?;
-    match outcome.exit {
-        GuestExit::Exited(0) => match outcome.stdout.text().trim() {
-            "osqueryi" => Ok(Some(OsqueryCommand::Osqueryi)),
-            "osqueryd" => Ok(Some(OsqueryCommand::OsquerydShell)),
-            other => Err(format!(
-                "unexpected answer {other:?} while looking for osquery"
-            )),
-        },
-        GuestExit::Exited(NOT_FOUND) => Ok(None),
-        _ => Err(format!("looking for osquery failed: {}", outcome.summary())),
-    }
-}
-
 /// Parse `osqueryi --json` output exactly: an array of objects whose values are all strings.
 /// Invalid UTF-8 in values is replaced (osquery passes such bytes through).
 pub fn parse_osquery_json(stdout: &[u8]) -> Result<Vec<Row>, String> {
@@ -717,70 +663,305 @@ pub fn parse_osquery_json(stdout: &[u8]) -> Result<Vec<Row>, String> {
         .collect()
 }
 
-/// The most checks of one guest running at once: each is its own `osqueryi` process in the
-/// guest (and, for a container, its own connection to the exec helper, which serves 8 at
-/// once: the checks of the daemon's two provisions at a time fit).
+/// The most checks of one guest running at once (each its own `osqueryi` process in the guest).
 pub const CHECKS_AT_ONCE: usize = 4;
+/// The bytes of a check's stderr kept (its error line is what is read).
+const CHECK_STDERR_CAP: usize = 64 * 1024;
+/// The time the run's own work (finding osquery, the frames) may take beside the checks'.
+const RUN_SLACK: Duration = Duration::from_secs(30);
 
-/// Run `checks` in the guest, up to [`CHECKS_AT_ONCE`] at a time, the results in the checks'
-/// order. Never fails as a whole: what could not run is a result with status `error`.
+/// The run of every check in one exec (`/bin/sh -c <this> felhom-checks CAP ERRCAP AT_ONCE
+/// SECS1 SQL1 SECS2 SQL2 …`): osquery is found with `test -x` (`felhom-osquery osqueryi`,
+/// `osqueryd` or `none`), whether systemd is the guest's init is said (`felhom-init systemd`
+/// or `other`: sd_booted(3)'s `/run/systemd/system`, or PID 1's own binary), each check runs as its own process (in a session of its own where the
+/// guest has `setsid`, so what it started is stopped with it), AT_ONCE at a time, its stdout and
+/// stderr caught in a private folder, with a watchdog that kills it after its own SECS (a flag
+/// file says the watchdog did it). Then, for each check in order, `felhom-check <i> <status>
+/// <killed> <ms>` and its stdout and stderr as frames (`crate::guest::frames`). A check that never
+/// returns is killed at its own timeout while the others go on.
+const RUN_SCRIPT: &str = r#"
+cap=$1 ecap=$2 at=$3; shift 3
+if test -x @OSQUERYI@; then o=@OSQUERYI@ s=; echo "felhom-osquery osqueryi"
+elif test -x @OSQUERYD@; then o=@OSQUERYD@ s=-S; echo "felhom-osquery osqueryd"
+else echo "felhom-osquery none"; exit 0; fi
+if [ -d /run/systemd/system ] || case "$(readlink /proc/1/exe 2>/dev/null) $(cat /proc/1/comm 2>/dev/null)" in
+  */systemd\ *|*\ systemd) true;; *) false;; esac; then echo "felhom-init systemd"; else echo "felhom-init other"; fi
+d=
+for t in /tmp /run /dev/shm /var/tmp; do
+  d=$(mktemp -d "$t/felhom-checks.XXXXXX" 2>/dev/null) && break
+  d=
+done
+[ -n "$d" ] || { echo "felhom-nofolder"; exit 0; }
+ss=; command -v setsid >/dev/null 2>&1 && ss=setsid
+now() { n=$(date +%s%N 2>/dev/null); case $n in *[!0-9]*|'') echo "$(date +%s)000000000";; *) echo "$n";; esac; }
+one() {
+  t0=$(now)
+  $ss "$o" $s @FLAGS@ "$3" </dev/null >"$d/$1.o" 2>"$d/$1.e" &
+  p=$!
+  ( n=0
+    while kill -0 "$p" 2>/dev/null; do
+      if [ "$n" -ge "$2" ]; then : >"$d/$1.t"; kill -9 -"$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; exit 0; fi
+      sleep 1; n=$((n+1))
+    done ) >/dev/null 2>&1 </dev/null &
+  w=$!
+  wait "$p"; rc=$?
+  kill "$w" 2>/dev/null
+  t1=$(now)
+  echo "$rc $(( (t1 - t0) / 1000000 ))" >"$d/$1.r"
+}
+i=0
+while [ $# -ge 2 ]; do
+  i=$((i+1)); one "$i" "$1" "$2" & shift 2
+  [ $((i % at)) -ne 0 ] || wait
+done
+wait
+j=1
+while [ "$j" -le "$i" ]; do
+  rc=none ms=0; [ -f "$d/$j.r" ] && read -r rc ms <"$d/$j.r"
+  k=0; [ -e "$d/$j.t" ] && k=1
+  echo "felhom-check $j $rc $k $ms"
+  felhom_frame o "$d/$j.o" "$cap"
+  felhom_frame e "$d/$j.e" "$ecap"
+  j=$((j+1))
+done
+rm -rf "$d"
+"#;
+
+/// [`RUN_SCRIPT`] with osquery's paths and flags, after the frame function.
+fn run_script() -> String {
+    let script = RUN_SCRIPT
+        .replace("@OSQUERYI@", OSQUERYI_PATH)
+        .replace("@OSQUERYD@", OSQUERYD_PATH)
+        .replace("@FLAGS@", &OSQUERY_FLAGS.join(" "));
+    format!("{}{script}", super::frames::FRAME_FN)
+}
+
+/// Run `checks` in the guest, all in one exec ([`RUN_SCRIPT`]), up to [`CHECKS_AT_ONCE`] at a
+/// time, each with its own timeout, the results in the checks' order. Never fails as a whole:
+/// what could not run is a result with status `error`.
 pub async fn run_checks<E: GuestExec>(
     exec: &E,
     checks: &[Check],
     ctx: &CheckContext,
     settings: &CheckSettings,
 ) -> Vec<CheckResult> {
-    use futures_util::StreamExt as _;
     if checks.is_empty() {
         return Vec::new();
     }
-    let located = locate_osquery(exec, settings).await;
-    let located = &located;
-    let mut results: Vec<CheckResult> = futures_util::stream::iter(0..checks.len())
-        .map(|i| timed_check(exec, located, &checks[i], ctx, settings))
-        .buffered(CHECKS_AT_ONCE)
-        .collect()
-        .await;
+    let guest = exec.guest();
+    let started = Instant::now();
+    let mut systemd = true;
+    let ran = run_all(exec, checks, settings, &mut systemd).await;
+    let whole = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let mut results: Vec<CheckResult> = checks
+        .iter()
+        .enumerate()
+        .map(|(i, check)| {
+            let (result, ms) = match &ran {
+                Err(e) => (Err(e.clone()), whole),
+                Ok(None) => (
+                    Err(format!(
+                        "osquery is not installed in {guest} (looked for {OSQUERYI_PATH} and {OSQUERYD_PATH})"
+                    )),
+                    whole,
+                ),
+                Ok(Some(_)) if !systemd && reads_systemd_units(&check.sql) => (
+                    Err(format!(
+                        "could not run: systemd is not the init of {guest} (no /run/systemd/system), \
+                         so systemd_units has nothing to show and this check cannot judge the guest"
+                    )),
+                    0,
+                ),
+                Ok(Some(outcomes)) => match outcomes.get(i).and_then(Option::as_ref) {
+                    Some((outcome, ms)) => (judge(check, outcome, ctx, settings), *ms),
+                    None => (
+                        Err("no answer from the guest for this check (the run of the checks ended before it)".to_owned()),
+                        whole,
+                    ),
+                },
+            };
+            let result = match result {
+                Ok(mut r) => {
+                    r.duration_ms = ms;
+                    r
+                }
+                Err(message) => CheckResult {
+                    name: check.name.clone(),
+                    status: CheckStatus::Error,
+                    rows: Vec::new(),
+                    row_count: 0,
+                    rows_truncated: false,
+                    message: Some(message),
+                    duration_ms: ms,
+                },
+            };
+            tracing::info!(vmid = guest.vmid, check = %result.name, status = result.status.as_str(), "osquery check");
+            result
+        })
+        .collect();
     bound_results(&mut results);
     results
 }
 
-/// Run one check where osquery was `located`, its duration measured; what could not run is a
-/// result with status `error`.
-async fn timed_check<E: GuestExec>(
+/// One check's outcome as the run reported it, and its time in the guest.
+type Ran = Option<(ExecOutcome, u64)>;
+
+/// Run every check in one exec: `Ok(None)` when osquery is not installed; else each check's
+/// outcome (`None`: the run said nothing of it).
+async fn run_all<E: GuestExec>(
     exec: &E,
-    located: &Result<Option<OsqueryCommand>, String>,
-    check: &Check,
-    ctx: &CheckContext,
+    checks: &[Check],
     settings: &CheckSettings,
-) -> CheckResult {
-    let guest = exec.guest();
-    let started = Instant::now();
-    let result = match located {
-        Err(e) => Err(e.clone()),
-        Ok(None) => Err(format!(
-            "osquery is not installed in {guest} (looked for {OSQUERYI_PATH} and {OSQUERYD_PATH})"
-        )),
-        Ok(Some(cmd)) => run_one(exec, cmd, check, ctx, settings).await,
-    };
-    let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let result = match result {
-        Ok(mut r) => {
-            r.duration_ms = elapsed;
-            r
+    systemd: &mut bool,
+) -> Result<Option<Vec<Ran>>, String> {
+    let mut argv = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        run_script(),
+        "felhom-checks".to_owned(),
+        settings.output_cap.to_string(),
+        CHECK_STDERR_CAP.to_string(),
+        CHECKS_AT_ONCE.to_string(),
+    ];
+    // The checks run AT_ONCE at a time, each batch as long as its slowest.
+    let mut budget = RUN_SLACK;
+    for batch in checks.chunks(CHECKS_AT_ONCE) {
+        budget +=
+            batch.iter().map(|c| c.timeout).max().unwrap_or_default() + Duration::from_secs(2);
+    }
+    for check in checks {
+        argv.push(check.timeout.as_secs().max(1).to_string());
+        argv.push(check.sql.clone());
+    }
+    let per_check = settings.output_cap + CHECK_STDERR_CAP + 256;
+    let request = ExecRequest::new(argv)
+        .timeout(budget)
+        .output_cap(per_check.saturating_mul(checks.len()) + 1024);
+    let outcome = exec.exec(&request).await.map_err(|e| e.to_string())?;
+    let items = super::frames::parse(&outcome.stdout.bytes);
+    let mut located = None;
+    let mut ran: Vec<Ran> = vec![None; checks.len()];
+    let mut current: Option<(usize, GuestExit, u64)> = None;
+    let mut stdout: Option<Captured> = None;
+    for item in items {
+        match item {
+            super::frames::Item::Line(line) => {
+                let mut w = line.split(' ');
+                match (w.next(), w.next(), w.next(), w.next(), w.next()) {
+                    (Some("felhom-osquery"), Some(which), None, _, _) => {
+                        located = Some(which.to_owned())
+                    }
+                    (Some("felhom-init"), Some(init), None, _, _) => *systemd = init == "systemd",
+                    (Some("felhom-nofolder"), None, _, _, _) => {
+                        // Nowhere to write (a read-only root without a tmpfs): one exec a check.
+                        let Some(which) = located.as_deref() else {
+                            break;
+                        };
+                        return Ok(Some(one_by_one(exec, which, checks, settings).await));
+                    }
+                    (Some("felhom-check"), Some(i), Some(rc), Some(killed), Some(ms)) => {
+                        stdout = None;
+                        current = check_line(i, rc, killed, ms, checks.len());
+                    }
+                    _ => {}
+                }
+            }
+            super::frames::Item::Frame {
+                name,
+                bytes,
+                truncated,
+            } => {
+                let Some((i, exit, ms)) = current else {
+                    continue;
+                };
+                let captured = Captured::capped(bytes.to_vec(), usize::MAX, truncated);
+                match (name, stdout.take()) {
+                    ("o", _) => stdout = Some(captured),
+                    ("e", Some(out)) => {
+                        ran[i] = Some((
+                            ExecOutcome {
+                                exit,
+                                stdout: out,
+                                stderr: captured,
+                                duration: Duration::from_millis(ms),
+                            },
+                            ms,
+                        ));
+                        current = None;
+                    }
+                    _ => {}
+                }
+            }
         }
-        Err(message) => CheckResult {
-            name: check.name.clone(),
-            status: CheckStatus::Error,
-            rows: Vec::new(),
-            row_count: 0,
-            rows_truncated: false,
-            message: Some(message),
-            duration_ms: elapsed,
-        },
+    }
+    match located.as_deref() {
+        Some("none") => Ok(None),
+        Some("osqueryi" | "osqueryd") => Ok(Some(ran)),
+        _ if outcome.exit == GuestExit::TimedOut => Err(format!(
+            "the run of the checks did not end within {}s and was stopped",
+            budget.as_secs()
+        )),
+        _ => Err(format!("looking for osquery failed: {}", outcome.summary())),
+    }
+}
+
+/// Run each check in an exec of its own, one after the other: for a guest where the run of
+/// all checks has no folder to write to.
+async fn one_by_one<E: GuestExec>(
+    exec: &E,
+    which: &str,
+    checks: &[Check],
+    settings: &CheckSettings,
+) -> Vec<Ran> {
+    let mut ran = Vec::new();
+    for check in checks {
+        let mut argv = match which {
+            "osqueryd" => vec![OSQUERYD_PATH.to_owned(), "-S".to_owned()],
+            _ => vec![OSQUERYI_PATH.to_owned()],
+        };
+        argv.extend(OSQUERY_FLAGS.iter().map(|f| (*f).to_owned()));
+        argv.push(check.sql.clone());
+        let request = ExecRequest::new(argv)
+            .timeout(check.timeout)
+            .output_cap(settings.output_cap);
+        ran.push(exec.exec(&request).await.ok().map(|outcome| {
+            let ms = u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX);
+            (outcome, ms)
+        }));
+    }
+    ran
+}
+
+/// Whether a check's query reads osquery's `systemd_units` table: in a guest whose init is not
+/// systemd that table is empty, and a check on it would pass or fail for nothing it saw.
+fn reads_systemd_units(sql: &str) -> bool {
+    let sql = sql.to_ascii_lowercase();
+    sql.match_indices("systemd_units").any(|(at, word)| {
+        let before = sql[..at].chars().next_back();
+        let after = sql[at + word.len()..].chars().next();
+        let ident = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        !ident(before) && !ident(after)
+    })
+}
+
+/// A `felhom-check <i> <status> <killed> <ms>` line: the check (0-based), how it ended (the
+/// watchdog's kill is a timeout), its time.
+fn check_line(
+    i: &str,
+    rc: &str,
+    killed: &str,
+    ms: &str,
+    len: usize,
+) -> Option<(usize, GuestExit, u64)> {
+    let i = i.parse::<usize>().ok().filter(|i| (1..=len).contains(i))? - 1;
+    let ms = ms.parse::<u64>().unwrap_or(0);
+    let rc = rc.parse::<i64>().ok()?;
+    let exit = match rc {
+        137 if killed == "1" => GuestExit::TimedOut,
+        129..=255 => GuestExit::Signaled(i32::try_from(rc - 128).unwrap_or(0)),
+        _ => GuestExit::Exited(rc),
     };
-    tracing::info!(vmid = guest.vmid, check = %result.name, status = result.status.as_str(), "osquery check");
-    result
+    Some((i, exit, ms))
 }
 
 /// The longest column name kept in a reported row.
@@ -882,11 +1063,10 @@ fn name_rows(rows: &[Row], first: Option<String>) -> String {
     }
 }
 
-/// Run one check; `Err` is an `error` result with this message.
-async fn run_one<E: GuestExec>(
-    exec: &E,
-    cmd: &OsqueryCommand,
+/// Judge one check from its run's outcome; `Err` is an `error` result with this message.
+fn judge(
     check: &Check,
+    outcome: &ExecOutcome,
     ctx: &CheckContext,
     settings: &CheckSettings,
 ) -> Result<CheckResult, String> {
@@ -894,11 +1074,7 @@ async fn run_one<E: GuestExec>(
         Expectation::ColumnEquals { column, value } => Some((column, ctx.render(value)?)),
         Expectation::Rows { .. } => None,
     };
-    let request = ExecRequest::new(cmd.argv(&check.sql))
-        .timeout(check.timeout)
-        .output_cap(settings.output_cap);
-    let outcome = exec.exec(&request).await.map_err(|e| e.to_string())?;
-    let rows = osquery_rows(&outcome, check.timeout, settings.output_cap)?;
+    let rows = osquery_rows(outcome, check.timeout, settings.output_cap)?;
     let row_count = rows.len() as u64;
     let (status, message) = match (&check.expect, expected) {
         (Expectation::Rows { op, count }, _) => {
@@ -1344,12 +1520,42 @@ mod tests {
     }
 
     #[test]
-    fn the_osquery_command_uses_absolute_paths_and_one_shot_flags() {
-        let argv = OsqueryCommand::OsquerydShell.argv("SELECT 1");
-        assert_eq!(argv[0], "/opt/osquery/bin/osqueryd");
-        assert_eq!(argv[1], "-S");
-        assert!(argv.contains(&"--json".to_owned()));
-        assert_eq!(argv.last().map(String::as_str), Some("SELECT 1"));
-        assert_eq!(OsqueryCommand::Osqueryi.argv("x")[0], "/usr/bin/osqueryi");
+    fn the_run_uses_absolute_paths_and_one_shot_flags_and_reads_its_lines_strictly() {
+        let script = run_script();
+        assert!(script.contains("test -x /usr/bin/osqueryi; then o=/usr/bin/osqueryi s=;"));
+        assert!(script.contains("o=/opt/osquery/bin/osqueryd s=-S;"));
+        assert!(script.contains(&format!("\"$o\" $s {} \"$3\"", OSQUERY_FLAGS.join(" "))));
+        assert!(!script.contains('@'), "{script}");
+        // A check line: 1-based index within the run, status, the watchdog's flag, time.
+        assert_eq!(
+            check_line("2", "0", "0", "15", 3),
+            Some((1, GuestExit::Exited(0), 15))
+        );
+        assert_eq!(
+            check_line("1", "137", "1", "1000", 1),
+            Some((0, GuestExit::TimedOut, 1000))
+        );
+        assert_eq!(
+            check_line("1", "137", "0", "9", 1),
+            Some((0, GuestExit::Signaled(9), 9))
+        );
+        assert_eq!(
+            check_line("1", "127", "0", "9", 1),
+            Some((0, GuestExit::Exited(127), 9))
+        );
+        assert_eq!(check_line("0", "0", "0", "1", 3), None);
+        assert_eq!(check_line("4", "0", "0", "1", 3), None);
+        assert_eq!(check_line("1", "none", "0", "1", 3), None);
+    }
+
+    #[test]
+    fn a_check_reads_systemd_units_by_the_table_name_as_a_word() {
+        assert!(reads_systemd_units("SELECT id FROM systemd_units WHERE x"));
+        assert!(reads_systemd_units("select * from SYSTEMD_UNITS"));
+        assert!(reads_systemd_units(
+            "SELECT count(*) FROM (SELECT id FROM systemd_units)"
+        ));
+        assert!(!reads_systemd_units("SELECT hostname FROM system_info"));
+        assert!(!reads_systemd_units("SELECT * FROM my_systemd_units_copy"));
     }
 }

@@ -3,15 +3,16 @@
 //! doing rather than its backup's.
 //!
 //! An isolated copy starts with no NIC (the restore test's copies, a throwaway
-//! `--selftest=provision` guest, a hub provision told to isolate). Two steps, each one exec:
+//! `--selftest=provision` guest, a hub provision told to isolate). Two steps, both in the boot wait's one exec
+//! ([`boot_plan`]):
 //!
-//! 1. [`give_interfaces`], as soon as the copy answers (after the launch proof, before the boot
+//! 1. [`GIVE`], as soon as the copy answers (after the launch proof, before the boot
 //!    wait): the guard, then each interface the backup stores as a veth pair whose other end
 //!    stays inside the copy (it reaches nothing; no bridge gains a port). The copy's own network
 //!    units then find the devices they wait for, as in production. A network unit that already
 //!    failed for the missing device is restarted without waiting, so a boot held on
 //!    `network-online.target` goes on.
-//! 2. [`settle`], once the boot has ended: in the agent's own throwaway copies only, the failed
+//! 2. [`SETTLE`], once the boot has ended: in the agent's own throwaway copies only, the failed
 //!    units that are the node's doing are reset and named (a filesystem a user namespace cannot
 //!    mount; journald's audit socket on a systemd that cannot tell it is refused); then the
 //!    failed units the missing interface can explain are restarted (the network's own, and those
@@ -24,8 +25,7 @@
 
 use std::time::Duration;
 
-use super::boot::BootWatch;
-use super::exec::{ExecRequest, GuestExec};
+use super::boot::{BootPlan, BootTrip};
 
 /// The guard, shared by both steps: the copy's network namespace may hold, besides `lo` and
 /// what the lab gave it (a stored name whose veth peer is `felabN`, and the `felabN` ends),
@@ -238,39 +238,34 @@ fi
 exit 0
 "#;
 
-/// The boot wait of an agent's own copy whose backup stores `ip6=dhcp` (positional arguments:
-/// those interface names). pve-container writes `iface <name> inet6 dhcp`
+/// The boot wait's tick in an agent's own copy whose backup stores `ip6=dhcp` (those interface
+/// names in `FELHOM_LAB_DHCP6`). pve-container writes `iface <name> inet6 dhcp`
 /// (`Setup/Debian.pm` `setup_network`), and ifupdown runs `dhclient -6` for it without `-1`
 /// (`inet6.defn`): with no DHCPv6 server it solicits for ever and `ifup`, so
 /// `networking.service` and the whole boot, waits for it until the unit's 5-minute start
 /// timeout (`tests/data/guest-units-facts.md` §2). In production a server answers; in a copy
-/// that reaches nothing none can. So while systemd is still starting, a `dhclient -6` for a
-/// stored name (found by its command line: the program `dhclient`, ` -6 ` and the name as its
-/// last word; never the watch itself, whose own command line holds those words) that has run
-/// `FELHOM_LAB_DHCP6_GIVE_UP` seconds is stopped (TERM), "dhcp6-stopped <name> <secs>": as
-/// IPv4's `dhclient` gives up by itself after its 60 seconds. The loop ends with the wait's
-/// answer, "systemd <state>", once systemd has left `initializing` and `starting`.
+/// that reaches nothing none can. So, once a second while systemd is still starting, a
+/// `dhclient -6` for a stored name (found by its command line: the program `dhclient`, ` -6 `
+/// and the name as its last word; never the boot trip itself, whose program is `sh`) that has
+/// run `FELHOM_LAB_DHCP6_GIVE_UP` seconds is stopped (TERM), "dhcp6-stopped <name> <secs>",
+/// and its name added to `FELHOM_LAB_DHCP6_STOPPED` for the settle step: as IPv4's `dhclient`
+/// gives up by itself after its 60 seconds.
 const DHCP6_WATCH: &str = r#"
-give_up=${FELHOM_LAB_DHCP6_GIVE_UP:-60}
-while :; do
-  st=$(systemctl is-system-running 2>/dev/null)
-  case $st in running|degraded|maintenance|stopping) echo "systemd $st"; exit 0;; esac
-  now=$(date +%s); i=0
-  for n in "$@"; do
-    i=$((i+1)); pid=
-    for p in /proc/[0-9]*; do
-      c=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)
-      case ${c%% *} in dhclient|*/dhclient) ;; *) continue;; esac
-      case " $c" in *" -6 "*" $n ") pid=${p#/proc/}; break;; esac
-    done
-    if [ -z "$pid" ]; then eval "seen_$i="; continue; fi
-    eval "t=\${seen_$i:-}"
-    if [ -z "$t" ]; then eval "seen_$i=$now"; continue; fi
-    if [ $((now - t)) -ge "$give_up" ] && kill "$pid" 2>/dev/null; then
-      echo "dhcp6-stopped $n $((now - t))"; eval "seen_$i="
-    fi
+now=$(date +%s); i=0
+for n in $FELHOM_LAB_DHCP6; do
+  i=$((i+1)); pid=
+  for p in /proc/[0-9]*; do
+    c=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)
+    case ${c%% *} in dhclient|*/dhclient) ;; *) continue;; esac
+    case " $c" in *" -6 "*" $n ") pid=${p#/proc/}; break;; esac
   done
-  sleep 1
+  if [ -z "$pid" ]; then eval "seen_$i="; continue; fi
+  eval "t=\${seen_$i:-}"
+  if [ -z "$t" ]; then eval "seen_$i=$now"; continue; fi
+  if [ $((now - t)) -ge "${FELHOM_LAB_DHCP6_GIVE_UP:-60}" ] && kill "$pid" 2>/dev/null; then
+    echo "dhcp6-stopped $n $((now - t))"; eval "seen_$i="
+    FELHOM_LAB_DHCP6_STOPPED="${FELHOM_LAB_DHCP6_STOPPED:-} $n"; export FELHOM_LAB_DHCP6_STOPPED
+  fi
 done
 "#;
 
@@ -278,8 +273,11 @@ done
 /// which IPv4's `dhclient` gives up by itself (isc-dhcp `clparse.c`: `timeout 60`).
 pub const DHCP6_GIVE_UP: Duration = Duration::from_secs(60);
 
-/// The variable naming the stored interfaces whose `dhclient -6` the boot wait stopped.
-const LAB_DHCP6_STOPPED_VAR: &str = "FELHOM_LAB_DHCP6_STOPPED";
+/// The variable naming the stored `ip6=dhcp` interfaces whose `dhclient -6` the boot wait
+/// watches.
+const LAB_DHCP6_VAR: &str = "FELHOM_LAB_DHCP6";
+/// The variable holding the seconds the watch lets a `dhclient -6` wait.
+const LAB_DHCP6_GIVE_UP_VAR: &str = "FELHOM_LAB_DHCP6_GIVE_UP";
 
 /// The variable naming (space-separated) the interfaces the backup stores with DHCP.
 const LAB_DHCP_VAR: &str = "FELHOM_LAB_DHCP";
@@ -348,11 +346,9 @@ pub struct LabRequest<'a> {
     /// The names stored with DHCP (`ip=dhcp`, `ip6=dhcp`): no lease can come in the copy.
     pub dhcp: &'a [String],
     /// The names stored with `ip6=dhcp`: in the agent's own copies, the boot wait stops their
-    /// `dhclient -6` ([`dhcp6_watch`]).
+    /// `dhclient -6` ([`DHCP6_WATCH`]); `networking.service`, failed for them, is then not
+    /// restarted (its restart would wait on them again).
     pub dhcp6: &'a [String],
-    /// The names whose `dhclient -6` the boot wait stopped: `networking.service` failed for
-    /// them, and is not restarted (its restart would wait on them again).
-    pub dhcp6_stopped: &'a [String],
     /// A copy of the agent's own (a restore test's or a selftest's, never a customer's guest):
     /// the failed units that are the node's doing in a user namespace are reset
     /// ([`USERNS_UNMOUNTABLE`], journald's audit socket).
@@ -362,12 +358,6 @@ pub struct LabRequest<'a> {
 impl LabRequest<'_> {
     fn plain_names(&self) -> (Vec<&String>, Vec<&String>) {
         self.names.iter().partition(|n| valid_ifname(n))
-    }
-
-    fn argv(&self, script: String) -> Vec<String> {
-        let mut argv: Vec<String> = vec!["/bin/sh".into(), "-c".into(), script, "sh".into()];
-        argv.extend(self.plain_names().0.into_iter().cloned());
-        argv
     }
 
     fn dhcp_names(&self) -> Vec<&str> {
@@ -380,27 +370,72 @@ impl LabRequest<'_> {
     }
 }
 
-/// The boot wait's watch for an agent's own copy with `ip6=dhcp` interfaces (`None`: none, or
-/// not the agent's own copy). `give_up`: [`DHCP6_GIVE_UP`].
-pub fn dhcp6_watch(lab: &LabRequest<'_>, give_up: Duration) -> Option<BootWatch> {
-    let ok = lab.plain_names().0;
-    let names: Vec<String> = lab
+/// The boot trip of an isolated copy ([`crate::guest::boot::boot_trip`]): the guard and
+/// [`GIVE`] before the wait, [`DHCP6_WATCH`] as its tick in the agent's own copies with
+/// `ip6=dhcp` interfaces (`give_up`: [`DHCP6_GIVE_UP`]), the guard and [`SETTLE`] after it.
+pub fn boot_plan(lab: &LabRequest<'_>, give_up: Duration) -> BootPlan {
+    let (ok, bad) = lab.plain_names();
+    let mut plan = BootPlan {
+        args: ok.iter().map(|n| n.to_string()).collect(),
+        ..BootPlan::default()
+    };
+    if !ok.is_empty() || !bad.is_empty() {
+        plan.before = Some(format!("{GUARD}{GIVE}"));
+    }
+    let dhcp6: Vec<&str> = lab
         .dhcp6
         .iter()
         .filter(|n| ok.contains(n))
-        .cloned()
+        .map(String::as_str)
         .collect();
-    if names.is_empty() || !lab.reset_node_failures {
-        return None;
+    if !dhcp6.is_empty() && lab.reset_node_failures {
+        plan.tick = Some(DHCP6_WATCH.to_string());
+        plan.env.push((LAB_DHCP6_VAR, dhcp6.join(" ")));
+        plan.env
+            .push((LAB_DHCP6_GIVE_UP_VAR, give_up.as_secs().max(1).to_string()));
     }
-    Some(BootWatch {
-        script: DHCP6_WATCH.to_string(),
-        args: names,
-        env: vec![(
-            "FELHOM_LAB_DHCP6_GIVE_UP",
-            give_up.as_secs().max(1).to_string(),
-        )],
-    })
+    if !ok.is_empty() || lab.reset_node_failures {
+        plan.after = Some(format!("lab_strict=0\n{GUARD}{SETTLE}"));
+        let dhcp = lab.dhcp_names();
+        if !dhcp.is_empty() {
+            plan.env.push((LAB_DHCP_VAR, dhcp.join(" ")));
+        }
+        if lab.reset_node_failures {
+            plan.env
+                .push((LAB_USERNS_VAR, USERNS_UNMOUNTABLE.join(" ")));
+        }
+    }
+    plan
+}
+
+/// What the lab did in one boot trip, for the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabDone {
+    /// Before the wait: what was given.
+    pub given: Vec<String>,
+    /// During the wait: the DHCPv6 clients stopped.
+    pub dhcp6_stopped: Vec<String>,
+    /// After the wait: what was reset and restarted (empty: nothing, or the step did not run).
+    pub settled: Vec<String>,
+}
+
+/// Read what the lab's steps printed in `trip` (hostile: only their closed sets of words).
+pub fn read_trip(lab: &LabRequest<'_>, trip: &BootTrip) -> LabDone {
+    let (ok, bad) = lab.plain_names();
+    let given = if ok.is_empty() && bad.is_empty() {
+        Vec::new()
+    } else {
+        lab_report(&trip.before.join("\n"), &[], true, &bad)
+    };
+    let settled = match &trip.after {
+        Some((lines, _)) => lab_report(&lines.join("\n"), &lab.dhcp_names(), !ok.is_empty(), &[]),
+        None => Vec::new(),
+    };
+    LabDone {
+        given,
+        dhcp6_stopped: dhcp6_stopped(lab, &trip.tick).1,
+        settled,
+    }
 }
 
 /// The names the watch stopped a `dhclient -6` for, and what the report says of each (from its
@@ -427,67 +462,6 @@ pub fn dhcp6_stopped(lab: &LabRequest<'_>, lines: &[String]) -> (Vec<String>, Ve
         }
     }
     (names, notes)
-}
-
-/// Step 1: give an isolated copy its stored interfaces (`lab.names`), each as a veth pair
-/// whose other end is also inside the copy, and restart without waiting a network unit that
-/// already failed for the missing device. `Ok`: what was given, for the report (`None`:
-/// nothing to give: empty). Names that are not plain interface names are left out and said.
-pub async fn give_interfaces<E: GuestExec>(
-    exec: &E,
-    lab: &LabRequest<'_>,
-    timeout: Duration,
-) -> Result<Vec<String>, String> {
-    let (ok, bad) = lab.plain_names();
-    if ok.is_empty() && bad.is_empty() {
-        return Ok(Vec::new());
-    }
-    let req = ExecRequest::new(lab.argv(format!("{GUARD}{GIVE}")))
-        .timeout(timeout)
-        .output_cap(16 * 1024);
-    let out = exec
-        .exec(&req)
-        .await
-        .map_err(|e| format!("the copy's stored interfaces could not be given: {e}"))?;
-    Ok(lab_report(&out.stdout.text(), &[], true, &bad))
-}
-
-/// Step 2, after the boot: reset the node's failures (`lab.reset_node_failures`), restart
-/// what the missing interface can explain, reset what fails only for a lease or an
-/// advertisement. `Ok`: what changed, for the report (nothing: empty).
-pub async fn settle<E: GuestExec>(
-    exec: &E,
-    lab: &LabRequest<'_>,
-    timeout: Duration,
-) -> Result<Vec<String>, String> {
-    let (ok, _) = lab.plain_names();
-    if ok.is_empty() && !lab.reset_node_failures {
-        return Ok(Vec::new());
-    }
-    let dhcp = lab.dhcp_names();
-    let mut req = ExecRequest::new(lab.argv(format!("lab_strict=0\n{GUARD}{SETTLE}")))
-        .timeout(timeout)
-        .output_cap(16 * 1024);
-    if !dhcp.is_empty() {
-        req = req.env(LAB_DHCP_VAR, dhcp.join(" "));
-    }
-    if lab.reset_node_failures {
-        req = req.env(LAB_USERNS_VAR, USERNS_UNMOUNTABLE.join(" "));
-    }
-    let stopped: Vec<&str> = lab
-        .dhcp6_stopped
-        .iter()
-        .filter(|n| dhcp.contains(&n.as_str()))
-        .map(String::as_str)
-        .collect();
-    if !stopped.is_empty() {
-        req = req.env(LAB_DHCP6_STOPPED_VAR, stopped.join(" "));
-    }
-    let out = exec
-        .exec(&req)
-        .await
-        .map_err(|e| format!("the copy's failed units could not be settled: {e}"))?;
-    Ok(lab_report(&out.stdout.text(), &dhcp, !ok.is_empty(), &[]))
 }
 
 /// The report's parts from a lab step's output (hostile: only its closed set of line words is

@@ -6,7 +6,7 @@
 //! - [`lxc`]: [`LxcExec`], `pct exec` (files too, on its stdin);
 //! - [`lxc_monitor`]: who holds a container's LXC command socket, checked before every `pct exec`;
 //! - [`qemu`]: [`QemuExec`] over the [`GuestAgentApi`] seam the PVE client implements;
-//! - [`boot`]: the wait for the guest's boot to end (systemd's `is-system-running --wait`);
+//! - [`boot`]: the wait for the guest's boot to end (systemd's `is-system-running`, asked once a second in one exec);
 //! - [`lab`]: what an isolated copy is given (its stored interfaces, inside it) and which of its
 //!   failed units are the isolation's or the node's doing;
 //! - [`bootstrap`]: profiles pushed into the guest and run once per transaction;
@@ -19,6 +19,7 @@ pub mod boot;
 pub mod bootstrap;
 pub mod checks;
 pub mod exec;
+pub mod frames;
 pub mod lab;
 pub mod lxc;
 pub mod lxc_monitor;

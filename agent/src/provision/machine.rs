@@ -92,7 +92,7 @@ pub enum Step {
     Start,
     /// Waiting for the proof of launch (running and answers an exec).
     ProveLaunch,
-    /// Waiting for the guest's boot to end (systemd's `is-system-running --wait`), so the
+    /// Waiting for the guest's boot to end (systemd's `is-system-running`), so the
     /// bootstrap and the checks judge a booted guest, not one whose units have not run yet.
     WaitBoot,
     /// Waiting for the bootstrap profile to finish.

@@ -477,7 +477,6 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
         names: &names,
         dhcp: &dhcp6,
         dhcp6: &dhcp6,
-        dhcp6_stopped: &[],
         reset_node_failures: true,
     };
     let lines: Vec<String> = [
@@ -501,19 +500,58 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
         ]
     );
     // The watch runs only in the agent's own copies, and only for stored ip6=dhcp names.
-    let watch = dhcp6_watch(&lab, DHCP6_GIVE_UP).expect("a watch");
-    assert_eq!(watch.args, vec!["eth0".to_string()]);
-    assert_eq!(
-        watch.env,
-        vec![("FELHOM_LAB_DHCP6_GIVE_UP", "60".to_string())]
+    let plan = boot_plan(&lab, DHCP6_GIVE_UP);
+    assert_eq!(plan.tick.as_deref(), Some(DHCP6_WATCH));
+    assert_eq!(plan.args, vec!["eth0".to_string(), "eth1".to_string()]);
+    assert!(
+        plan.env.contains(&("FELHOM_LAB_DHCP6", "eth0".to_string())),
+        "{:?}",
+        plan.env
+    );
+    assert!(
+        plan.env
+            .contains(&("FELHOM_LAB_DHCP6_GIVE_UP", "60".to_string())),
+        "{:?}",
+        plan.env
     );
     let customer = LabRequest {
         reset_node_failures: false,
         ..lab.clone()
     };
-    assert!(dhcp6_watch(&customer, DHCP6_GIVE_UP).is_none());
+    let plan = boot_plan(&customer, DHCP6_GIVE_UP);
+    assert!(plan.tick.is_none());
+    assert!(
+        !plan
+            .env
+            .iter()
+            .any(|(k, _)| k.starts_with("FELHOM_LAB_DHCP6")),
+        "{:?}",
+        plan.env
+    );
     let none = LabRequest { dhcp6: &[], ..lab };
-    assert!(dhcp6_watch(&none, DHCP6_GIVE_UP).is_none());
+    assert!(boot_plan(&none, DHCP6_GIVE_UP).tick.is_none());
+}
+
+/// The boot trip's script with the DHCPv6 watch as its tick, as an agent's own copy with
+/// `ip6=dhcp` on `name` runs it; its init taken for systemd (this machine's is not).
+fn watch_script(name: &str) -> String {
+    let names = [name.to_string()];
+    let lab = LabRequest {
+        names: &names,
+        dhcp: &names,
+        dhcp6: &names,
+        reset_node_failures: true,
+    };
+    let plan = boot_plan(&lab, DHCP6_GIVE_UP);
+    let plan = crate::guest::boot::BootPlan {
+        before: None,
+        after: None,
+        ..plan
+    };
+    let script = crate::guest::boot::script(&plan, 60);
+    let init = "felhom_init() {\n";
+    assert!(script.contains(init));
+    script.replace(init, "felhom_init() {\n  return 0\n")
 }
 
 /// The DHCPv6 watch in a real shell beside a real process named `dhclient` (a copy of `/bin/sh`
@@ -554,16 +592,20 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
     let g = Guest::new(LO, &systemctl);
     let started = std::time::Instant::now();
     let out = g.run(
-        DHCP6_WATCH,
+        &watch_script(name),
         &[name],
-        &[("FELHOM_LAB_DHCP6_GIVE_UP", "1")],
+        &[
+            ("FELHOM_LAB_DHCP6", name),
+            ("FELHOM_LAB_DHCP6_GIVE_UP", "1"),
+        ],
         Init::Host,
     );
     let status = client.wait().expect("the fake client was waited for");
     let _ = Command::new("kill")
         .args(["-KILL", "--", &format!("-{pid}")])
         .status();
-    let mut lines = out.lines();
+    let mut lines = out.lines().filter(|l| !l.starts_with("felhom-took "));
+    assert_eq!(lines.next(), Some("felhom-step wait"), "{out}");
     let stopped = lines.next().unwrap_or("");
     assert!(
         stopped.starts_with(&format!("dhcp6-stopped {name} ")),
@@ -584,12 +626,19 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
     );
     let g = Guest::new(LO, &systemctl);
     let out = g.run(
-        DHCP6_WATCH,
+        &watch_script(name),
         &[name],
-        &[("FELHOM_LAB_DHCP6_GIVE_UP", "1")],
+        &[
+            ("FELHOM_LAB_DHCP6", name),
+            ("FELHOM_LAB_DHCP6_GIVE_UP", "1"),
+        ],
         Init::Host,
     );
-    assert_eq!(out, "systemd running\n");
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.starts_with("felhom-took "))
+        .collect();
+    assert_eq!(lines, ["felhom-step wait", "systemd running"], "{out}");
 }
 
 /// The give step in a guest whose `systemctl` answers `nm_state` for

@@ -14,14 +14,10 @@ pub(super) struct Lab {
     dhcp: Vec<String>,
     /// The names stored with `ip6=dhcp`.
     dhcp6: Vec<String>,
-    /// The names whose `dhclient -6` the boot wait stopped, and what the report says of it.
-    pub(super) dhcp6_stopped: (Vec<String>, Vec<String>),
     /// The agent's own throwaway copy: the node's failures are reset.
     own_copy: bool,
     /// Why nothing could be given (the stored config could not be read).
     unread: Option<String>,
-    /// What the step before the boot wait gave, for the report.
-    pub(super) given: Vec<String>,
 }
 
 impl Lab {
@@ -30,14 +26,13 @@ impl Lab {
             names: &self.names,
             dhcp: &self.dhcp,
             dhcp6: &self.dhcp6,
-            dhcp6_stopped: &self.dhcp6_stopped.0,
             reset_node_failures: self.own_copy,
         }
     }
 
-    /// What the boot wait runs for this copy (`None`: the plain wait).
-    pub(super) fn boot_watch(&self) -> Option<crate::guest::boot::BootWatch> {
-        crate::guest::lab::dhcp6_watch(&self.request(), dhcp6_give_up())
+    /// What the boot wait's exec runs beside the wait for this copy.
+    pub(super) fn plan(&self) -> crate::guest::boot::BootPlan {
+        crate::guest::lab::boot_plan(&self.request(), dhcp6_give_up())
     }
 }
 
@@ -122,44 +117,37 @@ impl Executor<'_> {
         Some(lab)
     }
 
-    /// After the boot of an isolated container copy with systemd: reset what the node made
-    /// fail in the agent's own copies, restart the failed units that can have failed for the
-    /// missing interface, and wait for the boot to settle again; what changed goes to the
-    /// report (after what was given before the boot). Anything else is left as it booted.
-    pub(super) async fn lab_settle(
+    /// The boot of an isolated container copy as the boot trip saw it, with what its lab did:
+    /// given before the wait, the DHCPv6 clients stopped during it, and what was reset and
+    /// restarted after it (then the second wait is the one that counts: the boot as first seen
+    /// stays first in the report). All of it goes to the report's `isolation`.
+    pub(super) fn lab_done(
         &mut self,
-        state: &State,
         vmid: u32,
-        guest: GuestKind,
-        seen: String,
-        lab: Lab,
+        lab: &Lab,
+        trip: crate::guest::boot::BootTrip,
     ) -> Result<String, String> {
+        let done = crate::guest::lab::read_trip(&lab.request(), &trip);
         let mut parts: Vec<String> = lab.unread.clone().into_iter().collect();
-        parts.extend(lab.given.iter().cloned());
-        parts.extend(lab.dhcp6_stopped.1.iter().cloned());
-        let exec = self.exec_for(vmid, guest, state.txn());
-        let settled = if seen.starts_with("systemd") {
-            crate::guest::lab::settle(&exec, &lab.request(), self.timeouts.boot).await?
-        } else {
-            Vec::new()
-        };
-        if settled.is_empty() {
-            self.isolation = (!parts.is_empty()).then(|| parts.join("; "));
-            return Ok(seen);
+        parts.extend(done.given.iter().cloned());
+        if !done.given.is_empty() {
+            tracing::info!(vmid, "isolation: {}", done.given.join("; "));
         }
-        tracing::info!(vmid, "isolation: {}", settled.join("; "));
-        // The guard's word on a namespace it could not give to is said once.
-        for part in settled {
-            if !parts.contains(&part) {
-                parts.push(part);
+        parts.extend(done.dhcp6_stopped.iter().cloned());
+        let waited = match (trip.first, trip.after) {
+            (Ok(seen), Some((_, again))) if !done.settled.is_empty() => {
+                tracing::info!(vmid, "isolation: {}", done.settled.join("; "));
+                // The guard's word on a namespace it could not give to is said once.
+                for part in done.settled {
+                    if !parts.contains(&part) {
+                        parts.push(part);
+                    }
+                }
+                again.map(|after| format!("{seen}; after the isolation, {after}"))
             }
-        }
-        // The boot as first seen stays first: the second wait only follows the restarts.
-        let settled = crate::guest::boot::wait_boot(&exec, self.timeouts.boot)
-            .await
-            .map(|after| format!("{seen}; after the isolation, {after}"));
-        drop(exec);
-        self.isolation = Some(parts.join("; "));
-        settled
+            (first, _) => first,
+        };
+        self.isolation = (!parts.is_empty()).then(|| parts.join("; "));
+        waited
     }
 }

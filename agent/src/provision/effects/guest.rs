@@ -1,0 +1,244 @@
+//! The executor's work inside the guest: the launch proof, the boot wait (with an isolated
+//! copy's lab, `lab.rs`), the bootstrap and the checks, each one trip into the guest.
+
+use std::time::{Duration, Instant};
+
+use super::{Executor, DEFAULT_PROFILE};
+use crate::error::{ErrorCode, Failure};
+use crate::guest::bootstrap::{load_profile, run_bootstrap, BootstrapSettings};
+use crate::guest::checks::{load_packs, run_checks, CheckContext, CheckSettings, CheckStatus};
+use crate::guest::exec::{ExecError, ExecRequest, GuestExec};
+use crate::provision::machine::{Event, State, TxnKind};
+use crate::pve::GuestKind;
+
+impl Executor<'_> {
+    /// The boot wait, with an isolated copy's lab before and after it, in one exec; Ctrl-C
+    /// stops it (the exec is dropped, as in the bootstrap); a resume waits again.
+    pub(super) async fn wait_boot(
+        &mut self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Result<Event, Failure> {
+        let cancel = self.cancel.clone();
+        // An isolated copy is given its stored interfaces before the wait, so it boots
+        // toward its stored network as its production guest does; what the isolation
+        // or the node made fail is settled after it: all in the wait's one exec.
+        let lab = self.lab_for(state, guest).await;
+        let plan = lab.as_ref().map(|l| l.plan()).unwrap_or_default();
+        let exec = self.exec_for(vmid, guest, state.txn());
+        let trip = tokio::select! {
+            t = crate::guest::boot::boot_trip(&exec, self.timeouts.boot, &plan) => t,
+            () = cancel.cancelled() => {
+                return Err(Failure::new(
+                    ErrorCode::Interrupted,
+                    format!(
+                        "interrupted while waiting for the boot of vmid {vmid} to end (transaction {}); the journal holds the transaction and `felhom-agent journal resume {}` waits again",
+                        state.txn(),
+                        state.txn()
+                    ),
+                ));
+            }
+        };
+        drop(exec);
+        let waited = match lab {
+            Some(lab) => self.lab_done(vmid, &lab, trip),
+            None => trip.first,
+        };
+        Ok(match waited {
+            Ok(seen) => {
+                tracing::info!(vmid, "boot ended: {seen}");
+                self.boot = Some(seen.clone());
+                Event::BootEnded { seen }
+            }
+            Err(message) => {
+                self.boot = Some(message.clone());
+                Event::BootUnfinished {
+                    message: format!(
+                        "{message} ({} {vmid} on node {})",
+                        guest.pve_word(),
+                        self.cfg.node
+                    ),
+                }
+            }
+        })
+    }
+
+    /// The launch proof: an exec in the guest answers (a container's `pct exec`, a VM's guest
+    /// agent), retried while the guest is still coming up, until the launch timeout.
+    pub(super) async fn prove_launch(
+        &self,
+        vmid: u32,
+        guest: GuestKind,
+        txn: ulid::Ulid,
+    ) -> Result<(), String> {
+        let node = &self.cfg.node;
+        let deadline = Instant::now() + self.timeouts.launch_proof;
+        let exec = self.exec_for(vmid, guest, txn);
+        let mut last: String;
+        loop {
+            // The exec is the proof (it answers only from a running guest); PVE's status is
+            // read only when it did not answer, to say why.
+            let req = ExecRequest::new(["/bin/sh", "-c", "echo felhom-launch-ok"])
+                .timeout(Duration::from_secs(30));
+            match exec.exec(&req).await {
+                Ok(out) if out.success() && out.stdout.text().contains("felhom-launch-ok") => {
+                    return Ok(())
+                }
+                Ok(out) => last = format!("the exec answered {}", out.summary()),
+                // Only a guest that is still coming up is worth waiting for; a missing `pct`,
+                // a bad request or a vanished guest will not get better.
+                Err(e @ (ExecError::NotRunning { .. } | ExecError::AgentNotRunning { .. })) => {
+                    last = match self.pve.status_current(node, guest, vmid).await {
+                        Ok(st) if !st.is_running() => {
+                            format!("{} {vmid} is {}", guest.pve_word(), st.status)
+                        }
+                        _ => e.to_string(),
+                    }
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{} {vmid} on node {node} did not answer an exec: {e}",
+                        guest.pve_word()
+                    ))
+                }
+            }
+            if Instant::now() >= deadline || self.cancel.is_cancelled() {
+                return Err(format!(
+                    "{} {vmid} on node {node} did not prove its launch within {}s: {last}",
+                    guest.pve_word(),
+                    self.timeouts.launch_proof.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    pub(super) async fn bootstrap(
+        &self,
+        state: &State,
+        vmid: u32,
+        guest: GuestKind,
+    ) -> Result<(), String> {
+        if state.kind() == TxnKind::SelftestRestore {
+            // A restored copy of a production guest is checked, never changed.
+            tracing::info!(
+                vmid,
+                "restore test: no bootstrap inside a copy of a production guest"
+            );
+            return Ok(());
+        }
+        let name = state
+            .request()
+            .profile
+            .as_deref()
+            .unwrap_or(DEFAULT_PROFILE);
+        let profile =
+            load_profile(&self.cfg.provision.bootstrap_dir, name).map_err(|e| e.to_string())?;
+        let exec = self.exec_for(vmid, guest, state.txn());
+        let report = run_bootstrap(
+            &exec,
+            &profile,
+            &state.txn().to_string(),
+            &BootstrapSettings::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        // The profile ran in the guest; its result is not journaled yet.
+        #[cfg(feature = "test-hooks")]
+        super::kill_point("during-bootstrap");
+        report.into_result().map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    pub(super) async fn run_checks(
+        &mut self,
+        vmid: u32,
+        guest: GuestKind,
+        restore: bool,
+        txn: ulid::Ulid,
+        volid: &str,
+    ) -> Result<(), String> {
+        let dir = if restore {
+            &self.cfg.restore_test.checks_dir
+        } else {
+            &self.cfg.provision.checks_dir
+        };
+        let mut checks = load_packs(dir).map_err(|e| e.to_string())?;
+        // Checks for chosen guests only (`guests`, `guest_tags`): those of the guest whose
+        // backup this copy is, by its vmid or a PVE tag of the restored config.
+        if checks.iter().any(|c| c.scope != Default::default()) {
+            let source = crate::pve::types::backup_owner_from_volid(volid);
+            let tags = if checks.iter().any(|c| c.scope.needs_tags()) {
+                match self.pve.config_get(&self.cfg.node, guest, vmid).await {
+                    Ok(c) => c
+                        .get("tags")
+                        .and_then(|v| v.as_str())
+                        .map(crate::guest::checks::split_tags)
+                        .unwrap_or_default(),
+                    Err(_) => Vec::new(),
+                }
+            } else {
+                Vec::new()
+            };
+            checks.retain(|c| c.scope.applies(source, &tags));
+        }
+        if checks.is_empty() {
+            return Err(format!(
+                "no checks in {}: a guest is only green when checked; install the default pack (checks.d/default.toml)",
+                dir.display()
+            ));
+        }
+        // The name from a config read of this run (the marker's read-back), else read now.
+        let seen = self
+            .guest_name
+            .lock()
+            .ok()
+            .and_then(|n| n.clone())
+            .filter(|(v, _)| *v == vmid)
+            .map(|(_, name)| name);
+        let hostname = match seen {
+            Some(name) => name,
+            None => match self.pve.config_get(&self.cfg.node, guest, vmid).await {
+                Ok(c) => c
+                    .get(if guest == GuestKind::Lxc {
+                        "hostname"
+                    } else {
+                        "name"
+                    })
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_string(),
+                Err(_) => String::new(),
+            },
+        };
+        let ctx = CheckContext::new()
+            .with("hostname", hostname)
+            .with("vmid", vmid.to_string())
+            .with("node", self.cfg.node.clone())
+            .with("txn", txn.to_string());
+        let exec = self.exec_for(vmid, guest, txn);
+        self.checks = run_checks(&exec, &checks, &ctx, &CheckSettings::default()).await;
+        let bad: Vec<String> = self
+            .checks
+            .iter()
+            .filter(|c| c.status != CheckStatus::Pass)
+            .map(|c| {
+                format!(
+                    "{} ({:?}: {})",
+                    c.name,
+                    c.status,
+                    c.message.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "checks did not pass in {} {vmid}: {}",
+                guest.pve_word(),
+                bad.join("; ")
+            ))
+        }
+    }
+}
