@@ -34,17 +34,12 @@ const STATE_READ_TIMEOUT: Duration = Duration::from_secs(20);
 /// second (a poll, not `--wait`: the wait stays bounded inside the guest, and the tick runs
 /// between two asks) until systemd has left `initializing` and `starting`, and prints the answer
 /// (`systemd <state>`, or `no-systemd`); after SECS it prints `felhom-timeout` and the state
-/// read (the state and up to five jobs systemd still runs, the running ones first). `felhom_ms`: milliseconds since the epoch (seconds where `date` has
-/// no `%N`).
+/// read (the state and up to five jobs systemd still runs, the running ones first).
 const WAIT_FNS: &str = r#"
 felhom_init() {
   command -v systemctl >/dev/null 2>&1 && { [ -d /run/systemd/system ] ||
     case "$(readlink /proc/1/exe 2>/dev/null) $(cat /proc/1/comm 2>/dev/null)" in
       */systemd\ *|*\ systemd) true;; *) false;; esac; }
-}
-felhom_ms() {
-  felhom_t=$(date +%s%N 2>/dev/null)
-  case $felhom_t in *[!0-9]*|'') echo "$(date +%s)000";; *) echo "$((felhom_t / 1000000))";; esac
 }
 felhom_wait() {
   felhom_start=$(felhom_ms); felhom_end=$(( $(date +%s) + $1 ))
@@ -261,7 +256,8 @@ pub async fn boot_trip<E: GuestExec>(exec: &E, timeout: Duration, plan: &BootPla
 /// The boot trip's script for `plan`, each wait at most `secs`.
 pub fn script(plan: &BootPlan, secs: u64) -> String {
     let mut script = format!(
-        "{WAIT_FNS}felhom_tick() {{\n{}\n:\n}}\n",
+        "{}{WAIT_FNS}felhom_tick() {{\n{}\n:\n}}\n",
+        super::frames::RUN_FNS,
         plan.tick.as_deref().unwrap_or(":")
     );
     if let Some(before) = &plan.before {

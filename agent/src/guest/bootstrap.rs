@@ -532,21 +532,12 @@ while [ $# -ge 4 ]; do
 done
 cd "$base" || exit 5
 export FELHOM_TXN="$txn" FELHOM_VMID="$vmid" FELHOM_PROFILE="$profile" FELHOM_BOOTSTRAP_DIR="$base" FELHOM_FILES_DIR="$base/files"
-ss=; command -v setsid >/dev/null 2>&1 && ss=setsid
 o=$(mktemp "${TMPDIR:-/tmp}/felhom-bootstrap.XXXXXX" 2>/dev/null) || o="$base/.out"
 e=$(mktemp "${TMPDIR:-/tmp}/felhom-bootstrap.XXXXXX" 2>/dev/null) || e="$base/.err"
 k="$o.killed"
 t0=$(felhom_ms)
-$ss ./run </dev/null >"$o" 2>"$e" &
-p=$!
-( n=0
-  while kill -0 "$p" 2>/dev/null; do
-    if [ "$n" -ge "$secs" ]; then : >"$k"; kill -9 -"$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; exit 0; fi
-    sleep 1; n=$((n+1))
-  done ) >/dev/null 2>&1 </dev/null &
-w=$!
-wait "$p"; rc=$?
-kill "$w" 2>/dev/null
+felhom_watched "$secs" "$o" "$e" "$k" ./run
+rc=$felhom_rc
 ms=$(( $(felhom_ms) - t0 ))
 code=null sig=null
 if [ -e "$k" ] && [ "$rc" = 137 ]; then st=timed_out
@@ -590,7 +581,11 @@ pub async fn run_bootstrap<E: GuestExec>(
     let mut argv: Vec<String> = vec![
         "/bin/sh".into(),
         "-c".into(),
-        format!("{}{}{RUN_SCRIPT}", super::frames::FRAME_FN, MS_FN),
+        format!(
+            "{}{}{RUN_SCRIPT}",
+            super::frames::FRAME_FN,
+            super::frames::RUN_FNS
+        ),
         "felhom-bootstrap".into(),
         base.clone(),
         MARKER_PATH.into(),
@@ -700,15 +695,6 @@ pub async fn run_bootstrap<E: GuestExec>(
         _ => Err(step_error("run", outcome.summary())),
     }
 }
-
-/// The shell function `felhom_ms`: milliseconds since the epoch (seconds where `date` has no
-/// `%N`).
-const MS_FN: &str = r#"
-felhom_ms() {
-  felhom_t=$(date +%s%N 2>/dev/null)
-  case $felhom_t in *[!0-9]*|'') echo "$(date +%s)000";; *) echo "$((felhom_t / 1000000))";; esac
-}
-"#;
 
 #[cfg(test)]
 mod tests {

@@ -673,8 +673,9 @@ const RUN_SLACK: Duration = Duration::from_secs(30);
 /// The run of every check in one exec (`/bin/sh -c <this> felhom-checks CAP ERRCAP AT_ONCE
 /// SECS1 SQL1 SECS2 SQL2 …`): osquery is found with `test -x` (`felhom-osquery osqueryi`,
 /// `osqueryd` or `none`), whether systemd is the guest's init is said (`felhom-init systemd`
-/// or `other`: sd_booted(3)'s `/run/systemd/system`, or PID 1's own binary), each check runs as its own process (in a session of its own where the
-/// guest has `setsid`, so what it started is stopped with it), AT_ONCE at a time, its stdout and
+/// or `other`: sd_booted(3)'s `/run/systemd/system`, or PID 1's own binary), each check runs
+/// as its own process (`felhom_watched` of [`super::frames::RUN_FNS`]: in a session of its own
+/// where the guest has `setsid`, so what it started is stopped with it), AT_ONCE at a time, its stdout and
 /// stderr caught in a private folder, with a watchdog that kills it after its own SECS (a flag
 /// file says the watchdog did it). Then, for each check in order, `felhom-check <i> <status>
 /// <killed> <ms>` and its stdout and stderr as frames (`crate::guest::frames`). A check that never
@@ -692,22 +693,10 @@ for t in /tmp /run /dev/shm /var/tmp; do
   d=
 done
 [ -n "$d" ] || { echo "felhom-nofolder"; exit 0; }
-ss=; command -v setsid >/dev/null 2>&1 && ss=setsid
-now() { n=$(date +%s%N 2>/dev/null); case $n in *[!0-9]*|'') echo "$(date +%s)000000000";; *) echo "$n";; esac; }
 one() {
-  t0=$(now)
-  $ss "$o" $s @FLAGS@ "$3" </dev/null >"$d/$1.o" 2>"$d/$1.e" &
-  p=$!
-  ( n=0
-    while kill -0 "$p" 2>/dev/null; do
-      if [ "$n" -ge "$2" ]; then : >"$d/$1.t"; kill -9 -"$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; exit 0; fi
-      sleep 1; n=$((n+1))
-    done ) >/dev/null 2>&1 </dev/null &
-  w=$!
-  wait "$p"; rc=$?
-  kill "$w" 2>/dev/null
-  t1=$(now)
-  echo "$rc $(( (t1 - t0) / 1000000 ))" >"$d/$1.r"
+  t0=$(felhom_ms)
+  felhom_watched "$2" "$d/$1.o" "$d/$1.e" "$d/$1.t" "$o" $s @FLAGS@ "$3"
+  echo "$felhom_rc $(( $(felhom_ms) - t0 ))" >"$d/$1.r"
 }
 i=0
 while [ $# -ge 2 ]; do
@@ -733,7 +722,11 @@ fn run_script() -> String {
         .replace("@OSQUERYI@", OSQUERYI_PATH)
         .replace("@OSQUERYD@", OSQUERYD_PATH)
         .replace("@FLAGS@", &OSQUERY_FLAGS.join(" "));
-    format!("{}{script}", super::frames::FRAME_FN)
+    format!(
+        "{}{}{script}",
+        super::frames::FRAME_FN,
+        super::frames::RUN_FNS
+    )
 }
 
 /// Run `checks` in the guest, all in one exec ([`RUN_SCRIPT`]), up to [`CHECKS_AT_ONCE`] at a
@@ -1525,7 +1518,10 @@ mod tests {
         assert!(script.contains("test -x /usr/bin/osqueryi; then o=/usr/bin/osqueryi s=;"));
         assert!(script.contains("o=/opt/osquery/bin/osqueryd s=-S;"));
         assert!(script.contains(&format!("\"$o\" $s {} \"$3\"", OSQUERY_FLAGS.join(" "))));
-        assert!(!script.contains('@'), "{script}");
+        assert!(
+            !script.contains("@OSQUERY") && !script.contains("@FLAGS@"),
+            "{script}"
+        );
         // A check line: 1-based index within the run, status, the watchdog's flag, time.
         assert_eq!(
             check_line("2", "0", "0", "15", 3),

@@ -23,6 +23,36 @@ felhom_frame() {
 }
 "#;
 
+/// The shell functions of the scripts that run commands in the guest for the agent:
+/// `felhom_ms` prints milliseconds since the epoch (seconds where `date` has no `%N`);
+/// `felhom_watched SECS OUT ERR KILLED CMD…` runs CMD (stdin `/dev/null`, stdout in OUT, stderr
+/// in ERR; in a session of its own where the guest has `setsid`, so that what it starts goes
+/// with it) beside a watchdog that, after SECS seconds, creates KILLED and kills CMD's process
+/// group; `felhom_rc` is then CMD's exit status (137 and KILLED: the watchdog's kill).
+pub const RUN_FNS: &str = r#"
+felhom_ms() {
+  felhom_t=$(date +%s%N 2>/dev/null)
+  case $felhom_t in *[!0-9]*|'') echo "$(date +%s)000";; *) echo "$((felhom_t / 1000000))";; esac
+}
+felhom_watched() {
+  felhom_s=$1 felhom_o=$2 felhom_e=$3 felhom_k=$4; shift 4
+  if command -v setsid >/dev/null 2>&1; then setsid "$@" </dev/null >"$felhom_o" 2>"$felhom_e" &
+  else "$@" </dev/null >"$felhom_o" 2>"$felhom_e" &
+  fi
+  felhom_p=$!
+  ( n=0
+    while kill -0 "$felhom_p" 2>/dev/null; do
+      if [ "$n" -ge "$felhom_s" ]; then
+        : >"$felhom_k"; kill -9 -"$felhom_p" 2>/dev/null; kill -9 "$felhom_p" 2>/dev/null; exit 0
+      fi
+      sleep 1; n=$((n+1))
+    done ) >/dev/null 2>&1 </dev/null &
+  felhom_w=$!
+  wait "$felhom_p"; felhom_rc=$?
+  kill "$felhom_w" 2>/dev/null
+}
+"#;
+
 /// The most items (lines and frames) read from one stream.
 pub const MAX_ITEMS: usize = 4096;
 
