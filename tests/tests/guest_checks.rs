@@ -36,6 +36,16 @@ fn by_name<'a>(results: &'a [CheckResult], name: &str) -> &'a CheckResult {
         .unwrap_or_else(|| panic!("no result for {name}: {results:?}"))
 }
 
+/// Panic (after killing them) when processes whose command line holds `marker` are still
+/// there after `within`.
+fn assert_gone(marker: &str, within: Duration, what: &str) {
+    let left = wait_processes_gone(marker, within);
+    if !left.is_empty() {
+        kill_processes_with_marker(marker);
+        panic!("{what}: {left:?}");
+    }
+}
+
 fn statuses(results: &[CheckResult]) -> Vec<(String, CheckStatus)> {
     results.iter().map(|r| (r.name.clone(), r.status)).collect()
 }
@@ -268,11 +278,11 @@ async fn osquery_that_does_not_answer_in_time_is_an_error_and_is_killed() {
         "{slow:?}"
     );
     // The stand-in sleeps with "613.37" on its command line; nothing of it may be left.
-    let left = wait_processes_gone("sleep 613.37", Duration::from_secs(3));
-    if !left.is_empty() {
-        kill_processes_with_marker("sleep 613.37");
-        panic!("osquery left behind: {left:?}");
-    }
+    assert_gone(
+        "sleep 613.37",
+        Duration::from_secs(3),
+        "osquery left behind",
+    );
 }
 
 #[tokio::test]
@@ -334,11 +344,11 @@ async fn a_check_that_never_returns_fails_alone_named_within_its_timeout() {
         .to_string();
     assert!(err.contains(&hung) && err.contains("no-such-host"), "{err}");
     // The hung stand-in sleeps with "613.41" on its command line: stopped with it.
-    let left = wait_processes_gone("sleep 613.41", Duration::from_secs(5));
-    if !left.is_empty() {
-        kill_processes_with_marker("sleep 613.41");
-        panic!("the hung check was left running: {left:?}");
-    }
+    assert_gone(
+        "sleep 613.41",
+        Duration::from_secs(5),
+        "the hung check was left running",
+    );
 }
 
 #[tokio::test]
