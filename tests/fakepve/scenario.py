@@ -1498,6 +1498,7 @@ class ScenarioPve(fake_server.FakePve):
         interfaces = self._debian_interfaces(ct.config or {})
         if interfaces:
             self._guest_file(rootfs, '/etc/network/interfaces', interfaces)
+        self._bed_lxc_cleanup_cgroups(vmid)
         log_path = os.path.join(self.bed_dir(vmid), 'lxc-start.log')
         logf = open(log_path, 'ab')
         # pve-container@.service runs `/usr/bin/lxc-start -F -n <vmid>`; the bed's lxcpath is
@@ -1509,6 +1510,35 @@ class ScenarioPve(fake_server.FakePve):
             self.bed_lxc = {}
         self.bed_lxc[vmid] = {'proc': proc, 'log': log_path}
         return proc
+
+    def _bed_lxc_cleanup_cgroups(self, vmid):
+        """pve-container's pre-start hook (src/lxc-pve-prestart-hook `cleanup_cgroups`) removes
+        the cgroups a previous run of the container left (`lxc/<vmid>`, `lxc.monitor/<vmid>`),
+        depth first, and dies when one cannot go: LXC's monitor often fails to remove them at
+        stop (its rmdir meets processes still exiting), and with `lxc.cgroup.dir.container` set
+        lxc-start then fails with ERANGE (lxc src/lxc/cgroups/cgfsng.c `cgfsng_payload_create`
+        tries no suffix). The hook runs inside lxc-start, a moment after the start request; the
+        bed, whose tests start a copy right after its stop, gives killed processes 5 s to leave
+        a folder before it fails the start as the hook would."""
+        top = os.path.join('felhom-bed', self.guest_bed['real_lxc']['net_prefix'])
+        deadline = time.monotonic() + 5
+        for hier in glob.glob('/sys/fs/cgroup/*/') + ['/sys/fs/cgroup/']:
+            for kind in ('lxc', 'lxc.monitor'):
+                base = os.path.join(hier, top, kind, str(vmid))
+                while os.path.isdir(base):
+                    left = []
+                    for root, _, _ in sorted(os.walk(base), key=lambda x: -len(x[0])):
+                        try:
+                            os.rmdir(root)
+                        except FileNotFoundError:
+                            pass
+                        except OSError as e:
+                            left.append('{0}: {1}'.format(root, e.strerror))
+                    if not left:
+                        break
+                    if time.monotonic() > deadline:
+                        raise fake_model.TaskError("failed to remove directory '{0}'".format(left[0]))
+                    time.sleep(0.05)
 
     def _bed_lxc_failed(self, vmid, proc):
         tail = ''
@@ -2557,6 +2587,9 @@ class Control(object):
             return refuse(404, 'no guest {0}'.format(vmid))
         try:
             set_guest(self.pve, guest, data.get('set', {}))
+            # A status set here is a finished stop or start, as PVE's task is once it ends: the
+            # bed's real container is stopped (its monitor gone) or running before the answer.
+            self.pve.bed_sync()
         except Exception as exc:  # noqa: BLE001 - reported to the caller
             return refuse(400, '{0}: {1}'.format(type(exc).__name__, exc))
         return result(guest)

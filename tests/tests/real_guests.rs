@@ -149,6 +149,20 @@ fn isolated_copy_of_a_debian_guest_shows_networking_failed() {
     // the agent gave it went with its old network namespace.
     w.pve.guest_set(122, json!({"status": "stopped"}));
     wait_exec(&w, 122, false);
+    // LXC's monitor often leaves the container's cgroup behind at a stop (its rmdir meets
+    // processes still exiting); PVE's pre-start hook removes it, else lxc-start fails (ERANGE).
+    let prefix = w.bed.net_prefix().expect("a real bed");
+    let left = [
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ]
+    .iter()
+    .map(|h| format!("{h}/felhom-bed/{prefix}/lxc"))
+    .find(|p| std::path::Path::new(p).is_dir())
+    .map(|p| format!("{p}/122/ns/left"))
+    .expect("the bed's cgroup folder");
+    std::fs::create_dir_all(&left).unwrap_or_else(|e| panic!("{left}: {e}"));
     w.pve.guest_set(122, json!({"status": "running"}));
     wait_exec(&w, 122, true);
 
