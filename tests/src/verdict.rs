@@ -27,6 +27,18 @@ pub fn debian_backup(release: Option<&str>, nics: &[&str], files: Value, links: 
     s
 }
 
+/// A NIC as pve-container stores it with a static address on vmbr0 (no gateway answers on the
+/// bed's bridge, and none is needed: ifupdown brings a static address up at once).
+pub const STATIC_NET0: &str =
+    "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,mtu=1450,type=veth";
+
+/// [`debian_backup`] with [`STATIC_NET0`]: a real guest that keeps its network boots in
+/// seconds. (The demo's own backup asks for DHCP, and no server answers on the bed's bridge:
+/// Debian's dhclient then holds `networking.service`, and the boot, for 60 s.)
+pub fn static_debian_backup() -> Value {
+    debian_backup(None, &[STATIC_NET0], json!({}), json!({}))
+}
+
 /// An operator's own pack that lists every failed unit, leaving none out: in a copy whose
 /// backup is fine it passes only when the isolation left nothing failed that is not the
 /// backup's.

@@ -1024,7 +1024,7 @@ fn the_real_lxc_monitor_is_trusted_and_a_squatter_on_a_stopped_containers_name_i
         exec_helper: false,
         ..felhom_tests::fakepve::AgentOptions::default()
     };
-    let Some(w) = World::real_or_skip(felhom_tests::fakepve::demo_scenario(), &opts) else {
+    let Some(w) = World::real_or_skip(felhom_tests::verdict::static_debian_backup(), &opts) else {
         return;
     };
     let h = Helper::start(&w, "");

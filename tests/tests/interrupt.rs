@@ -92,7 +92,7 @@ fn ctrl_c_stops_a_bootstrap_running_sleep_60_and_leaves_no_process_in_the_guest(
 #[test]
 fn ctrl_c_stops_a_bootstrap_running_sleep_60_in_a_real_guest_and_leaves_no_process_in_it() {
     let Some(w) = World::real_or_skip(
-        felhom_tests::fakepve::demo_scenario(),
+        felhom_tests::verdict::static_debian_backup(),
         &felhom_tests::fakepve::AgentOptions::default(),
     ) else {
         return;
