@@ -147,6 +147,23 @@ export FELHOM_TEST_REPORTS=$reports
 # The tests that ask for real guests (LXC containers running Debian) fail when this machine
 # cannot run them, instead of falling back to the busybox bed.
 export FELHOM_REQUIRE_REAL_GUESTS=${FELHOM_REQUIRE_REAL_GUESTS:-1}
+# One process imports the fake PVE's Python once and forks each test's fake from it
+# (tests/fakepve/zygote.py): a fake started from scratch costs about 0.4 s of processor time in
+# imports, and most tests start one. (A plain `cargo nextest run` without it starts each fake
+# from scratch.)
+zygote_dir=$(mktemp -d)
+cleanup+=("$zygote_dir")
+zygote_pid=""
+exec {zygote_out}< <(exec "$FELHOM_FAKEPVE_PYTHON" tests/fakepve/zygote.py "$zygote_dir/sock" 2>"$zygote_dir/log")
+zygote_pid=$!
+if read -r -t 30 -u "$zygote_out" zygote_ready && [ "$zygote_ready" = ready ]; then
+  export FELHOM_FAKEPVE_ZYGOTE="$zygote_dir/sock"
+else
+  cat "$zygote_dir/log" >&2
+  echo "tests/fakepve/zygote.py did not start (its output above)" >&2
+  exit 1
+fi
+trap 'rc=$?; [ -z "$zygote_pid" ] || kill "$zygote_pid" 2>/dev/null || true; print_times $rc' EXIT
 junit=""
 set +e
 if cargo nextest --version >/dev/null 2>&1; then

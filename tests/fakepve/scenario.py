@@ -2617,8 +2617,24 @@ class Control(object):
 
 # -------------------------------------------------------------------------- main
 
+# The process whose end ends this fake: its parent, or for a fake forked by zygote.py the
+# process that asked for it.
+WATCH_PID = None
+
+
 async def watch_parent(stop, every=1.0):
     """Stop when the process that started us is gone (a test runner killed hard leaves no orphan)."""
+    if WATCH_PID is not None:
+        while not stop.is_set():
+            await asyncio.sleep(every)
+            try:
+                os.kill(WATCH_PID, 0)
+            except ProcessLookupError:
+                log.warning('process %d that asked for this fake is gone; stopping', WATCH_PID)
+                stop.set()
+            except PermissionError:
+                pass
+        return
     parent = os.getppid()
     while not stop.is_set():
         await asyncio.sleep(every)

@@ -16,14 +16,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -296,7 +294,7 @@ struct Ready {
 ///
 /// Dropping it sends SIGTERM, waits up to [`TERM_GRACE`], then kills and reaps the process.
 pub struct FakePve {
-    child: Option<Child>,
+    child: Option<crate::fakeproc::FakeProc>,
     stdout_reader: Option<JoinHandle<()>>,
     ready: Ready,
     host: String,
@@ -368,22 +366,21 @@ impl FakePve {
         let log_path = dir.path().join("fakepve.log");
         let log = fs::File::create(&log_path)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
-        let mut child = Command::new(&python)
-            .arg(&script)
-            .arg(&scenario_path)
-            .current_dir(workspace_root())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {} {}: {e}; run tests/run.sh",
-                    python.display(),
-                    script.display()
-                )
-            });
-        let stdout = child.stdout.take();
+        let (mut child, stdout) = crate::fakeproc::FakeProc::start(
+            &python,
+            &script,
+            &scenario_path,
+            &workspace_root(),
+            log,
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} {}: {e}; run tests/run.sh",
+                python.display(),
+                script.display()
+            )
+        });
+        let stdout = Some(stdout);
         let (tx, rx) = mpsc::channel::<String>();
         let stdout_reader = std::thread::spawn(move || {
             let Some(stdout) = stdout else { return };
@@ -397,8 +394,7 @@ impl FakePve {
         let line = match rx.recv_timeout(READY_TIMEOUT) {
             Ok(line) => line,
             Err(e) => {
-                let _ = child.kill();
-                let status = child.wait();
+                let status = child.kill_and_wait();
                 let _ = stdout_reader.join();
                 panic!(
                     "fakepve did not become ready ({}; exit: {status:?}); its log:\n{}",
@@ -415,8 +411,7 @@ impl FakePve {
         let ready: Ready = match serde_json::from_str(&line) {
             Ok(r) => r,
             Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                let _ = child.kill_and_wait();
                 panic!("fakepve's ready line {line:?} is not what scenario.py prints: {e}");
             }
         };
@@ -850,24 +845,13 @@ impl FakePve {
 
     fn stop(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
-        let status = match child.try_wait() {
-            Ok(Some(status)) => Some(status),
-            _ => {
-                if let Ok(pid) = i32::try_from(child.id()) {
-                    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-                }
-                let deadline = Instant::now() + TERM_GRACE;
-                loop {
-                    match child.try_wait() {
-                        Ok(Some(status)) => break Some(status),
-                        Ok(None) if Instant::now() < deadline => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        _ => {
-                            let _ = child.kill();
-                            break child.wait().ok();
-                        }
-                    }
+        let status = match child.wait_for(Duration::ZERO) {
+            Some(status) => Some(status),
+            None => {
+                child.terminate();
+                match child.wait_for(TERM_GRACE) {
+                    Some(status) => Some(status),
+                    None => child.kill_and_wait(),
                 }
             }
         };

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod devhub;
+pub mod fakeproc;
 pub mod fakepve;
 pub mod guestbed;
 pub mod nspawn;

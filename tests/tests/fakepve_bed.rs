@@ -361,6 +361,104 @@ fn drop_and_terminate_end_the_process() {
     assert_eq!(kill(pid, None), Err(Errno::ESRCH));
 }
 
+/// A client of tests/fakepve/zygote.py that asks for one fake and ends once it is ready.
+const ZYGOTE_CLIENT: &str = r#"
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+r, w = os.pipe()
+log = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT, 0o600)
+req = json.dumps({'scenario': sys.argv[2], 'cwd': os.getcwd(), 'env': dict(os.environ)}) + '\n'
+socket.send_fds(s, [req.encode()], [w, log])
+os.close(w)
+print(json.loads(s.makefile().readline())['pid'], flush=True)
+print(os.read(r, 4096).decode()[:8], flush=True)
+"#;
+
+/// The zygote (tests/run.sh starts it) forks each fake: the fake runs with the environment of
+/// the test that asked for it, serves, ends cleanly on SIGTERM with its status told back, and
+/// a fake whose asker ends without stopping it ends too (as a spawned fake ends with its
+/// parent). SIGTERM ends the zygote and removes its socket.
+#[test]
+fn the_zygote_forks_fakes_that_run_as_their_asker_and_end_with_it() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("sock");
+    let mut zygote = std::process::Command::new(felhom_tests::fakepve::fakepve_python())
+        .arg(felhom_tests::fakepve::workspace_root().join("tests/fakepve/zygote.py"))
+        .arg(&sock)
+        .env_remove("FAKEPVE_LOG_LEVEL")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the zygote");
+    let mut ready = String::new();
+    std::io::BufReader::new(zygote.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("the zygote's ready line");
+    assert_eq!(ready, "ready\n");
+    // One test per process (nextest): nothing else reads the environment meanwhile.
+    std::env::set_var(felhom_tests::fakeproc::ZYGOTE_ENV, &sock);
+    std::env::set_var("FAKEPVE_LOG_LEVEL", "INFO");
+
+    let pve = FakePve::demo();
+    let pid = Pid::from_raw(i32::try_from(pve.pid()).expect("pid"));
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let ppid: u32 = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .expect("ppid");
+    assert_eq!(ppid, zygote.id(), "the fake is the zygote's child");
+    assert!(pve.guest(200).is_some(), "the forked fake serves");
+    // The asker's FAKEPVE_LOG_LEVEL, not the zygote's (unset), set the fake's log level.
+    assert!(
+        pve.log()
+            .contains(" INFO fakepve-scenario: serving https://"),
+        "the fake runs with the asker's environment: {}",
+        pve.log()
+    );
+    let status = pve.terminate();
+    assert!(status.success(), "SIGTERM is a clean exit: {status:?}");
+    assert_eq!(kill(pid, None), Err(Errno::ESRCH));
+
+    // An asker that ends: its fake follows within a few seconds.
+    let mut scenario = demo_scenario();
+    scenario["host"] = json!("127.0.0.1");
+    scenario["certdir"] = json!(dir.path().join("certs"));
+    let path = dir.path().join("scenario.json");
+    std::fs::write(&path, scenario.to_string()).expect("scenario");
+    let out = std::process::Command::new(felhom_tests::fakepve::fakepve_python())
+        .arg("-c")
+        .arg(ZYGOTE_CLIENT)
+        .arg(&sock)
+        .arg(&path)
+        .arg(dir.path().join("log"))
+        .output()
+        .expect("the client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let orphan: i32 = lines.next().and_then(|l| l.parse().ok()).expect("pid");
+    assert_eq!(lines.next(), Some("{\"url\": "), "{text}");
+    let orphan = Pid::from_raw(orphan);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kill(orphan, None).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the fake outlived its asker by 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    nix::sys::signal::kill(
+        Pid::from_raw(i32::try_from(zygote.id()).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    assert!(zygote.wait().expect("wait").success());
+    assert!(!sock.exists(), "the zygote leaves no socket");
+}
+
 #[test]
 #[should_panic(expected = "neither a role")]
 fn a_bad_scenario_fails_loudly() {

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Start fakes without paying Python's imports each time: one process imports scenario.py (and
+with it fakepve, aiohttp and the routes' compiled patterns) once, then forks one fake per request.
+
+    <venv>/bin/python tests/fakepve/zygote.py SOCKET
+
+tests/run.sh starts it and exports FELHOM_FAKEPVE_ZYGOTE=SOCKET; the tests' FakePve::start uses
+it when it answers and starts `scenario.py` itself otherwise. Measured on the 2-core machine: a
+fake started from scratch costs about 0.4 s of processor time before its ready line; most of it
+is imports.
+
+One request per connection on the unix stream socket (mode 0600):
+  - the client sends one JSON line {"scenario": PATH, "cwd": DIR, "env": {NAME: VALUE}} with two
+    descriptors attached (SCM_RIGHTS): the fake's stdout (where its ready line goes) and stderr;
+  - the zygote forks; the fake runs `scenario.py PATH` in DIR with exactly that environment and
+    those descriptors, and watches the requesting process (its peer credentials) where a fake
+    started directly watches its parent;
+  - the zygote answers {"pid": N}, and once the fake has ended {"status": S} (S as waitpid gives
+    it), then closes the connection.
+
+The zygote ends when the process that started it is gone, or on SIGTERM/SIGINT; the fakes it
+started run on (each ends with its own requester).
+"""
+
+import array
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import scenario  # noqa: E402 - the point of this process: the imports, once
+
+# What a fake imports only as it starts its servers (fakepve's server builds its aiohttp app
+# then), taken once here too.
+import aiohttp  # noqa: E402,F401
+import aiohttp.web_runner  # noqa: E402,F401
+
+MAX_REQUEST = 1 << 20
+
+
+def serve_request(conn, peer_pid):
+    """Read one request and fork its fake; the child never returns."""
+    fds = array.array('i')
+    data = b''
+    conn.settimeout(10)
+    while not data.endswith(b'\n'):
+        msg, anc, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(2 * fds.itemsize))
+        if not msg:
+            break
+        data += msg
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[:len(payload) - (len(payload) % fds.itemsize)])
+        if len(data) > MAX_REQUEST:
+            break
+    try:
+        req = json.loads(data)
+        path, cwd, env = req['scenario'], req['cwd'], req['env']
+        if len(fds) != 2 or not isinstance(env, dict):
+            raise ValueError('a request needs two descriptors and an environment')
+    except (ValueError, KeyError, TypeError) as exc:
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(json.dumps({'error': str(exc)}).encode() + b'\n')
+        return None
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            os.closerange(3, 1 << 16)
+            sys.stdout = os.fdopen(1, 'w', encoding='utf-8', errors='replace')
+            sys.stderr = os.fdopen(2, 'w', encoding='utf-8', errors='replace', buffering=1)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update({str(k): str(v) for k, v in env.items()})
+            scenario.WATCH_PID = peer_pid
+            code = scenario.main(['scenario.py', path])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001 - the fake's own end, reported on its stderr
+            import traceback
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code or 0)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(json.dumps({'pid': pid}).encode() + b'\n')
+    return pid
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.stderr.write('usage: zygote.py SOCKET\n')
+        return 2
+    path = argv[1]
+    parent = os.getppid()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    old = os.umask(0o177)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.umask(old)
+    listener.listen(64)
+    listener.setblocking(False)
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    signal.set_wakeup_fd(wake_w.fileno())
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    running = {}  # pid -> the connection that asked for it
+    sys.stdout.write('ready\n')
+    sys.stdout.flush()
+    while not stopping and os.getppid() == parent:
+        for key, _ in sel.select(timeout=1.0):
+            if key.fileobj is wake_r:
+                try:
+                    while wake_r.recv(512):
+                        pass
+                except BlockingIOError:
+                    pass
+                continue
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                continue
+            try:
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize('3i'))
+                peer_pid = struct.unpack('3i', creds)[0]
+                pid = serve_request(conn, peer_pid)
+            except OSError:
+                pid = None
+            if pid is None:
+                conn.close()
+            else:
+                running[pid] = conn
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = running.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.setblocking(True)
+                    conn.settimeout(1)
+                    conn.sendall(json.dumps({'status': status}).encode() + b'\n')
+                except OSError:
+                    pass
+                conn.close()
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv))
