@@ -683,13 +683,15 @@ pub fn all_cmdlines() -> Vec<String> {
 /// The Debian root filesystems the real bed's guests run (`tests/testbed/build-debian-rootfs.sh`
 /// flavours): a backup volume's `guest.release` names one; bookworm (Debian 12, PVE 8's systemd
 /// 252) when it names none. What differs between them is what breaks: systemd 247 (bullseye)
-/// and 257 (trixie) fail other units in a user namespace than 252 does; `bookworm-ifupdown2`
+/// and 257 (trixie) fail other units in a user namespace than 252 does; `<release>-ifupdown2`
 /// carries ifupdown2 in place of ifupdown, `<release>-nm` NetworkManager beside ifupdown.
-pub const DEBIAN_RELEASES: [&str; 7] = [
+pub const DEBIAN_RELEASES: [&str; 9] = [
     "bookworm",
     "bullseye",
     "trixie",
+    "bullseye-ifupdown2",
     "bookworm-ifupdown2",
+    "trixie-ifupdown2",
     "bullseye-nm",
     "bookworm-nm",
     "trixie-nm",

@@ -12,8 +12,8 @@
 #   DIR      default <repo>/target/testbed
 #   FLAVOUR  bookworm (Debian 12, systemd 252; the default), bullseye (Debian 11, systemd 247) or
 #            trixie (Debian 13, systemd 257): the releases whose differences the bed shows; or
-#            bookworm-ifupdown2 (ifupdown2 in place of ifupdown): the other network stack PVE's
-#            /etc/network/interfaces is read by; or bullseye-nm, bookworm-nm, trixie-nm
+#            bullseye-ifupdown2, bookworm-ifupdown2, trixie-ifupdown2 (ifupdown2 in place of
+#            ifupdown): the other network stack PVE's /etc/network/interfaces is read by; or bullseye-nm, bookworm-nm, trixie-nm
 #            (network-manager beside ifupdown, as a Debian desktop install has it: Debian's
 #            NetworkManager.conf leaves every interface with an `iface` stanza to ifupdown)
 # Prints the path of the shifted tarball (DIR/debian-<flavour>-<key>.shifted.tar) on stdout.
@@ -34,10 +34,10 @@ flavour=${2:-bookworm}
 network=ifupdown
 case $flavour in
   bullseye | bookworm | trixie) suite=$flavour ;;
-  bookworm-ifupdown2) suite=bookworm network=ifupdown2 ;;
+  bullseye-ifupdown2 | bookworm-ifupdown2 | trixie-ifupdown2) suite=${flavour%-ifupdown2} network=ifupdown2 ;;
   bullseye-nm | bookworm-nm | trixie-nm) suite=${flavour%-nm} network=ifupdown,network-manager ;;
   *)
-    echo "build-debian-rootfs: unknown flavour '$flavour' (bullseye, bookworm, trixie, bookworm-ifupdown2, bullseye-nm, bookworm-nm, trixie-nm)" >&2
+    echo "build-debian-rootfs: unknown flavour '$flavour' (bullseye, bookworm, trixie, bullseye-ifupdown2, bookworm-ifupdown2, trixie-ifupdown2, bullseye-nm, bookworm-nm, trixie-nm)" >&2
     exit 2
     ;;
 esac

@@ -90,7 +90,8 @@ fn first_boot_secs(doc: &Value) -> f64 {
 }
 
 /// An ifupdown guest as pve-container's `Setup/Debian.pm` writes it: `eth0` static with
-/// `ip6=dhcp` (`iface eth0 inet6 dhcp`), `eth1` on DHCP; the shop on `eth0`'s address, a unit
+/// `ip6=dhcp` (`iface eth0 inet6 dhcp`), `eth1` and `eth2` on DHCP (two DHCP clients waiting for
+/// a lease no server gives, on two bridges); the shop on `eth0`'s address, a unit
 /// the boot waits for with no timeout until that address is there; `sys-kernel-config.mount`
 /// failing as on a node.
 fn ifupdown_guest(release: &str, extra: Value) -> Value {
@@ -111,10 +112,25 @@ fn ifupdown_guest(release: &str, extra: Value) -> Value {
         &[
             "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,ip6=dhcp,type=veth",
             "name=eth1,bridge=vmbr0,hwaddr=BC:24:11:00:02:01,ip=dhcp,type=veth",
+            "name=eth2,bridge=vmbr1,hwaddr=BC:24:11:00:02:02,ip=dhcp,type=veth",
         ],
         files,
         json!({}),
     )
+}
+
+/// The restore test of a good backup (`scenario`) ends ok: the default pack's failed-unit
+/// check, the operator's every-failed-unit check and the shop's all pass. Its report, or `None`
+/// where the machine has no real guests.
+fn a_good_copy_ends_ok(scenario: Value) -> Option<Value> {
+    let w = world(scenario)?;
+    let run = restore_test(&w);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    for check in ["no-failed-units", "no-failed-unit-at-all", "shop-answers"] {
+        assert!(check_is(&doc, check, "pass"), "{check}: {doc:#}");
+    }
+    Some(doc)
 }
 
 /// A good ifupdown backup of `release` ends ok: both packs pass, the shop answers, the boot
@@ -122,19 +138,14 @@ fn ifupdown_guest(release: &str, extra: Value) -> Value {
 /// the boot wait, the DHCPv6 client that waits for ever was stopped), and the report names what
 /// the isolation gave, stopped and reset.
 fn a_good_ifupdown_copy_ends_ok(release: &str) {
-    let Some(w) = world(ifupdown_guest(release, json!({}))) else {
+    let Some(doc) = a_good_copy_ends_ok(ifupdown_guest(release, json!({}))) else {
         return;
     };
-    let run = restore_test(&w);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
-    for check in ["no-failed-units", "no-failed-unit-at-all", "shop-answers"] {
-        assert!(check_is(&doc, check, "pass"), "{check}: {doc:#}");
-    }
     let changed = doc["isolation"].as_str().unwrap_or("");
     assert!(
         changed.contains("eth0 given as an unconnected veth pair")
             && changed.contains("eth1 given as an unconnected veth pair")
+            && changed.contains("eth2 given as an unconnected veth pair")
             && changed.contains(&userns_reset("sys-kernel-debug.mount", "debugfs"))
             && changed.contains(&userns_reset("sys-kernel-config.mount", "configfs")),
         "{doc:#}"
@@ -149,7 +160,7 @@ fn a_good_ifupdown_copy_ends_ok(release: &str) {
         "{doc:#}"
     );
     assert_eq!(
-        changed.contains("networking.service failed for the DHCP stanza of eth0, eth1"),
+        changed.contains("networking.service failed for the DHCP stanza of eth0, eth1, eth2"),
         !release.ends_with("-ifupdown2"),
         "{doc:#}"
     );
@@ -222,28 +233,61 @@ fn a_broken_unit_after_network_online_turns_the_copy_red_naming_it(scenario: Val
 /// A systemd-networkd guest as pve-container's `Setup/Base.pm` `setup_systemd_networkd` writes
 /// it (`/etc/systemd/network/eth0.network`: the static address and gateway, `DHCP = no`,
 /// `IPv6AcceptRA = false`), networking.service masked, networkd and its wait-online enabled with
-/// wait-online's own 2-minute timeout, the shop and a broken unit after
-/// `network-online.target`.
-fn networkd_guest_with_a_broken_unit(release: &str) -> Value {
+/// wait-online's own 2-minute timeout, the shop after `network.target`; `extra`: more files.
+fn networkd_guest(release: &str, extra: Value) -> Value {
     let lib = if release == "bullseye" {
         "/lib/systemd/system"
     } else {
         "/usr/lib/systemd/system"
     };
+    let mut files = json!({
+        "/etc/systemd/network/eth0.network":
+            "[Match]\nName=eth0\n\n[Network]\nDescription = Interface eth0 autoconfigured by PVE\nAddress = 10.20.0.31/24\nGateway = 10.20.0.1\nDHCP = no\nIPv6AcceptRA = false\n",
+        "/etc/systemd/system/shop.service": SHOP_UNIT,
+        "/etc/systemd/system/multi-user.target.d/app.conf": "[Unit]\nWants=shop.service\n",
+        "/srv/www/index.html": "the shop\n",
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        files[k] = v.clone();
+    }
     scenario(
         release,
         &["name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,type=veth"],
-        json!({
-            "/etc/systemd/network/eth0.network":
-                "[Match]\nName=eth0\n\n[Network]\nDescription = Interface eth0 autoconfigured by PVE\nAddress = 10.20.0.31/24\nGateway = 10.20.0.1\nDHCP = no\nIPv6AcceptRA = false\n",
-            "/etc/systemd/system/shop.service": SHOP_UNIT,
-            "/etc/systemd/system/broken.service": BROKEN_UNIT,
-            "/etc/systemd/system/multi-user.target.d/app.conf":
-                "[Unit]\nWants=shop.service broken.service\n",
-            "/srv/www/index.html": "the shop\n",
-        }),
+        files,
         networkd_links(lib),
     )
+}
+
+/// The same with a broken unit after `network-online.target`.
+fn networkd_guest_with_a_broken_unit(release: &str) -> Value {
+    networkd_guest(release, broken_unit_files())
+}
+
+/// A good systemd-networkd backup of `release` ends ok with both packs, the shop answering: the
+/// copy was given its eth0 (networkd configured it, no `networking.service` involved) and its
+/// boot waited out no timeout.
+fn a_good_networkd_copy_ends_ok(release: &str) {
+    let Some(doc) = a_good_copy_ends_ok(networkd_guest(release, json!({}))) else {
+        return;
+    };
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("eth0 given as an unconnected veth pair")
+            && !changed.contains("networking.service"),
+        "{doc:#}"
+    );
+    let secs = first_boot_secs(&doc);
+    assert!(secs < 60.0, "the boot took {secs} s: {doc:#}");
+}
+
+#[test]
+fn a_good_debian_11_networkd_copy_ends_ok() {
+    a_good_networkd_copy_ends_ok("bullseye");
+}
+
+#[test]
+fn a_good_debian_13_networkd_copy_ends_ok() {
+    a_good_networkd_copy_ends_ok("trixie");
 }
 
 #[test]
@@ -261,10 +305,22 @@ fn a_good_debian_13_ifupdown_copy_ends_ok() {
     a_good_ifupdown_copy_ends_ok("trixie");
 }
 
-/// ifupdown2 in place of ifupdown (Debian's 3.0.0): the same `/etc/network/interfaces`.
+/// ifupdown2 in place of ifupdown (Debian 11's 3.0.0): the same `/etc/network/interfaces`.
+#[test]
+fn a_good_debian_11_ifupdown2_copy_ends_ok() {
+    a_good_ifupdown_copy_ends_ok("bullseye-ifupdown2");
+}
+
+/// ifupdown2 in place of ifupdown (Debian 12's 3.0.0).
 #[test]
 fn a_good_debian_12_ifupdown2_copy_ends_ok() {
     a_good_ifupdown_copy_ends_ok("bookworm-ifupdown2");
+}
+
+/// ifupdown2 in place of ifupdown (Debian 13's).
+#[test]
+fn a_good_debian_13_ifupdown2_copy_ends_ok() {
+    a_good_ifupdown_copy_ends_ok("trixie-ifupdown2");
 }
 
 /// A copy of an ifupdown guest of `release` that has NetworkManager beside ifupdown, as a Debian
@@ -327,6 +383,14 @@ fn a_debian_13_copy_with_network_manager_and_a_broken_unit_after_network_online_
 fn a_debian_12_ifupdown_copy_with_a_broken_unit_after_network_online_is_red_naming_it() {
     a_broken_unit_after_network_online_turns_the_copy_red_naming_it(ifupdown_guest(
         "bookworm",
+        broken_unit_files(),
+    ));
+}
+
+#[test]
+fn a_debian_12_ifupdown2_copy_with_a_broken_unit_after_network_online_is_red_naming_it() {
+    a_broken_unit_after_network_online_turns_the_copy_red_naming_it(ifupdown_guest(
+        "bookworm-ifupdown2",
         broken_unit_files(),
     ));
 }
