@@ -523,6 +523,7 @@ pub async fn settle_one(
         }
         _ => return SettleOne::NotOpen,
     };
+    let from = state.clone();
     let mut exec = Executor::new(cfg, pve, journal, reporter, cancel.clone(), lxc_route(cfg));
     let driven = match how {
         TakeUp::Resume => {
@@ -539,6 +540,7 @@ pub async fn settle_one(
     }
     refresh_metrics(cfg, journal);
     restore_test::record_taken_up(cfg, journal, &driven);
+    reporter.taken_up(&from, &driven);
     SettleOne::Settled(Box::new(driven))
 }
 
