@@ -352,6 +352,9 @@ fn usage_mistake(cli: &Cli) -> Option<CommandOutput> {
         (None, Some(Command::Journal { op: Some(_), stats: true, .. })) => {
             Some(usage("--stats belongs to `journal` alone"))
         }
+        (None, Some(Command::Journal { op: Some(_), kind, last, .. })) if kind.is_some() || last.is_some() => {
+            Some(usage("--kind and --last belong to `journal` alone"))
+        }
         (None, Some(Command::Journal { op: Some(JournalOp::Resolve { reason, .. }), .. }))
             if reason.trim().is_empty() =>
         {
@@ -457,12 +460,16 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     };
                     output::journal_stats(service::journal_stats(&cfg, since_s))
                 }
-                Command::Journal { op: None, all: true, .. } => output::journal(
+                Command::Journal { op: None, last: Some(kind), .. } => {
+                    output::journal_last(kind, service::last_of_kind(&cfg, kind))
+                }
+                Command::Journal { op: None, all: true, kind, .. } => output::journal(
                     service::journal_rows(&cfg),
                     Some(service::archived_rows(&cfg)),
+                    kind,
                 ),
-                Command::Journal { op: None, .. } => {
-                    output::journal_recent(service::journal_listing(&cfg))
+                Command::Journal { op: None, kind, .. } => {
+                    output::journal_recent(service::journal_listing(&cfg), kind)
                 }
                 Command::Destroy { vmid } => {
                     let spool = SpoolReporter::new(cfg.state_dir.clone());
