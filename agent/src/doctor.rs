@@ -293,6 +293,7 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
     }
     check_pve(&cfg, &mut r).await;
     check_local_files(&cfg, &mut r);
+    check_packs_and_profiles(&cfg, &mut r);
     let space = crate::preflight::state_dir_space(&cfg.state_dir);
     match space.code {
         Some(code) => r.fail("state_space", code, space.message),
@@ -1486,6 +1487,127 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
     }
 }
 
+/// What the next run's preflight loads, loaded the same way: every check pack (of provisions
+/// and, when it has its own folder, of restore tests) and every bootstrap profile. A pack or
+/// profile that does not load fails here, named, instead of refusing the next provision or the
+/// nightly restore test (exit 3).
+fn check_packs_and_profiles(cfg: &Config, r: &mut DoctorReport) {
+    let mut dirs = vec![(
+        "check_packs",
+        &cfg.provision.checks_dir,
+        "every provision and restore test",
+    )];
+    if cfg.restore_test.checks_dir != cfg.provision.checks_dir {
+        dirs[0].2 = "every provision";
+        dirs.push((
+            "restore_checks",
+            &cfg.restore_test.checks_dir,
+            "every restore test",
+        ));
+    }
+    for (name, dir, refused) in dirs {
+        match crate::guest::checks::load_packs(dir) {
+            Ok(checks) if checks.is_empty() => r.fail(
+                name,
+                ErrorCode::ChecksInvalid,
+                format!(
+                    "the check packs in {} define no check; until one does, {refused} is refused by its preflight (checks_invalid, exit 3): install the default pack",
+                    dir.display()
+                ),
+            ),
+            Ok(checks) => {
+                let mut packs: Vec<String> = checks
+                    .iter()
+                    .map(|c| {
+                        c.pack
+                            .file_name()
+                            .map_or_else(|| c.pack.display().to_string(), |f| f.to_string_lossy().into_owned())
+                    })
+                    .collect();
+                packs.dedup();
+                r.pass(
+                    name,
+                    format!(
+                        "{} check(s) in {} pack(s) of {} parse as the preflight parses them ({})",
+                        checks.len(),
+                        packs.len(),
+                        dir.display(),
+                        packs.join(", ")
+                    ),
+                );
+            }
+            Err(e) => r.fail(
+                name,
+                ErrorCode::ChecksInvalid,
+                format!(
+                    "{e}; fix or remove that pack: until then {refused} is refused by its preflight (checks_invalid, exit 3)"
+                ),
+            ),
+        }
+    }
+    let dir = &cfg.provision.bootstrap_dir;
+    let mut names: Vec<String> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .collect(),
+        Err(e) => {
+            r.fail(
+                "profiles",
+                ErrorCode::ProfileInvalid,
+                format!(
+                    "cannot read bootstrap_dir {} ({e}); fix bootstrap_dir in {} or create the folder with the default profile: until then every provision is refused by its preflight (profile_invalid, exit 3)",
+                    dir.display(),
+                    cfg.path.display()
+                ),
+            );
+            return;
+        }
+    };
+    if !names.iter().any(|n| n == "default") {
+        names.push("default".to_string());
+    }
+    names.sort();
+    let mut loaded = Vec::new();
+    let mut broken = Vec::new();
+    for name in &names {
+        match crate::guest::bootstrap::load_profile(dir, name) {
+            Ok(p) => loaded.push(format!("{} ({} file(s) besides run)", p.name, p.files.len())),
+            Err(e) => broken.push(format!(
+                "{e}; until it loads, a provision with profile {name:?}{} is refused by its preflight (profile_invalid, exit 3)",
+                if name == "default" { " (the default)" } else { "" }
+            )),
+        }
+    }
+    if broken.is_empty() {
+        r.pass(
+            "profiles",
+            format!(
+                "the bootstrap profiles in {} load as the preflight loads them: {}",
+                dir.display(),
+                loaded.join(", ")
+            ),
+        );
+    } else {
+        r.fail("profiles", ErrorCode::ProfileInvalid, broken.join("\n"));
+    }
+}
+
+/// Where `program` resolves on `path` as the agent resolves `pct` (the first executable regular
+/// file of that name in a folder of `PATH`).
+pub fn resolve_on_path(
+    program: &str,
+    path: Option<&std::ffi::OsStr>,
+) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(path?)
+        .map(|dir| dir.join(program))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 /// How the agent reaches into containers, and whether the exec helper answers when it is the
 /// way.
 async fn check_exec(cfg: &Config, r: &mut DoctorReport) {
@@ -1497,7 +1619,24 @@ async fn check_exec(cfg: &Config, r: &mut DoctorReport) {
     };
     let mode = ExecMode::choose(cfg, euid);
     match &mode {
-        ExecMode::Direct => r.pass("exec", format!("LXC exec: {}", mode.describe())),
+        ExecMode::Direct => {
+            let path = std::env::var_os("PATH");
+            match resolve_on_path("pct", path.as_deref()) {
+                Some(pct) => r.pass(
+                    "exec",
+                    format!("LXC exec: {}; `pct` is {}", mode.describe(), pct.display()),
+                ),
+                None => r.fail(
+                    "exec",
+                    ErrorCode::ConfigInvalid,
+                    format!(
+                        "LXC exec: {}, but `pct` is not on this process's PATH ({}): a provision would restore and start its guest and then fail its launch proof (launch_unproven, exit 5). Run the agent with PVE's folders on PATH (`pct` is /usr/sbin/pct on a PVE node), or through the exec helper ([exec] helper_socket)",
+                        mode.describe(),
+                        path.as_deref().map_or_else(|| "unset".to_string(), |p| p.to_string_lossy().into_owned())
+                    ),
+                ),
+            }
+        }
         ExecMode::Helper { socket, .. } => match probe(socket).await {
             Ok(()) => r.pass(
                 "exec",

@@ -5,6 +5,10 @@
 //! The binary (`src/main.rs`) only parses, runs and maps errors to exit codes; everything
 //! else lives in this library so the test crate can drive it directly.
 
+// Output goes through `cli::sink`, where a closed pipe stops the output and never the work
+// (`println!` and `eprintln!` panic on it).
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
 pub mod cli;
 pub mod config;
 pub mod doctor;

@@ -1,5 +1,7 @@
 //! The `felhom-agent` binary: parse, init tracing, run, map the outcome to an exit code.
 
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

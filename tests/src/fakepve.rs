@@ -1474,6 +1474,9 @@ impl AgentFiles {
             fs::set_permissions(d, fs::Permissions::from_mode(mode))
                 .unwrap_or_else(|e| panic!("cannot chmod {}: {e}", d.display()));
         }
+        // What the package installs: the default bootstrap profile and check pack (`doctor`
+        // and every provision's preflight load them).
+        crate::world::install_default_profile_and_checks(&files);
         write_private(
             &files.token_secret_file,
             format!("{}\n", pve.token_secret()).as_bytes(),

@@ -23,17 +23,24 @@ pub fn copy_tree(from: &Path, to: &Path) {
     assert!(ok, "cp -a {} {} failed", from.display(), to.display());
 }
 
-/// Put the package's default bootstrap profile and check pack into an agent's folders.
+/// Put the package's default bootstrap profile and check pack into an agent's folders, as the
+/// package installs them ([`AgentFiles::write`] does; what is there already stays).
 pub fn install_default_profile_and_checks(files: &AgentFiles) {
     let root = workspace_root();
-    copy_tree(
-        &root.join("packaging/bootstrap.d/default"),
-        &files.bootstrap_dir.join("default"),
-    );
-    copy_tree(
-        &root.join("packaging/checks.d/default.toml"),
-        &files.checks_dir.join("default.toml"),
-    );
+    for (from, to) in [
+        (
+            root.join("packaging/bootstrap.d/default"),
+            files.bootstrap_dir.join("default"),
+        ),
+        (
+            root.join("packaging/checks.d/default.toml"),
+            files.checks_dir.join("default.toml"),
+        ),
+    ] {
+        if !to.exists() {
+            copy_tree(&from, &to);
+        }
+    }
     // `cp -a` keeps the checkout's modes; the agent refuses what group or others may write.
     let ok = std::process::Command::new("chmod")
         .arg("-R")

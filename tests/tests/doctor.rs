@@ -53,6 +53,8 @@ fn all_checks_pass_against_the_demo() {
         "state_dir",
         "metrics",
         "exec",
+        "check_packs",
+        "profiles",
     ] {
         assert_eq!(check(&doc, name)["status"], "pass", "{name}: {doc:#}");
     }
@@ -422,16 +424,109 @@ fn exec_check_names_the_mode_and_fails_when_the_helper_does_not_answer() {
             ..AgentOptions::default()
         },
     );
-    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    // `pct` is looked up on the PATH the agent runs with, as the exec does: a provision without
+    // it would restore and start its guest, then fail its launch proof (exit 5).
+    let bin = tempfile::tempdir().expect("tempdir");
+    let pct = bin.path().join("pct");
+    std::fs::write(&pct, "#!/bin/sh\nexit 0\n").expect("write pct");
+    std::fs::set_permissions(&pct, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let doctor_with_path = |path: &str| {
+        let out = felhom_tests::agent::agent_command(&files.config_path)
+            .env("PATH", path)
+            .args(["doctor", "--json"])
+            .output()
+            .expect("run doctor");
+        felhom_tests::agent::AgentRun::from(out).json()
+    };
+    let doc = doctor_with_path(&format!("{}:/usr/bin:/bin", bin.path().display()));
     let exec = check(&doc, "exec");
     assert_eq!(exec["status"], "pass", "{exec}");
+    let msg = exec["message"].as_str().unwrap_or("");
     assert!(
-        exec["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("runs `pct exec` itself"),
+        msg.contains("runs `pct exec` itself") && msg.contains(&pct.display().to_string()),
         "{exec}"
     );
+    let doc = doctor_with_path("/usr/bin:/bin");
+    assert_eq!(doc["ok"], json!(false), "{doc:#}");
+    let exec = check(&doc, "exec");
+    assert_eq!(exec["status"], "fail", "{exec}");
+    let msg = exec["message"].as_str().unwrap_or("");
+    for part in [
+        "`pct` is not on",
+        "/usr/bin:/bin",
+        "/usr/sbin/pct",
+        "helper_socket",
+    ] {
+        assert!(msg.contains(part), "no {part:?} in {msg}");
+    }
+}
+
+#[test]
+fn a_pack_or_profile_the_preflight_would_refuse_fails_doctor_naming_the_file_and_the_fix() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    for name in ["check_packs", "profiles"] {
+        assert_eq!(check(&doc, name)["status"], "pass", "{name}: {doc:#}");
+    }
+    assert!(
+        check(&doc, "check_packs")["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("default.toml"),
+        "{doc:#}"
+    );
+
+    // A pack the preflight refuses (an unknown placeholder): the next provision and the
+    // nightly restore test would be refused (exit 3); doctor fails now, naming the file.
+    let broken = files.checks_dir.join("zz-broken.toml");
+    std::fs::write(
+        &broken,
+        "[[check]]\nname = \"broken\"\nsql = \"SELECT 1\"\nexpect = \"x == '{colour}'\"\n",
+    )
+    .expect("write pack");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}");
+    let packs = check(&doc, "check_packs");
+    assert_eq!(packs["status"], "fail", "{packs}");
+    assert_eq!(packs["code"], "checks_invalid", "{packs}");
+    let msg = packs["message"].as_str().unwrap_or("");
+    for part in ["zz-broken.toml", "colour", "fix or remove", "restore test"] {
+        assert!(msg.contains(part), "no {part:?} in {msg}");
+    }
+    // As the preflight judges it: the same pack refuses a dry run.
+    let dry = run_agent(
+        &files.config_path,
+        &[
+            "--selftest=provision",
+            "-vmid",
+            "150",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(dry.code, Some(3), "{}\n{}", dry.stdout, dry.stderr);
+    std::fs::remove_file(&broken).expect("rm pack");
+
+    // A profile without its run script, and the default profile gone.
+    std::fs::create_dir(files.bootstrap_dir.join("web")).expect("mkdir web");
+    std::fs::remove_dir_all(files.bootstrap_dir.join("default")).expect("rm default");
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    let profiles = check(&doc, "profiles");
+    assert_eq!(profiles["status"], "fail", "{profiles}");
+    assert_eq!(profiles["code"], "profile_invalid", "{profiles}");
+    let msg = profiles["message"].as_str().unwrap_or("");
+    for part in [
+        "\"web\"",
+        &files.bootstrap_dir.join("web/run").display().to_string(),
+        "\"default\" (the default)",
+        "create it",
+    ] {
+        assert!(msg.contains(part), "no {part:?} in {msg}");
+    }
+    assert_eq!(doc["ok"], json!(false), "{doc:#}");
 }
 
 #[test]

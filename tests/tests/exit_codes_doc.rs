@@ -78,4 +78,43 @@ fn readme_help_and_code_name_the_same_exit_codes() {
     assert!(meaning(130).contains("interrupted"), "{table:?}");
     assert!(meaning(2).contains("usage"), "{table:?}");
     assert!(meaning(6).contains("environment"), "{table:?}");
+    // Exit 5 says what it covers: every error code that ends a transaction with it is named
+    // in its row of the table and the `--help` line, and so is the missing `pct` (found only
+    // after the restore and the start: `doctor`'s exec check finds it before).
+    let help = help_text();
+    let help_5 = help
+        .split_once("Exit codes:")
+        .map(|(_, t)| t.split("\n\n").next().unwrap_or(""))
+        .and_then(|t| t.split(", ").find(|i| i.trim_start().starts_with("5 ")))
+        .unwrap_or_else(|| panic!("no exit 5 in --help: {help}"))
+        .to_string();
+    let five = meaning(5);
+    for code in felhom_agent::error::ErrorCode::ALL
+        .iter()
+        .filter(|c| felhom_agent::error::exit_status(**c) == ExitStatus::GuestFailed)
+    {
+        assert!(
+            five.contains(code.as_str()),
+            "README's exit 5 does not name {code}: {five}"
+        );
+    }
+    for part in ["launch proof", "boot", "bootstrap", "checks"] {
+        assert!(
+            five.contains(part),
+            "README's exit 5 does not say {part:?}: {five}"
+        );
+        assert!(
+            help_5.contains(part),
+            "--help's exit 5 does not say {part:?}: {help_5}"
+        );
+    }
+    assert!(five.contains("`pct`") && five.contains("doctor"), "{five}");
+}
+
+fn help_text() -> String {
+    let out = Command::new(agent_bin())
+        .arg("--help")
+        .output()
+        .expect("--help");
+    String::from_utf8_lossy(&out.stdout).to_string()
 }

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
+use crate::provision::machine::TxnKind;
+
 /// The default configuration path.
 pub const DEFAULT_CONFIG: &str = "/etc/felhom-agent/agent.toml";
 
@@ -35,7 +37,8 @@ felhom-agent --selftest=restore --dry-run    show what the restore test would do
 felhom-agent journal                         transactions and whether destroy is armed\n  \
 felhom-agent journal --stats --since 7d      per-phase p50/p95/max and outcomes, last 7 days\n\n\
 Exit codes: 0 done (also a skipped restore test), 2 usage, 3 refused before any write,\n\
-4 PVE refused or failed the create, 5 launched but bootstrap or checks failed,\n\
+4 PVE refused or failed the create, 5 restored and started but not verified: its launch proof\n\
+or boot or bootstrap or checks failed (`doctor` finds a missing `pct` before),\n\
 6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human,\n\
 130 interrupted (Ctrl-C or SIGTERM; the transaction stays open for `journal resume`)."
 )]
@@ -161,7 +164,12 @@ pub enum Command {
         long_about = "The transactions, their phase and whether destroy is armed: every open \
 transaction, every needs_human one, every kept one (destroy armed), and the 50 settled ones written \
 last (from the journal folder, then the archive); it says how many older ones are not shown. With \
---all: every transaction, the archive's too.\n\n\
+--all: every transaction, the archive's too. OUTCOME is ok, failed, refused, needs_human or \
+skipped once settled; interrupted for an open one whose process is gone; open while a process runs \
+it. --kind KIND lists one kind only (provision, destroy, selftest-provision, restore-test).\n\n\
+--last KIND shows the newest transaction of that kind in full; `journal --last restore-test` is \
+the last restore test at a glance: the backup it restored, how it ended and why, each check with \
+pass, fail or error and why, the boot, and what the isolation changed.\n\n\
 With --stats: per kind of transaction and per phase, how many times the phase ended and how \
 long it lasted (p50, p95 and max in seconds, nearest-rank percentiles), and the outcomes \
 counted (`open` for transactions not settled). A phase lasts from the journal record that \
@@ -183,6 +191,15 @@ With a verb (refresh, resolve, resume, cancel): act on the journal; see each ver
         /// than `[journal] keep_days`), not only the open, needs_human, kept and 50 newest.
         #[arg(long)]
         all: bool,
+        /// List only transactions of this kind: provision, destroy, selftest-provision, or
+        /// restore-test (also spelled selftest-restore).
+        #[arg(long, value_name = "KIND", value_parser = parse_txn_kind, conflicts_with = "stats")]
+        kind: Option<TxnKind>,
+        /// Show the newest transaction of this kind in full instead of the list: its outcome,
+        /// phase, backup, error and, for `--last restore-test`, each check with pass, fail or
+        /// error and why, the boot and what the isolation changed.
+        #[arg(long, value_name = "KIND", value_parser = parse_txn_kind, conflicts_with_all = ["stats", "all", "kind"])]
+        last: Option<TxnKind>,
         /// What to do with the journal (default: list it).
         #[command(subcommand)]
         op: Option<JournalOp>,
@@ -330,6 +347,20 @@ resume`, resume an interrupted transaction instead.)",
         #[arg(value_name = "TXN")]
         txn: String,
     },
+}
+
+/// The kinds `journal --kind` and `--last` take: each kind's journal name, and `restore-test`
+/// for a self-restore-test.
+pub fn parse_txn_kind(s: &str) -> Result<TxnKind, String> {
+    match s {
+        "provision" => Ok(TxnKind::Provision),
+        "destroy" => Ok(TxnKind::Destroy),
+        "selftest-provision" => Ok(TxnKind::SelftestProvision),
+        "restore-test" | "selftest-restore" => Ok(TxnKind::SelftestRestore),
+        other => Err(format!(
+            "{other:?} is no kind of transaction: provision, destroy, selftest-provision, restore-test (or selftest-restore)"
+        )),
+    }
 }
 
 /// Rewrite Go-style single-dash long flags (`-vmid=120`, `-json`) to their double-dash form.

@@ -9,6 +9,8 @@
 mod args;
 pub mod output;
 pub mod progress;
+pub mod sink;
+mod taken_up;
 
 pub use args::*;
 
@@ -79,7 +81,9 @@ fn init_tracing_quiet(global: &GlobalOpts, quiet: bool) {
     // raw requests (the hub's upgrade request with its `Authorization` header) below `info`.
     let cap = tracing_subscriber::filter::filter_fn(|meta| !is_capped_transport(meta));
     let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(sink::LogStderr)
+        // A log line that cannot be written is dropped, never complained about on stderr.
+        .log_internal_errors(false)
         .with_env_filter(filter)
         .with_timer(UtcTime::rfc_3339());
     let _ = match global.log_format {
@@ -166,7 +170,7 @@ pub fn shutdown_token() -> CancellationToken {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        eprintln!("interrupted twice: ending at once; `felhom-agent journal` shows the transaction to resume");
+        sink::err_line("interrupted twice: ending at once; `felhom-agent journal` shows the transaction to resume");
         std::process::exit(i32::from(ExitStatus::Interrupted.code()));
     });
     token
@@ -203,7 +207,7 @@ pub fn run(cli: Cli) -> ExitStatus {
     // own runtime.
     if let Some(Command::ExecHelper { socket }) = &cli.command {
         if cli.selftest.is_some() {
-            eprintln!("usage error: --selftest cannot be combined with a command");
+            sink::err_line("usage error: --selftest cannot be combined with a command");
             return ExitStatus::Usage;
         }
         return crate::exec_helper::server::main(&cli.global.config, socket.as_deref());
@@ -222,16 +226,15 @@ pub fn run(cli: Cli) -> ExitStatus {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("cannot start the async runtime: {e}");
+            sink::err_line(&format!("cannot start the async runtime: {e}"));
             return ExitStatus::Environment;
         }
     };
     let json_out = cli.global.json;
     let out = runtime.block_on(dispatch(cli));
     if json_out {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out.json).unwrap_or_else(|_| "{}".to_string())
+        sink::out_line(
+            &serde_json::to_string_pretty(&out.json).unwrap_or_else(|_| "{}".to_string()),
         );
         // The document holds the error too; a person (or `2>`) sees it on stderr as well
         // (not for a command that succeeded: there it is the transaction's recorded failure).
@@ -240,19 +243,19 @@ pub fn run(cli: Cli) -> ExitStatus {
             .get("error")
             .filter(|e| !e.is_null() && out.status != ExitStatus::Ok)
         {
-            eprintln!(
+            sink::err_line(&format!(
                 "error [{}]: {}",
                 e["code"].as_str().unwrap_or("-"),
                 e["message"].as_str().unwrap_or("")
-            );
+            ));
         }
     } else if !out.human.is_empty() {
         let (results, errors) = split_streams(&out.human);
         if !results.is_empty() {
-            println!("{}", results.trim_end());
+            sink::out_line(results.trim_end());
         }
         if !errors.is_empty() {
-            eprintln!("{}", errors.trim_end());
+            sink::err_line(errors.trim_end());
         }
     }
     out.status
@@ -349,6 +352,9 @@ fn usage_mistake(cli: &Cli) -> Option<CommandOutput> {
         (None, Some(Command::Journal { op: Some(_), stats: true, .. })) => {
             Some(usage("--stats belongs to `journal` alone"))
         }
+        (None, Some(Command::Journal { op: Some(_), kind, last, .. })) if kind.is_some() || last.is_some() => {
+            Some(usage("--kind and --last belong to `journal` alone"))
+        }
         (None, Some(Command::Journal { op: Some(JournalOp::Resolve { reason, .. }), .. }))
             if reason.trim().is_empty() =>
         {
@@ -387,10 +393,11 @@ async fn dispatch(cli: Cli) -> CommandOutput {
             let spool = SpoolReporter::new(cfg.state_dir.clone());
             let progress = live_view(&cli.global)
                 .then(|| progress::ProgressReporter::start(SpoolReporter::new(cfg.state_dir.clone())));
-            let reporter: &dyn crate::provision::effects::Reporter = match &progress {
+            let notes = taken_up::TakeUpNotes::new(match &progress {
                 Some(p) => p,
                 None => &spool,
-            };
+            });
+            let reporter: &dyn crate::provision::effects::Reporter = &notes;
             let opts = &cli.selftest_opts;
             let out = match kind {
                 SelftestKind::Provision => {
@@ -426,6 +433,8 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     output::restore_test(ran, opts.dry_run, progress.as_ref().is_some_and(|p| p.showed_preflight()))
                 }
             };
+            let out = notes.add_to(out);
+            drop(notes);
             if let Some(p) = progress {
                 p.finish();
             }
@@ -451,31 +460,36 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     };
                     output::journal_stats(service::journal_stats(&cfg, since_s))
                 }
-                Command::Journal { op: None, all: true, .. } => output::journal(
+                Command::Journal { op: None, last: Some(kind), .. } => {
+                    output::journal_last(kind, service::last_of_kind(&cfg, kind))
+                }
+                Command::Journal { op: None, all: true, kind, .. } => output::journal(
                     service::journal_rows(&cfg),
                     Some(service::archived_rows(&cfg)),
+                    kind,
                 ),
-                Command::Journal { op: None, .. } => {
-                    output::journal_recent(service::journal_listing(&cfg))
+                Command::Journal { op: None, kind, .. } => {
+                    output::journal_recent(service::journal_listing(&cfg), kind)
                 }
                 Command::Destroy { vmid } => {
-                    let settle_reporter = SpoolReporter::new(cfg.state_dir.clone());
-                    match service::nothing_to_destroy(&cfg, &vmid, &settle_reporter, &shutdown_token()).await {
+                    let spool = SpoolReporter::new(cfg.state_dir.clone());
+                    let notes = taken_up::TakeUpNotes::new(&spool);
+                    match service::nothing_to_destroy(&cfg, &vmid, &notes, &shutdown_token()).await {
                         Ok(Some((vmid, message))) => {
-                            return CommandOutput {
+                            return notes.add_to(CommandOutput {
                                 json: json!({"vmid": vmid, "outcome": "nothing_to_destroy", "destroyed": false, "message": message, "error": null}),
                                 human: message,
                                 status: ExitStatus::Ok,
-                            }
+                            })
                         }
                         Ok(None) => {}
-                        Err(f) => return CommandOutput::failure(&f),
+                        Err(f) => return notes.add_to(CommandOutput::failure(&f)),
                     }
-                    let reporter = SpoolReporter::new(cfg.state_dir.clone());
-                    output::transaction(
-                        service::destroy(&cfg, &vmid, Ulid::new(), &reporter, shutdown_token()).await,
+                    let out = output::transaction(
+                        service::destroy(&cfg, &vmid, Ulid::new(), &notes, shutdown_token()).await,
                         false,
-                    )
+                    );
+                    notes.add_to(out)
                 }
                 Command::Run => output::daemon(crate::hub::run(&cfg, shutdown_token()).await),
                 Command::ExecHelper { .. } => usage("exec-helper runs on its own (felhom-agent exec-helper)"),

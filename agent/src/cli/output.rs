@@ -73,17 +73,7 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>, open_word:
         ),
         None => {}
     }
-    for c in checks {
-        s.push_str(&format!(
-            "check {:<28} {}{}\n",
-            c.name,
-            c.status.as_str(),
-            c.message
-                .as_deref()
-                .map(|m| format!(": {m}"))
-                .unwrap_or_default()
-        ));
-    }
+    s.push_str(&check_lines(checks));
     let outcome = state.outcome();
     s.push_str(&format!(
         "transaction {} ({}) vmid {}: {} in phase {}; destroy armed: {}, destroyed: {}\n",
@@ -103,6 +93,28 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>, open_word:
     ));
     if let Some(f) = state.failure() {
         s.push_str(&format!("error [{}]: {}\n", f.code, f.message));
+    }
+    s
+}
+
+/// One line per check: its name, `pass`, `fail` or `error`, and why (for a pass, how many
+/// rows the query returned).
+fn check_lines(checks: &[CheckResult]) -> String {
+    let mut s = String::new();
+    for c in checks {
+        let why = match c.message.as_deref() {
+            Some(m) => format!(": {m}"),
+            None => format!(
+                " ({} row{})",
+                c.row_count,
+                if c.row_count == 1 { "" } else { "s" }
+            ),
+        };
+        s.push_str(&format!(
+            "check {:<28} {}{why}\n",
+            c.name,
+            c.status.as_str()
+        ));
     }
     s
 }
@@ -244,6 +256,7 @@ pub fn restore_test(
     let band = &run.band;
     let mut human = String::new();
     add_boot(&mut doc, &mut human, driven);
+    human.push_str(&check_lines(&driven.checks));
     let refused = run
         .preflight
         .as_ref()
@@ -258,10 +271,17 @@ pub fn restore_test(
             run.backup
         )),
         (None, _) => human.push_str(&format!("skipped: the restore-test band {band} is full\n")),
-        (Some(v), false) => human.push_str(&format!(
-            "restore test of {} in vmid {v}: {outcome}\n",
-            run.backup
-        )),
+        (Some(v), false) => {
+            if driven.checks.is_empty() {
+                human.push_str("checks: none ran (the run ended before them)\n");
+            } else {
+                human.push_str(&checks_summary(&driven.checks));
+            }
+            human.push_str(&format!(
+                "restore test of {} in vmid {v}: {outcome}\n",
+                run.backup
+            ))
+        }
     }
     if let Some(f) = driven.state.failure() {
         // A skip (the band is full) is a success: it says why, without an `error` line.
@@ -286,6 +306,18 @@ pub fn restore_test(
         },
         run.preflight.as_ref(),
         preflight_shown,
+    )
+}
+
+/// `checks: N passed, N failed, N could not run` for a person.
+fn checks_summary(checks: &[CheckResult]) -> String {
+    use crate::guest::checks::CheckStatus;
+    let count = |st: CheckStatus| checks.iter().filter(|c| c.status == st).count();
+    format!(
+        "checks: {} passed, {} failed, {} could not run\n",
+        count(CheckStatus::Pass),
+        count(CheckStatus::Fail),
+        count(CheckStatus::Error)
     )
 }
 
@@ -348,13 +380,14 @@ pub fn vmid_check(verdict: Result<(VmidVerdict, FullGuestList), Failure>) -> Com
 pub fn journal(
     rows: Result<Vec<JournalRow>, Failure>,
     archived: Option<Result<Vec<JournalRow>, Failure>>,
+    kind: Option<TxnKind>,
 ) -> CommandOutput {
     let rows = match rows {
-        Ok(r) => r,
+        Ok(r) => of_kind(r, kind),
         Err(f) => return CommandOutput::failure(&f),
     };
     let archived = match archived.transpose() {
-        Ok(a) => a,
+        Ok(a) => a.map(|a| of_kind(a, kind)),
         Err(f) => return CommandOutput::failure(&f),
     };
     let mut human = journal_table(&rows);
@@ -379,11 +412,12 @@ pub fn journal(
 
 /// `felhom-agent journal`: what may still own or concern a guest and the settled ones written
 /// last; says how many older ones `--all` would add.
-pub fn journal_recent(listing: Result<Listing, Failure>) -> CommandOutput {
-    let listing = match listing {
+pub fn journal_recent(listing: Result<Listing, Failure>, kind: Option<TxnKind>) -> CommandOutput {
+    let mut listing = match listing {
         Ok(l) => l,
         Err(f) => return CommandOutput::failure(&f),
     };
+    listing.rows = of_kind(std::mem::take(&mut listing.rows), kind);
     let mut human = journal_table(&listing.rows);
     if listing.rows.is_empty() {
         human.push_str("(no transactions yet)\n");
@@ -402,22 +436,36 @@ pub fn journal_recent(listing: Result<Listing, Failure>) -> CommandOutput {
     }
 }
 
+/// The rows of `kind` only (all when `None`).
+fn of_kind(rows: Vec<JournalRow>, kind: Option<TxnKind>) -> Vec<JournalRow> {
+    rows.into_iter()
+        .filter(|r| kind.is_none_or(|k| r.kind == k))
+        .collect()
+}
+
+/// A row's OUTCOME: its outcome once settled, `interrupted` when open and no process runs
+/// it, `open` while one does.
+fn outcome_word(r: &JournalRow) -> &'static str {
+    match (r.outcome, r.interrupted) {
+        (Some(o), _) => o.as_str(),
+        (None, true) => "interrupted",
+        (None, false) => "open",
+    }
+}
+
 fn journal_table(rows: &[JournalRow]) -> String {
     let mut human = format!(
-        "{:<26}  {:<18} {:>10}  {:<12} {:<6} {:<9} {}\n",
-        "TXN", "KIND", "VMID", "PHASE", "ARMED", "DESTROYED", "UPDATED"
+        "{:<26}  {:<18} {:>10}  {:<12} {:<12} {:<6} {:<9} {}\n",
+        "TXN", "KIND", "VMID", "OUTCOME", "PHASE", "ARMED", "DESTROYED", "UPDATED"
     );
     for r in rows {
         human.push_str(&format!(
-            "{:<26}  {:<18} {:>10}  {:<12} {:<6} {:<9} {}\n",
+            "{:<26}  {:<18} {:>10}  {:<12} {:<12} {:<6} {:<9} {}\n",
             r.txn.to_string(),
             r.kind.as_str(),
             r.vmid.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
-            if r.interrupted {
-                "interrupted"
-            } else {
-                r.phase.as_str()
-            },
+            outcome_word(r),
+            r.phase.as_str(),
             if r.destroy_armed { "yes" } else { "no" },
             if r.destroyed { "yes" } else { "no" },
             r.updated_at,
@@ -442,6 +490,85 @@ fn journal_table(rows: &[JournalRow]) -> String {
         }
     }
     human
+}
+
+/// `journal --last KIND`: the newest transaction of that kind in full; exit 0 (also when
+/// there is none: it says so).
+pub fn journal_last(
+    kind: TxnKind,
+    last: Result<Option<crate::service::LastOfKind>, Failure>,
+) -> CommandOutput {
+    let last = match last {
+        Ok(l) => l,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let Some(last) = last else {
+        return CommandOutput {
+            json: json!({"kind": kind.as_str(), "transaction": null}),
+            human: format!("no {kind} transaction in the journal or its archive\n"),
+            status: ExitStatus::Ok,
+        };
+    };
+    let r = &last.row;
+    let what = if kind == TxnKind::SelftestRestore {
+        "restore test"
+    } else {
+        kind.as_str()
+    };
+    let vmid = r.vmid.map_or_else(|| "-".to_string(), |v| v.to_string());
+    let mut human = format!(
+        "{what} {} vmid {vmid}: {} in phase {}\n",
+        r.txn,
+        outcome_word(r),
+        r.phase
+    );
+    if let Some(b) = &last.backup {
+        human.push_str(&format!("  backup:     {b}\n"));
+    }
+    human.push_str(&format!("  started:    {}\n", r.started_at));
+    human.push_str(&format!("  updated:    {}\n", r.updated_at));
+    human.push_str(&format!(
+        "  destroy armed: {}, destroyed: {}\n",
+        r.destroy_armed, r.destroyed
+    ));
+    if let Some(e) = &r.error {
+        human.push_str(&format!("  why:        [{}] {}\n", e.code, e.message));
+    }
+    if let Some(cmd) = r.resume.as_deref().filter(|_| r.interrupted) {
+        human.push_str(&format!("  resume:     `{cmd}`\n"));
+    }
+    let mut json = json!({"kind": kind.as_str(), "transaction": r, "backup": last.backup});
+    match &last.restore_test {
+        Some(rt) => {
+            if let Some(b) = &rt.boot {
+                human.push_str(&format!("  boot:       {b}\n"));
+            }
+            if let Some(i) = &rt.isolation {
+                human.push_str(&format!("  isolation:  {i}\n"));
+            }
+            if rt.checks.is_empty() {
+                human.push_str("  checks: none ran (the run ended before them)\n");
+            } else {
+                human.push_str(&format!("  {}", checks_summary(&rt.checks)));
+                for line in check_lines(&rt.checks).lines() {
+                    human.push_str(&format!("    {line}\n"));
+                }
+            }
+            json["checks"] = json!(rt.checks);
+            json["boot"] = json!(rt.boot);
+            json["isolation"] = json!(rt.isolation);
+        }
+        None if kind == TxnKind::SelftestRestore => {
+            human.push_str("  checks: not stored for this run\n");
+            json["checks"] = Value::Null;
+        }
+        None => {}
+    }
+    CommandOutput {
+        json,
+        human,
+        status: ExitStatus::Ok,
+    }
 }
 
 /// `journal resolve`: exit 0 when closed, else the refusal's status.

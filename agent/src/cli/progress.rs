@@ -4,7 +4,6 @@
 //! done, `x` failed, `!` needs a person), then a summary table of the phases. Only when
 //! stderr is a terminal and the log format is not JSON; otherwise nothing changes.
 
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -74,9 +73,10 @@ pub struct ProgressReporter<R: Reporter> {
 }
 
 fn draw(text: &str, newline: bool) {
-    let mut err = std::io::stderr().lock();
-    let _ = write!(err, "\r\x1b[2K{text}{}", if newline { "\n" } else { "" });
-    let _ = err.flush();
+    super::sink::write(
+        super::sink::Stream::Err,
+        format!("\r\x1b[2K{text}{}", if newline { "\n" } else { "" }).as_bytes(),
+    );
 }
 
 impl<R: Reporter> ProgressReporter<R> {
@@ -144,9 +144,7 @@ impl<R: Reporter> ProgressReporter<R> {
             "total",
             total.as_secs_f64()
         ));
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "{table}");
-        let _ = err.flush();
+        super::sink::write(super::sink::Stream::Err, table.as_bytes());
     }
 }
 
@@ -214,6 +212,10 @@ impl<R: Reporter> Reporter for ProgressReporter<R> {
 
     fn interrupted(&self, state: &State, record: u64, why: &crate::error::Failure) {
         self.inner.interrupted(state, record, why);
+    }
+
+    fn taken_up(&self, from: &State, driven: &crate::provision::effects::Driven) {
+        self.inner.taken_up(from, driven);
     }
 }
 

@@ -96,6 +96,10 @@ pub trait Reporter: Send + Sync {
     /// not settled; a resume settles it and reports the result), but the hub may be told that
     /// it stopped and why. Never called for a dry run.
     fn interrupted(&self, _state: &State, _record: u64, _why: &Failure) {}
+    /// Before its own work, this process took up a transaction a stopped run left open (found
+    /// at `from`) and drove it to `driven`: a command's output says so, whatever it was asked
+    /// to do.
+    fn taken_up(&self, _from: &State, _driven: &Driven) {}
 }
 
 /// Hand a settled transaction's result to the reporter (nothing for an open one or a dry run).

@@ -372,6 +372,50 @@ pub fn journal_stats(cfg: &Config, since_s: Option<u64>) -> Result<metrics::stat
     ))
 }
 
+/// The newest transaction of one kind, for `journal --last KIND`.
+#[derive(Debug, Clone)]
+pub struct LastOfKind {
+    /// Its journal row.
+    pub row: JournalRow,
+    /// The backup it restored (none for a destroy).
+    pub backup: Option<String>,
+    /// For a restore test: its stored result (checks, boot, isolation), when it is this one's.
+    pub restore_test: Option<restore_test::LastResult>,
+}
+
+/// `journal --last KIND`: the newest transaction of `kind` (by its start), from the journal
+/// folder, else the archive; `None` when there is none. Reads only.
+pub fn last_of_kind(cfg: &Config, kind: TxnKind) -> Result<Option<LastOfKind>, Failure> {
+    let journal = open_journal(cfg)?;
+    let newest = |rows: Vec<JournalRow>| {
+        rows.into_iter()
+            .filter(|r| r.kind == kind)
+            .max_by_key(|r| r.txn)
+    };
+    let mut row = newest(journal_rows(cfg)?);
+    if row.is_none() {
+        row = newest(archived_rows(cfg)?);
+    }
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let backup = journal
+        .get_any(row.txn)
+        .ok()
+        .flatten()
+        .map(|t| t.state.request().volid.clone())
+        .filter(|v| !v.is_empty() && kind != TxnKind::Destroy);
+    let restore_test = (kind == TxnKind::SelftestRestore)
+        .then(|| restore_test::read_last_result(cfg))
+        .flatten()
+        .filter(|r| r.txn == row.txn.to_string());
+    Ok(Some(LastOfKind {
+        row,
+        backup,
+        restore_test,
+    }))
+}
+
 /// `journal --all`: the archived transactions (those `journal` no longer lists), oldest first.
 pub fn archived_rows(cfg: &Config) -> Result<Vec<JournalRow>, Failure> {
     let journal = open_journal(cfg)?;
@@ -523,6 +567,7 @@ pub async fn settle_one(
         }
         _ => return SettleOne::NotOpen,
     };
+    let from = state.clone();
     let mut exec = Executor::new(cfg, pve, journal, reporter, cancel.clone(), lxc_route(cfg));
     let driven = match how {
         TakeUp::Resume => {
@@ -539,6 +584,7 @@ pub async fn settle_one(
     }
     refresh_metrics(cfg, journal);
     restore_test::record_taken_up(cfg, journal, &driven);
+    reporter.taken_up(&from, &driven);
     SettleOne::Settled(Box::new(driven))
 }
 

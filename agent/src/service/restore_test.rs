@@ -37,6 +37,63 @@ pub const ROTATION_FILE: &str = "restore-test.json";
 /// The metrics file in the textfile collector folder.
 pub const METRICS_FILE: &str = metrics::RESTORE_TEST_FILE;
 
+/// The last restore test's result in the state dir (`journal --last restore-test` shows its
+/// checks: the journal keeps the transaction, not the rows its checks saw).
+pub const LAST_RESULT_FILE: &str = "restore-test-last.json";
+/// The most of [`LAST_RESULT_FILE`] that is read.
+const LAST_RESULT_MAX_BYTES: u64 = 4 << 20;
+
+/// The last restore test as its run (or the resume that took it up) ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LastResult {
+    /// The transaction.
+    pub txn: String,
+    /// The backup restored.
+    pub backup: String,
+    /// The copy's vmid.
+    pub vmid: Option<u32>,
+    /// How it ended (`ok`, `failed`, `refused`, `needs_human`, `skipped`, `interrupted`).
+    pub ending: String,
+    /// Each check with its verdict and why.
+    pub checks: Vec<crate::guest::checks::CheckResult>,
+    /// What the boot wait waited for and saw.
+    pub boot: Option<String>,
+    /// What the isolation changed in the copy.
+    pub isolation: Option<String>,
+}
+
+/// Store `driven`'s result as the last restore test's; a failure is logged only (the journal
+/// holds the transaction either way).
+fn store_last_result(cfg: &Config, driven: &Driven) {
+    let last = LastResult {
+        txn: driven.state.txn().to_string(),
+        backup: driven.state.request().volid.clone(),
+        vmid: driven.state.vmid(),
+        ending: metrics_label(driven).to_string(),
+        checks: driven.checks.clone(),
+        boot: driven.boot.clone(),
+        isolation: driven.isolation.clone(),
+    };
+    let path = cfg.state_dir.join(LAST_RESULT_FILE);
+    let stored = serde_json::to_vec_pretty(&last)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| write_atomic(&path, &bytes, 0o600));
+    if let Err(e) = stored {
+        tracing::warn!(path = %path.display(), error = %e, "cannot store the restore test's result; `journal --last restore-test` will show the transaction without its checks");
+    }
+}
+
+/// The last restore test's stored result, when there is one that reads.
+pub fn read_last_result(cfg: &Config) -> Option<LastResult> {
+    use std::io::Read;
+    let file = fs::File::open(cfg.state_dir.join(LAST_RESULT_FILE)).ok()?;
+    let mut bytes = Vec::new();
+    file.take(LAST_RESULT_MAX_BYTES)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
 /// What the rotation remembers between runs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RotationState {
@@ -222,6 +279,7 @@ pub fn record_taken_up(cfg: &Config, journal: &crate::provision::Journal, driven
     if let Err(e) = write_metrics(cfg, journal, driven, &mut rot, duration_s) {
         tracing::warn!(txn = %driven.state.txn(), "restore-test metrics not updated: {e}");
     }
+    store_last_result(cfg, driven);
 }
 
 /// What one restore-test run did.
@@ -346,6 +404,7 @@ pub async fn run(
             started.elapsed().as_secs_f64(),
         )
         .err();
+        store_last_result(cfg, &driven);
     }
     Ok(RestoreTestRun {
         driven,
