@@ -26,7 +26,22 @@
 # FELHOM_AGENT_BIN: an agent binary to run instead of building one. Otherwise cargo builds it:
 # the cargo on PATH, or the checkout owner's rustup cargo (~/.cargo/bin, which sudo's
 # secure_path drops), run as the checkout's owner; without either it says what to run.
+#
+# --playground: the same steps, then the fake node stays up: it prints the two variables to
+# export (FELHOM_AGENT_CONFIG, and PATH with the agent and its `pct`; also written to
+# <work>/env) so every operator command can be tried against it from another shell, until
+# Ctrl-C (or SIGTERM), which removes the fake, the exec helper, the guests and the work folder
+# (exit 0).
 set -euo pipefail
+playground=""
+case "${1:-}" in
+  "") ;;
+  --playground) playground=1 ;;
+  *)
+    echo "usage: tests/demo.sh [--playground]" >&2
+    exit 2
+    ;;
+esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 if [ "$(id -u)" -ne 0 ]; then
@@ -87,7 +102,9 @@ work=$(mktemp -d "$base/felhom-demo.XXXXXX")
 fake_pid=""
 helper_pid=""
 net_prefix=""
+sleep_pid=""
 cleanup() {
+  [ -n "$sleep_pid" ] && kill "$sleep_pid" 2>/dev/null || true
   [ -n "$helper_pid" ] && kill "$helper_pid" 2>/dev/null && wait "$helper_pid" 2>/dev/null || true
   [ -n "$fake_pid" ] && kill "$fake_pid" 2>/dev/null && wait "$fake_pid" 2>/dev/null || true
   # The fake stops its real containers and removes its bridges as it ends; what a killed fake
@@ -294,3 +311,40 @@ if [ ${#failed[@]} -gt 0 ]; then
   exit 1
 fi
 printf '\ndemo ok: the provision and the restore test ended ok, every refusal was refused\n' >&2
+[ -n "$playground" ] || exit 0
+
+# The playground: the node stays up. `felhom-agent` and the `pct` stand-in side by side on
+# PATH, the config by its variable, as on a node.
+ln -s "$(readlink -f "$agent")" "$work/bin/felhom-agent"
+printf 'export FELHOM_AGENT_CONFIG=%q\nexport PATH=%q:"$PATH"\n' "$work/agent.toml" "$work/bin" >"$work/env"
+cat <<EOF
+
+== playground: the fake node ($url) stays up until Ctrl-C
+In another shell, as root:
+  export FELHOM_AGENT_CONFIG=$work/agent.toml
+  export PATH=$work/bin:\$PATH
+(or: source $work/env). Then any command of the README, e.g.:
+  felhom-agent doctor
+  felhom-agent guests
+  felhom-agent --selftest=provision -vmid 130
+  felhom-agent --selftest=provision -vmid 131 --keep
+  felhom-agent journal
+  felhom-agent destroy -vmid 131
+Its check packs are in $work/checks.d, its bootstrap profiles in $work/bootstrap.d, its
+state in $work/state, its metrics in $work/metrics, the fake's log in $work/fakepve.log.
+Ctrl-C here removes all of it.
+playground ready: $work/env
+EOF
+stop_playground() {
+  printf '\n== playground: stopping the fake node and removing %s\n' "$work" >&2
+  exit 0
+}
+trap stop_playground INT TERM
+while kill -0 "$fake_pid" 2>/dev/null; do
+  sleep 1 &
+  sleep_pid=$!
+  wait "$sleep_pid" || true
+done
+echo "playground: fakepve ended on its own (its log: $work/fakepve.log, removed now)" >&2
+tail -n 20 "$work/fakepve.log" >&2 || true
+exit 1

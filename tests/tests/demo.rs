@@ -147,3 +147,162 @@ fn demo_fails_when_the_exec_helper_cannot_read_the_container_config() {
         "the demo does not name the steps that failed:\n{stderr}"
     );
 }
+
+/// Every process whose command line names `needle` (the playground's work folder).
+fn processes_naming(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").expect("/proc").flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(needle) {
+            found.push(format!("{name}: {text}"));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_playground_as_typed_in_the_readme_serves_the_commands_then_ctrl_c_leaves_nothing() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    // The command as the README gives it, run as root (the test is).
+    let readme = fs::read_to_string(workspace_root().join("README.md")).expect("README.md");
+    let typed = readme
+        .split('`')
+        .find(|span| span.contains("tests/demo.sh --playground"))
+        .expect("the README names the playground command");
+    assert_eq!(typed, "sudo tests/demo.sh --playground");
+    let argv: Vec<&str> = typed.split_whitespace().skip(1).collect();
+    // The busybox bed: the commands are the point here, a real guest would add a minute.
+    // Its own process group, as a terminal's foreground job: Ctrl-C is SIGINT to the group.
+    let mut child = Command::new(argv[0])
+        .args(&argv[1..])
+        .process_group(0)
+        .current_dir(workspace_root())
+        .env("FELHOM_AGENT_BIN", agent_bin())
+        .env("FELHOM_FAKEPVE_PYTHON", fakepve_python())
+        .env("FELHOM_DEMO_GUESTS", "busybox")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the playground");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = child.stdout.take().expect("stdout");
+    let lines_tx = tx.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let err = child.stderr.take().expect("stderr");
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(err), &mut s);
+        s
+    });
+    drop(tx);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = String::new();
+    let env_file = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+                if let Some(path) = line.strip_prefix("playground ready: ") {
+                    break PathBuf::from(path);
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the playground never got ready:\n{seen}\n--- stderr\n{}",
+                    stderr.join().unwrap_or_default()
+                );
+            }
+        }
+    };
+    let work = env_file.parent().expect("work folder").to_path_buf();
+    let work_text = work.to_string_lossy().to_string();
+    assert!(
+        seen.contains(&format!(
+            "export FELHOM_AGENT_CONFIG={work_text}/agent.toml"
+        )) && seen.contains(&format!("export PATH={work_text}/bin:$PATH")),
+        "{seen}"
+    );
+    // What an operator types in another shell after sourcing what it printed.
+    let shell = |cmd: &str| -> (Option<i32>, String) {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!("source '{}' && {cmd}", env_file.display()))
+            .env_remove("FELHOM_AGENT_CONFIG")
+            .env_remove("FELHOM_AGENT_BIN")
+            .current_dir("/")
+            .output()
+            .expect("bash");
+        (
+            out.status.code(),
+            format!(
+                "{}\n--- stderr\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, out) = shell("command -v pct felhom-agent");
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "{work_text}/bin/pct\n{work_text}/bin/felhom-agent\n"
+        )),
+        "{out}"
+    );
+    for (cmd, want) in [
+        ("felhom-agent doctor", 0),
+        ("felhom-agent guests", 0),
+        ("felhom-agent --selftest=provision -vmid 130", 0),
+        ("felhom-agent --selftest=provision -vmid 131 --keep", 0),
+        ("felhom-agent journal", 0),
+        ("felhom-agent destroy -vmid 131", 0),
+        ("felhom-agent vmid-check 131", 0),
+    ] {
+        let (code, out) = shell(cmd);
+        assert_eq!(code, Some(want), "{cmd}:\n{out}");
+    }
+    let (_, journal) = shell("felhom-agent journal");
+    assert!(journal.contains("destroy"), "{journal}");
+
+    // Ctrl-C: everything goes, the script ends 0.
+    assert!(
+        !processes_naming(&work_text).is_empty(),
+        "the fake and the helper run"
+    );
+    nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the playground did not end after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = stderr.join().unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(!work.exists(), "{} is left", work.display());
+    let left = processes_naming(&work_text);
+    assert!(left.is_empty(), "left running: {left:#?}");
+}

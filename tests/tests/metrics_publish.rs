@@ -47,15 +47,18 @@ fn publish(config: &Path, from: &Path, to: &Path) -> (Option<i32>, String) {
     )
 }
 
-/// What node_exporter's collector reads from `dir`: every `*.prom` opened as `os.Open` does
-/// (following links, blocking on a FIFO), each with a deadline: name → content, or `None`
-/// when the open or read failed or hung.
+/// The publisher's own file in node_exporter's folder: what its last pass published.
+const STATUS: &str = "felhom_metrics_publish.prom";
+
+/// What node_exporter's collector reads from `dir`: every `*.prom` but the publisher's
+/// [`STATUS`] opened as `os.Open` does (following links, blocking on a FIFO), each with a
+/// deadline: name → content, or `None` when the open or read failed or hung.
 fn node_exporter_reads(dir: &Path) -> Vec<(String, Option<String>)> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .expect("read_dir")
         .flatten()
         .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|n| n.ends_with(".prom"))
+        .filter(|n| n.ends_with(".prom") && n != STATUS)
         .collect();
     names.sort();
     names
@@ -70,6 +73,42 @@ fn node_exporter_reads(dir: &Path) -> Vec<(String, Option<String>)> {
             (n, got)
         })
         .collect()
+}
+
+/// The publisher's [`STATUS`] in `dir`, as (file, published) in the order of its lines; it
+/// is a regular file of root, mode 0644, whose every line is a HELP, a TYPE or a sample of
+/// `felhom_metrics_published`.
+fn status(dir: &Path) -> Vec<(String, bool)> {
+    let path = dir.join(STATUS);
+    let meta = std::fs::symlink_metadata(&path).expect("the publisher's status file");
+    assert!(meta.file_type().is_file() && meta.uid() == 0 && meta.mode() & 0o7777 == 0o644);
+    let text = std::fs::read_to_string(&path).expect("read");
+    text.lines()
+        .filter(|l| {
+            !l.starts_with("# HELP felhom_metrics_published ")
+                && *l != "# TYPE felhom_metrics_published gauge"
+        })
+        .map(|l| {
+            let rest = l
+                .strip_prefix("felhom_metrics_published{file=\"")
+                .unwrap_or_else(|| panic!("{l:?} in {text}"));
+            let (file, value) = rest.split_once("\"} ").expect("a sample");
+            assert!(value == "0" || value == "1", "{l}");
+            (file.to_string(), value == "1")
+        })
+        .collect()
+}
+
+/// The status as the publisher writes it when `published` were published.
+fn want_status(published: &[&str]) -> Vec<(String, bool)> {
+    [
+        "felhom_transactions.prom",
+        "felhom_hub.prom",
+        "felhom_restore_test.prom",
+    ]
+    .iter()
+    .map(|f| (f.to_string(), published.contains(f)))
+    .collect()
 }
 
 /// A copy of `w`'s config whose `[metrics] dir` is `dir` (metrics-publish refuses a --from
@@ -149,6 +188,8 @@ fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
         "{:?}",
         node_exporter_reads(&ne)
     );
+    // The publisher says so: nothing published (the alert on a missing file can fire).
+    assert_eq!(status(&ne), want_status(&[]), "{log}");
 
     // What the agent's user could put there: a FIFO, a link to a file node_exporter may read,
     // samples of another metric, a timestamp, a file of another user; and one good file.
@@ -181,6 +222,11 @@ fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
             "felhom_restore_test.prom".to_string(),
             Some(good.to_string())
         )],
+        "{log}"
+    );
+    assert_eq!(
+        status(&ne),
+        want_status(&["felhom_restore_test.prom"]),
         "{log}"
     );
     let meta = std::fs::symlink_metadata(ne.join("felhom_restore_test.prom")).expect("meta");
@@ -232,9 +278,15 @@ fn node_exporter_gets_only_regular_files_the_agent_wrote_or_nothing() {
     let (_, log) = publish(config, &agent, &ne);
     assert!(node_exporter_reads(&ne).is_empty(), "{log}");
     assert!(log.contains("uid 65534"), "{log}");
-    // Nothing is ever left behind in node_exporter's folder but published files.
-    let left: Vec<_> = std::fs::read_dir(&ne).expect("ls").flatten().collect();
-    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(status(&ne), want_status(&[]), "{log}");
+    // Nothing is ever left behind in node_exporter's folder but published files and the
+    // publisher's status.
+    let left: Vec<_> = std::fs::read_dir(&ne)
+        .expect("ls")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(left, vec![STATUS.to_string()]);
 }
 
 #[test]
@@ -302,6 +354,50 @@ fn a_refused_agent_folder_removes_the_published_copies() {
     assert_eq!(code, Some(6), "{log}");
     assert!(node_exporter_reads(&ne).is_empty(), "{log}");
     assert!(log.contains("published copies were removed"), "{log}");
+    assert_eq!(status(&ne), want_status(&[]), "{log}");
+}
+
+#[test]
+fn made_up_label_values_are_refused_so_no_write_can_publish_thousands_of_series() {
+    let w = World::demo();
+    let Folders {
+        base: _base,
+        agent,
+        ne,
+        config,
+    } = folders(&w);
+    // 5,000 series of kinds the agent never writes, each line well-formed.
+    let made_up: String = (0..5000)
+        .map(|i| format!("felhom_transactions_total{{kind=\"k{i}\",outcome=\"ok\"}} 1\n"))
+        .collect();
+    // One made-up outcome among the agent's own.
+    let outcome = "felhom_restore_test_outcome{outcome=\"ok\"} 1\n\
+                   felhom_restore_test_outcome{outcome=\"aaaaaaaa\"} 0\n";
+    std::fs::write(agent.join("felhom_transactions.prom"), &made_up).expect("write");
+    std::fs::write(agent.join("felhom_restore_test.prom"), outcome).expect("write");
+    std::fs::write(
+        agent.join("felhom_hub.prom"),
+        "felhom_hub_configured 0\nfelhom_hub_connected 0\nfelhom_outbox_depth 0\n",
+    )
+    .expect("write");
+    let (code, log) = publish(&config, &agent, &ne);
+    assert_eq!(code, Some(0), "{log}");
+    let seen: Vec<String> = node_exporter_reads(&ne)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(seen, vec!["felhom_hub.prom".to_string()], "{log}");
+    assert!(
+        log.contains("felhom_transactions.prom")
+            && log.contains("line 1 has a value of label kind"),
+        "{log}"
+    );
+    assert!(
+        log.contains("felhom_restore_test.prom")
+            && log.contains("line 2 has a value of label outcome"),
+        "{log}"
+    );
+    assert_eq!(status(&ne), want_status(&["felhom_hub.prom"]), "{log}");
 }
 
 #[test]

@@ -292,6 +292,8 @@ fn stats_agree_with_the_journal_and_every_metrics_file_passes_promtool() {
     );
     let hub = samples(&written[1]);
     assert_eq!(hub["felhom_hub_connected"], 0.0, "no hub configured");
+    // And it says it has none, so FelhomHubDisconnected stays quiet on it.
+    assert_eq!(hub["felhom_hub_configured"], 0.0, "no hub configured");
     assert!(hub.contains_key("felhom_outbox_depth"));
 
     // The dashboard uses only names these files hold.
@@ -591,6 +593,7 @@ fn felhom_hub_connected_follows_the_hub_session() {
     std::thread::sleep(Duration::from_secs(3));
     let text = std::fs::read_to_string(w.files.metrics_dir.join("felhom_hub.prom")).expect("read");
     assert_eq!(samples(&text)["felhom_hub_connected"], 1.0, "{text}");
+    assert_eq!(samples(&text)["felhom_hub_configured"], 1.0, "{text}");
     hub.stop();
     wait_for_sample(
         &w,
@@ -599,6 +602,9 @@ fn felhom_hub_connected_follows_the_hub_session() {
         0.0,
         Duration::from_secs(15),
     );
+    // Still a node with a hub: the disconnection is what the alert is for.
+    let text = std::fs::read_to_string(w.files.metrics_dir.join("felhom_hub.prom")).expect("read");
+    assert_eq!(samples(&text)["felhom_hub_configured"], 1.0, "{text}");
     let (status, log) = agent.terminate(Duration::from_secs(20));
     assert!(status.success(), "{log}");
 }

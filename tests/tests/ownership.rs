@@ -494,3 +494,98 @@ fn fakepve_refuses_tags_in_a_restore_request_from_the_pool_token() {
         json!({}),
     );
 }
+
+#[test]
+fn a_kept_isolated_container_is_reported_as_not_destroyable_by_the_agent_everywhere() {
+    // An isolated container copy has every NIC removed before its start, so PVE generated
+    // nothing for it that a copy of it would not carry: an empty birth identity. Kept, the
+    // agent can never prove it later, and says so from the first line on.
+    let w = World::demo();
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "153",
+        "--keep",
+        "--network=isolated",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["destroy_armed"], json!(false), "{doc:#}");
+    let why = text(&doc["disarmed"]);
+    assert!(
+        why.contains("empty birth identity") && why.contains("pct destroy 153"),
+        "{doc:#}"
+    );
+    let txn = text(&doc["txn"]);
+    assert!(w.pve.guest(153).is_some(), "kept");
+
+    // The text result line says the same.
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "154",
+        "--keep",
+        "--network=isolated",
+    ]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("destroy armed: false")
+            && run.stdout.contains("empty birth identity")
+            && run.stdout.contains("pct destroy 154"),
+        "{}",
+        run.stdout
+    );
+
+    // The journal: not armed, with the reason.
+    let row = w.journal_txn(&txn);
+    assert_eq!(row["destroy_armed"], json!(false), "{row:#}");
+    // `journal refresh` never calls it a guest it could prove and destroy.
+    let refresh = w.agent(&["journal", "refresh", "--json"]);
+    assert_eq!(
+        refresh.code,
+        Some(0),
+        "{}\n{}",
+        refresh.stdout,
+        refresh.stderr
+    );
+    let rows = refresh.json()["transactions"].clone();
+    assert!(
+        !rows
+            .as_array()
+            .expect("rows")
+            .iter()
+            .any(|r| r["txn"] == json!(txn) && r["finding"] == "present_with_proof"),
+        "{rows:#}"
+    );
+    let refresh = w.agent(&["journal", "refresh"]);
+    assert!(
+        !refresh.stdout.contains("present with its proof"),
+        "{}",
+        refresh.stdout
+    );
+
+    // `destroy` refuses it, naming why and the command that removes it; nothing is deleted.
+    let before = guest_deletes(&w).len();
+    let run = destroy(&w, 153);
+    assert_eq!(run.code, Some(7), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("pct destroy 153") || run.stderr.contains("pct destroy 153"),
+        "{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    assert_eq!(guest_deletes(&w).len(), before);
+    assert!(w.pve.guest(153).is_some());
+
+    // `--help` says it before anyone keeps one.
+    let help = w.agent(&["--help"]);
+    let flat = help.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("--network=isolated has no NIC")
+            && flat.contains("the agent cannot destroy it later"),
+        "{}",
+        help.stdout
+    );
+}

@@ -242,6 +242,25 @@ fn the_packaged_units_run_under_a_real_systemd() {
     let meta = std::fs::metadata(m.path("/var/lib/prometheus/node-exporter/felhom_hub.prom"))
         .expect("published copy");
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 0);
+    // A node without a hub says so (its hub alert stays quiet), and the publisher's status
+    // names the file it published.
+    assert!(
+        published
+            .as_deref()
+            .is_some_and(|t| t.contains("felhom_hub_configured 0")),
+        "{published:?}"
+    );
+    m.wait_for(
+        "the publisher's status names felhom_hub.prom",
+        WAIT,
+        |m| {
+            std::fs::read_to_string(
+                m.path("/var/lib/prometheus/node-exporter/felhom_metrics_publish.prom"),
+            )
+            .unwrap_or_default()
+        },
+        |t| t.contains("felhom_metrics_published{file=\"felhom_hub.prom\"} 1"),
+    );
 
     // With a hub token: READY again, and the hub sees the session.
     let hub = DevHub::start(DevHubOptions {

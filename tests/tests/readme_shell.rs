@@ -132,3 +132,39 @@ fn the_scanner_finds_what_bash_expands() {
     assert!(bangs("[ ! -e x ] && echo a != b").is_empty());
     assert_eq!(bangs("# see felhom@pve!agent"), vec![16]);
 }
+
+/// The set-up's `systemctl enable --now` line (step 7) names every unit the package's
+/// postinst enables (its `UNITS`), so a node set up by hand from the README runs all of them:
+/// the metrics publishing too (`felhom-agent-metrics.path`).
+#[test]
+fn the_setup_enables_every_unit_the_package_enables() {
+    let readme = fs::read_to_string(workspace_root().join("README.md")).expect("README.md");
+    let postinst =
+        fs::read_to_string(workspace_root().join("packaging/maintainer-scripts/postinst"))
+            .expect("postinst");
+    let units: Vec<&str> = postinst
+        .lines()
+        .find_map(|l| l.strip_prefix("UNITS=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("UNITS= in postinst")
+        .split_whitespace()
+        .collect();
+    assert!(units.len() >= 4, "{units:?}");
+    let enable: Vec<String> = shell_blocks(&readme)
+        .iter()
+        .flat_map(|b| b.lines.clone())
+        .filter_map(|l| {
+            l.strip_prefix("systemctl enable --now ")
+                .map(|r| r.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        })
+        .flatten()
+        .collect();
+    let missing: Vec<&&str> = units
+        .iter()
+        .filter(|u| !enable.iter().any(|e| e == **u))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the README's `systemctl enable --now` leaves out {missing:?} (it names {enable:?})"
+    );
+}

@@ -389,3 +389,55 @@ fn sigterm_during_the_restore_is_interrupted_and_the_resume_writes_its_outcome()
         run.stdout
     );
 }
+
+#[test]
+fn a_run_the_environment_stops_is_an_error_in_the_metrics_not_the_last_ok() {
+    // A good run first: the metrics say `ok`, with its success time.
+    let w = RestoreWorld::new(felhom_tests::fakepve::demo_scenario());
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let before = parse_prometheus(&w.metrics());
+    let last_success = sample(
+        &before,
+        "felhom_restore_test_last_success_timestamp_seconds",
+    );
+    // The token's secret becomes a wrong one (the file keeps its owner and mode): PVE answers
+    // 401, the run ends before its transaction exists, exit 6.
+    std::fs::write(
+        &w.world.files.token_secret_file,
+        "00000000-0000-0000-0000-000000000000\n",
+    )
+    .expect("a wrong secret");
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(6), "{}\n{}", run.stdout, run.stderr);
+    let metrics = w.metrics();
+    let samples = parse_prometheus(&metrics);
+    assert_eq!(
+        sample(&samples, "felhom_restore_test_outcome{outcome=\"error\"}"),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&samples, "felhom_restore_test_outcome{outcome=\"ok\"}"),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &samples,
+            "felhom_restore_test_last_success_timestamp_seconds"
+        ),
+        last_success,
+        "the last success stays: {metrics}"
+    );
+    assert_eq!(
+        sample(&samples, "felhom_restore_test_runs_total"),
+        2.0,
+        "{metrics}"
+    );
+    // A dry run writes nothing, also when it fails.
+    std::fs::remove_file(w.metrics_dir().join("felhom_restore_test.prom")).expect("rm");
+    let run = w.agent(&["--selftest=restore", "--dry-run", "--json"]);
+    assert_eq!(run.code, Some(6), "{}\n{}", run.stdout, run.stderr);
+    assert!(!w.metrics_dir().join("felhom_restore_test.prom").exists());
+}

@@ -95,7 +95,9 @@ pub struct SelftestOpts {
     #[arg(long, value_name = "ID")]
     pub storage: Option<String>,
 
-    /// Keep the guest after the test instead of destroying it.
+    /// Keep the guest after the test instead of destroying it. A kept container with
+    /// --network=isolated has no NIC, so nothing tells it from a copy of it: the agent cannot
+    /// destroy it later (`destroy` refuses it, exit 7); remove it with `pct destroy N`.
     #[arg(long)]
     pub keep: bool,
 
@@ -251,7 +253,7 @@ is unusable."
     },
     /// Copy the agent's metrics files, checked, into node_exporter's textfile folder (root).
     #[command(
-        long_about = "Run as root by felhom-agent-metrics.service when the agent's metrics folder ([metrics] dir) changes (felhom-agent-metrics.path). For each of felhom_transactions.prom, felhom_hub.prom and felhom_restore_test.prom only: opened in the agent's folder without following a link and without blocking (a FIFO or a link is refused), it must be a regular file of root or the [agent] user, at most 1 MiB, holding only HELP/TYPE lines and samples of the metrics the agent writes into that file, with exactly their label keys, no series twice, at most 5000 samples, without timestamps. What passes is written into node_exporter's folder through a random temporary name and a rename; a file that is missing or refused is removed there, so node_exporter reads only files root wrote, or nothing; a refused agent folder removes all three. With --idle-exit SECS it stays after the first pass and publishes again at every change of the folder until the folder has been still for SECS (the packaged unit: systemd's path unit does not watch while the publisher runs). --from must be [metrics] dir: the path unit watches the folder --from names.",
+        long_about = "Run as root by felhom-agent-metrics.service when the agent's metrics folder ([metrics] dir) changes (felhom-agent-metrics.path). For each of felhom_transactions.prom, felhom_hub.prom and felhom_restore_test.prom only: opened in the agent's folder without following a link and without blocking (a FIFO or a link is refused), it must be a regular file of root or the [agent] user, at most 1 MiB, holding only HELP/TYPE lines and samples of the metrics the agent writes into that file, with exactly their label keys, each label value one the agent writes (a transaction kind, a phase, an outcome, a bucket bound), no series twice, at most 1000 samples, without timestamps. What passes is written into node_exporter's folder through a random temporary name and a rename; a file that is missing or refused is removed there, so node_exporter reads only files root wrote, or nothing; a refused agent folder removes all three. Every pass ends by writing felhom_metrics_publish.prom there: felhom_metrics_published{file} 1 for each file published, 0 for one missing or refused (the alerts on missing and stale metrics read it). With --idle-exit SECS it stays after the first pass and publishes again at every change of the folder until the folder has been still for SECS (the packaged unit: systemd's path unit does not watch while the publisher runs). --from must be [metrics] dir: the path unit watches the folder --from names.",
         after_help = "Exit codes: 0 done (each file copied, absent or refused, logged), 6 the config or a folder is unusable, or --from is not [metrics] dir."
     )]
     MetricsPublish {

@@ -27,6 +27,7 @@ pub fn result_json(state: &State, checks: &[CheckResult], plan: Option<&Value>) 
         "phase": state.phase().as_str(),
         "reached": state.reached().as_str(),
         "destroy_armed": state.destroy_armed(),
+        "disarmed": state.disarmed(),
         "destroyed": state.destroyed(),
         "upid": state.upid(),
         "checks": checks,
@@ -91,6 +92,9 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>, open_word:
         state.destroy_armed(),
         state.destroyed(),
     ));
+    if let Some(why) = state.disarmed() {
+        s.push_str(&format!("destroy disarmed: {why}\n"));
+    }
     if let Some(f) = state.failure() {
         s.push_str(&format!("error [{}]: {}\n", f.code, f.message));
     }

@@ -366,7 +366,7 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
     };
     outbox.close().await;
     if let Some(dir) = &settings.metrics_dir {
-        let text = crate::metrics::hub_text(false, report.outbox_depth);
+        let text = crate::metrics::hub_text(settings.hub.is_some(), false, report.outbox_depth);
         if let Err(e) = crate::metrics::textfile::write(dir, crate::metrics::HUB_FILE, &text) {
             tracing::warn!("metrics not updated: {e}");
         }
@@ -458,7 +458,7 @@ async fn metrics_loop(
         let now = (connected, outbox.depth());
         let mut result = Ok(());
         if written != Some(now) || hub_at.is_none_or(|t| t.elapsed() >= every) {
-            let text = crate::metrics::hub_text(now.0, now.1);
+            let text = crate::metrics::hub_text(hub_configured, now.0, now.1);
             result = crate::metrics::textfile::write(&dir, crate::metrics::HUB_FILE, &text)
                 .map_err(|e| e.to_string());
             if result.is_ok() {

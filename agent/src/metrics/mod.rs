@@ -9,7 +9,7 @@
 //!   `felhom_transactions_total` (by `kind` and `outcome`), `felhom_needs_human`;
 //! - [`HUB_FILE`]: the daemon's, within a second of a change, at least every
 //!   [`DAEMON_INTERVAL`] and when it stops:
-//!   `felhom_hub_connected`, `felhom_outbox_depth`;
+//!   `felhom_hub_configured`, `felhom_hub_connected`, `felhom_outbox_depth`;
 //! - [`RESTORE_TEST_FILE`]: after every restore-test run: the `felhom_restore_test_*` gauges
 //!   and counters.
 //!
@@ -39,16 +39,17 @@ pub const DAEMON_INTERVAL: Duration = Duration::from_secs(15);
 /// Upper bounds of the phase-duration histogram buckets, seconds.
 pub const BUCKETS: [f64; 13] = crate::provision::journal::PHASE_BUCKETS;
 
-/// Every kind of transaction, for series that exist before the first transaction.
-const KINDS: [TxnKind; 4] = [
+/// Every kind of transaction, for series that exist before the first transaction; the only
+/// values of the `kind` label.
+pub const KINDS: [TxnKind; 4] = [
     TxnKind::Provision,
     TxnKind::Destroy,
     TxnKind::SelftestProvision,
     TxnKind::SelftestRestore,
 ];
 
-/// Every outcome.
-const OUTCOMES: [OutcomeKind; 5] = [
+/// Every outcome: the only values of `felhom_transactions_total`'s `outcome` label.
+pub const OUTCOMES: [OutcomeKind; 5] = [
     OutcomeKind::Ok,
     OutcomeKind::Refused,
     OutcomeKind::Failed,
@@ -85,12 +86,23 @@ pub fn transactions_text(timings: &[TxnTimings], archived: &ArchiveTotals) -> St
             totals.insert((k.as_str().to_string(), o.as_str().to_string()), 0);
         }
     }
+    // The archive's totals are keyed by the names it was given; a name this agent does not
+    // write (another version's, a damaged file's) is left out, so every label value is one of
+    // the few known ones and the series stay bounded.
+    let known_kind = |k: &str| KINDS.iter().any(|x| x.as_str() == k);
+    let known_outcome = |o: &str| OUTCOMES.iter().any(|x| x.as_str() == o);
     for (kind, outcomes) in &archived.outcomes {
         for (outcome, n) in outcomes {
+            if !known_kind(kind) || !known_outcome(outcome) {
+                continue;
+            }
             *totals.entry((kind.clone(), outcome.clone())).or_default() += n;
         }
     }
     for (kind, phases) in &archived.phases {
+        if !known_kind(kind) {
+            continue;
+        }
         for (phase, b) in phases {
             let h = hist.entry((kind.clone(), *phase)).or_default();
             h.le.resize(BUCKETS.len(), 0);
@@ -171,9 +183,17 @@ pub fn transactions_text(timings: &[TxnTimings], archived: &ArchiveTotals) -> St
     s
 }
 
-/// The daemon's exposition.
-pub fn hub_text(connected: bool, outbox_depth: u64) -> String {
+/// The daemon's exposition. `configured`: whether `[hub]` is set; a node without a hub
+/// reports 0 there, and the hub alert looks at nodes that have one only.
+pub fn hub_text(configured: bool, connected: bool, outbox_depth: u64) -> String {
     let mut s = String::new();
+    header(
+        &mut s,
+        "felhom_hub_configured",
+        "gauge",
+        "1 when the node reports to a hub ([hub] in the config), 0 for a node without one.",
+    );
+    let _ = writeln!(s, "felhom_hub_configured {}", u8::from(configured));
     header(
         &mut s,
         "felhom_hub_connected",
@@ -193,15 +213,18 @@ pub fn hub_text(connected: bool, outbox_depth: u64) -> String {
 
 /// The values of `felhom_restore_test_outcome`'s `outcome` label: the settled outcomes, and
 /// `interrupted` for a run stopped (Ctrl-C, SIGTERM) before it settled, whose transaction the
-/// journal resumes (the resume writes the outcome it reaches). Only `failed`, `needs_human` and
-/// `refused` raise the alert.
-pub const RESTORE_TEST_OUTCOMES: [&str; 6] = [
+/// journal resumes (the resume writes the outcome it reaches), and `error` for a run that
+/// could not start its transaction (the environment: PVE not answering, a wrong token or pin,
+/// the exec helper, a full state folder). `failed`, `needs_human` and `refused` raise
+/// `FelhomRestoreTestFailed`, `error` raises `FelhomRestoreTestError`.
+pub const RESTORE_TEST_OUTCOMES: [&str; 7] = [
     "ok",
     "failed",
     "skipped",
     "needs_human",
     "refused",
     "interrupted",
+    "error",
 ];
 
 /// What the restore-test metrics say about the last run.
@@ -388,8 +411,29 @@ mod tests {
                 seconds: 0.3,
             }],
         };
+        // Names this agent does not write (another version's, a damaged totals file's) are
+        // left out: every label value stays one of the known few.
+        archived
+            .outcomes
+            .entry("made-up-kind".into())
+            .or_default()
+            .insert("ok".into(), 7);
+        archived
+            .outcomes
+            .entry("provision".into())
+            .or_default()
+            .insert("made-up-outcome".into(), 7);
+        archived
+            .phases
+            .entry("made-up-kind".into())
+            .or_default()
+            .entry(Phase::Created)
+            .or_default()
+            .observe(1.0);
         let text = transactions_text(&[live], &archived);
         assert_exposition(&text);
+        assert!(!text.contains("made-up"), "{text}");
+        assert_eq!(publish::validate(TRANSACTIONS_FILE, &text), Ok(()));
         assert!(text.contains("felhom_transactions_total{kind=\"provision\",outcome=\"ok\"} 4\n"));
         let b = "felhom_phase_duration_seconds_bucket{kind=\"provision\",phase=\"submitted\"";
         assert!(text.contains(&format!("{b},le=\"0.1\"}} 1\n")), "{text}");
@@ -407,8 +451,10 @@ mod tests {
 
     #[test]
     fn hub_and_restore_test_texts() {
-        assert_exposition(&hub_text(true, 3));
-        assert!(hub_text(false, 3).contains("felhom_hub_connected 0\n"));
+        assert_exposition(&hub_text(true, true, 3));
+        assert!(hub_text(true, false, 3).contains("felhom_hub_connected 0\n"));
+        assert!(hub_text(false, false, 3).contains("felhom_hub_configured 0\n"));
+        assert!(hub_text(true, false, 3).contains("felhom_hub_configured 1\n"));
         let t = restore_test_text(&RestoreTestFigures {
             outcome: "skipped",
             duration_s: 1.5,

@@ -24,9 +24,18 @@
 //! What the agent writes, exactly ([`validate`]): each file holds only its own metric families
 //! ([`families`]: names, types and label keys as `super` writes them); every sample's label
 //! set is parsed (quoted values with `\\`, `\"`, `\n` escapes), must hold exactly the
-//! family's keys once each (so no `__name__`, `instance`, `job`), with short plain values;
-//! no series twice; at most [`MAX_SAMPLES`] samples per file. A refused agent folder removes
-//! the published copies too.
+//! family's keys once each (so no `__name__`, `instance`, `job`), and each value must be one
+//! the agent writes for that key ([`label_value_ok`]: a transaction kind, a phase, an outcome,
+//! a bucket bound), so a file holds at most the few hundred series the agent can write, never
+//! series made up by whoever wrote the file; no series twice; at most [`MAX_SAMPLES`] samples
+//! per file. A refused agent folder removes the published copies too.
+//!
+//! Every pass ends by writing [`STATUS_FILE`] into node_exporter's folder:
+//! `felhom_metrics_published{file}` is 1 for each name copied and 0 for one missing or
+//! refused (also when the agent's folder is refused). A missing series matches no alert rule,
+//! so this is what lets `FelhomAgentMetricsMissing` fire when the agent's files are gone, and
+//! its mtime (`node_textfile_mtime_seconds`, moving at every pass, so every 15 s while the
+//! daemon runs) what lets `FelhomAgentMetricsStale` fire when the publishing stopped.
 //!
 //! `--idle-exit SECS` ([`follow`]; the packaged unit): after the first pass it stays, watching
 //! the agent's folder with inotify, and publishes again at every change (changes within
@@ -50,6 +59,8 @@ use super::{HUB_FILE, RESTORE_TEST_FILE, TRANSACTIONS_FILE};
 
 /// The files published, by name; nothing else in the agent's folder is looked at.
 pub const FILES: [&str; 3] = [TRANSACTIONS_FILE, HUB_FILE, RESTORE_TEST_FILE];
+/// The publisher's own file in node_exporter's folder: what each pass published (module docs).
+pub const STATUS_FILE: &str = "felhom_metrics_publish.prom";
 /// The largest metrics file published.
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// node_exporter's textfile folder on Debian.
@@ -66,11 +77,36 @@ pub enum Published {
     Refused(String),
 }
 
-/// The most samples one file may hold (the agent writes about 1,300 at most: the phase
-/// histogram of every kind and phase).
-pub const MAX_SAMPLES: usize = 5000;
+/// The most samples one file may hold. The label values are bounded ([`label_value_ok`]), so
+/// the agent writes at most [`most_series`] of a file (about 900: the phase histogram of every
+/// kind and phase); this is a second bound.
+pub const MAX_SAMPLES: usize = 1000;
 /// The longest label value published (the agent's are its own short names and numbers).
 pub const MAX_LABEL_VALUE: usize = 64;
+
+/// The text of [`STATUS_FILE`]: 1 for each of [`FILES`] in `copied`, 0 for the others.
+pub fn status_text(copied: &[&str]) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "# HELP felhom_metrics_published 1 when root published the agent's metrics file at its \
+         last pass, 0 when the file was missing or refused (journalctl -u \
+         felhom-agent-metrics.service says why).\n# TYPE felhom_metrics_published gauge\n",
+    );
+    for name in FILES {
+        s.push_str(&format!(
+            "felhom_metrics_published{{file=\"{name}\"}} {}\n",
+            u8::from(copied.contains(&name))
+        ));
+    }
+    s
+}
+
+/// Write [`STATUS_FILE`] into `to`; a failure is logged (the alert on its age then fires).
+fn write_status(to: &Path, copied: &[&str]) {
+    if let Err(e) = super::textfile::write(to, STATUS_FILE, &status_text(copied)) {
+        tracing::warn!(file = STATUS_FILE, dir = %to.display(), "cannot write the publisher's status: {e}");
+    }
+}
 /// How long `--idle-exit` gathers changes before publishing them.
 pub const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -99,6 +135,7 @@ const TRANSACTIONS_FAMILIES: &[Family] = &[
     fam("felhom_needs_human", "gauge", &[]),
 ];
 const HUB_FAMILIES: &[Family] = &[
+    fam("felhom_hub_configured", "gauge", &[]),
     fam("felhom_hub_connected", "gauge", &[]),
     fam("felhom_outbox_depth", "gauge", &[]),
 ];
@@ -118,6 +155,57 @@ const RESTORE_TEST_FAMILIES: &[Family] = &[
     fam("felhom_restore_test_skipped_total", "counter", &[]),
     fam("felhom_restore_test_runs_total", "counter", &[]),
 ];
+
+/// Whether `value` is one the agent writes for label `key` of family `family`: a transaction
+/// kind, a phase, an outcome (the restore test's own list for its gauge), a histogram bucket's
+/// bound as the agent prints it, or one of [`FILES`] (the publisher's own status).
+pub fn label_value_ok(family: &str, key: &str, value: &str) -> bool {
+    use crate::provision::machine::Phase;
+    match key {
+        "kind" => super::KINDS.iter().any(|k| k.as_str() == value),
+        "phase" => Phase::ALL.iter().any(|p| p.as_str() == value),
+        "outcome" if family == "felhom_restore_test_outcome" => {
+            super::RESTORE_TEST_OUTCOMES.contains(&value)
+        }
+        "outcome" => super::OUTCOMES.iter().any(|o| o.as_str() == value),
+        "le" => value == "+Inf" || super::BUCKETS.iter().any(|b| super::num(*b) == value),
+        "file" => FILES.contains(&value),
+        _ => false,
+    }
+}
+
+/// How many values label `key` of `family` can take ([`label_value_ok`]).
+fn label_value_count(family: &str, key: &str) -> usize {
+    use crate::provision::machine::Phase;
+    match key {
+        "kind" => super::KINDS.len(),
+        "phase" => Phase::ALL.len(),
+        "outcome" if family == "felhom_restore_test_outcome" => super::RESTORE_TEST_OUTCOMES.len(),
+        "outcome" => super::OUTCOMES.len(),
+        "le" => super::BUCKETS.len() + 1,
+        "file" => FILES.len(),
+        _ => 0,
+    }
+}
+
+/// The most series a file of the agent's may hold with the label values it writes.
+pub fn most_series(file: &str) -> usize {
+    families(file)
+        .iter()
+        .map(|f| {
+            let per: usize = f
+                .labels
+                .iter()
+                .map(|k| label_value_count(f.name, k))
+                .product();
+            if f.kind == "histogram" {
+                per * (label_value_count(f.name, "le") + 2)
+            } else {
+                per
+            }
+        })
+        .sum()
+}
 
 /// The metric families `file` may hold (what `super` writes into it); none for another name.
 pub fn families(file: &str) -> &'static [Family] {
@@ -290,7 +378,7 @@ pub fn validate(file: &str, text: &str) -> Result<(), String> {
             Some(at) => line.split_at(at),
             None => return bad("has no value"),
         };
-        let Some((_, keys)) = sample_family(fams, name) else {
+        let Some((family, keys)) = sample_family(fams, name) else {
             return bad("is not a sample of a metric the agent writes here");
         };
         let (labels, value_part) = if after.starts_with('{') {
@@ -308,12 +396,7 @@ pub fn validate(file: &str, text: &str) -> Result<(), String> {
             if !keys.contains(&k.as_str()) {
                 return bad(&format!("has label {k}, which the agent does not write"));
             }
-            if v.is_empty()
-                || v.len() > MAX_LABEL_VALUE
-                || !v
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '+' | '-'))
-            {
+            if v.is_empty() || v.len() > MAX_LABEL_VALUE || !label_value_ok(family.name, k, v) {
                 return bad(&format!(
                     "has a value of label {k} the agent does not write"
                 ));
@@ -386,6 +469,7 @@ pub fn publish(
         Ok(s) => s,
         Err(e) => {
             let left = remove_published(to);
+            write_status(to, &[]);
             return Err(if left.is_empty() {
                 format!(
                     "{e}; the published copies were removed from {}",
@@ -432,6 +516,12 @@ pub fn publish(
         }
         out.push((name, verdict));
     }
+    let copied: Vec<&str> = out
+        .iter()
+        .filter(|(_, v)| *v == Published::Copied)
+        .map(|(n, _)| *n)
+        .collect();
+    write_status(to, &copied);
     Ok(out)
 }
 
@@ -549,27 +639,76 @@ mod tests {
         assert_eq!(
             validate(
                 TRANSACTIONS_FILE,
-                &line(r#"{outcome="ok",kind="selftest_restore"}"#)
+                &line(r#"{outcome="ok",kind="selftest-restore"}"#)
             ),
             Ok(())
         );
         // The same series twice.
-        let twice = format!("{0}{0}", line(r#"{kind="a",outcome="ok"}"#));
+        let twice = format!("{0}{0}", line(r#"{kind="provision",outcome="ok"}"#));
         assert!(validate(TRANSACTIONS_FILE, &twice)
             .unwrap_err()
             .contains("repeats"));
     }
 
     #[test]
-    fn a_file_holds_at_most_max_samples() {
-        let lines = |n: usize| -> String {
-            (0..n)
-                .map(|i| format!("felhom_transactions_total{{kind=\"k{i}\",outcome=\"ok\"}} 1\n"))
-                .collect()
-        };
-        assert_eq!(validate(TRANSACTIONS_FILE, &lines(MAX_SAMPLES)), Ok(()));
-        let err = validate(TRANSACTIONS_FILE, &lines(MAX_SAMPLES + 1)).unwrap_err();
-        assert!(err.contains("more than"), "{err}");
+    fn label_values_are_the_agents_own_so_the_series_are_bounded() {
+        // Made-up values of every labelled family are refused, each on its first line.
+        for (file, line) in [
+            (
+                TRANSACTIONS_FILE,
+                "felhom_transactions_total{kind=\"k1\",outcome=\"ok\"} 1",
+            ),
+            (
+                TRANSACTIONS_FILE,
+                "felhom_transactions_total{kind=\"provision\",outcome=\"interrupted\"} 1",
+            ),
+            (
+                TRANSACTIONS_FILE,
+                "felhom_phase_duration_seconds_count{kind=\"provision\",phase=\"p7\"} 1",
+            ),
+            (
+                TRANSACTIONS_FILE,
+                "felhom_phase_duration_seconds_bucket{kind=\"provision\",phase=\"created\",le=\"7\"} 1",
+            ),
+            (
+                RESTORE_TEST_FILE,
+                "felhom_restore_test_outcome{outcome=\"made_up\"} 1",
+            ),
+        ] {
+            let err = validate(file, &format!("{line}\n")).unwrap_err();
+            assert!(err.contains("line 1") && err.contains("label"), "{line}: {err}");
+        }
+        for (file, line) in [
+            (
+                RESTORE_TEST_FILE,
+                "felhom_restore_test_outcome{outcome=\"error\"} 1",
+            ),
+            (
+                TRANSACTIONS_FILE,
+                "felhom_phase_duration_seconds_bucket{kind=\"destroy\",phase=\"needs_human\",le=\"0.1\"} 1",
+            ),
+        ] {
+            assert_eq!(validate(file, &format!("{line}\n")), Ok(()), "{line}");
+        }
+        // What the agent can write fits under the second bound.
+        for f in FILES {
+            assert!(most_series(f) <= MAX_SAMPLES, "{f}: {}", most_series(f));
+        }
+        assert!(most_series(TRANSACTIONS_FILE) > 800);
+    }
+
+    #[test]
+    fn the_status_names_each_file_once() {
+        let t = status_text(&[HUB_FILE]);
+        assert!(
+            t.contains("felhom_metrics_published{file=\"felhom_hub.prom\"} 1\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("felhom_metrics_published{file=\"felhom_transactions.prom\"} 0\n"),
+            "{t}"
+        );
+        assert_eq!(t.matches("felhom_metrics_published{").count(), FILES.len());
     }
 
     #[test]
@@ -599,7 +738,21 @@ mod tests {
         let tx = super::super::transactions_text(&timings, &ArchiveTotals::default());
         assert!(tx.contains("_bucket{"), "{tx}");
         assert_eq!(validate(TRANSACTIONS_FILE, &tx), Ok(()));
-        assert_eq!(validate(HUB_FILE, &super::super::hub_text(true, 7)), Ok(()));
+        assert_eq!(
+            validate(HUB_FILE, &super::super::hub_text(true, true, 7)),
+            Ok(())
+        );
+        for outcome in super::super::RESTORE_TEST_OUTCOMES {
+            let rt = super::super::restore_test_text(&super::super::RestoreTestFigures {
+                outcome,
+                duration_s: 1.0,
+                now: 1,
+                last_success: None,
+                skipped_total: 0,
+                runs_total: 1,
+            });
+            assert_eq!(validate(RESTORE_TEST_FILE, &rt), Ok(()), "{outcome}");
+        }
         let rt = super::super::restore_test_text(&super::super::RestoreTestFigures {
             outcome: "needs_human",
             duration_s: 12.5,

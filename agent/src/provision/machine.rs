@@ -1363,6 +1363,39 @@ impl State {
     fn finish(&mut self, outcome: OutcomeKind) {
         self.step = Step::Done;
         self.outcome = Some(outcome);
+        self.disarm_if_kept_unprovable();
+    }
+
+    /// A guest kept (`--keep`) with an empty birth identity (an isolated container has every
+    /// NIC removed before its start; a guest without NIC, vmgenid and smbios1 uuid): a later
+    /// `destroy -vmid N` must refuse it (a copy carrying its marker cannot be told from it), so
+    /// its claim is withdrawn as it settles, and the result, the journal and `journal
+    /// refresh` never call it destroyable. Its own run's cleanup is not affected: a kept guest
+    /// has none.
+    fn disarm_if_kept_unprovable(&mut self) {
+        let Some(vmid) = self.request.vmid else {
+            return;
+        };
+        if self.request.keep
+            && self.request.kind != TxnKind::Destroy
+            && self.destroy_armed
+            && !self.destroyed
+            && self.identity.as_ref().is_some_and(BirthIdentity::is_empty)
+        {
+            let why = format!(
+                "kept with an empty birth identity (no NIC, no vmgenid, no smbios1 uuid{}), so \
+                 the agent cannot tell guest {vmid} from a copy of it later and will not destroy \
+                 it; check it with `{}` and remove it by hand with `{}` when done",
+                if self.request.isolate_network && self.guest() == GuestKind::Lxc {
+                    ": an isolated container has every NIC removed before its start"
+                } else {
+                    ""
+                },
+                self.cmd_config(vmid),
+                self.cmd_destroy(vmid)
+            );
+            self.disarm(why);
+        }
     }
 
     /// The journal record of a transaction settled before any write; none for a dry run.

@@ -299,8 +299,45 @@ pub struct RestoreTestRun {
     pub preflight: Option<PreflightReport>,
 }
 
+/// The restore-test metrics' outcome of a run that ended before its transaction existed:
+/// `interrupted` when the operator stopped it, `refused` for a refusal, `skipped` for a full
+/// band, else `error` (the environment: PVE not answering, a wrong token or pin, no backup to
+/// test, the exec helper, a full state folder).
+pub fn early_end_label(code: ErrorCode) -> &'static str {
+    match crate::error::exit_status(code) {
+        crate::error::ExitStatus::Interrupted => "interrupted",
+        crate::error::ExitStatus::Refused => "refused",
+        crate::error::ExitStatus::Ok => "skipped",
+        _ => "error",
+    }
+}
+
+/// Write the restore-test metrics for a run that ended before its transaction existed
+/// ([`early_end_label`]): the run counts, the last success stays. `Err`: why the file could
+/// not be written.
+fn write_early_end_metrics(cfg: &Config, failure: &Failure, duration_s: f64) -> Result<(), String> {
+    let rotation_path = cfg.state_dir.join(ROTATION_FILE);
+    let mut rot = read_rotation(&rotation_path);
+    rot.runs_total += 1;
+    if let Ok(bytes) = serde_json::to_vec_pretty(&rot) {
+        if let Err(e) = write_atomic(&rotation_path, &bytes, 0o600) {
+            tracing::error!(path = %rotation_path.display(), error = %e, "cannot store the rotation");
+        }
+    }
+    let text = metrics::restore_test_text(&metrics::RestoreTestFigures {
+        outcome: early_end_label(failure.code),
+        duration_s,
+        now: unix_now(),
+        last_success: rot.last_success,
+        skipped_total: rot.skipped_total,
+        runs_total: rot.runs_total,
+    });
+    metrics::textfile::write(&cfg.metrics.dir, METRICS_FILE, &text).map_err(|e| e.to_string())
+}
+
 /// One restore-test run under `txn` (`--selftest=restore`, the timer, or a hub dispatch).
-/// `Err` when it ended before a transaction existed.
+/// `Err` when it ended before a transaction existed; the restore-test metrics then say so
+/// ([`early_end_label`]: `error` for the environment), unless it was a dry run.
 pub async fn run(
     cfg: &Config,
     dry_run: bool,
@@ -309,6 +346,23 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> Result<RestoreTestRun, Failure> {
     let started = std::time::Instant::now();
+    let ran = run_txn(cfg, dry_run, txn, reporter, cancel, started).await;
+    if let (Err(f), false) = (&ran, dry_run) {
+        if let Err(e) = write_early_end_metrics(cfg, f, started.elapsed().as_secs_f64()) {
+            tracing::warn!("restore-test metrics not updated: {e}");
+        }
+    }
+    ran
+}
+
+async fn run_txn(
+    cfg: &Config,
+    dry_run: bool,
+    txn: Ulid,
+    reporter: &dyn Reporter,
+    cancel: CancellationToken,
+    started: std::time::Instant,
+) -> Result<RestoreTestRun, Failure> {
     let prepared = if dry_run {
         prepare_read_only(cfg)?
     } else {
