@@ -1066,6 +1066,9 @@ class ScenarioPve(fake_server.FakePve):
         spec = dict(spec) if isinstance(spec, dict) else {}
         vmid = int(guest.vmid)
         if kind == 'qemu' and spec.get('real'):
+            if not self.guest_bed.get('real_qemu'):
+                raise fake_model.TaskError('unable to restore VM {0} - the test bed: a real VM needs guest_bed '
+                                           'real_qemu (GuestBed::new_real_vm)'.format(guest.vmid))
             try:
                 await self.bed_qemu_create(guest, spec)
             except (OSError, ValueError) as e:
