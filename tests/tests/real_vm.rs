@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use felhom_tests::fakepve::{add_qemu_backup, demo_scenario, AgentOptions, QEMU_BACKUP};
+use felhom_tests::guestbed::wait_processes_gone;
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
@@ -281,4 +282,20 @@ fn with_the_guest_agent_stopped_inside_the_launch_proof_fails_naming_the_vm() {
         "{log:#?}"
     );
     assert!(forwarded(&w, 321, "guest-exec").is_empty(), "{log:#?}");
+    // The failed provision destroyed the VM it made: its QEMU ended and its disk went with it.
+    let dir = w.bed.state_dir().join("321");
+    let left = wait_processes_gone(&dir.display().to_string(), Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "QEMU of the destroyed VM still runs: {left:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !dir.exists(),
+        "the destroyed VM's overlay is left: {}",
+        dir.display()
+    );
 }
