@@ -2,9 +2,10 @@
 //! in a real QEMU (TCG) with Debian 12 and the real `qemu-guest-agent`
 //! (`tests/testbed/build-debian-vm.sh`, `guest_bed.real_qemu` in `tests/fakepve/scenario.py`),
 //! and the fake's `agent/*` endpoints speak QGA's protocol to it as qemu-server does
-//! (`tests/data/real-vm-facts.md`). Each test boots one VM; both run at once. On a machine
-//! without QEMU or the image, each test prints why and ends (`FELHOM_REQUIRE_REAL_GUESTS=1`,
-//! set by `tests/run.sh`, makes that a failure).
+//! (`tests/data/real-vm-facts.md`). Each of the first two tests boots one VM; both run at
+//! once. On a machine without QEMU or the image, each test prints why and ends
+//! (`FELHOM_REQUIRE_REAL_GUESTS=1`, set by `tests/run.sh`, makes that a failure); the last
+//! shows that behaviour on a `PATH` without QEMU.
 
 use std::time::{Duration, Instant};
 
@@ -297,5 +298,53 @@ fn with_the_guest_agent_stopped_inside_the_launch_proof_fails_naming_the_vm() {
         !dir.exists(),
         "the destroyed VM's overlay is left: {}",
         dir.display()
+    );
+}
+
+/// A machine without QEMU (here: a `PATH` without `qemu-system-x86_64`): a test asking for the
+/// real VM gets a one-line reason and the modelled guest agent, and fails instead with
+/// `FELHOM_REQUIRE_REAL_GUESTS=1`.
+#[test]
+fn without_qemu_the_reason_is_printed_unless_real_guests_are_required() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    let mut linked = 0;
+    for dir in ["/usr/local/bin", "/usr/bin", "/usr/sbin", "/sbin", "/bin"] {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            if name == "qemu-system-x86_64" || bin.path().join(&name).exists() {
+                continue;
+            }
+            if std::os::unix::fs::symlink(entry.path(), bin.path().join(&name)).is_ok() {
+                linked += 1;
+            }
+        }
+    }
+    assert!(linked > 100, "{linked}");
+    let probe = |require: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_real-bed-probe"));
+        cmd.arg("vm")
+            .env("PATH", bin.path())
+            .env_remove("FELHOM_TEST_REPORTS");
+        match require {
+            Some(v) => cmd.env("FELHOM_REQUIRE_REAL_GUESTS", v),
+            None => cmd.env_remove("FELHOM_REQUIRE_REAL_GUESTS"),
+        };
+        cmd.output().expect("real-bed-probe")
+    };
+    let out = probe(None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "modelled qemu-system-x86_64 is not installed (tests/setup.sh installs it)"
+    );
+    let out = probe(Some("1"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("qemu-system-x86_64 is not installed")
+            && stderr.contains("FELHOM_REQUIRE_REAL_GUESTS=1"),
+        "{stderr}"
     );
 }
