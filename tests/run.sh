@@ -52,7 +52,8 @@ source tests/setup.sh
 # ifupdown2 in place of ifupdown and NetworkManager beside ifupdown, on each release
 # (tests/testbed/build-debian-rootfs.sh), and the Debian root
 # with systemd that the package's units run under (tests/testbed/build-systemd-root.sh, else
-# built by the first test that needs it). Two are built at a time: one's downloads and disk
+# built by the first test that needs it), and the disk, kernel and initramfs of the real VMs
+# (tests/testbed/build-debian-vm.sh; first: the longest). Two are built at a time: one's downloads and disk
 # waits leave the CPU to the other. mmdebstrap makes each root in a scratch folder under TMPDIR
 # (thousands of files, removed after): on /dev/shm when that is a tmpfs fit for it, as the guest
 # bed's scratch files are (tests/src/lib.rs `memory_scratch_base`).
@@ -70,12 +71,13 @@ printf '\n== the roots the tests boot: built beside the steps below, two at a ti
 build_root() {
   case $1 in
     systemd) tests/testbed/build-systemd-root.sh ;;
+    vm) tests/testbed/build-debian-vm.sh ;;
     *) tests/testbed/build-debian-rootfs.sh "" "$1" ;;
   esac >"$2/$1.log" 2>&1 || { echo "$1" >>"$2/failed"; return 1; }
 }
 export -f build_root
 # Its own process group (setsid), so that a run ending early stops the whole build.
-printf '%s\n' bookworm-ifupdown2 bookworm bullseye trixie bookworm-nm bullseye-nm trixie-nm bullseye-ifupdown2 trixie-ifupdown2 systemd |
+printf '%s\n' vm bookworm-ifupdown2 bookworm bullseye trixie bookworm-nm bullseye-nm trixie-nm bullseye-ifupdown2 trixie-ifupdown2 systemd |
   TMPDIR=$roots_tmp setsid nice -n 5 xargs -P 2 -I'{}' bash -c 'build_root "$1" "$2"' _ '{}' "$roots_log" &
 roots_pid=$!
 

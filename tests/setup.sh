@@ -44,3 +44,18 @@ if [ ${#_sd_need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${_sd_need[@]}"
 fi
+# The real VMs of the test bed (tests/src/guestbed.rs `real_vm`): QEMU runs a Debian 12 disk
+# that mmdebstrap builds once (tests/testbed/build-debian-vm.sh), under TCG, with a qcow2
+# overlay per VM (qemu-img). Debian 12's QEMU is 7.2; a qemu-utils from backports (10.x) breaks
+# its qemu-system-common, so qemu-utils is taken at the release's own version beside it.
+if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! command -v qemu-img >/dev/null 2>&1; then
+  _step "apt-get install qemu-system-x86 qemu-utils"
+  apt-get update -qq
+  _qemu_version=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/ {print $2}')
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --allow-downgrades \
+    qemu-system-x86 "qemu-utils=${_qemu_version}" qemu-block-extra-
+fi
+command -v mkfs.ext4 >/dev/null 2>&1 || {
+  _step "apt-get install e2fsprogs"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends e2fsprogs
+}

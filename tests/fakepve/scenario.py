@@ -120,6 +120,15 @@ DEFAULT_CTIME = 1767225600
 QGA_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 # QEMU qga/commands.c GUEST_EXEC_MAX_OUTPUT: 16 MiB kept per stream (guest-exec-facts.md §3.4).
 QGA_MAX_OUTPUT = 16 * 1024 * 1024
+
+
+def _die_with_parent():
+    """In a child before exec: SIGKILL it when the fake ends, however it ends (prctl
+    PR_SET_PDEATHSIG), so no QEMU outlives the fake that started it."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
 SIZE_UNITS = {'K': 1024, 'M': 1024 ** 2, 'G': 1024 ** 3, 'T': 1024 ** 4}
 
 
@@ -1056,6 +1065,17 @@ class ScenarioPve(fake_server.FakePve):
             raise fake_model.TaskError('the scenario has no guest_bed for a guest with a root filesystem')
         spec = dict(spec) if isinstance(spec, dict) else {}
         vmid = int(guest.vmid)
+        if kind == 'qemu' and spec.get('real'):
+            if not self.guest_bed.get('real_qemu'):
+                raise fake_model.TaskError('unable to restore VM {0} - the test bed: a real VM needs guest_bed '
+                                           'real_qemu (GuestBed::new_real_vm)'.format(guest.vmid))
+            try:
+                await self.bed_qemu_create(guest, spec)
+            except (OSError, ValueError) as e:
+                log.warning('real VM %s could not be made', guest.vmid, exc_info=True)
+                raise fake_model.TaskError('unable to restore VM {0} - the test bed: {1}'.format(
+                    guest.vmid, e)) from e
+            return
         if kind == 'lxc' and self.bed_real():
             try:
                 await self.bed_lxc_create(guest, spec, stored)
@@ -1109,13 +1129,18 @@ class ScenarioPve(fake_server.FakePve):
             if guest is None:
                 self.bed_stop(vmid)
                 self.bed_monitor(vmid, False)
-                if spec.get('real'):
+                if spec.get('real') and spec['kind'] == 'qemu':
+                    self.bed_qemu_stop(vmid)
+                elif spec.get('real'):
                     self.bed_lxc_stop(vmid)
                     shutil.rmtree(os.path.join(self.guest_bed['lxc_path'], str(vmid)), ignore_errors=True)
                 shutil.rmtree(d, ignore_errors=True)
                 del self.bed_owned[vmid]
                 continue
             running = guest.status == 'running'
+            if spec.get('real') and spec['kind'] == 'qemu':
+                self.bed_qemu_sync(guest, running)
+                continue
             if spec.get('real'):
                 self.bed_lxc_sync(guest, running)
                 continue
@@ -1662,6 +1687,9 @@ class ScenarioPve(fake_server.FakePve):
         spec = (self.bed_owned or {}).get(int(vm.vmid))
         if spec is None or spec['kind'] != 'qemu':
             return await super()._agent_call(match, values)
+        if spec.get('real'):
+            fake_agent.record(vm, command, values)
+            return await self.real_agent_call(vm, command, values)
         booted = (time.time() - (vm.started_at or time.time())) >= float(spec.get('boot_secs', 0)) * self.time_scale
         if not spec.get('agent', True) or not booted:
             await self.pause(3)
@@ -1791,6 +1819,402 @@ class ScenarioPve(fake_server.FakePve):
         if len(out) > QGA_MAX_OUTPUT:
             answer['truncated'] = 1
         return answer
+
+    # ------------------------------------------------ real VMs (guest_bed.real_qemu)
+
+    # guest_bed['real_qemu'] = {"image": the folder tests/testbed/build-debian-vm.sh prints
+    # (disk.raw, vmlinux, initrd.img), "osqueryi": the stand-in laid into each VM}.
+    # vmid -> {"proc": its QEMU, "socket": its guest-agent socket, "lock": one QGA client at a time}.
+    bed_qemu = None
+    _qga_seq = 0
+    # QEMU's NIC models for PVE's (qemu-server src/PVE/QemuServer.pm print_netdevice_full: the
+    # model is the device, virtio as virtio-net-pci).
+    QEMU_NIC_MODELS = {'virtio': 'virtio-net-pci', 'e1000': 'e1000', 'e1000e': 'e1000e', 'rtl8139': 'rtl8139',
+                       'vmxnet3': 'vmxnet3'}
+    # The largest QGA answer read: exec-status with both streams at 16 MiB, base64 (4/3), and room.
+    QGA_MAX_ANSWER = 48 * 1024 * 1024
+    # The guest's kernel command line (direct kernel boot: no boot loader reads the disk's).
+    # No PS/2 mouse port (i8042.noaux): its probe costs seconds of the kernel's start under TCG.
+    QEMU_CMDLINE = 'root=/dev/vda rw console=ttyS0 quiet mitigations=off i8042.noaux'
+
+    @staticmethod
+    def _newc(entries):
+        """A cpio archive in the kernel's initramfs format (newc): entries of (name, mode, bytes),
+        a folder with mode 0o40755, a symbolic link 0o120777 with its target as the bytes."""
+        out = bytearray()
+
+        def pad():
+            out.extend(b'\0' * (-len(out) % 4))
+        for ino, (name, mode, data) in enumerate(list(entries) + [('TRAILER!!!', 0, b'')], start=1):
+            raw = name.encode('utf-8') + b'\0'
+            fields = (ino, mode, 0, 0, 2 if mode & 0o40000 else 1, 0, len(data), 0, 0, 0, 0, len(raw), 0)
+            out.extend(b'070701' + ''.join('{0:08X}'.format(f) for f in fields).encode('ascii') + raw)
+            pad()
+            out.extend(data)
+            pad()
+        return bytes(out)
+
+    async def bed_qemu_create(self, guest, spec):
+        """A restored VM of the real bed: a qcow2 overlay of the bed's Debian 12 disk (its disks,
+        restored), and the initramfs QEMU boots it with: the image's own, followed by an archive
+        of the files this VM's disk holds beyond the image (the image's initramfs hook lays them
+        onto the root before systemd starts): the osqueryi stand-in where osquery's package puts
+        it, and `spec["files"]` ({guest path: text}) / `spec["links"]` ({guest path: target}),
+        e.g. its /etc/hostname and /etc/network/interfaces. PVE writes nothing into a VM: a VM
+        keeps the image's hostname (`debian-vm`) unless its files say otherwise."""
+        real = self.guest_bed['real_qemu']
+        vmid = int(guest.vmid)
+        d = self.bed_dir(vmid)
+        self.bed_qemu_stop(vmid)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        proc = await asyncio.create_subprocess_exec(
+            'qemu-img', 'create', '-q', '-f', 'qcow2', '-b', os.path.join(os.path.abspath(real['image']), 'disk.raw'),
+            '-F', 'raw', os.path.join(d, 'disk.qcow2'), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise ValueError('qemu-img create failed: {0}'.format(err.decode('utf-8', 'replace').strip()))
+        with open(real['osqueryi'], 'rb') as fh:
+            standin = fh.read()
+        files = {'/opt/osquery/bin/osqueryd': (0o100755, standin),
+                 '/usr/bin/osqueryi': (0o120777, b'/opt/osquery/bin/osqueryd'),
+                 '/usr/bin/osqueryd': (0o120777, b'/opt/osquery/bin/osqueryd')}
+        for path, text in sorted((spec.get('files') or {}).items()):
+            text = str(text)
+            files[str(path)] = (0o100755 if text.startswith('#!') else 0o100644, text.encode('utf-8'))
+        for path, target in sorted((spec.get('links') or {}).items()):
+            files[str(path)] = (0o120777, str(target).encode('utf-8'))
+        entries, folders = [], {'felhom-bed-files'}
+        entries.append(('felhom-bed-files', 0o40755, b''))
+        for path, (mode, data) in sorted(files.items()):
+            parts = [x for x in path.split('/') if x]
+            if not parts or '..' in parts:
+                raise ValueError('guest file {0!r} is not a plain absolute path'.format(path))
+            for i in range(1, len(parts)):
+                folder = '/'.join(['felhom-bed-files'] + parts[:i])
+                if folder not in folders:
+                    folders.add(folder)
+                    entries.append((folder, 0o40755, b''))
+            entries.append(('/'.join(['felhom-bed-files'] + parts), mode, data))
+        with open(os.path.join(real['image'], 'initrd.img'), 'rb') as fh:
+            initrd = fh.read()
+        initrd += b'\0' * (-len(initrd) % 4)
+        with open(os.path.join(d, 'initrd.img'), 'wb') as fh:
+            fh.write(initrd + self._newc(entries))
+        for fname, text in (('kind', 'qemu\n'), ('real', 'qemu\n')):
+            with open(os.path.join(d, fname), 'w', encoding='utf-8') as fh:
+                fh.write(text)
+        spec['kind'] = 'qemu'
+        spec['real'] = True
+        self.bed_owned[vmid] = spec
+        self.bed_sync()
+
+    def bed_qemu_argv(self, vm, spec):
+        """QEMU's command line for a VM of the real bed, as qemu-server's config_to_command makes
+        what matters here (src/PVE/QemuServer.pm; PCI slots from src/PVE/QemuServer/PCI.pm):
+        `-nodefaults`; the guest-agent channel only with `agent` enabled (a unix socket chardev
+        `server=on,wait=off` id qga0, `virtio-serial` at slot 8, a `virtserialport` named
+        org.qemu.guest_agent.0); one NIC per `netN` with its model and MAC at slot 18 + N
+        (net0..net5), so a Debian guest names net0 `ens18`, and no NIC device without a `netN`.
+        Where the bed differs from a node: TCG on one vCPU (KVM does not run guests on this kind
+        of machine), at most 1024 MB, the disk a virtio-blk /dev/vda with direct kernel boot, a
+        NIC's network QEMU's user networking with `restrict=on` (it answers DHCP and routes
+        nothing; a node's tap on a bridge is the operator's network), and `agent` false in the
+        guest spec masks qemu-guest-agent.service inside (the guest runs no agent)."""
+        d = self.bed_dir(int(vm.vmid))
+        image = self.guest_bed['real_qemu']['image']
+        conf = vm.config
+        try:
+            memory = int(str(conf.get('memory', '512')).split(',')[0].split('=')[-1])
+        except ValueError:
+            memory = 512
+        cmdline = self.QEMU_CMDLINE
+        if spec.get('agent', True) is False:
+            cmdline += ' systemd.mask=qemu-guest-agent.service'
+        argv = ['qemu-system-x86_64', '-name', 'felhom-bed-vm-{0},debug-threads=off'.format(vm.vmid),
+                '-accel', 'tcg', '-cpu', 'qemu64,-svm', '-smp', '1', '-m', str(max(256, min(memory, 1024))),
+                '-nodefaults', '-no-user-config', '-display', 'none',
+                '-kernel', os.path.join(image, 'vmlinux'), '-initrd', os.path.join(d, 'initrd.img'),
+                '-append', cmdline,
+                '-drive', 'file={0},if=none,id=drive-disk0,format=qcow2'.format(os.path.join(d, 'disk.qcow2')),
+                '-device', 'virtio-blk-pci,drive=drive-disk0,bus=pci.0,addr=0xa',
+                '-serial', 'file:' + os.path.join(d, 'serial.log')]
+        if agent_configured(conf):
+            argv += ['-chardev', 'socket,path={0},server=on,wait=off,id=qga0'.format(os.path.join(d, 'qga.sock')),
+                     '-device', 'virtio-serial,id=qga0,bus=pci.0,addr=0x8',
+                     '-device', 'virtserialport,chardev=qga0,name=org.qemu.guest_agent.0']
+        for key in sorted(conf, key=fake_qemu.natural):
+            found = re.fullmatch(r'net(\d+)', key)
+            if not found:
+                continue
+            n = int(found.group(1))
+            first, props = fake_lxc.split_props(str(conf[key]))
+            model, mac = None, None
+            for part in str(conf[key]).split(','):
+                k, _, v = part.partition('=')
+                if k in self.QEMU_NIC_MODELS:
+                    model, mac = k, v
+            if model is None:
+                model = props.get('model')
+                mac = props.get('macaddr')
+            if model not in self.QEMU_NIC_MODELS or n > 5:
+                raise fake_model.TaskError('the test bed runs no NIC {0}: {1}'.format(key, conf[key]))
+            device = '{0},netdev={1},id={1},bus=pci.0,addr={2}'.format(self.QEMU_NIC_MODELS[model], key, hex(18 + n))
+            if mac:
+                device += ',mac=' + mac
+            argv += ['-netdev', 'user,id={0},restrict=on'.format(key), '-device', device]
+        return argv
+
+    def bed_qemu_sync(self, vm, running):
+        """Keep a real VM's QEMU in step with PVE's state: started when PVE says running (a
+        node's start task ends once QEMU runs, long before the guest has booted), killed when
+        stopped; a QEMU that ended by itself (the guest powered off) is stopped for PVE too."""
+        vmid = int(vm.vmid)
+        rec = self.bed_qemu.get(vmid)
+        if not running:
+            if rec is not None:
+                self.bed_qemu_stop(vmid)
+            return
+        if rec is not None:
+            if rec['proc'].poll() is not None:
+                log.warning('the QEMU of VM %s ended by itself (exit %s)', vmid, rec['proc'].returncode)
+                self.bed_qemu_stop(vmid)
+                vm.status = 'stopped'
+            return
+        d = self.bed_dir(vmid)
+        sock = os.path.join(d, 'qga.sock')
+        try:
+            os.unlink(sock)
+        except FileNotFoundError:
+            pass
+        argv = self.bed_qemu_argv(vm, self.bed_owned[vmid])
+        with open(os.path.join(d, 'qemu.log'), 'ab') as out:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+        # Its vCPU gets a core's worth of time however busy the machine is: QEMU runs in a
+        # session of its own, so the kernel schedules it as its own autogroup, whose weight is
+        # raised (nice -10, /proc/<pid>/autogroup; root only). With KVM a node's VM runs at
+        # near-native speed; under TCG on a machine whose two cores serve other builds and tests
+        # the same boot took more than a minute (about 22 s of processor time).
+        try:
+            with open('/proc/{0}/autogroup'.format(proc.pid), 'w', encoding='ascii') as fh:
+                fh.write('-10')
+        except OSError:
+            log.info('VM %s: the QEMU autogroup keeps its weight', vmid)
+        self.bed_qemu[vmid] = {'proc': proc, 'socket': sock, 'lock': asyncio.Lock(), 'started': time.time()}
+        self._qga_log(vmid, {'event': 'qemu-start', 'pid': proc.pid})
+        log.info('VM %s: QEMU %s started', vmid, proc.pid)
+
+    def bed_qemu_stop(self, vmid):
+        """Power a real VM off: its QEMU ends (SIGTERM, then SIGKILL), and its guest-agent socket
+        goes with it; its disk (the overlay) stays until the VM is destroyed."""
+        rec = (self.bed_qemu or {}).pop(int(vmid), None)
+        if rec is None:
+            return
+        proc = rec['proc']
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        try:
+            os.unlink(rec['socket'])
+        except FileNotFoundError:
+            pass
+
+    def _qga_log(self, vmid, entry):
+        """One line per QGA command forwarded to a real VM's guest agent, and per QEMU start
+        (<state>/<vmid>.qga.log, beside the VM's folder: it outlives a destroy): what the tests
+        count at the source."""
+        entry = dict(entry, t=round(time.time(), 3))
+        try:
+            with open(self.bed_dir(vmid) + '.qga.log', 'a', encoding='utf-8') as fh:
+                fh.write(json.dumps(entry, sort_keys=True) + '\n')
+        except OSError:
+            pass
+
+    async def qga(self, vmid, execute, arguments=None, timeout=5):
+        """One QGA command to a real VM's guest agent, as qemu-server's QMPClient sends it
+        (src/PVE/QMPClient.pm): a new connection to the VM's qga socket, `guest-sync-delimited`
+        with a fresh id and the command written together, the answer taken after the last 0xFF
+        as two lines (the sync's `{"return": id}`, then the command's), answers to older ids
+        skipped, one timeout for the whole exchange (5 s unless given; guest-ping 3 s from
+        qga_check_running). Answers `return`, or `{"error": …}` as QMPClient's callback does; a
+        transport failure raises "VM <vmid> qga command '<cmd>' failed - <reason>". QEMU's
+        chardev takes one client at a time: callers are serialised per VM."""
+        name = 'VM {0}'.format(vmid)
+        rec = (self.bed_qemu or {}).get(int(vmid))
+        if rec is None or rec['proc'].poll() is not None:
+            raise fake_model.PveError(500, '{0} not running'.format(name))
+        if not os.path.exists(rec['socket']):
+            raise fake_model.PveError(500, 'unable to open monitor socket')
+        failed = "{0} qga command '{1}' failed - ".format(name, execute)
+        async with rec['lock']:
+            self._qga_seq += 1
+            cid = int('{0}0{1}'.format(os.getpid(), self._qga_seq))
+            started = time.monotonic()
+            entry = {'execute': execute, 'arguments': arguments or {}}
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(rec['socket']), timeout)
+            except asyncio.TimeoutError:
+                self._qga_log(vmid, dict(entry, error='connect timeout'))
+                raise fake_model.PveError(500, failed + 'unable to connect to {0} qga socket - timeout'.format(name))
+            except OSError as e:
+                self._qga_log(vmid, dict(entry, error=str(e)))
+                raise fake_model.PveError(500, failed + 'unable to connect to {0} qga socket - {1}'.format(
+                    name, e.strerror or e))
+            try:
+                writer.write((json.dumps({'execute': 'guest-sync-delimited', 'arguments': {'id': cid}}) + '\n' +
+                              json.dumps({'execute': execute, 'arguments': arguments or {}}) + '\n').encode('utf-8'))
+                buf = b''
+                while True:
+                    left = timeout - (time.monotonic() - started)
+                    if left <= 0:
+                        raise asyncio.TimeoutError()
+                    chunk = await asyncio.wait_for(reader.read(1 << 20), left)
+                    if not chunk:
+                        raise ConnectionError('the guest agent\'s socket closed')
+                    buf += chunk
+                    if len(buf) > self.QGA_MAX_ANSWER:
+                        raise ConnectionError('an answer of more than {0} bytes'.format(self.QGA_MAX_ANSWER))
+                    if b'\n' not in chunk:
+                        continue
+                    found = re.match(rb'^.*\xff([^\n]+}\r?\n[^\n]+})\r?\n(.*)$', buf, re.S)
+                    if not found:
+                        continue
+                    sync_line, answer_line = found.group(1).split(b'\n', 1)
+                    got = json.loads(sync_line).get('return')
+                    if not isinstance(got, int):
+                        raise ConnectionError('received response without command id')
+                    if got < cid:
+                        buf = found.group(2)
+                        continue
+                    if got != cid:
+                        raise ConnectionError("got wrong command id '{0}' (expected {1})".format(got, cid))
+                    answer = json.loads(answer_line)
+                    break
+            except asyncio.TimeoutError:
+                self._qga_log(vmid, dict(entry, error='got timeout', secs=round(time.monotonic() - started, 2)))
+                raise fake_model.PveError(500, failed + 'got timeout')
+            except (ConnectionError, OSError, ValueError) as e:
+                self._qga_log(vmid, dict(entry, error=str(e)))
+                raise fake_model.PveError(500, failed + str(e))
+            finally:
+                writer.close()
+        if 'return' in answer:
+            result = answer['return']
+        else:
+            result = {'error': answer.get('error')}
+        self._qga_log(vmid, dict(entry, answer=result if execute != 'guest-exec-status' else
+                                 dict((k, v) for k, v in result.items() if not k.endswith('-data'))
+                                 if isinstance(result, dict) else result,
+                                 secs=round(time.monotonic() - started, 2)))
+        return result
+
+    async def _real_agent_cmd(self, vmid, command, arguments, errmsg):
+        """qemu-server src/PVE/QemuServer/Agent.pm agent_cmd (after assert_agent_available):
+        the command, then check_agent_error: an error object dies "Agent error: <desc>", no
+        result at all "Agent error: <errmsg>"."""
+        await self._real_agent_available(vmid)
+        res = await self.qga(vmid, 'guest-' + command, arguments)
+        if isinstance(res, dict) and isinstance(res.get('error'), dict) and res['error'].get('desc'):
+            raise fake_model.PveError(500, 'Agent error: {0}'.format(res['error']['desc']))
+        if res is None:
+            raise fake_model.PveError(500, 'Agent error: {0}'.format(errmsg))
+        return res
+
+    async def _real_agent_available(self, vmid):
+        # Agent.pm assert_agent_available, its last step: qga_check_running, a guest-ping with a
+        # 3 s timeout; any failure is "QEMU guest agent is not running".
+        try:
+            await self.qga(vmid, 'guest-ping', timeout=3)
+        except fake_model.PveError:
+            raise fake_model.PveError(500, 'QEMU guest agent is not running')
+
+    async def real_agent_call(self, vm, command, values):
+        """The agent endpoints of a real VM, as qemu-server's src/PVE/API2/Qemu/Agent.pm serves
+        them over the VM's real guest agent (tests/data/real-vm-facts.md)."""
+        vmid = int(vm.vmid)
+        if command == 'exec':
+            # Agent.pm qemu_exec: path = the first element, arg = the rest, capture-output,
+            # input-data base64-encoded; neither: "command or input-data (or both) required".
+            argv = values.get('command')
+            if isinstance(argv, str):
+                argv = [argv]
+            argv = [str(a) for a in (argv or [])]
+            data = values.get('input-data')
+            args = {'capture-output': True}
+            if argv:
+                args['path'] = argv[0]
+                args['arg'] = argv[1:]
+            if data is not None:
+                args['input-data'] = base64.b64encode(str(data).encode('utf-8')).decode('ascii')
+            if 'path' not in args and 'input-data' not in args:
+                raise fake_model.PveError(500, 'command or input-data (or both) required')
+            errmsg = "can't execute command"
+            if argv:
+                errmsg += ' ({0} {1})'.format(argv[0], argv[1:])
+            if data is not None:
+                errmsg += ' (input-data given)'
+            return await self._real_agent_cmd(vmid, 'exec', args, errmsg)
+        if command == 'exec-status':
+            # Agent.pm qemu_exec_status: out-data/err-data base64-decoded (the bytes, which PVE's
+            # JSON encoder writes one character each), JSON booleans as 1/0.
+            try:
+                pid = int(values.get('pid'))
+            except (TypeError, ValueError):
+                raise fake_model.PveError(400, "Parameter verification failed. pid: type check ('integer') failed")
+            res = await self._real_agent_cmd(vmid, 'exec-status', {'pid': pid},
+                                             "can't get exec status for '{0}'".format(pid))
+            res = dict(res)
+            for key in ('out-data', 'err-data'):
+                if res.get(key):
+                    try:
+                        res[key] = base64.b64decode(res[key]).decode('latin-1')
+                    except ValueError:
+                        pass
+            for key, value in list(res.items()):
+                if isinstance(value, bool):
+                    res[key] = 1 if value else 0
+            return res
+        if command == 'file-write':
+            # Agent.pm file-write: file-open (mode wb), file-write (buf-b64), file-close, each
+            # through agent_cmd; answers null.
+            content = str(values.get('content', ''))
+            encode = str(values.get('encode', '1')) not in ('0', 'false')
+            buf = base64.b64encode(content.encode('latin-1', 'replace')).decode('ascii') if encode else content
+            handle = await self._real_agent_cmd(vmid, 'file-open', {'path': str(values.get('file', '')), 'mode': 'wb'},
+                                                "can't open file")
+            await self._real_agent_cmd(vmid, 'file-write', {'handle': handle, 'buf-b64': buf}, "can't write to file")
+            await self._real_agent_cmd(vmid, 'file-close', {'handle': handle}, "can't close file")
+            return None
+        if command == 'file-read':
+            # Agent.pm file-read: file-open, guest-file-read in 1 MiB chunks up to `count`
+            # (default 16 MiB), file-close; {"content", "bytes-read"[, "truncated": 1]}.
+            count = int(values.get('count') or QGA_MAX_OUTPUT)
+            handle = await self._real_agent_cmd(vmid, 'file-open', {'path': str(values.get('file', ''))},
+                                                "can't open file")
+            content, done, eof = bytearray(), 0, False
+            while done < count and not eof:
+                read = await self.qga(vmid, 'guest-file-read', {'handle': handle,
+                                                                 'count': min(count - done, 1024 * 1024)})
+                if isinstance(read, dict) and read.get('error'):
+                    raise fake_model.PveError(500, 'Agent error: {0}'.format(read['error'].get('desc')))
+                content += base64.b64decode(read.get('buf-b64', ''))
+                done += int(read.get('count', 0))
+                eof = bool(read.get('eof'))
+            await self.qga(vmid, 'guest-file-close', {'handle': handle})
+            answer = {'content': bytes(content).decode('latin-1'), 'bytes-read': done}
+            if not eof:
+                answer['truncated'] = 1
+            return answer
+        # The simple commands (ping, info, get-osinfo, get-host-name, …): assert_agent_available,
+        # then mon_cmd "guest-<command>" with no error check: {"result": <QGA return or its error
+        # object>}.
+        await self._real_agent_available(vmid)
+        return {'result': await self.qga(vmid, 'guest-' + command)}
 
     # Every guest DELETE the agent sends must free only what the guest's config references:
     # `destroy-unreferenced-disks=1` frees every volume of the vmid on every storage (orphans of
@@ -2383,7 +2807,7 @@ def build(sc):
     pve.vmlist_extra = list(live.get('extra', []))
     pve.qemu_restore = sc.get('qemu_restore')
     pve.backup_configs, pve.backup_guests, pve._restore_hooks = {}, {}, {}
-    pve.bed_owned, pve.bed_inits, pve.bed_execs = {}, {}, {}
+    pve.bed_owned, pve.bed_inits, pve.bed_execs, pve.bed_qemu = {}, {}, {}, {}
     pve.token_privsep = dict(sc.get('token_privsep', {}))
     pve.user_cfg_path = (sc.get('user_cfg') or {}).get('path')
     dc = sc.get('datacenter_cfg')
@@ -2410,6 +2834,15 @@ def build(sc):
                 raise ScenarioError('guest_bed real_lxc needs "tarball", "osqueryi", "net_prefix" (3-8 of a-z0-9) '
                                     'and the bed\'s "lxc_path"')
             pve.guest_bed['real_lxc'] = dict(real)
+        real_vm = bed.get('real_qemu')
+        if real_vm:
+            if not (isinstance(real_vm, dict) and real_vm.get('image') and real_vm.get('osqueryi')):
+                raise ScenarioError('guest_bed real_qemu needs "image" (the folder tests/testbed/build-debian-vm.sh '
+                                    'prints) and "osqueryi"')
+            for name in ('disk.raw', 'vmlinux', 'initrd.img'):
+                if not os.path.isfile(os.path.join(real_vm['image'], name)):
+                    raise ScenarioError('guest_bed real_qemu: {0} has no {1}'.format(real_vm['image'], name))
+            pve.guest_bed['real_qemu'] = dict(real_vm)
 
     for node in sc.get('nodes', []):
         if isinstance(node, str):
@@ -2686,6 +3119,8 @@ async def serve(sc, ready_out):
         vmlist_writer.cancel()
         for vmid in list(pve.bed_inits or {}):
             pve.bed_stop(vmid)
+        for vmid in list(pve.bed_qemu or {}):
+            pve.bed_qemu_stop(vmid)
         for vmid in list(pve.bed_monitors or {}):
             pve.bed_monitor(vmid, False)
         pve.bed_lxc_teardown()

@@ -204,6 +204,9 @@ pub struct GuestBed {
     dir: tempfile::TempDir,
     /// Set when the fake PVE makes this bed's containers real LXC containers.
     real: Option<RealLxc>,
+    /// Set when the fake PVE runs a real QEMU for this bed's VMs marked `real` (the image's
+    /// folder, [`real_vm_image`]).
+    real_vm: Option<PathBuf>,
     /// The LXC monitor stand-ins this bed started for its running containers (those the fake
     /// PVE makes have theirs from the fake).
     monitors: std::sync::Mutex<std::collections::HashMap<u32, MonitorProc>>,
@@ -256,8 +259,61 @@ impl GuestBed {
         Self {
             dir,
             real: None,
+            real_vm: None,
             monitors: std::sync::Mutex::default(),
         }
+    }
+
+    /// A bed whose VMs marked `"real": true` in their guest spec are, once the fake PVE restores
+    /// and starts them, real QEMU VMs running Debian 12 with the real `qemu-guest-agent`
+    /// ([`real_vm_image`]); other VMs and the containers stay the busybox bed's. `Err` with a
+    /// one-line reason and the plain bed when QEMU or the image is missing here (printed; a
+    /// panic instead when `FELHOM_REQUIRE_REAL_GUESTS=1`).
+    pub fn new_real_vm() -> Result<Self, (String, Self)> {
+        let mut bed = Self::new();
+        match real_vm_image() {
+            Ok(image) => {
+                bed.real_vm = Some(image.clone());
+                Ok(bed)
+            }
+            Err(reason) => {
+                let line = format!("no real VM here ({reason}): the modelled guest agent instead");
+                if require_real_guests() {
+                    panic!("{line}, but FELHOM_REQUIRE_REAL_GUESTS=1");
+                }
+                crate::report(&line);
+                Err((reason.clone(), bed))
+            }
+        }
+    }
+
+    /// Whether this bed's VMs marked `real` run in a real QEMU.
+    pub fn has_real_vm(&self) -> bool {
+        self.real_vm.is_some()
+    }
+
+    /// The QGA commands the fake forwarded to real VM `vmid`'s guest agent so far, one JSON
+    /// object each (`execute`, `arguments`, `answer` or `error`, `t`: Unix time, `secs`: how
+    /// long the exchange took), and the QEMU starts (`event`: `qemu-start`).
+    pub fn qga_log(&self, vmid: u32) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.state_dir().join(format!("{vmid}.qga.log")))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// What real VM `vmid`'s QEMU printed so far (its own errors), for a failing test to show.
+    pub fn qemu_log(&self, vmid: u32) -> String {
+        std::fs::read_to_string(self.state_dir().join(vmid.to_string()).join("qemu.log"))
+            .unwrap_or_default()
+    }
+
+    /// Real VM `vmid`'s serial console so far (the kernel's and systemd's messages), for a
+    /// failing test to show.
+    pub fn serial_log(&self, vmid: u32) -> String {
+        std::fs::read_to_string(self.state_dir().join(vmid.to_string()).join("serial.log"))
+            .unwrap_or_default()
     }
 
     /// A bed whose containers, once the fake PVE restores them, are real LXC containers
@@ -471,6 +527,12 @@ impl GuestBed {
                 "net_prefix": real.net_prefix,
             });
         }
+        if let Some(image) = &self.real_vm {
+            scenario["guest_bed"]["real_qemu"] = serde_json::json!({
+                "image": image.display().to_string(),
+                "osqueryi": repo_root().join("tests/testbed/osqueryi").display().to_string(),
+            });
+        }
         if let Some(stores) = scenario
             .get_mut("volumes")
             .and_then(serde_json::Value::as_object_mut)
@@ -500,6 +562,14 @@ impl Drop for GuestBed {
         self.kill_running_pct();
         if let Some(real) = &self.real {
             teardown_real(&self.lxc_path(), &real.net_prefix);
+        }
+        if self.real_vm.is_some() {
+            // The fake stops its QEMUs when it ends (and the kernel kills them when it dies);
+            // whatever still names this bed's folder is killed here.
+            let marker = self.state_dir().display().to_string();
+            if !wait_processes_gone(&marker, Duration::from_secs(5)).is_empty() {
+                kill_processes_with_marker(&marker);
+            }
         }
         if !std::thread::panicking() {
             self.assert_no_push();
@@ -787,6 +857,40 @@ pub fn real_lxc() -> &'static Result<Releases, String> {
             let _ = std::fs::write(&stamp, "a throwaway unprivileged container started\n");
         }
         Ok(tarballs)
+    })
+}
+
+/// The real VMs' image (`tests/testbed/build-debian-vm.sh`: a folder holding `disk.raw`,
+/// `vmlinux` and `initrd.img`), built on first use, once QEMU is known to be installed: `Ok`
+/// with its folder or a one-line reason (once per test process).
+pub fn real_vm_image() -> &'static Result<PathBuf, String> {
+    static IMAGE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        for tool in ["qemu-system-x86_64", "qemu-img", "mmdebstrap", "mkfs.ext4"] {
+            if !in_path(tool) {
+                return Err(format!(
+                    "{tool} is not installed (tests/setup.sh installs it)"
+                ));
+            }
+        }
+        let out = Command::new("bash")
+            .arg(repo_root().join("tests/testbed/build-debian-vm.sh"))
+            .arg(repo_root().join("target/testbed"))
+            .output()
+            .map_err(|e| format!("cannot run build-debian-vm.sh: {e}"))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            return Err(format!(
+                "tests/testbed/build-debian-vm.sh failed ({}): {last}",
+                out.status
+            ));
+        }
+        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
     })
 }
 

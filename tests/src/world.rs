@@ -171,6 +171,28 @@ impl World {
         }
     }
 
+    /// [`World::with_options`] with real VMs: a VM whose guest spec says `"real": true` runs
+    /// in a real QEMU with Debian 12 and the real guest agent ([`GuestBed::new_real_vm`]).
+    /// `None` after printing why this machine has no real VM (with
+    /// `FELHOM_REQUIRE_REAL_GUESTS=1` it panics instead). Adds a line `real guests: <test>` to
+    /// the test reports.
+    pub fn real_vm_or_skip(scenario: Value, opts: &AgentOptions) -> Option<World> {
+        match GuestBed::new_real_vm() {
+            Ok(bed) => {
+                let name = std::thread::current()
+                    .name()
+                    .unwrap_or("a test")
+                    .to_string();
+                crate::report(&format!("real guests: {name}"));
+                Some(World::with_bed(scenario, opts, bed))
+            }
+            Err((reason, _)) => {
+                eprintln!("skipped on this machine: {reason}");
+                None
+            }
+        }
+    }
+
     /// [`World::with_options`] with this bed.
     pub fn with_bed(mut scenario: Value, opts: &AgentOptions, bed: GuestBed) -> World {
         tasks_take_time(&mut scenario);

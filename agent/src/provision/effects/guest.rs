@@ -105,7 +105,7 @@ impl Executor<'_> {
             }
             if Instant::now() >= deadline || self.cancel.is_cancelled() {
                 return Err(format!(
-                    "{} {vmid} on node {node} did not prove its launch within {}s: {last}",
+                    "{} {vmid} on node {node} did not prove its launch within {}s: {last}; a guest that boots slower needs a higher [provision] launch_timeout_secs",
                     guest.pve_word(),
                     self.timeouts.launch_proof.as_secs()
                 ));

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Builds the disk of the test bed's real VMs: a Debian 12 (bookworm) made by mmdebstrap
+# --variant=minbase with the Debian kernel (linux-image-amd64, its initramfs by initramfs-tools),
+# systemd as init, udev (it starts qemu-guest-agent when the virtio port
+# org.qemu.guest_agent.0 appears), the real qemu-guest-agent, ifupdown, iproute2 and
+# isc-dhcp-client, plus busybox (the awk of the osqueryi stand-in the bed lays into each VM),
+# as a raw ext4 image with no partition table (root=/dev/vda), plus the
+# kernel and initramfs beside it for QEMU's direct kernel boot (-kernel/-initrd: no boot loader):
+# the kernel as its uncompressed ELF (vmlinux, taken out of Debian's vmlinuz), which QEMU boots
+# through its PVH entry point, skipping the real-mode set-up and the decompression (seconds
+# under TCG). Units of a Debian install that only cost boot time here (each process costs a
+# second or more under TCG on a busy machine) are masked: e2scrub_reap, getty-static, the
+# gettys (no console is read), the modprobe@ units of modules nothing here uses (configfs,
+# dm_mod, efi_pstore, fuse, loop, drm), kmod-static-nodes, and the hugepages, mqueue, debug and
+# tracing mounts. What the agent looks at (systemd's state, failed units, ifupdown's
+# networking.service, qemu-guest-agent) is Debian's own.
+#
+# /etc/network/interfaces is what Debian's installer leaves for a DHCP install on a PVE VM's
+# first NIC (virtio at PCI slot 18: ens18): `allow-hotplug ens18` + `iface ens18 inet dhcp`.
+# The bed writes other variants per VM at start time: the initramfs carries a hook
+# (init-bottom/felhom-bed-files) that copies the files of an extra cpio archive, appended to the
+# initramfs by the bed, from /felhom-bed-files/ onto the root before systemd starts.
+#
+# Usage: tests/testbed/build-debian-vm.sh [DIR]
+#   DIR      default <repo>/target/testbed
+# Prints the folder of the image (DIR/debian-vm-<key>, holding disk.raw, vmlinux, initrd.img)
+# on stdout.
+#
+# Cached: the key is the sha256 of this script, so the image is built once per version of the
+# script; the build runs under a lock (concurrent callers wait and then reuse it) and is renamed
+# into place whole. Older keys are removed. Packages come from this machine's Debian mirror (the
+# URI of its apt source that names bookworm), with its Acquire::Check-Valid-Until / Check-Date
+# settings.
+#
+# Needs root, mmdebstrap and mkfs.ext4 (tests/setup.sh installs them). Takes 40-90 s.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+out=${1:-$repo/target/testbed}
+mkdir -p "$out"
+
+key=$(sha256sum "$here/build-debian-vm.sh" | cut -c1-16)
+dest=$out/debian-vm-$key
+
+exec 9>"$out/.build-debian-vm.lock"
+flock 9
+if [ -f "$dest/.done" ]; then
+  echo "$dest"
+  exit 0
+fi
+
+for tool in mmdebstrap mkfs.ext4; do
+  command -v "$tool" >/dev/null 2>&1 ||
+    { echo "build-debian-vm: $tool is not installed (tests/setup.sh installs it)" >&2; exit 1; }
+done
+
+mirror=""
+for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+  [ -f "$f" ] || continue
+  grep -qE '^[^#]*\bbookworm' "$f" || continue
+  uri=$(awk '/^[[:space:]]*#/ {next}
+    /^URIs:/ {print $2; exit}
+    /^deb[[:space:]]/ {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' "$f")
+  case $uri in */debian-security* | "") continue ;; esac
+  mirror=$uri
+  break
+done
+mirror=${mirror:-http://deb.debian.org/debian}
+
+aptopts=()
+eval "$(apt-config shell valid Acquire::Check-Valid-Until date Acquire::Check-Date)"
+[ "${valid:-}" = false ] && aptopts+=(--aptopt='Acquire::Check-Valid-Until "false"')
+[ "${date:-}" = false ] && aptopts+=(--aptopt='Acquire::Check-Date "false"')
+
+scratch=$(mktemp -d "$out/.debian-vm-build.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+root=$scratch/root
+
+hooks=()
+[ -d /usr/share/mmdebstrap/hooks/merged-usr ] && hooks+=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+
+# Modules for hardware of QEMU's pc machine that nothing in the guest uses (the floppy and IDE
+# controllers, PS/2, the PC speaker, KVM: the guest's CPU model advertises no virtualisation)
+# are not loaded: each costs a second of a boot under TCG.
+# The initramfs: only what a virtio disk and ext4 need (MODULES=list: a small image that TCG
+# unpacks fast), and the hook that lays the bed's per-VM files onto the root.
+mmdebstrap --quiet --variant=minbase --mode=root "${hooks[@]}" \
+  --include=linux-image-amd64,initramfs-tools,systemd-sysv,udev,qemu-guest-agent,ifupdown,iproute2,isc-dhcp-client,kmod,procps,hostname,busybox \
+  --dpkgopt='path-exclude=/usr/share/man/*' \
+  --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+  --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --dpkgopt='path-exclude=/usr/share/info/*' \
+  --dpkgopt='path-exclude=/lib/firmware/*' \
+  --dpkgopt='path-exclude=/lib/modules/*/kernel/drivers/gpu/*' \
+  --dpkgopt='path-exclude=/lib/modules/*/kernel/drivers/net/wireless/*' \
+  --dpkgopt='path-exclude=/lib/modules/*/kernel/drivers/media/*' \
+  --dpkgopt='path-exclude=/lib/modules/*/kernel/drivers/infiniband/*' \
+  --dpkgopt='path-exclude=/lib/modules/*/kernel/drivers/staging/*' \
+  --dpkgopt='path-exclude=/lib/modules/*/kernel/sound/*' \
+  --essential-hook='mkdir -p "$1/etc/initramfs-tools/scripts/init-bottom"' \
+  --essential-hook='mkdir -p "$1/etc/initramfs-tools/conf.d"; echo MODULES=list >"$1/etc/initramfs-tools/conf.d/felhom-bed.conf"' \
+  --essential-hook='printf "%s\n" virtio_pci virtio_blk virtio_console virtio_net ext4 >"$1/etc/initramfs-tools/modules"' \
+  --essential-hook='cat >"$1/etc/initramfs-tools/scripts/init-bottom/felhom-bed-files" <<"EOF"
+#!/bin/sh
+# Lays the files of an extra archive the bed appended to this initramfs onto the root.
+[ "$1" = prereqs ] && exit 0
+[ -d /felhom-bed-files ] || exit 0
+cp -a /felhom-bed-files/. "${rootmnt}/"
+EOF
+chmod 755 "$1/etc/initramfs-tools/scripts/init-bottom/felhom-bed-files"' \
+  --customize-hook='printf "blacklist %s\n" floppy pcspkr ata_piix ata_generic psmouse serio_raw joydev evdev powernow_k8 >"$1/etc/modprobe.d/felhom-bed.conf"' \
+  --customize-hook='echo debian-vm >"$1/etc/hostname"' \
+  --customize-hook='printf "127.0.0.1\tlocalhost\n127.0.1.1\tdebian-vm\n" >"$1/etc/hosts"' \
+  --customize-hook='printf "source /etc/network/interfaces.d/*\n\nauto lo\niface lo inet loopback\n\nallow-hotplug ens18\niface ens18 inet dhcp\n" >"$1/etc/network/interfaces"' \
+  --customize-hook='printf "/dev/vda / ext4 errors=remount-ro 0 1\n" >"$1/etc/fstab"' \
+  --customize-hook='rm -f "$1/etc/machine-id" "$1/var/lib/dbus/machine-id"; : >"$1/etc/machine-id"' \
+  --customize-hook='chroot "$1" systemctl mask getty@tty1.service serial-getty@ttyS0.service e2scrub_reap.service getty-static.service modprobe@configfs.service modprobe@dm_mod.service modprobe@efi_pstore.service modprobe@fuse.service modprobe@loop.service modprobe@drm.service kmod-static-nodes.service dev-hugepages.mount dev-mqueue.mount sys-kernel-debug.mount sys-kernel-tracing.mount' \
+  "${aptopts[@]}" \
+  bookworm "$root" "deb $mirror bookworm main" >&2
+
+mkdir -p "$scratch/vm"
+# vmlinux: the xz stream inside Debian's bzImage, decompressed (what the kernel's own
+# scripts/extract-vmlinux does).
+python3 - "$root"/boot/vmlinuz-* "$scratch/vm/vmlinux" <<'EOF'
+import lzma, sys
+data = open(sys.argv[1], 'rb').read()
+at = data.find(b'\xfd7zXZ\x00')
+if at < 0:
+    sys.exit('build-debian-vm: no xz stream in ' + sys.argv[1])
+out = lzma.LZMADecompressor().decompress(data[at:])
+if out[:4] != b'\x7fELF':
+    sys.exit('build-debian-vm: the xz stream in ' + sys.argv[1] + ' is not an ELF kernel')
+open(sys.argv[2], 'wb').write(out)
+EOF
+cp "$root"/boot/initrd.img-* "$scratch/vm/initrd.img"
+# The root: its size plus room for what the guests write (a sparse file).
+size_mb=$(($(du -sm "$root" | cut -f1) + 512))
+mkfs.ext4 -q -L root -d "$root" "$scratch/vm/disk.raw" "${size_mb}M" >&2
+touch "$scratch/vm/.done"
+
+for old in "$out"/debian-vm-*; do
+  [ "$old" = "$dest" ] && continue
+  [[ ${old##*/} =~ ^debian-vm-[0-9a-f]{16}$ ]] && rm -rf "$old"
+done
+mv "$scratch/vm" "$dest"
+echo "$dest"

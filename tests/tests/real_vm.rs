@@ -1,0 +1,350 @@
+//! The test bed's real VM: a VM the fake PVE restores from a backup marked `"real": true` runs
+//! in a real QEMU (TCG) with Debian 12 and the real `qemu-guest-agent`
+//! (`tests/testbed/build-debian-vm.sh`, `guest_bed.real_qemu` in `tests/fakepve/scenario.py`),
+//! and the fake's `agent/*` endpoints speak QGA's protocol to it as qemu-server does
+//! (`tests/data/real-vm-facts.md`). Each of the first two tests boots one VM; both run at
+//! once. On a machine without QEMU or the image, each test prints why and ends
+//! (`FELHOM_REQUIRE_REAL_GUESTS=1`, set by `tests/run.sh`, makes that a failure); the last
+//! shows that behaviour on a `PATH` without QEMU.
+
+use std::time::{Duration, Instant};
+
+use felhom_tests::fakepve::{add_qemu_backup, demo_scenario, AgentOptions, QEMU_BACKUP};
+use felhom_tests::guestbed::wait_processes_gone;
+use felhom_tests::world::World;
+use serde_json::{json, Value};
+
+/// The VM's backup as a Debian 12 guest whose hostname is its PVE name, with the network
+/// config Debian's installer leaves for a DHCP install (`allow-hotplug ens18`), and the guest
+/// agent enabled: two NICs (ens18, ens19), kept by a provision.
+fn scenario(guest: Value) -> Value {
+    let mut s = demo_scenario();
+    let config = json!({
+        "name": "felhom-vm",
+        "agent": "1",
+        "ostype": "l26",
+        "memory": "1024",
+        "scsi0": "local-lvm:vm-300-disk-0,size=8G",
+        "net0": "virtio=BC:24:11:00:03:00,bridge=vmbr0",
+        "net1": "virtio=BC:24:11:00:03:01,bridge=vmbr1,tag=20",
+        "tags": "customer;prod",
+    });
+    add_qemu_backup(&mut s, config, guest);
+    s
+}
+
+fn debian_files() -> Value {
+    json!({
+        "/etc/hostname": "felhom-vm\n",
+        "/etc/network/interfaces":
+            "source /etc/network/interfaces.d/*\n\nauto lo\niface lo inet loopback\n\n\
+             allow-hotplug ens18\niface ens18 inet dhcp\n",
+    })
+}
+
+/// A world whose QEMU backup restores a real VM (`guest`: the guest spec, `"real": true`
+/// added), with the launch proof and the boot wait bounded by `launch_secs` so that no test
+/// waits longer than a minute.
+fn real_world(guest: Value, launch_secs: u64) -> Option<World> {
+    let mut guest = guest;
+    guest["real"] = json!(true);
+    let opts = AgentOptions {
+        selftest_source: Some(QEMU_BACKUP.to_string()),
+        extra_toml: format!("launch_timeout_secs = {launch_secs}\nboot_timeout_secs = 40\n"),
+        ..AgentOptions::default()
+    };
+    let w = World::real_vm_or_skip(scenario(guest), &opts)?;
+    std::fs::write(w.files.checks_dir.join("default.toml"), PACK)
+        .unwrap_or_else(|e| panic!("cannot write the check pack: {e}"));
+    Some(w)
+}
+
+/// Two checks of the default pack, what the guest is and its name: each query of the osqueryi
+/// stand-in takes seconds in a guest under TCG, the whole default pack about half a minute.
+const PACK: &str = r#"
+[[check]]
+name = "os-identified"
+sql = "SELECT name, version, platform FROM os_version WHERE platform = 'debian' AND version LIKE '12%'"
+expect = "rows >= 1"
+
+[[check]]
+name = "hostname"
+sql = "SELECT hostname FROM system_info"
+expect = "hostname == '{hostname}'"
+"#;
+
+/// The QGA commands the fake forwarded to VM `vmid`'s guest agent named `execute`.
+fn forwarded(w: &World, vmid: u32, execute: &str) -> Vec<Value> {
+    w.bed
+        .qga_log(vmid)
+        .into_iter()
+        .filter(|e| e["execute"] == execute)
+        .collect()
+}
+
+/// Run `argv` in VM `vmid` through the fake's API as the agent's token does (`agent/exec`,
+/// then `agent/exec-status` until it exited): its final status.
+fn api_exec(w: &World, vmid: u32, argv: &[&str]) -> Value {
+    let client = w.pve.https_client();
+    let auth = w.pve.auth_header();
+    let base = format!("{}/api2/json/nodes/pve1/qemu/{vmid}/agent", w.pve.url());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let form: Vec<String> = argv
+            .iter()
+            .map(|a| {
+                let enc: String = a
+                    .bytes()
+                    .map(|b| {
+                        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                            char::from(b).to_string()
+                        } else {
+                            format!("%{b:02X}")
+                        }
+                    })
+                    .collect();
+                format!("command={enc}")
+            })
+            .collect();
+        let started: Value = client
+            .post(format!("{base}/exec"))
+            .header("Authorization", &auth)
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .body(form.join("&"))
+            .send()
+            .await
+            .expect("agent/exec")
+            .json()
+            .await
+            .expect("agent/exec answer");
+        let pid = started["data"]["pid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("agent/exec gave no pid: {started}"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let status: Value = client
+                .get(format!("{base}/exec-status?pid={pid}"))
+                .header("Authorization", &auth)
+                .send()
+                .await
+                .expect("agent/exec-status")
+                .json()
+                .await
+                .expect("agent/exec-status answer");
+            if status["data"]["exited"] == 1 {
+                return status["data"].clone();
+            }
+            assert!(Instant::now() < deadline, "{argv:?} did not end: {status}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+#[test]
+fn a_vm_provision_is_proven_launched_through_the_real_guest_agent() {
+    let Some(w) = real_world(json!({"files": debian_files()}), 55) else {
+        return;
+    };
+    let started = Instant::now();
+    let run = w.agent(&["--selftest=provision", "-vmid", "320", "--keep", "--json"]);
+    let took = started.elapsed();
+    let doc = run.json();
+    let serial = w.bed.serial_log(320) + &w.bed.qemu_log(320);
+    let tail: String = serial.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+    assert_eq!(
+        run.code,
+        Some(0),
+        "{doc:#}\n{}\nserial console (last lines, reversed):\n{tail}",
+        run.stderr
+    );
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    // A provision keeps the backup's network: its NICs, on their bridges.
+    assert_eq!(doc["network"], "stored", "{doc:#}");
+
+    let log = w.bed.qga_log(320);
+    // QEMU ran, once, and its guest agent answered guest-ping only once it had booted.
+    let qemu_start = log
+        .iter()
+        .filter(|e| e["event"] == "qemu-start")
+        .map(|e| e["t"].as_f64().unwrap_or_default())
+        .collect::<Vec<_>>();
+    assert_eq!(qemu_start.len(), 1, "{log:#?}");
+    let first_answer = log
+        .iter()
+        .find(|e| e["execute"] == "guest-ping" && e.get("answer").is_some())
+        .and_then(|e| e["t"].as_f64())
+        .expect("a guest-ping the guest agent answered");
+    felhom_tests::report(&format!(
+        "real VM: its guest agent answered {:.1} s after QEMU started; the provision took {:.1} s",
+        first_answer - qemu_start[0],
+        took.as_secs_f64()
+    ));
+
+    // The launch proof ran in the guest, through the real guest agent: the fake forwarded its
+    // command as guest-exec (PVE's path and arg split), the agent gave a pid, and that pid's
+    // status came back exited 0 with the proof's output.
+    let execs = forwarded(&w, 320, "guest-exec");
+    // (The agent's argv starts with `/usr/bin/env -i` and the environment it sets.)
+    let proof = execs
+        .iter()
+        .find(|e| {
+            e["arguments"]["arg"].as_array().is_some_and(|a| {
+                a.ends_with(&[
+                    json!("/bin/sh"),
+                    json!("-c"),
+                    json!("echo felhom-launch-ok"),
+                ])
+            })
+        })
+        .unwrap_or_else(|| panic!("no launch proof reached the guest agent: {execs:#?}"));
+    assert_eq!(proof["arguments"]["path"], "/usr/bin/env", "{proof}");
+    assert_eq!(proof["arguments"]["capture-output"], true, "{proof}");
+    let pid = proof["answer"]["pid"].as_u64().expect("the guest's pid");
+    let statuses = forwarded(&w, 320, "guest-exec-status");
+    let done = statuses
+        .iter()
+        .find(|e| e["arguments"]["pid"] == pid && e["answer"]["exited"] == true)
+        .unwrap_or_else(|| panic!("the proof's status was never read: {statuses:#?}"));
+    assert_eq!(done["answer"]["exitcode"], 0, "{done}");
+    // Every trip into the guest is one guest-exec: the launch proof, the boot wait, the
+    // bootstrap and the checks, four at most (the proof is not asked again once the agent
+    // answers; while it does not, PVE refuses before any guest-exec).
+    assert!(execs.len() <= 4, "{} guest-exec: {execs:#?}", execs.len());
+    assert_eq!(
+        execs.len(),
+        execs.iter().filter(|e| e["answer"]["pid"].is_u64()).count(),
+        "{execs:#?}"
+    );
+
+    // What the bootstrap wrote, read back from inside the VM through the fake's API and the
+    // real guest agent: the bootstrap ran in this guest, for this transaction.
+    let env = api_exec(&w, 320, &["cat", "/var/lib/felhom/provisioned.env"]);
+    assert_eq!(env["exitcode"], 0, "{env}");
+    let txn = doc["txn"].as_str().expect("txn");
+    let text = env["out-data"].as_str().unwrap_or_default();
+    assert!(
+        text.contains(&format!("FELHOM_TXN={txn}")) && text.contains("FELHOM_VMID=320"),
+        "{env}"
+    );
+    // The guest has both NICs of its PVE config, with their MACs (the restore gave new ones),
+    // named as Debian names PVE's slots 18 and 19.
+    let links = api_exec(&w, 320, &["ip", "-o", "link", "show"]);
+    let links = links["out-data"]
+        .as_str()
+        .unwrap_or_default()
+        .to_lowercase();
+    let config = &w.pve.guest(320).expect("the kept VM")["config"];
+    for (key, name) in [("net0", "ens18"), ("net1", "ens19")] {
+        let mac = config[key]
+            .as_str()
+            .and_then(|n| n.split(',').next())
+            .and_then(|m| m.split_once('='))
+            .map(|(_, mac)| mac.to_lowercase())
+            .unwrap_or_else(|| panic!("no MAC in {key}: {config}"));
+        assert!(
+            links
+                .split("\n")
+                .any(|l| l.contains(&format!(": {name}:")) && l.contains(&mac)),
+            "{key} ({mac}) is not {name}: {links}"
+        );
+    }
+}
+
+#[test]
+fn with_the_guest_agent_stopped_inside_the_launch_proof_fails_naming_the_vm() {
+    // The same guest with qemu-guest-agent masked: QEMU runs, the channel is there, nothing in
+    // the guest answers it.
+    // The shortest launch timeout: two tries, each refused after qemu-server's 3 s ping.
+    let Some(w) = real_world(json!({"files": debian_files(), "agent": false}), 5) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=provision", "-vmid", "321", "--json"]);
+    let doc = run.json();
+    assert_ne!(run.code, Some(0), "{doc:#}");
+    assert_eq!(doc["error"]["code"], "launch_unproven", "{doc:#}");
+    let error = doc["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("VM 321")
+            && error.contains("not running")
+            && error.contains("start qemu-guest-agent")
+            && error.contains("launch_timeout_secs"),
+        "{doc:#}\n{}",
+        run.stderr
+    );
+    // The fake asked the real guest agent (guest-ping, qemu-server's 3 s) and got no answer;
+    // no command ever reached the guest.
+    let log = w.bed.qga_log(321);
+    let pings = forwarded(&w, 321, "guest-ping");
+    assert!(
+        !pings.is_empty() && pings.iter().all(|p| p["error"] == "got timeout"),
+        "{log:#?}"
+    );
+    assert!(forwarded(&w, 321, "guest-exec").is_empty(), "{log:#?}");
+    // The failed provision destroyed the VM it made: its QEMU ended and its disk went with it.
+    let dir = w.bed.state_dir().join("321");
+    let left = wait_processes_gone(&dir.display().to_string(), Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "QEMU of the destroyed VM still runs: {left:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !dir.exists(),
+        "the destroyed VM's overlay is left: {}",
+        dir.display()
+    );
+}
+
+/// A machine without QEMU (here: a `PATH` without `qemu-system-x86_64`): a test asking for the
+/// real VM gets a one-line reason and the modelled guest agent, and fails instead with
+/// `FELHOM_REQUIRE_REAL_GUESTS=1`.
+#[test]
+fn without_qemu_the_reason_is_printed_unless_real_guests_are_required() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    let mut linked = 0;
+    for dir in ["/usr/local/bin", "/usr/bin", "/usr/sbin", "/sbin", "/bin"] {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            if name == "qemu-system-x86_64" || bin.path().join(&name).exists() {
+                continue;
+            }
+            if std::os::unix::fs::symlink(entry.path(), bin.path().join(&name)).is_ok() {
+                linked += 1;
+            }
+        }
+    }
+    assert!(linked > 100, "{linked}");
+    let probe = |require: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_real-bed-probe"));
+        cmd.arg("vm")
+            .env("PATH", bin.path())
+            .env_remove("FELHOM_TEST_REPORTS");
+        match require {
+            Some(v) => cmd.env("FELHOM_REQUIRE_REAL_GUESTS", v),
+            None => cmd.env_remove("FELHOM_REQUIRE_REAL_GUESTS"),
+        };
+        cmd.output().expect("real-bed-probe")
+    };
+    let out = probe(None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "modelled qemu-system-x86_64 is not installed (tests/setup.sh installs it)"
+    );
+    let out = probe(Some("1"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("qemu-system-x86_64 is not installed")
+            && stderr.contains("FELHOM_REQUIRE_REAL_GUESTS=1"),
+        "{stderr}"
+    );
+}
