@@ -10,6 +10,7 @@
 //! switch in the environment (see `KILL_AT_ENV`) lets the crash tests SIGKILL the process at a
 //! phase boundary: just before or just after the N-th journal record.
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -983,6 +984,20 @@ impl<'a> Executor<'a> {
         let since = self.intent_secs(state);
         let task_type = restore_task_type(guest);
         let token = self.cfg.pve.token_id.as_str();
+        // The tasks other transactions of this journal submitted are theirs: a UPID's start time
+        // has only a second's resolution, and this token's earlier restore of the same vmid (a
+        // kept guest since removed) can have started in the second of this intent.
+        let others: BTreeSet<String> = match self.journal.replay() {
+            Ok(all) => all
+                .iter()
+                .filter(|t| t.state.txn() != state.txn())
+                .filter_map(|t| t.state.upid().map(str::to_string))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(txn = %state.txn(), error = %e, "the journal could not be read to leave out other transactions' restore tasks");
+                BTreeSet::new()
+            }
+        };
         let started = Instant::now();
         let deadline = started + self.timeouts.submit_settle;
         loop {
@@ -994,6 +1009,7 @@ impl<'a> Executor<'a> {
                     let mut own: Vec<String> = rows
                         .into_iter()
                         .filter(|r| is_own_restore_task(&r.upid, task_type, vmid, token, since))
+                        .filter(|r| !others.contains(&r.upid))
                         .map(|r| r.upid)
                         .collect();
                     own.sort();
