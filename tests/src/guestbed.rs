@@ -276,14 +276,11 @@ impl GuestBed {
                 bed.real_vm = Some(image.clone());
                 Ok(bed)
             }
-            Err(reason) => {
-                let line = format!("no real VM here ({reason}): the modelled guest agent instead");
-                if require_real_guests() {
-                    panic!("{line}, but FELHOM_REQUIRE_REAL_GUESTS=1");
-                }
-                crate::report(&line);
-                Err((reason.clone(), bed))
-            }
+            Err(reason) => Err(fall_back(
+                format!("no real VM here ({reason}): the modelled guest agent instead"),
+                reason,
+                bed,
+            )),
         }
     }
 
@@ -330,14 +327,11 @@ impl GuestBed {
                 });
                 Ok(bed)
             }
-            Err(reason) => {
-                let line = format!("no real guests here ({reason}): the busybox bed instead");
-                if require_real_guests() {
-                    panic!("{line}, but FELHOM_REQUIRE_REAL_GUESTS=1");
-                }
-                crate::report(&line);
-                Err((reason.clone(), bed))
-            }
+            Err(reason) => Err(fall_back(
+                format!("no real guests here ({reason}): the busybox bed instead"),
+                reason,
+                bed,
+            )),
         }
     }
 
@@ -748,6 +742,16 @@ pub fn all_cmdlines() -> Vec<String> {
         }
     }
     out
+}
+
+/// A real bed that this machine cannot give: `line` (why, and what is used instead) is reported,
+/// or panics with it when `FELHOM_REQUIRE_REAL_GUESTS=1`; the reason and the plain bed.
+fn fall_back(line: String, reason: &str, bed: GuestBed) -> (String, GuestBed) {
+    if require_real_guests() {
+        panic!("{line}, but FELHOM_REQUIRE_REAL_GUESTS=1");
+    }
+    crate::report(&line);
+    (reason.to_string(), bed)
 }
 
 /// The Debian root filesystems the real bed's guests run (`tests/testbed/build-debian-rootfs.sh`

@@ -160,11 +160,7 @@ impl World {
     pub fn real(scenario: Value, opts: &AgentOptions) -> Result<World, (String, World)> {
         match GuestBed::new_real() {
             Ok(bed) => {
-                let name = std::thread::current()
-                    .name()
-                    .unwrap_or("a test")
-                    .to_string();
-                crate::report(&format!("real guests: {name}"));
+                report_real_guests();
                 Ok(World::with_bed(scenario, opts, bed))
             }
             Err((reason, bed)) => Err((reason, World::with_bed(scenario, opts, bed))),
@@ -179,11 +175,7 @@ impl World {
     pub fn real_vm_or_skip(scenario: Value, opts: &AgentOptions) -> Option<World> {
         match GuestBed::new_real_vm() {
             Ok(bed) => {
-                let name = std::thread::current()
-                    .name()
-                    .unwrap_or("a test")
-                    .to_string();
-                crate::report(&format!("real guests: {name}"));
+                report_real_guests();
                 Some(World::with_bed(scenario, opts, bed))
             }
             Err((reason, _)) => {
@@ -320,4 +312,13 @@ impl World {
         out.sort();
         out
     }
+}
+
+/// Adds the line `real guests: <test>` to the test reports (`tests/run.sh` counts them).
+fn report_real_guests() {
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    crate::report(&format!("real guests: {name}"));
 }
