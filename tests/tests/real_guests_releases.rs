@@ -90,7 +90,8 @@ fn first_boot_secs(doc: &Value) -> f64 {
 }
 
 /// An ifupdown guest as pve-container's `Setup/Debian.pm` writes it: `eth0` static with
-/// `ip6=dhcp` (`iface eth0 inet6 dhcp`), `eth1` on DHCP; the shop on `eth0`'s address, a unit
+/// `ip6=dhcp` (`iface eth0 inet6 dhcp`), `eth1` and `eth2` on DHCP (two DHCP clients waiting for
+/// a lease no server gives, on two bridges); the shop on `eth0`'s address, a unit
 /// the boot waits for with no timeout until that address is there; `sys-kernel-config.mount`
 /// failing as on a node.
 fn ifupdown_guest(release: &str, extra: Value) -> Value {
@@ -111,6 +112,7 @@ fn ifupdown_guest(release: &str, extra: Value) -> Value {
         &[
             "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=10.20.0.31/24,gw=10.20.0.1,ip6=dhcp,type=veth",
             "name=eth1,bridge=vmbr0,hwaddr=BC:24:11:00:02:01,ip=dhcp,type=veth",
+            "name=eth2,bridge=vmbr1,hwaddr=BC:24:11:00:02:02,ip=dhcp,type=veth",
         ],
         files,
         json!({}),
@@ -143,6 +145,7 @@ fn a_good_ifupdown_copy_ends_ok(release: &str) {
     assert!(
         changed.contains("eth0 given as an unconnected veth pair")
             && changed.contains("eth1 given as an unconnected veth pair")
+            && changed.contains("eth2 given as an unconnected veth pair")
             && changed.contains(&userns_reset("sys-kernel-debug.mount", "debugfs"))
             && changed.contains(&userns_reset("sys-kernel-config.mount", "configfs")),
         "{doc:#}"
@@ -157,7 +160,7 @@ fn a_good_ifupdown_copy_ends_ok(release: &str) {
         "{doc:#}"
     );
     assert_eq!(
-        changed.contains("networking.service failed for the DHCP stanza of eth0, eth1"),
+        changed.contains("networking.service failed for the DHCP stanza of eth0, eth1, eth2"),
         !release.ends_with("-ifupdown2"),
         "{doc:#}"
     );

@@ -269,6 +269,30 @@ for n in $FELHOM_LAB_DHCP6; do
 done
 "#;
 
+/// The boot wait's tick in every copy the lab gives interfaces to, after [`DHCP6_WATCH`] when
+/// both run. ifupdown's `networking.service` can still be `activating` when the give step's
+/// watch ends: an `ifup -a` that failed on a stored name before its device was given, then
+/// found the next ones and waits for their DHCP leases (60 s per stanza with isc-dhcp's
+/// default `timeout`, one after the other). It then ends failed, without the interfaces it
+/// failed on, and a unit that waits for their addresses (a service bound to the stored address,
+/// ordered after `network-online.target`) holds the boot until its own limit, before the settle
+/// step can restart anything. So once a second while systemd is still starting, a
+/// `networking.service` found `failed` while the copy holds a `felabN` end is restarted
+/// without waiting, once in the trip ("late-restart networking.service"); not when the DHCPv6
+/// watch stopped a client (its failure is that client's, and a restart would wait on it again),
+/// and never a second time (a unit failing for a reason of its own is judged after the boot).
+/// ifupdown2's unit never fails (see [`GIVE`]); networkd and NetworkManager take a device that
+/// appears without a restart.
+const NET_WATCH: &str = r#"
+if [ -z "${felhom_late:-}" ] && [ -z "${FELHOM_LAB_DHCP6_STOPPED:-}" ] &&
+  [ "$(systemctl is-active networking.service 2>/dev/null)" = failed ] &&
+  ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit !f}'; then
+  felhom_late=1
+  systemctl reset-failed networking.service 2>/dev/null
+  systemctl restart --no-block networking.service >/dev/null 2>&1 && echo "late-restart networking.service"
+fi
+"#;
+
 /// How long a copy's `dhclient -6` may wait for a lease before the lab stops it: the 60 s after
 /// which IPv4's `dhclient` gives up by itself (isc-dhcp `clparse.c`: `timeout 60`).
 pub const DHCP6_GIVE_UP: Duration = Duration::from_secs(60);
@@ -388,12 +412,17 @@ pub fn boot_plan(lab: &LabRequest<'_>, give_up: Duration) -> BootPlan {
         .filter(|n| ok.contains(n))
         .map(String::as_str)
         .collect();
+    let mut tick = String::new();
     if !dhcp6.is_empty() && lab.reset_node_failures {
-        plan.tick = Some(DHCP6_WATCH.to_string());
+        tick.push_str(DHCP6_WATCH);
         plan.env.push((LAB_DHCP6_VAR, dhcp6.join(" ")));
         plan.env
             .push((LAB_DHCP6_GIVE_UP_VAR, give_up.as_secs().max(1).to_string()));
     }
+    if !ok.is_empty() {
+        tick.push_str(NET_WATCH);
+    }
+    plan.tick = (!tick.is_empty()).then_some(tick);
     if !ok.is_empty() || lab.reset_node_failures {
         plan.after = Some(format!("lab_strict=0\n{GUARD}{SETTLE}"));
         let dhcp = lab.dhcp_names();
@@ -408,13 +437,17 @@ pub fn boot_plan(lab: &LabRequest<'_>, give_up: Duration) -> BootPlan {
     plan
 }
 
+/// What the report says of [`NET_WATCH`]'s restart.
+pub const LATE_RESTART_NOTE: &str = "networking.service failed during the boot, after its \
+     devices were given (an ifup that had begun before them): restarted once";
+
 /// What the lab did in one boot trip, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LabDone {
     /// Before the wait: what was given.
     pub given: Vec<String>,
-    /// During the wait: the DHCPv6 clients stopped.
-    pub dhcp6_stopped: Vec<String>,
+    /// During the wait: the DHCPv6 clients stopped, and a late restart of the network.
+    pub during: Vec<String>,
     /// After the wait: what was reset and restarted (empty: nothing, or the step did not run).
     pub settled: Vec<String>,
 }
@@ -431,9 +464,17 @@ pub fn read_trip(lab: &LabRequest<'_>, trip: &BootTrip) -> LabDone {
         Some((lines, _)) => lab_report(&lines.join("\n"), &lab.dhcp_names(), !ok.is_empty(), &[]),
         None => Vec::new(),
     };
+    let mut during = dhcp6_stopped(lab, &trip.tick).1;
+    if trip
+        .tick
+        .iter()
+        .any(|l| l.trim() == "late-restart networking.service")
+    {
+        during.push(LATE_RESTART_NOTE.to_string());
+    }
     LabDone {
         given,
-        dhcp6_stopped: dhcp6_stopped(lab, &trip.tick).1,
+        during,
         settled,
     }
 }

@@ -501,7 +501,7 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
     );
     // The watch runs only in the agent's own copies, and only for stored ip6=dhcp names.
     let plan = boot_plan(&lab, DHCP6_GIVE_UP);
-    assert_eq!(plan.tick.as_deref(), Some(DHCP6_WATCH));
+    assert_eq!(plan.tick, Some(format!("{DHCP6_WATCH}{NET_WATCH}")));
     assert_eq!(plan.args, vec!["eth0".to_string(), "eth1".to_string()]);
     assert!(
         plan.env.contains(&("FELHOM_LAB_DHCP6", "eth0".to_string())),
@@ -519,7 +519,7 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
         ..lab.clone()
     };
     let plan = boot_plan(&customer, DHCP6_GIVE_UP);
-    assert!(plan.tick.is_none());
+    assert_eq!(plan.tick.as_deref(), Some(NET_WATCH));
     assert!(
         !plan
             .env
@@ -529,7 +529,18 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
         plan.env
     );
     let none = LabRequest { dhcp6: &[], ..lab };
-    assert!(boot_plan(&none, DHCP6_GIVE_UP).tick.is_none());
+    assert_eq!(
+        boot_plan(&none, DHCP6_GIVE_UP).tick.as_deref(),
+        Some(NET_WATCH)
+    );
+    // Nothing to give: no watch at all.
+    let nothing = LabRequest {
+        names: &[],
+        dhcp: &[],
+        dhcp6: &[],
+        reset_node_failures: true,
+    };
+    assert!(boot_plan(&nothing, DHCP6_GIVE_UP).tick.is_none());
 }
 
 /// The boot trip's script with the DHCPv6 watch as its tick, as an agent's own copy with
@@ -808,4 +819,105 @@ fn an_ifupdown_networking_service_still_activating_is_watched_and_restarted_once
     let (out, log) = give_while_networking_activating(1, "active");
     assert_eq!(out, "given eth0 felab0\n");
     assert!(!log.contains("restart"), "{log}");
+}
+
+/// The boot trip's script with the late-restart watch as its tick (a copy given `eth0`, no
+/// `ip6=dhcp`), its init taken for systemd: a guest whose systemd says `starting` for its first
+/// `starting` asks, then `degraded`, and whose `networking.service` answers `net_state`.
+fn late_restart_run(links: &str, net_state: &str, env: &[(&str, &str)]) -> (String, String) {
+    let names = ["eth0".to_string()];
+    let lab = LabRequest {
+        names: &names,
+        dhcp: &[],
+        dhcp6: &[],
+        reset_node_failures: true,
+    };
+    let plan = crate::guest::boot::BootPlan {
+        before: None,
+        after: None,
+        ..boot_plan(&lab, DHCP6_GIVE_UP)
+    };
+    let init = "felhom_init() {\n";
+    let script =
+        crate::guest::boot::script(&plan, 60).replace(init, "felhom_init() {\n  return 0\n");
+    let g = Guest::new(links, "");
+    let log = g.dir.path().join("log");
+    write_exec(
+        &g.dir.path().join("systemctl"),
+        &format!(
+            "#!/bin/sh\necho \"systemctl $*\" >>'{log}'\n\
+             case \"$*\" in\n\
+             is-system-running) if [ \"$(grep -c '^systemctl is-system-running' '{log}')\" -gt 2 ]; \
+             then echo degraded; else echo starting; fi;;\n\
+             'is-active networking.service') echo {net_state};;\n\
+             esac\nexit 0\n",
+            log = log.display()
+        ),
+    );
+    let out = g.run(&script, &["eth0"], env, Init::Host);
+    let out = out
+        .lines()
+        .filter(|l| !l.starts_with("felhom-took "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (out, g.log())
+}
+
+/// `networking.service` failed during the boot after the give step's watch ended (an `ifup`
+/// that had begun before the devices, then waited on DHCP stanzas): restarted once from the
+/// wait's tick, not at every tick; not without the lab's pair, not when the DHCPv6 watch
+/// stopped a client, not when the unit is not failed.
+#[test]
+fn a_networking_service_failed_during_the_boot_is_restarted_once_from_the_wait() {
+    let given = format!("{LO}{LAB_PAIR}");
+    let (out, log) = late_restart_run(&given, "failed", &[]);
+    assert_eq!(
+        out, "felhom-step wait\nlate-restart networking.service\nsystemd degraded",
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("systemctl restart --no-block networking.service")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        log.contains("systemctl reset-failed networking.service"),
+        "{log}"
+    );
+    // What the report says of it.
+    let names = ["eth0".to_string()];
+    let lab = LabRequest {
+        names: &names,
+        dhcp: &[],
+        dhcp6: &[],
+        reset_node_failures: true,
+    };
+    let trip = crate::guest::boot::BootTrip {
+        first: Ok("systemd degraded".to_string()),
+        before: Vec::new(),
+        tick: vec!["late-restart networking.service".to_string()],
+        after: None,
+    };
+    assert_eq!(
+        read_trip(&lab, &trip).during,
+        vec![LATE_RESTART_NOTE.to_string()]
+    );
+    for (links, state, env) in [
+        (format!("{LO}{FALLBACK_TUNNELS}"), "failed", &[][..]),
+        (given.clone(), "activating", &[][..]),
+        (given.clone(), "active", &[][..]),
+        (
+            given.clone(),
+            "failed",
+            &[("FELHOM_LAB_DHCP6_STOPPED", " eth0")][..],
+        ),
+    ] {
+        let (out, log) = late_restart_run(&links, state, env);
+        assert_eq!(
+            out, "felhom-step wait\nsystemd degraded",
+            "{state} {env:?}: {log}"
+        );
+        assert!(!log.contains("restart"), "{state} {env:?}: {log}");
+    }
 }

@@ -133,7 +133,7 @@ impl Executor<'_> {
         if !done.given.is_empty() {
             tracing::info!(vmid, "isolation: {}", done.given.join("; "));
         }
-        parts.extend(done.dhcp6_stopped.iter().cloned());
+        parts.extend(done.during.iter().cloned());
         let waited = match (trip.first, trip.after) {
             (Ok(seen), Some((_, again))) if !done.settled.is_empty() => {
                 tracing::info!(vmid, "isolation: {}", done.settled.join("; "));
