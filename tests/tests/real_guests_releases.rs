@@ -37,8 +37,8 @@ const BROKEN_UNIT: &str = "[Unit]\nDescription=Broken for its own reason\nWants=
 
 /// isc-dhcp-client's settings: `dhclient` gives up after `timeout` seconds without a lease (60
 /// by default, per interface one after the other, IPv4 and IPv6 alike) and then goes on in the
-/// background; 5 s keeps the test's boot short, what the copy shows is the same.
-const DHCLIENT_CONF: &str = "timeout 5;\nretry 5;\n";
+/// background; 2 s keeps the test's boot short, what the copy shows is the same.
+const DHCLIENT_CONF: &str = "timeout 2;\nretry 5;\n";
 
 /// `sys-kernel-config.mount` as a PVE node makes it fail: the node loads configfs, so
 /// `/sys/kernel/config` exists in every container and systemd tries the mount, which the kernel
@@ -67,7 +67,7 @@ fn world(scenario: Value) -> Option<World> {
 
 /// How long the lab lets a copy's `dhclient -6` wait for a lease in these tests (the agent's
 /// test hook; 60 s by default, as IPv4's `dhclient` gives up by itself).
-const DHCP6_GIVE_UP_SECS: &str = "5";
+const DHCP6_GIVE_UP_SECS: &str = "2";
 
 /// The restore test of `w`'s backup, `--json`.
 fn restore_test(w: &World) -> felhom_tests::agent::AgentRun {

@@ -329,9 +329,9 @@ fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_without_a_lease() {
 
 /// isc-dhcp-client's settings in the DHCP guests' backups: `ifup` runs `dhclient -1`, which
 /// gives up after `timeout` seconds without a lease (60 by default, per interface, one after
-/// the other: a copy with two DHCP stanzas boots 2 minutes longer than production). 5 s keeps
+/// the other: a copy with two DHCP stanzas boots 2 minutes longer than production). 2 s keeps
 /// the test's boot short; what the copy then shows is the same.
-const DHCLIENT_CONF: &str = "timeout 5;\nretry 5;\n";
+const DHCLIENT_CONF: &str = "timeout 2;\nretry 5;\n";
 
 /// A unit of the backup that fails at its first start in a boot and would succeed when
 /// started again: it passes only when `/srv/www/flaky-ran` exists, which its `ExecStopPost`
