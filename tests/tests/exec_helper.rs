@@ -1374,16 +1374,24 @@ fn a_guest_holding_its_pipes_open_over_20_execs_leaves_the_helpers_descriptors_a
     );
     let baseline = fd_count(helper_pid);
     assert!(baseline > 0);
-    for _ in 0..20 {
-        let r = h.call(&exec_request(164, &txn, &["/bin/sh", "-c", &hold]));
-        assert_eq!(
-            r["exec"]["exit"],
-            json!({"exited": 0}),
-            "{r:#}\n{}",
-            h.log_text()
-        );
-        assert_eq!(r["exec"]["stdout"], json!(b64(b"started\n")), "{r:#}");
-    }
+    // Four connections at once, five execs each: each exec waits out the drain grace (its
+    // guest process keeps the pipes), and the helper serves them side by side.
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..5 {
+                    let r = h.call(&exec_request(164, &txn, &["/bin/sh", "-c", &hold]));
+                    assert_eq!(
+                        r["exec"]["exit"],
+                        json!({"exited": 0}),
+                        "{r:#}\n{}",
+                        h.log_text()
+                    );
+                    assert_eq!(r["exec"]["stdout"], json!(b64(b"started\n")), "{r:#}");
+                }
+            });
+        }
+    });
     // The holders are still there, holding their ends.
     let holders = felhom_tests::guestbed::processes_with_marker(&marker);
     assert!(holders.len() >= 20, "{holders:#?}");
