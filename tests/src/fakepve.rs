@@ -25,8 +25,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-/// How long the fake may take from spawn to its ready line.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the fake may take from spawn to its ready line. It is ready in well under a second
+/// on a quiet machine; with eight tests at once beside the real guests' boots on two cores, a
+/// start was seen to take over 20 s. A fake that never starts still fails here, only later.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the fake may take to exit after SIGTERM before it is killed.
 pub const TERM_GRACE: Duration = Duration::from_secs(5);
 /// Read and write timeout of one control request.
