@@ -103,7 +103,8 @@ struct Guest {
 impl Guest {
     /// `links`: what `ip -d -o link show` prints (iproute2's one-line form: the lines of one
     /// link joined by a backslash); `ip -o link show` prints the same, and any other `ip` call
-    /// succeeds and is logged. `systemctl`: a script body answering the calls the lab makes.
+    /// succeeds and is logged. `systemctl`: a script body answering the calls the lab makes (its
+    /// calls are logged first; `$log` names the log).
     fn new(links: &str, systemctl: &str) -> Self {
         Self::with_ip_details(links, systemctl, true)
     }
@@ -131,7 +132,7 @@ impl Guest {
         write_exec(
             &dir.path().join("systemctl"),
             &format!(
-                "#!/bin/sh\necho \"systemctl $*\" >>'{log}'\n{systemctl}\n",
+                "#!/bin/sh\nlog='{log}'\necho \"systemctl $*\" >>\"$log\"\n{systemctl}\n",
                 log = dir.path().join("log").display()
             ),
         );
@@ -553,11 +554,26 @@ fn watch_script(name: &str) -> String {
         dhcp6: &names,
         reset_node_failures: true,
     };
-    let plan = boot_plan(&lab, DHCP6_GIVE_UP);
+    tick_script(&lab)
+}
+
+/// An agent's own copy given `names`, with no DHCP.
+fn own_copy(names: &[String]) -> LabRequest<'_> {
+    LabRequest {
+        names,
+        dhcp: &[],
+        dhcp6: &[],
+        reset_node_failures: true,
+    }
+}
+
+/// The boot trip's script of `lab` without its before and after steps (the wait and its tick
+/// alone), its init taken for systemd (this machine's is not).
+fn tick_script(lab: &LabRequest<'_>) -> String {
     let plan = crate::guest::boot::BootPlan {
         before: None,
         after: None,
-        ..plan
+        ..boot_plan(lab, DHCP6_GIVE_UP)
     };
     let script = crate::guest::boot::script(&plan, 60);
     let init = "felhom_init() {\n";
@@ -766,19 +782,15 @@ fn printed_lines(word: &str) -> String {
 /// steps (`FELHOM_LAB_ACTIVATING_TRIES`): what it printed and the log.
 fn give_while_networking_activating(activating_answers: u8, then: &str) -> (String, String) {
     let links = format!("{LO}{FALLBACK_TUNNELS}");
-    let g = Guest::new(&links, "");
-    let log = g.dir.path().join("log");
-    write_exec(
-        &g.dir.path().join("systemctl"),
+    let g = Guest::new(
+        &links,
         &format!(
-            "#!/bin/sh\necho \"systemctl $*\" >>'{log}'\n\
-             case \"$*\" in\n\
+            "case \"$*\" in\n\
              'is-active networking.service')\n\
-             if [ \"$(grep -c '^systemctl is-active networking.service' '{log}')\" -gt \
+             if [ \"$(grep -c '^systemctl is-active networking.service' \"$log\")\" -gt \
              {activating_answers} ]; then echo {then}; else echo activating; fi;;\n\
              'is-active '*) echo inactive;;\n\
-             esac\nexit 0\n",
-            log = log.display()
+             esac\nexit 0"
         ),
     );
     let out = g.run(
@@ -826,32 +838,15 @@ fn an_ifupdown_networking_service_still_activating_is_watched_and_restarted_once
 /// `starting` asks, then `degraded`, and whose `networking.service` answers `net_state`.
 fn late_restart_run(links: &str, net_state: &str, env: &[(&str, &str)]) -> (String, String) {
     let names = ["eth0".to_string()];
-    let lab = LabRequest {
-        names: &names,
-        dhcp: &[],
-        dhcp6: &[],
-        reset_node_failures: true,
-    };
-    let plan = crate::guest::boot::BootPlan {
-        before: None,
-        after: None,
-        ..boot_plan(&lab, DHCP6_GIVE_UP)
-    };
-    let init = "felhom_init() {\n";
-    let script =
-        crate::guest::boot::script(&plan, 60).replace(init, "felhom_init() {\n  return 0\n");
-    let g = Guest::new(links, "");
-    let log = g.dir.path().join("log");
-    write_exec(
-        &g.dir.path().join("systemctl"),
+    let script = tick_script(&own_copy(&names));
+    let g = Guest::new(
+        links,
         &format!(
-            "#!/bin/sh\necho \"systemctl $*\" >>'{log}'\n\
-             case \"$*\" in\n\
-             is-system-running) if [ \"$(grep -c '^systemctl is-system-running' '{log}')\" -gt 2 ]; \
+            "case \"$*\" in\n\
+             is-system-running) if [ \"$(grep -c '^systemctl is-system-running' \"$log\")\" -gt 2 ]; \
              then echo degraded; else echo starting; fi;;\n\
              'is-active networking.service') echo {net_state};;\n\
-             esac\nexit 0\n",
-            log = log.display()
+             esac\nexit 0"
         ),
     );
     let out = g.run(&script, &["eth0"], env, Init::Host);
@@ -887,12 +882,7 @@ fn a_networking_service_failed_during_the_boot_is_restarted_once_from_the_wait()
     );
     // What the report says of it.
     let names = ["eth0".to_string()];
-    let lab = LabRequest {
-        names: &names,
-        dhcp: &[],
-        dhcp6: &[],
-        reset_node_failures: true,
-    };
+    let lab = own_copy(&names);
     let trip = crate::guest::boot::BootTrip {
         first: Ok("systemd degraded".to_string()),
         before: Vec::new(),
