@@ -442,7 +442,16 @@ async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
     type Verdict = (Vec<String>, Option<(ErrorCode, String)>);
     let mut verdicts: BTreeMap<&'static str, Verdict> = BTreeMap::new();
     for (name, volid, isolate) in sources {
-        let checks = backup_checks(client, &cfg.node, volid, isolate, token, &files).await;
+        let checks = backup_checks(
+            client,
+            &cfg.node,
+            volid,
+            isolate,
+            cfg.restore_test.lab_bridge.as_deref(),
+            token,
+            &files,
+        )
+        .await;
         let entry = verdicts.entry(name).or_default();
         match checks.iter().find(|c| c.status == CheckVerdict::Fail) {
             Some(c) if entry.1.is_none() => {

@@ -183,12 +183,29 @@ pub struct Asked<'a> {
     pub owner: Option<u32>,
     /// Every NIC is overridden, isolated, by the request (a restore-test copy).
     pub isolate: bool,
+    /// `[restore_test] lab_bridge`: an isolated VM copy's NICs are restored onto it.
+    pub lab_bridge: Option<&'a str>,
     /// The token (for the grant commands).
     pub token_id: &'a str,
 }
 
+impl Asked<'_> {
+    /// The lab bridge this restore puts NICs on: an isolated VM copy's, when the backup stores
+    /// any NIC.
+    fn lab_for(&self, stored: &StoredConfig) -> Option<&str> {
+        self.lab_bridge.filter(|_| {
+            self.isolate && self.guest == GuestKind::Qemu && !stored.nics(self.guest).is_empty()
+        })
+    }
+}
+
 /// The SDN paths PVE checks `SDN.Use` on for the stored NICs the request does not override.
 pub fn sdn_paths(stored: &StoredConfig, asked: &Asked<'_>, files: &ClusterFiles) -> Vec<String> {
+    if let Some(lab) = asked.lab_for(stored) {
+        // Untagged NICs on the lab bridge (pve-guest-common `check_vnet_access`: the bridge's
+        // own path when there is neither tag nor trunks).
+        return vec![format!("/sdn/zones/{}/{lab}", files.zone_of(lab))];
+    }
     if asked.isolate {
         return Vec::new();
     }
@@ -340,6 +357,35 @@ pub fn network_check(
     held: &Held,
 ) -> PreflightCheck {
     let name = "network";
+    if let Some(lab) = asked.lab_for(stored) {
+        let paths = sdn_paths(stored, asked, files);
+        let lacking: Vec<&String> = paths.iter().filter(|p| !held.has(p, "SDN.Use")).collect();
+        if lacking.is_empty() {
+            return PreflightCheck::pass(
+                name,
+                format!(
+                    "{} stored NIC(s) are restored onto the lab bridge {lab} with their stored models and MACs; the token holds SDN.Use on {}",
+                    stored.nics(asked.guest).len(),
+                    paths.join(", ")
+                ),
+            );
+        }
+        return PreflightCheck::fail(
+            name,
+            ErrorCode::SdnDenied,
+            format!(
+                "the restore of backup {} puts its NIC(s) onto the lab bridge {lab} ([restore_test] lab_bridge); PVE checks SDN.Use on {} before the restore (qemu-server check_bridge_access, pve-guest-common check_vnet_access), and token {} lacks it; grant it: {}",
+                asked.volid,
+                lacking.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+                asked.token_id,
+                lacking
+                    .iter()
+                    .map(|p| grant_commands(p, "PVESDNUser", asked.token_id))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        );
+    }
     if asked.isolate {
         return PreflightCheck::pass(
             name,
@@ -689,6 +735,7 @@ pub async fn backup_checks(
     node: &str,
     volid: &str,
     isolate: bool,
+    lab_bridge: Option<&str>,
     token_id: &str,
     files: &ClusterFiles,
 ) -> Vec<PreflightCheck> {
@@ -700,6 +747,7 @@ pub async fn backup_checks(
         vmid: None,
         owner: super::owner_from_volid(volid),
         isolate,
+        lab_bridge,
         token_id,
     };
     let stored = pve.extract_config(node, volid).await;
@@ -846,6 +894,7 @@ mod tests {
             vmid: Some(120),
             owner: Some(200),
             isolate,
+            lab_bridge: None,
             token_id: TOKEN,
         }
     }
@@ -874,6 +923,46 @@ mod tests {
             ]
         );
         assert!(sdn_paths(&stored, &asked(GuestKind::Lxc, true), &files).is_empty());
+    }
+
+    #[test]
+    fn an_isolated_vm_copy_with_a_lab_bridge_needs_sdn_use_there_and_nowhere_else() {
+        let stored = StoredConfig::parse(
+            "net0: virtio=BC:24:11:00:03:00,bridge=vmbr0\nnet1: e1000=BC:24:11:00:03:01,bridge=vmbr1,tag=20\n",
+        );
+        let files = ClusterFiles::default();
+        let vm = Asked {
+            guest: GuestKind::Qemu,
+            lab_bridge: Some("vmbr9"),
+            ..asked(GuestKind::Qemu, true)
+        };
+        assert_eq!(
+            sdn_paths(&stored, &vm, &files),
+            ["/sdn/zones/localnetwork/vmbr9"]
+        );
+        let stored_bridges = Held::from_table(&[
+            ("/sdn/zones/localnetwork/vmbr0", &["SDN.Use"]),
+            ("/sdn/zones/localnetwork/vmbr1", &["SDN.Use"]),
+        ]);
+        let c = network_check(&stored, &vm, &files, &stored_bridges);
+        assert_eq!(c.code, Some(ErrorCode::SdnDenied), "{c:?}");
+        assert!(
+            c.message.contains("lab bridge vmbr9")
+                && c.message.contains("pveum acl modify /sdn/zones/localnetwork/vmbr9 --tokens 'felhom@pve!agent' --roles PVESDNUser"),
+            "{}",
+            c.message
+        );
+        let lab = Held::from_table(&[("/sdn/zones/localnetwork/vmbr9", &["SDN.Use"])]);
+        let c = network_check(&stored, &vm, &files, &lab);
+        assert_eq!(c.code, None, "{c:?}");
+        // Without NICs, a container, or not isolated: the lab bridge is not asked for.
+        let bare = StoredConfig::parse("scsi0: x\n");
+        assert!(sdn_paths(&bare, &vm, &files).is_empty());
+        let ct = Asked {
+            lab_bridge: Some("vmbr9"),
+            ..asked(GuestKind::Lxc, true)
+        };
+        assert!(sdn_paths(&StoredConfig::parse(CT), &ct, &files).is_empty());
     }
 
     #[test]
