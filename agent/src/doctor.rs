@@ -246,7 +246,13 @@ impl DoctorReport {
 }
 
 /// The checks that need PVE to answer over a trusted connection.
-const NEEDS_PVE: [&str; 4] = ["pve_token", "pve_version", "privileges", "pool"];
+const NEEDS_PVE: [&str; 5] = [
+    "pve_token",
+    "pve_version",
+    "privileges",
+    "pool",
+    "lab_bridge",
+];
 
 /// The checks, as a report.
 pub async fn check_all(config_path: &Path) -> DoctorReport {
@@ -413,12 +419,193 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
         ),
     }
     check_backups(cfg, client, r).await;
+    check_lab_bridge(cfg, client, r).await;
     match client.pool(&cfg.pool).await {
         Ok(Some(_)) => r.pass("pool", format!("pool {} exists", cfg.pool)),
         Ok(None) => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
         Err(e) if e.code() == ErrorCode::PoolMissing => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist (PVE: {e}); create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
         Err(e) => r.fail("pool", e.code(), format!("cannot read pool {}: {e}", cfg.pool)),
     }
+}
+
+/// The `/etc/network/interfaces` stanza of a lab bridge named `bridge`: no ports, no address,
+/// IPv6 off (else the kernel gives it a link-local address, and pveproxy and sshd listen on
+/// `::`).
+pub fn lab_bridge_stanza(bridge: &str) -> String {
+    format!(
+        "`auto {bridge}` / `iface {bridge} inet manual` / `    bridge-ports none` / `    bridge-stp off` / `    bridge-fd 0` / `    post-up sysctl -w net.ipv6.conf.{bridge}.disable_ipv6=1` in /etc/network/interfaces, then `ifreload -a`"
+    )
+}
+
+/// What is wrong with the lab bridge `bridge` as PVE lists it (`GET /nodes/{node}/network`: a
+/// row of pve-common `PVE/Network/Interfaces.pm` `__read_etc_network_interfaces`), each with
+/// its fix; and whether IPv6 is turned off on it by a line PVE keeps in `options`/`options6`.
+/// `row`: `None` when the list has no such bridge.
+pub fn lab_bridge_faults(bridge: &str, row: Option<&serde_json::Value>) -> (Vec<String>, bool) {
+    let Some(row) = row else {
+        return (
+            vec![format!(
+                "bridge {bridge} is not in this node's network configuration; make it: {}",
+                lab_bridge_stanza(bridge)
+            )],
+            false,
+        );
+    };
+    let text = |k: &str| -> String {
+        match row.get(k) {
+            Some(serde_json::Value::String(s)) => crate::error::outside_text_max(s.trim(), 256),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => String::new(),
+        }
+    };
+    let mut faults = Vec::new();
+    let kind = text("type");
+    if kind != "bridge" {
+        faults.push(format!(
+            "{bridge} is a {} in /etc/network/interfaces, not a Linux bridge; make it one: {}",
+            if kind.is_empty() {
+                "interface of no type"
+            } else {
+                &kind
+            },
+            lab_bridge_stanza(bridge)
+        ));
+    }
+    let ports = text("bridge_ports");
+    if !ports.is_empty() && ports != "none" {
+        faults.push(format!(
+            "bridge {bridge} has port(s) {ports}: a VM copy on it would reach their network as a twin of its original; set `bridge-ports none` in its stanza of /etc/network/interfaces (and give those ports another bridge), then `ifreload -a`"
+        ));
+    }
+    let v4: Vec<String> = ["address", "cidr", "gateway"]
+        .iter()
+        .filter(|k| !text(k).is_empty())
+        .map(|k| format!("{k} {}", text(k)))
+        .chain(
+            matches!(text("method").as_str(), "static" | "dhcp")
+                .then(|| format!("inet {}", text("method"))),
+        )
+        .collect();
+    if !v4.is_empty() {
+        faults.push(format!(
+            "bridge {bridge} has an IPv4 address of the node ({}): a VM copy on it would reach the node (pveproxy, sshd); make its stanza `iface {bridge} inet manual` with no address or gateway line, then `ifreload -a`",
+            v4.join(", ")
+        ));
+    }
+    let v6: Vec<String> = ["address6", "cidr6", "gateway6"]
+        .iter()
+        .filter(|k| !text(k).is_empty())
+        .map(|k| format!("{k} {}", text(k)))
+        .chain(
+            matches!(text("method6").as_str(), "static" | "dhcp" | "auto")
+                .then(|| format!("inet6 {}", text("method6"))),
+        )
+        .collect();
+    if !v6.is_empty() {
+        faults.push(format!(
+            "bridge {bridge} has an IPv6 address of the node ({}): a VM copy on it would reach the node (pveproxy and sshd listen on `::`); remove its `iface {bridge} inet6` stanza and address lines, then `ifreload -a`",
+            v6.join(", ")
+        ));
+    }
+    if text("active") != "1" && faults.is_empty() {
+        faults.push(format!(
+            "bridge {bridge} is configured but not up in the kernel (PVE's `active` is not set), so a VM copy's start would fail (qemu-server's pve-bridge: \"bridge '{bridge}' does not exist\"); bring it up: `ifreload -a` (or `ifup {bridge}`)"
+        ));
+    }
+    let ipv6_off = ["options", "options6"].iter().any(|k| {
+        row.get(*k)
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|lines| {
+                lines.iter().take(256).filter_map(|l| l.as_str()).any(|l| {
+                    l.contains("disable_ipv6") && (l.contains("=1") || l.contains("echo 1"))
+                })
+            })
+    });
+    (faults, ipv6_off)
+}
+
+/// `[restore_test] lab_bridge`: the bridge exists in the node's network configuration, is a
+/// Linux bridge with no ports, carries no address of the node, is up, and the token holds
+/// `SDN.Use` on `/sdn/zones/localnetwork/<bridge>` (qemu-server `check_bridge_access` →
+/// pve-guest-common `check_vnet_access` at the restore). Without the key: a pass that says
+/// what an isolated VM copy then is.
+async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
+    let name = "lab_bridge";
+    let Some(bridge) = cfg.restore_test.lab_bridge.as_deref() else {
+        r.pass(
+            name,
+            "[restore_test] lab_bridge is not set: an isolated VM copy starts with no NIC, and its report names the failures that cannot be judged without one (units that need its network)",
+        );
+        return;
+    };
+    let path = format!(
+        "/sdn/zones/{}/{bridge}",
+        crate::preflight::restorable::LOCAL_ZONE
+    );
+    let token = &cfg.pve.token_id;
+    match client.permissions(None, Some(&path)).await {
+        Ok(perms) if held_on(&perms, &path).contains("SDN.Use") => {}
+        Ok(_) => {
+            return r.fail(
+                name,
+                ErrorCode::SdnDenied,
+                format!(
+                    "token {token} lacks SDN.Use on {path}: PVE refuses a VM copy's NICs on the lab bridge {bridge} at the restore (qemu-server check_bridge_access, pve-guest-common check_vnet_access), and lists the bridge to no one without it; grant it: {}",
+                    crate::preflight::restorable::grant_commands(&path, "PVESDNUser", token)
+                ),
+            )
+        }
+        Err(e) => {
+            return r.fail(
+                name,
+                e.code(),
+                format!("cannot read the token's privileges on {path} (GET /access/permissions): {e}"),
+            )
+        }
+    }
+    let rows = match client.node_bridges(&cfg.node).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            return r.fail(
+                name,
+                e.code(),
+                format!(
+                    "cannot read node {}'s bridges (GET /nodes/{}/network): {e}",
+                    cfg.node, cfg.node
+                ),
+            )
+        }
+    };
+    let row = rows
+        .iter()
+        .find(|row| row.get("iface").and_then(serde_json::Value::as_str) == Some(bridge));
+    let (faults, ipv6_off) = lab_bridge_faults(bridge, row);
+    if !faults.is_empty() {
+        return r.fail(
+            name,
+            ErrorCode::ConfigInvalid,
+            format!(
+                "[restore_test] lab_bridge = {bridge:?} in {} on node {}: {}",
+                cfg.path.display(),
+                cfg.node,
+                faults.join("; ")
+            ),
+        );
+    }
+    if !ipv6_off {
+        return r.warn(
+            name,
+            format!(
+                "bridge {bridge} has no port and no configured address, but no line of its stanza turns IPv6 off, so the kernel gives it a link-local address (fe80::) once a VM copy's tap is on it, and the copy could reach the node's services on `::`; add `post-up sysctl -w net.ipv6.conf.{bridge}.disable_ipv6=1` to its stanza in /etc/network/interfaces, then `ifreload -a`"
+            ),
+        );
+    }
+    r.pass(
+        name,
+        format!(
+            "bridge {bridge} has no port and no address of the node, IPv6 is off on it, and token {token} holds SDN.Use on {path}: isolated VM copies start with their stored NICs on it (copies restored at the same time share it)"
+        ),
+    );
 }
 
 /// What the configured backups need (the preflight's rules, see
