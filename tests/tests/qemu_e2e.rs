@@ -504,3 +504,63 @@ fn qemu_guest_whose_agent_never_answers_is_unproven_within_the_launch_timeout_an
     assert!(deletes[0].targets_vmid(331));
     assert!(w.pve.guest(331).is_none());
 }
+
+/// `[restore_test] lab_bridge` names a bridge the node does not have (its network, as PVE lists
+/// it, holds vmbr0 and vmbr1 only): the copy is restored with its NICs on that bridge, and its
+/// start fails as qemu-server's does (the network script's `bridge 'vmbr9' does not exist`,
+/// `start failed: QEMU exited with code 1`). The test is red naming the bridge and the copy is
+/// destroyed; no start ever put a NIC on a production bridge.
+#[test]
+fn a_vm_copy_whose_lab_bridge_is_missing_fails_its_start_naming_the_bridge_and_is_destroyed() {
+    let mut s = scenario(qemu_backup_config(), booting_guest());
+    s["node_network"] = json!([
+        {"iface": "vmbr0", "type": "bridge", "bridge_ports": "eno1", "method": "static",
+         "address": "192.0.2.11", "cidr": "192.0.2.11/24", "active": 1},
+        {"iface": "vmbr1", "type": "bridge", "bridge_ports": "eno2", "method": "manual", "active": 1},
+    ]);
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"].as_array_mut().expect("grants").push(json!([
+            who,
+            "/sdn/zones/localnetwork/vmbr9",
+            ["PVESDNUser"]
+        ]));
+    }
+    let w = world(
+        s,
+        &format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n"),
+    );
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(doc["outcome"], "failed", "{doc:#}\n{}", run.stderr);
+    let error = doc["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("start failed: QEMU exited with code 1"),
+        "{doc:#}"
+    );
+    // The task's log, as PVE keeps it, names the missing bridge.
+    let start = w
+        .pve
+        .tasks()
+        .into_iter()
+        .find(|t| t["type"] == "qmstart")
+        .unwrap_or_else(|| panic!("no start task: {:#?}", w.pve.tasks()));
+    assert!(
+        start.to_string().contains("bridge 'vmbr9' does not exist"),
+        "{start:#}"
+    );
+    // The copy asked to start with its stored NICs on vmbr9 (stored MACs), nothing else.
+    let starts = w.pve.start_configs();
+    let (_, config) = starts.first().expect("one start request");
+    assert_eq!(
+        config.get("net0"),
+        Some(&json!("virtio=BC:24:11:00:03:00,bridge=vmbr9")),
+        "{config:?}"
+    );
+    assert_eq!(
+        config.get("net1"),
+        Some(&json!("virtio=BC:24:11:00:03:01,bridge=vmbr9")),
+        "{config:?}"
+    );
+    assert!(doc["destroyed"] == json!(true), "{doc:#}");
+    assert_eq!(guest_deletes(&w).len(), 1, "{:#?}", guest_deletes(&w));
+}
