@@ -373,10 +373,16 @@ fn node_network() -> Value {
 /// (`tests/data/guest-units-facts.md`); 5 s keeps the boot under TCG short.
 const DHCLIENT_CONF: &str = "timeout 5;\nretry 5;\n";
 
-/// A Debian 12 VM's files with `interfaces` as its `/etc/network/interfaces` stanza for ens18.
+/// A Debian 12 VM's files with `interfaces` as its `/etc/network/interfaces` stanza for ens18,
+/// its hostname its PVE name.
 fn vm_files(interfaces: &str) -> Value {
+    vm_files_named(interfaces, "felhom-vm")
+}
+
+/// [`vm_files`] with the guest's own hostname `hostname`.
+fn vm_files_named(interfaces: &str, hostname: &str) -> Value {
     json!({
-        "/etc/hostname": "felhom-vm\n",
+        "/etc/hostname": format!("{hostname}\n"),
         "/etc/dhcp/dhclient.conf": DHCLIENT_CONF,
         "/etc/network/interfaces": format!(
             "source /etc/network/interfaces.d/*\n\nauto lo\niface lo inet loopback\n\n{interfaces}"
@@ -452,10 +458,14 @@ fn assert_copy_on_the_lab_bridge(w: &World) {
 /// `interfaces`: it ends ok with the default pack and with the pack that lists every failed
 /// unit, the copy's NICs were on the lab bridge only, and the report says what the isolation
 /// changed (the NICs moved onto the lab bridge, which link each is in the copy).
-fn good_backup_ends_ok(interfaces: &str) {
-    let Some(w) = lab_world(json!({"files": vm_files(interfaces)}), true) else {
-        return;
-    };
+fn good_backup_ends_ok(interfaces: &str) -> Option<Value> {
+    good_backup_named_ends_ok(interfaces, "felhom-vm")
+}
+
+/// [`good_backup_ends_ok`] for a guest whose own hostname is `hostname`: the restore test's
+/// document.
+fn good_backup_named_ends_ok(interfaces: &str, hostname: &str) -> Option<Value> {
+    let w = lab_world(json!({"files": vm_files_named(interfaces, hostname)}), true)?;
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
@@ -473,23 +483,40 @@ fn good_backup_ends_ok(interfaces: &str) {
         "{doc:#}"
     );
     assert_copy_on_the_lab_bridge(&w);
+    Some(doc)
 }
 
 /// `auto ens18` with a static address: without its NIC `networking.service` fails (the red
 /// verdict of a NIC-less copy); on the lab bridge ens18 is there and comes up.
 #[test]
 fn a_good_vm_backup_with_a_static_auto_ens18_ends_ok_on_the_lab_bridge() {
-    good_backup_ends_ok(
+    let _ = good_backup_ends_ok(
         "auto ens18\niface ens18 inet static\n    address 10.20.0.40/24\n    gateway 10.20.0.1\n",
     );
 }
 
 /// `allow-hotplug ens18` with a static address (what Debian's installer writes), brought up by
-/// udev's `ifup@ens18.service`.
+/// udev's `ifup@ens18.service`; the guest calls itself `web01.example.com`, its PVE name is
+/// `felhom-vm`: the default pack's hostname check passes saying it could not judge the name
+/// (PVE keeps no hostname for a VM), with what the guest calls itself.
 #[test]
-fn a_good_vm_backup_with_allow_hotplug_ens18_ends_ok_on_the_lab_bridge() {
-    good_backup_ends_ok(
+fn a_good_vm_backup_with_allow_hotplug_ens18_and_its_own_hostname_ends_ok_on_the_lab_bridge() {
+    let Some(doc) = good_backup_named_ends_ok(
         "allow-hotplug ens18\niface ens18 inet static\n    address 10.20.0.40/24\n    gateway 10.20.0.1\n",
+        "web01.example.com",
+    ) else {
+        return;
+    };
+    let hostname = doc["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "hostname"))
+        .unwrap_or_else(|| panic!("no hostname check: {doc:#}"));
+    let message = hostname["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("not judged")
+            && message.contains("'felhom-vm'")
+            && message.contains("calls itself 'web01.example.com'"),
+        "{hostname:#}"
     );
 }
 
@@ -497,7 +524,7 @@ fn a_good_vm_backup_with_allow_hotplug_ens18_ends_ok_on_the_lab_bridge() {
 /// detaches, and nothing the isolation made fail is left failed.
 #[test]
 fn a_good_vm_backup_with_dhcp_on_ens18_ends_ok_on_the_lab_bridge() {
-    good_backup_ends_ok("auto ens18\niface ens18 inet dhcp\n");
+    let _ = good_backup_ends_ok("auto ens18\niface ens18 inet dhcp\n");
 }
 
 /// The static `auto ens18` backup with an application unit that fails at once (`shop.service`,
