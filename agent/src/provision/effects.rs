@@ -1412,7 +1412,9 @@ impl<'a> Executor<'a> {
 ///   none). The request's NICs win over the stored ones for a container restored
 ///   without `unique` (pve-container `PVE/LXC/Create.pm` `sanitize_and_merge_config`) and for
 ///   a VM always (qemu-server `PVE/QemuServer.pm` `restore_merge_config`: the request's
-///   parameters override the backup's); PVE gives each a new MAC.
+///   parameters override the backup's); PVE gives each a new MAC. A VM's, with `[restore_test]
+///   lab_bridge`, go instead onto that bridge with their stored models and MACs
+///   ([`Nic::lab_value`]).
 /// - a selftest guest (`--selftest=…`, restore test) and every isolated guest: `onboot=0` and
 ///   `protection=0`, so a copy never starts at the node's boot and its destroy is never
 ///   refused, and [`start_refusal`], which refuses both for exactly these transactions, lets
