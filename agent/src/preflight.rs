@@ -757,6 +757,9 @@ pub async fn run(
         Some(sc) => {
             checks.push(contents_check(sc, &asked, &held));
             checks.push(network_check(sc, &asked, &files, &held));
+            if let Some(lab) = asked.lab_for(sc) {
+                checks.push(restorable::lab_bridge_check(pve, req.node, lab).await);
+            }
         }
         None => {
             for name in ["contents", "network"] {

@@ -505,19 +505,29 @@ fn qemu_guest_whose_agent_never_answers_is_unproven_within_the_launch_timeout_an
     assert!(w.pve.guest(331).is_none());
 }
 
-/// `[restore_test] lab_bridge` names a bridge the node does not have (its network, as PVE lists
-/// it, holds vmbr0 and vmbr1 only): the copy is restored with its NICs on that bridge, and its
-/// start fails as qemu-server's does (the network script's `bridge 'vmbr9' does not exist`,
-/// `start failed: QEMU exited with code 1`). The test is red naming the bridge and the copy is
-/// destroyed; no start ever put a NIC on a production bridge.
-#[test]
-fn a_vm_copy_whose_lab_bridge_is_missing_fails_its_start_naming_the_bridge_and_is_destroyed() {
+/// The node's network as PVE lists it: vmbr0 (on eno1, the node's address) and, when given,
+/// the lab bridge vmbr9 (no ports, no address, IPv6 off); vmbr1, where the backup's net1 is,
+/// is missing.
+fn network_without_vmbr1(lab: bool) -> Value {
+    let mut list = vec![
+        json!({"iface": "vmbr0", "type": "bridge", "bridge_ports": "eno1",
+        "method": "static", "address": "192.0.2.11", "cidr": "192.0.2.11/24", "active": 1}),
+    ];
+    if lab {
+        list.push(
+            json!({"iface": "vmbr9", "type": "bridge", "bridge_ports": "", "method": "manual",
+            "method6": "manual", "active": 1,
+            "options": ["post-up sysctl -w net.ipv6.conf.vmbr9.disable_ipv6=1"]}),
+        );
+    }
+    Value::Array(list)
+}
+
+/// The demo scenario with the VM backup, the node's network of [`network_without_vmbr1`], and
+/// the token's SDN.Use on vmbr9.
+fn lab_scenario(lab: bool) -> Value {
     let mut s = scenario(qemu_backup_config(), booting_guest());
-    s["node_network"] = json!([
-        {"iface": "vmbr0", "type": "bridge", "bridge_ports": "eno1", "method": "static",
-         "address": "192.0.2.11", "cidr": "192.0.2.11/24", "active": 1},
-        {"iface": "vmbr1", "type": "bridge", "bridge_ports": "eno2", "method": "manual", "active": 1},
-    ]);
+    s["node_network"] = network_without_vmbr1(lab);
     for who in ["felhom@pve!agent", "felhom@pve"] {
         s["grants"].as_array_mut().expect("grants").push(json!([
             who,
@@ -525,30 +535,86 @@ fn a_vm_copy_whose_lab_bridge_is_missing_fails_its_start_naming_the_bridge_and_i
             ["PVESDNUser"]
         ]));
     }
-    let w = world(
-        s,
-        &format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n"),
-    );
-    let run = w.agent(&["--selftest=restore", "--json"]);
+    s
+}
+
+/// A VM provision that keeps its network (`--network=stored`) onto a node without the bridge
+/// of its net1: the start fails as qemu-server's does (the network script's `bridge 'vmbr1'
+/// does not exist`, then `start failed: QEMU exited with code 1`), the provision fails naming
+/// it, and the VM it made is destroyed.
+#[test]
+fn a_vm_start_onto_a_bridge_the_node_lacks_fails_as_qemu_server_does() {
+    let w = world(lab_scenario(false), "");
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "320",
+        "--network=stored",
+        "--json",
+    ]);
     let doc = run.json();
     assert_eq!(doc["outcome"], "failed", "{doc:#}\n{}", run.stderr);
     let error = doc["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        error.contains("start failed: QEMU exited with code 1"),
+        error.contains("start failed: QEMU exited with code 1") && error.contains("320"),
         "{doc:#}"
     );
-    // The task's log, as PVE keeps it, names the missing bridge.
     let start = w
         .pve
         .tasks()
         .into_iter()
         .find(|t| t["type"] == "qmstart")
         .unwrap_or_else(|| panic!("no start task: {:#?}", w.pve.tasks()));
+    let text = start.to_string();
     assert!(
-        start.to_string().contains("bridge 'vmbr9' does not exist"),
+        text.contains("bridge 'vmbr1' does not exist")
+            && text.contains("network script /usr/libexec/qemu-server/pve-bridge failed"),
         "{start:#}"
     );
-    // The copy asked to start with its stored NICs on vmbr9 (stored MACs), nothing else.
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    assert!(wait_bed_gone(&w, 320));
+}
+
+/// `[restore_test] lab_bridge` names a bridge that is not in the node's network as PVE lists
+/// it, or one that has a port: the restore test stops at its preflight before any write
+/// (`config_invalid`, exit 6: the node's set-up is wrong, not the backup), naming the fix, so
+/// no copy ever starts with its original's MACs on a production bridge.
+#[test]
+fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before_any_write() {
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
+    let w = world(lab_scenario(false), &extra);
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "config_invalid", "{doc:#}");
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+    let text = doc.to_string();
+    assert!(
+        text.contains("vmbr9 is not in this node's network configuration")
+            && text.contains("bridge-ports none"),
+        "{doc:#}"
+    );
+
+    // vmbr0 (a port, the node's address) named as the lab bridge.
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr0\"\n");
+    let w = world(lab_scenario(true), &extra);
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "config_invalid", "{doc:#}");
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+    let text = doc.to_string();
+    assert!(
+        text.contains("has port(s) eno1") && text.contains("IPv4 address of the node"),
+        "{doc:#}"
+    );
+
+    // The lab bridge as it should be: the copy starts with its stored NICs on it only.
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
+    let w = world(lab_scenario(true), &extra);
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     let starts = w.pve.start_configs();
     let (_, config) = starts.first().expect("one start request");
     assert_eq!(
@@ -561,6 +627,9 @@ fn a_vm_copy_whose_lab_bridge_is_missing_fails_its_start_naming_the_bridge_and_i
         Some(&json!("virtio=BC:24:11:00:03:01,bridge=vmbr9")),
         "{config:?}"
     );
-    assert!(doc["destroyed"] == json!(true), "{doc:#}");
-    assert_eq!(guest_deletes(&w).len(), 1, "{:#?}", guest_deletes(&w));
+    assert!(
+        w.pve.network_exposures().is_empty(),
+        "{:?}",
+        w.pve.network_exposures()
+    );
 }
