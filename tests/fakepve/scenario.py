@@ -2013,7 +2013,10 @@ class ScenarioPve(fake_server.FakePve):
         except OSError:
             log.info('VM %s: the QEMU autogroup keeps its weight', vmid)
         self.bed_qemu[vmid] = {'proc': proc, 'socket': sock, 'lock': asyncio.Lock(), 'started': time.time()}
-        self._qga_log(vmid, {'event': 'qemu-start', 'pid': proc.pid})
+        # With the network backend of each NIC QEMU got (`-netdev` values): what a test reads to
+        # know, from the host side, where a VM's NICs were.
+        netdevs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == '-netdev']
+        self._qga_log(vmid, {'event': 'qemu-start', 'pid': proc.pid, 'netdevs': netdevs})
         log.info('VM %s: QEMU %s started', vmid, proc.pid)
 
     def bed_qemu_stop(self, vmid):

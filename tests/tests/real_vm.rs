@@ -2,10 +2,14 @@
 //! in a real QEMU (TCG) with Debian 12 and the real `qemu-guest-agent`
 //! (`tests/testbed/build-debian-vm.sh`, `guest_bed.real_qemu` in `tests/fakepve/scenario.py`),
 //! and the fake's `agent/*` endpoints speak QGA's protocol to it as qemu-server does
-//! (`tests/data/real-vm-facts.md`). Each of the first two tests boots one VM; both run at
-//! once. On a machine without QEMU or the image, each test prints why and ends
-//! (`FELHOM_REQUIRE_REAL_GUESTS=1`, set by `tests/run.sh`, makes that a failure); the last
-//! shows that behaviour on a `PATH` without QEMU.
+//! (`tests/data/real-vm-facts.md`). Every test but the one without QEMU boots one VM once;
+//! they run at once. The first two are provisions; the restore tests after them put a VM
+//! copy's stored NICs on the lab bridge (`[restore_test] lab_bridge`, an isolated QEMU hub in
+//! the bed: real-vm-facts.md section 5) and judge it with the default pack and a pack that
+//! lists every failed unit, and one runs without a lab bridge. On a machine without QEMU or
+//! the image, each test prints why and ends (`FELHOM_REQUIRE_REAL_GUESTS=1`, set by
+//! `tests/run.sh`, makes that a failure); `without_qemu_…` shows that behaviour on a `PATH`
+//! without QEMU.
 
 use std::time::{Duration, Instant};
 
@@ -452,6 +456,20 @@ fn assert_copy_on_the_lab_bridge(w: &World) {
         "{:?}",
         w.pve.network_exposures()
     );
+    // The QEMU the bed started for the copy had both NICs on the lab bridge's isolated hub (no
+    // user networking, nothing else), read from its command line as the bed logged it.
+    let log = w.bed.qga_log(*vmid);
+    let starts: Vec<&Value> = log.iter().filter(|e| e["event"] == "qemu-start").collect();
+    assert_eq!(starts.len(), 1, "{log:#?}");
+    let netdevs = starts[0]["netdevs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        netdevs,
+        [
+            json!("hubport,id=net0,hubid=10"),
+            json!("hubport,id=net1,hubid=10")
+        ],
+        "{log:#?}"
+    );
 }
 
 /// One isolated restore test of a good Debian 12 VM backup whose ens18 stanza is
@@ -601,4 +619,15 @@ fn without_a_lab_bridge_the_static_auto_ens18_copy_is_red_and_the_report_says_wh
             .all(|(_, c)| c.keys().all(|k| !k.starts_with("net"))),
         "{starts:?}"
     );
+    // Its QEMU had no network device at all.
+    let (vmid, _) = starts
+        .iter()
+        .find(|(v, _)| (990_000..=990_009).contains(v))
+        .expect("the copy's start");
+    let log = w.bed.qga_log(*vmid);
+    let qemu = log
+        .iter()
+        .find(|e| e["event"] == "qemu-start")
+        .unwrap_or_else(|| panic!("{log:#?}"));
+    assert_eq!(qemu["netdevs"], json!([]), "{log:#?}");
 }
