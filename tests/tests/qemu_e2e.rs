@@ -578,7 +578,9 @@ fn a_vm_start_onto_a_bridge_the_node_lacks_fails_as_qemu_server_does() {
 /// `[restore_test] lab_bridge` names a bridge that is not in the node's network as PVE lists
 /// it, or one that has a port: the restore test stops at its preflight before any write
 /// (`config_invalid`, exit 6: the node's set-up is wrong, not the backup), naming the fix, so
-/// no copy ever starts with its original's MACs on a production bridge.
+/// no copy ever starts with its original's MACs on a production bridge. A good lab bridge
+/// whose lock another process holds (a VM copy on it) refuses the run, nothing written; free,
+/// the copy starts with its NICs on it only.
 #[test]
 fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before_any_write() {
     let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
@@ -609,9 +611,53 @@ fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before
         "{doc:#}"
     );
 
-    // The lab bridge as it should be: the copy starts with its stored NICs on it only.
+    // The lab bridge as it should be, but another process runs a VM copy on it (its lock
+    // held): refused, nothing written; VM copies there run one at a time.
     let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
     let w = world(lab_scenario(true), &extra);
+    let locks = w.files.state_dir.join("locks");
+    std::fs::create_dir_all(&locks).expect("locks folder");
+    let lock = locks.join("lab-bridge-vmbr9.lock");
+    // One process holds it (the shell becomes `sleep` with the locked descriptor), so killing
+    // it releases the lock.
+    let mut holder = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("exec 9>\"$1\" && flock -x 9 && exec sleep 60")
+        .arg("sh")
+        .arg(&lock)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("the lock's holder");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::process::Command::new("flock")
+        .args(["-n", "-x"])
+        .arg(&lock)
+        .arg("true")
+        .status()
+        .expect("flock -n")
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the test's holder never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the lab bridge vmbr9 is in use"),
+        "{doc:#}"
+    );
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+
+    // Free again: the copy starts with its stored NICs on the lab bridge only.
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);

@@ -431,6 +431,7 @@ async fn run_txn(
         ),
         _ => None,
     };
+    let _lab = super::lab_bridge_lock(cfg, guest, picked.is_some() && !dry_run, txn)?;
     let mut exec = Executor::new(
         cfg,
         pve,

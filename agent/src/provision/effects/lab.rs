@@ -50,7 +50,7 @@ impl VmLab {
         }
         Some(match &self.bridge {
             Some(bridge) => format!(
-                "the stored NIC(s) {} restored onto the lab bridge {bridge} (no ports, no node address: nothing answers there, no DHCP) with their stored models and MACs, off their stored bridges; copies restored at the same time share that bridge",
+                "the stored NIC(s) {} restored onto the lab bridge {bridge} (no ports, no node address: nothing answers there, no DHCP) with their stored models and MACs, off their stored bridges (one VM copy at a time on it)",
                 self.stored.join(", ")
             ),
             None => format!(
