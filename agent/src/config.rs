@@ -228,6 +228,21 @@ pub struct RestoreTestConfig {
     pub storage: String,
     /// The check pack folder for restored copies (default: `provision.checks_dir`).
     pub checks_dir: PathBuf,
+    /// The operator-made bridge the NICs of an isolated VM copy are restored onto, with their
+    /// stored models and MACs: no ports, no address of the node (IPv4 or IPv6). `None`: an
+    /// isolated VM copy starts with no NIC.
+    pub lab_bridge: Option<String>,
+}
+
+/// Whether `name` can be `[restore_test] lab_bridge`: a Linux bridge name as PVE's
+/// `pve-iface` format takes it without a VLAN suffix (pve-common `PVE/JSONSchema.pm`
+/// `pve_verify_iface`: a letter, then letters, digits or `_`), within IFNAMSIZ (15).
+pub fn valid_lab_bridge(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name.len() <= 15
+        && name.len() >= 2
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// The credential names under `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`), read
@@ -361,6 +376,7 @@ struct RawRestoreTest {
     storage: Option<String>,
     checks_dir: Option<PathBuf>,
     metrics_dir: Option<PathBuf>,
+    lab_bridge: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -597,6 +613,16 @@ impl Config {
             checks_dir: rt
                 .checks_dir
                 .unwrap_or_else(|| provision.checks_dir.clone()),
+            lab_bridge: match rt.lab_bridge {
+                Some(b) if !valid_lab_bridge(&b) => {
+                    return Err(invalid(format!(
+                        "{}: [restore_test] lab_bridge = {:?} is not a bridge name (a letter, then letters, digits or '_', 2 to 15 characters, no VLAN suffix); name the bridge made for isolated VM copies in /etc/network/interfaces, e.g. \"vmbr9\"",
+                        path.display(),
+                        crate::error::outside_text(&b)
+                    )))
+                }
+                b => b,
+            },
         };
         let metrics_dir = match (raw.metrics.and_then(|m| m.dir), rt.metrics_dir) {
             (Some(_), Some(_)) => {
@@ -1259,6 +1285,34 @@ mod tests {
                 "{}",
                 err.message
             );
+        }
+    }
+
+    #[test]
+    fn lab_bridge_is_a_plain_bridge_name_or_absent() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let load = |extra: &str| Config::parse(Path::new("/x.toml"), &sample(&t, extra));
+        assert_eq!(load("").expect("default").restore_test.lab_bridge, None);
+        assert_eq!(
+            load("[restore_test]\nlab_bridge = \"vmbr9\"")
+                .expect("vmbr9")
+                .restore_test
+                .lab_bridge
+                .as_deref(),
+            Some("vmbr9")
+        );
+        for bad in [
+            "",
+            "9lab",
+            "vmbr0.20",
+            "vmbr0:1",
+            "a/b",
+            "averyveryverylongbridge",
+        ] {
+            let err = load(&format!("[restore_test]\nlab_bridge = {bad:?}")).expect_err("refused");
+            assert_eq!(err.code, ErrorCode::ConfigInvalid, "{bad}");
+            assert!(err.message.contains("lab_bridge"), "{}", err.message);
         }
     }
 

@@ -246,7 +246,13 @@ impl DoctorReport {
 }
 
 /// The checks that need PVE to answer over a trusted connection.
-const NEEDS_PVE: [&str; 4] = ["pve_token", "pve_version", "privileges", "pool"];
+const NEEDS_PVE: [&str; 5] = [
+    "pve_token",
+    "pve_version",
+    "privileges",
+    "pool",
+    "lab_bridge",
+];
 
 /// The checks, as a report.
 pub async fn check_all(config_path: &Path) -> DoctorReport {
@@ -413,12 +419,97 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
         ),
     }
     check_backups(cfg, client, r).await;
+    check_lab_bridge(cfg, client, r).await;
     match client.pool(&cfg.pool).await {
         Ok(Some(_)) => r.pass("pool", format!("pool {} exists", cfg.pool)),
         Ok(None) => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
         Err(e) if e.code() == ErrorCode::PoolMissing => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist (PVE: {e}); create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
         Err(e) => r.fail("pool", e.code(), format!("cannot read pool {}: {e}", cfg.pool)),
     }
+}
+
+/// `[restore_test] lab_bridge`: the bridge exists in the node's network configuration, is a
+/// Linux bridge with no ports, carries no address of the node, is up, and the token holds
+/// `SDN.Use` on `/sdn/zones/localnetwork/<bridge>` (qemu-server `check_bridge_access` →
+/// pve-guest-common `check_vnet_access` at the restore). Without the key: a pass that says
+/// what an isolated VM copy then is.
+async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
+    let name = "lab_bridge";
+    let Some(bridge) = cfg.restore_test.lab_bridge.as_deref() else {
+        r.pass(
+            name,
+            "[restore_test] lab_bridge is not set: an isolated VM copy starts with no NIC, and its report names the failures that cannot be judged without one (units that need its network)",
+        );
+        return;
+    };
+    let path = format!(
+        "/sdn/zones/{}/{bridge}",
+        crate::preflight::restorable::LOCAL_ZONE
+    );
+    let token = &cfg.pve.token_id;
+    match client.permissions(None, Some(&path)).await {
+        Ok(perms) if held_on(&perms, &path).contains("SDN.Use") => {}
+        Ok(_) => {
+            return r.fail(
+                name,
+                ErrorCode::SdnDenied,
+                format!(
+                    "token {token} lacks SDN.Use on {path}: PVE refuses a VM copy's NICs on the lab bridge {bridge} at the restore (qemu-server check_bridge_access, pve-guest-common check_vnet_access), and lists the bridge to no one without it; grant it: {}",
+                    crate::preflight::restorable::grant_commands(&path, "PVESDNUser", token)
+                ),
+            )
+        }
+        Err(e) => {
+            return r.fail(
+                name,
+                e.code(),
+                format!("cannot read the token's privileges on {path} (GET /access/permissions): {e}"),
+            )
+        }
+    }
+    let rows = match client.node_bridges(&cfg.node).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            return r.fail(
+                name,
+                e.code(),
+                format!(
+                    "cannot read node {}'s bridges (GET /nodes/{}/network): {e}",
+                    cfg.node, cfg.node
+                ),
+            )
+        }
+    };
+    let row = rows
+        .iter()
+        .find(|row| row.get("iface").and_then(serde_json::Value::as_str) == Some(bridge));
+    let (faults, ipv6_off) = crate::preflight::restorable::lab_bridge_faults(bridge, row);
+    if !faults.is_empty() {
+        return r.fail(
+            name,
+            ErrorCode::ConfigInvalid,
+            format!(
+                "[restore_test] lab_bridge = {bridge:?} in {} on node {}: {}",
+                cfg.path.display(),
+                cfg.node,
+                faults.join("; ")
+            ),
+        );
+    }
+    if !ipv6_off {
+        return r.warn(
+            name,
+            format!(
+                "bridge {bridge} has no port and no configured address, but no line of its stanza turns IPv6 off, so the kernel gives it a link-local address (fe80::) once a VM copy's tap is on it, and the copy could reach the node's services on `::`; add `post-up sysctl -w net.ipv6.conf.{bridge}.disable_ipv6=1` to its stanza in /etc/network/interfaces, then `ifreload -a`"
+            ),
+        );
+    }
+    r.pass(
+        name,
+        format!(
+            "bridge {bridge} has no port and no address of the node, IPv6 is off on it, and token {token} holds SDN.Use on {path}: isolated VM copies start with their stored NICs on it (copies restored at the same time share it)"
+        ),
+    );
 }
 
 /// What the configured backups need (the preflight's rules, see
@@ -442,7 +533,16 @@ async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
     type Verdict = (Vec<String>, Option<(ErrorCode, String)>);
     let mut verdicts: BTreeMap<&'static str, Verdict> = BTreeMap::new();
     for (name, volid, isolate) in sources {
-        let checks = backup_checks(client, &cfg.node, volid, isolate, token, &files).await;
+        let checks = backup_checks(
+            client,
+            &cfg.node,
+            volid,
+            isolate,
+            cfg.restore_test.lab_bridge.as_deref(),
+            token,
+            &files,
+        )
+        .await;
         let entry = verdicts.entry(name).or_default();
         match checks.iter().find(|c| c.status == CheckVerdict::Fail) {
             Some(c) if entry.1.is_none() => {

@@ -228,6 +228,8 @@ pub struct PreflightRequest<'a> {
     pub vmid: Option<u32>,
     /// Every NIC of the backup is overridden, isolated (a restore-test copy).
     pub isolate: bool,
+    /// `[restore_test] lab_bridge`: where an isolated VM copy's NICs go.
+    pub lab_bridge: Option<&'a str>,
     /// The API token, named in the grant commands.
     pub token_id: &'a str,
     /// The cluster file system's folder (that of `vmlist_path`): `sdn/vnets.cfg`.
@@ -726,6 +728,7 @@ pub async fn run(
         vmid: req.vmid,
         owner,
         isolate: req.isolate,
+        lab_bridge: req.lab_bridge,
         token_id: req.token_id,
     };
     let held = Held::read(pve, &paths_needed(stored_cfg.as_ref(), &asked, &files)).await;
@@ -754,6 +757,9 @@ pub async fn run(
         Some(sc) => {
             checks.push(contents_check(sc, &asked, &held));
             checks.push(network_check(sc, &asked, &files, &held));
+            if let Some(lab) = asked.lab_for(sc) {
+                checks.push(restorable::lab_bridge_check(pve, req.node, lab).await);
+            }
         }
         None => {
             for name in ["contents", "network"] {
@@ -824,6 +830,7 @@ pub async fn for_request(
         config_path: &cfg.path,
         vmid: request.vmid,
         isolate: request.isolate_network,
+        lab_bridge: cfg.restore_test.lab_bridge.as_deref(),
         token_id: &cfg.pve.token_id,
         pve_dir: cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve")),
         datacenter_cfg: &cfg.datacenter_cfg,
@@ -988,6 +995,7 @@ mod tests {
             config_path: Path::new("/etc/felhom-agent/agent.toml"),
             vmid: Some(120),
             isolate: false,
+            lab_bridge: None,
             token_id: "felhom@pve!agent",
             pve_dir: Path::new("/etc/pve"),
             datacenter_cfg: Path::new("/etc/pve/datacenter.cfg"),

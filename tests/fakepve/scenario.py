@@ -1919,7 +1919,9 @@ class ScenarioPve(fake_server.FakePve):
         Where the bed differs from a node: TCG on one vCPU (KVM does not run guests on this kind
         of machine), at most 1024 MB, the disk a virtio-blk /dev/vda with direct kernel boot, a
         NIC's network QEMU's user networking with `restrict=on` (it answers DHCP and routes
-        nothing; a node's tap on a bridge is the operator's network), and `agent` false in the
+        nothing; a node's tap on a bridge is the operator's network), or, on a bridge with no
+        ports and no node address (`lab_bridges`), an isolated QEMU hub (`-netdev hubport`: no
+        other port, no DHCP, nothing reached), and `agent` false in the
         guest spec masks qemu-guest-agent.service inside (the guest runs no agent)."""
         d = self.bed_dir(int(vm.vmid))
         image = self.guest_bed['real_qemu']['image']
@@ -1962,7 +1964,16 @@ class ScenarioPve(fake_server.FakePve):
             device = '{0},netdev={1},id={1},bus=pci.0,addr={2}'.format(self.QEMU_NIC_MODELS[model], key, hex(18 + n))
             if mac:
                 device += ',mac=' + mac
-            argv += ['-netdev', 'user,id={0},restrict=on'.format(key), '-device', device]
+            bridge = props.get('bridge')
+            labs = sorted(self.lab_bridges())
+            if bridge in labs:
+                # A bridge with no ports and no node address: a QEMU hub of its own (one per
+                # bridge, shared by this VM's NICs on it), with no other port, so a frame reaches
+                # nothing and nothing answers DHCP, as on such a bridge of a node.
+                argv += ['-netdev', 'hubport,id={0},hubid={1}'.format(key, 10 + labs.index(bridge)),
+                         '-device', device]
+            else:
+                argv += ['-netdev', 'user,id={0},restrict=on'.format(key), '-device', device]
         return argv
 
     def bed_qemu_sync(self, vm, running):
@@ -2002,7 +2013,10 @@ class ScenarioPve(fake_server.FakePve):
         except OSError:
             log.info('VM %s: the QEMU autogroup keeps its weight', vmid)
         self.bed_qemu[vmid] = {'proc': proc, 'socket': sock, 'lock': asyncio.Lock(), 'started': time.time()}
-        self._qga_log(vmid, {'event': 'qemu-start', 'pid': proc.pid})
+        # With the network backend of each NIC QEMU got (`-netdev` values): what a test reads to
+        # know, from the host side, where a VM's NICs were.
+        netdevs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == '-netdev']
+        self._qga_log(vmid, {'event': 'qemu-start', 'pid': proc.pid, 'netdevs': netdevs})
         log.info('VM %s: QEMU %s started', vmid, proc.pid)
 
     def bed_qemu_stop(self, vmid):
@@ -2460,6 +2474,79 @@ class ScenarioPve(fake_server.FakePve):
 
     # The node's bridges (`/sys/class/net/<name>/mtu`); None: every non-empty name is one.
     bridges = None
+    # The node's /etc/network/interfaces as pve-manager's GET /nodes/{node}/network answers it
+    # (scenario `node_network`: a list of interfaces with PVE's fields); None: fakepve's own
+    # answer (vmbr0 on eno1). When given, its bridges are the node's `bridges`.
+    node_network = None
+
+    def _routes_network(self):
+        return [('GET', '/nodes/{node}/network', self._node_network)]
+
+    async def _node_network(self, v, user):
+        # pve-manager PVE/API2/Network.pm index: `permissions => { user => 'all' }`; the
+        # interfaces of /etc/network/interfaces (pve-common src/PVE/Network/Interfaces.pm
+        # __read_etc_network_interfaces: `bridge_ports` is '' for `bridge-ports none`, `active`
+        # when the kernel has it up, addresses as `address`/`cidr`, `address6`/`cidr6`, methods
+        # `method`/`method6`, other lines in `options`/`options6`), lo left out; with `type`,
+        # only that type (`any_bridge`/`any_local_bridge`: bridges and OVS bridges); then every
+        # bridge the user holds neither SDN.Audit nor SDN.Use on /sdn/zones/localnetwork/<name>
+        # for is left out ("always check bridge access": rpcenv check_sdn_bridge), root@pam
+        # sees all.
+        if self.node_network is None:
+            return shapes.networks({'_nodes': [v.get('node')]})
+        want = v.get('type')
+        out = []
+        for iface in self.node_network:
+            kind = iface.get('type')
+            is_bridge = kind in ('bridge', 'OVSBridge')
+            if want and not (want == kind or (is_bridge and want in ('any_bridge', 'any_local_bridge'))):
+                continue
+            if is_bridge and user != 'root@pam':
+                path = '/sdn/zones/localnetwork/{0}'.format(iface.get('iface'))
+                if not (self.allowed(user, path, 'SDN.Audit') or self.allowed(user, path, 'SDN.Use')):
+                    continue
+            out.append(dict(iface))
+        return out
+
+    def _qemu_missing_bridge(self, vm):
+        """The first bridge a NIC of `vm` is on that the node does not have, else None: QEMU's
+        start runs qemu-server's network script for each NIC on a bridge (src/PVE/QemuServer.pm
+        print_netdev_full: `-netdev type=tap,...,script=/usr/libexec/qemu-server/pve-bridge`),
+        whose tap_create reads the bridge's MTU (pve-common src/PVE/Network.pm tap_create →
+        read_bridge_mtu: die "bridge '<name>' does not exist"); a NIC without a bridge is user
+        networking and needs none."""
+        if self.bridges is None:
+            return None
+        for key in sorted(vm.config, key=fake_qemu.natural):
+            if NET_KEY.match(key):
+                _, props = fake_lxc.split_props(str(vm.config[key]))
+                bridge = props.get('bridge')
+                if bridge and bridge not in self.bridges:
+                    return key, bridge
+        return None
+
+    async def _do_start(self, vm, user, p):
+        missing = None if vm.template else self._qemu_missing_bridge(vm)
+        if missing is None:
+            return await super()._do_start(vm, user, p)
+        key, bridge = missing
+        notes = TaskNotes()
+
+        async def body():
+            # qemu-server src/PVE/QemuServer.pm vm_start: the template, lock and running checks,
+            # then config_to_command and QEMU itself (vm_start_nolock → run_command): the network
+            # script dies, QEMU refuses the netdev and exits 1, and the task ends with
+            # "start failed: QEMU exited with code 1".
+            if vm.lock and vm.lock != 'suspended':
+                raise fake_model.TaskError('VM is locked ({0})'.format(vm.lock))
+            if vm.status == 'running':
+                raise fake_model.TaskError('VM {0} already running'.format(vm.vmid))
+            notes.say("bridge '{0}' does not exist".format(bridge))
+            notes.say('kvm: -netdev type=tap,id={0},ifname=tap{1}i{2},script=/usr/libexec/qemu-server/pve-bridge,'
+                      'downscript=/usr/libexec/qemu-server/pve-bridgedown: network script '
+                      '/usr/libexec/qemu-server/pve-bridge failed with status 512'.format(key, vm.vmid, key[3:]))
+            raise fake_model.TaskError('start failed: QEMU exited with code 1')
+        return await self.task(vm.node, 'qmstart', vm.vmid, user, body, vm=vm, notes=notes)
 
     def _bridge_mtu(self, bridge):
         # pve-common src/PVE/Network.pm read_bridge_mtu: the first line of
@@ -2520,15 +2607,31 @@ class ScenarioPve(fake_server.FakePve):
         ct.started_at = time.time()
         ct.pid = next(self._ct_pids)
 
-    @staticmethod
-    def _exposure(kind, config):
+    def lab_bridges(self):
+        """The bridges of `node_network` that reach nothing: no ports (`bridge-ports none`), no
+        address of the node configured (no `address`/`cidr`/`address6`/`cidr6`/gateways, methods
+        `manual`). The bed runs a real VM's NIC on such a bridge on an isolated QEMU hub
+        (bed_qemu_argv)."""
+        out = set()
+        for iface in self.node_network or ():
+            if iface.get('type') != 'bridge' or str(iface.get('bridge_ports') or '').strip():
+                continue
+            if any(iface.get(k) for k in ('address', 'cidr', 'address6', 'cidr6', 'gateway', 'gateway6')):
+                continue
+            if iface.get('method', 'manual') != 'manual' or iface.get('method6', 'manual') != 'manual':
+                continue
+            out.add(str(iface['iface']))
+        return out
+
+    def _exposure(self, kind, config):
         """How each NIC of a guest started with `config` reaches a network, as PVE wires it:
         - a container NIC on a bridge is a veth pair whose host end lxcnetaddbr plugs into that
           bridge, unless `link_down` is set (pve-container src/PVE/LXC.pm net_tap_plug then
           leaves the host end down and off the bridge);
         - a VM NIC without a bridge is QEMU's user-mode network, NAT through the node's own
           sockets (qemu-server src/PVE/QemuServer.pm print_netdev_full: `-netdev type=user`);
-        - a VM NIC on a bridge is up from QEMU's start: `link_down` is no command-line option
+        - a VM NIC on a bridge with no ports and no node address (`lab_bridges`) reaches nothing;
+        - a VM NIC on another bridge is up from QEMU's start: `link_down` is no command-line option
           but a QMP `set_link` after QEMU runs (vm_start_nolock → qemu_set_link_status), so the
           link is up until the start task ends, and stays up if that call fails."""
         out = []
@@ -2541,6 +2644,8 @@ class ScenarioPve(fake_server.FakePve):
                 out.append('{0} on bridge {1}: plugged into it'.format(key, bridge))
             elif kind == 'qemu' and not bridge:
                 out.append('{0} without a bridge: user-mode NAT through the node'.format(key))
+            elif kind == 'qemu' and bridge in self.lab_bridges():
+                continue
             elif kind == 'qemu':
                 out.append('{0} on bridge {1}: link up until the start task sets it down'.format(key, bridge))
         return out
@@ -2819,6 +2924,13 @@ def build(sc):
         access = dict(p.split('=', 1) for p in pve.datacenter_cfg.get('user-tag-access', '').split(',') if '=' in p)
         if access.get('user-allow', 'free') not in ('none', 'list', 'existing', 'free'):
             raise ScenarioError("datacenter_cfg user-tag-access: user-allow must be none, list, existing or free")
+    network = sc.get('node_network')
+    if network is not None:
+        if not (isinstance(network, list) and all(isinstance(i, dict) and i.get('iface') and i.get('type')
+                                                  for i in network)):
+            raise ScenarioError('node_network must be a list of interfaces, each with "iface" and "type"')
+        pve.node_network = [dict(i) for i in network]
+        pve.bridges = set(str(i['iface']) for i in network if i['type'] in ('bridge', 'OVSBridge'))
     pve.ct_conf_dir = (sc.get('ct_conf') or {}).get('dir')
     pve.bed_pending = []
     bed = sc.get('guest_bed')

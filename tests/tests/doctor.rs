@@ -725,3 +725,132 @@ fn an_unknown_agent_user_fails_and_exec_is_still_judged_for_that_user() {
     assert_eq!(exec["status"], "fail", "{doc:#}");
     assert_eq!(exec["code"], "exec_helper_unavailable", "{exec}");
 }
+
+/// `doctor` with `[restore_test] lab_bridge = "vmbr9"` against a node whose network PVE lists
+/// as `network` (scenario `node_network`), the token (and its user) granted SDN.Use on the lab
+/// bridge when `sdn_use`: the exit code and the `lab_bridge` check.
+fn doctor_lab(network: Value, sdn_use: bool) -> (Option<i32>, Value) {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    scenario["node_network"] = network;
+    if sdn_use {
+        for who in ["felhom@pve!agent", "felhom@pve"] {
+            scenario["grants"]
+                .as_array_mut()
+                .expect("grants")
+                .push(json!([
+                    who,
+                    "/sdn/zones/localnetwork/vmbr9",
+                    ["PVESDNUser"]
+                ]));
+        }
+    }
+    let pve = FakePve::start(scenario);
+    let opts = felhom_tests::fakepve::AgentOptions {
+        extra_toml: "[restore_test]\nlab_bridge = \"vmbr9\"\n".to_string(),
+        ..felhom_tests::fakepve::AgentOptions::default()
+    };
+    let files = AgentFiles::write(&pve, &opts);
+    let _helper = helper(&files);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert!(pve.writes().is_empty(), "{:?}", pve.writes());
+    (run.code, check(&doc, "lab_bridge").clone())
+}
+
+/// The production bridge and `lab`, as pve-manager lists /etc/network/interfaces.
+fn network_with(lab: Option<Value>) -> Value {
+    let mut list = vec![
+        json!({"iface": "eno1", "type": "eth", "method": "manual", "method6": "manual", "active": 1, "exists": 1}),
+        json!({"iface": "vmbr0", "type": "bridge", "bridge_ports": "eno1", "method": "static",
+               "method6": "manual", "address": "192.0.2.11", "netmask": "255.255.255.0",
+               "cidr": "192.0.2.11/24", "gateway": "192.0.2.1", "active": 1, "autostart": 1}),
+    ];
+    list.extend(lab);
+    Value::Array(list)
+}
+
+/// A lab bridge as the README's stanza makes it: no port, no address, IPv6 off, up.
+fn good_lab() -> Value {
+    json!({"iface": "vmbr9", "type": "bridge", "bridge_ports": "", "method": "manual",
+           "method6": "manual", "active": 1, "autostart": 1,
+           "options": ["post-up sysctl -w net.ipv6.conf.vmbr9.disable_ipv6=1"]})
+}
+
+#[test]
+fn the_lab_bridge_passes_only_without_ports_or_addresses_and_each_fault_names_its_fix() {
+    let (code, c) = doctor_lab(network_with(Some(good_lab())), true);
+    assert_eq!(c["status"], "pass", "{c:#}");
+    assert_eq!(code, Some(0), "{c:#}");
+
+    // Missing from the node's configuration: the stanza to add.
+    let (code, c) = doctor_lab(network_with(None), true);
+    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
+    let m = c["message"].as_str().unwrap_or("");
+    assert!(
+        m.contains("vmbr9 is not in this node's network configuration")
+            && m.contains("bridge-ports none")
+            && m.contains("disable_ipv6=1")
+            && m.contains("ifreload -a"),
+        "{m}"
+    );
+
+    // With a port: `bridge-ports none`.
+    let mut ported = good_lab();
+    ported["bridge_ports"] = json!("eno2");
+    let (code, c) = doctor_lab(network_with(Some(ported)), true);
+    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
+    let m = c["message"].as_str().unwrap_or("");
+    assert!(
+        m.contains("has port(s) eno2") && m.contains("set `bridge-ports none`"),
+        "{m}"
+    );
+
+    // With an IPv4 address, then an IPv6 one: `inet manual` and no address; no inet6 stanza.
+    let mut v4 = good_lab();
+    v4["method"] = json!("static");
+    v4["address"] = json!("10.99.0.1");
+    v4["cidr"] = json!("10.99.0.1/24");
+    let (code, c) = doctor_lab(network_with(Some(v4)), true);
+    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
+    let m = c["message"].as_str().unwrap_or("");
+    assert!(
+        m.contains("IPv4 address of the node (address 10.99.0.1, cidr 10.99.0.1/24, inet static)")
+            && m.contains("`iface vmbr9 inet manual` with no address"),
+        "{m}"
+    );
+    let mut v6 = good_lab();
+    v6["method6"] = json!("static");
+    v6["address6"] = json!("fd00::1");
+    v6["cidr6"] = json!("fd00::1/64");
+    let (code, c) = doctor_lab(network_with(Some(v6)), true);
+    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
+    let m = c["message"].as_str().unwrap_or("");
+    assert!(
+        m.contains("IPv6 address of the node")
+            && m.contains("remove its `iface vmbr9 inet6` stanza"),
+        "{m}"
+    );
+
+    // IPv6 not turned off: a warning naming the line (a link-local address reaches `::`).
+    let mut linklocal = good_lab();
+    linklocal["options"] = json!([]);
+    let (code, c) = doctor_lab(network_with(Some(linklocal)), true);
+    assert_eq!((code, &c["status"]), (Some(0), &json!("warn")), "{c:#}");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("post-up sysctl -w net.ipv6.conf.vmbr9.disable_ipv6=1"),
+        "{c:#}"
+    );
+
+    // No SDN.Use on it: the grant (PVE also leaves the bridge out of the token's list then).
+    let (code, c) = doctor_lab(network_with(Some(good_lab())), false);
+    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
+    let m = c["message"].as_str().unwrap_or("");
+    assert!(
+        m.contains("lacks SDN.Use on /sdn/zones/localnetwork/vmbr9")
+            && m.contains("pveum acl modify /sdn/zones/localnetwork/vmbr9 --tokens 'felhom@pve!agent' --roles PVESDNUser"),
+        "{m}"
+    );
+}

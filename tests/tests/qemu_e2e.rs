@@ -504,3 +504,178 @@ fn qemu_guest_whose_agent_never_answers_is_unproven_within_the_launch_timeout_an
     assert!(deletes[0].targets_vmid(331));
     assert!(w.pve.guest(331).is_none());
 }
+
+/// The node's network as PVE lists it: vmbr0 (on eno1, the node's address) and, when given,
+/// the lab bridge vmbr9 (no ports, no address, IPv6 off); vmbr1, where the backup's net1 is,
+/// is missing.
+fn network_without_vmbr1(lab: bool) -> Value {
+    let mut list = vec![
+        json!({"iface": "vmbr0", "type": "bridge", "bridge_ports": "eno1",
+        "method": "static", "address": "192.0.2.11", "cidr": "192.0.2.11/24", "active": 1}),
+    ];
+    if lab {
+        list.push(
+            json!({"iface": "vmbr9", "type": "bridge", "bridge_ports": "", "method": "manual",
+            "method6": "manual", "active": 1,
+            "options": ["post-up sysctl -w net.ipv6.conf.vmbr9.disable_ipv6=1"]}),
+        );
+    }
+    Value::Array(list)
+}
+
+/// The demo scenario with the VM backup, the node's network of [`network_without_vmbr1`], and
+/// the token's SDN.Use on vmbr9.
+fn lab_scenario(lab: bool) -> Value {
+    let mut s = scenario(qemu_backup_config(), booting_guest());
+    s["node_network"] = network_without_vmbr1(lab);
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"].as_array_mut().expect("grants").push(json!([
+            who,
+            "/sdn/zones/localnetwork/vmbr9",
+            ["PVESDNUser"]
+        ]));
+    }
+    s
+}
+
+/// A VM provision that keeps its network (`--network=stored`) onto a node without the bridge
+/// of its net1: the start fails as qemu-server's does (the network script's `bridge 'vmbr1'
+/// does not exist`, then `start failed: QEMU exited with code 1`), the provision fails naming
+/// it, and the VM it made is destroyed.
+#[test]
+fn a_vm_start_onto_a_bridge_the_node_lacks_fails_as_qemu_server_does() {
+    let w = world(lab_scenario(false), "");
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "320",
+        "--network=stored",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(doc["outcome"], "failed", "{doc:#}\n{}", run.stderr);
+    let error = doc["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("start failed: QEMU exited with code 1") && error.contains("320"),
+        "{doc:#}"
+    );
+    let start = w
+        .pve
+        .tasks()
+        .into_iter()
+        .find(|t| t["type"] == "qmstart")
+        .unwrap_or_else(|| panic!("no start task: {:#?}", w.pve.tasks()));
+    let text = start.to_string();
+    assert!(
+        text.contains("bridge 'vmbr1' does not exist")
+            && text.contains("network script /usr/libexec/qemu-server/pve-bridge failed"),
+        "{start:#}"
+    );
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
+    assert!(wait_bed_gone(&w, 320));
+}
+
+/// `[restore_test] lab_bridge` names a bridge that is not in the node's network as PVE lists
+/// it, or one that has a port: the restore test stops at its preflight before any write
+/// (`config_invalid`, exit 6: the node's set-up is wrong, not the backup), naming the fix, so
+/// no copy ever starts with its original's MACs on a production bridge. A good lab bridge
+/// whose lock another process holds (a VM copy on it) refuses the run, nothing written; free,
+/// the copy starts with its NICs on it only.
+#[test]
+fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before_any_write() {
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
+    let w = world(lab_scenario(false), &extra);
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "config_invalid", "{doc:#}");
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+    let text = doc.to_string();
+    assert!(
+        text.contains("vmbr9 is not in this node's network configuration")
+            && text.contains("bridge-ports none"),
+        "{doc:#}"
+    );
+
+    // vmbr0 (a port, the node's address) named as the lab bridge.
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr0\"\n");
+    let w = world(lab_scenario(true), &extra);
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["error"]["code"], "config_invalid", "{doc:#}");
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+    let text = doc.to_string();
+    assert!(
+        text.contains("has port(s) eno1") && text.contains("IPv4 address of the node"),
+        "{doc:#}"
+    );
+
+    // The lab bridge as it should be, but another process runs a VM copy on it (its lock
+    // held): refused, nothing written; VM copies there run one at a time.
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
+    let w = world(lab_scenario(true), &extra);
+    let locks = w.files.state_dir.join("locks");
+    std::fs::create_dir_all(&locks).expect("locks folder");
+    let lock = locks.join("lab-bridge-vmbr9.lock");
+    // One process holds it (the shell becomes `sleep` with the locked descriptor), so killing
+    // it releases the lock.
+    let mut holder = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("exec 9>\"$1\" && flock -x 9 && exec sleep 60")
+        .arg("sh")
+        .arg(&lock)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("the lock's holder");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::process::Command::new("flock")
+        .args(["-n", "-x"])
+        .arg(&lock)
+        .arg("true")
+        .status()
+        .expect("flock -n")
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the test's holder never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the lab bridge vmbr9 is in use"),
+        "{doc:#}"
+    );
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+
+    // Free again: the copy starts with its stored NICs on the lab bridge only.
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    let starts = w.pve.start_configs();
+    let (_, config) = starts.first().expect("one start request");
+    assert_eq!(
+        config.get("net0"),
+        Some(&json!("virtio=BC:24:11:00:03:00,bridge=vmbr9")),
+        "{config:?}"
+    );
+    assert_eq!(
+        config.get("net1"),
+        Some(&json!("virtio=BC:24:11:00:03:01,bridge=vmbr9")),
+        "{config:?}"
+    );
+    assert!(
+        w.pve.network_exposures().is_empty(),
+        "{:?}",
+        w.pve.network_exposures()
+    );
+}

@@ -2,15 +2,20 @@
 //! in a real QEMU (TCG) with Debian 12 and the real `qemu-guest-agent`
 //! (`tests/testbed/build-debian-vm.sh`, `guest_bed.real_qemu` in `tests/fakepve/scenario.py`),
 //! and the fake's `agent/*` endpoints speak QGA's protocol to it as qemu-server does
-//! (`tests/data/real-vm-facts.md`). Each of the first two tests boots one VM; both run at
-//! once. On a machine without QEMU or the image, each test prints why and ends
-//! (`FELHOM_REQUIRE_REAL_GUESTS=1`, set by `tests/run.sh`, makes that a failure); the last
-//! shows that behaviour on a `PATH` without QEMU.
+//! (`tests/data/real-vm-facts.md`). Every test but the one without QEMU boots one VM once;
+//! they run at once. The first two are provisions; the restore tests after them put a VM
+//! copy's stored NICs on the lab bridge (`[restore_test] lab_bridge`, an isolated QEMU hub in
+//! the bed: real-vm-facts.md section 5) and judge it with the default pack and a pack that
+//! lists every failed unit, and one runs without a lab bridge. On a machine without QEMU or
+//! the image, each test prints why and ends (`FELHOM_REQUIRE_REAL_GUESTS=1`, set by
+//! `tests/run.sh`, makes that a failure); `without_qemu_…` shows that behaviour on a `PATH`
+//! without QEMU.
 
 use std::time::{Duration, Instant};
 
 use felhom_tests::fakepve::{add_qemu_backup, demo_scenario, AgentOptions, QEMU_BACKUP};
 use felhom_tests::guestbed::wait_processes_gone;
+use felhom_tests::verdict::{check_is, EVERY_FAILED_PACK};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
@@ -347,4 +352,282 @@ fn without_qemu_the_reason_is_printed_unless_real_guests_are_required() {
             && stderr.contains("FELHOM_REQUIRE_REAL_GUESTS=1"),
         "{stderr}"
     );
+}
+
+/// The node's network as PVE lists it (`GET /nodes/{node}/network`): the production bridges
+/// the backup's NICs are on (vmbr0 on eno1 with the node's address, vmbr1 on eno2) and the lab
+/// bridge vmbr9 (`bridge-ports none`, no address), which the bed runs as an isolated QEMU hub.
+fn node_network() -> Value {
+    json!([
+        {"iface": "eno1", "type": "eth", "method": "manual", "method6": "manual", "active": 1, "exists": 1},
+        {"iface": "eno2", "type": "eth", "method": "manual", "method6": "manual", "active": 1, "exists": 1},
+        {"iface": "vmbr0", "type": "bridge", "bridge_ports": "eno1", "method": "static", "method6": "manual",
+         "address": "192.0.2.11", "netmask": "255.255.255.0", "cidr": "192.0.2.11/24", "gateway": "192.0.2.1",
+         "active": 1, "autostart": 1},
+        {"iface": "vmbr1", "type": "bridge", "bridge_ports": "eno2", "method": "manual", "method6": "manual",
+         "active": 1, "autostart": 1},
+        {"iface": "vmbr9", "type": "bridge", "bridge_ports": "", "method": "manual", "method6": "manual",
+         "active": 1, "autostart": 1,
+         "options": ["post-up echo 1 > /proc/sys/net/ipv6/conf/vmbr9/disable_ipv6"]},
+    ])
+}
+
+/// isc-dhcp-client's settings in the DHCP backup: `ifup` runs `dhclient` without `-1`, which
+/// gives up after `timeout` seconds without a lease (60 by default) and detaches
+/// (`tests/data/guest-units-facts.md`); 5 s keeps the boot under TCG short.
+const DHCLIENT_CONF: &str = "timeout 5;\nretry 5;\n";
+
+/// A Debian 12 VM's files with `interfaces` as its `/etc/network/interfaces` stanza for ens18,
+/// its hostname its PVE name.
+fn vm_files(interfaces: &str) -> Value {
+    vm_files_named(interfaces, "felhom-vm")
+}
+
+/// [`vm_files`] with the guest's own hostname `hostname`.
+fn vm_files_named(interfaces: &str, hostname: &str) -> Value {
+    json!({
+        "/etc/hostname": format!("{hostname}\n"),
+        "/etc/dhcp/dhclient.conf": DHCLIENT_CONF,
+        "/etc/network/interfaces": format!(
+            "source /etc/network/interfaces.d/*\n\nauto lo\niface lo inet loopback\n\n{interfaces}"
+        ),
+    })
+}
+
+/// A world whose restore test restores [`QEMU_BACKUP`] as a real VM (`guest`: its spec),
+/// with `[restore_test] lab_bridge = "vmbr9"` when `lab`, the node network of
+/// [`node_network`], the token's SDN.Use on the lab bridge, and two packs: the default pack as
+/// shipped and an operator's pack that lists every failed unit.
+fn lab_world(guest: Value, lab: bool) -> Option<World> {
+    let mut guest = guest;
+    guest["real"] = json!(true);
+    let mut s = scenario(guest);
+    s["node_network"] = node_network();
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"].as_array_mut().expect("grants").push(json!([
+            who,
+            "/sdn/zones/localnetwork/vmbr9",
+            ["PVESDNUser"]
+        ]));
+    }
+    let opts = AgentOptions {
+        selftest_source: Some(QEMU_BACKUP.to_string()),
+        extra_toml: format!(
+            "launch_timeout_secs = 90\nboot_timeout_secs = 60\n\n[restore_test]\nsources = [{QEMU_BACKUP:?}]\n{}",
+            if lab { "lab_bridge = \"vmbr9\"\n" } else { "" }
+        ),
+        ..AgentOptions::default()
+    };
+    let w = World::real_vm_or_skip(s, &opts)?;
+    std::fs::write(w.files.checks_dir.join("operator.toml"), EVERY_FAILED_PACK)
+        .unwrap_or_else(|e| panic!("cannot write the operator's pack: {e}"));
+    Some(w)
+}
+
+/// The restore test's copy started with both stored NICs on the lab bridge, with their stored
+/// models and MACs, and nothing else: read from the host side (the config the copy started
+/// with, as the fake recorded it at the start request, and what the fake found exposed).
+fn assert_copy_on_the_lab_bridge(w: &World) {
+    let starts = w.pve.start_configs();
+    let (vmid, config) = starts
+        .iter()
+        .find(|(v, _)| (990_000..=990_009).contains(v))
+        .unwrap_or_else(|| panic!("no copy was started: {starts:?}"));
+    let nics: Vec<(&String, &Value)> = config
+        .iter()
+        .filter(|(k, _)| k.starts_with("net"))
+        .collect();
+    assert_eq!(
+        nics,
+        [
+            (
+                &"net0".to_string(),
+                &json!("virtio=BC:24:11:00:03:00,bridge=vmbr9")
+            ),
+            (
+                &"net1".to_string(),
+                &json!("virtio=BC:24:11:00:03:01,bridge=vmbr9")
+            ),
+        ],
+        "copy {vmid}: {config:?}"
+    );
+    assert!(
+        w.pve.network_exposures().is_empty(),
+        "{:?}",
+        w.pve.network_exposures()
+    );
+    // The QEMU the bed started for the copy had both NICs on the lab bridge's isolated hub (no
+    // user networking, nothing else), read from its command line as the bed logged it.
+    let log = w.bed.qga_log(*vmid);
+    let starts: Vec<&Value> = log.iter().filter(|e| e["event"] == "qemu-start").collect();
+    assert_eq!(starts.len(), 1, "{log:#?}");
+    let netdevs = starts[0]["netdevs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        netdevs,
+        [
+            json!("hubport,id=net0,hubid=10"),
+            json!("hubport,id=net1,hubid=10")
+        ],
+        "{log:#?}"
+    );
+}
+
+/// One isolated restore test of a good Debian 12 VM backup whose ens18 stanza is
+/// `interfaces`: it ends ok with the default pack and with the pack that lists every failed
+/// unit, the copy's NICs were on the lab bridge only, and the report says what the isolation
+/// changed (the NICs moved onto the lab bridge, which link each is in the copy).
+fn good_backup_ends_ok(interfaces: &str) -> Option<Value> {
+    good_backup_named_ends_ok(interfaces, "felhom-vm")
+}
+
+/// [`good_backup_ends_ok`] for a guest whose own hostname is `hostname`: the restore test's
+/// document.
+fn good_backup_named_ends_ok(interfaces: &str, hostname: &str) -> Option<Value> {
+    let w = lab_world(json!({"files": vm_files_named(interfaces, hostname)}), true)?;
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
+    assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
+    assert!(check_is(&doc, "hostname", "pass"), "{doc:#}");
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("restored onto the lab bridge vmbr9")
+            && changed.contains("net0 (bridge=vmbr0)")
+            && changed.contains("net1 (bridge=vmbr1,tag=20)")
+            && changed.contains("ens18 is bc:24:11:00:03:00")
+            && changed.contains("ens19 is bc:24:11:00:03:01"),
+        "{doc:#}"
+    );
+    assert_copy_on_the_lab_bridge(&w);
+    Some(doc)
+}
+
+/// `auto ens18` with a static address: without its NIC `networking.service` fails (the red
+/// verdict of a NIC-less copy); on the lab bridge ens18 is there and comes up.
+#[test]
+fn a_good_vm_backup_with_a_static_auto_ens18_ends_ok_on_the_lab_bridge() {
+    let _ = good_backup_ends_ok(
+        "auto ens18\niface ens18 inet static\n    address 10.20.0.40/24\n    gateway 10.20.0.1\n",
+    );
+}
+
+/// `allow-hotplug ens18` with a static address (what Debian's installer writes), brought up by
+/// udev's `ifup@ens18.service`; the guest calls itself `web01.example.com`, its PVE name is
+/// `felhom-vm`: the default pack's hostname check passes saying it could not judge the name
+/// (PVE keeps no hostname for a VM), with what the guest calls itself.
+#[test]
+fn a_good_vm_backup_with_allow_hotplug_ens18_and_its_own_hostname_ends_ok_on_the_lab_bridge() {
+    let Some(doc) = good_backup_named_ends_ok(
+        "allow-hotplug ens18\niface ens18 inet static\n    address 10.20.0.40/24\n    gateway 10.20.0.1\n",
+        "web01.example.com",
+    ) else {
+        return;
+    };
+    let hostname = doc["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "hostname"))
+        .unwrap_or_else(|| panic!("no hostname check: {doc:#}"));
+    let message = hostname["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("not judged")
+            && message.contains("'felhom-vm'")
+            && message.contains("calls itself 'web01.example.com'"),
+        "{hostname:#}"
+    );
+}
+
+/// DHCP on ens18 (`auto`): no DHCP server answers on the lab bridge; `dhclient` gives up and
+/// detaches, and nothing the isolation made fail is left failed.
+#[test]
+fn a_good_vm_backup_with_dhcp_on_ens18_ends_ok_on_the_lab_bridge() {
+    let _ = good_backup_ends_ok("auto ens18\niface ens18 inet dhcp\n");
+}
+
+/// The static `auto ens18` backup with an application unit that fails at once (`shop.service`,
+/// `ExecStart=/bin/false`, started by the boot): red, the unit named by both packs; the
+/// network, which the lab bridge gave, is not.
+#[test]
+fn a_vm_backup_whose_application_unit_fails_at_once_is_red_naming_it() {
+    let mut files = vm_files(
+        "auto ens18\niface ens18 inet static\n    address 10.20.0.40/24\n    gateway 10.20.0.1\n",
+    );
+    files["/etc/systemd/system/shop.service"] = json!(
+        "[Unit]\nDescription=The shop\nAfter=network-online.target\nWants=network-online.target\n\n\
+         [Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/false\n\n\
+         [Install]\nWantedBy=multi-user.target\n"
+    );
+    let guest = json!({
+        "files": files,
+        "links": {"/etc/systemd/system/multi-user.target.wants/shop.service": "/etc/systemd/system/shop.service"},
+    });
+    let Some(w) = lab_world(guest, true) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_ne!(run.code, Some(0), "{doc:#}");
+    assert_eq!(doc["outcome"], "failed", "{doc:#}");
+    for name in ["no-failed-units", "no-failed-unit-at-all"] {
+        let check = doc["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == name))
+            .unwrap_or_else(|| panic!("no check {name}: {doc:#}"));
+        assert_eq!(check["status"], "fail", "{doc:#}");
+        let text = check.to_string();
+        assert!(
+            text.contains("shop.service") && !text.contains("networking.service"),
+            "{name}: {check:#}"
+        );
+    }
+    assert_copy_on_the_lab_bridge(&w);
+}
+
+/// The same static `auto ens18` backup without `[restore_test] lab_bridge`: the copy starts
+/// with no NIC (qemu-server gives QEMU no network device without a `netN`), its
+/// `networking.service` fails for the missing ens18, the test is red naming it, and the report
+/// says the copy had no NIC and which failures it therefore cannot judge.
+#[test]
+fn without_a_lab_bridge_the_static_auto_ens18_copy_is_red_and_the_report_says_what_it_cannot_judge()
+{
+    let Some(w) = lab_world(
+        json!({"files": vm_files(
+            "auto ens18\niface ens18 inet static\n    address 10.20.0.40/24\n    gateway 10.20.0.1\n"
+        )}),
+        false,
+    ) else {
+        return;
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    let doc = run.json();
+    assert_eq!(doc["outcome"], "failed", "{doc:#}\n{}", run.stderr);
+    assert!(check_is(&doc, "no-failed-units", "fail"), "{doc:#}");
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("started with no NIC")
+            && changed.contains("lab_bridge is not set")
+            && changed.contains("cannot be judged")
+            && changed.contains("networking.service"),
+        "{doc:#}"
+    );
+    let starts = w.pve.start_configs();
+    assert!(
+        starts
+            .iter()
+            .filter(|(v, _)| (990_000..=990_009).contains(v))
+            .all(|(_, c)| c.keys().all(|k| !k.starts_with("net"))),
+        "{starts:?}"
+    );
+    // Its QEMU had no network device at all.
+    let (vmid, _) = starts
+        .iter()
+        .find(|(v, _)| (990_000..=990_009).contains(v))
+        .expect("the copy's start");
+    let log = w.bed.qga_log(*vmid);
+    let qemu = log
+        .iter()
+        .find(|e| e["event"] == "qemu-start")
+        .unwrap_or_else(|| panic!("{log:#?}"));
+    assert_eq!(qemu["netdevs"], json!([]), "{log:#?}");
 }

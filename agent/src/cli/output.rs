@@ -67,7 +67,7 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>, open_word:
     }
     match network_word(state) {
         Some("isolated") => s.push_str(
-            "network: isolated (the guest starts with no NIC: every stored netN is removed before its first start)\n",
+            "network: isolated (nothing reaches a network: a container starts with no NIC, a VM with its stored NICs on [restore_test] lab_bridge when it is set, else with none)\n",
         ),
         Some(_) => s.push_str(
             "network: stored (the guest starts with the NICs its backup stores: bridges, addresses and MACs of the original's network)\n",

@@ -165,7 +165,7 @@ impl<R: Reporter> Reporter for ProgressReporter<R> {
                             state.txn(),
                             state.vmid().map_or("-".to_string(), |n| n.to_string()),
                             if state.request().isolate_network {
-                                "isolated (no NIC at the start)"
+                                "isolated (no NIC at the start but on the lab bridge)"
                             } else {
                                 "stored (the backup's NICs)"
                             }

@@ -608,6 +608,52 @@ impl CheckError {
     }
 }
 
+/// Whether `check` compares a result column to a value holding `{placeholder}`.
+pub fn compares_to(check: &Check, placeholder: &str) -> bool {
+    matches!(&check.expect, Expectation::ColumnEquals { value, .. }
+        if value.iter().any(|p| matches!(p, ValuePart::Placeholder(n) if n == placeholder)))
+}
+
+/// A VM's `{hostname}`: PVE keeps no hostname for a VM. Its `name` (what `{hostname}` is
+/// filled with) is only the name in PVE's interface (qemu-server `PVE/QemuServer.pm`
+/// `$confdesc` `name`: "Set a name for the VM. Only used on the configuration web
+/// interface."), and nothing of PVE writes it into the guest. So a check of a VM that compares
+/// a column to `{hostname}` and fails (the guest's own hostname differs from its PVE name:
+/// `web-01` in PVE, `web01.example.com` inside) did not find a fault of the guest: it is
+/// turned into a pass that says plainly it could not judge the name, with what the guest
+/// calls itself. A check that passes (the guest runs under its PVE name) stays as it is; a
+/// check that errors (it could not run) stays an error.
+pub fn vm_hostname_unjudged(checks: &[Check], results: &mut [CheckResult], pve_name: &str) {
+    for result in results.iter_mut() {
+        if result.status != CheckStatus::Fail {
+            continue;
+        }
+        let Some(check) = checks.iter().find(|c| c.name == result.name) else {
+            continue;
+        };
+        if !compares_to(check, "hostname") {
+            continue;
+        }
+        let column = match &check.expect {
+            Expectation::ColumnEquals { column, .. } => column.as_str(),
+            Expectation::Rows { .. } => continue,
+        };
+        let seen: Vec<String> = result
+            .rows
+            .iter()
+            .filter_map(|r| r.get(column))
+            .take(4)
+            .map(|v| format!("'{}'", crate::error::outside_text_max(v, 128)))
+            .collect();
+        result.status = CheckStatus::Pass;
+        result.message = Some(format!(
+            "not judged: PVE keeps no hostname for a VM (its name in PVE, '{}', is never written into the guest), and the guest calls itself {}; a VM's own name is the guest's to set",
+            crate::error::outside_text_max(pve_name, 128),
+            if seen.is_empty() { "nothing".to_string() } else { seen.join(", ") }
+        ));
+    }
+}
+
 /// `Ok(())` when every result passed, else [`CheckError::NotPassed`] naming the others.
 pub fn verdict(guest: GuestRef, results: &[CheckResult]) -> Result<(), CheckError> {
     let names = |status| {
@@ -1553,5 +1599,61 @@ mod tests {
         ));
         assert!(!reads_systemd_units("SELECT hostname FROM system_info"));
         assert!(!reads_systemd_units("SELECT * FROM my_systemd_units_copy"));
+    }
+
+    #[test]
+    fn a_vm_hostname_check_that_fails_says_it_cannot_judge_and_nothing_else_changes() {
+        let pack = r#"
+[[check]]
+name = "hostname"
+sql = "SELECT hostname FROM system_info"
+expect = "hostname == '{hostname}'"
+
+[[check]]
+name = "named-vm"
+sql = "SELECT hostname FROM system_info"
+expect = "hostname == 'web01.example.com'"
+
+[[check]]
+name = "no-failed-units"
+sql = "SELECT id FROM systemd_units WHERE active_state = 'failed'"
+expect = "rows == 0"
+"#;
+        let checks = parse_pack(pack, Path::new("/p.toml")).expect("pack");
+        assert!(compares_to(&checks[0], "hostname"));
+        assert!(!compares_to(&checks[1], "hostname") && !compares_to(&checks[2], "hostname"));
+        let result = |name: &str, status: CheckStatus, host: &str| CheckResult {
+            name: name.to_string(),
+            status,
+            rows: vec![Row::from([("hostname".to_string(), host.to_string())])],
+            row_count: 1,
+            rows_truncated: false,
+            message: (status != CheckStatus::Pass).then(|| "why".to_string()),
+            duration_ms: 1,
+        };
+        let mut results = vec![
+            result("hostname", CheckStatus::Fail, "web01.example.com"),
+            result("named-vm", CheckStatus::Fail, "web01"),
+            result("no-failed-units", CheckStatus::Fail, "x"),
+        ];
+        vm_hostname_unjudged(&checks, &mut results, "web-01");
+        assert_eq!(results[0].status, CheckStatus::Pass);
+        let m = results[0].message.as_deref().unwrap_or("");
+        assert!(
+            m.starts_with("not judged")
+                && m.contains("'web-01'")
+                && m.contains("calls itself 'web01.example.com'"),
+            "{m}"
+        );
+        // A literal name and any other check keep their failure.
+        assert_eq!(results[1].status, CheckStatus::Fail);
+        assert_eq!(results[2].status, CheckStatus::Fail);
+        // An error (osquery could not run) stays an error; a pass stays a plain pass.
+        let mut results = vec![result("hostname", CheckStatus::Error, "")];
+        vm_hostname_unjudged(&checks, &mut results, "web-01");
+        assert_eq!(results[0].status, CheckStatus::Error);
+        let mut results = vec![result("hostname", CheckStatus::Pass, "web-01")];
+        vm_hostname_unjudged(&checks, &mut results, "web-01");
+        assert_eq!(results[0].message, None);
     }
 }

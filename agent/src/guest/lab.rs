@@ -160,7 +160,10 @@ exit 0
 ///    `systemd-journald-audit.socket` under a systemd older than 252.11 (it then takes the
 ///    audit netlink socket for usable in a user namespace, and its bind is refused) likewise,
 ///    "userns-reset systemd-journald-audit.socket audit <major>.<minor>".
-/// 2. When the copy holds a `felabN` end (the lab gave it an interface): the failed units the
+/// 2. When the copy holds a `felabN` end (the lab gave it an interface), or is a VM copy whose
+///    NICs are on the lab bridge (`FELHOM_LAB_VM`, after [`VM_NICS`]: then nothing is
+///    restarted, its devices were there from QEMU's start, and only the DHCP and wait-online
+///    resets below apply): the failed units the
 ///    missing interface can explain are restarted, each answered with its state afterwards:
 ///    first the network's own (`networking.service`, `systemd-networkd.service`,
 ///    `systemd-networkd-wait-online.service`), then every unit ordered after `network.target`,
@@ -193,7 +196,8 @@ if [ -n "${FELHOM_LAB_USERNS:-}" ]; then
     done
   fi
 fi
-if ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit !f}'; then
+if [ -n "${FELHOM_LAB_VM:-}" ] || ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit !f}'; then
+  if [ -z "${FELHOM_LAB_VM:-}" ]; then
   failed=" $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{printf "%s ", $1}')"
   net=
   for u in networking.service systemd-networkd.service systemd-networkd-wait-online.service; do
@@ -216,6 +220,7 @@ if ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit 
     timeout 120 systemctl restart "$u" >/dev/null 2>&1
     echo "restarted $u $(systemctl is-active "$u" 2>/dev/null)"
   done
+  fi
   if [ -n "${FELHOM_LAB_DHCP:-}" ] && [ "$(systemctl is-active networking.service 2>/dev/null)" = failed ]; then
     up=1
     for n in "$@"; do
@@ -235,6 +240,63 @@ if ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit 
     [ "$up" = 1 ] && systemctl reset-failed systemd-networkd-wait-online.service && echo "online-reset systemd-networkd-wait-online.service"
   fi
 fi
+exit 0
+"#;
+
+/// A VM copy whose NICs are on the lab bridge, once its boot has ended, before [`SETTLE`]
+/// (`FELHOM_LAB_VM` set): the copy has each stored NIC from QEMU's start, with its stored MAC
+/// (`FELHOM_LAB_MACS`, lower case), so nothing is given or restarted; what the isolation can
+/// still make fail is a DHCP stanza (the lab bridge has no DHCP server) and a wait for a lease
+/// or a router advertisement. Each stored MAC is found among the guest's links
+/// ("nic <mac> <name>"); an ifupdown guest's own stanzas (`/etc/network/interfaces` and
+/// `interfaces.d`) say which of them use DHCP (`inet dhcp`, `inet6 dhcp` or `inet6 auto`:
+/// "dhcp <name>", into `FELHOM_LAB_DHCP` for [`SETTLE`]); a name ifupdown has no stanza for
+/// (`ifquery <name>` fails) is left out of [`SETTLE`]'s "every other interface up". An
+/// `allow-hotplug` DHCP stanza is brought up by `ifup@<name>.service` (Debian's ifupdown,
+/// started by udev), which fails when no lease comes: its failed state is reset,
+/// "hotplug-dhcp-reset <unit> <name>". Then the names found become [`SETTLE`]'s arguments.
+const VM_NICS: &str = r#"
+names=
+for m in ${FELHOM_LAB_MACS:-}; do
+  for d in /sys/class/net/*; do
+    [ "$(cat "$d/address" 2>/dev/null)" = "$m" ] || continue
+    n=${d##*/}; echo "nic $m $n"; names="$names $n"
+  done
+done
+dhcp=; known=
+for n in $names; do
+  if cat /etc/network/interfaces /etc/network/interfaces.d/* 2>/dev/null |
+    grep -Eq "^[[:space:]]*iface[[:space:]]+$n[[:space:]]+inet6?[[:space:]]+(dhcp|auto)([[:space:]]|\$)"; then
+    dhcp="$dhcp $n"; echo "dhcp $n"
+  fi
+  if command -v ifquery >/dev/null 2>&1 && ! ifquery "$n" >/dev/null 2>&1; then continue; fi
+  known="$known $n"
+done
+if [ -n "$dhcp" ]; then FELHOM_LAB_DHCP=$dhcp; export FELHOM_LAB_DHCP; fi
+for n in $dhcp; do
+  u="ifup@$n.service"
+  [ "$(systemctl is-active "$u" 2>/dev/null)" = failed ] && systemctl reset-failed "$u" 2>/dev/null &&
+    echo "hotplug-dhcp-reset $u $n"
+done
+set -- $known
+"#;
+
+/// A VM copy that started with no NIC (no lab bridge configured), once its boot has ended:
+/// nothing can be given to it (a VM's NIC must exist when QEMU starts), so the failed units
+/// the missing NICs can explain are only named, "unjudged <unit>": the network's own
+/// (`networking.service`, `ifup@*`, `systemd-networkd-wait-online.service`,
+/// `NetworkManager-wait-online.service`) and every unit ordered after `network.target`,
+/// `network-online.target` or `network-pre.target`. They stay failed.
+const VM_NICLESS: &str = r#"
+for u in $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{print $1}'); do
+  case $u in
+    networking.service|ifup@*|systemd-networkd-wait-online.service|NetworkManager-wait-online.service)
+      echo "unjudged $u"; continue;;
+  esac
+  case " $(systemctl show -p After --value "$u" 2>/dev/null) " in
+    *" network.target "*|*" network-online.target "*|*" network-pre.target "*) echo "unjudged $u";;
+  esac
+done
 exit 0
 "#;
 
@@ -435,6 +497,98 @@ pub fn boot_plan(lab: &LabRequest<'_>, give_up: Duration) -> BootPlan {
         }
     }
     plan
+}
+
+/// What the lab does in an isolated VM copy.
+#[derive(Debug, Clone, Default)]
+pub struct VmLabRequest<'a> {
+    /// The stored NICs' MACs (well-formed: [`crate::pve::guest_config::valid_mac`]).
+    pub macs: &'a [String],
+    /// The NICs are on the lab bridge; `false`: the copy started with no NIC.
+    pub on_bridge: bool,
+}
+
+/// The variable naming the stored MACs of a VM copy on the lab bridge.
+const LAB_MACS_VAR: &str = "FELHOM_LAB_MACS";
+/// The variable that turns [`SETTLE`] to a VM copy's (nothing restarted).
+const LAB_VM_VAR: &str = "FELHOM_LAB_VM";
+
+/// The boot trip of an isolated VM copy: after the wait, [`VM_NICS`] and [`SETTLE`] when its
+/// NICs are on the lab bridge, [`VM_NICLESS`] when it started with none though its backup
+/// stores some; nothing before the wait (a VM's devices are QEMU's, from its start).
+pub fn vm_boot_plan(lab: &VmLabRequest<'_>, stored_nics: usize) -> BootPlan {
+    let mut plan = BootPlan::default();
+    if lab.on_bridge {
+        let macs: Vec<String> = lab
+            .macs
+            .iter()
+            .filter(|m| crate::pve::guest_config::valid_mac(m))
+            .map(|m| m.to_ascii_lowercase())
+            .collect();
+        plan.after = Some(format!("{VM_NICS}{SETTLE}"));
+        plan.env.push((LAB_VM_VAR, "1".to_string()));
+        plan.env.push((LAB_MACS_VAR, macs.join(" ")));
+    } else if stored_nics > 0 {
+        plan.after = Some(VM_NICLESS.to_string());
+    }
+    plan
+}
+
+/// What the after-step of an isolated VM copy printed (hostile: only its closed set of line
+/// words is read, every name escaped and clipped): which link each stored MAC is in the copy,
+/// what was reset, and, in a copy with no NIC, the failed units that cannot be judged.
+pub fn read_vm_trip(lab: &VmLabRequest<'_>, trip: &BootTrip) -> LabDone {
+    let clip = crate::error::outside_text_max;
+    let Some((lines, _)) = &trip.after else {
+        return LabDone::default();
+    };
+    let text = lines.join("\n");
+    let mut nics = Vec::new();
+    let mut dhcp: Vec<String> = Vec::new();
+    let mut notes = Vec::new();
+    let mut unjudged = Vec::new();
+    for line in text.lines().take(256) {
+        let mut w = line.split_whitespace();
+        match (w.next(), w.next(), w.next()) {
+            (Some("nic"), Some(mac), Some(name))
+                if lab.macs.iter().any(|m| m.eq_ignore_ascii_case(mac)) && nics.len() < 32 =>
+            {
+                nics.push(format!(
+                    "{} is {}",
+                    clip(name, 32),
+                    mac.to_ascii_lowercase()
+                ))
+            }
+            (Some("dhcp"), Some(name), _) if dhcp.len() < 32 => dhcp.push(clip(name, 32)),
+            (Some("hotplug-dhcp-reset"), Some(u), Some(n)) => notes.push(format!(
+                "{} failed for the DHCP stanza of {} (the lab bridge has no DHCP server): its \
+                 failed state was reset",
+                clip(u, 128),
+                clip(n, 32)
+            )),
+            (Some("unjudged"), Some(u), _) if unjudged.len() < 32 => unjudged.push(clip(u, 128)),
+            _ => {}
+        }
+    }
+    let mut settled = Vec::new();
+    if !nics.is_empty() {
+        settled.push(format!("in the copy, {}", nics.join(", ")));
+    }
+    let dhcp_refs: Vec<&str> = dhcp.iter().map(String::as_str).collect();
+    settled.extend(notes);
+    settled.extend(lab_report(&text, &dhcp_refs, false, &[]));
+    if !unjudged.is_empty() {
+        settled.push(format!(
+            "cannot be judged without the stored NICs (set [restore_test] lab_bridge to give a \
+             VM copy its NICs on a bridge that reaches nothing): {} failed, as a unit that needs \
+             its network does in a VM started with no NIC",
+            unjudged.join(", ")
+        ));
+    }
+    LabDone {
+        settled,
+        ..LabDone::default()
+    }
 }
 
 /// What the report says of [`NET_WATCH`]'s restart.

@@ -183,12 +183,29 @@ pub struct Asked<'a> {
     pub owner: Option<u32>,
     /// Every NIC is overridden, isolated, by the request (a restore-test copy).
     pub isolate: bool,
+    /// `[restore_test] lab_bridge`: an isolated VM copy's NICs are restored onto it.
+    pub lab_bridge: Option<&'a str>,
     /// The token (for the grant commands).
     pub token_id: &'a str,
 }
 
+impl Asked<'_> {
+    /// The lab bridge this restore puts NICs on: an isolated VM copy's, when the backup stores
+    /// any NIC.
+    pub fn lab_for(&self, stored: &StoredConfig) -> Option<&str> {
+        self.lab_bridge.filter(|_| {
+            self.isolate && self.guest == GuestKind::Qemu && !stored.nics(self.guest).is_empty()
+        })
+    }
+}
+
 /// The SDN paths PVE checks `SDN.Use` on for the stored NICs the request does not override.
 pub fn sdn_paths(stored: &StoredConfig, asked: &Asked<'_>, files: &ClusterFiles) -> Vec<String> {
+    if let Some(lab) = asked.lab_for(stored) {
+        // Untagged NICs on the lab bridge (pve-guest-common `check_vnet_access`: the bridge's
+        // own path when there is neither tag nor trunks).
+        return vec![format!("/sdn/zones/{}/{lab}", files.zone_of(lab))];
+    }
     if asked.isolate {
         return Vec::new();
     }
@@ -332,6 +349,139 @@ pub fn access_check(asked: &Asked<'_>, held: &Held) -> PreflightCheck {
     )
 }
 
+/// The `/etc/network/interfaces` stanza of a lab bridge named `bridge`: no ports, no address,
+/// IPv6 off (else the kernel gives it a link-local address, and pveproxy and sshd listen on
+/// `::`).
+pub fn lab_bridge_stanza(bridge: &str) -> String {
+    format!(
+        "`auto {bridge}` / `iface {bridge} inet manual` / `    bridge-ports none` / `    bridge-stp off` / `    bridge-fd 0` / `    post-up sysctl -w net.ipv6.conf.{bridge}.disable_ipv6=1` in /etc/network/interfaces, then `ifreload -a`"
+    )
+}
+
+/// What is wrong with the lab bridge `bridge` as PVE lists it (`GET /nodes/{node}/network`: a
+/// row of pve-common `PVE/Network/Interfaces.pm` `__read_etc_network_interfaces`), each with
+/// its fix; and whether IPv6 is turned off on it by a line PVE keeps in `options`/`options6`.
+/// `row`: `None` when the list has no such bridge.
+pub fn lab_bridge_faults(bridge: &str, row: Option<&serde_json::Value>) -> (Vec<String>, bool) {
+    let Some(row) = row else {
+        return (
+            vec![format!(
+                "bridge {bridge} is not in this node's network configuration; make it: {}",
+                lab_bridge_stanza(bridge)
+            )],
+            false,
+        );
+    };
+    let text = |k: &str| -> String {
+        match row.get(k) {
+            Some(serde_json::Value::String(s)) => crate::error::outside_text_max(s.trim(), 256),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => String::new(),
+        }
+    };
+    let mut faults = Vec::new();
+    let kind = text("type");
+    if kind != "bridge" {
+        faults.push(format!(
+            "{bridge} is a {} in /etc/network/interfaces, not a Linux bridge; make it one: {}",
+            if kind.is_empty() {
+                "interface of no type"
+            } else {
+                &kind
+            },
+            lab_bridge_stanza(bridge)
+        ));
+    }
+    let ports = text("bridge_ports");
+    if !ports.is_empty() && ports != "none" {
+        faults.push(format!(
+            "bridge {bridge} has port(s) {ports}: a VM copy on it would reach their network as a twin of its original; set `bridge-ports none` in its stanza of /etc/network/interfaces (and give those ports another bridge), then `ifreload -a`"
+        ));
+    }
+    let v4: Vec<String> = ["address", "cidr", "gateway"]
+        .iter()
+        .filter(|k| !text(k).is_empty())
+        .map(|k| format!("{k} {}", text(k)))
+        .chain(
+            matches!(text("method").as_str(), "static" | "dhcp")
+                .then(|| format!("inet {}", text("method"))),
+        )
+        .collect();
+    if !v4.is_empty() {
+        faults.push(format!(
+            "bridge {bridge} has an IPv4 address of the node ({}): a VM copy on it would reach the node (pveproxy, sshd); make its stanza `iface {bridge} inet manual` with no address or gateway line, then `ifreload -a`",
+            v4.join(", ")
+        ));
+    }
+    let v6: Vec<String> = ["address6", "cidr6", "gateway6"]
+        .iter()
+        .filter(|k| !text(k).is_empty())
+        .map(|k| format!("{k} {}", text(k)))
+        .chain(
+            matches!(text("method6").as_str(), "static" | "dhcp" | "auto")
+                .then(|| format!("inet6 {}", text("method6"))),
+        )
+        .collect();
+    if !v6.is_empty() {
+        faults.push(format!(
+            "bridge {bridge} has an IPv6 address of the node ({}): a VM copy on it would reach the node (pveproxy and sshd listen on `::`); remove its `iface {bridge} inet6` stanza and address lines, then `ifreload -a`",
+            v6.join(", ")
+        ));
+    }
+    if text("active") != "1" && faults.is_empty() {
+        faults.push(format!(
+            "bridge {bridge} is configured but not up in the kernel (PVE's `active` is not set), so a VM copy's start would fail (qemu-server's pve-bridge: \"bridge '{bridge}' does not exist\"); bring it up: `ifreload -a` (or `ifup {bridge}`)"
+        ));
+    }
+    let ipv6_off = ["options", "options6"].iter().any(|k| {
+        row.get(*k)
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|lines| {
+                lines.iter().take(256).filter_map(|l| l.as_str()).any(|l| {
+                    l.contains("disable_ipv6") && (l.contains("=1") || l.contains("echo 1"))
+                })
+            })
+    });
+    (faults, ipv6_off)
+}
+
+/// The lab bridge an isolated VM copy's NICs go onto, as PVE lists the node's bridges
+/// (`GET /nodes/{node}/network`): refused before any write when it is missing, has ports, an
+/// address of the node, or is down ([`lab_bridge_faults`]), so no copy ever lands on a
+/// production bridge with its original's MACs.
+pub async fn lab_bridge_check(pve: &PveClient, node: &str, bridge: &str) -> PreflightCheck {
+    let name = "lab_bridge";
+    let rows = match pve.node_bridges(node).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            return PreflightCheck::fail(
+                name,
+                e.code(),
+                format!("cannot read node {node}'s bridges (GET /nodes/{node}/network) to check the lab bridge {bridge}: {e}; nothing was restored"),
+            )
+        }
+    };
+    let row = rows
+        .iter()
+        .find(|row| row.get("iface").and_then(serde_json::Value::as_str) == Some(bridge));
+    let (faults, _) = lab_bridge_faults(bridge, row);
+    if faults.is_empty() {
+        PreflightCheck::pass(
+            name,
+            format!("the lab bridge {bridge} has no port and no address of node {node}"),
+        )
+    } else {
+        PreflightCheck::fail(
+            name,
+            ErrorCode::ConfigInvalid,
+            format!(
+                "[restore_test] lab_bridge: {}; an isolated VM copy is not restored onto it (`felhom-agent doctor` checks it)",
+                faults.join("; ")
+            ),
+        )
+    }
+}
+
 /// The stored NICs' bridges: `SDN.Use` on each path PVE checks.
 pub fn network_check(
     stored: &StoredConfig,
@@ -340,6 +490,35 @@ pub fn network_check(
     held: &Held,
 ) -> PreflightCheck {
     let name = "network";
+    if let Some(lab) = asked.lab_for(stored) {
+        let paths = sdn_paths(stored, asked, files);
+        let lacking: Vec<&String> = paths.iter().filter(|p| !held.has(p, "SDN.Use")).collect();
+        if lacking.is_empty() {
+            return PreflightCheck::pass(
+                name,
+                format!(
+                    "{} stored NIC(s) are restored onto the lab bridge {lab} with their stored models and MACs; the token holds SDN.Use on {}",
+                    stored.nics(asked.guest).len(),
+                    paths.join(", ")
+                ),
+            );
+        }
+        return PreflightCheck::fail(
+            name,
+            ErrorCode::SdnDenied,
+            format!(
+                "the restore of backup {} puts its NIC(s) onto the lab bridge {lab} ([restore_test] lab_bridge); PVE checks SDN.Use on {} before the restore (qemu-server check_bridge_access, pve-guest-common check_vnet_access), and token {} lacks it; grant it: {}",
+                asked.volid,
+                lacking.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+                asked.token_id,
+                lacking
+                    .iter()
+                    .map(|p| grant_commands(p, "PVESDNUser", asked.token_id))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        );
+    }
     if asked.isolate {
         return PreflightCheck::pass(
             name,
@@ -689,6 +868,7 @@ pub async fn backup_checks(
     node: &str,
     volid: &str,
     isolate: bool,
+    lab_bridge: Option<&str>,
     token_id: &str,
     files: &ClusterFiles,
 ) -> Vec<PreflightCheck> {
@@ -700,6 +880,7 @@ pub async fn backup_checks(
         vmid: None,
         owner: super::owner_from_volid(volid),
         isolate,
+        lab_bridge,
         token_id,
     };
     let stored = pve.extract_config(node, volid).await;
@@ -846,6 +1027,7 @@ mod tests {
             vmid: Some(120),
             owner: Some(200),
             isolate,
+            lab_bridge: None,
             token_id: TOKEN,
         }
     }
@@ -874,6 +1056,46 @@ mod tests {
             ]
         );
         assert!(sdn_paths(&stored, &asked(GuestKind::Lxc, true), &files).is_empty());
+    }
+
+    #[test]
+    fn an_isolated_vm_copy_with_a_lab_bridge_needs_sdn_use_there_and_nowhere_else() {
+        let stored = StoredConfig::parse(
+            "net0: virtio=BC:24:11:00:03:00,bridge=vmbr0\nnet1: e1000=BC:24:11:00:03:01,bridge=vmbr1,tag=20\n",
+        );
+        let files = ClusterFiles::default();
+        let vm = Asked {
+            guest: GuestKind::Qemu,
+            lab_bridge: Some("vmbr9"),
+            ..asked(GuestKind::Qemu, true)
+        };
+        assert_eq!(
+            sdn_paths(&stored, &vm, &files),
+            ["/sdn/zones/localnetwork/vmbr9"]
+        );
+        let stored_bridges = Held::from_table(&[
+            ("/sdn/zones/localnetwork/vmbr0", &["SDN.Use"]),
+            ("/sdn/zones/localnetwork/vmbr1", &["SDN.Use"]),
+        ]);
+        let c = network_check(&stored, &vm, &files, &stored_bridges);
+        assert_eq!(c.code, Some(ErrorCode::SdnDenied), "{c:?}");
+        assert!(
+            c.message.contains("lab bridge vmbr9")
+                && c.message.contains("pveum acl modify /sdn/zones/localnetwork/vmbr9 --tokens 'felhom@pve!agent' --roles PVESDNUser"),
+            "{}",
+            c.message
+        );
+        let lab = Held::from_table(&[("/sdn/zones/localnetwork/vmbr9", &["SDN.Use"])]);
+        let c = network_check(&stored, &vm, &files, &lab);
+        assert_eq!(c.code, None, "{c:?}");
+        // Without NICs, a container, or not isolated: the lab bridge is not asked for.
+        let bare = StoredConfig::parse("scsi0: x\n");
+        assert!(sdn_paths(&bare, &vm, &files).is_empty());
+        let ct = Asked {
+            lab_bridge: Some("vmbr9"),
+            ..asked(GuestKind::Lxc, true)
+        };
+        assert!(sdn_paths(&StoredConfig::parse(CT), &ct, &files).is_empty());
     }
 
     #[test]

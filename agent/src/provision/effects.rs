@@ -608,6 +608,7 @@ impl<'a> Executor<'a> {
                         selftest,
                         stored.as_ref(),
                         state.marker(),
+                        self.lab_bridge(guest),
                     )
                 };
                 let target = RestoreTarget {
@@ -864,7 +865,7 @@ impl<'a> Executor<'a> {
                 "the {what} {} {vmid} on node {node} was not started: its configuration could not be read before the start ({e})",
                 guest.pve_word()
             )),
-            Ok(cfg) => start_refusal(guest, isolate, &cfg).map(|why| {
+            Ok(cfg) => start_refusal(guest, isolate, &cfg, self.lab_bridge(guest)).map(|why| {
                 format!(
                     "the {what} {} {vmid} on node {node} was not started: {why}; it is destroyed through the gate",
                     guest.pve_word()
@@ -884,6 +885,15 @@ impl<'a> Executor<'a> {
         match &self.start_config {
             Some((v, cfg)) if *v == vmid => Ok(cfg.clone()),
             _ => self.pve.config_get(node, guest, vmid).await,
+        }
+    }
+
+    /// The lab bridge of an isolated copy of a `guest`: `[restore_test] lab_bridge` for a VM;
+    /// never for a container (the lab gives a container its interfaces from inside).
+    fn lab_bridge(&self, guest: GuestKind) -> Option<&str> {
+        match guest {
+            GuestKind::Qemu => self.cfg.restore_test.lab_bridge.as_deref(),
+            GuestKind::Lxc => None,
         }
     }
 
@@ -1214,10 +1224,9 @@ impl<'a> Executor<'a> {
                 marker.merged_description(&text("description")),
             ),
         ];
+        let lab_bridge = self.lab_bridge(guest);
         let delete: Vec<String> = if isolate {
-            let mut nics: Vec<String> = cfg.keys().filter(|k| is_net_key(k)).cloned().collect();
-            nics.sort_by_key(|k| k[3..].parse::<u32>().unwrap_or(u32::MAX));
-            nics
+            nics_off_the_lab(&cfg, lab_bridge)
         } else {
             Vec::new()
         };
@@ -1229,7 +1238,7 @@ impl<'a> Executor<'a> {
                 // counts is what the config says now.
                 let now = self.pve.config_get(node, guest, vmid).await;
                 match now {
-                    Ok(now) if marker_write_shows(&now, marker, isolate) => {
+                    Ok(now) if marker_write_shows(&now, marker, isolate, lab_bridge) => {
                         tracing::warn!(vmid, error = %e, "the marker write answered an error, but the config read back shows it written");
                         Ok(())
                     }
@@ -1238,7 +1247,7 @@ impl<'a> Executor<'a> {
                         format!(
                             "marking {} {vmid} on node {node} failed: {e}; the config read back does not show the marker{}",
                             guest.pve_word(),
-                            if isolate { " with every NIC removed" } else { "" }
+                            if isolate { " with every NIC off the lab bridge removed" } else { "" }
                         ),
                     )),
                 }
@@ -1403,7 +1412,9 @@ impl<'a> Executor<'a> {
 ///   none). The request's NICs win over the stored ones for a container restored
 ///   without `unique` (pve-container `PVE/LXC/Create.pm` `sanitize_and_merge_config`) and for
 ///   a VM always (qemu-server `PVE/QemuServer.pm` `restore_merge_config`: the request's
-///   parameters override the backup's); PVE gives each a new MAC.
+///   parameters override the backup's); PVE gives each a new MAC. A VM's, with `[restore_test]
+///   lab_bridge`, go instead onto that bridge with their stored models and MACs
+///   ([`Nic::lab_value`]).
 /// - a selftest guest (`--selftest=…`, restore test) and every isolated guest: `onboot=0` and
 ///   `protection=0`, so a copy never starts at the node's boot and its destroy is never
 ///   refused, and [`start_refusal`], which refuses both for exactly these transactions, lets
@@ -1419,14 +1430,19 @@ pub fn restore_options(
     selftest: bool,
     stored: Option<&StoredConfig>,
     marker: Marker,
+    lab_bridge: Option<&str>,
 ) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     if isolate {
-        // Only the NICs the backup stores: a backup without any gets none (the marker write
-        // deletes these before any start).
+        // Only the NICs the backup stores: a backup without any gets none. A VM copy's go onto
+        // the lab bridge when there is one, with their stored models and MACs; otherwise they
+        // are isolated here and the marker write deletes them before any start.
         let nics = stored.map(|c| c.nics(guest)).unwrap_or_default();
         for nic in nics {
-            let value = nic.isolated_value(guest);
+            let value = match lab_bridge.filter(|_| guest == GuestKind::Qemu) {
+                Some(bridge) => nic.lab_value(bridge),
+                None => nic.isolated_value(guest),
+            };
             out.push((nic.key, value));
         }
     }
@@ -1444,7 +1460,12 @@ pub fn restore_options(
 
 /// Why a guest about to be started for a selftest may not start: a NIC of an isolated copy
 /// that can reach a network, or `onboot`/`protection` set. `None`: it may start.
-pub fn start_refusal(guest: GuestKind, isolate: bool, cfg: &GuestConfig) -> Option<String> {
+pub fn start_refusal(
+    guest: GuestKind,
+    isolate: bool,
+    cfg: &GuestConfig,
+    lab_bridge: Option<&str>,
+) -> Option<String> {
     let text = |k: &str| match cfg.get(k) {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Number(n)) => n.to_string(),
@@ -1457,11 +1478,20 @@ pub fn start_refusal(guest: GuestKind, isolate: bool, cfg: &GuestConfig) -> Opti
         // one on a bridge needs that bridge (and `SDN.Use` on it) and is one `link_down` edit
         // from the production network, and a VM's is up until its start task has set the link
         // down (`qemu_set_link_status`), or user-mode NAT without a bridge.
+        // A VM's NIC may be on the lab bridge only (no ports, no node address: doctor checks
+        // it), untagged.
         let mut keys: Vec<&String> = cfg.keys().filter(|k| is_net_key(k)).collect();
         keys.sort();
         for k in keys {
             let nic = Nic::parse(guest, k, &text(k));
-            wrong.push(format!("{} is a NIC of an isolated copy", nic.describe()));
+            match lab_bridge.filter(|_| guest == GuestKind::Qemu) {
+                Some(lab) if nic.is_on_lab_bridge(lab) => {}
+                Some(lab) => wrong.push(format!(
+                    "{} is a NIC of an isolated copy that is not on the lab bridge {lab}",
+                    nic.describe()
+                )),
+                None => wrong.push(format!("{} is a NIC of an isolated copy", nic.describe())),
+            }
         }
         let values: Vec<(String, String)> = cfg.keys().map(|k| (k.clone(), text(k))).collect();
         for b in isolation_breaches(guest, values.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
@@ -1496,10 +1526,32 @@ fn put_may_have_written(e: &PveError) -> bool {
 
 /// Whether a config read back after a failed marker write shows the write done: the marker's
 /// tags and description line, and, for an isolated copy, no `netN` left.
-fn marker_write_shows(cfg: &GuestConfig, marker: Marker, isolate: bool) -> bool {
+fn marker_write_shows(
+    cfg: &GuestConfig,
+    marker: Marker,
+    isolate: bool,
+    lab_bridge: Option<&str>,
+) -> bool {
     let text = |k: &str| cfg.get(k).and_then(|v| v.as_str()).unwrap_or("");
-    let no_nics = !isolate || !cfg.keys().any(|k| is_net_key(k));
+    let no_nics = !isolate || nics_off_the_lab(cfg, lab_bridge).is_empty();
     marker.is_carried_by(text("tags"), text("description")) && no_nics
+}
+
+/// The `netN` keys of an isolated copy's config that the marker write deletes: every NIC,
+/// but, for a VM with a lab bridge (`lab_bridge` is only given for a VM), those on it.
+fn nics_off_the_lab(cfg: &GuestConfig, lab_bridge: Option<&str>) -> Vec<String> {
+    let mut nics: Vec<String> = cfg
+        .iter()
+        .filter(|(k, _)| is_net_key(k))
+        .filter(|(k, v)| {
+            lab_bridge.is_none_or(|lab| {
+                !Nic::parse(GuestKind::Qemu, k, v.as_str().unwrap_or("")).is_on_lab_bridge(lab)
+            })
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    nics.sort_by_key(|k| k[3..].parse::<u32>().unwrap_or(u32::MAX));
+    nics
 }
 
 /// What a restore request restores where.
@@ -1663,7 +1715,7 @@ mod tests {
     #[test]
     fn an_isolated_copy_overrides_every_stored_nic_and_keeps_the_description() {
         let stored = StoredConfig::parse(STORED_CT);
-        let o = restore_options(GuestKind::Lxc, true, true, Some(&stored), marker());
+        let o = restore_options(GuestKind::Lxc, true, true, Some(&stored), marker(), None);
         let line = marker().description_line();
         assert_eq!(
             opts(&o),
@@ -1677,14 +1729,100 @@ mod tests {
         );
         // A VM: every stored NIC by its model, and no NIC the backup does not store.
         let vm = StoredConfig::parse("net1: e1000=BC:24:11:00:00:02,bridge=vmbr0\nscsi0: x\n");
-        let o = restore_options(GuestKind::Qemu, true, true, Some(&vm), marker());
+        let o = restore_options(GuestKind::Qemu, true, true, Some(&vm), marker(), None);
         assert_eq!(
             &opts(&o)[..2],
             [("net1", "e1000,link_down=1"), ("onboot", "0")]
         );
         let none = StoredConfig::parse("scsi0: x\n");
-        let o = restore_options(GuestKind::Qemu, true, true, Some(&none), marker());
+        let o = restore_options(GuestKind::Qemu, true, true, Some(&none), marker(), None);
         assert!(o.iter().all(|(k, _)| !is_net_key(k)), "{o:?}");
+    }
+
+    #[test]
+    fn a_vm_copy_with_a_lab_bridge_keeps_its_stored_models_and_macs_on_that_bridge_only() {
+        let vm = StoredConfig::parse(
+            "net0: virtio=BC:24:11:00:03:00,bridge=vmbr0,firewall=1\n\
+             net1: e1000=BC:24:11:00:03:01,bridge=vmbr1,tag=20,rate=10\n\
+             net2: model=rtl8139,macaddr=01:00:5E:00:00:01,bridge=vmbr2,trunks=10;20\nscsi0: x\n",
+        );
+        let o = restore_options(
+            GuestKind::Qemu,
+            true,
+            true,
+            Some(&vm),
+            marker(),
+            Some("vmbr9"),
+        );
+        assert_eq!(
+            &opts(&o)[..3],
+            [
+                ("net0", "virtio=BC:24:11:00:03:00,bridge=vmbr9"),
+                ("net1", "e1000=BC:24:11:00:03:01,bridge=vmbr9"),
+                // A multicast MAC is no MAC PVE takes: a fresh one is given.
+                ("net2", "rtl8139,bridge=vmbr9"),
+            ]
+        );
+        // A container ignores it: its lab gives interfaces from inside.
+        let ct = StoredConfig::parse(STORED_CT);
+        let o = restore_options(
+            GuestKind::Lxc,
+            true,
+            true,
+            Some(&ct),
+            marker(),
+            Some("vmbr9"),
+        );
+        assert_eq!(opts(&o)[0], ("net0", "name=eth0,link_down=1"));
+        // Not isolated: the stored NICs stay, whatever the key says.
+        let o = restore_options(
+            GuestKind::Qemu,
+            false,
+            false,
+            Some(&vm),
+            marker(),
+            Some("vmbr9"),
+        );
+        assert!(o.iter().all(|(k, _)| !is_net_key(k)), "{o:?}");
+
+        // The start check: on the lab bridge, untagged, passes; on another bridge, tagged, or
+        // bridge-less (user-mode networking) is refused, naming the NIC and the lab bridge.
+        let cfg = |pairs: &[(&str, &str)]| -> GuestConfig {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::from(*v)))
+                .collect()
+        };
+        let lab = cfg(&[
+            ("net0", "virtio=BC:24:11:00:03:00,bridge=vmbr9"),
+            ("net1", "e1000=BC:24:11:00:03:01,bridge=vmbr9,link_down=1"),
+        ]);
+        assert_eq!(
+            start_refusal(GuestKind::Qemu, true, &lab, Some("vmbr9")),
+            None
+        );
+        assert!(start_refusal(GuestKind::Qemu, true, &lab, None).is_some());
+        for bad in [
+            "virtio=BC:24:11:00:03:00,bridge=vmbr0",
+            "virtio=BC:24:11:00:03:00,bridge=vmbr9,tag=20",
+            "virtio=BC:24:11:00:03:00,bridge=vmbr9,trunks=10",
+            "virtio=BC:24:11:00:03:00",
+        ] {
+            let why = start_refusal(GuestKind::Qemu, true, &cfg(&[("net0", bad)]), Some("vmbr9"))
+                .unwrap_or_else(|| panic!("{bad} started"));
+            assert!(
+                why.contains("net0") && why.contains("lab bridge vmbr9"),
+                "{why}"
+            );
+        }
+        // The marker write deletes what is off the lab bridge, and only that.
+        let mixed = cfg(&[
+            ("net0", "virtio=BC:24:11:00:03:00,bridge=vmbr9"),
+            ("net1", "virtio=BC:24:11:00:03:01,bridge=vmbr0"),
+            ("net10", "virtio,link_down=1"),
+        ]);
+        assert_eq!(nics_off_the_lab(&mixed, Some("vmbr9")), ["net1", "net10"]);
+        assert_eq!(nics_off_the_lab(&mixed, None), ["net0", "net1", "net10"]);
     }
 
     #[test]
@@ -1693,7 +1831,14 @@ mod tests {
         // restore of every isolated one sends both off, selftest or hub provision.
         let stored = StoredConfig::parse(STORED_CT);
         for selftest in [true, false] {
-            let o = restore_options(GuestKind::Lxc, true, selftest, Some(&stored), marker());
+            let o = restore_options(
+                GuestKind::Lxc,
+                true,
+                selftest,
+                Some(&stored),
+                marker(),
+                None,
+            );
             let o = opts(&o);
             assert!(
                 o.contains(&("onboot", "0")) && o.contains(&("protection", "0")),
@@ -1705,11 +1850,11 @@ mod tests {
     #[test]
     fn a_customer_provision_sends_only_the_description() {
         let stored = StoredConfig::parse(STORED_CT);
-        let o = restore_options(GuestKind::Lxc, false, false, Some(&stored), marker());
+        let o = restore_options(GuestKind::Lxc, false, false, Some(&stored), marker(), None);
         assert_eq!(o.len(), 1);
         assert_eq!(o[0].0, "description");
         assert!(o[0].1.ends_with("customer notes"));
-        let o = restore_options(GuestKind::Lxc, false, false, None, marker());
+        let o = restore_options(GuestKind::Lxc, false, false, None, marker(), None);
         assert_eq!(
             opts(&o),
             [("description", marker().description_line().as_str())]
@@ -1725,7 +1870,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            start_refusal(GuestKind::Qemu, true, &cfg(&[("scsi0", "x")])),
+            start_refusal(GuestKind::Qemu, true, &cfg(&[("scsi0", "x")]), None),
             None
         );
         for (key, value) in [
@@ -1740,7 +1885,7 @@ mod tests {
             ("vmstate", "local:vm-100-state-x"),
             ("template", "1"),
         ] {
-            let why = start_refusal(GuestKind::Qemu, true, &cfg(&[(key, value)]));
+            let why = start_refusal(GuestKind::Qemu, true, &cfg(&[(key, value)]), None);
             assert!(
                 why.as_deref()
                     .is_some_and(|w| w.contains(key) || w.contains("template")),
@@ -1754,7 +1899,7 @@ mod tests {
             ("ivshmem", "size=32"),
         ] {
             assert_eq!(
-                start_refusal(GuestKind::Qemu, true, &cfg(&[(key, value)])),
+                start_refusal(GuestKind::Qemu, true, &cfg(&[(key, value)]), None),
                 None,
                 "{key}"
             );
@@ -1764,6 +1909,7 @@ mod tests {
             GuestKind::Lxc,
             true,
             &cfg(&[("net0", "name=eth0,link_down=1")]),
+            None,
         );
         assert!(why.is_some_and(|w| w.contains("net0")));
     }
@@ -1777,26 +1923,26 @@ mod tests {
                 .collect()
         };
         let ok = cfg(&[("hostname", Value::from("ct")), ("onboot", Value::from(0))]);
-        assert_eq!(start_refusal(GuestKind::Lxc, true, &ok), None);
+        assert_eq!(start_refusal(GuestKind::Lxc, true, &ok, None), None);
         let bridged = cfg(&[
             ("net0", Value::from("name=eth0,link_down=1")),
             ("net1", Value::from("name=eth1,bridge=vmbr0,ip=10.1.2.3/24")),
             ("onboot", Value::from(1)),
         ]);
-        let why = start_refusal(GuestKind::Lxc, true, &bridged).expect("refused");
+        let why = start_refusal(GuestKind::Lxc, true, &bridged, None).expect("refused");
         assert!(
             why.contains("net1 (bridge=vmbr0)") && why.contains("onboot"),
             "{why}"
         );
         // A VM NIC without a bridge is user-mode networking.
         let slirp = cfg(&[("net0", Value::from("virtio=BC:24:11:00:00:01"))]);
-        assert!(start_refusal(GuestKind::Qemu, true, &slirp).is_some());
+        assert!(start_refusal(GuestKind::Qemu, true, &slirp, None).is_some());
         // Not isolated (a selftest provision): NICs do not count, protection does.
         let protected = cfg(&[
             ("net0", Value::from("name=eth0,bridge=vmbr0")),
             ("protection", Value::from(1)),
         ]);
-        let why = start_refusal(GuestKind::Lxc, false, &protected).expect("refused");
+        let why = start_refusal(GuestKind::Lxc, false, &protected, None).expect("refused");
         assert_eq!(why, "protection is set");
     }
 

@@ -59,6 +59,22 @@ pub enum LockError {
         /// Who holds it, if the file says.
         holder: Option<Holder>,
     },
+    /// Another process runs an isolated VM copy on the lab bridge.
+    #[error(
+        "the lab bridge {bridge} is in use: another agent process{} runs an isolated VM copy on \
+         it (lock {path}); VM copies on one lab bridge run one at a time (they would reach each \
+         other there), so nothing was written; run this again once that one has ended (see \
+         `felhom-agent journal`)",
+        holder_text(.holder)
+    )]
+    BridgeHeld {
+        /// The bridge.
+        bridge: String,
+        /// The lock file.
+        path: PathBuf,
+        /// Who holds it, if the file says.
+        holder: Option<Holder>,
+    },
     /// The lock folder could not be created.
     #[error(
         "cannot create the lock folder {path}: {source}; check that the state dir exists and is \
@@ -87,7 +103,7 @@ impl LockError {
     /// broken state dir is an environment problem.
     pub fn code(&self) -> ErrorCode {
         match self {
-            LockError::Held { .. } => ErrorCode::VmidInUse,
+            LockError::Held { .. } | LockError::BridgeHeld { .. } => ErrorCode::VmidInUse,
             LockError::CreateDir { .. } | LockError::Io { .. } => ErrorCode::ConfigInvalid,
         }
     }
@@ -106,6 +122,16 @@ impl VmidLock {
     /// `txn`) as the holder. Refused with [`LockError::Held`] if another open file holds it,
     /// in this process or another.
     pub fn try_acquire(state_dir: &Path, vmid: u32, txn: Option<Ulid>) -> Result<Self, LockError> {
+        Self::acquire_at(state_dir, vmid, lock_path(state_dir, vmid), txn)
+    }
+
+    /// [`VmidLock::try_acquire`] of the lock file `path` under `state_dir`'s lock folder.
+    fn acquire_at(
+        state_dir: &Path,
+        vmid: u32,
+        path: PathBuf,
+        txn: Option<Ulid>,
+    ) -> Result<Self, LockError> {
         let dir = state_dir.join(LOCK_DIR);
         if !dir.is_dir() {
             fs::DirBuilder::new()
@@ -117,7 +143,6 @@ impl VmidLock {
                     source,
                 })?;
         }
-        let path = lock_path(state_dir, vmid);
         let io = |source| LockError::Io {
             vmid,
             path: path.clone(),
@@ -164,6 +189,37 @@ impl VmidLock {
     }
 }
 
+/// A held lab bridge lock (`<state_dir>/locks/lab-bridge-<bridge>.lock`): one isolated VM
+/// copy at a time on `[restore_test] lab_bridge`, whose ports all reach each other. Dropping
+/// it (or the holder's death) releases it.
+#[derive(Debug)]
+pub struct LabBridgeLock {
+    _lock: VmidLock,
+}
+
+impl LabBridgeLock {
+    /// Take the lock of lab bridge `bridge` without waiting, as [`VmidLock::try_acquire`] does
+    /// a vmid's. `bridge` is a checked bridge name (`config::valid_lab_bridge`).
+    pub fn try_acquire(
+        state_dir: &Path,
+        bridge: &str,
+        txn: Option<Ulid>,
+    ) -> Result<Self, LockError> {
+        let path = state_dir
+            .join(LOCK_DIR)
+            .join(format!("lab-bridge-{bridge}.lock"));
+        match VmidLock::acquire_at(state_dir, 0, path, txn) {
+            Ok(lock) => Ok(LabBridgeLock { _lock: lock }),
+            Err(LockError::Held { path, holder, .. }) => Err(LockError::BridgeHeld {
+                bridge: bridge.to_string(),
+                path,
+                holder,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// The lock file of `vmid` under `state_dir`.
 pub fn lock_path(state_dir: &Path, vmid: u32) -> PathBuf {
     state_dir.join(LOCK_DIR).join(format!("vmid-{vmid}.lock"))
@@ -204,6 +260,27 @@ fn parse_holder(text: &str) -> Option<Holder> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn one_isolated_vm_copy_at_a_time_holds_the_lab_bridge() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let first = LabBridgeLock::try_acquire(dir.path(), "vmbr9", None).expect("free");
+        let err = LabBridgeLock::try_acquire(dir.path(), "vmbr9", None).expect_err("held");
+        assert_eq!(err.code(), ErrorCode::VmidInUse);
+        let text = err.to_string();
+        assert!(
+            text.contains("lab bridge vmbr9 is in use")
+                && text.contains(&format!("pid {}", std::process::id()))
+                && text.contains("lab-bridge-vmbr9.lock"),
+            "{text}"
+        );
+        // Another bridge, and the vmids, are locks of their own.
+        let _other = LabBridgeLock::try_acquire(dir.path(), "vmbr8", None).expect("free");
+        let _vmid = VmidLock::try_acquire(dir.path(), 990_000, None).expect("free");
+        drop(first);
+        LabBridgeLock::try_acquire(dir.path(), "vmbr9", None).expect("released");
+    }
+
     use super::*;
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};

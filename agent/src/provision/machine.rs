@@ -1315,9 +1315,35 @@ impl State {
         Effect::Journal(Box::new(self.clone()))
     }
 
-    /// `view` judged against the marker and, once recorded, the birth identity.
+    /// The part of `id` that PVE generated for this transaction's guest: an isolated VM copy's
+    /// NICs carry no fresh MAC (with `[restore_test] lab_bridge` they carry the stored ones,
+    /// which every restore of the backup repeats; without, the marker write removed them), so
+    /// only its `vmgenid` and `smbios1` uuid count.
+    fn birth_part(&self, id: &BirthIdentity) -> BirthIdentity {
+        if self.request.isolate_network && self.guest() == GuestKind::Qemu {
+            BirthIdentity {
+                nics: Default::default(),
+                ..id.clone()
+            }
+        } else {
+            id.clone()
+        }
+    }
+
+    /// `view` judged against the marker and, once recorded, the birth identity. A VM whose
+    /// recorded identity holds no NIC (an isolated copy's, [`State::birth_part`], also when a
+    /// later `destroy -vmid` judges it) is judged without the NICs seen now.
     fn seen<'a>(&self, view: &'a GuestView) -> Seen<'a> {
-        match (view.judge(&self.marker), &self.identity, view.identity()) {
+        let now = view.identity().map(|id| match &self.identity {
+            Some(recorded) if recorded.nics.is_empty() && self.guest() == GuestKind::Qemu => {
+                BirthIdentity {
+                    nics: Default::default(),
+                    ..id.clone()
+                }
+            }
+            _ => id.clone(),
+        });
+        match (view.judge(&self.marker), &self.identity, now.as_ref()) {
             (Seen::Ours { lock }, Some(recorded), Some(now)) => match recorded.differences(now) {
                 None => Seen::Ours { lock },
                 Some(differs) => Seen::Copy { differs },
@@ -1718,7 +1744,7 @@ impl State {
     fn arm(&mut self, vmid: u32, view: &GuestView) -> Vec<Effect> {
         self.marker_confirmed = true;
         if self.identity.is_none() {
-            self.identity = view.identity().cloned();
+            self.identity = view.identity().map(|id| self.birth_part(id));
         }
         self.destroy_armed = self.task_ok && self.upid.is_some() && self.identity.is_some();
         if !self.destroy_armed {

@@ -527,6 +527,19 @@ impl PveClient {
         Ok(v.into_iter().find(|p| p.poolid == poolid))
     }
 
+    /// The node's bridges the token may see (`SDN.Audit` or `SDN.Use` on each), as PVE lists
+    /// them: one JSON object per bridge (`iface`, `type`, `bridge_ports`, `active`, `method`,
+    /// `address`, `cidr`, `method6`, `address6`, `cidr6`, `options`, `options6`, …), at most
+    /// [`MAX_BRIDGES`] of them.
+    pub async fn node_bridges(&self, node: &str) -> Result<Vec<Value>, PveError> {
+        let rows: Vec<Value> = self.call_as(&build::node_bridges(node)).await?;
+        Ok(rows
+            .into_iter()
+            .filter(Value::is_object)
+            .take(MAX_BRIDGES)
+            .collect())
+    }
+
     async fn call_upid(&self, req: &ApiRequest) -> Result<Upid, PveError> {
         let v = self.call(req).await?;
         let s = v.as_str().ok_or_else(|| PveError::Decode {
@@ -542,6 +555,9 @@ impl PveClient {
             })
     }
 }
+
+/// The most bridges [`PveClient::node_bridges`] keeps (a node's answer is outside input).
+pub const MAX_BRIDGES: usize = 4096;
 
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts = vec![e.to_string()];

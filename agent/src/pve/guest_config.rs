@@ -100,6 +100,21 @@ pub struct Nic {
     pub trunks: Option<String>,
     /// `link_down=1`: disconnected, as if the cable were pulled.
     pub link_down: bool,
+    /// The MAC address (a VM's `<model>=<mac>` or `macaddr=`, a container's `hwaddr=`), when
+    /// it is a well-formed one.
+    pub mac: Option<String>,
+}
+
+/// Whether `mac` is a MAC address as PVE writes one (`BC:24:11:00:00:01`: six pairs of hex
+/// digits separated by colons) and unicast (qemu-server's `pve-macaddr` format refuses a
+/// multicast one: the low bit of the first octet).
+pub fn valid_mac(mac: &str) -> bool {
+    let parts: Vec<&str> = mac.split(':').collect();
+    parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
+        && u8::from_str_radix(parts[0], 16).is_ok_and(|b| b & 1 == 0)
 }
 
 /// The models of a VM NIC that PVE knows (qemu-server `PVE/QemuServer/Network.pm`
@@ -132,9 +147,17 @@ impl Nic {
             tag: None,
             trunks: None,
             link_down: false,
+            mac: None,
         };
         for (k, v) in property_items(value) {
             match (k.as_str(), v) {
+                ("macaddr" | "hwaddr", Some(v)) if valid_mac(&v) => nic.mac = Some(v),
+                (m, Some(v)) if kind == GuestKind::Qemu && QEMU_NIC_MODELS.contains(&m) => {
+                    nic.model = Some(m.to_string());
+                    if valid_mac(&v) {
+                        nic.mac = Some(v);
+                    }
+                }
                 ("name", Some(v)) => nic.name = Some(v),
                 ("model", Some(v)) => nic.model = Some(v),
                 ("bridge", Some(v)) if !v.is_empty() => nic.bridge = Some(v),
@@ -190,6 +213,30 @@ impl Nic {
                 format!("{model},link_down=1")
             }
         }
+    }
+
+    /// The value of this VM NIC on the lab bridge `bridge` (`[restore_test] lab_bridge`): its
+    /// stored model and MAC (the guest's own network config, netplan's and NetworkManager's
+    /// included, matches its NIC by MAC or by the name the model and slot give it), on that
+    /// bridge, and nothing else: no VLAN tag or trunks (the lab bridge carries none), no
+    /// firewall (it would put a firewall bridge between), no rate or MTU. A MAC that is not
+    /// well-formed is left out (PVE then gives a fresh one: qemu-server `add_random_macs`).
+    pub fn lab_value(&self, bridge: &str) -> String {
+        let model = self
+            .model
+            .as_deref()
+            .filter(|m| QEMU_NIC_MODELS.contains(m))
+            .unwrap_or("virtio");
+        match &self.mac {
+            Some(mac) => format!("{model}={mac},bridge={bridge}"),
+            None => format!("{model},bridge={bridge}"),
+        }
+    }
+
+    /// Whether this VM NIC is on the lab bridge `bridge` as [`Nic::lab_value`] puts it there:
+    /// that bridge, no VLAN tag or trunks, link up or down.
+    pub fn is_on_lab_bridge(&self, bridge: &str) -> bool {
+        self.bridge.as_deref() == Some(bridge) && self.tag.is_none() && self.trunks.is_none()
     }
 
     /// `net0 (bridge=vmbr0,tag=10)` for messages.

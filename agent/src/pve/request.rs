@@ -410,6 +410,13 @@ pub mod build {
     pub fn pool(poolid: &str) -> ApiRequest {
         ApiRequest::get(&["pools"]).param("poolid", poolid)
     }
+
+    /// `GET /nodes/{node}/network?type=any_bridge`: the node's bridges as
+    /// `/etc/network/interfaces` configures them (pve-manager `PVE/API2/Network.pm` `index`),
+    /// only those the caller holds SDN.Audit or SDN.Use on.
+    pub fn node_bridges(node: &str) -> ApiRequest {
+        ApiRequest::get(&["nodes", node, "network"]).param("type", "any_bridge")
+    }
 }
 
 #[cfg(test)]

@@ -645,6 +645,7 @@ pub async fn provision(
     if !req.dry_run {
         refuse_while_open(&prepared.journal, vmid_num, txn)?;
     }
+    let _lab = lab_bridge_lock(cfg, guest, req.isolates_network(kind) && !req.dry_run, txn)?;
     let request = Request {
         txn,
         kind,
@@ -857,5 +858,24 @@ pub fn error_info(f: &Failure) -> ErrorInfo {
     ErrorInfo {
         code: f.code,
         message: f.message.clone(),
+    }
+}
+
+/// The lab bridge's lock for a new isolated VM copy that goes onto `[restore_test]
+/// lab_bridge` (`isolated_copy`: isolated, not a dry run): one at a time there, since the
+/// copies' NICs would reach each other. `None` for anything else.
+pub(crate) fn lab_bridge_lock(
+    cfg: &Config,
+    guest: GuestKind,
+    isolated_copy: bool,
+    txn: ulid::Ulid,
+) -> Result<Option<crate::provision::LabBridgeLock>, Failure> {
+    match (guest, cfg.restore_test.lab_bridge.as_deref(), isolated_copy) {
+        (GuestKind::Qemu, Some(bridge), true) => {
+            crate::provision::LabBridgeLock::try_acquire(&cfg.state_dir, bridge, Some(txn))
+                .map(Some)
+                .map_err(|e| Failure::new(e.code(), e.to_string()))
+        }
+        _ => Ok(None),
     }
 }

@@ -3,7 +3,8 @@
 //! One run picks one backup (the newest backup of each pool guest, in a rotation remembered in
 //! the state dir, or the configured `restore_test.sources`), picks the first vmid of the
 //! restore-test band 990000..=990009 that is free in the FULL guest list (walking around any
-//! foreign guest parked there), restores it with new MACs and its network isolated, starts it,
+//! foreign guest parked there), restores it with its network isolated (a container with new
+//! MACs; a VM's NICs with their stored MACs on `[restore_test] lab_bridge`, or none), starts it,
 //! proves the launch, runs the restore-test checks, reports, and destroys the copy through the
 //! ownership gate. A full band skips the run (reported, exit 0). Metrics for node_exporter's
 //! textfile collector are written atomically after every run.
@@ -430,6 +431,7 @@ async fn run_txn(
         ),
         _ => None,
     };
+    let _lab = super::lab_bridge_lock(cfg, guest, picked.is_some() && !dry_run, txn)?;
     let mut exec = Executor::new(
         cfg,
         pve,

@@ -911,3 +911,116 @@ fn a_networking_service_failed_during_the_boot_is_restarted_once_from_the_wait()
         assert!(!log.contains("restart"), "{state} {env:?}: {log}");
     }
 }
+
+#[test]
+fn a_vm_copy_on_the_lab_bridge_settles_without_restarts_and_its_report_reads_only_known_words() {
+    let macs = vec![
+        "BC:24:11:00:03:00".to_string(),
+        "BC:24:11:00:03:01".to_string(),
+    ];
+    let lab = VmLabRequest {
+        macs: &macs,
+        on_bridge: true,
+    };
+    let plan = vm_boot_plan(&lab, 2);
+    // Nothing before the wait: QEMU made the devices; after it, the VM step and the settle
+    // step with the restarts turned off, the MACs as Linux prints them.
+    assert!(plan.before.is_none() && plan.tick.is_none());
+    let after = plan.after.as_deref().expect("after");
+    assert!(
+        after.starts_with(VM_NICS) && after.ends_with(SETTLE),
+        "{after}"
+    );
+    assert!(plan.env.contains(&("FELHOM_LAB_VM", "1".to_string())));
+    assert!(plan.env.contains(&(
+        "FELHOM_LAB_MACS",
+        "bc:24:11:00:03:00 bc:24:11:00:03:01".to_string()
+    )));
+    let trip = BootTrip {
+        first: Ok("running".to_string()),
+        before: Vec::new(),
+        tick: Vec::new(),
+        after: Some((
+            [
+                "nic bc:24:11:00:03:00 ens18",
+                "nic 02:00:00:00:00:01 evil0",
+                "dhcp ens18",
+                "hotplug-dhcp-reset ifup@ens18.service ens18",
+                "dhcp-reset networking.service",
+                "restarted shop.service active",
+                "unjudged shop.service",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            Ok("running".to_string()),
+        )),
+    };
+    let text = read_vm_trip(&lab, &trip).settled.join("; ");
+    assert!(
+        text.contains("in the copy, ens18 is bc:24:11:00:03:00"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("evil0"),
+        "a MAC not stored is not named: {text}"
+    );
+    assert!(
+        text.contains("ifup@ens18.service failed for the DHCP stanza of ens18")
+            && text.contains("networking.service failed for the DHCP stanza of ens18"),
+        "{text}"
+    );
+    // The words of the container lab's restarts and of a NIC-less copy are no words here
+    // unless that step printed them; the reader names what it read.
+    assert!(text.contains("restarted shop.service"), "{text}");
+    assert!(text.contains("cannot be judged"), "{text}");
+
+    // No lab bridge: the copy has no NIC; the after-step only names what it cannot judge.
+    let nicless = VmLabRequest {
+        macs: &macs,
+        on_bridge: false,
+    };
+    let plan = vm_boot_plan(&nicless, 2);
+    assert_eq!(plan.after.as_deref(), Some(VM_NICLESS));
+    assert!(plan.env.is_empty());
+    assert!(vm_boot_plan(&nicless, 0).after.is_none());
+}
+
+#[test]
+fn the_vm_nicless_step_names_the_network_units_and_those_ordered_after_the_network() {
+    // The script itself, with a systemctl stand-in: failed units and their After=.
+    let dir = tempfile::tempdir().expect("tmp");
+    let bin = dir.path();
+    std::fs::write(
+        bin.join("systemctl"),
+        "#!/bin/sh\ncase \"$1\" in\n\
+         list-units) printf '%s\\n' 'networking.service loaded failed failed x' \
+         'shop.service loaded failed failed x' 'cron.service loaded failed failed x' \
+         'ifup@ens18.service loaded failed failed x';;\n\
+         show) case \"$5\" in shop.service) echo 'basic.target network-online.target';; \
+         *) echo 'basic.target';; esac;;\nesac\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(
+        bin.join("systemctl"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let out = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(VM_NICLESS)
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .output()
+        .expect("sh");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "unjudged networking.service",
+            "unjudged shop.service",
+            "unjudged ifup@ens18.service"
+        ],
+        "{text}"
+    );
+}

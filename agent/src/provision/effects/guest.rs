@@ -212,12 +212,15 @@ impl Executor<'_> {
             },
         };
         let ctx = CheckContext::new()
-            .with("hostname", hostname)
+            .with("hostname", hostname.clone())
             .with("vmid", vmid.to_string())
             .with("node", self.cfg.node.clone())
             .with("txn", txn.to_string());
         let exec = self.exec_for(vmid, guest, txn);
         self.checks = run_checks(&exec, &checks, &ctx, &CheckSettings::default()).await;
+        if guest == GuestKind::Qemu {
+            crate::guest::checks::vm_hostname_unjudged(&checks, &mut self.checks, &hostname);
+        }
         let bad: Vec<String> = self
             .checks
             .iter()

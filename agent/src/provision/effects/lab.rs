@@ -1,5 +1,7 @@
 //! The lab's part of the executor: what an isolated container copy is given before its boot
-//! wait, and what is settled after it (`crate::guest::lab` runs both steps in the guest).
+//! wait, and what is settled after it (`crate::guest::lab` runs both steps in the guest); for
+//! an isolated VM copy, what is settled after its boot (its NICs are on the lab bridge from
+//! QEMU's start, or it has none).
 
 use super::{Executor, State, StoredConfig, TxnKind};
 use crate::guest::lab::LabRequest;
@@ -18,6 +20,45 @@ pub(super) struct Lab {
     own_copy: bool,
     /// Why nothing could be given (the stored config could not be read).
     unread: Option<String>,
+    /// An isolated VM copy's lab.
+    vm: Option<VmLab>,
+}
+
+/// The lab of an isolated VM copy.
+#[derive(Debug, Default)]
+struct VmLab {
+    /// The stored NICs' MACs (those well-formed).
+    macs: Vec<String>,
+    /// The lab bridge its NICs were restored onto; `None`: it started with no NIC.
+    bridge: Option<String>,
+    /// The stored NICs, described (`net0 (bridge=vmbr0)`).
+    stored: Vec<String>,
+}
+
+impl VmLab {
+    fn request(&self) -> crate::guest::lab::VmLabRequest<'_> {
+        crate::guest::lab::VmLabRequest {
+            macs: &self.macs,
+            on_bridge: self.bridge.is_some(),
+        }
+    }
+
+    /// What the report says of the NICs, before what the after-step did.
+    fn given(&self) -> Option<String> {
+        if self.stored.is_empty() {
+            return None;
+        }
+        Some(match &self.bridge {
+            Some(bridge) => format!(
+                "the stored NIC(s) {} restored onto the lab bridge {bridge} (no ports, no node address: nothing answers there, no DHCP) with their stored models and MACs, off their stored bridges (one VM copy at a time on it)",
+                self.stored.join(", ")
+            ),
+            None => format!(
+                "started with no NIC: the stored NIC(s) {} were removed ([restore_test] lab_bridge is not set)",
+                self.stored.join(", ")
+            ),
+        })
+    }
 }
 
 impl Lab {
@@ -32,7 +73,10 @@ impl Lab {
 
     /// What the boot wait's exec runs beside the wait for this copy.
     pub(super) fn plan(&self) -> crate::guest::boot::BootPlan {
-        crate::guest::lab::boot_plan(&self.request(), dhcp6_give_up())
+        match &self.vm {
+            Some(vm) => crate::guest::lab::vm_boot_plan(&vm.request(), vm.stored.len()),
+            None => crate::guest::lab::boot_plan(&self.request(), dhcp6_give_up()),
+        }
     }
 }
 
@@ -66,8 +110,11 @@ impl Executor<'_> {
     /// isolated container.
     pub(super) async fn lab_for(&mut self, state: &State, guest: GuestKind) -> Option<Lab> {
         let req = state.request();
-        if !req.isolate_network || guest != GuestKind::Lxc {
+        if !req.isolate_network {
             return None;
+        }
+        if guest == GuestKind::Qemu {
+            return Some(self.vm_lab_for(state).await);
         }
         let mut lab = Lab {
             // The agent's own throwaway copies (a restore test's, a selftest's), never a
@@ -117,6 +164,39 @@ impl Executor<'_> {
         Some(lab)
     }
 
+    /// The lab of an isolated VM copy: its stored NICs (read from the stored config) and the
+    /// lab bridge they were restored onto.
+    async fn vm_lab_for(&mut self, state: &State) -> Lab {
+        let req = state.request();
+        let mut vm = VmLab {
+            bridge: self.lab_bridge(GuestKind::Qemu).map(str::to_string),
+            ..VmLab::default()
+        };
+        let mut lab = Lab::default();
+        match self
+            .stored_config_text(&self.cfg.node.clone(), &req.volid)
+            .await
+        {
+            Ok(text) => {
+                let stored = StoredConfig::parse(&text);
+                for nic in stored.nics(GuestKind::Qemu) {
+                    vm.stored.push(nic.describe());
+                    if let Some(mac) = nic.mac {
+                        vm.macs.push(mac);
+                    }
+                }
+            }
+            Err(e) => {
+                lab.unread = Some(format!(
+                    "the stored config of {} could not be read ({e}): the copy's NICs are not named",
+                    req.volid
+                ));
+            }
+        }
+        lab.vm = Some(vm);
+        lab
+    }
+
     /// The boot of an isolated container copy as the boot trip saw it, with what its lab did:
     /// given before the wait, the DHCPv6 clients stopped during it, and what was reset and
     /// restarted after it (then the second wait is the one that counts: the boot as first seen
@@ -127,8 +207,17 @@ impl Executor<'_> {
         lab: &Lab,
         trip: crate::guest::boot::BootTrip,
     ) -> Result<String, String> {
-        let done = crate::guest::lab::read_trip(&lab.request(), &trip);
-        let mut parts: Vec<String> = lab.unread.clone().into_iter().collect();
+        let (done, mut parts) = match &lab.vm {
+            Some(vm) => (
+                crate::guest::lab::read_vm_trip(&vm.request(), &trip),
+                vm.given().into_iter().collect(),
+            ),
+            None => (
+                crate::guest::lab::read_trip(&lab.request(), &trip),
+                Vec::new(),
+            ),
+        };
+        parts.extend(lab.unread.clone());
         parts.extend(done.given.iter().cloned());
         if !done.given.is_empty() {
             tracing::info!(vmid, "isolation: {}", done.given.join("; "));

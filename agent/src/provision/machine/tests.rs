@@ -2700,3 +2700,50 @@ fn a_resumed_launch_proof_starts_again_first() {
     assert_eq!(names(&effects), ["journal", "prove_launch"]);
     assert_eq!(s.phase(), Phase::Started);
 }
+
+#[test]
+fn an_isolated_vm_copy_proves_itself_by_vmgenid_and_uuid_never_by_its_stored_macs() {
+    // A VM copy on the lab bridge keeps its stored MACs, which every restore of the backup
+    // repeats: its birth identity is its fresh vmgenid and smbios1 uuid alone.
+    // Kept (`--keep --network=isolated`), so a later `destroy -vmid` takes it as its origin.
+    let mut req = request(GuestKind::Qemu, true, false);
+    req.isolate_network = true;
+    let s = drive(State::new(req), Step::VerifyMarker);
+    let fresh = |vmgenid: &str| {
+        let mut id = born();
+        id.vmgenid = Some(vmgenid.to_string());
+        id.smbios_uuid = Some("5e1f0000-0000-4000-8000-000000000001".to_string());
+        id
+    };
+    let view = |id: BirthIdentity| GuestView::Present {
+        tags: s.marker().tags().join(";"),
+        description: format!("customer notes\n{}", s.marker().description_line()),
+        lock: None,
+        identity: id,
+    };
+    let (armed, _) = apply(&s, Event::GuestObserved(view(fresh("aaaa"))));
+    let recorded = armed.identity().expect("recorded").clone();
+    assert!(recorded.nics.is_empty(), "{recorded:?}");
+    assert_eq!(recorded.vmgenid.as_deref(), Some("aaaa"));
+    assert!(armed.destroy_armed());
+    // Seen again with the same MACs and the same fresh values: ours; with the stored MACs but
+    // another vmgenid (another restore of the same backup): a copy, never destroyed.
+    assert!(armed.shows_proof(&view(fresh("aaaa"))));
+    assert!(!armed.shows_proof(&view(fresh("bbbb"))));
+    // A later `destroy -vmid` judges it the same way.
+    let settled = drive(armed, Step::Done);
+    assert!(
+        settled.destroy_armed() && !settled.destroyed(),
+        "{settled:?}"
+    );
+    let (d, _) = State::for_destroy(other_txn(), VMID, GuestKind::Qemu, Some(&settled));
+    assert!(d.shows_proof(&view(fresh("aaaa"))));
+    assert!(!d.shows_proof(&view(fresh("bbbb"))));
+    // A container's NICs still count: its MACs are fresh (`unique`).
+    let lxc = drive(
+        State::new(request(GuestKind::Lxc, false, false)),
+        Step::VerifyMarker,
+    );
+    let (armed, _) = apply(&lxc, Event::GuestObserved(ours(&lxc.marker())));
+    assert_eq!(armed.identity(), Some(&born()));
+}
