@@ -1093,7 +1093,7 @@ impl<'a> Executor<'a> {
         vmid: u32,
         guest: GuestKind,
     ) -> Result<(GuestView, Option<GuestConfig>), String> {
-        let list = match crate::exec_helper::client::full_guest_list(&self.cfg) {
+        let list = match crate::exec_helper::client::full_guest_list(self.cfg) {
             Ok(l) => l,
             Err(e) => {
                 return Ok((
