@@ -429,10 +429,9 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
 /// `[restore_test] sources` entry as an isolated copy; and the cluster's tag policy for the
 /// marker.
 async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
-    use crate::preflight::restorable::{backup_checks, tags_check, ClusterFiles, Held};
+    use crate::preflight::restorable::{backup_checks, tags_check, Held};
     use crate::preflight::CheckVerdict;
-    let pve_dir = cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve"));
-    let files = ClusterFiles::read(&cfg.datacenter_cfg, pve_dir);
+    let files = crate::preflight::read_cluster_files(cfg);
     let token = &cfg.pve.token_id;
     let mut sources: Vec<(&'static str, &str, bool)> = Vec::new();
     if let Some(src) = &cfg.provision.selftest_source {
@@ -622,11 +621,12 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
     };
     let all: Vec<&(Vec<&str>, String)> = missing.iter().collect();
     // The token holds what PVE computes; for a privilege-separated token (PVE's default) that is
-    // what both it and its user are granted. user.cfg, beside .vmlist in /etc/pve, tells which
-    // of the two lacks the grant.
-    let user_cfg = cfg.vmlist_path.with_file_name("user.cfg");
-    let message = match std::fs::read_to_string(&user_cfg).map(|t| UserCfg::parse(&t)) {
-        Ok(acl) if acl.privsep(token) => {
+    // what both it and its user are granted. user.cfg (`user_cfg_path`, handed over by the
+    // exec helper in its mode) tells which of the two lacks the grant.
+    let user_cfg =
+        crate::exec_helper::client::node_file(cfg, crate::exec_helper::proto::ClusterFile::UserCfg);
+    let message = match user_cfg.map(|t| t.map(|t| UserCfg::parse(&t))) {
+        Ok(Some(acl)) if acl.privsep(token) => {
             let lacks = |who: &str| -> Vec<&(Vec<&str>, String)> {
                 missing
                     .iter()
@@ -1474,16 +1474,15 @@ fn check_node_keys(cfg: &Config, r: &mut DoctorReport) {
 fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
     check_vmlist(cfg, r);
     check_node_keys(cfg, r);
-    let dc_text = match std::fs::read_to_string(&cfg.datacenter_cfg) {
-        Ok(t) => Some(t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(String::new()),
+    let dc_text = match crate::exec_helper::client::node_file(
+        cfg,
+        crate::exec_helper::proto::ClusterFile::DatacenterCfg,
+    ) {
+        Ok(t) => Some(t.unwrap_or_default()),
         Err(e) => {
             r.warn(
                 "next_id",
-                format!(
-                    "cannot read {} ({e}); the next-id range was not checked",
-                    cfg.datacenter_cfg.display()
-                ),
+                format!("cannot read {e}; the next-id range was not checked"),
             );
             None
         }

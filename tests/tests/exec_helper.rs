@@ -1568,7 +1568,8 @@ fn read_vmlist_request() -> Value {
 /// `.vmlist` through the real helper: a caller gets the bytes of the file the helper's own
 /// config names, read afresh for each request, and nothing when that path is, or becomes,
 /// something anyone but root could have placed: a link at the file or on the way, a folder
-/// others may write, a file over the limit; a missing file is `pve_unreachable`. What the
+/// others may write, a file over the limit; a missing file is answered as missing; a file
+/// outside its closed set (a key, a path) is refused unread. What the
 /// helper hands over is still hostile to the agent: a list that is not one is refused, never
 /// used, although the agent's own direct read would have found a valid one.
 #[test]
@@ -1648,10 +1649,25 @@ fn the_helper_hands_over_the_vmlist_only_from_a_path_nobody_else_can_change() {
         "{r:#}"
     );
 
-    // Missing: it cannot be read at all.
+    // Missing: said so (the agent then reads it itself, else asks `pct list`).
     std::fs::remove_file(&vmlist).expect("rm");
     let r = h.call(&read_vmlist_request());
-    assert_eq!(code(&r), "pve_unreachable", "{r:#}");
+    assert_eq!(r["file"]["name"], "vmlist", "{r:#}");
+    assert!(r["file"]["data"].is_null(), "{r:#}");
+
+    // Only the closed set of files, never a path or a key a caller names.
+    for file in [
+        "nodes/pve1/pve-ssl.key",
+        "priv/token.cfg",
+        "/etc/shadow",
+        "../.vmlist",
+    ] {
+        let r = h.call(&json!({"v": 1, "op": "read", "file": file}));
+        assert_eq!(code(&r), "exec_request_invalid", "{file}: {r:#}");
+    }
+    let r = h.call(&json!({"v": 1, "op": "read", "file": "user.cfg"}));
+    let user_cfg = std::fs::read(w.pve.dir().join("user.cfg")).expect("user.cfg");
+    assert_eq!(r["file"]["data"], json!(b64(&user_cfg)), "{r:#}");
 
     // Hostile bytes are handed over as they are; the agent refuses them as a guest list.
     let hostile = b"{\"version\": 1, \"ids\": {\"160\": {\"node\": \"pve1\", \"type\": \"lxc\"}, \"160\": {\"node\": \"\x1b[2J\", \"type\": \"qemu\"}}}";

@@ -540,7 +540,7 @@ fn node_request(socket: &Path, body: &[u8], answer_max: u32) -> Result<Response,
 /// The bytes of `file` as the helper at `socket` reads them as root. The answer is outside
 /// text: its size is bounded before it is read, its name checked, and the bytes are for the
 /// caller to parse as hostile input.
-pub fn read_cluster_file(socket: &Path, file: ClusterFile) -> Result<Vec<u8>, FileAnswer> {
+pub fn read_cluster_file(socket: &Path, file: ClusterFile) -> Result<Option<Vec<u8>>, FileAnswer> {
     let answer_max = u32::try_from(MAX_CLUSTER_FILE_BYTES.div_ceil(3) * 4 + ANSWER_SLACK)
         .unwrap_or(u32::MAX)
         .min(MAX_RESPONSE_FRAME);
@@ -585,7 +585,8 @@ impl VmlistReader for HelperVmlist {
     fn read_vmlist(&self, path: &Path) -> Result<(Vec<u8>, VmlistVia), VmlistUnread> {
         let socket = self.socket.clone();
         let why = match read_cluster_file(&self.socket, ClusterFile::Vmlist) {
-            Ok(bytes) => return Ok((bytes, VmlistVia::Helper { socket })),
+            Ok(Some(bytes)) => return Ok((bytes, VmlistVia::Helper { socket })),
+            Ok(None) => format!("it says {} does not exist", path.display()),
             Err(FileAnswer::Refused(why)) => {
                 return Err(VmlistUnread::Refused(InventoryError::VmlistInvalid {
                     path: path.to_owned(),
@@ -647,6 +648,53 @@ pub fn full_guest_list(cfg: &Config) -> Result<FullGuestList, InventoryError> {
         &SystemListCommands::default(),
         &vmlist_reader(cfg),
     )
+}
+
+/// A cluster file as this process reads it ([`ClusterFile`], at the path the config names):
+/// through the root exec helper in its mode, else (no helper, or it gives no usable answer)
+/// directly. `Ok(None)`: it does not exist. `Err`: why it cannot be had, for a message. Its
+/// text is outside text for the caller to parse.
+pub fn node_file(cfg: &Config, file: ClusterFile) -> Result<Option<String>, String> {
+    let path = super::cluster_file::path_of(cfg, file);
+    let mut helper_why = None;
+    if let ExecMode::Helper { socket, .. } = ExecMode::of_process(cfg) {
+        match read_cluster_file(&socket, file) {
+            Ok(bytes) => return Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned())),
+            Err(FileAnswer::Refused(why)) => {
+                return Err(format!(
+                    "{}: the root exec helper at {} refused to hand it over ({why})",
+                    path.display(),
+                    socket.display()
+                ))
+            }
+            Err(FileAnswer::Unavailable(why) | FileAnswer::Unreadable(why)) => {
+                helper_why = Some(format!(
+                    "the exec helper at {} did not hand it over ({why}), and ",
+                    socket.display()
+                ));
+            }
+        }
+    }
+    let direct = std::fs::File::open(&path).and_then(|f| {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        f.take(MAX_CLUSTER_FILE_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map(|_| bytes)
+    });
+    match direct {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!(
+            "{}: {}reading it directly failed: {e}",
+            path.display(),
+            helper_why.unwrap_or_default()
+        )),
+        Ok(b) if b.len() > MAX_CLUSTER_FILE_BYTES => Err(format!(
+            "{} is larger than {MAX_CLUSTER_FILE_BYTES} bytes",
+            path.display()
+        )),
+        Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+    }
 }
 
 /// What the helper at `socket` says of itself. `Err`: no usable answer (for an older helper:
@@ -945,7 +993,7 @@ mod tests {
         use base64::Engine as _;
         Response::File(super::super::proto::WireFile {
             name: name.into(),
-            data: base64::engine::general_purpose::STANDARD.encode(data),
+            data: Some(base64::engine::general_purpose::STANDARD.encode(data)),
         })
         .encode()
     }

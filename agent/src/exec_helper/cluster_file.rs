@@ -1,6 +1,6 @@
 //! A file of the cluster file system read by the root helper for the agent
-//! ([`super::proto::ClusterFile`]): only from the path the helper's own config names, never
-//! one a caller sends.
+//! ([`super::proto::ClusterFile`]: `.vmlist`, `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`):
+//! only from the path the helper's own config names ([`path_of`]), never one a caller sends.
 //!
 //! The helper is root and the file's bytes go to the agent's user, so nothing on the way may
 //! be one the agent's user (or a guest) could place or swap: the path is opened from `/` one
@@ -20,6 +20,8 @@ use nix::errno::Errno;
 use nix::fcntl::{open, openat, OFlag};
 use nix::sys::stat::{fstat, Mode, SFlag};
 
+use super::proto::ClusterFile;
+use crate::config::Config;
 use crate::error::ErrorCode;
 
 /// Why a file is not handed over.
@@ -27,7 +29,7 @@ use crate::error::ErrorCode;
 pub struct FileRefusal {
     /// `config_invalid`: not what it should be (a link, a path someone else could change, not
     /// a regular file of root's, too large); `pve_unreachable`: it cannot be read at all
-    /// (missing, pmxcfs down, an IO error).
+    /// (pmxcfs down, an IO error).
     pub code: ErrorCode,
     /// Names the file and what to do.
     pub message: String,
@@ -54,8 +56,49 @@ fn unreadable(path: &Path, why: String) -> FileRefusal {
     }
 }
 
-/// Read `path` (absolute) as described in the module docs, at most `max` bytes.
-pub fn read_trusted(path: &Path, max: u64) -> Result<Vec<u8>, FileRefusal> {
+/// Where the helper reads `file`: the path its own config names (`vmlist_path`,
+/// `datacenter_cfg`, `user_cfg_path`; `sdn/vnets.cfg` in the folder of `vmlist_path`).
+pub fn path_of(cfg: &Config, file: ClusterFile) -> PathBuf {
+    match file {
+        ClusterFile::Vmlist => cfg.vmlist_path.clone(),
+        ClusterFile::DatacenterCfg => cfg.datacenter_cfg.clone(),
+        ClusterFile::UserCfg => cfg.user_cfg_path.clone(),
+        ClusterFile::VnetsCfg => cfg
+            .vmlist_path
+            .parent()
+            .unwrap_or(Path::new("/etc/pve"))
+            .join("sdn")
+            .join("vnets.cfg"),
+    }
+}
+
+/// Read `path` (absolute) as described in the module docs, at most `max` bytes. `Ok(None)`:
+/// it does not exist (the file, or a folder on the way: e.g. no `sdn` folder without SDN).
+pub fn read_trusted(path: &Path, max: u64) -> Result<Option<Vec<u8>>, FileRefusal> {
+    match read_existing(path, max) {
+        Err(Missing) => Ok(None),
+        Ok(r) => r.map(Some),
+    }
+}
+
+/// A component of the path does not exist.
+struct Missing;
+
+fn read_existing(path: &Path, max: u64) -> Result<Result<Vec<u8>, FileRefusal>, Missing> {
+    let missing = |r: FileRefusal| -> Result<Result<Vec<u8>, FileRefusal>, Missing> {
+        if r.code == ErrorCode::ExecNotOwned {
+            Err(Missing)
+        } else {
+            Ok(Err(r))
+        }
+    };
+    match read_inner(path, max) {
+        Ok(b) => Ok(Ok(b)),
+        Err(r) => missing(r),
+    }
+}
+
+fn read_inner(path: &Path, max: u64) -> Result<Vec<u8>, FileRefusal> {
     if !path.is_absolute() {
         return Err(untrusted(path, "not an absolute path".to_string()));
     }
@@ -80,7 +123,11 @@ pub fn read_trusted(path: &Path, max: u64) -> Result<Vec<u8>, FileRefusal> {
                 so_far.display()
             ),
         ),
-        Errno::ENOENT => unreadable(path, format!("{} does not exist", so_far.display())),
+        // Marked for `read_existing`; never leaves this module.
+        Errno::ENOENT => FileRefusal {
+            code: ErrorCode::ExecNotOwned,
+            message: String::new(),
+        },
         e => unreadable(
             path,
             format!("{} cannot be opened ({})", so_far.display(), e.desc()),
@@ -189,8 +236,8 @@ mod tests {
         let file = d.path().join(".vmlist");
         write(&file, b"{\"version\": 1}\n", 0o440);
         assert_eq!(
-            read_trusted(&file, 64).expect("read"),
-            b"{\"version\": 1}\n"
+            read_trusted(&file, 64).expect("read").as_deref(),
+            Some(&b"{\"version\": 1}\n"[..])
         );
         // One byte over the limit is refused, not cut.
         let r = read_trusted(&file, 14).expect_err("too large");
@@ -218,7 +265,12 @@ mod tests {
         write(&sub.join(".vmlist"), b"{}", 0o440);
         let via = d.path().join("via");
         std::os::unix::fs::symlink(&sub, &via).expect("symlink");
-        assert_eq!(read_trusted(&sub.join(".vmlist"), 64).expect("real"), b"{}");
+        assert_eq!(
+            read_trusted(&sub.join(".vmlist"), 64)
+                .expect("real")
+                .as_deref(),
+            Some(&b"{}"[..])
+        );
         let r = read_trusted(&via.join(".vmlist"), 64).expect_err("linked folder");
         assert!(
             r.message.contains("symbolic link") && r.message.contains("via"),
@@ -276,11 +328,10 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_file_is_unreadable_and_a_relative_path_untrusted() {
+    fn a_missing_file_or_folder_is_none_and_a_relative_path_untrusted() {
         let d = root_dir();
-        let r = read_trusted(&d.path().join(".vmlist"), 64).expect_err("missing");
-        assert_eq!(r.code, ErrorCode::PveUnreachable);
-        assert!(r.message.contains("does not exist"), "{}", r.message);
+        assert_eq!(read_trusted(&d.path().join(".vmlist"), 64), Ok(None));
+        assert_eq!(read_trusted(&d.path().join("sdn/vnets.cfg"), 64), Ok(None));
         let r = read_trusted(Path::new("etc/pve/.vmlist"), 64).expect_err("relative");
         assert_eq!(r.code, ErrorCode::ConfigInvalid);
         let r = read_trusted(Path::new("/etc/pve/../pve/.vmlist"), 64).expect_err("dotdot");

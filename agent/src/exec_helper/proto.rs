@@ -42,11 +42,12 @@
 //! ```
 //!
 //! `read` asks for the bytes of one file of the cluster file system, named from a closed set
-//! ([`ClusterFile`]: only `vmlist`, the node's full guest list); the helper reads it as root
-//! from the path of its own config (`vmlist_path`, `/etc/pve/.vmlist`), following no link
-//! and only through folders of root's nobody else can write (`super::cluster_file`), at
-//! most [`MAX_CLUSTER_FILE_BYTES`]. The agent's user thus needs no pmxcfs group. `status`
-//! asks where the helper's `pct` resolves (`doctor`). Their answers:
+//! ([`ClusterFile`]: `vmlist`, `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`, none of them a
+//! key or a secret); the helper reads it as root from the path of its own config
+//! (`vmlist_path`, `/etc/pve/.vmlist`, …), following no link and only through folders of
+//! root's nobody else can write (`super::cluster_file`), at most [`MAX_CLUSTER_FILE_BYTES`].
+//! The agent's user thus needs no pmxcfs group. `status` asks where the helper's `pct`
+//! resolves (`doctor`). Their answers (`data` null: the file does not exist):
 //!
 //! ```json
 //! {"v":1,"file":{"name":"vmlist","data":"…"}}
@@ -55,7 +56,7 @@
 //!
 //! A file the helper will not hand over is an error answer: `config_invalid` when it is not
 //! what it should be (a link, a folder or file someone else could change, too large),
-//! `pve_unreachable` when it cannot be read at all (missing, pmxcfs down). A helper of an
+//! `pve_unreachable` when it cannot be read at all (pmxcfs down). A helper of an
 //! older version refuses both requests as invalid (`exec_request_invalid`).
 //!
 //! A body of `{"v":0}` ([`PROBE_VERSION`]) is a probe: the helper refuses it as another version
@@ -258,21 +259,35 @@ pub struct Request {
 pub enum ClusterFile {
     /// `.vmlist`: every guest of the cluster (`vmlist_path`, default `/etc/pve/.vmlist`).
     Vmlist,
+    /// `datacenter.cfg`: the tag policy and the `next-id` range (`datacenter_cfg`).
+    DatacenterCfg,
+    /// `user.cfg`: users, tokens, pools and ACLs, no secret (`user_cfg_path`).
+    UserCfg,
+    /// `sdn/vnets.cfg`: which SDN zone each vnet is in (beside `.vmlist`).
+    VnetsCfg,
 }
 
 impl ClusterFile {
+    /// Every file the helper hands over.
+    pub const ALL: [ClusterFile; 4] = [
+        Self::Vmlist,
+        Self::DatacenterCfg,
+        Self::UserCfg,
+        Self::VnetsCfg,
+    ];
+
     /// Its name on the wire.
     pub fn name(self) -> &'static str {
         match self {
             Self::Vmlist => "vmlist",
+            Self::DatacenterCfg => "datacenter.cfg",
+            Self::UserCfg => "user.cfg",
+            Self::VnetsCfg => "sdn/vnets.cfg",
         }
     }
 
     fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "vmlist" => Some(Self::Vmlist),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|f| f.name() == name)
     }
 }
 
@@ -409,14 +424,14 @@ pub fn decode_incoming(body: &[u8]) -> Result<Incoming, ProtoError> {
                 Some(_) => Err(invalid("a status request carries no file")),
             };
         }
-        let name = raw
-            .file
-            .ok_or_else(|| invalid("a read request needs file (vmlist)"))?;
+        let name = raw.file.ok_or_else(|| {
+            invalid("a read request needs file (vmlist, datacenter.cfg, user.cfg or sdn/vnets.cfg)")
+        })?;
         return ClusterFile::from_name(&name)
             .map(Incoming::Read)
             .ok_or_else(|| {
                 invalid(format!(
-                    "file {} is not one the helper hands over; only vmlist",
+                    "file {} is not one the helper hands over; only vmlist, datacenter.cfg, user.cfg and sdn/vnets.cfg",
                     outside_text(&name)
                 ))
             });
@@ -613,14 +628,15 @@ pub fn encode_status_request() -> Vec<u8> {
 pub struct WireFile {
     /// Which file ([`ClusterFile::name`]).
     pub name: String,
-    /// Its bytes, base64.
-    pub data: String,
+    /// Its bytes, base64; null when it does not exist.
+    pub data: Option<String>,
 }
 
 impl WireFile {
-    /// The bytes, if this is `file` and holds at most [`MAX_CLUSTER_FILE_BYTES`] (checked
-    /// before decoding). `Err`: what is wrong with the answer.
-    pub fn into_bytes(self, file: ClusterFile) -> Result<Vec<u8>, ProtoError> {
+    /// The bytes (`None`: it does not exist), if this is `file` and holds at most
+    /// [`MAX_CLUSTER_FILE_BYTES`] (checked before decoding). `Err`: what is wrong with the
+    /// answer.
+    pub fn into_bytes(self, file: ClusterFile) -> Result<Option<Vec<u8>>, ProtoError> {
         if self.name != file.name() {
             return Err(invalid(format!(
                 "asked for {}, the answer is {}",
@@ -628,7 +644,9 @@ impl WireFile {
                 outside_text_max(&self.name, 64)
             )));
         }
-        decode_b64("data", &self.data, MAX_CLUSTER_FILE_BYTES)
+        self.data
+            .map(|d| decode_b64("data", &d, MAX_CLUSTER_FILE_BYTES))
+            .transpose()
     }
 }
 
@@ -1030,7 +1048,8 @@ mod tests {
         assert!(decode_request(&encode_read_request(ClusterFile::Vmlist)).is_err());
         let refused: &[&[u8]] = &[
             // Only the closed set: no path, no other name.
-            br#"{"v":1,"op":"read","file":"user.cfg"}"#,
+            br#"{"v":1,"op":"read","file":"priv/token.cfg"}"#,
+            br#"{"v":1,"op":"read","file":"nodes/pve1/pve-ssl.key"}"#,
             br#"{"v":1,"op":"read","file":"../priv/authkey.key"}"#,
             br#"{"v":1,"op":"read"}"#,
             br#"{"v":1,"op":"read","file":"vmlist","path":"/etc/pve/nodes/pve1/pve-ssl.key"}"#,
@@ -1051,22 +1070,32 @@ mod tests {
     fn a_file_answer_is_checked_before_its_bytes_are_taken() {
         let ok = WireFile {
             name: "vmlist".into(),
-            data: B64.encode(b"{}"),
+            data: Some(B64.encode(b"{}")),
         };
         assert_eq!(
             ok.clone().into_bytes(ClusterFile::Vmlist).expect("bytes"),
-            b"{}"
+            Some(b"{}".to_vec())
+        );
+        let missing = WireFile {
+            name: "datacenter.cfg".into(),
+            data: None,
+        };
+        assert_eq!(
+            missing
+                .into_bytes(ClusterFile::DatacenterCfg)
+                .expect("none"),
+            None
         );
         let back = Response::decode(&Response::File(ok).encode()).expect("decode");
         assert!(matches!(back, Response::File(_)), "{back:?}");
         let other = WireFile {
             name: "user.cfg".into(),
-            data: B64.encode(b"{}"),
+            data: Some(B64.encode(b"{}")),
         };
         assert!(other.into_bytes(ClusterFile::Vmlist).is_err());
         let big = WireFile {
             name: "vmlist".into(),
-            data: "A".repeat((MAX_CLUSTER_FILE_BYTES / 3 + 8) * 4),
+            data: Some("A".repeat((MAX_CLUSTER_FILE_BYTES / 3 + 8) * 4)),
         };
         assert!(big.into_bytes(ClusterFile::Vmlist).is_err());
         let status = Response::Status(WireStatus {

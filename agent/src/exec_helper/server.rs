@@ -45,7 +45,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::authorize::{authorize, Owners, Refusal};
-use super::cluster_file::{read_trusted, FileRefusal};
+use super::cluster_file::{path_of, read_trusted, FileRefusal};
 use super::proto::{
     decode_incoming, read_frame, write_frame, ClusterFile, Incoming, Op, ProtoError, Request,
     Response, WireError, WireFile, WireStatus, MAX_CLUSTER_FILE_BYTES, MAX_OUTPUT_CAP,
@@ -614,9 +614,7 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
 /// A `read` request: the file from the path of the helper's own config, read as root through
 /// nothing anyone else could change ([`read_trusted`]), at most [`MAX_CLUSTER_FILE_BYTES`].
 async fn hand_over(ctx: &Ctx, uid: u32, file: ClusterFile) -> Response {
-    let path = match file {
-        ClusterFile::Vmlist => ctx.cfg.vmlist_path.clone(),
-    };
+    let path = path_of(&ctx.cfg, file);
     let shown = path.display().to_string();
     let read =
         tokio::task::spawn_blocking(move || read_trusted(&path, MAX_CLUSTER_FILE_BYTES as u64))
@@ -629,15 +627,22 @@ async fn hand_over(ctx: &Ctx, uid: u32, file: ClusterFile) -> Response {
             });
     match read {
         Ok(bytes) => {
-            tracing::info!(
-                uid,
-                file = file.name(),
-                "handed over {shown} ({} bytes)",
-                bytes.len()
-            );
+            match &bytes {
+                Some(b) => tracing::info!(
+                    uid,
+                    file = file.name(),
+                    "handed over {shown} ({} bytes)",
+                    b.len()
+                ),
+                None => tracing::info!(
+                    uid,
+                    file = file.name(),
+                    "answered that {shown} does not exist"
+                ),
+            }
             Response::File(WireFile {
                 name: file.name().to_string(),
-                data: B64.encode(&bytes),
+                data: bytes.map(|b| B64.encode(&b)),
             })
         }
         Err(r) => {
