@@ -740,7 +740,7 @@ pub async fn run(
         isolate: req.isolate,
         token_id: req.token_id,
     };
-    let held = Held::read(pve, &paths_needed(stored_cfg.as_ref(), &asked, &files)).await;
+    let held = Held::read(pve, &paths_needed(stored_cfg.as_ref(), &asked, files)).await;
     let carried = match &stored {
         Some(Ok(text)) => Some(StoredConfigText {
             volid: req.volid.to_string(),
@@ -765,7 +765,7 @@ pub async fn run(
     match &stored_cfg {
         Some(sc) => {
             checks.push(contents_check(sc, &asked, &held));
-            checks.push(network_check(sc, &asked, &files, &held));
+            checks.push(network_check(sc, &asked, files, &held));
         }
         None => {
             for name in ["contents", "network"] {
@@ -776,7 +776,7 @@ pub async fn run(
             }
         }
     }
-    checks.push(tags_check(&files, &held, Marker::FLEET_TAG, req.token_id));
+    checks.push(tags_check(files, &held, Marker::FLEET_TAG, req.token_id));
     let avail = storage.as_ref().ok().and_then(|s| s.avail);
     checks.push(storage_verdict(req, storage));
     match &stored_cfg {
