@@ -1466,7 +1466,7 @@ fn check_node_keys(cfg: &Config, r: &mut DoctorReport) {
     } else {
         r.warn(
             "node_keys",
-            format!("uid {euid}, as which the agent runs, can read {}: a compromised agent could pose as the node's API. pmxcfs gives every member of group www-data every file outside priv/; with the exec helper handing over .vmlist, remove the user from the group (`gpasswd -d {} www-data`, then restart felhom-agent.service)", readable.join(", "), cfg.agent_user.as_deref().unwrap_or("felhom-agent")),
+            format!("uid {euid}, as which the agent runs, can read {}: a compromised agent could pose as the node's API. pmxcfs gives every member of group www-data every file outside priv/; the exec helper hands the agent the cluster files it reads, so remove the user from the group (`gpasswd -d {} www-data`, then restart felhom-agent.service)", readable.join(", "), cfg.agent_user.as_deref().unwrap_or("felhom-agent")),
         );
     }
 }
