@@ -1523,13 +1523,16 @@ fn the_helper_at_its_size_limits_on_every_connection_stays_inside_its_memory_max
 
 /// Config `text` with `vmlist_path` set to `vmlist`.
 fn with_vmlist(text: &str, vmlist: &Path) -> String {
+    with_path(text, "vmlist_path", vmlist)
+}
+
+/// Config `text` with the top-level `key` set to `path`.
+fn with_path(text: &str, key: &str, path: &Path) -> String {
+    let prefix = format!("{key} = ");
     text.lines()
         .map(|l| {
-            if l.starts_with("vmlist_path = ") {
-                format!(
-                    "vmlist_path = {}",
-                    toml_string(&vmlist.display().to_string())
-                )
+            if l.starts_with(&prefix) {
+                format!("{prefix}{}", toml_string(&path.display().to_string()))
             } else {
                 l.to_string()
             }
@@ -1696,8 +1699,9 @@ fn the_helper_hands_over_the_vmlist_only_from_a_path_nobody_else_can_change() {
 /// The agent as its own user (`daemon`, uid 1, standing for felhom-agent), in no group that
 /// reads the fake's `.vmlist`: `guests` has the full list all the same, handed over by the
 /// real helper over its socket, and says so; the helper logged the hand-over for that uid.
-/// Without the helper, the same command falls back to reading the file itself, cannot, and
-/// asks the local commands (which the test bed's agent user cannot run): it fails naming both.
+/// `datacenter.cfg` (the preflight's tag policy) comes the same way. Without the helper, the
+/// same command falls back to reading the file itself, cannot, and asks the local commands
+/// (which the test bed's agent user cannot run): it fails naming both.
 #[test]
 fn the_agent_reads_the_guest_list_through_the_helper_as_a_user_that_cannot_read_it() {
     let w = world();
@@ -1723,6 +1727,12 @@ fn the_agent_reads_the_guest_list_through_the_helper_as_a_user_that_cannot_read_
         "uid 1 can read {} itself: this test would not show the helper's part",
         vmlist.display()
     );
+    // The cluster's datacenter.cfg there too, with a tag policy the marker cannot pass.
+    let datacenter = private.path().join("datacenter.cfg");
+    std::fs::write(&datacenter, "user-tag-access: user-allow=none\n").expect("datacenter.cfg");
+    std::fs::set_permissions(&datacenter, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+    let text = with_path(&w.files.config_text(), "datacenter_cfg", &datacenter);
+    std::fs::write(&w.files.config_path, format!("{text}\n")).expect("config");
     let h = Helper::reading(&w, "[agent]\nuser = \"daemon\"\n", &vmlist);
     let config = agent_config_through(&w, &h.socket, Some(&vmlist), "[agent]\nuser = \"daemon\"\n");
     nix::unistd::chown(
@@ -1751,6 +1761,29 @@ fn the_agent_reads_the_guest_list_through_the_helper_as_a_user_that_cannot_read_
         .filter(|l| l.contains("handed over") && l.contains("uid=1"))
         .count();
     assert!(handed >= 1, "{log}");
+    // The preflight's tag policy, read the same way: doctor (as the user) judges the private
+    // datacenter.cfg it could not open itself.
+    let doc = felhom_tests::agent::run_agent(&config, &["doctor", "--json"]).json();
+    let tags = doc["checks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == "tag_policy"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no tag_policy check: {doc:#}"));
+    assert_eq!(tags["status"], "fail", "{tags:#}");
+    assert!(
+        tags["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("user-allow=none"),
+        "{tags:#}"
+    );
+    assert!(
+        h.log_text()
+            .lines()
+            .any(|l| l.contains("handed over") && l.contains("datacenter.cfg")),
+        "{}",
+        h.log_text()
+    );
 
     // The helper gone: the agent reads the file itself, which its user cannot.
     drop(h);
