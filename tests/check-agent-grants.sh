@@ -6,7 +6,8 @@
 # planted link there would steer root's write.
 #
 # tmpfiles lines: an ACL (a, a+, A, A+) with an entry holding w for the user, one of its
-# groups (felhom-agent, www-data: packaging/felhom-agent.sysusers) or others (o::, other::); a
+# groups (felhom-agent, and www-data, which an older version added it to:
+# packaging/felhom-agent.sysusers) or others (o::, other::); a
 # path made or adjusted (d, D, e, v, q, Q, z, Z, f, f+, F, w, w+, C, C+, x…) owned by
 # felhom-agent with the owner's write bit, of one of its groups with the group's write bit, or
 # with the others' write bit whoever owns it (world-writable, sticky or not). Units with
@@ -14,7 +15,8 @@
 # LogsDirectory= name. Usage: check-agent-grants.sh FILE...
 set -u
 user=felhom-agent
-# The groups the user is in (packaging/felhom-agent.sysusers).
+# The groups the user is or was in (packaging/felhom-agent.sysusers; www-data by an older
+# version).
 groups="felhom-agent www-data"
 bad=0
 

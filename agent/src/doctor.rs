@@ -3,7 +3,9 @@
 //!
 //! Checks: config (unknown keys, secret file mode), PVE TLS (pin or CA), the token, the
 //! token's effective privileges on the pool and storages, the pool, `.vmlist`, the `next-id`
-//! range, the state dir, how LXC exec is done (the exec helper answers), whether the token holds
+//! range (and how `.vmlist` is read: through the exec helper or directly), whether the agent's
+//! user can read the node's TLS keys (`node_keys`), the state dir, how LXC exec is done (the
+//! exec helper answers and its `pct` resolves, or `pct` resolves here), whether the token holds
 //! more than the agent's role on the pool (`least_privilege`) or more than `VM.Backup` on a
 //! guest (`guest_grants`), whether the units of the agent's
 //! user refuse `bind(2)`/`listen(2)` and other architectures' calls as systemd loaded them
@@ -24,7 +26,8 @@ use serde::Serialize;
 
 use crate::config::{Config, TlsTrust};
 use crate::error::ErrorCode;
-use crate::exec_helper::client::{probe, ExecMode};
+use crate::exec_helper::client::{helper_status, probe, ExecMode, StatusAnswer};
+use crate::exec_helper::proto::WireStatus;
 use crate::pve::types::{held_on, Permissions};
 use crate::pve::{PveClient, PveError};
 
@@ -517,10 +520,9 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
 /// `[restore_test] sources` entry as an isolated copy; and the cluster's tag policy for the
 /// marker.
 async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
-    use crate::preflight::restorable::{backup_checks, tags_check, ClusterFiles, Held};
+    use crate::preflight::restorable::{backup_checks, tags_check, Held};
     use crate::preflight::CheckVerdict;
-    let pve_dir = cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve"));
-    let files = ClusterFiles::read(&cfg.datacenter_cfg, pve_dir);
+    let files = crate::preflight::read_cluster_files(cfg);
     let token = &cfg.pve.token_id;
     let mut sources: Vec<(&'static str, &str, bool)> = Vec::new();
     if let Some(src) = &cfg.provision.selftest_source {
@@ -719,11 +721,12 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
     };
     let all: Vec<&(Vec<&str>, String)> = missing.iter().collect();
     // The token holds what PVE computes; for a privilege-separated token (PVE's default) that is
-    // what both it and its user are granted. user.cfg, beside .vmlist in /etc/pve, tells which
-    // of the two lacks the grant.
-    let user_cfg = cfg.vmlist_path.with_file_name("user.cfg");
-    let message = match std::fs::read_to_string(&user_cfg).map(|t| UserCfg::parse(&t)) {
-        Ok(acl) if acl.privsep(token) => {
+    // what both it and its user are granted. user.cfg (`user_cfg_path`, handed over by the
+    // exec helper in its mode) tells which of the two lacks the grant.
+    let user_cfg =
+        crate::exec_helper::client::node_file(cfg, crate::exec_helper::proto::ClusterFile::UserCfg);
+    let message = match user_cfg.map(|t| t.map(|t| UserCfg::parse(&t))) {
+        Ok(Some(acl)) if acl.privsep(token) => {
             let lacks = |who: &str| -> Vec<&(Vec<&str>, String)> {
                 missing
                     .iter()
@@ -1468,31 +1471,118 @@ fn check_metrics(cfg: &Config, r: &mut DoctorReport) {
     }
 }
 
-fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
-    match std::fs::read(&cfg.vmlist_path) {
-        Ok(bytes) => match crate::inventory::parse_vmlist(&bytes) {
-            Ok(entries) => r.pass(
-                "vmlist",
-                format!("{} is readable: {} guests cluster-wide", cfg.vmlist_path.display(), entries.len()),
-            ),
+/// How the commands reach into containers: with `[agent] user` they never run as root, judged
+/// so even when the switch failed here (the agent_user line says why); any uid but 0 stands
+/// for the user.
+fn agent_exec_mode(cfg: &Config) -> ExecMode {
+    let euid = match &cfg.agent_user {
+        Some(_) if nix::unistd::geteuid().is_root() => u32::MAX,
+        _ => nix::unistd::geteuid().as_raw(),
+    };
+    ExecMode::choose(cfg, euid)
+}
+
+/// `.vmlist` read the way the commands read it: through the exec helper in its mode (the
+/// agent's user then needs no pmxcfs group), else by this process. The line says which.
+fn check_vmlist(cfg: &Config, r: &mut DoctorReport) {
+    use crate::exec_helper::client::{HelperVmlist, VmlistRoute};
+    use crate::inventory::{VmlistReader, VmlistUnread, VmlistVia};
+    let route = match agent_exec_mode(cfg) {
+        ExecMode::Direct => VmlistRoute::Direct,
+        ExecMode::Helper { socket, .. } => VmlistRoute::Helper(HelperVmlist::new(socket)),
+    };
+    let path = cfg.vmlist_path.display();
+    match route.read_vmlist(&cfg.vmlist_path) {
+        Ok((bytes, via)) => match crate::inventory::parse_vmlist(&bytes) {
+            Ok(entries) => match &via {
+                VmlistVia::Helper { socket } => r.pass(
+                    "vmlist",
+                    format!("{path}: {} guests cluster-wide, handed over by the root exec helper at {} (the agent's user needs no pmxcfs group)", entries.len(), socket.display()),
+                ),
+                VmlistVia::Direct => r.pass(
+                    "vmlist",
+                    format!("{path}: {} guests cluster-wide, read directly by this process (as root, or through group www-data)", entries.len()),
+                ),
+                VmlistVia::DirectAfterHelper { socket, why } => r.warn(
+                    "vmlist",
+                    format!("{path}: {} guests cluster-wide, read directly by this process (group www-data), because the root exec helper at {} did not hand it over ({why}); install the same felhom-agent version for the helper (`systemctl restart felhom-agent-exec.socket`)", entries.len(), socket.display()),
+                ),
+            },
             Err(e) => r.fail(
                 "vmlist",
                 ErrorCode::ConfigInvalid,
-                format!("{} cannot be read as a guest list ({e}); is pmxcfs healthy? (`systemctl status pve-cluster`)", cfg.vmlist_path.display()),
+                format!("{path} ({}) cannot be read as a guest list ({e}); is pmxcfs healthy? (`systemctl status pve-cluster`)", via.describe()),
             ),
         },
-        Err(e) => r.warn("vmlist", format!("{} is unreadable ({e}); vmids will be checked against `pct list` + `qm list`, which see only this node: run as root on a cluster node or fix vmlist_path", cfg.vmlist_path.display())),
+        Err(VmlistUnread::Refused(e)) => r.fail("vmlist", e.code(), e.to_string()),
+        Err(VmlistUnread::Unreadable(e)) => r.warn("vmlist", format!("{path} is unreadable ({e}); vmids will be checked against `pct list` + `qm list`, which see only this node: run as root on a cluster node or fix vmlist_path")),
     }
-    let dc_text = match std::fs::read_to_string(&cfg.datacenter_cfg) {
-        Ok(t) => Some(t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(String::new()),
+}
+
+/// The node's TLS keys and the web interface's secret sit in pmxcfs outside `priv/`, readable
+/// by group www-data (pve-cluster `src/pmxcfs/pmxcfs.c` `cfs_fuse_getattr`,
+/// `src/PVE/Cluster/Setup.pm` `gen_pve_ssl_key`): whoever reads them can pose as the node's
+/// API. Judged by opening each as the process the commands run as (doctor switched to
+/// `[agent] user` above).
+fn check_node_keys(cfg: &Config, r: &mut DoctorReport) {
+    let pve_dir = cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve"));
+    let node_dir = cfg.exec.pve_nodes_dir.join(&cfg.node);
+    let keys = [
+        node_dir.join("pve-ssl.key"),
+        node_dir.join("pveproxy-ssl.key"),
+        pve_dir.join("pve-www.key"),
+    ];
+    let euid = nix::unistd::geteuid();
+    if euid.is_root() {
+        if cfg.agent_user.is_some() {
+            r.push(
+                "node_keys",
+                CheckStatus::Skipped,
+                None,
+                "not checked: the switch to [agent] user failed (see agent_user)".to_string(),
+            );
+        } else {
+            r.warn(
+                "node_keys",
+                format!("the agent runs as root (no [agent] user): it can read the node's TLS keys ({}); run it as the package's user felhom-agent with the exec helper", node_dir.join("pve-ssl.key").display()),
+            );
+        }
+        return;
+    }
+    let readable: Vec<String> = keys
+        .iter()
+        .filter(|k| std::fs::File::open(k).is_ok())
+        .map(|k| k.display().to_string())
+        .collect();
+    if readable.is_empty() {
+        r.pass(
+            "node_keys",
+            format!(
+                "uid {euid} cannot read the node's TLS keys or the web secret (under {} and {})",
+                node_dir.display(),
+                pve_dir.display()
+            ),
+        );
+    } else {
+        r.warn(
+            "node_keys",
+            format!("uid {euid}, as which the agent runs, can read {}: a compromised agent could pose as the node's API. pmxcfs gives every member of group www-data every file outside priv/; the exec helper hands the agent the cluster files it reads, so remove the user from the group (`gpasswd -d {} www-data`, then restart felhom-agent.service)", readable.join(", "), cfg.agent_user.as_deref().unwrap_or("felhom-agent")),
+        );
+    }
+}
+
+fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
+    check_vmlist(cfg, r);
+    check_node_keys(cfg, r);
+    let dc_text = match crate::exec_helper::client::node_file(
+        cfg,
+        crate::exec_helper::proto::ClusterFile::DatacenterCfg,
+    ) {
+        Ok(t) => Some(t.unwrap_or_default()),
         Err(e) => {
             r.warn(
                 "next_id",
-                format!(
-                    "cannot read {} ({e}); the next-id range was not checked",
-                    cfg.datacenter_cfg.display()
-                ),
+                format!("cannot read {e}; the next-id range was not checked"),
             );
             None
         }
@@ -1711,13 +1801,7 @@ pub fn resolve_on_path(
 /// How the agent reaches into containers, and whether the exec helper answers when it is the
 /// way.
 async fn check_exec(cfg: &Config, r: &mut DoctorReport) {
-    // With [agent] user the commands never run as root: judged so even when the switch
-    // failed here (the agent_user line says why); any uid but 0 stands for the user.
-    let euid = match &cfg.agent_user {
-        Some(_) if nix::unistd::geteuid().is_root() => u32::MAX,
-        _ => nix::unistd::geteuid().as_raw(),
-    };
-    let mode = ExecMode::choose(cfg, euid);
+    let mode = agent_exec_mode(cfg);
     match &mode {
         ExecMode::Direct => {
             let path = std::env::var_os("PATH");
@@ -1738,10 +1822,34 @@ async fn check_exec(cfg: &Config, r: &mut DoctorReport) {
             }
         }
         ExecMode::Helper { socket, .. } => match probe(socket).await {
-            Ok(()) => r.pass(
-                "exec",
-                format!("LXC exec: {}; it answers", mode.describe()),
-            ),
+            Ok(()) => {
+                let socket = socket.clone();
+                let status = tokio::task::spawn_blocking(move || helper_status(&socket))
+                    .await
+                    .unwrap_or_else(|e| Err(StatusAnswer::NoAnswer(e.to_string())));
+                match status {
+                    Ok(WireStatus { pct: Some(pct), .. }) => r.pass(
+                        "exec",
+                        format!("LXC exec: {}; it answers, and its `pct` is {pct}", mode.describe()),
+                    ),
+                    Ok(WireStatus { pct: None, path }) => r.fail(
+                        "exec",
+                        ErrorCode::ConfigInvalid,
+                        format!(
+                            "LXC exec: {}, but `pct` is not on the helper's PATH ({}): a provision would restore and start its guest and then fail its launch proof (launch_unproven, exit 5). Install pve-container (`pct` is /usr/sbin/pct on a PVE node), or give the helper PVE's folders (`systemctl edit felhom-agent-exec.service`: [Service] Environment=PATH=/usr/sbin:/usr/bin:/sbin:/bin)",
+                            mode.describe(),
+                            path.as_deref().unwrap_or("unset")
+                        ),
+                    ),
+                    Err(StatusAnswer::Refused(e) | StatusAnswer::NoAnswer(e)) => r.warn(
+                        "exec",
+                        format!(
+                            "LXC exec: {}; it answers, but cannot say where its `pct` resolves ({e}): an older helper? Install the same felhom-agent version for the helper (`systemctl restart felhom-agent-exec.socket`)",
+                            mode.describe()
+                        ),
+                    ),
+                }
+            }
             Err(e) => r.fail(
                 "exec",
                 ErrorCode::ExecHelperUnavailable,

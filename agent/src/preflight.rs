@@ -232,10 +232,22 @@ pub struct PreflightRequest<'a> {
     pub lab_bridge: Option<&'a str>,
     /// The API token, named in the grant commands.
     pub token_id: &'a str,
-    /// The cluster file system's folder (that of `vmlist_path`): `sdn/vnets.cfg`.
-    pub pve_dir: &'a Path,
-    /// The cluster's `datacenter.cfg` (its tag policy).
-    pub datacenter_cfg: &'a Path,
+    /// The cluster's `datacenter.cfg` (its tag policy) and `sdn/vnets.cfg`, as read
+    /// ([`read_cluster_files`]).
+    pub cluster_files: &'a ClusterFiles,
+}
+
+/// The cluster files the preflight reads, as the commands read them: through the root exec
+/// helper in its mode (the agent's user then needs no pmxcfs group), else directly
+/// ([`crate::exec_helper::client::node_file`]).
+pub fn read_cluster_files(cfg: &Config) -> ClusterFiles {
+    use crate::exec_helper::client::node_file;
+    use crate::exec_helper::proto::ClusterFile;
+    let read = |file| node_file(cfg, file).transpose();
+    ClusterFiles::from_texts(
+        read(ClusterFile::DatacenterCfg),
+        read(ClusterFile::VnetsCfg),
+    )
 }
 
 /// The owner vmid in a backup volid's name (`…/vzdump-lxc-200-…`).
@@ -720,7 +732,7 @@ pub async fn run(
     };
     // What the restore needs beyond the request: the token's privileges on the paths PVE
     // checks inside the task, and the cluster's files.
-    let files = ClusterFiles::read(req.datacenter_cfg, req.pve_dir);
+    let files = req.cluster_files;
     let asked = Asked {
         node: req.node,
         guest: req.guest,
@@ -731,7 +743,7 @@ pub async fn run(
         lab_bridge: req.lab_bridge,
         token_id: req.token_id,
     };
-    let held = Held::read(pve, &paths_needed(stored_cfg.as_ref(), &asked, &files)).await;
+    let held = Held::read(pve, &paths_needed(stored_cfg.as_ref(), &asked, files)).await;
     let carried = match &stored {
         Some(Ok(text)) => Some(StoredConfigText {
             volid: req.volid.to_string(),
@@ -756,7 +768,7 @@ pub async fn run(
     match &stored_cfg {
         Some(sc) => {
             checks.push(contents_check(sc, &asked, &held));
-            checks.push(network_check(sc, &asked, &files, &held));
+            checks.push(network_check(sc, &asked, files, &held));
             if let Some(lab) = asked.lab_for(sc) {
                 checks.push(restorable::lab_bridge_check(pve, req.node, lab).await);
             }
@@ -770,7 +782,7 @@ pub async fn run(
             }
         }
     }
-    checks.push(tags_check(&files, &held, Marker::FLEET_TAG, req.token_id));
+    checks.push(tags_check(files, &held, Marker::FLEET_TAG, req.token_id));
     let avail = storage.as_ref().ok().and_then(|s| s.avail);
     checks.push(storage_verdict(req, storage));
     match &stored_cfg {
@@ -813,6 +825,7 @@ pub async fn for_request(
     } else {
         Some(request.profile.as_deref().unwrap_or(DEFAULT_PROFILE))
     };
+    let cluster_files = read_cluster_files(cfg);
     let req = PreflightRequest {
         node: &cfg.node,
         pool: &request.pool,
@@ -832,8 +845,7 @@ pub async fn for_request(
         isolate: request.isolate_network,
         lab_bridge: cfg.restore_test.lab_bridge.as_deref(),
         token_id: &cfg.pve.token_id,
-        pve_dir: cfg.vmlist_path.parent().unwrap_or(Path::new("/etc/pve")),
-        datacenter_cfg: &cfg.datacenter_cfg,
+        cluster_files: &cluster_files,
     };
     let (report, helper) = tokio::join!(run(pve, &req, vmid), helper_check(cfg, request.guest));
     let mut checks = report.checks;
@@ -981,6 +993,12 @@ mod tests {
         }
     }
 
+    /// No `datacenter.cfg`, no SDN vnet.
+    static NO_CLUSTER_FILES: ClusterFiles = ClusterFiles {
+        datacenter: None,
+        vnet_zones: std::collections::BTreeMap::new(),
+    };
+
     fn request<'a>(d: &'a Dirs, policy: &'a Policy) -> PreflightRequest<'a> {
         PreflightRequest {
             node: "pve1",
@@ -997,8 +1015,7 @@ mod tests {
             isolate: false,
             lab_bridge: None,
             token_id: "felhom@pve!agent",
-            pve_dir: Path::new("/etc/pve"),
-            datacenter_cfg: Path::new("/etc/pve/datacenter.cfg"),
+            cluster_files: &NO_CLUSTER_FILES,
         }
     }
 

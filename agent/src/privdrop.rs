@@ -4,7 +4,8 @@
 //! anything else: every file the run writes afterwards (journal, outbox, locks, metrics)
 //! belongs to the user, and guest exec goes through the root exec helper like the daemon's.
 //! It is for good: real, effective and saved ids all change, the supplementary groups become
-//! the user's (`initgroups`: its `www-data` membership reads `/etc/pve/.vmlist`), and the
+//! the user's (`initgroups`; the package's user is in no pmxcfs group: the exec helper hands it
+//! the cluster files it reads), and the
 //! switch is verified by trying to get root back, which must fail.
 
 use crate::error::Failure;
@@ -49,7 +50,7 @@ pub fn drop_to(user: &str) -> Result<Dropped, Failure> {
         .ok_or_else(|| {
             refused(
                 user,
-                "no such user on this node; install the package (it creates the system user felhom-agent) or `adduser --system --group felhom-agent && adduser felhom-agent www-data`, or fix [agent] user in the config".to_string(),
+                "no such user on this node; install the package (it creates the system user felhom-agent) or `adduser --system --group felhom-agent`, or fix [agent] user in the config".to_string(),
             )
         })?;
     if entry.uid.is_root() {

@@ -913,6 +913,7 @@ mod tests {
 
         let vmlist = ListSource::Vmlist {
             path: "/etc/pve/.vmlist".into(),
+            via: crate::inventory::VmlistVia::Direct,
         };
         let report = VmidCheckReport::from_verdict(&check("121", &guests)).with_source(&vmlist);
         assert_eq!(report.source, Some("vmlist"));

@@ -100,6 +100,23 @@ impl std::fmt::Debug for ExecHelper {
     }
 }
 
+/// A `PATH` for an exec helper that only needs `pct` to resolve (`doctor` asks where it does;
+/// nothing runs it): `<dir>/bin`, holding a `pct` stand-in that exits 0, before this
+/// process's `PATH`.
+pub fn stand_in_pct_path(dir: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    let pct = bin.join("pct");
+    std::fs::write(&pct, "#!/bin/sh\nexit 0\n").expect("pct stand-in");
+    std::fs::set_permissions(&pct, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 impl ExecHelper {
     /// Start `$FELHOM_AGENT_BIN exec-helper --config <config> --socket <socket>` with `PATH`
     /// set to `path` (where it finds `pct`), and wait until the socket accepts a connection.

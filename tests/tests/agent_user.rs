@@ -77,7 +77,18 @@ fn stubs(r: &Path) -> PathBuf {
 }
 
 /// Run the package's postinst `configure <from>` into the scratch root `r`.
-fn postinst(r: &Path, from: &str) {
+/// Whether felhom-agent is listed in www-data's line of `r`'s group file.
+fn in_www_data(r: &Path) -> bool {
+    let group = std::fs::read_to_string(r.join("etc/group")).expect("group");
+    group
+        .lines()
+        .find(|l| l.starts_with("www-data:"))
+        .and_then(|l| l.split(':').nth(3))
+        .is_some_and(|members| members.split(',').any(|m| m == "felhom-agent"))
+}
+
+/// [`postinst`]'s stderr.
+fn postinst(r: &Path, from: &str) -> String {
     std::fs::copy(
         repo_root().join("packaging/felhom-agent.sysusers"),
         r.join("usr/lib/sysusers.d/felhom-agent.conf"),
@@ -100,6 +111,7 @@ fn postinst(r: &Path, from: &str) {
         "postinst failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// felhom-agent's passwd line in `r`: uid, gid, home.
@@ -167,9 +179,16 @@ fn the_agents_user_finds_nothing_it_can_write_where_its_home_would_be() {
     // A fresh install.
     let root = scratch_root();
     let r = root.path();
-    postinst(r, "");
+    let said = postinst(r, "");
     let (uid, gid, home) = agent_entry(r);
     assert_ne!(uid, 0);
+    // In no pmxcfs group: www-data reads the node's TLS key in /etc/pve.
+    assert!(
+        !in_www_data(r),
+        "{}",
+        std::fs::read_to_string(r.join("etc/group")).unwrap_or_default()
+    );
+    assert!(!said.contains("www-data"), "{said}");
     let written = plant(r, uid, gid, &home);
     assert!(
         written.is_empty(),
@@ -216,8 +235,17 @@ fn an_upgrade_moves_the_home_off_the_state_directory() {
     assert!(out.status.success(), "{out:?}");
     let (uid, gid, old_home) = agent_entry(r);
     assert_eq!(old_home, Path::new("/var/lib/felhom-agent"));
+    assert!(in_www_data(r), "the older snippet's membership");
     // The upgrade.
-    postinst(r, "0.1.0");
+    let said = postinst(r, "0.1.0");
+    // The older membership (which reads the node's TLS key in /etc/pve) is left, but named
+    // with the command that removes it.
+    assert!(in_www_data(r));
+    assert!(
+        said.contains("still in group www-data")
+            && said.contains("gpasswd -d felhom-agent www-data"),
+        "{said}"
+    );
     let (_, _, home) = agent_entry(r);
     assert_eq!(home, Path::new("/nonexistent"), "the home was not moved");
     let written = plant(r, uid, gid, &home);

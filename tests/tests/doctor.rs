@@ -8,16 +8,24 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use felhom_tests::agent::{run_agent, ExecHelper};
+use felhom_tests::agent::{run_agent, stand_in_pct_path, ExecHelper};
 use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use serde_json::{json, Value};
 
-/// The exec helper of `files` (doctor only probes it; nothing runs `pct`).
+/// The exec helper of `files` (doctor probes it and asks where its `pct` resolves: a stand-in
+/// that nothing runs).
 fn helper(files: &AgentFiles) -> ExecHelper {
+    helper_with_path(
+        files,
+        &stand_in_pct_path(files.config_path.parent().expect("the files' folder")),
+    )
+}
+
+fn helper_with_path(files: &AgentFiles, path: &str) -> ExecHelper {
     ExecHelper::start(
         &files.config_path,
         files.exec_socket.as_deref().expect("exec helper socket"),
-        &std::env::var("PATH").unwrap_or_default(),
+        path,
     )
 }
 
@@ -536,7 +544,9 @@ fn a_socket_bound_by_another_user_gets_nothing_and_fails_the_exec_check() {
     let socket = files.exec_socket.clone().expect("socket");
     let received = files.dir().join("received");
     // An impostor at the helper's path: bound by root, listening as uid 65534 (the peer's
-    // credentials are those of listen()); it counts the bytes it is sent.
+    // credentials are those of listen()); it counts the bytes it is sent over every
+    // connection (doctor connects for `.vmlist` and for the exec check) until none comes for
+    // 8 s.
     let script = "import os,socket,sys\n\
         s=socket.socket(socket.AF_UNIX)\n\
         s.bind(sys.argv[1])\n\
@@ -545,11 +555,10 @@ fn a_socket_bound_by_another_user_gets_nothing_and_fails_the_exec_check() {
         os.setuid(65534)\n\
         s.listen(4)\n\
         print('ready',flush=True)\n\
-        c,_=s.accept()\n\
-        c.settimeout(3)\n\
+        s.settimeout(8)\n\
         n=0\n\
-        try:\n    while True:\n        d=c.recv(65536)\n        if not d: break\n        n+=len(d)\n\
-        except Exception:\n    pass\n\
+        try:\n  while True:\n    c,_=s.accept()\n    c.settimeout(3)\n    try:\n      while True:\n        d=c.recv(65536)\n        if not d: break\n        n+=len(d)\n    except Exception:\n      pass\n\
+        except Exception:\n  pass\n\
         open(sys.argv[2],'w').write(str(n))\n";
     std::fs::write(&received, "").expect("received file");
     std::fs::set_permissions(&received, std::fs::Permissions::from_mode(0o666)).expect("chmod");
@@ -578,6 +587,15 @@ fn a_socket_bound_by_another_user_gets_nothing_and_fails_the_exec_check() {
             .unwrap_or("")
             .contains("uid 65534, not root"),
         "{exec}"
+    );
+    // Nor was `.vmlist` asked of it: read directly, saying why.
+    let vmlist = check(&doc, "vmlist");
+    assert!(
+        vmlist["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("uid 65534, not root"),
+        "{vmlist}"
     );
     let status = impostor.wait().expect("impostor");
     assert!(status.success());
@@ -852,5 +870,125 @@ fn the_lab_bridge_passes_only_without_ports_or_addresses_and_each_fault_names_it
         m.contains("lacks SDN.Use on /sdn/zones/localnetwork/vmbr9")
             && m.contains("pveum acl modify /sdn/zones/localnetwork/vmbr9 --tokens 'felhom@pve!agent' --roles PVESDNUser"),
         "{m}"
+    );
+}
+
+/// With the exec helper (the package's way), `pct` must resolve on the helper's `PATH`, not
+/// the agent's: a helper whose `PATH` has none fails `exec` with the fix (doctor before, not a
+/// provision after its restore and start, exit 5); with a `pct` there, the line names it.
+#[test]
+fn with_the_helper_exec_fails_when_its_pct_does_not_resolve_naming_the_fix() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let empty = tempfile::tempdir().expect("tmp");
+    let helper = helper_with_path(&files, &empty.path().display().to_string());
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+    let exec = check(&doc, "exec");
+    assert_eq!(exec["status"], "fail", "{exec}");
+    assert_eq!(exec["code"], "config_invalid", "{exec}");
+    let msg = exec["message"].as_str().unwrap_or("");
+    for part in [
+        "not on the helper's PATH",
+        &empty.path().display().to_string(),
+        "launch_unproven",
+        "/usr/sbin/pct",
+        "systemctl edit felhom-agent-exec.service",
+    ] {
+        assert!(msg.contains(part), "{part:?} missing: {msg}");
+    }
+    // The helper itself was asked (not only its socket reached).
+    assert!(
+        helper.log().contains("answered a status request"),
+        "{}",
+        helper.log()
+    );
+    drop(helper);
+
+    let path = stand_in_pct_path(files.config_path.parent().expect("folder"));
+    let _helper = helper_with_path(&files, &path);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    let exec = check(&doc, "exec");
+    assert_eq!(exec["status"], "pass", "{exec}");
+    let pct = files.config_path.parent().expect("folder").join("bin/pct");
+    assert!(
+        exec["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&pct.display().to_string()),
+        "{exec}"
+    );
+}
+
+/// `vmlist` says how the list is read: with the helper, handed over by it (the agent's user,
+/// `nobody` here, needs no pmxcfs group). `node_keys` warns while that user can open the
+/// node's TLS key in the (fake) pmxcfs, naming the key and the fix, and passes once it cannot.
+#[test]
+fn the_vmlist_line_names_the_way_and_node_keys_warns_while_the_agents_user_reads_a_key() {
+    assert!(nix::unistd::geteuid().is_root(), "run as root");
+    let pve = FakePve::demo();
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            extra_toml: "\n[agent]\nuser = \"nobody\"\n".to_string(),
+            ..AgentOptions::default()
+        },
+    );
+    nix::unistd::chown(
+        &files.state_dir,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .expect("chown state_dir");
+    let helper = helper(&files);
+    let key_dir = files.pve_nodes_dir.join("pve1");
+    std::fs::create_dir_all(&key_dir).expect("node folder");
+    let key = key_dir.join("pve-ssl.key");
+    std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nnot a key\n").expect("key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(check(&doc, "agent_user")["status"], "pass", "{doc:#}");
+    let vmlist = check(&doc, "vmlist");
+    assert_eq!(vmlist["status"], "pass", "{vmlist}");
+    let msg = vmlist["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("handed over by the root exec helper")
+            && msg.contains(&files.vmlist_path.display().to_string()),
+        "{msg}"
+    );
+    assert!(
+        helper
+            .log()
+            .lines()
+            .any(|l| l.contains("handed over") && l.contains("uid=65534")),
+        "{}",
+        helper.log()
+    );
+    let keys = check(&doc, "node_keys");
+    assert_eq!(keys["status"], "warn", "{keys}");
+    let msg = keys["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(&key.display().to_string()) && msg.contains("gpasswd -d nobody www-data"),
+        "{msg}"
+    );
+    assert!(
+        !run.stdout.contains("not a key"),
+        "the key's bytes were shown"
+    );
+
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    let keys = check(&doc, "node_keys");
+    assert_eq!(keys["status"], "pass", "{keys}");
+    assert!(
+        keys["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cannot read"),
+        "{keys}"
     );
 }

@@ -1,7 +1,7 @@
 //! `doctor` states the PVE versions the agent supports and fails below the floor, naming the
 //! version the node answered.
 
-use felhom_tests::agent::{run_agent, ExecHelper};
+use felhom_tests::agent::{run_agent, stand_in_pct_path, ExecHelper};
 use felhom_tests::fakepve::{AgentFiles, FakePve};
 use serde_json::{json, Value};
 
@@ -10,7 +10,7 @@ fn version_check(pve: &FakePve) -> (Option<i32>, Value) {
     let _helper = ExecHelper::start(
         &files.config_path,
         files.exec_socket.as_deref().expect("exec helper socket"),
-        &std::env::var("PATH").unwrap_or_default(),
+        &stand_in_pct_path(files.config_path.parent().expect("the files' folder")),
     );
     let run = run_agent(&files.config_path, &["doctor", "--json"]);
     let doc = run.json();

@@ -56,7 +56,22 @@ impl Helper {
         Self::launch_env(w, extra, activated, &[])
     }
 
+    /// Like [`Helper::start`], but the helper's config names `vmlist` as `vmlist_path`.
+    fn reading(w: &World, extra: &str, vmlist: &Path) -> Helper {
+        Self::launch_full(w, extra, false, &[], Some(vmlist))
+    }
+
     fn launch_env(w: &World, extra: &str, activated: bool, env: &[(&str, &str)]) -> Helper {
+        Self::launch_full(w, extra, activated, env, None)
+    }
+
+    fn launch_full(
+        w: &World,
+        extra: &str,
+        activated: bool,
+        env: &[(&str, &str)],
+        vmlist: Option<&Path>,
+    ) -> Helper {
         // A folder others may enter, so a caller of another uid can reach the socket (its own
         // mode and group decide who may connect).
         let dir = tempfile::Builder::new()
@@ -80,14 +95,17 @@ impl Helper {
         .expect("wrapper");
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let config = w.files.dir().join("helper.toml");
+        // The world's config has its `[exec]` table (the fake's nodes folder, the bed's
+        // lxcpath).
+        let mut text = w.files.config_text();
+        if let Some(vmlist) = vmlist {
+            text = with_vmlist(&text, vmlist);
+        }
         std::fs::write(
             &config,
             format!(
-                "user_cfg_path = {}\n{}\n{extra}\n",
+                "user_cfg_path = {}\n{text}\n{extra}\n",
                 toml_string(&w.pve.dir().join("user.cfg").display().to_string()),
-                // The world's config has its `[exec]` table (the fake's nodes folder, the bed's
-                // lxcpath).
-                w.files.config_text(),
             ),
         )
         .expect("helper config");
@@ -1509,4 +1527,282 @@ fn the_helper_at_its_size_limits_on_every_connection_stays_inside_its_memory_max
     std::fs::write(w.bed.guest_path(165, "/root/release"), b"").expect("release");
     let _ = provision.kill();
     let _ = provision.wait();
+}
+
+/// Config `text` with `vmlist_path` set to `vmlist`.
+fn with_vmlist(text: &str, vmlist: &Path) -> String {
+    with_path(text, "vmlist_path", vmlist)
+}
+
+/// Config `text` with the top-level `key` set to `path`.
+fn with_path(text: &str, key: &str, path: &Path) -> String {
+    let prefix = format!("{key} = ");
+    text.lines()
+        .map(|l| {
+            if l.starts_with(&prefix) {
+                format!("{prefix}{}", toml_string(&path.display().to_string()))
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The world's agent config, reaching containers and `.vmlist` through the helper at
+/// `socket` (`vmlist`: its own `vmlist_path` instead of the fake's), with `extra` appended.
+fn agent_config_through(w: &World, socket: &Path, vmlist: Option<&Path>, extra: &str) -> PathBuf {
+    let mut text = w.files.config_text();
+    if let Some(vmlist) = vmlist {
+        text = with_vmlist(&text, vmlist);
+    }
+    text.push('\n');
+    assert!(text.contains("[exec]\n"), "{text}");
+    let text = text.replacen(
+        "[exec]\n",
+        &format!(
+            "[exec]\nhelper_socket = {}\n",
+            toml_string(&socket.display().to_string())
+        ),
+        1,
+    );
+    let path = w.files.dir().join("agent-through-helper.toml");
+    std::fs::write(&path, format!("{text}\n{extra}\n")).expect("agent config");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    path
+}
+
+fn read_vmlist_request() -> Value {
+    json!({"v": 1, "op": "read", "file": "vmlist"})
+}
+
+/// `.vmlist` through the real helper: a caller gets the bytes of the file the helper's own
+/// config names, read afresh for each request, and nothing when that path is, or becomes,
+/// something anyone but root could have placed: a link at the file or on the way, a folder
+/// others may write, a file over the limit; a missing file is answered as missing; a file
+/// outside its closed set (a key, a path) is refused unread. What the
+/// helper hands over is still hostile to the agent: a list that is not one is refused, never
+/// used, although the agent's own direct read would have found a valid one.
+#[test]
+fn the_helper_hands_over_the_vmlist_only_from_a_path_nobody_else_can_change() {
+    let w = world();
+    let live = std::fs::read(w.pve.vmlist_path()).expect("the fake's .vmlist");
+    let root = tempfile::Builder::new()
+        .prefix("felhom-pmxcfs-")
+        .tempdir()
+        .expect("tmp");
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let pve = root.path().join("pve");
+    std::fs::create_dir(&pve).expect("mkdir");
+    std::fs::set_permissions(&pve, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let vmlist = pve.join(".vmlist");
+    let put = |bytes: &[u8]| {
+        let tmp = pve.join(".vmlist.new");
+        std::fs::write(&tmp, bytes).expect("write");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+        std::fs::rename(&tmp, &vmlist).expect("rename");
+    };
+    put(&live);
+    let h = Helper::reading(&w, "", &vmlist);
+
+    let r = h.call(&read_vmlist_request());
+    assert_eq!(r["file"]["name"], "vmlist", "{r:#}");
+    assert_eq!(r["file"]["data"], json!(b64(&live)), "{r:#}");
+
+    // The file replaced by a link to a copy of itself.
+    let copy = root.path().join("copy");
+    std::fs::write(&copy, &live).expect("copy");
+    std::os::unix::fs::symlink(&copy, pve.join(".vmlist.link")).expect("symlink");
+    std::fs::rename(pve.join(".vmlist.link"), &vmlist).expect("swap in the link");
+    let r = h.call(&read_vmlist_request());
+    assert_eq!(code(&r), "config_invalid", "{r:#}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("symbolic link"),
+        "{r:#}"
+    );
+    put(&live);
+    assert!(h.call(&read_vmlist_request())["file"].is_object());
+
+    // Its folder writable by others: whoever may write there could swap the file.
+    std::fs::set_permissions(&pve, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let r = h.call(&read_vmlist_request());
+    assert_eq!(code(&r), "config_invalid", "{r:#}");
+    assert!(
+        r["error"]["message"].as_str().unwrap_or("").contains("777"),
+        "{r:#}"
+    );
+    std::fs::set_permissions(&pve, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+
+    // The folder replaced by a link to another folder holding a valid list.
+    let elsewhere = root.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("mkdir");
+    std::fs::write(elsewhere.join(".vmlist"), &live).expect("write");
+    let moved = root.path().join("pve.real");
+    std::fs::rename(&pve, &moved).expect("move the folder away");
+    std::os::unix::fs::symlink(&elsewhere, &pve).expect("symlink");
+    let r = h.call(&read_vmlist_request());
+    assert_eq!(code(&r), "config_invalid", "{r:#}");
+    std::fs::remove_file(&pve).expect("rm link");
+    std::fs::rename(&moved, &pve).expect("move back");
+
+    // Over the limit (16 MiB): refused, not cut.
+    put(&vec![b' '; 16 * 1024 * 1024 + 1]);
+    let r = h.call(&read_vmlist_request());
+    assert_eq!(code(&r), "config_invalid", "{r:#}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("larger than"),
+        "{r:#}"
+    );
+
+    // Missing: said so (the agent then reads it itself, else asks `pct list`).
+    std::fs::remove_file(&vmlist).expect("rm");
+    let r = h.call(&read_vmlist_request());
+    assert_eq!(r["file"]["name"], "vmlist", "{r:#}");
+    assert!(r["file"]["data"].is_null(), "{r:#}");
+
+    // Only the closed set of files, never a path or a key a caller names.
+    for file in [
+        "nodes/pve1/pve-ssl.key",
+        "priv/token.cfg",
+        "/etc/shadow",
+        "../.vmlist",
+    ] {
+        let r = h.call(&json!({"v": 1, "op": "read", "file": file}));
+        assert_eq!(code(&r), "exec_request_invalid", "{file}: {r:#}");
+    }
+    let r = h.call(&json!({"v": 1, "op": "read", "file": "user.cfg"}));
+    let user_cfg = std::fs::read(w.pve.dir().join("user.cfg")).expect("user.cfg");
+    assert_eq!(r["file"]["data"], json!(b64(&user_cfg)), "{r:#}");
+
+    // Hostile bytes are handed over as they are; the agent refuses them as a guest list.
+    let hostile = b"{\"version\": 1, \"ids\": {\"160\": {\"node\": \"pve1\", \"type\": \"lxc\"}, \"160\": {\"node\": \"\x1b[2J\", \"type\": \"qemu\"}}}";
+    put(hostile);
+    let r = h.call(&read_vmlist_request());
+    assert_eq!(r["file"]["data"], json!(b64(hostile)), "{r:#}");
+    let config = agent_config_through(&w, &h.socket, None, "");
+    let run = felhom_tests::agent::run_agent(&config, &["guests", "--json"]);
+    assert_eq!(run.code, Some(6), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["error"]["code"], "config_invalid", "{doc:#}");
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains(&w.files.vmlist_path.display().to_string())
+            && message.contains("is not a valid guest list"),
+        "{message}"
+    );
+    assert!(!run.stdout.contains('\x1b') && !run.stderr.contains('\x1b'));
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    // Nothing of this ran `pct`.
+    assert!(h.pct_calls().is_empty(), "{:?}", h.pct_calls());
+    let log = h.log_text();
+    assert!(log.contains("refused to hand over"), "{log}");
+}
+
+/// The agent as its own user (`daemon`, uid 1, standing for felhom-agent), in no group that
+/// reads the fake's `.vmlist`: `guests` has the full list all the same, handed over by the
+/// real helper over its socket, and says so; the helper logged the hand-over for that uid.
+/// `datacenter.cfg` (the preflight's tag policy) comes the same way. Without the helper, the
+/// same command falls back to reading the file itself, cannot, and asks the local commands
+/// (which the test bed's agent user cannot run): it fails naming both.
+#[test]
+fn the_agent_reads_the_guest_list_through_the_helper_as_a_user_that_cannot_read_it() {
+    let w = world();
+    // The fake's list, copied where only root may look (as pmxcfs's /etc/pve is for a user
+    // outside www-data); the agent and the helper both name the copy.
+    let private = tempfile::Builder::new()
+        .prefix("felhom-pmxcfs-")
+        .tempdir()
+        .expect("tmp");
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700))
+        .expect("chmod");
+    let vmlist = private.path().join(".vmlist");
+    std::fs::copy(w.pve.vmlist_path(), &vmlist).expect("copy");
+    std::fs::set_permissions(&vmlist, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+    let direct = Command::new("cat")
+        .arg(&vmlist)
+        .uid(1)
+        .gid(1)
+        .output()
+        .expect("cat");
+    assert!(
+        !direct.status.success(),
+        "uid 1 can read {} itself: this test would not show the helper's part",
+        vmlist.display()
+    );
+    // The cluster's datacenter.cfg there too, with a tag policy the marker cannot pass.
+    let datacenter = private.path().join("datacenter.cfg");
+    std::fs::write(&datacenter, "user-tag-access: user-allow=none\n").expect("datacenter.cfg");
+    std::fs::set_permissions(&datacenter, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+    let text = with_path(&w.files.config_text(), "datacenter_cfg", &datacenter);
+    std::fs::write(&w.files.config_path, format!("{text}\n")).expect("config");
+    let h = Helper::reading(&w, "[agent]\nuser = \"daemon\"\n", &vmlist);
+    let config = agent_config_through(&w, &h.socket, Some(&vmlist), "[agent]\nuser = \"daemon\"\n");
+    nix::unistd::chown(
+        &w.files.state_dir,
+        Some(nix::unistd::Uid::from_raw(1)),
+        Some(nix::unistd::Gid::from_raw(1)),
+    )
+    .expect("chown state_dir");
+    let run = felhom_tests::agent::run_agent(&config, &["guests", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["source"], "vmlist", "{doc:#}");
+    let described = doc["source_description"].as_str().unwrap_or("");
+    assert!(
+        described.contains("handed over by the root exec helper")
+            && described.contains(&h.socket.display().to_string()),
+        "{described}"
+    );
+    let want = w.pve.vmlist_entries().len();
+    assert!(want > 0);
+    let rows = doc["guests"].as_array().map_or(0, Vec::len);
+    assert!(rows >= want, "{rows} rows for {want} guests: {doc:#}");
+    let log = h.log_text();
+    let handed = log
+        .lines()
+        .filter(|l| l.contains("handed over") && l.contains("uid=1"))
+        .count();
+    assert!(handed >= 1, "{log}");
+    // The preflight's tag policy, read the same way: doctor (as the user) judges the private
+    // datacenter.cfg it could not open itself.
+    let doc = felhom_tests::agent::run_agent(&config, &["doctor", "--json"]).json();
+    let tags = doc["checks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == "tag_policy"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no tag_policy check: {doc:#}"));
+    assert_eq!(tags["status"], "fail", "{tags:#}");
+    assert!(
+        tags["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("user-allow=none"),
+        "{tags:#}"
+    );
+    assert!(
+        h.log_text()
+            .lines()
+            .any(|l| l.contains("handed over") && l.contains("datacenter.cfg")),
+        "{}",
+        h.log_text()
+    );
+
+    // The helper gone: the agent reads the file itself, which its user cannot.
+    drop(h);
+    let run = felhom_tests::agent::run_agent(&config, &["guests", "--json"]);
+    assert_eq!(run.code, Some(6), "{}\n{}", run.stdout, run.stderr);
+    let message = run.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        message.contains("did not hand it over") && message.contains("Permission denied"),
+        "{message}"
+    );
 }

@@ -896,3 +896,78 @@ fn resume_runs_an_interrupted_provision_to_its_end() {
     assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
     assert_eq!(run.json()["error"]["code"], "txn_not_open");
 }
+
+/// A restore test stopped before its transaction ended shows as `interrupted` in `journal`
+/// (and `--kind restore-test`) as soon as no process holds its vmid's lock, even while the pid
+/// its lock file names is alive: the daemon that ran it lives on, or after a reboot another
+/// process has that pid (a `sleep` stands for either here). While a process holds the lock
+/// for it, it is open (a run in progress), not interrupted.
+#[test]
+fn a_stopped_restore_test_shows_interrupted_at_once_even_while_the_pid_of_its_lock_lives() {
+    let w = World::demo();
+    let killed = run_killed(&w, &["--selftest=restore", "--json"], "after-journal:3");
+    assert_eq!(killed.code, None, "not killed: {}", killed.stdout);
+    let t = w
+        .journal()
+        .into_iter()
+        .find(|t| t["kind"] == "selftest-restore" && t["outcome"].is_null())
+        .expect("the open restore test");
+    let txn = text(&t["txn"]);
+    let vmid = u32::try_from(t["vmid"].as_u64().expect("vmid")).expect("vmid");
+    assert!((990_000..=990_009).contains(&vmid), "{t:#}");
+
+    // A live process named in the lock file, holding no lock (ended when the test ends).
+    struct Sleeper(std::process::Child);
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let alive = Sleeper(
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep"),
+    );
+    let lock = w
+        .state_dir()
+        .join("locks")
+        .join(format!("vmid-{vmid}.lock"));
+    std::fs::write(&lock, format!("pid {}\ntxn {txn}\n", alive.0.id())).expect("lock file");
+    let t = w.journal_txn(&txn);
+    assert_eq!(t["interrupted"], json!(true), "{t:#}");
+    assert_eq!(
+        text(&t["resume"]),
+        format!("felhom-agent journal resume {txn}"),
+        "{t:#}"
+    );
+    let table = w.agent(&["journal", "--kind", "restore-test"]);
+    assert_eq!(table.code, Some(0), "{}", table.stderr);
+    let row: Vec<&str> = table
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&txn))
+        .unwrap_or_else(|| panic!("no row for {txn}:\n{}", table.stdout))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[3], "interrupted", "{row:?}\n{}", table.stdout);
+
+    // A process holding the lock for it: running, so open.
+    {
+        let txn_ulid = ulid::Ulid::from_string(&txn).expect("ulid");
+        let _held = VmidLock::try_acquire(&w.state_dir(), vmid, Some(txn_ulid)).expect("lock");
+        let t = w.journal_txn(&txn);
+        assert_eq!(t["interrupted"], json!(false), "{t:#}");
+        let table = w.agent(&["journal", "--kind", "restore-test"]);
+        let row: Vec<&str> = table
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&txn))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(row.get(3), Some(&"open"), "{row:?}\n{}", table.stdout);
+    }
+    drop(alive);
+}

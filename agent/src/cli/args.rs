@@ -156,7 +156,8 @@ pub enum Command {
         vmid: String,
     },
     /// The node's preflight: config, token file, PVE TLS, token and privileges, pool,
-    /// .vmlist, exec, hub; as the [agent] user, like the other commands. Writes nothing. Exit 0
+    /// .vmlist (and how it is read), the node's TLS keys out of the agent's reach, exec (and the
+    /// helper's `pct`), hub; as the [agent] user, like the other commands. Writes nothing. Exit 0
     /// when nothing failed (warnings are counted), 6 otherwise.
     Doctor,
     /// The transactions, their phase and whether destroy is armed; with --stats, how long
@@ -220,7 +221,12 @@ With a verb (refresh, resolve, resume, cancel): act on the journal; see each ver
 an unprivileged system user ([agent] user) asks this helper, over a Unix socket, to run a command in \
 an LXC container or to copy a file into one (through `pct exec`, the bytes on stdin, written by a \
 process inside the container; never `pct push`, which writes as host root following the guest's \
-links). The helper does nothing else.\n\n\
+links). It also hands the agent four cluster files it reads, so that the agent's user needs no \
+pmxcfs group (www-data reads the node's TLS key): .vmlist, datacenter.cfg, user.cfg and \
+sdn/vnets.cfg, each from the path of its own config, opened as root from / without following a \
+link, only through folders of root's nobody else can write, a regular file of root's of at most \
+16 MiB (else config_invalid; a request names one of the four, never a path); and says where its \
+`pct` resolves (doctor's exec check). The helper does nothing else.\n\n\
 Who may call it: only processes of root and of the [agent] user (checked with SO_PEERCRED on \
 every connection; anyone else gets exec_caller_refused). Before every request it reads, fresh: \
 the journal in state_dir (the transaction named must be open, with an armed claim on exactly this \

@@ -19,17 +19,22 @@ use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 
 use super::proto::{
-    encode_request, read_frame, write_frame, ErrorKind, Op, ProtoError, Request, Response,
-    MAX_BLOB_BYTES, MAX_MESSAGE_BYTES, MAX_OUTPUT_CAP, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME,
-    MAX_TIMEOUT, PROBE_VERSION,
+    encode_read_request, encode_request, encode_status_request, read_frame, write_frame,
+    ClusterFile, ErrorKind, Op, ProtoError, Request, Response, WireStatus, MAX_BLOB_BYTES,
+    MAX_CLUSTER_FILE_BYTES, MAX_MESSAGE_BYTES, MAX_OUTPUT_CAP, MAX_REQUEST_FRAME,
+    MAX_RESPONSE_FRAME, MAX_STATUS_PATH_BYTES, MAX_TIMEOUT, PROBE_VERSION,
 };
 use crate::config::{Config, DEFAULT_EXEC_HELPER_SOCKET};
-use crate::error::outside_text_max;
+use crate::error::{outside_text_max, ErrorCode};
 use crate::guest::exec::{
     check_guest_path, guest_argv, sha256_hex, DynGuestExec, ExecError, ExecOutcome, ExecRequest,
     GuestExec, GuestRef, LxcExecFactory, PushReceipt, PushSource,
 };
 use crate::guest::lxc::PctConfig;
+use crate::inventory::{
+    read_full_list_with, DirectVmlist, FullGuestList, InventoryError, SystemListCommands,
+    VmlistReader, VmlistUnread, VmlistVia,
+};
 use crate::pve::GuestKind;
 use hub_protocol::TxnId;
 
@@ -249,7 +254,9 @@ impl GuestExec for HelperExec {
                 .into_outcome(request.output_cap)
                 .map_err(|e| self.unavailable(format!("its answer is not valid: {e}"))),
             Response::Error(e) => Err(self.answer_error(e, None)),
-            Response::Push(_) => Err(self.unavailable("it answered an exec with a push receipt")),
+            Response::Push(_) | Response::File(_) | Response::Status(_) => {
+                Err(self.unavailable("it answered an exec with something else"))
+            }
         }
     }
 
@@ -294,8 +301,8 @@ impl GuestExec for HelperExec {
         {
             Response::Push(r) => r.into_receipt(),
             Response::Error(e) => return Err(self.answer_error(e, Some(guest_path))),
-            Response::Exec(_) => {
-                return Err(self.unavailable("it answered a push with an exec outcome"))
+            Response::Exec(_) | Response::File(_) | Response::Status(_) => {
+                return Err(self.unavailable("it answered a push with something else"))
             }
         };
         // The helper read the file back; its receipt must name what was sent.
@@ -462,10 +469,257 @@ pub async fn probe(socket: &Path) -> Result<(), String> {
         .map_err(|_| format!("no answer within {}s", CONNECT_TIMEOUT.as_secs()))?
 }
 
+/// How long a request about the node ([`read_cluster_file`], [`helper_status`]) may take to
+/// be handed over, and then to be answered.
+pub const NODE_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why the helper gave no cluster file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileAnswer {
+    /// Nothing usable came back: no helper on the socket, no answer in time, a helper that
+    /// does not know the request (an older version), a malformed answer. Its words, for a
+    /// message.
+    Unavailable(String),
+    /// The helper cannot read the file at all (missing, pmxcfs down): `pve_unreachable`.
+    Unreadable(String),
+    /// The helper refused the file as not what it should be (a link, a path someone else could
+    /// change, too large): `config_invalid`, or any other refusal.
+    Refused(String),
+}
+
+/// One request about the node, blocking (it is called from code that reads files the same
+/// way): connect, check that root answers, send `body`, read one answer of at most
+/// `answer_max` bytes. `Err`: what went wrong, for a message.
+fn node_request(socket: &Path, body: &[u8], answer_max: u32) -> Result<Response, String> {
+    use nix::sys::socket::{getsockopt, sockopt};
+    use std::io::{Read, Write};
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(socket).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => "the socket does not exist".to_string(),
+            std::io::ErrorKind::ConnectionRefused => "nothing listens on the socket".to_string(),
+            std::io::ErrorKind::PermissionDenied => "permission denied on the socket".to_string(),
+            _ => format!("connecting failed: {e}"),
+        })?;
+    let peer = getsockopt(&stream, sockopt::PeerCredentials)
+        .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+    if peer.uid() != 0 {
+        return Err(format!(
+            "the process on the socket runs as uid {}, not root; nothing was sent. Check who \
+             owns the socket and its folder",
+            peer.uid()
+        ));
+    }
+    let io = |what: &str, e: std::io::Error| format!("{what} failed: {e}");
+    stream
+        .set_write_timeout(Some(NODE_REQUEST_TIMEOUT))
+        .and_then(|()| stream.set_read_timeout(Some(NODE_REQUEST_TIMEOUT)))
+        .map_err(|e| io("setting the socket's timeouts", e))?;
+    let len = u32::try_from(body.len()).map_err(|_| "the request is too large".to_string())?;
+    stream
+        .write_all(&len.to_be_bytes())
+        .and_then(|()| stream.write_all(body))
+        .and_then(|()| stream.flush())
+        .map_err(|e| io("sending the request", e))?;
+    let mut prefix = [0u8; 4];
+    stream
+        .read_exact(&mut prefix)
+        .map_err(|e| io("reading the answer", e))?;
+    let len = u32::from_be_bytes(prefix);
+    if len > answer_max {
+        return Err(format!(
+            "its answer of {len} bytes is larger than the limit of {answer_max} bytes"
+        ));
+    }
+    let mut answer = vec![0u8; len as usize];
+    stream
+        .read_exact(&mut answer)
+        .map_err(|e| io("reading the answer", e))?;
+    Response::decode(&answer).map_err(|e| format!("its answer is not valid: {e}"))
+}
+
+/// The bytes of `file` as the helper at `socket` reads them as root. The answer is outside
+/// text: its size is bounded before it is read, its name checked, and the bytes are for the
+/// caller to parse as hostile input.
+pub fn read_cluster_file(socket: &Path, file: ClusterFile) -> Result<Option<Vec<u8>>, FileAnswer> {
+    let answer_max = u32::try_from(MAX_CLUSTER_FILE_BYTES.div_ceil(3) * 4 + ANSWER_SLACK)
+        .unwrap_or(u32::MAX)
+        .min(MAX_RESPONSE_FRAME);
+    let clip = |t: &str| outside_text_max(t, MESSAGE_KEEP);
+    match node_request(socket, &encode_read_request(file), answer_max)
+        .map_err(FileAnswer::Unavailable)?
+    {
+        Response::File(f) => f
+            .into_bytes(file)
+            .map_err(|e| FileAnswer::Unavailable(format!("its answer is not valid: {e}"))),
+        Response::Error(e) => Err(match e.code {
+            ErrorCode::ExecRequestInvalid => FileAnswer::Unavailable(format!(
+                "it does not hand over cluster files (an older version?): {}",
+                clip(&e.message)
+            )),
+            ErrorCode::PveUnreachable => FileAnswer::Unreadable(clip(&e.message)),
+            code => FileAnswer::Refused(format!("{code}: {}", clip(&e.message))),
+        }),
+        Response::Exec(_) | Response::Push(_) | Response::Status(_) => Err(
+            FileAnswer::Unavailable("it answered a read with something else".to_string()),
+        ),
+    }
+}
+
+/// `.vmlist` through the root exec helper, else (the helper does not hand it over) read by
+/// this process itself.
+#[derive(Debug, Clone)]
+pub struct HelperVmlist {
+    socket: PathBuf,
+}
+
+impl HelperVmlist {
+    /// Through the helper at `socket`.
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+        }
+    }
+}
+
+impl VmlistReader for HelperVmlist {
+    fn read_vmlist(&self, path: &Path) -> Result<(Vec<u8>, VmlistVia), VmlistUnread> {
+        let socket = self.socket.clone();
+        let why = match read_cluster_file(&self.socket, ClusterFile::Vmlist) {
+            Ok(Some(bytes)) => return Ok((bytes, VmlistVia::Helper { socket })),
+            Ok(None) => format!("it says {} does not exist", path.display()),
+            // Root read nothing from a path someone else could have placed; this process may
+            // still read what its own user can (as without a helper), and says why.
+            Err(FileAnswer::Refused(why)) => format!("it refused to hand it over: {why}"),
+            Err(FileAnswer::Unavailable(why) | FileAnswer::Unreadable(why)) => why,
+        };
+        tracing::debug!(socket = %self.socket.display(), "the exec helper did not hand over {}: {why}; reading it directly", path.display());
+        let (bytes, _) = DirectVmlist.read_vmlist(path).map_err(|e| match e {
+            VmlistUnread::Unreadable(direct) => VmlistUnread::Unreadable(format!(
+                "the exec helper at {} did not hand it over ({why}), and reading it directly \
+                 failed: {direct}",
+                self.socket.display()
+            )),
+            refused => refused,
+        })?;
+        Ok((bytes, VmlistVia::DirectAfterHelper { socket, why }))
+    }
+}
+
+/// How this process reads `.vmlist`: through the helper in the helper mode
+/// ([`ExecMode::of_process`]), itself otherwise.
+pub fn vmlist_reader(cfg: &Config) -> VmlistRoute {
+    match ExecMode::of_process(cfg) {
+        ExecMode::Direct => VmlistRoute::Direct,
+        ExecMode::Helper { socket, .. } => VmlistRoute::Helper(HelperVmlist::new(socket)),
+    }
+}
+
+/// [`vmlist_reader`]'s answer.
+#[derive(Debug, Clone)]
+pub enum VmlistRoute {
+    /// This process reads the file.
+    Direct,
+    /// The helper does, else this process.
+    Helper(HelperVmlist),
+}
+
+impl VmlistReader for VmlistRoute {
+    fn read_vmlist(&self, path: &Path) -> Result<(Vec<u8>, VmlistVia), VmlistUnread> {
+        match self {
+            Self::Direct => DirectVmlist.read_vmlist(path),
+            Self::Helper(h) => h.read_vmlist(path),
+        }
+    }
+}
+
+/// The node's full guest list as this process reads it ([`vmlist_reader`], then `pct list` +
+/// `qm list` when `.vmlist` cannot be read).
+pub fn full_guest_list(cfg: &Config) -> Result<FullGuestList, InventoryError> {
+    read_full_list_with(
+        &cfg.vmlist_path,
+        &cfg.node,
+        &SystemListCommands::default(),
+        &vmlist_reader(cfg),
+    )
+}
+
+/// A cluster file as this process reads it ([`ClusterFile`], at the path the config names):
+/// through the root exec helper in its mode, else (no helper, or it gives no usable answer)
+/// directly. `Ok(None)`: it does not exist. `Err`: why it cannot be had, for a message. Its
+/// text is outside text for the caller to parse.
+pub fn node_file(cfg: &Config, file: ClusterFile) -> Result<Option<String>, String> {
+    let path = super::cluster_file::path_of(cfg, file);
+    let mut helper_why = None;
+    if let ExecMode::Helper { socket, .. } = ExecMode::of_process(cfg) {
+        match read_cluster_file(&socket, file) {
+            Ok(bytes) => return Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned())),
+            Err(FileAnswer::Refused(why)) => {
+                helper_why = Some(format!(
+                    "the exec helper at {} refused to hand it over ({why}), and ",
+                    socket.display()
+                ));
+            }
+            Err(FileAnswer::Unavailable(why) | FileAnswer::Unreadable(why)) => {
+                helper_why = Some(format!(
+                    "the exec helper at {} did not hand it over ({why}), and ",
+                    socket.display()
+                ));
+            }
+        }
+    }
+    let direct = std::fs::File::open(&path).and_then(|f| {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        f.take(MAX_CLUSTER_FILE_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map(|_| bytes)
+    });
+    match direct {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!(
+            "{}: {}reading it directly failed: {e}",
+            path.display(),
+            helper_why.unwrap_or_default()
+        )),
+        Ok(b) if b.len() > MAX_CLUSTER_FILE_BYTES => Err(format!(
+            "{} is larger than {MAX_CLUSTER_FILE_BYTES} bytes",
+            path.display()
+        )),
+        Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+    }
+}
+
+/// What the helper at `socket` says of itself. `Err`: no usable answer (for an older helper:
+/// its refusal of the request, which shows that it answers).
+pub fn helper_status(socket: &Path) -> Result<WireStatus, StatusAnswer> {
+    let answer_max = u32::try_from(2 * MAX_STATUS_PATH_BYTES + ANSWER_SLACK).unwrap_or(u32::MAX);
+    match node_request(socket, &encode_status_request(), answer_max)
+        .map_err(StatusAnswer::NoAnswer)?
+    {
+        Response::Status(st) => Ok(st),
+        Response::Error(e) => Err(StatusAnswer::Refused(format!(
+            "{}: {}",
+            e.code,
+            outside_text_max(&e.message, MESSAGE_KEEP)
+        ))),
+        _ => Err(StatusAnswer::NoAnswer(
+            "it answered a status request with something else".to_string(),
+        )),
+    }
+}
+
+/// Why [`helper_status`] has no status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusAnswer {
+    /// Nothing answered (or not validly).
+    NoAnswer(String),
+    /// The helper answered with a refusal (an older version does not know the request).
+    Refused(String),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ErrorCode;
     use crate::exec_helper::proto::{
         decode_request, WireError, WireExit, WireOutcome, WireReceipt,
     };
@@ -703,6 +957,156 @@ mod tests {
                 }
             );
         }
+    }
+
+    /// A fake helper answering every node request with `answer` (as root: the test runs as
+    /// root), in a thread, so the blocking client can be driven from the test thread.
+    fn serve_node(dir: &Path, answer: Vec<u8>) -> PathBuf {
+        let socket = dir.join("node.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                let mut len = [0u8; 4];
+                if s.read_exact(&mut len).is_err() {
+                    continue;
+                }
+                let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+                let _ = s.read_exact(&mut body);
+                let _ = s.write_all(&(answer.len() as u32).to_be_bytes());
+                let _ = s.write_all(&answer);
+            }
+        });
+        socket
+    }
+
+    fn file_answer(name: &str, data: &[u8]) -> Vec<u8> {
+        use base64::Engine as _;
+        Response::File(super::super::proto::WireFile {
+            name: name.into(),
+            data: Some(base64::engine::general_purpose::STANDARD.encode(data)),
+        })
+        .encode()
+    }
+
+    #[test]
+    fn a_helpers_vmlist_is_parsed_as_hostile_and_its_refusals_sorted() {
+        use crate::inventory::ListSource;
+        let dir = tempfile::tempdir().expect("tmp");
+        let vmlist = dir.path().join("vmlist-not-readable-here");
+        let no_commands = |_: crate::inventory::ListCommand| -> Result<String, InventoryError> {
+            Err(InventoryError::CommandFailed {
+                command: "pct list",
+                detail: "not on this test's node".into(),
+            })
+        };
+        let read = |socket: &Path| {
+            crate::inventory::read_full_list_with(
+                &vmlist,
+                "pve1",
+                &no_commands,
+                &HelperVmlist::new(socket),
+            )
+        };
+        // A list the helper hands over is taken, and the source says so.
+        let good = "{\n\"version\": 3,\n\"ids\": {\n\"101\": { \"node\": \"pve1\", \"type\": \"lxc\", \"version\": 1 }}\n\n}\n";
+        let dir_ok = tempfile::tempdir().expect("tmp");
+        let list = read(&serve_node(
+            dir_ok.path(),
+            file_answer("vmlist", good.as_bytes()),
+        ))
+        .expect("list");
+        assert!(list.contains(101));
+        assert!(
+            matches!(
+                list.source(),
+                ListSource::Vmlist {
+                    via: VmlistVia::Helper { .. },
+                    ..
+                }
+            ),
+            "{:?}",
+            list.source()
+        );
+        // Hostile bytes: refused as an invalid list naming the file, never a fallback.
+        for (i, hostile) in [
+            &b"{\"version\": 1, \"ids\": {\"101\": {\"node\": \"pve1\", \"type\": \"lxc\"}, \"101\": {\"node\": \"x\", \"type\": \"qemu\"}}}"[..],
+            b"\x00\xff\x1b[2J not json",
+            b"{\"ids\": {}}",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let d = tempfile::tempdir().expect("tmp");
+            let err = read(&serve_node(d.path(), file_answer("vmlist", hostile)))
+                .expect_err(&format!("hostile {i}"));
+            assert!(matches!(err, InventoryError::VmlistInvalid { .. }), "{i}: {err:?}");
+            assert!(!err.to_string().contains('\x1b'), "{err}");
+        }
+        // The answer for another file, an answer over the limit, garbage: no usable answer,
+        // so the file is read directly (here it does not exist, and the local commands fail).
+        for answer in [
+            file_answer("user.cfg", good.as_bytes()),
+            b"{\"v\":1,\"file\":{\"name\":\"vmlist\",\"data\":\"!!\"}}".to_vec(),
+            b"not json".to_vec(),
+        ] {
+            let d = tempfile::tempdir().expect("tmp");
+            let err = read(&serve_node(d.path(), answer)).expect_err("unusable");
+            let text = err.to_string();
+            assert!(matches!(err, InventoryError::NoGuestList { .. }), "{err:?}");
+            assert!(text.contains("did not hand it over"), "{text}");
+        }
+        // A refusal of the file (a link, a path others could change): root read nothing;
+        // this process reads what its own user can (here: nothing), naming the refusal.
+        let d = tempfile::tempdir().expect("tmp");
+        let refusal = Response::Error(WireError::refused(
+            ErrorCode::ConfigInvalid,
+            "/etc/pve/.vmlist: the file is a symbolic link",
+        ))
+        .encode();
+        let err = read(&serve_node(d.path(), refusal)).expect_err("refused");
+        assert!(matches!(err, InventoryError::NoGuestList { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("refused to hand it over")
+                && err.to_string().contains("symbolic link"),
+            "{err}"
+        );
+        // No helper at all: the direct read, with the reason kept.
+        std::fs::write(&vmlist, good).expect("write");
+        let list = read(&dir.path().join("missing.sock")).expect("direct");
+        assert!(
+            matches!(list.source(), ListSource::Vmlist { via: VmlistVia::DirectAfterHelper { why, .. }, .. } if why.contains("does not exist")),
+            "{:?}",
+            list.source()
+        );
+    }
+
+    #[test]
+    fn an_oversized_file_answer_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let socket = dir.path().join("node.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            if let Ok((mut s, _)) = listener.accept() {
+                let mut len = [0u8; 4];
+                let _ = s.read_exact(&mut len);
+                let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+                let _ = s.read_exact(&mut body);
+                // Announces 1 GiB, sends nothing behind it.
+                let _ = s.write_all(&(1u32 << 30).to_be_bytes());
+                std::thread::sleep(Duration::from_secs(5));
+            }
+        });
+        let started = std::time::Instant::now();
+        match read_cluster_file(&socket, ClusterFile::Vmlist) {
+            Err(FileAnswer::Unavailable(why)) => {
+                assert!(why.contains("larger than the limit"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(4));
     }
 
     #[test]

@@ -34,6 +34,31 @@
 //! [`ExecError`] the helper met when it ran the request (`refused`: the helper itself refused
 //! it), so the caller can rebuild the error ([`WireError::into_exec_error`]).
 //!
+//! Two requests name no guest and carry nothing else ([`decode_incoming`]):
+//!
+//! ```json
+//! {"v":1,"op":"read","file":"vmlist"}
+//! {"v":1,"op":"status"}
+//! ```
+//!
+//! `read` asks for the bytes of one file of the cluster file system, named from a closed set
+//! ([`ClusterFile`]: `vmlist`, `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`, none of them a
+//! key or a secret); the helper reads it as root from the path of its own config
+//! (`vmlist_path`, `/etc/pve/.vmlist`, …), following no link and only through folders of
+//! root's nobody else can write (`super::cluster_file`), at most [`MAX_CLUSTER_FILE_BYTES`].
+//! The agent's user thus needs no pmxcfs group. `status` asks where the helper's `pct`
+//! resolves (`doctor`). Their answers (`data` null: the file does not exist):
+//!
+//! ```json
+//! {"v":1,"file":{"name":"vmlist","data":"…"}}
+//! {"v":1,"status":{"pct":"/usr/sbin/pct","path":"/usr/sbin:/usr/bin:/sbin:/bin"}}
+//! ```
+//!
+//! A file the helper will not hand over is an error answer: `config_invalid` when it is not
+//! what it should be (a link, a folder or file someone else could change, too large),
+//! `pve_unreachable` when it cannot be read at all (pmxcfs down). A helper of an
+//! older version refuses both requests as invalid (`exec_request_invalid`).
+//!
 //! A body of `{"v":0}` ([`PROBE_VERSION`]) is a probe: the helper refuses it as another version
 //! (`exec_request_invalid`), which shows that it answers, and runs nothing.
 //!
@@ -52,7 +77,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::error::{outside_text, ErrorCode};
+use crate::error::{outside_text, outside_text_max, ErrorCode};
 use crate::guest::exec::{
     Captured, ExecError, ExecOutcome, ExecRequest, GuestExit, GuestRef, PushReceipt,
     DEFAULT_EXEC_TIMEOUT, DEFAULT_OUTPUT_CAP,
@@ -83,6 +108,11 @@ pub const MAX_ARGS_BYTES: usize = 1024 * 1024;
 pub const MAX_GUEST_PATH_BYTES: usize = 4096;
 /// How many bytes of a message (an error's) the other side keeps.
 pub const MAX_MESSAGE_BYTES: usize = 4096;
+/// The largest cluster file the helper hands over (a 100,000-guest `.vmlist` is about 6 MiB;
+/// as base64 it fits a [`MAX_RESPONSE_FRAME`]).
+pub const MAX_CLUSTER_FILE_BYTES: usize = MAX_BLOB_BYTES;
+/// The most bytes of the helper's `PATH` a status answer carries.
+pub const MAX_STATUS_PATH_BYTES: usize = 4096;
 
 /// Why a frame or a request could not be read or is refused.
 #[derive(Debug, thiserror::Error)]
@@ -223,13 +253,66 @@ pub struct Request {
     pub op: Op,
 }
 
+/// A file of the cluster file system the helper hands over whole: a closed set, each read
+/// from the path the helper's own config names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterFile {
+    /// `.vmlist`: every guest of the cluster (`vmlist_path`, default `/etc/pve/.vmlist`).
+    Vmlist,
+    /// `datacenter.cfg`: the tag policy and the `next-id` range (`datacenter_cfg`).
+    DatacenterCfg,
+    /// `user.cfg`: users, tokens, pools and ACLs, no secret (`user_cfg_path`).
+    UserCfg,
+    /// `sdn/vnets.cfg`: which SDN zone each vnet is in (beside `.vmlist`).
+    VnetsCfg,
+}
+
+impl ClusterFile {
+    /// Every file the helper hands over.
+    pub const ALL: [ClusterFile; 4] = [
+        Self::Vmlist,
+        Self::DatacenterCfg,
+        Self::UserCfg,
+        Self::VnetsCfg,
+    ];
+
+    /// Its name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vmlist => "vmlist",
+            Self::DatacenterCfg => "datacenter.cfg",
+            Self::UserCfg => "user.cfg",
+            Self::VnetsCfg => "sdn/vnets.cfg",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+/// One request as the helper reads it: for a guest, or about the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    /// An exec or a push for one container.
+    Guest(Request),
+    /// The bytes of one cluster file.
+    Read(ClusterFile),
+    /// Where the helper's `pct` resolves.
+    Status,
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRequest {
     v: u64,
     op: String,
-    vmid: u32,
-    txn: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vmid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    txn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     argv: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -277,14 +360,26 @@ fn decode_b64(field: &str, text: &str, max: usize) -> Result<Vec<u8>, ProtoError
     Ok(bytes)
 }
 
-/// Decode and check a request body. Pure: no IO, every size bounded (the fuzz target's entry).
+/// Decode and check a guest request body ([`decode_incoming`] for every request): a `read` or
+/// `status` request is refused here. Pure: no IO, every size bounded (the fuzz target's entry).
+pub fn decode_request(body: &[u8]) -> Result<Request, ProtoError> {
+    match decode_incoming(body)? {
+        Incoming::Guest(r) => Ok(r),
+        Incoming::Read(_) | Incoming::Status => Err(invalid(
+            "a read or status request names no guest; an exec or push request was expected",
+        )),
+    }
+}
+
+/// Decode and check any request body. Pure: no IO, every size bounded.
 ///
 /// Refuses an unknown version or field, an op that is neither `exec` nor `push`, a field of the
 /// other op, a vmid outside PVE's range, a transaction id that is not a ULID, an empty argv,
 /// argv or env entries with NUL bytes, an env key that is not a plain name, a guest path that
 /// is not absolute or holds `..`, NUL or a newline, a mode above `0o7777`, a blob above
-/// [`MAX_BLOB_BYTES`]. Timeouts and caps are taken as given (the helper clamps them).
-pub fn decode_request(body: &[u8]) -> Result<Request, ProtoError> {
+/// [`MAX_BLOB_BYTES`]; a `read` of a file outside [`ClusterFile`], and a `read` or `status`
+/// carrying any other field. Timeouts and caps are taken as given (the helper clamps them).
+pub fn decode_incoming(body: &[u8]) -> Result<Incoming, ProtoError> {
     if body.len() > MAX_REQUEST_FRAME as usize {
         return Err(ProtoError::TooLarge {
             len: u32::try_from(body.len()).unwrap_or(u32::MAX),
@@ -305,16 +400,59 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtoError> {
     if raw.v != u64::from(PROTO_VERSION) {
         return Err(ProtoError::Version(raw.v));
     }
-    if !(100..=999_999_999).contains(&raw.vmid) {
+    if raw.op == "read" || raw.op == "status" {
+        let only_op = raw.vmid.is_none()
+            && raw.txn.is_none()
+            && raw.argv.is_none()
+            && raw.env.is_none()
+            && raw.stdin.is_none()
+            && raw.timeout_ms.is_none()
+            && raw.output_cap.is_none()
+            && raw.path.is_none()
+            && raw.mode.is_none()
+            && raw.data.is_none();
+        if !only_op {
+            return Err(invalid(format!(
+                "a {} request carries nothing but {}",
+                raw.op,
+                if raw.op == "read" { "file" } else { "v and op" }
+            )));
+        }
+        if raw.op == "status" {
+            return match raw.file {
+                None => Ok(Incoming::Status),
+                Some(_) => Err(invalid("a status request carries no file")),
+            };
+        }
+        let name = raw.file.ok_or_else(|| {
+            invalid("a read request needs file (vmlist, datacenter.cfg, user.cfg or sdn/vnets.cfg)")
+        })?;
+        return ClusterFile::from_name(&name)
+            .map(Incoming::Read)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "file {} is not one the helper hands over; only vmlist, datacenter.cfg, user.cfg and sdn/vnets.cfg",
+                    outside_text(&name)
+                ))
+            });
+    }
+    if raw.file.is_some() {
+        return Err(invalid("an exec or push request carries no file"));
+    }
+    let (Some(vmid), Some(raw_txn)) = (raw.vmid, raw.txn.as_deref()) else {
+        return Err(invalid(
+            "an exec or push request needs vmid and txn (the container and the transaction)",
+        ));
+    };
+    if !(100..=999_999_999).contains(&vmid) {
         return Err(invalid(format!(
-            "vmid {} is outside PVE's range 100 to 999999999",
-            raw.vmid
+            "vmid {vmid} is outside PVE's range 100 to 999999999"
         )));
     }
-    let txn = TxnId::parse(&raw.txn).map_err(|_| {
+    let txn = TxnId::parse(raw_txn).map_err(|_| {
         invalid(format!(
             "txn {} is not a transaction id (ULID)",
-            outside_text(&raw.txn)
+            outside_text(raw_txn)
         ))
     })?;
     let op = match raw.op.as_str() {
@@ -407,16 +545,12 @@ pub fn decode_request(body: &[u8]) -> Result<Request, ProtoError> {
         }
         other => {
             return Err(invalid(format!(
-                "op {} is unknown; use exec or push",
+                "op {} is unknown; use exec, push, read or status",
                 outside_text(other)
             )))
         }
     };
-    Ok(Request {
-        vmid: raw.vmid,
-        txn,
-        op,
-    })
+    Ok(Incoming::Guest(Request { vmid, txn, op }))
 }
 
 fn check_push_path(path: &str) -> Result<(), ProtoError> {
@@ -444,8 +578,9 @@ pub fn encode_request(request: &Request) -> Vec<u8> {
     let mut raw = RawRequest {
         v: u64::from(PROTO_VERSION),
         op: request.op.name().to_string(),
-        vmid: request.vmid,
-        txn: request.txn.to_string(),
+        vmid: Some(request.vmid),
+        txn: Some(request.txn.to_string()),
+        file: None,
         argv: None,
         env: None,
         stdin: None,
@@ -470,6 +605,59 @@ pub fn encode_request(request: &Request) -> Vec<u8> {
         }
     }
     serde_json::to_vec(&raw).unwrap_or_default()
+}
+
+/// A `read` request for `file` (a frame body).
+pub fn encode_read_request(file: ClusterFile) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "v": PROTO_VERSION,
+        "op": "read",
+        "file": file.name(),
+    }))
+    .unwrap_or_default()
+}
+
+/// A `status` request (a frame body).
+pub fn encode_status_request() -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"v": PROTO_VERSION, "op": "status"})).unwrap_or_default()
+}
+
+/// A cluster file's bytes on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireFile {
+    /// Which file ([`ClusterFile::name`]).
+    pub name: String,
+    /// Its bytes, base64; null when it does not exist.
+    pub data: Option<String>,
+}
+
+impl WireFile {
+    /// The bytes (`None`: it does not exist), if this is `file` and holds at most
+    /// [`MAX_CLUSTER_FILE_BYTES`] (checked before decoding). `Err`: what is wrong with the
+    /// answer.
+    pub fn into_bytes(self, file: ClusterFile) -> Result<Option<Vec<u8>>, ProtoError> {
+        if self.name != file.name() {
+            return Err(invalid(format!(
+                "asked for {}, the answer is {}",
+                file.name(),
+                outside_text_max(&self.name, 64)
+            )));
+        }
+        self.data
+            .map(|d| decode_b64("data", &d, MAX_CLUSTER_FILE_BYTES))
+            .transpose()
+    }
+}
+
+/// The helper's answer to `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireStatus {
+    /// Where `pct` resolves for the helper, or null when it does not.
+    pub pct: Option<String>,
+    /// The helper's `PATH` (clipped), or null when it has none.
+    pub path: Option<String>,
 }
 
 /// How a command ended, on the wire.
@@ -643,6 +831,10 @@ pub enum Response {
     Exec(WireOutcome),
     /// The file arrived and was verified.
     Push(WireReceipt),
+    /// A cluster file's bytes.
+    File(WireFile),
+    /// Where the helper's `pct` resolves.
+    Status(WireStatus),
     /// Refused or failed.
     Error(WireError),
 }
@@ -711,6 +903,15 @@ impl Response {
                     .is_some_and(|d| d.len() > MAX_MESSAGE_BYTES)
             {
                 return Err(invalid("response: error message too long"));
+            }
+        }
+        if let Self::Status(st) = &raw.body {
+            if [&st.pct, &st.path]
+                .into_iter()
+                .flatten()
+                .any(|t| t.len() > MAX_STATUS_PATH_BYTES)
+            {
+                return Err(invalid("response: status too long"));
             }
         }
         Ok(raw.body)
@@ -831,6 +1032,77 @@ mod tests {
             decode_request(cases[1]),
             Err(ProtoError::Version(2))
         ));
+    }
+
+    #[test]
+    fn read_and_status_requests_name_nothing_else() {
+        assert_eq!(
+            decode_incoming(&encode_read_request(ClusterFile::Vmlist)).expect("read"),
+            Incoming::Read(ClusterFile::Vmlist)
+        );
+        assert_eq!(
+            decode_incoming(&encode_status_request()).expect("status"),
+            Incoming::Status
+        );
+        // Neither is a guest request.
+        assert!(decode_request(&encode_read_request(ClusterFile::Vmlist)).is_err());
+        let refused: &[&[u8]] = &[
+            // Only the closed set: no path, no other name.
+            br#"{"v":1,"op":"read","file":"priv/token.cfg"}"#,
+            br#"{"v":1,"op":"read","file":"nodes/pve1/pve-ssl.key"}"#,
+            br#"{"v":1,"op":"read","file":"../priv/authkey.key"}"#,
+            br#"{"v":1,"op":"read"}"#,
+            br#"{"v":1,"op":"read","file":"vmlist","path":"/etc/pve/nodes/pve1/pve-ssl.key"}"#,
+            br#"{"v":1,"op":"read","file":"vmlist","vmid":101}"#,
+            br#"{"v":1,"op":"status","file":"vmlist"}"#,
+            br#"{"v":1,"op":"status","argv":["id"]}"#,
+            // A guest request carries no file, and still needs its vmid and transaction.
+            br#"{"v":1,"op":"exec","vmid":101,"txn":"01JD0000000000000000000000","argv":["id"],"file":"vmlist"}"#,
+            br#"{"v":1,"op":"exec","argv":["id"]}"#,
+        ];
+        for body in refused {
+            let err = decode_incoming(body).expect_err(&String::from_utf8_lossy(body));
+            assert_eq!(err.code(), ErrorCode::ExecRequestInvalid);
+        }
+    }
+
+    #[test]
+    fn a_file_answer_is_checked_before_its_bytes_are_taken() {
+        let ok = WireFile {
+            name: "vmlist".into(),
+            data: Some(B64.encode(b"{}")),
+        };
+        assert_eq!(
+            ok.clone().into_bytes(ClusterFile::Vmlist).expect("bytes"),
+            Some(b"{}".to_vec())
+        );
+        let missing = WireFile {
+            name: "datacenter.cfg".into(),
+            data: None,
+        };
+        assert_eq!(
+            missing
+                .into_bytes(ClusterFile::DatacenterCfg)
+                .expect("none"),
+            None
+        );
+        let back = Response::decode(&Response::File(ok).encode()).expect("decode");
+        assert!(matches!(back, Response::File(_)), "{back:?}");
+        let other = WireFile {
+            name: "user.cfg".into(),
+            data: Some(B64.encode(b"{}")),
+        };
+        assert!(other.into_bytes(ClusterFile::Vmlist).is_err());
+        let big = WireFile {
+            name: "vmlist".into(),
+            data: Some("A".repeat((MAX_CLUSTER_FILE_BYTES / 3 + 8) * 4)),
+        };
+        assert!(big.into_bytes(ClusterFile::Vmlist).is_err());
+        let status = Response::Status(WireStatus {
+            pct: None,
+            path: Some("x".repeat(MAX_STATUS_PATH_BYTES + 1)),
+        });
+        assert!(Response::decode(&status.encode()).is_err());
     }
 
     #[test]

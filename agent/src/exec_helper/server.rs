@@ -25,6 +25,11 @@
 //! `pct` killed; nothing runs on for a transaction nobody drives, even a command that escaped
 //! the group.
 //!
+//! A `read` request (the caller's uid checked as above; it names no guest and no path) is
+//! answered with the bytes of the cluster file it names, read from the path of this helper's
+//! config through nothing anyone but root could change ([`super::cluster_file`]); a `status`
+//! request with where `pct` resolves on this helper's `PATH`.
+//!
 //! Each request is logged with the caller's uid, the vmid, the transaction, the op, the argv
 //! (or the pushed path, mode and size), the names of the env variables, the size of stdin and
 //! the result. Env values, stdin and pushed bytes are never logged.
@@ -40,14 +45,18 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::authorize::{authorize, Owners, Refusal};
+use super::cluster_file::{path_of, read_trusted, FileRefusal};
 use super::proto::{
-    decode_request, read_frame, write_frame, Op, ProtoError, Request, Response, WireError,
-    MAX_OUTPUT_CAP, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME, MAX_TIMEOUT, PROBE_VERSION,
+    decode_incoming, read_frame, write_frame, ClusterFile, Incoming, Op, ProtoError, Request,
+    Response, WireError, WireFile, WireStatus, MAX_CLUSTER_FILE_BYTES, MAX_OUTPUT_CAP,
+    MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME, MAX_STATUS_PATH_BYTES, MAX_TIMEOUT, PROBE_VERSION,
 };
 use crate::config::Config;
-use crate::error::{outside_text, ErrorCode, ExitStatus};
+use crate::error::{outside_text, outside_text_max, ErrorCode, ExitStatus};
 use crate::guest::exec::{GuestExec, PushSource};
 use crate::guest::lxc::{LxcExec, PctConfig};
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
 
 /// How many connections are served at once. Each may hold a request frame of 24 MiB, its
 /// decoded stdin, two 8 MiB output buffers and their encoded answer at once (about 70 MiB at the
@@ -563,8 +572,17 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
             return refuse_malformed(&mut stream, uid, &e).await;
         }
     };
-    let request = match decode_request(&body) {
-        Ok(r) => r,
+    let request = match decode_incoming(&body) {
+        Ok(Incoming::Guest(r)) => r,
+        Ok(Incoming::Read(file)) => {
+            drop(body);
+            let response = hand_over(ctx, uid, file).await;
+            return respond(&mut stream, &response).await;
+        }
+        Ok(Incoming::Status) => {
+            let response = status(ctx, uid);
+            return respond(&mut stream, &response).await;
+        }
         Err(e) => return refuse_malformed(&mut stream, uid, &e).await,
     };
     drop(body);
@@ -591,6 +609,69 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
     if let Some(response) = response {
         respond(&mut stream, &response).await;
     }
+}
+
+/// A `read` request: the file from the path of the helper's own config, read as root through
+/// nothing anyone else could change ([`read_trusted`]), at most [`MAX_CLUSTER_FILE_BYTES`].
+async fn hand_over(ctx: &Ctx, uid: u32, file: ClusterFile) -> Response {
+    let path = path_of(&ctx.cfg, file);
+    let shown = path.display().to_string();
+    let read =
+        tokio::task::spawn_blocking(move || read_trusted(&path, MAX_CLUSTER_FILE_BYTES as u64))
+            .await
+            .unwrap_or_else(|e| {
+                Err(FileRefusal {
+                    code: ErrorCode::PveUnreachable,
+                    message: format!("reading {shown} stopped: {e}"),
+                })
+            });
+    match read {
+        Ok(bytes) => {
+            match &bytes {
+                Some(b) => tracing::info!(
+                    uid,
+                    file = file.name(),
+                    "handed over {shown} ({} bytes)",
+                    b.len()
+                ),
+                None => tracing::info!(
+                    uid,
+                    file = file.name(),
+                    "answered that {shown} does not exist"
+                ),
+            }
+            Response::File(WireFile {
+                name: file.name().to_string(),
+                data: bytes.map(|b| B64.encode(&b)),
+            })
+        }
+        Err(r) => {
+            tracing::warn!(uid, file = file.name(), code = %r.code, "refused to hand over {shown}: {}", r.message);
+            Response::Error(WireError::refused(r.code, r.message))
+        }
+    }
+}
+
+/// A `status` request: where `pct` resolves for this helper, and its `PATH`.
+fn status(ctx: &Ctx, uid: u32) -> Response {
+    let path = std::env::var_os("PATH");
+    let program = &ctx.pct.program;
+    let pct = if program.components().count() > 1 {
+        std::fs::metadata(program)
+            .is_ok_and(|m| {
+                use std::os::unix::fs::PermissionsExt;
+                m.is_file() && m.permissions().mode() & 0o111 != 0
+            })
+            .then(|| program.clone())
+    } else {
+        crate::doctor::resolve_on_path(&program.to_string_lossy(), path.as_deref())
+    };
+    let clip = |p: &Path| outside_text_max(&p.to_string_lossy(), MAX_STATUS_PATH_BYTES - 64);
+    tracing::info!(uid, pct = ?pct, "answered a status request (`felhom-agent doctor`)");
+    Response::Status(WireStatus {
+        pct: pct.as_deref().map(clip),
+        path: path.as_deref().map(|p| clip(Path::new(p))),
+    })
 }
 
 /// Resolves once the caller closed its side of the connection (or it failed): a caller sends

@@ -9,6 +9,7 @@ use hub_protocol::{GuestStatus, GuestType, Inventory, PoolGuest};
 
 use super::dispatch::InventoryRead;
 use crate::error::{ErrorCode, Failure};
+use crate::exec_helper::client::VmlistRoute;
 use crate::inventory::{self as inv, HubInventory, PoolView, ResourceRow, SystemListCommands};
 use crate::pve::{GuestKind, PveClient};
 
@@ -17,16 +18,25 @@ use crate::pve::{GuestKind, PveClient};
 pub struct PveInventory {
     client: PveClient,
     vmlist_path: PathBuf,
+    vmlist: VmlistRoute,
     node: String,
     pool: String,
 }
 
 impl PveInventory {
-    /// A reader for this node and pool.
-    pub fn new(client: PveClient, vmlist_path: PathBuf, node: String, pool: String) -> Self {
+    /// A reader for this node and pool; `.vmlist` is read through `vmlist` (the exec helper in
+    /// its mode, see [`crate::exec_helper::client::vmlist_reader`]).
+    pub fn new(
+        client: PveClient,
+        vmlist_path: PathBuf,
+        vmlist: VmlistRoute,
+        node: String,
+        pool: String,
+    ) -> Self {
         Self {
             client,
             vmlist_path,
+            vmlist,
             node,
             pool,
         }
@@ -52,9 +62,13 @@ impl InventoryRead for PveInventory {
             pool: vm.pool,
         });
         let pool_view = PoolView::from_resources(&self.pool, rows);
-        let (path, node) = (self.vmlist_path.clone(), self.node.clone());
+        let (path, node, via) = (
+            self.vmlist_path.clone(),
+            self.node.clone(),
+            self.vmlist.clone(),
+        );
         let full = tokio::task::spawn_blocking(move || {
-            inv::read_full_list(&path, &node, &SystemListCommands::default())
+            inv::read_full_list_with(&path, &node, &SystemListCommands::default(), &via)
         })
         .await
         .map_err(|e| {

@@ -104,6 +104,7 @@ pub async fn run(cfg: &Config, shutdown: CancellationToken) -> Result<DaemonRepo
     let inventory = Arc::new(PveInventory::new(
         client,
         cfg.vmlist_path.clone(),
+        crate::exec_helper::client::vmlist_reader(cfg),
         cfg.node.clone(),
         cfg.pool.clone(),
     ));

@@ -247,6 +247,52 @@ pub struct GuestEntry {
     pub version: Option<u64>,
 }
 
+/// How the bytes of `.vmlist` reached this process.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum VmlistVia {
+    /// This process opened the file itself (as root, or as a member of pmxcfs's group
+    /// `www-data`).
+    #[default]
+    Direct,
+    /// The root exec helper read the file and handed its bytes over its socket; this process
+    /// needs no right on pmxcfs.
+    Helper {
+        /// The helper's socket.
+        socket: PathBuf,
+    },
+    /// This process opened the file itself because the exec helper did not hand it over.
+    DirectAfterHelper {
+        /// The helper's socket.
+        socket: PathBuf,
+        /// Why the helper did not.
+        why: String,
+    },
+}
+
+impl VmlistVia {
+    /// `direct` or `exec_helper`, as JSON output names it.
+    pub fn kind_str(&self) -> &'static str {
+        match self {
+            Self::Helper { .. } => "exec_helper",
+            Self::Direct | Self::DirectAfterHelper { .. } => "direct",
+        }
+    }
+
+    /// A sentence part: how the file was read.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Direct => "read directly by this process".to_string(),
+            Self::Helper { socket } => {
+                format!("handed over by the root exec helper at {}", socket.display())
+            }
+            Self::DirectAfterHelper { socket, why } => format!(
+                "read directly by this process, because the exec helper at {} did not hand it over ({why})",
+                socket.display()
+            ),
+        }
+    }
+}
+
 /// Where the full guest list came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListSource {
@@ -254,6 +300,8 @@ pub enum ListSource {
     Vmlist {
         /// The file read.
         path: PathBuf,
+        /// How its bytes were read.
+        via: VmlistVia,
     },
     /// `pct list` + `qm list`, because `.vmlist` could not be read. These see only the guests
     /// of this node: a guest on another cluster node is missing from such a list.
@@ -284,7 +332,13 @@ impl ListSource {
     /// A sentence part for the operator: which list, and what it covers.
     pub fn describe(&self) -> String {
         match self {
-            Self::Vmlist { path } => format!("{} (cluster-wide)", path.display()),
+            Self::Vmlist {
+                path,
+                via: VmlistVia::Direct,
+            } => format!("{} (cluster-wide)", path.display()),
+            Self::Vmlist { path, via } => {
+                format!("{} (cluster-wide, {})", path.display(), via.describe())
+            }
             Self::LocalCommands {
                 node,
                 vmlist_path,
@@ -550,6 +604,43 @@ fn read_vmlist_file(path: &Path) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Why `.vmlist`'s bytes were not had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmlistUnread {
+    /// It cannot be read at all (missing, permission denied, any IO error): the local
+    /// commands are asked instead.
+    Unreadable(String),
+    /// It was refused as not a guest list this agent may trust (too large, not where or what
+    /// it should be): an error, never a reason to fall back.
+    Refused(InventoryError),
+}
+
+/// Where the bytes of `.vmlist` come from: this process's own read ([`DirectVmlist`]), or the
+/// root exec helper's (`crate::exec_helper::client::HelperVmlist`).
+pub trait VmlistReader {
+    /// The file's bytes (at most [`MAX_LIST_BYTES`]) and how they were read.
+    fn read_vmlist(&self, path: &Path) -> Result<(Vec<u8>, VmlistVia), VmlistUnread>;
+}
+
+/// This process opens `.vmlist` itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DirectVmlist;
+
+impl VmlistReader for DirectVmlist {
+    fn read_vmlist(&self, path: &Path) -> Result<(Vec<u8>, VmlistVia), VmlistUnread> {
+        match read_vmlist_file(path) {
+            Ok(bytes) if bytes.len() as u64 > MAX_LIST_BYTES => {
+                Err(VmlistUnread::Refused(InventoryError::VmlistTooLarge {
+                    path: path.to_owned(),
+                    max: MAX_LIST_BYTES,
+                }))
+            }
+            Ok(bytes) => Ok((bytes, VmlistVia::Direct)),
+            Err(e) => Err(VmlistUnread::Unreadable(e.to_string())),
+        }
+    }
+}
+
 /// Read the full guest list: `.vmlist` at `vmlist_path`, or, when that cannot be read at all
 /// (missing, permission denied, any IO error), `pct list` + `qm list` through `commands`, whose
 /// entries are put on `node`. The result's [`FullGuestList::source`] says which was used.
@@ -561,8 +652,20 @@ pub fn read_full_list(
     node: &str,
     commands: &impl ListCommands,
 ) -> Result<FullGuestList, InventoryError> {
-    match read_vmlist_file(vmlist_path) {
-        Ok(bytes) => {
+    read_full_list_with(vmlist_path, node, commands, &DirectVmlist)
+}
+
+/// [`read_full_list`] with `.vmlist`'s bytes from `reader`. They are parsed as hostile input
+/// whoever read them: the same parser, the same refusals.
+pub fn read_full_list_with(
+    vmlist_path: &Path,
+    node: &str,
+    commands: &impl ListCommands,
+    reader: &impl VmlistReader,
+) -> Result<FullGuestList, InventoryError> {
+    match reader.read_vmlist(vmlist_path) {
+        Err(VmlistUnread::Refused(e)) => Err(e),
+        Ok((bytes, via)) => {
             if bytes.len() as u64 > MAX_LIST_BYTES {
                 return Err(InventoryError::VmlistTooLarge {
                     path: vmlist_path.to_owned(),
@@ -579,6 +682,7 @@ pub fn read_full_list(
             FullGuestList::from_entries(
                 ListSource::Vmlist {
                     path: vmlist_path.to_owned(),
+                    via,
                 },
                 entries,
             )
@@ -590,8 +694,7 @@ pub fn read_full_list(
                 other => other,
             })
         }
-        Err(io_err) => {
-            let vmlist_error = io_err.to_string();
+        Err(VmlistUnread::Unreadable(vmlist_error)) => {
             let run = |command: ListCommand| {
                 commands.run(command).map_err(|e| {
                     let detail = match e {
@@ -677,6 +780,7 @@ VMID       Status     Lock         Name
         let full = FullGuestList::from_entries(
             ListSource::Vmlist {
                 path: DEFAULT_VMLIST_PATH.into(),
+                via: VmlistVia::Direct,
             },
             vec![
                 entry(101, GuestType::Lxc, "pve2", Some(1)),
@@ -726,7 +830,13 @@ mod tests {
         let path = dir.path().join(".vmlist");
         std::fs::write(&path, VMLIST_MULTI).unwrap();
         let list = read_full_list(&path, "pve1", &no_commands).unwrap();
-        assert_eq!(list.source(), &ListSource::Vmlist { path: path.clone() });
+        assert_eq!(
+            list.source(),
+            &ListSource::Vmlist {
+                path: path.clone(),
+                via: VmlistVia::Direct
+            }
+        );
         assert!(list.source().cluster_wide());
         assert_eq!(list.len(), 2);
         assert_eq!(list.lookup(101).map(|e| &*e.node), Some("pve2"));

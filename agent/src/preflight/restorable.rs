@@ -28,7 +28,6 @@
 //!   `assert_tag_permissions`, `get_allowed_tags`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use super::PreflightCheck;
 use crate::error::ErrorCode;
@@ -109,31 +108,20 @@ pub struct ClusterFiles {
 const CLUSTER_FILE_MAX: u64 = 1 << 20;
 
 impl ClusterFiles {
-    /// Read `datacenter_cfg` and `sdn/vnets.cfg` in `pve_dir` (`/etc/pve`, the folder of
-    /// `vmlist_path`).
-    pub fn read(datacenter_cfg: &Path, pve_dir: &Path) -> Self {
-        let read = |path: std::path::PathBuf| -> Option<Result<String, String>> {
-            match std::fs::File::open(&path) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => Some(Err(format!("{}: {e}", path.display()))),
-                Ok(f) => {
-                    use std::io::Read;
-                    let mut text = String::new();
-                    Some(
-                        f.take(CLUSTER_FILE_MAX)
-                            .read_to_string(&mut text)
-                            .map(|_| text)
-                            .map_err(|e| format!("{}: {e}", path.display())),
-                    )
-                }
-            }
-        };
-        let vnet_zones = match read(pve_dir.join("sdn/vnets.cfg")) {
+    /// From the texts of `datacenter.cfg` and `sdn/vnets.cfg` as read (`None`: the file does
+    /// not exist; `Err`: why it could not be read, naming it). A `vnets.cfg` that cannot be
+    /// read counts as no vnet.
+    pub fn from_texts(
+        datacenter: Option<Result<String, String>>,
+        vnets: Option<Result<String, String>>,
+    ) -> Self {
+        let vnet_zones = match vnets {
             Some(Ok(text)) => parse_vnet_zones(&text),
             _ => BTreeMap::new(),
         };
         ClusterFiles {
-            datacenter: read(datacenter_cfg.to_path_buf()),
+            datacenter: datacenter
+                .map(|r| r.map(|text| text.chars().take(CLUSTER_FILE_MAX as usize).collect())),
             vnet_zones,
         }
     }
@@ -929,7 +917,7 @@ pub fn tags_check(
             return PreflightCheck::fail(
                 name,
                 ErrorCode::ConfigInvalid,
-                format!("the cluster's tag policy could not be read ({e}); the agent's user must read /etc/pve/datacenter.cfg (group www-data)"),
+                format!("the cluster's tag policy could not be read ({e}); the root exec helper hands datacenter.cfg over to the agent (`systemctl start felhom-agent-exec.socket`), or without it the agent's user must read it"),
             )
         }
         Some(Ok(t)) => t,

@@ -30,7 +30,7 @@ use crate::guest::exec::{DynGuestExec, LxcExecFactory};
 use crate::guest::exec::{ExecRequest, GuestExec, GuestRef};
 use crate::guest::lxc::PctConfig;
 use crate::guest::qemu::{QemuConfig, QemuExec};
-use crate::inventory::{read_full_list, GuestType, SystemListCommands};
+use crate::inventory::GuestType;
 use crate::pve::guest_config::{
     is_net_key, is_qemu_tar_archive, is_true, isolation_breaches, Nic, StoredConfig,
     StoredConfigText,
@@ -1103,11 +1103,7 @@ impl<'a> Executor<'a> {
         vmid: u32,
         guest: GuestKind,
     ) -> Result<(GuestView, Option<GuestConfig>), String> {
-        let list = match read_full_list(
-            &self.cfg.vmlist_path,
-            &self.cfg.node,
-            &SystemListCommands::default(),
-        ) {
+        let list = match crate::exec_helper::client::full_guest_list(self.cfg) {
             Ok(l) => l,
             Err(e) => {
                 return Ok((

@@ -225,17 +225,76 @@ pub fn lock_path(state_dir: &Path, vmid: u32) -> PathBuf {
     state_dir.join(LOCK_DIR).join(format!("vmid-{vmid}.lock"))
 }
 
-/// The holder recorded in a lock file (`pid N` and optionally `txn ULID` lines).
-/// Whether a live process holds (or last took, and still runs) the lock of `vmid` for
-/// transaction `txn`, read from the lock file without locking it: what `journal` uses to tell
-/// a running transaction from an interrupted one. Read only; never blocks another process.
+/// Whether a process holds the lock of `vmid` for transaction `txn`: the lock file names
+/// `txn` (`pid N` and `txn ULID` lines) and the lock is held now, read without locking it:
+/// what `journal` uses to tell a running transaction from an interrupted one. Read only;
+/// never blocks another process.
+///
+/// Held is read from the kernel's table of locks (`/proc/locks`: a `FLOCK` on the lock file's
+/// device and inode), so a transaction whose process let go of the lock shows as interrupted
+/// at once, even while that process lives on (the daemon, after a restore test it ran was
+/// stopped) or while another process has its pid (after a reboot). Only where that table
+/// cannot be read is the named pid's being alive taken instead.
 pub fn running_holder(state_dir: &Path, vmid: u32, txn: Ulid) -> Option<Holder> {
     let mut file = File::open(lock_path(state_dir, vmid)).ok()?;
     let holder = read_holder(&mut file)?;
-    let alive = holder.txn == Some(txn)
-        && (holder.pid == std::process::id()
-            || Path::new(&format!("/proc/{}", holder.pid)).exists());
-    alive.then_some(holder)
+    if holder.txn != Some(txn) {
+        return None;
+    }
+    let held = match flock_held(&file) {
+        Some(held) => held,
+        None => {
+            holder.pid == std::process::id() || Path::new(&format!("/proc/{}", holder.pid)).exists()
+        }
+    };
+    held.then_some(holder)
+}
+
+/// The most of `/proc/locks` read.
+const PROC_LOCKS_MAX: u64 = 8 * 1024 * 1024;
+
+/// Whether any open file holds a `flock` on `file`'s inode, from `/proc/locks`; `None` when
+/// the table cannot be read.
+fn flock_held(file: &File) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().ok()?;
+    let mut text = String::new();
+    File::open("/proc/locks")
+        .ok()?
+        .take(PROC_LOCKS_MAX)
+        .read_to_string(&mut text)
+        .ok()?;
+    let dev = meta.dev();
+    Some(locks_table_holds(
+        &text,
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev),
+        meta.ino(),
+    ))
+}
+
+/// Whether `/proc/locks` text lists a granted `FLOCK` on the inode `ino` of device
+/// `major:minor` (its lines: `N: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INO 0 EOF`, the device
+/// numbers in hex; a waiter's line has `->` after the number and holds nothing).
+fn locks_table_holds(text: &str, major: u64, minor: u64, ino: u64) -> bool {
+    text.lines().any(|line| {
+        let mut words = line.split_whitespace().skip(1);
+        if words.next() != Some("FLOCK") {
+            return false;
+        }
+        let Some(id) = words.nth(3) else {
+            return false;
+        };
+        let mut parts = id.split(':');
+        let (Some(ma), Some(mi), Some(i), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return false;
+        };
+        u64::from_str_radix(ma, 16).ok() == Some(major)
+            && u64::from_str_radix(mi, 16).ok() == Some(minor)
+            && i.parse::<u64>().ok() == Some(ino)
+    })
 }
 
 fn read_holder(file: &mut File) -> Option<Holder> {
@@ -284,6 +343,37 @@ mod tests {
     use super::*;
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_locks_table_is_read_for_granted_flocks_on_that_inode_only() {
+        let table = "1: POSIX  ADVISORY  WRITE 900 fd:01:77 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 901 fd:01:55 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 902 fd:01:66 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 903 08:02:66 0 EOF\n";
+        assert!(locks_table_holds(table, 0xfd, 1, 55));
+        // A POSIX lock, a waiter, another device: none is a held flock on fd:01:77 or :66.
+        assert!(!locks_table_holds(table, 0xfd, 1, 77));
+        assert!(!locks_table_holds(table, 0xfd, 1, 66));
+        assert!(locks_table_holds(table, 8, 2, 66));
+        assert!(!locks_table_holds("garbage\n1: FLOCK\n", 8, 2, 66));
+    }
+
+    #[test]
+    fn running_holder_follows_the_lock_not_the_pid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let txn = Ulid::from_parts(1_767_225_600_000, 9);
+        let held = VmidLock::try_acquire(dir.path(), 990_001, Some(txn)).expect("lock");
+        assert!(running_holder(dir.path(), 990_001, txn).is_some());
+        assert!(running_holder(dir.path(), 990_001, Ulid::nil()).is_none());
+        drop(held);
+        // This process lives on and the file still names it: released is released.
+        assert_eq!(
+            read_holder(&mut File::open(lock_path(dir.path(), 990_001)).expect("open"))
+                .map(|h| h.pid),
+            Some(std::process::id())
+        );
+        assert!(running_holder(dir.path(), 990_001, txn).is_none());
+    }
 
     #[test]
     fn a_second_lock_on_the_same_vmid_is_refused_with_the_holder() {

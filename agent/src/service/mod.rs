@@ -32,8 +32,7 @@ use crate::error::{ErrorCode, Failure};
 use crate::guest::checks::CheckResult;
 use crate::guest::LxcExecFactory;
 use crate::inventory::{
-    join, read_full_list, FullGuestList, GuestType, GuestsReport, Membership, PoolView,
-    ResourceRow, SystemListCommands,
+    join, FullGuestList, GuestType, GuestsReport, Membership, PoolView, ResourceRow,
 };
 use crate::metrics;
 use crate::preflight::{self, PreflightReport};
@@ -205,9 +204,10 @@ pub fn open_journal(cfg: &Config) -> Result<Journal, Failure> {
     Journal::open(&cfg.state_dir).map_err(|e| Failure::new(e.code(), e.to_string()))
 }
 
-/// Read the full guest list of this node's cluster.
+/// Read the full guest list of this node's cluster (`.vmlist` through the exec helper in its
+/// mode: [`crate::exec_helper::client::full_guest_list`]).
 pub fn full_list(cfg: &Config) -> Result<FullGuestList, Failure> {
-    read_full_list(&cfg.vmlist_path, &cfg.node, &SystemListCommands::default())
+    crate::exec_helper::client::full_guest_list(cfg)
         .map_err(|e| Failure::new(e.code(), e.to_string()))
 }
 
