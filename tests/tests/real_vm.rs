@@ -546,10 +546,11 @@ fn a_good_vm_backup_with_dhcp_on_ens18_ends_ok_on_the_lab_bridge() {
 }
 
 /// The static `auto ens18` backup with an application unit that fails at once (`shop.service`,
-/// `ExecStart=/bin/false`, started by the boot): red, the unit named by both packs; the
-/// network, which the lab bridge gave, is not.
+/// `ExecStart=/bin/false`, started by the boot) and one that fails 5 s into the boot
+/// (`late.service`): red, both units named by both packs; the network, which the lab bridge
+/// gave, is not.
 #[test]
-fn a_vm_backup_whose_application_unit_fails_at_once_is_red_naming_it() {
+fn a_vm_backup_whose_application_units_fail_at_once_and_5_s_in_is_red_naming_them() {
     let mut files = vm_files(
         "auto ens18\niface ens18 inet static\n    address 10.20.0.40/24\n    gateway 10.20.0.1\n",
     );
@@ -558,9 +559,18 @@ fn a_vm_backup_whose_application_unit_fails_at_once_is_red_naming_it() {
          [Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/false\n\n\
          [Install]\nWantedBy=multi-user.target\n"
     );
+    // And one that fails 5 s into the boot (the boot waits for it: a oneshot).
+    files["/etc/systemd/system/late.service"] = json!(
+        "[Unit]\nDescription=Fails 5 s into the boot\n\n\
+         [Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/sh -c 'sleep 5; exit 3'\n\n\
+         [Install]\nWantedBy=multi-user.target\n"
+    );
     let guest = json!({
         "files": files,
-        "links": {"/etc/systemd/system/multi-user.target.wants/shop.service": "/etc/systemd/system/shop.service"},
+        "links": {
+            "/etc/systemd/system/multi-user.target.wants/shop.service": "/etc/systemd/system/shop.service",
+            "/etc/systemd/system/multi-user.target.wants/late.service": "/etc/systemd/system/late.service",
+        },
     });
     let Some(w) = lab_world(guest, true) else {
         return;
@@ -577,7 +587,9 @@ fn a_vm_backup_whose_application_unit_fails_at_once_is_red_naming_it() {
         assert_eq!(check["status"], "fail", "{doc:#}");
         let text = check.to_string();
         assert!(
-            text.contains("shop.service") && !text.contains("networking.service"),
+            text.contains("shop.service")
+                && text.contains("late.service")
+                && !text.contains("networking.service"),
             "{name}: {check:#}"
         );
     }
