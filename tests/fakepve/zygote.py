@@ -16,7 +16,10 @@ One request per connection on the unix stream socket (mode 0600):
     those descriptors, and watches the requesting process (its peer credentials) where a fake
     started directly watches its parent;
   - the zygote answers {"pid": N}, and once the fake has ended {"status": S} (S as waitpid gives
-    it), then closes the connection.
+    it), then closes the connection;
+  - once a Python file of tests/fakepve changed after the zygote imported it, every request is
+    answered {"error": ...} and the asker starts its fake from scratch (the fork would run the
+    code as it was).
 
 The zygote ends when the process that started it is gone, or on SIGTERM/SIGINT; the fakes it
 started run on (each ends with its own requester).
@@ -44,6 +47,23 @@ import aiohttp.web_runner  # noqa: E402,F401
 MAX_REQUEST = 1 << 20
 
 
+def source_stamps():
+    """The modification time and size of each Python file beside this one (scenario.py and what
+    it imports from here): what the forks run is what was imported at the start."""
+    stamps = {}
+    for name in sorted(os.listdir(HERE)):
+        if name.endswith('.py'):
+            try:
+                st = os.stat(os.path.join(HERE, name))
+            except OSError:
+                continue
+            stamps[name] = (st.st_mtime_ns, st.st_size)
+    return stamps
+
+
+IMPORTED = source_stamps()
+
+
 def serve_request(conn, peer_pid):
     """Read one request and fork its fake; the child never returns."""
     fds = array.array('i')
@@ -64,6 +84,10 @@ def serve_request(conn, peer_pid):
         path, cwd, env = req['scenario'], req['cwd'], req['env']
         if len(fds) != 2 or not isinstance(env, dict):
             raise ValueError('a request needs two descriptors and an environment')
+        if source_stamps() != IMPORTED:
+            # A fork would run the fake as it was when this process started: the asker starts
+            # the fake itself instead (restart the zygote to fork again).
+            raise ValueError('tests/fakepve changed since the zygote imported it')
     except (ValueError, KeyError, TypeError) as exc:
         for fd in fds:
             os.close(fd)

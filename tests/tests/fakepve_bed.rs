@@ -459,6 +459,83 @@ fn the_zygote_forks_fakes_that_run_as_their_asker_and_end_with_it() {
     assert!(!sock.exists(), "the zygote leaves no socket");
 }
 
+/// A client of the zygote that prints its first answer line as it came (a pid or an error).
+const ZYGOTE_ASK: &str = r#"
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+r, w = os.pipe()
+log = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT, 0o600)
+req = json.dumps({'scenario': sys.argv[2], 'cwd': os.getcwd(), 'env': dict(os.environ)}) + '\n'
+socket.send_fds(s, [req.encode()], [w, log])
+os.close(w)
+print(s.makefile().readline().strip(), flush=True)
+"#;
+
+/// A zygote whose fake changed on disk after it imported it forks no more (the fork would run
+/// the old code): it answers an error, and the asker starts its fake from scratch. Run on a
+/// copy of tests/fakepve, so that the suite's own zygote is not touched.
+#[test]
+fn a_zygote_forks_nothing_once_the_fakes_code_changed() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let code = dir.path().join("fakepve");
+    std::fs::create_dir(&code).expect("mkdir");
+    let src = felhom_tests::fakepve::workspace_root().join("tests/fakepve");
+    for entry in std::fs::read_dir(&src).expect("tests/fakepve") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "py") {
+            std::fs::copy(&path, code.join(path.file_name().expect("name"))).expect("copy");
+        }
+    }
+    let sock = dir.path().join("sock");
+    let mut zygote = std::process::Command::new(felhom_tests::fakepve::fakepve_python())
+        .arg(code.join("zygote.py"))
+        .arg(&sock)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the zygote");
+    let mut ready = String::new();
+    std::io::BufReader::new(zygote.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("the zygote's ready line");
+    assert_eq!(ready, "ready\n");
+    let mut scenario = demo_scenario();
+    scenario["host"] = json!("127.0.0.1");
+    scenario["certdir"] = json!(dir.path().join("certs"));
+    let path = dir.path().join("scenario.json");
+    std::fs::write(&path, scenario.to_string()).expect("scenario");
+    let ask = || {
+        let out = std::process::Command::new(felhom_tests::fakepve::fakepve_python())
+            .arg("-c")
+            .arg(ZYGOTE_ASK)
+            .arg(&sock)
+            .arg(&path)
+            .arg(dir.path().join("log"))
+            .output()
+            .expect("the client");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    let first = ask();
+    assert!(first["pid"].as_i64().is_some(), "{first}");
+    // That fake ends with its asker, already gone.
+    let mut text = std::fs::read_to_string(code.join("scenario.py")).expect("read");
+    text.push_str("\n# changed\n");
+    std::fs::write(code.join("scenario.py"), text).expect("write");
+    let second = ask();
+    assert!(second.get("pid").is_none(), "{second}");
+    assert!(
+        second["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("changed since the zygote imported it"),
+        "{second}"
+    );
+    let _ = zygote.kill();
+    let _ = zygote.wait();
+}
+
 #[test]
 #[should_panic(expected = "neither a role")]
 fn a_bad_scenario_fails_loudly() {
