@@ -1784,20 +1784,6 @@ fn check_packs_and_profiles(cfg: &Config, r: &mut DoctorReport) {
     }
 }
 
-/// Where `program` resolves on `path` as the agent resolves `pct` (the first executable regular
-/// file of that name in a folder of `PATH`).
-pub fn resolve_on_path(
-    program: &str,
-    path: Option<&std::ffi::OsStr>,
-) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    std::env::split_paths(path?)
-        .map(|dir| dir.join(program))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-}
-
 /// How the agent reaches into containers, and whether the exec helper answers when it is the
 /// way.
 async fn check_exec(cfg: &Config, r: &mut DoctorReport) {
@@ -1805,7 +1791,7 @@ async fn check_exec(cfg: &Config, r: &mut DoctorReport) {
     match &mode {
         ExecMode::Direct => {
             let path = std::env::var_os("PATH");
-            match resolve_on_path("pct", path.as_deref()) {
+            match crate::exec_helper::resolve_on_path("pct", path.as_deref()) {
                 Some(pct) => r.pass(
                     "exec",
                     format!("LXC exec: {}; `pct` is {}", mode.describe(), pct.display()),

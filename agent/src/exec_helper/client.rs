@@ -410,6 +410,15 @@ impl LxcExecFactory for HelperRoute {
     fn describe(&self) -> String {
         format!("the root exec helper at {}", self.socket.display())
     }
+
+    fn full_guest_list(&self, cfg: &Config) -> Result<FullGuestList, InventoryError> {
+        read_full_list_with(
+            &cfg.vmlist_path,
+            &cfg.node,
+            &SystemListCommands::default(),
+            &VmlistRoute::Helper(HelperVmlist::new(self.socket.clone())),
+        )
+    }
 }
 
 /// How this process reaches into LXC containers ([`ExecMode::of_process`]); `pct` is the

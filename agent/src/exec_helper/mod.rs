@@ -32,3 +32,17 @@ pub mod ct_conf;
 pub mod proto;
 pub mod server;
 pub mod user_cfg;
+
+/// Where `program` resolves on `path` as the agent resolves `pct` (the first executable regular
+/// file of that name in a folder of `PATH`).
+pub fn resolve_on_path(
+    program: &str,
+    path: Option<&std::ffi::OsStr>,
+) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(path?)
+        .map(|dir| dir.join(program))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}

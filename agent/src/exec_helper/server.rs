@@ -664,7 +664,7 @@ fn status(ctx: &Ctx, uid: u32) -> Response {
             })
             .then(|| program.clone())
     } else {
-        crate::doctor::resolve_on_path(&program.to_string_lossy(), path.as_deref())
+        super::resolve_on_path(&program.to_string_lossy(), path.as_deref())
     };
     let clip = |p: &Path| outside_text_max(&p.to_string_lossy(), MAX_STATUS_PATH_BYTES - 64);
     tracing::info!(uid, pct = ?pct, "answered a status request (`felhom-agent doctor`)");

@@ -527,6 +527,13 @@ pub trait LxcExecFactory: Send + Sync {
     /// How it reaches into containers, for logs and `doctor` (e.g. `pct` or the helper's
     /// socket).
     fn describe(&self) -> String;
+    /// The node's full guest list the same way: `.vmlist` read by this process on the direct
+    /// route, handed over by the root exec helper on its route (then the agent's user needs no
+    /// pmxcfs group).
+    fn full_guest_list(
+        &self,
+        cfg: &crate::config::Config,
+    ) -> Result<crate::inventory::FullGuestList, crate::inventory::InventoryError>;
 }
 
 /// Exec ids: `<prefix>-<n>`, unique per exec, put into the command's environment as

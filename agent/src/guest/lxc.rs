@@ -563,6 +563,17 @@ impl super::exec::LxcExecFactory for PctConfig {
             self.program.display()
         )
     }
+
+    fn full_guest_list(
+        &self,
+        cfg: &crate::config::Config,
+    ) -> Result<crate::inventory::FullGuestList, crate::inventory::InventoryError> {
+        crate::inventory::read_full_list(
+            &cfg.vmlist_path,
+            &cfg.node,
+            &crate::inventory::SystemListCommands::default(),
+        )
+    }
 }
 
 /// How the first stage's ready line went.

@@ -1103,7 +1103,7 @@ impl<'a> Executor<'a> {
         vmid: u32,
         guest: GuestKind,
     ) -> Result<(GuestView, Option<GuestConfig>), String> {
-        let list = match crate::exec_helper::client::full_guest_list(self.cfg) {
+        let list = match self.lxc.full_guest_list(self.cfg) {
             Ok(l) => l,
             Err(e) => {
                 return Ok((
