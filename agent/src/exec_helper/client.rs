@@ -410,6 +410,10 @@ impl LxcExecFactory for HelperRoute {
     fn describe(&self) -> String {
         format!("the root exec helper at {}", self.socket.display())
     }
+
+    fn read_vmlist(&self, path: &Path) -> Result<(Vec<u8>, VmlistVia), VmlistUnread> {
+        HelperVmlist::new(self.socket.clone()).read_vmlist(path)
+    }
 }
 
 /// How this process reaches into LXC containers ([`ExecMode::of_process`]); `pct` is the

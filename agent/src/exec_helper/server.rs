@@ -664,7 +664,15 @@ fn status(ctx: &Ctx, uid: u32) -> Response {
             })
             .then(|| program.clone())
     } else {
-        crate::doctor::resolve_on_path(&program.to_string_lossy(), path.as_deref())
+        path.as_deref().and_then(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            std::env::split_paths(p)
+                .map(|dir| dir.join(program))
+                .find(|c| {
+                    std::fs::metadata(c)
+                        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                })
+        })
     };
     let clip = |p: &Path| outside_text_max(&p.to_string_lossy(), MAX_STATUS_PATH_BYTES - 64);
     tracing::info!(uid, pct = ?pct, "answered a status request (`felhom-agent doctor`)");

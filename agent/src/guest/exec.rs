@@ -527,6 +527,14 @@ pub trait LxcExecFactory: Send + Sync {
     /// How it reaches into containers, for logs and `doctor` (e.g. `pct` or the helper's
     /// socket).
     fn describe(&self) -> String;
+    /// `.vmlist`'s bytes the same way: this process reads the file itself (the default, for
+    /// `pct` run by root), or the root exec helper hands it over.
+    fn read_vmlist(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<(Vec<u8>, crate::inventory::VmlistVia), crate::inventory::VmlistUnread> {
+        crate::inventory::VmlistReader::read_vmlist(&crate::inventory::DirectVmlist, path)
+    }
 }
 
 /// Exec ids: `<prefix>-<n>`, unique per exec, put into the command's environment as

@@ -30,7 +30,9 @@ use crate::guest::exec::{DynGuestExec, LxcExecFactory};
 use crate::guest::exec::{ExecRequest, GuestExec, GuestRef};
 use crate::guest::lxc::PctConfig;
 use crate::guest::qemu::{QemuConfig, QemuExec};
-use crate::inventory::GuestType;
+use crate::inventory::{
+    read_full_list_with, GuestType, SystemListCommands, VmlistReader, VmlistUnread, VmlistVia,
+};
 use crate::pve::guest_config::{
     is_net_key, is_qemu_tar_archive, is_true, isolation_breaches, Nic, StoredConfig,
     StoredConfigText,
@@ -1093,7 +1095,23 @@ impl<'a> Executor<'a> {
         vmid: u32,
         guest: GuestKind,
     ) -> Result<(GuestView, Option<GuestConfig>), String> {
-        let list = match crate::exec_helper::client::full_guest_list(self.cfg) {
+        // `.vmlist` the way this run reaches into containers: through the exec helper in its
+        // mode (the agent's user needs no pmxcfs group), else read here.
+        struct ThroughRoute<'r>(&'r dyn LxcExecFactory);
+        impl VmlistReader for ThroughRoute<'_> {
+            fn read_vmlist(
+                &self,
+                path: &std::path::Path,
+            ) -> Result<(Vec<u8>, VmlistVia), VmlistUnread> {
+                self.0.read_vmlist(path)
+            }
+        }
+        let list = match read_full_list_with(
+            &self.cfg.vmlist_path,
+            &self.cfg.node,
+            &SystemListCommands::default(),
+            &ThroughRoute(&*self.lxc),
+        ) {
             Ok(l) => l,
             Err(e) => {
                 return Ok((
