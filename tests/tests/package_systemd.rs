@@ -287,14 +287,24 @@ fn the_packaged_units_run_under_a_real_systemd() {
         |t| t.contains("felhom_hub_connected 1"),
     );
 
-    // The exec helper: not running until a connection to its socket starts it.
-    assert_eq!(
-        m.prop(
-            "felhom-agent-exec.service",
-            "ExecMainStartTimestampMonotonic"
-        ),
-        "0"
+    // The exec helper: not running until a connection to its socket starts it. The daemon's
+    // own reads of the cluster files go through it and may have started it already: with the
+    // daemon stopped for a moment, the helper stopped stays down until the next connection
+    // (nothing else starts it).
+    m.ok("systemctl stop felhom-agent.service felhom-agent-exec.service");
+    let before = m.wait_for(
+        "felhom-agent-exec.service stopped",
+        WAIT,
+        |m| m.prop("felhom-agent-exec.service", "ActiveState"),
+        |v| v == "inactive" || v == "failed",
     );
+    let stopped_at = m.prop(
+        "felhom-agent-exec.service",
+        "ExecMainStartTimestampMonotonic",
+    );
+    report(&format!(
+        "real systemd: felhom-agent-exec.service {before} (last started at monotonic {stopped_at})"
+    ));
     let sock = m.path("/run/felhom-agent/exec.sock");
     let conn = std::os::unix::net::UnixStream::connect(&sock)
         .unwrap_or_else(|e| panic!("connect {}: {e}", sock.display()));
@@ -307,9 +317,11 @@ fn the_packaged_units_run_under_a_real_systemd() {
                 "ExecMainStartTimestampMonotonic",
             )
         },
-        |v| v != "0",
+        |v| *v != stopped_at && v != "0",
     );
     drop(conn);
+    m.ok("systemctl start --no-block felhom-agent.service");
+    assert_eq!(settled_state(&m, "felhom-agent.service"), "active");
     let helper_log = journal(&m, "felhom-agent-exec.service");
     assert!(
         m.prop("felhom-agent-exec.service", "Result") == "success",

@@ -75,30 +75,6 @@ pub fn path_of(cfg: &Config, file: ClusterFile) -> PathBuf {
 /// Read `path` (absolute) as described in the module docs, at most `max` bytes. `Ok(None)`:
 /// it does not exist (the file, or a folder on the way: e.g. no `sdn` folder without SDN).
 pub fn read_trusted(path: &Path, max: u64) -> Result<Option<Vec<u8>>, FileRefusal> {
-    match read_existing(path, max) {
-        Err(Missing) => Ok(None),
-        Ok(r) => r.map(Some),
-    }
-}
-
-/// A component of the path does not exist.
-struct Missing;
-
-fn read_existing(path: &Path, max: u64) -> Result<Result<Vec<u8>, FileRefusal>, Missing> {
-    let missing = |r: FileRefusal| -> Result<Result<Vec<u8>, FileRefusal>, Missing> {
-        if r.code == ErrorCode::ExecNotOwned {
-            Err(Missing)
-        } else {
-            Ok(Err(r))
-        }
-    };
-    match read_inner(path, max) {
-        Ok(b) => Ok(Ok(b)),
-        Err(r) => missing(r),
-    }
-}
-
-fn read_inner(path: &Path, max: u64) -> Result<Vec<u8>, FileRefusal> {
     if !path.is_absolute() {
         return Err(untrusted(path, "not an absolute path".to_string()));
     }
@@ -115,36 +91,41 @@ fn read_inner(path: &Path, max: u64) -> Result<Vec<u8>, FileRefusal> {
     let Some((file_name, folders)) = names.split_last() else {
         return Err(untrusted(path, "the path names no file".to_string()));
     };
-    let open_error = |so_far: &Path, e: Errno| match e {
-        Errno::ELOOP | Errno::ENOTDIR => untrusted(
+    // An open's result: the descriptor, `None` when the entry does not exist, or the refusal.
+    let opened = |r: nix::Result<OwnedFd>, so_far: &Path| match r {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(Errno::ELOOP | Errno::ENOTDIR) => Err(untrusted(
             path,
             format!(
                 "{} is a symbolic link or not a folder; the helper follows no link",
                 so_far.display()
             ),
-        ),
-        // Marked for `read_existing`; never leaves this module.
-        Errno::ENOENT => FileRefusal {
-            code: ErrorCode::ExecNotOwned,
-            message: String::new(),
-        },
-        e => unreadable(
+        )),
+        Err(e) => Err(unreadable(
             path,
             format!("{} cannot be opened ({})", so_far.display(), e.desc()),
-        ),
+        )),
     };
     let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let mut so_far = PathBuf::from("/");
-    let mut dir: OwnedFd =
-        open("/", dir_flags, Mode::empty()).map_err(|e| open_error(&so_far, e))?;
+    let Some(mut dir) = opened(open("/", dir_flags, Mode::empty()), &so_far)? else {
+        return Ok(None);
+    };
     check_folder(path, &so_far, &dir)?;
     for name in folders {
         so_far.push(name);
-        dir = openat(dir.as_fd(), *name, dir_flags, Mode::empty())
-            .map_err(|e| open_error(&so_far, e))?;
+        let Some(next) = opened(
+            openat(dir.as_fd(), *name, dir_flags, Mode::empty()),
+            &so_far,
+        )?
+        else {
+            return Ok(None);
+        };
+        dir = next;
         check_folder(path, &so_far, &dir)?;
     }
-    let fd = openat(
+    let file = openat(
         dir.as_fd(),
         *file_name,
         OFlag::O_RDONLY
@@ -153,14 +134,16 @@ fn read_inner(path: &Path, max: u64) -> Result<Vec<u8>, FileRefusal> {
             | OFlag::O_CLOEXEC
             | OFlag::O_NOCTTY,
         Mode::empty(),
-    )
-    .map_err(|e| match e {
-        Errno::ELOOP => untrusted(
+    );
+    if matches!(file, Err(Errno::ELOOP)) {
+        return Err(untrusted(
             path,
             "the file is a symbolic link; the helper follows no link".to_string(),
-        ),
-        e => open_error(path, e),
-    })?;
+        ));
+    }
+    let Some(fd) = opened(file, path)? else {
+        return Ok(None);
+    };
     let st = fstat(fd.as_fd()).map_err(|e| unreadable(path, format!("fstat: {}", e.desc())))?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
         return Err(untrusted(path, "not a regular file".to_string()));
@@ -184,10 +167,10 @@ fn read_inner(path: &Path, max: u64) -> Result<Vec<u8>, FileRefusal> {
     if bytes.len() as u64 > max {
         return Err(untrusted(
             path,
-            format!("larger than the {max} bytes the helper hands over; no guest list is"),
+            format!("larger than the {max} bytes the helper hands over"),
         ));
     }
-    Ok(bytes)
+    Ok(Some(bytes))
 }
 
 /// A folder on the way: root's, and writable by nobody else unless sticky.

@@ -39,10 +39,13 @@ pub fn resolve_on_path(
     program: &str,
     path: Option<&std::ffi::OsStr>,
 ) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
     std::env::split_paths(path?)
         .map(|dir| dir.join(program))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+        .find(|p| is_executable_file(p))
+}
+
+/// Whether `p` is a regular file someone may execute.
+pub fn is_executable_file(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }

@@ -657,12 +657,7 @@ fn status(ctx: &Ctx, uid: u32) -> Response {
     let path = std::env::var_os("PATH");
     let program = &ctx.pct.program;
     let pct = if program.components().count() > 1 {
-        std::fs::metadata(program)
-            .is_ok_and(|m| {
-                use std::os::unix::fs::PermissionsExt;
-                m.is_file() && m.permissions().mode() & 0o111 != 0
-            })
-            .then(|| program.clone())
+        super::is_executable_file(program).then(|| program.clone())
     } else {
         super::resolve_on_path(&program.to_string_lossy(), path.as_deref())
     };

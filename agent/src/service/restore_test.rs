@@ -424,7 +424,7 @@ async fn run_txn(
     reporter.preflight(&report.human());
     super::environment_refusal(&report, picked)?;
     // --- end preflight ---------------------------------------------------------------------
-    let _lock = match (picked, dry_run) {
+    let lock = match (picked, dry_run) {
         (Some(v), false) => Some(
             VmidLock::try_acquire(&cfg.state_dir, v, Some(txn))
                 .map_err(|e| Failure::new(e.code(), e.to_string()))?,
@@ -442,6 +442,11 @@ async fn run_txn(
     );
     exec.carry_stored_config(report.stored_config.clone());
     let driven: Driven = exec.drive(State::new(request), first).await;
+    // The transaction is settled or left for `journal resume`: the vmid is free for that at
+    // once, and `journal` shows a stopped run as interrupted while this process still writes
+    // its metrics.
+    drop(exec);
+    drop(lock);
 
     let outcome = driven.state.outcome_kind();
     let mut metrics_error = None;
