@@ -10,27 +10,39 @@
 //! a length beyond the bytes it has, never panics, and keeps at most [`MAX_ITEMS`] items.
 
 /// The shell function `felhom_frame NAME FILE CAP`: prints FILE's first CAP bytes as a frame
-/// named NAME (a missing file is an empty frame). It keeps a copy of what it prints
-/// (`FILE.kept`), so the length it announces is the length of what follows, whatever a process
-/// still writing to FILE does meanwhile. `head -c` and `wc -c` are in coreutils and busybox.
+/// named NAME (a missing or empty file is an empty frame, printed without starting a process).
+/// It keeps a copy of what it prints (`FILE.kept`), so the length it announces is the length of
+/// what follows, whatever a process still writing to FILE does meanwhile; FILE itself is
+/// measured only when the copy reached CAP (shorter, the copy is the whole file). Each process
+/// counts: in a VM under emulation or a loaded guest one costs tens of milliseconds. `head -c`
+/// and `wc -c` are in coreutils and busybox.
 pub const FRAME_FN: &str = r#"
 felhom_frame() {
-  [ -f "$2" ] || : >"$2"
+  if [ ! -s "$2" ]; then echo "felhom-frame $1 0 0"; echo; return 0; fi
   head -c "$3" "$2" >"$2.kept" 2>/dev/null
-  felhom_n=$(wc -c <"$2.kept"); felhom_all=$(wc -c <"$2")
+  felhom_n=$(wc -c <"$2.kept"); felhom_all=$felhom_n
+  [ "$((felhom_n))" -lt "$3" ] || felhom_all=$(wc -c <"$2")
   echo "felhom-frame $1 $((felhom_n)) $((felhom_all))"
   cat "$2.kept"; echo
 }
 "#;
 
 /// The shell functions of the scripts that run commands in the guest for the agent:
-/// `felhom_ms` prints milliseconds since the epoch (seconds where `date` has no `%N`);
+/// `felhom_ms` prints a time in milliseconds for durations: the guest's uptime from
+/// `/proc/uptime` (read by the shell itself, to the hundredth of a second), else milliseconds
+/// since the epoch from `date` (seconds where `date` has no `%N`);
 /// `felhom_watched SECS OUT ERR KILLED CMD…` runs CMD (stdin `/dev/null`, stdout in OUT, stderr
 /// in ERR; in a session of its own where the guest has `setsid`, so that what it starts goes
 /// with it) beside a watchdog that, after SECS seconds, creates KILLED and kills CMD's process
 /// group; `felhom_rc` is then CMD's exit status (137 and KILLED: the watchdog's kill).
 pub const RUN_FNS: &str = r#"
 felhom_ms() {
+  if read -r felhom_t _ </proc/uptime 2>/dev/null; then
+    case $felhom_t in
+      *[!0-9.]* | .* | *. | *.*.* | '') ;;
+      *.[0-9][0-9]) echo "$(( ${felhom_t%.*} * 1000 + 1${felhom_t#*.} * 10 - 1000 ))"; return 0 ;;
+    esac
+  fi
   felhom_t=$(date +%s%N 2>/dev/null)
   case $felhom_t in *[!0-9]*|'') echo "$(date +%s)000";; *) echo "$((felhom_t / 1000000))";; esac
 }
