@@ -1203,13 +1203,18 @@ class ScenarioPve(fake_server.FakePve):
         if init is not None and init['proc'].poll() is None:
             return init
         rootfs = os.path.join(self.bed_dir(vmid), 'rootfs')
+        # The init ends when its root is gone (a test's folder removed under a VM left running):
+        # without the guard its loop, whose `sleep` no longer exists, forks without pause.
         script = ('r=$1; mount --bind "$r" "$r" && mount -t proc proc "$r/proc" && '
                   'exec chroot "$r" /usr/bin/busybox sh -c '
-                  '"/bin/hostname -F /etc/hostname 2>/dev/null; while :; do sleep 3600 & wait; done"')
+                  '"/bin/hostname -F /etc/hostname 2>/dev/null; '
+                  'while [ -e /usr/bin/busybox ]; do sleep 3600 & wait; done"')
+        # unshare dies with the fake however the fake ends (SIGKILL included), and takes the
+        # VM's init with it (--kill-child): no VM outlives the fake that started it.
         proc = subprocess.Popen(['unshare', '--fork', '--pid', '--mount', '--uts', '--ipc', '--kill-child', '--',
                                  '/bin/sh', '-c', script, 'felhom-vm-init', rootfs],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         init = {'proc': proc, 'rootfs': os.path.realpath(rootfs), 'started': time.time()}
         self.bed_inits[vmid] = init
         self.bed_execs.setdefault(vmid, {})

@@ -371,7 +371,7 @@ impl RealCt {
             .arg(&rootfs))?;
         std::fs::write(
             rootfs.join("ct-init"),
-            "#!/bin/sh\nwhile :; do sleep 3600 & wait; done\n",
+            "#!/bin/sh\nwhile [ -e /bin/sh ]; do sleep 3600 & wait; done\n",
         )
         .map_err(|e| e.to_string())?;
         run(Command::new("chmod")

@@ -393,6 +393,34 @@ async fn a_bed_vm_is_one_guest_its_processes_outlive_an_exec_and_die_with_the_vm
     assert_eq!(body["message"], "VM 360 is not running\n");
 }
 
+/// A fake that ends without its own cleanup (SIGKILL: a test process killed, a shutdown past
+/// its grace) takes its bed VMs with it: no guest init is left to spin in a root the test then
+/// deletes (one such init, left by a killed fake, kept a core busy for the rest of a run).
+#[tokio::test]
+async fn a_bed_vm_dies_with_a_fake_killed_without_its_cleanup() {
+    let bed = GuestBed::new();
+    let pve = bed_fake(&bed, 0.0, qemu_backup_config(), json!({}));
+    restore_vm(&pve, 361, true).await;
+    let marker = unique_marker("vm-orphan");
+    let done = run(
+        &pve,
+        361,
+        &[
+            "sh",
+            "-c",
+            &format!("sh -c 'sleep 300; true {marker}' </dev/null >/dev/null 2>&1 &"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(done["exitcode"], json!(0), "{done}");
+    assert!(!processes_with_marker(&marker).is_empty());
+    let fake = nix::unistd::Pid::from_raw(i32::try_from(pve.pid()).expect("pid"));
+    nix::sys::signal::kill(fake, nix::sys::signal::Signal::SIGKILL).expect("kill the fake");
+    let left = felhom_tests::guestbed::wait_processes_gone(&marker, Duration::from_secs(10));
+    assert!(left.is_empty(), "the bed VM outlived its fake: {left:?}");
+}
+
 #[tokio::test]
 async fn agent_preconditions_answer_in_pves_order_and_words() {
     // No `agent: 1` in the config.
