@@ -1862,7 +1862,7 @@ class ScenarioPve(fake_server.FakePve):
     async def bed_qemu_create(self, guest, spec):
         """A restored VM of the real bed: a qcow2 overlay of the bed's Debian 12 disk (its disks,
         restored), and the initramfs QEMU boots it with: the image's own, followed by an archive
-        of the files this VM's disk holds beyond the image (the image's initramfs hook lays them
+        of the files this VM's disk holds beyond the image (the image's initramfs lays them
         onto the root before systemd starts): the osqueryi stand-in where osquery's package puts
         it, and `spec["files"]` ({guest path: text}) / `spec["links"]` ({guest path: target}),
         e.g. its /etc/hostname and /etc/network/interfaces. PVE writes nothing into a VM: a VM

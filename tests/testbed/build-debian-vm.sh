@@ -17,9 +17,17 @@
 #
 # /etc/network/interfaces is what Debian's installer leaves for a DHCP install on a PVE VM's
 # first NIC (virtio at PCI slot 18: ens18): `allow-hotplug ens18` + `iface ens18 inet dhcp`.
-# The bed writes other variants per VM at start time: the initramfs carries a hook
-# (init-bottom/felhom-bed-files) that copies the files of an extra cpio archive, appended to the
-# initramfs by the bed, from /felhom-bed-files/ onto the root before systemd starts.
+# The bed writes other variants per VM at start time, as the files of an extra cpio archive it
+# appends to the initramfs, which the initramfs copies from /felhom-bed-files/ onto the root
+# before systemd starts.
+#
+# The initramfs QEMU boots is the bed's own, not the one initramfs-tools made: an uncompressed
+# archive of the image's busybox (and the libraries it needs), the modules a virtio disk, the
+# guest agent's port, virtio NICs and ext4 need (in `modprobe --show-depends` order), and an
+# /init that loads them, mounts /dev/vda, lays the bed's files onto it and hands over to systemd.
+# Measured under TCG: the kernel's start to systemd in 3.6 s instead of 4.8 s (initramfs-tools
+# unpacks 18 MB and runs udev to find a disk that is always /dev/vda). A node's VM boots its own
+# boot loader and initramfs; what the agent looks at starts with systemd.
 #
 # Usage: tests/testbed/build-debian-vm.sh [DIR]
 #   DIR      default <repo>/target/testbed
@@ -99,17 +107,7 @@ mmdebstrap --quiet --variant=minbase --mode=root "${hooks[@]}" \
   --dpkgopt='path-exclude=/lib/modules/*/kernel/drivers/infiniband/*' \
   --dpkgopt='path-exclude=/lib/modules/*/kernel/drivers/staging/*' \
   --dpkgopt='path-exclude=/lib/modules/*/kernel/sound/*' \
-  --essential-hook='mkdir -p "$1/etc/initramfs-tools/scripts/init-bottom"' \
   --essential-hook='mkdir -p "$1/etc/initramfs-tools/conf.d"; echo MODULES=list >"$1/etc/initramfs-tools/conf.d/felhom-bed.conf"' \
-  --essential-hook='printf "%s\n" virtio_pci virtio_blk virtio_console virtio_net ext4 >"$1/etc/initramfs-tools/modules"' \
-  --essential-hook='cat >"$1/etc/initramfs-tools/scripts/init-bottom/felhom-bed-files" <<"EOF"
-#!/bin/sh
-# Lays the files of an extra archive the bed appended to this initramfs onto the root.
-[ "$1" = prereqs ] && exit 0
-[ -d /felhom-bed-files ] || exit 0
-cp -a /felhom-bed-files/. "${rootmnt}/"
-EOF
-chmod 755 "$1/etc/initramfs-tools/scripts/init-bottom/felhom-bed-files"' \
   --customize-hook='printf "blacklist %s\n" floppy pcspkr ata_piix ata_generic psmouse serio_raw joydev evdev powernow_k8 >"$1/etc/modprobe.d/felhom-bed.conf"' \
   --customize-hook='echo debian-vm >"$1/etc/hostname"' \
   --customize-hook='printf "127.0.0.1\tlocalhost\n127.0.1.1\tdebian-vm\n" >"$1/etc/hosts"' \
@@ -134,7 +132,82 @@ if out[:4] != b'\x7fELF':
     sys.exit('build-debian-vm: the xz stream in ' + sys.argv[1] + ' is not an ELF kernel')
 open(sys.argv[2], 'wb').write(out)
 EOF
-cp "$root"/boot/initrd.img-* "$scratch/vm/initrd.img"
+# The bed's initramfs (above): busybox, its libraries, the modules and /init, as a newc archive.
+kver=$(basename "$(ls -d "$root"/usr/lib/modules/*/ | head -n 1)")
+for m in ext4 virtio_pci virtio_blk virtio_console virtio_net; do
+  chroot "$root" modprobe --show-depends -S "$kver" "$m"
+done | awk '$1 == "insmod" && !seen[$2]++ {print $2}' >"$scratch/modules"
+chroot "$root" ldd /usr/bin/busybox | awk '$2 == "=>" {print $3} $1 ~ /^\// {print $1}' >"$scratch/libs"
+cat >"$scratch/init" <<'EOF'
+#!/bin/busybox sh
+# The test bed's initramfs: mount the VM's disk, lay the bed's files onto it, start its systemd.
+/bin/busybox mkdir -p /proc /dev /root
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t devtmpfs devtmpfs /dev
+# crc32c-intel fails on a CPU without SSE4.2 (crc32c_generic serves instead): errors are quiet.
+while read -r m; do /bin/busybox insmod "$m" 2>/dev/null; done </modules
+n=0
+while [ ! -b /dev/vda ] && [ "$n" -lt 1000 ]; do /bin/busybox usleep 10000; n=$((n + 1)); done
+if ! /bin/busybox mount -t ext4 -o rw /dev/vda /root; then
+  echo "felhom bed initramfs: /dev/vda does not mount" >/dev/console
+  exec /bin/busybox sh
+fi
+[ -d /felhom-bed-files ] && /bin/busybox cp -a /felhom-bed-files/. /root/
+/bin/busybox mount -o move /dev /root/dev
+/bin/busybox umount /proc
+exec /bin/busybox switch_root /root /sbin/init
+EOF
+python3 - "$root" "$scratch" "$scratch/vm/initrd.img" <<'EOF'
+import os, sys
+root, scratch, out_path = sys.argv[1:]
+entries, folders = [], set()
+def add(path, mode, data):
+    parts = path.split('/')
+    for i in range(1, len(parts)):
+        folder = '/'.join(parts[:i])
+        if folder not in folders:
+            folders.add(folder)
+            entries.append((folder, 0o40755, b''))
+    entries.append((path, mode, data))
+def read(path):
+    # A path inside the image, its symbolic links followed inside the image.
+    at = '/'
+    for part in [p for p in path.split('/') if p]:
+        at = os.path.join(at, part)
+        for _ in range(40):
+            full = os.path.join(root, at.lstrip('/'))
+            if not os.path.islink(full):
+                break
+            target = os.readlink(full)
+            at = os.path.normpath(target if target.startswith('/') else os.path.join(os.path.dirname(at), target))
+    with open(os.path.join(root, at.lstrip('/')), 'rb') as fh:
+        return fh.read()
+with open(os.path.join(scratch, 'init'), 'rb') as fh:
+    add('init', 0o100755, fh.read())
+add('bin/busybox', 0o100755, read('/usr/bin/busybox'))
+with open(os.path.join(scratch, 'libs'), encoding='utf-8') as fh:
+    for lib in fh.read().split():
+        add(lib.lstrip('/'), 0o100755, read(lib))
+with open(os.path.join(scratch, 'modules'), encoding='utf-8') as fh:
+    modules = fh.read().split()
+if not any(m.endswith('/ext4.ko') for m in modules) or not any(m.endswith('/virtio_blk.ko') for m in modules):
+    sys.exit('build-debian-vm: no ext4 or virtio_blk module among ' + ' '.join(modules))
+for m in modules:
+    add(m.lstrip('/'), 0o100644, read(m))
+add('modules', 0o100644, ''.join(m + '\n' for m in modules).encode())
+out = bytearray()
+def pad():
+    out.extend(b'\0' * (-len(out) % 4))
+for ino, (name, mode, data) in enumerate(entries + [('TRAILER!!!', 0, b'')], start=1):
+    raw = name.encode() + b'\0'
+    fields = (ino, mode, 0, 0, 2 if mode & 0o40000 else 1, 0, len(data), 0, 0, 0, 0, len(raw), 0)
+    out.extend(b'070701' + ''.join('%08X' % f for f in fields).encode() + raw)
+    pad()
+    out.extend(data)
+    pad()
+with open(out_path, 'wb') as fh:
+    fh.write(bytes(out))
+EOF
 # The root: its size plus room for what the guests write (a sparse file).
 size_mb=$(($(du -sm "$root" | cut -f1) + 512))
 mkfs.ext4 -q -L root -d "$root" "$scratch/vm/disk.raw" "${size_mb}M" >&2

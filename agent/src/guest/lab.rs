@@ -308,7 +308,9 @@ exit 0
 /// timeout (`tests/data/guest-units-facts.md` §2). In production a server answers; in a copy
 /// that reaches nothing none can. So, once a second while systemd is still starting, a
 /// `dhclient -6` for a stored name (found by its command line: the program `dhclient`, ` -6 `
-/// and the name as its last word; never the boot trip itself, whose program is `sh`) that has
+/// and the name as its last word; never the boot trip itself, whose program is `sh`; only a
+/// process whose `comm` is `dhclient`, read by the shell itself, has its command line read, so a
+/// tick starts no process per process of the guest) that has
 /// run `FELHOM_LAB_DHCP6_GIVE_UP` seconds is stopped (TERM), "dhcp6-stopped <name> <secs>",
 /// and its name added to `FELHOM_LAB_DHCP6_STOPPED` for the settle step: as IPv4's `dhclient`
 /// gives up by itself after its 60 seconds.
@@ -317,6 +319,8 @@ now=$(date +%s); i=0
 for n in $FELHOM_LAB_DHCP6; do
   i=$((i+1)); pid=
   for p in /proc/[0-9]*; do
+    { read -r comm <"$p/comm"; } 2>/dev/null || continue
+    [ "$comm" = dhclient ] || continue
     c=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)
     case ${c%% *} in dhclient|*/dhclient) ;; *) continue;; esac
     case " $c" in *" -6 "*" $n ") pid=${p#/proc/}; break;; esac
