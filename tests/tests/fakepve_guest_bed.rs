@@ -357,16 +357,14 @@ async fn agent_exec_runs_in_the_vm_with_pves_result_shapes() {
     );
 }
 
-#[tokio::test]
-async fn a_bed_vm_is_one_guest_its_processes_outlive_an_exec_and_die_with_the_vm() {
-    let bed = GuestBed::new();
-    let pve = bed_fake(&bed, 0.0, qemu_backup_config(), json!({}));
-    restore_vm(&pve, 360, true).await;
-    let marker = unique_marker("vm-proc");
-    // A background process started by one exec is seen by the next one (one PID namespace).
+/// A bed VM `vmid` restored and started, with a background process started by one exec (it
+/// outlives the exec) whose command line holds the returned marker, seen on the host.
+async fn vm_with_a_background_process(pve: &FakePve, vmid: u32, prefix: &str) -> String {
+    restore_vm(pve, vmid, true).await;
+    let marker = unique_marker(prefix);
     let done = run(
-        &pve,
-        360,
+        pve,
+        vmid,
         &[
             "sh",
             "-c",
@@ -376,12 +374,21 @@ async fn a_bed_vm_is_one_guest_its_processes_outlive_an_exec_and_die_with_the_vm
     )
     .await;
     assert_eq!(done["exitcode"], json!(0), "{done}");
+    assert!(!processes_with_marker(&marker).is_empty());
+    marker
+}
+
+#[tokio::test]
+async fn a_bed_vm_is_one_guest_its_processes_outlive_an_exec_and_die_with_the_vm() {
+    let bed = GuestBed::new();
+    let pve = bed_fake(&bed, 0.0, qemu_backup_config(), json!({}));
+    // A background process started by one exec is seen by the next one (one PID namespace).
+    let marker = vm_with_a_background_process(&pve, 360, "vm-proc").await;
     let ps = run(&pve, 360, &["ps"], None).await;
     assert!(
         ps["out-data"].as_str().unwrap_or("").contains(&marker),
         "{ps}"
     );
-    assert!(!processes_with_marker(&marker).is_empty());
     // Powering the VM off ends everything inside it.
     let (status, body) = post(&pve, "/nodes/pve1/qemu/360/status/stop", &[]).await;
     assert_eq!(status, 200, "{body}");
@@ -400,21 +407,7 @@ async fn a_bed_vm_is_one_guest_its_processes_outlive_an_exec_and_die_with_the_vm
 async fn a_bed_vm_dies_with_a_fake_killed_without_its_cleanup() {
     let bed = GuestBed::new();
     let pve = bed_fake(&bed, 0.0, qemu_backup_config(), json!({}));
-    restore_vm(&pve, 361, true).await;
-    let marker = unique_marker("vm-orphan");
-    let done = run(
-        &pve,
-        361,
-        &[
-            "sh",
-            "-c",
-            &format!("sh -c 'sleep 300; true {marker}' </dev/null >/dev/null 2>&1 &"),
-        ],
-        None,
-    )
-    .await;
-    assert_eq!(done["exitcode"], json!(0), "{done}");
-    assert!(!processes_with_marker(&marker).is_empty());
+    let marker = vm_with_a_background_process(&pve, 361, "vm-orphan").await;
     let fake = nix::unistd::Pid::from_raw(i32::try_from(pve.pid()).expect("pid"));
     nix::sys::signal::kill(fake, nix::sys::signal::Signal::SIGKILL).expect("kill the fake");
     let left = felhom_tests::guestbed::wait_processes_gone(&marker, Duration::from_secs(10));
