@@ -581,34 +581,35 @@ fn a_vm_start_onto_a_bridge_the_node_lacks_fails_as_qemu_server_does() {
 /// no copy ever starts with its original's MACs on a production bridge. A good lab bridge
 /// whose lock another process holds (a VM copy on it) refuses the run, nothing written; free,
 /// the copy starts with its NICs on it only.
-#[test]
-fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before_any_write() {
-    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
-    let w = world(lab_scenario(false), &extra);
+/// The restore test of [`QEMU_BACKUP`] with `lab_bridge = bridge` in a node whose network is
+/// [`lab_scenario`]`(with_lab)`: refused at its preflight (`config_invalid`, exit 6) with
+/// nothing written; its document as text.
+fn lab_bridge_refused(with_lab: bool, bridge: &str) -> String {
+    let extra =
+        format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"{bridge}\"\n");
+    let w = world(lab_scenario(with_lab), &extra);
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["error"]["code"], "config_invalid", "{doc:#}");
     assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
-    let text = doc.to_string();
+    doc.to_string()
+}
+
+#[test]
+fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before_any_write() {
+    let text = lab_bridge_refused(false, "vmbr9");
     assert!(
         text.contains("vmbr9 is not in this node's network configuration")
             && text.contains("bridge-ports none"),
-        "{doc:#}"
+        "{text}"
     );
 
     // vmbr0 (a port, the node's address) named as the lab bridge.
-    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr0\"\n");
-    let w = world(lab_scenario(true), &extra);
-    let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
-    assert_eq!(doc["error"]["code"], "config_invalid", "{doc:#}");
-    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
-    let text = doc.to_string();
+    let text = lab_bridge_refused(true, "vmbr0");
     assert!(
         text.contains("has port(s) eno1") && text.contains("IPv4 address of the node"),
-        "{doc:#}"
+        "{text}"
     );
 
     // The lab bridge as it should be, but another process runs a VM copy on it (its lock
