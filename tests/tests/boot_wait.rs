@@ -13,8 +13,8 @@ use felhom_tests::world::World;
 use serde_json::{json, Value};
 
 /// The stand-in's answer to `is-system-running --wait`: the boot takes 3 s, and at its end
-/// `late.service` (a unit that sleeps, then fails) is failed, as `systemctl show` (what the
-/// guest's osqueryi reads for `systemd_units`) then reports it.
+/// `late.service` (a unit that sleeps, then fails) is failed, as `systemctl list-units --all` and
+/// `systemctl show --all` (what the guest's osqueryi reads for `systemd_units`) then report it.
 const SYSTEMCTL_LATE_FAILURE: &str = r#"#!/bin/sh
 # The boot's clock starts at the first ask; `starting` for 3 s, then `degraded`, late.service
 # failed (with --wait: the answer once the 3 s are over). The clock is the uptime in hundredths
@@ -30,7 +30,10 @@ case "$1 $2" in
   "is-system-running ")
     if booted; then echo degraded; else echo starting; fi
     exit 1 ;;
-  "show *")
+  "list-units --all")
+    [ -e /run/late-failed ] || exit 0
+    printf 'late.service loaded failed failed Sleeps 5 s, then fails\n' ;;
+  "show --all")
     [ -e /run/late-failed ] || exit 0
     printf 'Id=late.service\nDescription=Sleeps 5 s, then fails\nLoadState=loaded\n'
     printf 'ActiveState=failed\nSubState=failed\nUnitFileState=enabled\nFollowing=\n'
