@@ -19,6 +19,7 @@ pub mod guest;
 pub mod hub;
 pub mod inventory;
 pub mod metrics;
+pub mod nofollow;
 pub mod preflight;
 pub mod privdrop;
 pub mod provision;

@@ -29,7 +29,7 @@ const LAYERS: &[&[&str]] = &[
     &["vmid"],
     &["inventory", "tls", "durable_log", "privdrop"],
     &["config"],
-    &["error", "timefmt"],
+    &["error", "timefmt", "nofollow"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

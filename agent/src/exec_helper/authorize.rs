@@ -23,13 +23,14 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use nix::errno::Errno;
-use nix::fcntl::{open, openat, OFlag};
+use nix::fcntl::{open, OFlag};
 use nix::sys::stat::{fstat, Mode, SFlag};
 
 use super::{ct_conf, user_cfg};
 use crate::config::Config;
 use crate::error::{outside_text, ErrorCode};
 use crate::inventory::{read_full_list, GuestType, SystemListCommands};
+use crate::nofollow;
 use crate::provision::journal::{file_name, read_opened, JOURNAL_DIR};
 use crate::provision::machine::Step;
 use crate::provision::{State, TxnKind};
@@ -137,13 +138,7 @@ pub fn read_claim(
         Mode::empty(),
     )
     .map_err(|e| unreadable("the state dir", e))?;
-    let journal_dir = openat(
-        base.as_fd(),
-        JOURNAL_DIR,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
+    let journal_dir = nofollow::folder(base.as_fd(), JOURNAL_DIR).map_err(|e| match e {
         Errno::ENOENT => not_owned(format!(
             "transaction {txn} is not in the journal ({} does not exist); nothing was run. Only \
              a transaction of this agent that holds an armed claim on the container may run \
@@ -161,30 +156,21 @@ pub fn read_claim(
             dir_meta.st_uid
         )));
     }
-    let fd = openat(
-        journal_dir.as_fd(),
-        file_name(ulid).as_str(),
-        OFlag::O_RDONLY
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_NONBLOCK
-            | OFlag::O_CLOEXEC
-            | OFlag::O_NOCTTY,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        Errno::ENOENT => not_owned(format!(
+    let fd =
+        nofollow::file(journal_dir.as_fd(), file_name(ulid).as_str()).map_err(|e| match e {
+            Errno::ENOENT => not_owned(format!(
             "transaction {txn} is not in the journal ({} does not exist); nothing was run. Only \
              a transaction of this agent that holds an armed claim on the container may run \
              commands in it",
             path.display()
         )),
-        Errno::ELOOP => not_owned(format!(
-            "{} is a symbolic link; nothing was run for transaction {txn}. The journal holds \
+            Errno::ELOOP => not_owned(format!(
+                "{} is a symbolic link; nothing was run for transaction {txn}. The journal holds \
              only regular files: remove the link",
-            path.display()
-        )),
-        e => unreadable("its journal file", e),
-    })?;
+                path.display()
+            )),
+            e => unreadable("its journal file", e),
+        })?;
     let meta = fstat(fd.as_fd()).map_err(|e| unreadable("its journal file", e))?;
     if SFlag::from_bits_truncate(meta.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
         return Err(not_owned(format!(

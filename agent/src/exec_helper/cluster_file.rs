@@ -17,12 +17,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::{open, openat, OFlag};
+use nix::fcntl::open;
 use nix::sys::stat::{fstat, Mode, SFlag};
 
 use super::proto::ClusterFile;
 use crate::config::Config;
 use crate::error::ErrorCode;
+use crate::nofollow;
 
 /// Why a file is not handed over.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,34 +108,20 @@ pub fn read_trusted(path: &Path, max: u64) -> Result<Option<Vec<u8>>, FileRefusa
             format!("{} cannot be opened ({})", so_far.display(), e.desc()),
         )),
     };
-    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let mut so_far = PathBuf::from("/");
-    let Some(mut dir) = opened(open("/", dir_flags, Mode::empty()), &so_far)? else {
+    let Some(mut dir) = opened(open("/", nofollow::FOLDER, Mode::empty()), &so_far)? else {
         return Ok(None);
     };
     check_folder(path, &so_far, &dir)?;
     for name in folders {
         so_far.push(name);
-        let Some(next) = opened(
-            openat(dir.as_fd(), *name, dir_flags, Mode::empty()),
-            &so_far,
-        )?
-        else {
+        let Some(next) = opened(nofollow::folder(dir.as_fd(), *name), &so_far)? else {
             return Ok(None);
         };
         dir = next;
         check_folder(path, &so_far, &dir)?;
     }
-    let file = openat(
-        dir.as_fd(),
-        *file_name,
-        OFlag::O_RDONLY
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_NONBLOCK
-            | OFlag::O_CLOEXEC
-            | OFlag::O_NOCTTY,
-        Mode::empty(),
-    );
+    let file = nofollow::file(dir.as_fd(), *file_name);
     if matches!(file, Err(Errno::ELOOP)) {
         return Err(untrusted(
             path,

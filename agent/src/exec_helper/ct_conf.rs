@@ -26,10 +26,11 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use nix::errno::Errno;
-use nix::fcntl::{open, openat, OFlag};
+use nix::fcntl::{open, OFlag};
 use nix::sys::stat::{fstat, Mode, SFlag};
 
 use crate::error::outside_text;
+use crate::nofollow;
 
 /// The most bytes of a container config read (pmxcfs caps a file far below this).
 pub const MAX_CT_CONF_BYTES: u64 = 1024 * 1024;
@@ -54,28 +55,18 @@ pub fn read(nodes_dir: &Path, node: &str, vmid: u32) -> Result<String, String> {
             e => format!("{show}: {what} cannot be opened ({})", e.desc()),
         }
     };
-    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let base = open(
         nodes_dir,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .map_err(|e| fail("the nodes folder", e))?;
-    let node_dir = openat(base.as_fd(), node, dir_flags, Mode::empty())
-        .map_err(|e| fail("the node's folder", e))?;
-    let lxc_dir = openat(node_dir.as_fd(), "lxc", dir_flags, Mode::empty())
-        .map_err(|e| fail("the lxc folder", e))?;
-    let fd = openat(
-        lxc_dir.as_fd(),
-        format!("{vmid}.conf").as_str(),
-        OFlag::O_RDONLY
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_NONBLOCK
-            | OFlag::O_CLOEXEC
-            | OFlag::O_NOCTTY,
-        Mode::empty(),
-    )
-    .map_err(|e| fail("the file", e))?;
+    let node_dir =
+        nofollow::folder(base.as_fd(), node).map_err(|e| fail("the node's folder", e))?;
+    let lxc_dir =
+        nofollow::folder(node_dir.as_fd(), "lxc").map_err(|e| fail("the lxc folder", e))?;
+    let fd = nofollow::file(lxc_dir.as_fd(), format!("{vmid}.conf").as_str())
+        .map_err(|e| fail("the file", e))?;
     let meta = fstat(fd.as_fd()).map_err(|e| fail("the file", e))?;
     if SFlag::from_bits_truncate(meta.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
         return Err(format!("{show} is not a regular file"));

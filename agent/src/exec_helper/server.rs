@@ -55,6 +55,7 @@ use crate::config::Config;
 use crate::error::{outside_text, outside_text_max, ErrorCode, ExitStatus};
 use crate::guest::exec::{GuestExec, PushSource};
 use crate::guest::lxc::{LxcExec, PctConfig};
+use crate::nofollow;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 
@@ -152,7 +153,7 @@ impl BoundName {
 /// next folder down is root's); `folder` itself root's and writable by neither group nor
 /// others. `Err`: which folder fails and what to do.
 fn open_trusted_folder(folder: &Path) -> Result<std::os::fd::OwnedFd, String> {
-    use nix::fcntl::{open, openat, OFlag};
+    use nix::fcntl::open;
     use nix::sys::stat::{fstat, Mode};
     use std::path::Component;
     if !folder.is_absolute() {
@@ -161,7 +162,6 @@ fn open_trusted_folder(folder: &Path) -> Result<std::os::fd::OwnedFd, String> {
             folder.display()
         ));
     }
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let names: Vec<&std::ffi::OsStr> = folder
         .components()
         .filter_map(|c| match c {
@@ -177,14 +177,15 @@ fn open_trusted_folder(folder: &Path) -> Result<std::os::fd::OwnedFd, String> {
             )
         })?;
     let mut so_far = PathBuf::from("/");
-    let mut fd = open("/", flags, Mode::empty()).map_err(|e| format!("cannot open /: {e}"))?;
+    let mut fd =
+        open("/", nofollow::FOLDER, Mode::empty()).map_err(|e| format!("cannot open /: {e}"))?;
     for (i, name) in std::iter::once(None)
         .chain(names.iter().map(Some))
         .enumerate()
     {
         if let Some(name) = name {
             so_far.push(name);
-            fd = openat(&fd, *name, flags, Mode::empty()).map_err(|e| {
+            fd = nofollow::folder(&fd, *name).map_err(|e| {
                 format!(
                     "cannot open the socket's folder {} (a folder, not a link): {e}; create it as root with mode 0755, or pass a path without links",
                     so_far.display()
@@ -252,7 +253,7 @@ fn bind_socket(
     path: &Path,
     gid: Option<u32>,
 ) -> Result<(std::os::unix::net::UnixListener, BoundName), String> {
-    use nix::fcntl::{renameat, AtFlags, OFlag};
+    use nix::fcntl::{renameat, AtFlags};
     use nix::sys::stat::{fchmodat, fstatat, mkdirat, FchmodatFlags, Mode, SFlag};
     use std::os::fd::AsRawFd;
     let shown = path.display();
@@ -285,13 +286,7 @@ fn bind_socket(
         let _ = nix::unistd::unlinkat(dir, private.as_str(), nix::unistd::UnlinkatFlags::RemoveDir);
     };
     let result = (|| {
-        let sub = nix::fcntl::openat(
-            &dir,
-            private.as_str(),
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| {
+        let sub = nofollow::folder(&dir, private.as_str()).map_err(|e| {
             format!(
                 "cannot open the private folder in {}: {e}",
                 folder.display()

@@ -52,8 +52,7 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use nix::fcntl::{openat, OFlag};
-use nix::sys::stat::{fstat, Mode, SFlag};
+use nix::sys::stat::{fstat, SFlag};
 
 use super::{HUB_FILE, RESTORE_TEST_FILE, TRANSACTIONS_FILE};
 
@@ -220,16 +219,7 @@ pub fn families(file: &str) -> &'static [Family] {
 /// Read `name` from the agent's folder `dir` as the module docs say: `Ok(None)` when it is not
 /// there.
 pub fn read_source(dir: &File, name: &str, owners: &[u32]) -> Result<Option<String>, String> {
-    let fd = match openat(
-        dir.as_fd(),
-        name,
-        OFlag::O_RDONLY
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_NONBLOCK
-            | OFlag::O_NOCTTY
-            | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    ) {
+    let fd = match crate::nofollow::file(dir.as_fd(), name) {
         Ok(fd) => fd,
         Err(nix::errno::Errno::ENOENT) => return Ok(None),
         Err(nix::errno::Errno::ELOOP) => return Err("it is a symbolic link".to_string()),
