@@ -596,32 +596,13 @@ fn lab_bridge_refused(with_lab: bool, bridge: &str) -> String {
     doc.to_string()
 }
 
-#[test]
-fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before_any_write() {
-    let text = lab_bridge_refused(false, "vmbr9");
-    assert!(
-        text.contains("vmbr9 is not in this node's network configuration")
-            && text.contains("bridge-ports none"),
-        "{text}"
-    );
-
-    // vmbr0 (a port, the node's address) named as the lab bridge.
-    let text = lab_bridge_refused(true, "vmbr0");
-    assert!(
-        text.contains("has port(s) eno1") && text.contains("IPv4 address of the node"),
-        "{text}"
-    );
-
-    // The lab bridge as it should be, but another process runs a VM copy on it (its lock
-    // held): refused, nothing written; VM copies there run one at a time.
-    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
-    let w = world(lab_scenario(true), &extra);
+/// Another process's hold on `w`'s lab bridge vmbr9 (its lock file, as an agent running a VM
+/// copy there holds it): a `sleep` holding the locked descriptor; killing it frees the bridge.
+fn hold_lab_bridge(w: &World) -> std::process::Child {
     let locks = w.files.state_dir.join("locks");
     std::fs::create_dir_all(&locks).expect("locks folder");
     let lock = locks.join("lab-bridge-vmbr9.lock");
-    // One process holds it (the shell becomes `sleep` with the locked descriptor), so killing
-    // it releases the lock.
-    let mut holder = std::process::Command::new("sh")
+    let holder = std::process::Command::new("sh")
         .arg("-c")
         .arg("exec 9>\"$1\" && flock -x 9 && exec sleep 60")
         .arg("sh")
@@ -644,6 +625,30 @@ fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    holder
+}
+
+#[test]
+fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before_any_write() {
+    let text = lab_bridge_refused(false, "vmbr9");
+    assert!(
+        text.contains("vmbr9 is not in this node's network configuration")
+            && text.contains("bridge-ports none"),
+        "{text}"
+    );
+
+    // vmbr0 (a port, the node's address) named as the lab bridge.
+    let text = lab_bridge_refused(true, "vmbr0");
+    assert!(
+        text.contains("has port(s) eno1") && text.contains("IPv4 address of the node"),
+        "{text}"
+    );
+
+    // The lab bridge as it should be, but another process runs a VM copy on it (its lock
+    // held): refused, nothing written; VM copies there run one at a time.
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
+    let w = world(lab_scenario(true), &extra);
+    let mut holder = hold_lab_bridge(&w);
     let run = w.agent(&["--selftest=restore", "--json"]);
     let _ = holder.kill();
     let _ = holder.wait();
@@ -679,4 +684,57 @@ fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before
         "{:?}",
         w.pve.network_exposures()
     );
+}
+
+/// An isolated VM copy left open (its process killed after the copy started) goes back onto
+/// the lab bridge only as a new copy would: while another process runs a copy there, `journal
+/// resume` refuses (exit 3, the bridge named) and sends PVE nothing; once the bridge is free it
+/// resumes to its end.
+#[test]
+fn a_resumed_vm_copy_waits_for_the_lab_bridge_as_a_new_one_does() {
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
+    let w = world(lab_scenario(true), &extra);
+    let mut cmd = w.command();
+    // Killed once `started` is journaled (validated, submitted, marker written and verified,
+    // created, started): the copy runs on the lab bridge.
+    cmd.args(["--selftest=restore", "--json"])
+        .env("FELHOM_AGENT_KILL_AT", "after-journal:6");
+    let killed: AgentRun = cmd.output().expect("run agent").into();
+    assert_ne!(killed.code, Some(0), "{}\n{}", killed.stdout, killed.stderr);
+    let open = w
+        .journal()
+        .into_iter()
+        .find(|t| t["interrupted"] == json!(true))
+        .unwrap_or_else(|| panic!("no interrupted transaction: {:#?}", w.journal()));
+    let txn = open["txn"].as_str().expect("txn").to_string();
+    assert!(
+        w.pve.start_configs().len() == 1,
+        "the copy was started before the kill: {:#?}",
+        w.pve.requests()
+    );
+
+    let mut holder = hold_lab_bridge(&w);
+    let writes = w.pve.writes().len();
+    let run = w.agent(&["journal", "resume", &txn, "--json"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    let message = run.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains(&format!("transaction {txn}"))
+            && message.contains("was not resumed")
+            && message.contains("the lab bridge vmbr9 is in use"),
+        "{message}"
+    );
+    assert_eq!(w.pve.writes().len(), writes, "{:#?}", w.pve.writes());
+    assert_eq!(w.journal_txn(&txn)["interrupted"], json!(true));
+
+    let run = w.agent(&["journal", "resume", &txn, "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
 }

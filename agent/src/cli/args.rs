@@ -330,8 +330,9 @@ unreadable, a failure already recorded) it is settled through the ownership gate
 cancel` would.",
         after_help = "Exit codes: as the transaction ends (0 ok, 4 PVE refused or a task failed, 5 \
 launch, bootstrap or checks failed, 7 needs_human); 3 refused: its vmid lock is held by a running \
-agent (vmid_in_use), it is not open (txn_not_open) or unknown (txn_unknown); 6 PVE or the journal \
-could not be read (the transaction stays open)."
+agent, or it is an isolated VM copy whose lab bridge another agent's copy holds (vmid_in_use), it \
+is not open (txn_not_open) or unknown (txn_unknown); 6 PVE or the journal could not be read (the \
+transaction stays open)."
     )]
     Resume {
         /// The transaction id (see `felhom-agent journal`).

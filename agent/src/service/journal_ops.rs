@@ -435,6 +435,13 @@ async fn take_up(
                 state.txn()
             ),
         )),
+        SettleOne::BridgeBusy(reason) => Err(Failure::new(
+            ErrorCode::VmidInUse,
+            format!(
+                "transaction {} on vmid {vmid} was not resumed: {reason}",
+                state.txn()
+            ),
+        )),
         SettleOne::NotOpen => {
             let now = named(&journal, input)?;
             Err(not_open(&now))

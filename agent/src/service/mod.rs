@@ -531,6 +531,9 @@ pub enum SettleOne {
     Settled(Box<Driven>),
     /// Its vmid lock is held by a running process: left alone (the reason names the holder).
     Held(String),
+    /// An isolated VM copy whose lab bridge another process's copy holds: left alone until
+    /// that one has ended (the reason says so).
+    BridgeBusy(String),
     /// It has no vmid, or was settled meanwhile: nothing to do.
     NotOpen,
 }
@@ -556,6 +559,18 @@ pub async fn settle_one(
             tracing::info!(txn = %open.txn(), vmid, reason = %e, "open transaction belongs to a running agent; left alone");
             return SettleOne::Held(e.to_string());
         }
+    };
+    // An isolated VM copy goes on (its VM started again, or still running) only while no other
+    // copy is on the lab bridge, as a new copy waits for it; a cancel only removes the copy.
+    let _lab = match how {
+        TakeUp::Resume => match lab_bridge_lock_for(cfg, open) {
+            Ok(lock) => lock,
+            Err(e) => {
+                tracing::info!(txn = %open.txn(), vmid, reason = %e.message, "open isolated VM copy left alone: its lab bridge is in use");
+                return SettleOne::BridgeBusy(e.message);
+            }
+        },
+        TakeUp::Settle => None,
     };
     // Re-read under the lock: the other process may have settled it meanwhile.
     let state = match journal.get(open.txn()) {
@@ -821,6 +836,7 @@ pub async fn resume(
     let pve = pve_client(cfg).ok()?;
     let journal = open_journal(cfg).ok()?;
     let _lock = VmidLock::try_acquire(&cfg.state_dir, vmid, Some(state.txn())).ok()?;
+    let _lab = lab_bridge_lock_for(cfg, &state).ok()?;
     if let Ok(Some(journaled)) = journal.get(state.txn()) {
         // The last record's event may have been lost with the process: report it again.
         reporter.phase(&journaled.state, journaled.records);
@@ -859,6 +875,16 @@ pub fn error_info(f: &Failure) -> ErrorInfo {
         code: f.code,
         message: f.message.clone(),
     }
+}
+
+/// [`lab_bridge_lock`] for taking `state` up again: an isolated VM copy goes back onto the lab
+/// bridge only while no other copy runs there.
+fn lab_bridge_lock_for(
+    cfg: &Config,
+    state: &State,
+) -> Result<Option<crate::provision::LabBridgeLock>, Failure> {
+    let r = state.request();
+    lab_bridge_lock(cfg, r.guest, r.isolate_network && !r.dry_run, state.txn())
 }
 
 /// The lab bridge's lock for a new isolated VM copy that goes onto `[restore_test]
