@@ -56,6 +56,21 @@ pub fn check_is(doc: &Value, name: &str, status: &str) -> bool {
         .is_some_and(|c| c.iter().any(|c| c["name"] == name && c["status"] == status))
 }
 
+/// Whether the report ran a check `name` at all.
+pub fn ran_check(doc: &Value, name: &str) -> bool {
+    doc["checks"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["name"] == name))
+}
+
+/// The report's check `name`; a panic showing the report when it has none.
+pub fn check<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    doc["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no check {name}: {doc:#}"))
+}
+
 /// What the report says when a mount the user namespace cannot make was reset
 /// (`tests/data/guest-units-facts.md` section 1a).
 pub fn userns_reset(unit: &str, fstype: &str) -> String {

@@ -794,6 +794,23 @@ fn good_lab() -> Value {
            "options": ["post-up sysctl -w net.ipv6.conf.vmbr9.disable_ipv6=1"]})
 }
 
+/// [`good_lab`] with `changes` ({key: value}) applied.
+fn lab_with(changes: Value) -> Value {
+    let mut lab = good_lab();
+    for (k, v) in changes.as_object().expect("an object of changes") {
+        lab[k] = v.clone();
+    }
+    lab
+}
+
+/// `doctor` against the node's `lab` bridge (`None`: missing), which must fail it (exit 6,
+/// `lab_bridge` failed): its message.
+fn lab_fails(lab: Option<Value>, sdn_use: bool) -> String {
+    let (code, c) = doctor_lab(network_with(lab), sdn_use);
+    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
+    c["message"].as_str().unwrap_or("").to_string()
+}
+
 #[test]
 fn the_lab_bridge_passes_only_without_ports_or_addresses_and_each_fault_names_its_fix() {
     let (code, c) = doctor_lab(network_with(Some(good_lab())), true);
@@ -801,9 +818,7 @@ fn the_lab_bridge_passes_only_without_ports_or_addresses_and_each_fault_names_it
     assert_eq!(code, Some(0), "{c:#}");
 
     // Missing from the node's configuration: the stanza to add.
-    let (code, c) = doctor_lab(network_with(None), true);
-    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
-    let m = c["message"].as_str().unwrap_or("");
+    let m = lab_fails(None, true);
     assert!(
         m.contains("vmbr9 is not in this node's network configuration")
             && m.contains("bridge-ports none")
@@ -813,36 +828,22 @@ fn the_lab_bridge_passes_only_without_ports_or_addresses_and_each_fault_names_it
     );
 
     // With a port: `bridge-ports none`.
-    let mut ported = good_lab();
-    ported["bridge_ports"] = json!("eno2");
-    let (code, c) = doctor_lab(network_with(Some(ported)), true);
-    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
-    let m = c["message"].as_str().unwrap_or("");
+    let m = lab_fails(Some(lab_with(json!({"bridge_ports": "eno2"}))), true);
     assert!(
         m.contains("has port(s) eno2") && m.contains("set `bridge-ports none`"),
         "{m}"
     );
 
     // With an IPv4 address, then an IPv6 one: `inet manual` and no address; no inet6 stanza.
-    let mut v4 = good_lab();
-    v4["method"] = json!("static");
-    v4["address"] = json!("10.99.0.1");
-    v4["cidr"] = json!("10.99.0.1/24");
-    let (code, c) = doctor_lab(network_with(Some(v4)), true);
-    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
-    let m = c["message"].as_str().unwrap_or("");
+    let v4 = json!({"method": "static", "address": "10.99.0.1", "cidr": "10.99.0.1/24"});
+    let m = lab_fails(Some(lab_with(v4)), true);
     assert!(
         m.contains("IPv4 address of the node (address 10.99.0.1, cidr 10.99.0.1/24, inet static)")
             && m.contains("`iface vmbr9 inet manual` with no address"),
         "{m}"
     );
-    let mut v6 = good_lab();
-    v6["method6"] = json!("static");
-    v6["address6"] = json!("fd00::1");
-    v6["cidr6"] = json!("fd00::1/64");
-    let (code, c) = doctor_lab(network_with(Some(v6)), true);
-    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
-    let m = c["message"].as_str().unwrap_or("");
+    let v6 = json!({"method6": "static", "address6": "fd00::1", "cidr6": "fd00::1/64"});
+    let m = lab_fails(Some(lab_with(v6)), true);
     assert!(
         m.contains("IPv6 address of the node")
             && m.contains("remove its `iface vmbr9 inet6` stanza"),
@@ -850,9 +851,7 @@ fn the_lab_bridge_passes_only_without_ports_or_addresses_and_each_fault_names_it
     );
 
     // IPv6 not turned off: a warning naming the line (a link-local address reaches `::`).
-    let mut linklocal = good_lab();
-    linklocal["options"] = json!([]);
-    let (code, c) = doctor_lab(network_with(Some(linklocal)), true);
+    let (code, c) = doctor_lab(network_with(Some(lab_with(json!({"options": []})))), true);
     assert_eq!((code, &c["status"]), (Some(0), &json!("warn")), "{c:#}");
     assert!(
         c["message"]
@@ -863,9 +862,7 @@ fn the_lab_bridge_passes_only_without_ports_or_addresses_and_each_fault_names_it
     );
 
     // No SDN.Use on it: the grant (PVE also leaves the bridge out of the token's list then).
-    let (code, c) = doctor_lab(network_with(Some(good_lab())), false);
-    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
-    let m = c["message"].as_str().unwrap_or("");
+    let m = lab_fails(Some(good_lab()), false);
     assert!(
         m.contains("lacks SDN.Use on /sdn/zones/localnetwork/vmbr9")
             && m.contains("pveum acl modify /sdn/zones/localnetwork/vmbr9 --tokens 'felhom@pve!agent' --roles PVESDNUser"),

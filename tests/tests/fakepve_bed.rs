@@ -361,19 +361,32 @@ fn drop_and_terminate_end_the_process() {
     assert_eq!(kill(pid, None), Err(Errno::ESRCH));
 }
 
-/// A client of tests/fakepve/zygote.py that asks for one fake and ends once it is ready.
-const ZYGOTE_CLIENT: &str = r#"
+/// A client of tests/fakepve/zygote.py (`python -c CLIENT SOCKET SCENARIO LOG`) that asks for
+/// one fake, as the tests' FakePve::start does, and then runs `then` (`s`: the connection, `r`:
+/// the fake's stdout).
+fn zygote_client(then: &str) -> String {
+    format!(
+        r#"
 import json, os, socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
 r, w = os.pipe()
 log = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT, 0o600)
-req = json.dumps({'scenario': sys.argv[2], 'cwd': os.getcwd(), 'env': dict(os.environ)}) + '\n'
+req = json.dumps({{'scenario': sys.argv[2], 'cwd': os.getcwd(), 'env': dict(os.environ)}}) + '\n'
 socket.send_fds(s, [req.encode()], [w, log])
 os.close(w)
-print(json.loads(s.makefile().readline())['pid'], flush=True)
-print(os.read(r, 4096).decode()[:8], flush=True)
-"#;
+{then}
+"#
+    )
+}
+
+/// A zygote client that prints the fake's pid and its ready line's start, and ends.
+fn zygote_client_until_ready() -> String {
+    zygote_client(
+        "print(json.loads(s.makefile().readline())['pid'], flush=True)\n\
+         print(os.read(r, 4096).decode()[:8], flush=True)",
+    )
+}
 
 /// The zygote (tests/run.sh starts it) forks each fake: the fake runs with the environment of
 /// the test that asked for it, serves, ends cleanly on SIGTERM with its status told back, and
@@ -430,7 +443,7 @@ fn the_zygote_forks_fakes_that_run_as_their_asker_and_end_with_it() {
     std::fs::write(&path, scenario.to_string()).expect("scenario");
     let out = std::process::Command::new(felhom_tests::fakepve::fakepve_python())
         .arg("-c")
-        .arg(ZYGOTE_CLIENT)
+        .arg(zygote_client_until_ready())
         .arg(&sock)
         .arg(&path)
         .arg(dir.path().join("log"))
@@ -459,18 +472,10 @@ fn the_zygote_forks_fakes_that_run_as_their_asker_and_end_with_it() {
     assert!(!sock.exists(), "the zygote leaves no socket");
 }
 
-/// A client of the zygote that prints its first answer line as it came (a pid or an error).
-const ZYGOTE_ASK: &str = r#"
-import json, os, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-r, w = os.pipe()
-log = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT, 0o600)
-req = json.dumps({'scenario': sys.argv[2], 'cwd': os.getcwd(), 'env': dict(os.environ)}) + '\n'
-socket.send_fds(s, [req.encode()], [w, log])
-os.close(w)
-print(s.makefile().readline().strip(), flush=True)
-"#;
+/// A zygote client that prints its first answer line as it came (a pid or an error).
+fn zygote_ask() -> String {
+    zygote_client("print(s.makefile().readline().strip(), flush=True)")
+}
 
 /// A zygote whose fake changed on disk after it imported it forks no more (the fork would run
 /// the old code): it answers an error, and the asker starts its fake from scratch. Run on a
@@ -508,7 +513,7 @@ fn a_zygote_forks_nothing_once_the_fakes_code_changed() {
     let ask = || {
         let out = std::process::Command::new(felhom_tests::fakepve::fakepve_python())
             .arg("-c")
-            .arg(ZYGOTE_ASK)
+            .arg(zygote_ask())
             .arg(&sock)
             .arg(&path)
             .arg(dir.path().join("log"))

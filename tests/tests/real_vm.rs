@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use felhom_tests::fakepve::{add_qemu_backup, demo_scenario, AgentOptions, QEMU_BACKUP};
 use felhom_tests::guestbed::wait_processes_gone;
-use felhom_tests::verdict::{check_is, EVERY_FAILED_PACK};
+use felhom_tests::verdict::{self, check_is, EVERY_FAILED_PACK};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
@@ -525,10 +525,7 @@ fn a_good_vm_backup_with_allow_hotplug_ens18_and_its_own_hostname_ends_ok_on_the
     ) else {
         return;
     };
-    let hostname = doc["checks"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["name"] == "hostname"))
-        .unwrap_or_else(|| panic!("no hostname check: {doc:#}"));
+    let hostname = verdict::check(&doc, "hostname");
     let message = hostname["message"].as_str().unwrap_or_default();
     assert!(
         message.starts_with("not judged")
@@ -580,10 +577,7 @@ fn a_vm_backup_whose_application_units_fail_at_once_and_5_s_in_is_red_naming_the
     assert_ne!(run.code, Some(0), "{doc:#}");
     assert_eq!(doc["outcome"], "failed", "{doc:#}");
     for name in ["no-failed-units", "no-failed-unit-at-all"] {
-        let check = doc["checks"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["name"] == name))
-            .unwrap_or_else(|| panic!("no check {name}: {doc:#}"));
+        let check = verdict::check(&doc, name);
         assert_eq!(check["status"], "fail", "{doc:#}");
         let text = check.to_string();
         assert!(
