@@ -565,10 +565,7 @@ pub async fn settle_one(
     let _lab = match how {
         TakeUp::Resume => match lab_bridge_lock_for(cfg, open) {
             Ok(lock) => lock,
-            Err(e) => {
-                tracing::info!(txn = %open.txn(), vmid, reason = %e.message, "open isolated VM copy left alone: its lab bridge is in use");
-                return SettleOne::BridgeBusy(e.message);
-            }
+            Err(e) => return SettleOne::BridgeBusy(e.message),
         },
         TakeUp::Settle => None,
     };
@@ -878,13 +875,15 @@ pub fn error_info(f: &Failure) -> ErrorInfo {
 }
 
 /// [`lab_bridge_lock`] for taking `state` up again: an isolated VM copy goes back onto the lab
-/// bridge only while no other copy runs there.
+/// bridge only while no other copy runs there (a refusal is logged: the copy is left open).
 fn lab_bridge_lock_for(
     cfg: &Config,
     state: &State,
 ) -> Result<Option<crate::provision::LabBridgeLock>, Failure> {
     let r = state.request();
-    lab_bridge_lock(cfg, r.guest, r.isolate_network && !r.dry_run, state.txn())
+    lab_bridge_lock(cfg, r.guest, r.isolate_network && !r.dry_run, state.txn()).inspect_err(|e| {
+        tracing::info!(txn = %state.txn(), vmid = ?r.vmid, reason = %e.message, "open isolated VM copy left alone: its lab bridge is in use");
+    })
 }
 
 /// The lab bridge's lock for a new isolated VM copy that goes onto `[restore_test]
