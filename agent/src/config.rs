@@ -232,6 +232,83 @@ pub struct RestoreTestConfig {
     /// stored models and MACs: no ports, no address of the node (IPv4 or IPv6). `None`: an
     /// isolated VM copy starts with no NIC.
     pub lab_bridge: Option<String>,
+    /// Every guest's newest backup is proven within this many seconds (`prove_within`,
+    /// default 7 days): due for longer, a guest is `overdue`.
+    pub prove_within: u64,
+    /// Re-test a proven backup after this many seconds (`reprove_after`; `None`: never).
+    pub reprove_after: Option<u64>,
+    /// A run starts no new copy after this many seconds (`run_budget`, default 4 hours).
+    pub run_budget: u64,
+    /// How many copies run at once (`at_once`, default 2).
+    pub at_once: AtOnce,
+    /// A guest whose newest backup is older than this many seconds is stale
+    /// (`backup_max_age`, default 8 days: a weekly backup is not stale).
+    pub backup_max_age: u64,
+    /// The share of the node's memory no copy may take, in percent (`memory_reserve`,
+    /// default `"10%"`).
+    pub memory_reserve_percent: u8,
+    /// The restore's `bwlimit` in KiB/s (`bwlimit`; `None`: PVE's default).
+    pub bwlimit: Option<u64>,
+}
+
+/// `[restore_test] at_once`: a number of copies, or what the node's means allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtOnce {
+    /// At most this many (1 to 10).
+    Fixed(u8),
+    /// What the node's free memory and the band's free vmids allow (at most 10).
+    Auto,
+}
+
+impl AtOnce {
+    /// The most copies this setting ever runs at once.
+    pub fn ceiling(self) -> usize {
+        match self {
+            AtOnce::Fixed(n) => usize::from(n),
+            AtOnce::Auto => AT_ONCE_MAX,
+        }
+    }
+}
+
+/// The most copies at once: the restore-test band has ten vmids.
+pub const AT_ONCE_MAX: usize = 10;
+/// `prove_within`, `backup_max_age` and `reprove_after` may be from an hour to a year and a day.
+const COVERAGE_SECS: std::ops::RangeInclusive<u64> = 3600..=366 * 86_400;
+/// `run_budget`: from a minute to a week.
+const RUN_BUDGET_SECS: std::ops::RangeInclusive<u64> = 60..=7 * 86_400;
+
+/// A duration key of `[restore_test]` (`"7d"`, `"12h"`, `"30m"`) in seconds, within `range`;
+/// `default` when the key is absent.
+fn coverage_secs(
+    path: &Path,
+    key: &str,
+    text: Option<&str>,
+    default: &str,
+    range: &std::ops::RangeInclusive<u64>,
+) -> Result<u64, Failure> {
+    let text = text.unwrap_or(default);
+    match crate::service::restore_test::coverage::parse_duration(text) {
+        Some(s) if range.contains(&s) => Ok(s),
+        _ => Err(invalid(format!(
+            "{}: [restore_test] {key} = {:?} is not a duration from {} to {}; write a number and a unit: \"7d\" (days), \"12h\" (hours), \"30m\" (minutes){}",
+            path.display(),
+            crate::error::outside_text(text),
+            human_secs(*range.start()),
+            human_secs(*range.end()),
+            if default.is_empty() { String::new() } else { format!(" (default {default:?})") }
+        ))),
+    }
+}
+
+/// `3600` as `1h`, `86400` as `1d`.
+fn human_secs(s: u64) -> String {
+    if s.is_multiple_of(86_400) {
+        format!("{}d", s / 86_400)
+    } else if s.is_multiple_of(3600) {
+        format!("{}h", s / 3600)
+    } else {
+        format!("{}m", s / 60)
+    }
 }
 
 /// Whether `name` can be `[restore_test] lab_bridge`: a Linux bridge name as PVE's
@@ -377,6 +454,20 @@ struct RawRestoreTest {
     checks_dir: Option<PathBuf>,
     metrics_dir: Option<PathBuf>,
     lab_bridge: Option<String>,
+    prove_within: Option<String>,
+    reprove_after: Option<String>,
+    run_budget: Option<String>,
+    at_once: Option<RawAtOnce>,
+    backup_max_age: Option<String>,
+    memory_reserve: Option<String>,
+    bwlimit: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawAtOnce {
+    Number(i64),
+    Word(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -619,6 +710,52 @@ impl Config {
                         "{}: [restore_test] lab_bridge = {:?} is not a bridge name (a letter, then letters, digits or '_', 2 to 15 characters, no VLAN suffix); name the bridge made for isolated VM copies in /etc/network/interfaces, e.g. \"vmbr9\"",
                         path.display(),
                         crate::error::outside_text(&b)
+                    )))
+                }
+                b => b,
+            },
+            prove_within: coverage_secs(path, "prove_within", rt.prove_within.as_deref(), "7d", &COVERAGE_SECS)?,
+            reprove_after: match rt.reprove_after.as_deref() {
+                None => None,
+                Some(t) => Some(coverage_secs(path, "reprove_after", Some(t), "", &COVERAGE_SECS)?),
+            },
+            run_budget: coverage_secs(path, "run_budget", rt.run_budget.as_deref(), "4h", &RUN_BUDGET_SECS)?,
+            at_once: match rt.at_once {
+                None => AtOnce::Fixed(2),
+                Some(RawAtOnce::Word(w)) if w == "auto" => AtOnce::Auto,
+                Some(RawAtOnce::Number(n)) if (1..=AT_ONCE_MAX as i64).contains(&n) => {
+                    AtOnce::Fixed(u8::try_from(n).unwrap_or(2))
+                }
+                Some(other) => {
+                    let shown = match other {
+                        RawAtOnce::Number(n) => n.to_string(),
+                        RawAtOnce::Word(w) => format!("{:?}", crate::error::outside_text(&w)),
+                    };
+                    return Err(invalid(format!(
+                        "{}: [restore_test] at_once = {shown} is out of range; give 1 to {AT_ONCE_MAX} copies at once (the restore-test band has {AT_ONCE_MAX} vmids), or \"auto\" for what the node's free memory and the band allow (default 2)",
+                        path.display()
+                    )));
+                }
+            },
+            backup_max_age: coverage_secs(path, "backup_max_age", rt.backup_max_age.as_deref(), "8d", &COVERAGE_SECS)?,
+            memory_reserve_percent: match rt.memory_reserve.as_deref() {
+                None => 10,
+                Some(t) => match t.trim().strip_suffix('%').and_then(|n| n.trim().parse::<u8>().ok()) {
+                    Some(n) if n <= 90 => n,
+                    _ => {
+                        return Err(invalid(format!(
+                            "{}: [restore_test] memory_reserve = {:?} is not a share of the node's memory; give a percentage from \"0%\" to \"90%\" (default \"10%\")",
+                            path.display(),
+                            crate::error::outside_text(t)
+                        )))
+                    }
+                },
+            },
+            bwlimit: match rt.bwlimit {
+                Some(0) => {
+                    return Err(invalid(format!(
+                        "{}: [restore_test] bwlimit = 0 is not a limit; give KiB/s (e.g. 102400 for 100 MiB/s) or leave it out for PVE's default",
+                        path.display()
                     )))
                 }
                 b => b,

@@ -46,6 +46,20 @@ impl AgentRun {
             )
         })
     }
+
+    /// The one copy of a `--selftest=restore --json` run (`copies[0]`: its transaction's
+    /// document, with `guest`, `backup` and `preflight`); panics unless the run made exactly
+    /// one copy.
+    pub fn restore_copy(&self) -> Value {
+        let doc = self.json();
+        match doc["copies"].as_array().map(Vec::as_slice) {
+            Some([one]) => one.clone(),
+            _ => panic!(
+                "not one copy in the restore run:\n{doc:#}\nstderr:\n{}",
+                self.stderr
+            ),
+        }
+    }
 }
 
 impl From<Output> for AgentRun {

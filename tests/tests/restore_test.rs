@@ -91,8 +91,9 @@ fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
     scenario["vmlist_extra"] = json!([{"vmid": 990002, "node": "pve2", "type": "lxc"}]);
     let w = RestoreWorld::new(scenario);
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert_eq!(doc["guest"], json!(200));
     assert_eq!(doc["vmid"], json!(990003));
     assert_eq!(doc["outcome"], "ok");
     assert_eq!(doc["destroyed"], json!(true));
@@ -162,8 +163,16 @@ fn a_full_band_skips_with_zero_writes() {
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
-    assert_eq!(doc["outcome"], "skipped");
-    assert_eq!(doc["vmid"], Value::Null);
+    assert_eq!(doc["run"]["outcome"], "skipped", "{doc:#}");
+    assert_eq!(doc["copies"], json!([]), "{doc:#}");
+    // The guest is left for a later run, named with its backup and why.
+    assert_eq!(doc["left"][0]["guest"], json!(200), "{doc:#}");
+    assert!(
+        doc["left"][0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("990000-990009")),
+        "{doc:#}"
+    );
     assert!(
         w.world.pve.writes().is_empty(),
         "writes: {:?}",
@@ -178,7 +187,13 @@ fn a_full_band_skips_with_zero_writes() {
     // A skip is a success (exit 0): it says why, and prints no `error` line.
     let run = w.agent(&["--selftest=restore"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    assert!(run.stdout.contains("skipped"), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("guest 200: backup local:backup/vzdump-lxc-200-")
+            && run.stdout.contains("left for a later run"),
+        "{}",
+        run.stdout
+    );
     for (name, text) in [("stdout", &run.stdout), ("stderr", &run.stderr)] {
         assert!(
             !text.lines().any(|l| l.starts_with("error [")),
@@ -191,9 +206,10 @@ fn a_full_band_skips_with_zero_writes() {
 fn dry_run_names_backup_and_vmid_and_writes_nothing() {
     let w = RestoreWorld::new(felhom_tests::fakepve::demo_scenario());
     let run = w.agent(&["--selftest=restore", "--dry-run", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert_eq!(doc["vmid"], json!(990002));
+    assert_eq!(doc["guest"], json!(200));
     assert_eq!(
         doc["backup"],
         "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"
@@ -202,28 +218,6 @@ fn dry_run_names_backup_and_vmid_and_writes_nothing() {
     assert!(
         !w.metrics_dir().join("felhom_restore_test.prom").exists(),
         "a dry run writes no metrics"
-    );
-}
-
-#[test]
-fn rotation_tests_each_pool_guest_in_turn() {
-    let mut scenario = felhom_tests::fakepve::demo_scenario();
-    scenario["guests"].as_array_mut().expect("guests").push(json!({"vmid": 210, "type": "lxc", "name": "felhom-ct2", "node": "pve1", "status": "running", "pool": "felhom"}));
-    scenario["volumes"]["local"]
-        .as_array_mut()
-        .expect("volumes")
-        .push(json!({"volname": "backup/vzdump-lxc-210-2026_01_02-00_00_00.tar.zst", "vmid": 210}));
-    let w = RestoreWorld::new(scenario);
-    let mut tested = Vec::new();
-    for _ in 0..3 {
-        let run = w.agent(&["--selftest=restore", "--json"]);
-        let doc = run.json();
-        assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
-        tested.push(doc["backup"].as_str().expect("backup").to_string());
-    }
-    assert!(
-        tested[0].contains("-200-") && tested[1].contains("-210-") && tested[2].contains("-200-"),
-        "{tested:?}"
     );
 }
 
@@ -285,8 +279,14 @@ fn sigterm_during_the_restore(w: &RestoreWorld, extra: &[&str]) -> AgentRun {
 fn sigterm_during_the_restore_is_interrupted_and_the_resume_writes_its_outcome() {
     let w = RestoreWorld::new(felhom_tests::fakepve::demo_scenario());
     let run = sigterm_during_the_restore(&w, &["--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(130), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(130), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(
+        run.json()["run"]["outcome"],
+        "interrupted",
+        "{}",
+        run.stdout
+    );
+    let doc = run.restore_copy();
     assert_eq!(doc["outcome"], "interrupted", "{doc:#}");
     assert_eq!(doc["halted"]["code"], "interrupted", "{doc:#}");
     let metrics = w.metrics();
@@ -380,8 +380,8 @@ fn sigterm_during_the_restore_is_interrupted_and_the_resume_writes_its_outcome()
         "{metrics}"
     );
 
-    // The text says it too.
-    let run = sigterm_during_the_restore(&w, &[]);
+    // The text says it too (the backup is proven now: `--guest` proves it again).
+    let run = sigterm_during_the_restore(&w, &["--guest", "200"]);
     assert_eq!(run.code, Some(130), "{}\n{}", run.stdout, run.stderr);
     assert!(
         run.stdout.contains(": interrupted") && !run.stdout.contains("needs_human"),
@@ -440,4 +440,275 @@ fn a_run_the_environment_stops_is_an_error_in_the_metrics_not_the_last_ok() {
     let run = w.agent(&["--selftest=restore", "--dry-run", "--json"]);
     assert_eq!(run.code, Some(6), "{}\n{}", run.stdout, run.stderr);
     assert!(!w.metrics_dir().join("felhom_restore_test.prom").exists());
+}
+
+/// The demo pool without its VM, and three more containers, each with a backup made an hour
+/// ago: four guests whose backups are due.
+fn pool_of_four() -> Value {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let guests = scenario["guests"].as_array_mut().expect("guests");
+    guests.retain(|g| g["vmid"] != json!(300));
+    for (vmid, name) in [(210, "shop"), (220, "shop-db"), (230, "mail")] {
+        guests.push(json!({"vmid": vmid, "type": "lxc", "name": name, "node": "pve1",
+            "status": "running", "pool": "felhom", "config": {"unprivileged": "1", "memory": "512"}}));
+    }
+    let volumes = scenario["volumes"]["local"]
+        .as_array_mut()
+        .expect("volumes");
+    for v in volumes.iter_mut() {
+        v["ctime"] = json!(now - 3600);
+    }
+    for vmid in [210, 220, 230] {
+        volumes.push(json!({
+            "volname": format!("backup/vzdump-lxc-{vmid}-2026_12_01-00_00_00.tar.zst"),
+            "vmid": vmid, "ctime": now - 3600, "config": {"unprivileged": "1", "memory": "512"}}));
+    }
+    scenario
+}
+
+/// A backup of `vmid` made now (vzdump of the guest onto `local`), whose copy boots in the
+/// bed; its volid.
+fn newer_backup(w: &RestoreWorld, vmid: u32) -> Value {
+    let volid = w.world.pve.call(
+        "backup_guest",
+        json!([
+            vmid,
+            format!("backup/vzdump-lxc-{vmid}-2026_12_07-00_00_00.tar.zst")
+        ]),
+        json!({}),
+    );
+    let key = volid.as_str().expect("volid").to_string();
+    w.world.pve.set(json!({"backup_guests": {key: {}}}));
+    volid
+}
+
+/// The restore POSTs PVE received (one per copy).
+fn restores(w: &RestoreWorld) -> usize {
+    w.world
+        .pve
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.api_path() == "/nodes/pve1/lxc")
+        .count()
+}
+
+/// The copies of a run's document by the guest they prove: (guest, outcome, backup).
+fn copies(doc: &Value) -> Vec<(u64, String, String)> {
+    let mut out: Vec<(u64, String, String)> = doc["copies"]
+        .as_array()
+        .expect("copies")
+        .iter()
+        .map(|c| {
+            (
+                c["guest"].as_u64().expect("guest"),
+                c["outcome"].as_str().unwrap_or("-").to_string(),
+                c["backup"].as_str().unwrap_or("-").to_string(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The report's rows as (vmid, status).
+fn report_statuses(w: &RestoreWorld) -> (Option<i32>, Vec<(u64, String)>, Value) {
+    let run = w.agent(&["restore-report", "--json"]);
+    let doc = run.json();
+    let rows = doc["guests"]
+        .as_array()
+        .expect("guests")
+        .iter()
+        .map(|r| {
+            (
+                r["vmid"].as_u64().expect("vmid"),
+                r["status"].as_str().expect("status").to_string(),
+            )
+        })
+        .collect();
+    (run.code, rows, doc)
+}
+
+#[test]
+fn one_run_proves_every_due_backup_several_at_once_and_only_a_newer_backup_is_due_again() {
+    let w = RestoreWorld::new(pool_of_four());
+    // Restores of 3 real seconds each, requests spaced by half a second (3 s on a node, where
+    // a restore takes minutes): copies started together overlap at PVE.
+    w.world
+        .pve
+        .set(json!({"time_scale": 0.01, "ct_secs": {"create": 300}}));
+    let run: AgentRun = w
+        .world
+        .command()
+        .env("FELHOM_AGENT_SUBMIT_SPACING_MS", "500")
+        .args(["--selftest=restore", "--json"])
+        .output()
+        .expect("run the agent")
+        .into();
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let got = copies(&doc);
+    assert_eq!(
+        got.iter().map(|c| (c.0, c.1.as_str())).collect::<Vec<_>>(),
+        vec![(200, "ok"), (210, "ok"), (220, "ok"), (230, "ok")],
+        "{doc:#}"
+    );
+    assert_eq!(doc["run"]["due"], json!(4), "{doc:#}");
+    assert_eq!(doc["run"]["peak_at_once"], json!(2), "{doc:#}");
+    // At the source: two restore tasks of two copies ran at the same time, and never more
+    // than `at_once` (2) copies existed at once.
+    let tasks = w.world.pve.tasks();
+    let restores_seen: Vec<(i64, i64)> = tasks
+        .iter()
+        .filter(|t| t["type"] == "vzcreate" || t["type"] == "vzrestore")
+        .map(|t| {
+            (
+                t["starttime"].as_i64().expect("start"),
+                t["endtime"].as_i64().expect("end"),
+            )
+        })
+        .collect();
+    assert_eq!(restores_seen.len(), 4, "{tasks:#?}");
+    let overlapping = restores_seen.iter().enumerate().any(|(i, a)| {
+        restores_seen
+            .iter()
+            .skip(i + 1)
+            .any(|b| b.0 + 1 < a.1 && a.0 + 1 < b.1)
+    });
+    assert!(
+        overlapping,
+        "no two restores ran at once: {restores_seen:?}"
+    );
+    assert_eq!(restores(&w), 4);
+    // Every copy destroyed, nothing else written to.
+    for vmid in [200, 210, 220, 230, 101, 990000, 990001] {
+        assert!(
+            w.world.pve.writes_for(vmid).is_empty(),
+            "{vmid} was written"
+        );
+    }
+    for c in doc["copies"].as_array().expect("copies") {
+        assert_eq!(c["destroyed"], json!(true), "{c:#}");
+    }
+    let (code, rows, report) = report_statuses(&w);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert!(rows.iter().all(|(_, s)| s == "proven"), "{report:#}");
+    assert_eq!(rows.len(), 4, "{report:#}");
+
+    // A second run: nothing is due, nothing restored.
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["copies"], json!([]), "{}", run.stdout);
+    assert_eq!(restores(&w), 4, "a proven backup was restored again");
+    let text = w.agent(&["--selftest=restore"]);
+    assert!(text.stdout.contains("nothing due"), "{}", text.stdout);
+
+    // A newer backup of 210: only 210 is due, and that backup is restored.
+    let newer = newer_backup(&w, 210);
+    let (code, rows, report) = report_statuses(&w);
+    assert_eq!(code, Some(0), "merely due is not a failure: {report:#}");
+    assert!(rows.contains(&(210, "due".to_string())), "{report:#}");
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let one = run.restore_copy();
+    assert_eq!(one["guest"], json!(210), "{one:#}");
+    assert_eq!(one["backup"], newer, "{one:#}");
+    assert_eq!(restores(&w), 5);
+    let (_, rows, report) = report_statuses(&w);
+    assert!(rows.iter().all(|(_, s)| s == "proven"), "{report:#}");
+    let r210 = &report["guests"][1];
+    assert_eq!(r210["proven"]["volid"], newer, "{report:#}");
+
+    // A newer backup of 220 whose copy fails the database's own check: 220 is failed, the
+    // others proven, and the report exits 5.
+    newer_backup(&w, 220);
+    let pack = w.world.files.checks_dir.join("db.toml");
+    std::fs::write(
+        &pack,
+        "[[check]]\nname = \"db-answers\"\nsql = \"SELECT 1 WHERE 1 = 0\"\nguests = [220]\n",
+    )
+    .expect("the db pack");
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(5), "{}\n{}", run.stdout, run.stderr);
+    let one = run.restore_copy();
+    assert_eq!(
+        (one["guest"].clone(), one["verdict"].clone()),
+        (json!(220), json!("failed")),
+        "{one:#}"
+    );
+    let (code, rows, report) = report_statuses(&w);
+    assert_eq!(code, Some(5), "{report:#}");
+    assert_eq!(
+        rows,
+        vec![
+            (200, "proven".to_string()),
+            (210, "proven".to_string()),
+            (220, "failed".to_string()),
+            (230, "proven".to_string())
+        ],
+        "{report:#}"
+    );
+    let text = w.agent(&["restore-report"]);
+    assert_eq!(text.code, Some(5));
+    assert!(
+        text.stdout
+            .contains("failed test of local:backup/vzdump-lxc-220-2026_12_07")
+            && text.stdout.contains("failing checks: db-answers"),
+        "{}",
+        text.stdout
+    );
+    // The guest's own record: the journal names it beside the copy.
+    let last = w.agent(&[
+        "journal",
+        "--last",
+        "restore-test",
+        "--guest",
+        "220",
+        "--json",
+    ]);
+    let last = last.json();
+    assert_eq!(last["guest"], json!(220), "{last:#}");
+    assert_eq!(last["transaction"]["vmid"], json!(990002), "{last:#}");
+    assert_eq!(last["transaction"]["outcome"], "failed", "{last:#}");
+    // The failed backup is due again at the next run (the database answers now): proven.
+    std::fs::remove_file(&pack).expect("rm the db pack");
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.restore_copy()["guest"], json!(220));
+    let (code, _, report) = report_statuses(&w);
+    assert_eq!(code, Some(0), "{report:#}");
+}
+
+#[test]
+fn coverage_config_out_of_range_names_the_key() {
+    let w = RestoreWorld::new(felhom_tests::fakepve::demo_scenario());
+    let config = std::fs::read_to_string(&w.world.files.config_path).expect("config");
+    for (line, key) in [
+        ("prove_within = \"0d\"", "prove_within"),
+        ("at_once = 11", "at_once"),
+        ("at_once = \"many\"", "at_once"),
+        ("run_budget = \"4x\"", "run_budget"),
+        ("memory_reserve = \"95%\"", "memory_reserve"),
+    ] {
+        let changed = if config.contains("[restore_test]") {
+            config.replacen("[restore_test]", &format!("[restore_test]\n{line}"), 1)
+        } else {
+            format!("{config}\n[restore_test]\n{line}\n")
+        };
+        std::fs::write(&w.world.files.config_path, changed).expect("write config");
+        let run = w.agent(&["--selftest=restore", "--json"]);
+        assert_eq!(run.code, Some(6), "{line}: {}\n{}", run.stdout, run.stderr);
+        let doc = run.json();
+        assert_eq!(doc["error"]["code"], "config_invalid", "{line}: {doc:#}");
+        assert!(
+            doc["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&format!("[restore_test] {key}"))),
+            "{line}: {doc:#}"
+        );
+        assert!(w.world.pve.writes().is_empty());
+    }
 }

@@ -34,6 +34,7 @@ felhom-agent guests                          the full guest list, pool and forei
 felhom-agent vmid-check 120                  is vmid 120 free for a provision?\n  \
 felhom-agent --selftest=provision -vmid 120  provision, verify and destroy a test guest\n  \
 felhom-agent --selftest=restore --dry-run    show what the restore test would do\n  \
+felhom-agent restore-report                  which guests' backups are proven, due, failed\n  \
 felhom-agent journal                         transactions and whether destroy is armed\n  \
 felhom-agent journal --stats --since 7d      per-phase p50/p95/max and outcomes, last 7 days\n\n\
 Exit codes: 0 done (also a skipped restore test), 2 usage, 3 refused before any write,\n\
@@ -110,6 +111,11 @@ pub struct SelftestOpts {
     /// Print the plan (verdict and the calls it would make) and write nothing.
     #[arg(long)]
     pub dry_run: bool,
+
+    /// With --selftest=restore: prove this pool guest's newest backup now, due or not
+    /// (without it, the run proves every guest whose newest backup is due).
+    #[arg(long, value_name = "VMID")]
+    pub guest: Option<u32>,
 }
 
 /// The network a `--selftest=provision` guest starts with.
@@ -203,10 +209,33 @@ With a verb (refresh, resolve, resume, cancel): act on the journal; see each ver
         /// error and why, the boot and what the isolation changed.
         #[arg(long, value_name = "KIND", value_parser = parse_txn_kind, conflicts_with_all = ["stats", "all", "kind"])]
         last: Option<TxnKind>,
+        /// With --last restore-test: the last restore test of this guest's backups; in the
+        /// list: only restore tests of this guest's backups.
+        #[arg(long, value_name = "VMID", conflicts_with = "stats")]
+        guest: Option<u32>,
         /// What to do with the journal (default: list it).
         #[command(subcommand)]
         op: Option<JournalOp>,
     },
+    /// Per pool guest of this node: its newest backup, the last restore test of it, the newest
+    /// proven restore point and its age, and a status (proven, due, overdue, failed,
+    /// no_backup, unprovable; stale beside it). Exit 0 when every guest is proven or merely
+    /// due, 5 otherwise.
+    #[command(
+        long_about = "Per pool guest of this node (and per configured source): its newest backup \
+(volid and time), the last restore test of that backup (when, how it ended, the failing checks), \
+the newest proven restore point still on storage (the backup an operator can really fall back \
+to, and its age), and a status: proven (its newest backup restored, booted and passed its \
+checks), due (a newer backup is not proven yet; the next run proves it), overdue (due for \
+longer than [restore_test] prove_within), failed (a test of its backup failed and no later \
+backup is proven yet), no_backup (nothing on the backup storages), unprovable (the preflight \
+refuses its backup for good, with the code). stale: its newest backup is older than \
+[restore_test] backup_max_age.\n\n\
+Exit 0 when every guest is proven or merely due and none is stale (with daily backups every \
+guest is due every morning), 5 otherwise: fit for a cron job or an auditor. Reads the backup \
+lists and the proof store; writes nothing."
+    )]
+    RestoreReport,
     /// Gated destroy of a guest this agent created; anything else is refused (exit 7).
     #[command(allow_negative_numbers = true)]
     Destroy {

@@ -344,7 +344,15 @@ fn usage_mistake(cli: &Cli) -> Option<CommandOutput> {
         (Some(SelftestKind::Restore), None)
             if opts.vmid.is_some() || opts.from.is_some() || opts.keep || opts.network.is_some() =>
         {
-            Some(usage("--selftest=restore picks its own vmid in the restore-test band and its backup from the rotation; it takes only --dry-run (and --storage is set in [restore_test])"))
+            Some(usage("--selftest=restore picks its own vmids in the restore-test band and proves every guest whose newest backup is due; it takes only --guest VMID and --dry-run (the target storage is [restore_test] storage)"))
+        }
+        (Some(SelftestKind::Provision), None) if opts.guest.is_some() => {
+            Some(usage("--guest belongs to --selftest=restore (prove one guest's newest backup now)"))
+        }
+        (None, Some(Command::Journal { guest: Some(_), last, kind, .. }))
+            if last.is_some_and(|k| k != TxnKind::SelftestRestore) || kind.is_some_and(|k| k != TxnKind::SelftestRestore) =>
+        {
+            Some(usage("--guest reads restore tests only: `journal --last restore-test --guest VMID` or `journal --kind restore-test --guest VMID`"))
         }
         (None, Some(Command::Journal { op: Some(_), all: true, .. })) => {
             Some(usage("--all belongs to `journal` alone"))
@@ -378,12 +386,13 @@ async fn dispatch(cli: Cli) -> CommandOutput {
         || cli.selftest_opts.storage.is_some()
         || cli.selftest_opts.keep
         || cli.selftest_opts.network.is_some()
-        || cli.selftest_opts.dry_run;
+        || cli.selftest_opts.dry_run
+        || cli.selftest_opts.guest.is_some();
     match (cli.selftest, cli.command) {
         (Some(_), Some(_)) => usage("--selftest cannot be combined with a command"),
         (None, None) => usage("no command given"),
         (None, Some(_)) if selftest_opts_given => {
-            usage("--vmid/--from/--storage/--keep/--network/--dry-run belong to --selftest (destroy takes its own --vmid after the command)")
+            usage("--vmid/--from/--storage/--keep/--network/--dry-run/--guest belong to --selftest (destroy takes its own --vmid after the command)")
         }
         (Some(kind), None) => {
             let cfg = match load_config_as_agent(&cli.global) {
@@ -391,7 +400,9 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                 Err(out) => return out,
             };
             let spool = SpoolReporter::new(cfg.state_dir.clone());
-            let progress = live_view(&cli.global)
+            // A restore run drives several copies at once: one line per phase of each copy
+            // (its guest and copy named) instead of the one-transaction live view.
+            let progress = (live_view(&cli.global) && kind == SelftestKind::Provision)
                 .then(|| progress::ProgressReporter::start(SpoolReporter::new(cfg.state_dir.clone())));
             let notes = taken_up::TakeUpNotes::new(match &progress {
                 Some(p) => p,
@@ -422,15 +433,16 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     output::transaction(ran, progress.as_ref().is_some_and(|p| p.showed_preflight()))
                 }
                 SelftestKind::Restore => {
+                    let lines = progress::CopyLines::new(reporter, live_view(&cli.global));
                     let ran = service::restore_test::run(
                         &cfg,
-                        opts.dry_run,
+                        service::restore_test::RunOptions { dry_run: opts.dry_run, guest: opts.guest },
                         Ulid::new(),
-                        reporter,
+                        &lines,
                         shutdown_token(),
                     )
                     .await;
-                    output::restore_test(ran, opts.dry_run, progress.as_ref().is_some_and(|p| p.showed_preflight()))
+                    output::restore_test(ran)
                 }
             };
             let out = notes.add_to(out);
@@ -460,17 +472,19 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                     };
                     output::journal_stats(service::journal_stats(&cfg, since_s))
                 }
-                Command::Journal { op: None, last: Some(kind), .. } => {
-                    output::journal_last(kind, service::last_of_kind(&cfg, kind))
+                Command::Journal { op: None, last: Some(kind), guest, .. } => {
+                    output::journal_last(kind, service::last_of_kind(&cfg, kind, guest), guest)
                 }
-                Command::Journal { op: None, all: true, kind, .. } => output::journal(
+                Command::Journal { op: None, all: true, kind, guest, .. } => output::journal(
                     service::journal_rows(&cfg),
                     Some(service::archived_rows(&cfg)),
                     kind,
+                    guest,
                 ),
-                Command::Journal { op: None, kind, .. } => {
-                    output::journal_recent(service::journal_listing(&cfg), kind)
+                Command::Journal { op: None, kind, guest, .. } => {
+                    output::journal_recent(service::journal_listing(&cfg), kind, guest)
                 }
+                Command::RestoreReport => output::restore_report(service::restore_test::report(&cfg).await),
                 Command::Destroy { vmid } => {
                     let spool = SpoolReporter::new(cfg.state_dir.clone());
                     let notes = taken_up::TakeUpNotes::new(&spool);

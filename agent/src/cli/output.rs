@@ -12,7 +12,8 @@ use crate::inventory::{FullGuestList, GuestsReport};
 use crate::preflight::PreflightReport;
 use crate::provision::journal::{JournalRow, Listing};
 use crate::provision::machine::{State, TxnKind};
-use crate::service::restore_test::RestoreTestRun;
+use crate::service::restore_test::coverage::CoverageRow;
+use crate::service::restore_test::{CopyRun, RestoreTestRun};
 use crate::service::{Driven, TxnRun};
 use crate::vmid::{VmidCheckReport, VmidVerdict};
 
@@ -224,93 +225,314 @@ pub fn transaction(ran: Result<TxnRun, Failure>, preflight_shown: bool) -> Comma
     }
 }
 
-/// `--selftest=restore`; `preflight_shown`: the live view drew the preflight.
-pub fn restore_test(
-    ran: Result<RestoreTestRun, Failure>,
-    dry_run: bool,
-    preflight_shown: bool,
-) -> CommandOutput {
-    let run = match ran {
-        Ok(r) => r,
-        Err(f) => return CommandOutput::failure(&f),
-    };
-    let driven = &run.driven;
+/// One copy of a restore-test run: its transaction's document (as `--selftest=provision`
+/// prints one) with the guest and the backup it proves, and its text block.
+fn copy_output(c: &CopyRun) -> (Value, String) {
+    let driven = &c.driven;
     let plan = driven
         .plan
         .as_ref()
         .map(|p| serde_json::to_value(p).unwrap_or_default());
     let mut doc = result_json(&driven.state, &driven.checks, plan.as_ref());
     if let Some(obj) = doc.as_object_mut() {
-        obj.insert("backup".into(), json!(run.backup));
-        obj.insert("band".into(), json!(run.band));
+        obj.insert("guest".into(), json!(c.guest));
+        obj.insert("name".into(), json!(c.name));
+        obj.insert("backup".into(), json!(c.backup));
+        obj.insert("verdict".into(), json!(c.verdict.map(|v| v.as_str())));
         if let Some(h) = &driven.halted {
             obj.insert(
                 "halted".into(),
                 json!({"code": h.code.as_str(), "message": h.message}),
             );
         }
-        if let Some(m) = &run.metrics_error {
-            obj.insert("metrics_error".into(), json!(m));
+        if let Some(p) = &c.preflight {
+            obj.insert("preflight".into(), p.to_json());
         }
     }
     if driven.interrupted() {
         mark_interrupted(&mut doc);
     }
+    let mut boot = String::new();
+    add_boot(&mut doc, &mut boot, driven);
     let outcome = driven.ending().unwrap_or("needs_human");
-    let band = &run.band;
-    let mut human = String::new();
-    add_boot(&mut doc, &mut human, driven);
-    human.push_str(&check_lines(&driven.checks));
-    let refused = run
-        .preflight
-        .as_ref()
-        .is_some_and(|p| p.failure().is_some());
-    match (run.vmid, dry_run) {
-        (Some(_), _) if refused => human.push_str(&format!(
-            "restore test of {} refused by the preflight; nothing was written\n",
-            run.backup
-        )),
-        (Some(v), true) => human.push_str(&format!(
-            "dry run: would restore {} into vmid {v} (band {band}), isolated; nothing was written\n",
-            run.backup
-        )),
-        (None, _) => human.push_str(&format!("skipped: the restore-test band {band} is full\n")),
-        (Some(v), false) => {
-            if driven.checks.is_empty() {
-                human.push_str("checks: none ran (the run ended before them)\n");
-            } else {
-                human.push_str(&checks_summary(&driven.checks));
+    let copy = driven
+        .state
+        .vmid()
+        .map_or_else(|| "-".to_string(), |v| v.to_string());
+    let name = if c.name.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", crate::error::outside_text(&c.name))
+    };
+    let mut h = String::new();
+    let refused = c.preflight.as_ref().is_some_and(|p| p.failure().is_some());
+    if driven.state.request().dry_run {
+        h.push_str(&format!(
+            "guest {}{name}: would restore backup {} into vmid {copy}, isolated; nothing was written\n",
+            c.guest, c.backup
+        ));
+        if let Some(p) = &c.preflight {
+            for line in p.human().lines() {
+                h.push_str(&format!("  {line}\n"));
             }
-            human.push_str(&format!(
-                "restore test of {} in vmid {v}: {outcome}\n",
-                run.backup
-            ))
+        }
+        return (doc, h);
+    }
+    h.push_str(&format!(
+        "guest {}{name}: backup {} in copy {copy} (txn {}): {outcome}\n",
+        c.guest,
+        c.backup,
+        driven.state.txn()
+    ));
+    if refused {
+        if let Some(p) = &c.preflight {
+            for line in p.human().lines() {
+                h.push_str(&format!("  {line}\n"));
+            }
         }
     }
+    for line in boot.lines() {
+        h.push_str(&format!("  {line}\n"));
+    }
+    for line in check_lines(&driven.checks).lines() {
+        h.push_str(&format!("  {line}\n"));
+    }
+    if !driven.checks.is_empty() {
+        h.push_str(&format!("  {}", checks_summary(&driven.checks)));
+    } else if !refused {
+        h.push_str("  checks: none ran (the copy ended before them)\n");
+    }
     if let Some(f) = driven.state.failure() {
-        // A skip (the band is full) is a success: it says why, without an `error` line.
-        let label = match driven.state.outcome_kind() {
-            Some(crate::provision::machine::OutcomeKind::Skipped) => "skipped",
-            _ => "error",
-        };
-        human.push_str(&format!("{label} [{}]: {}\n", f.code, f.message));
+        h.push_str(&format!("  error [{}]: {}\n", f.code, f.message));
+    }
+    if let Some(hl) = &driven.halted {
+        h.push_str(&format!("  halted [{}]: {}\n", hl.code, hl.message));
+    }
+    if c.verdict.is_none() && outcome != "interrupted" && driven.state.outcome_kind().is_some() {
+        h.push_str("  this ending says nothing of the backup: the guest stays due\n");
+    }
+    (doc, h)
+}
+
+/// `--selftest=restore`: every copy of the run, what it left, and the coverage after it.
+pub fn restore_test(ran: Result<RestoreTestRun, Failure>) -> CommandOutput {
+    let run = match ran {
+        Ok(r) => r,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut copies = Vec::new();
+    let mut human = String::new();
+    for c in &run.copies {
+        let (doc, text) = copy_output(c);
+        copies.push(doc);
+        human.push_str(&text);
+    }
+    for l in &run.left {
+        human.push_str(&format!(
+            "guest {}: backup {} left for a later run: {}\n",
+            l.guest,
+            crate::error::outside_text(&l.backup),
+            l.reason
+        ));
+    }
+    let proven = run
+        .copies
+        .iter()
+        .filter(|c| c.verdict == Some(crate::service::restore_test::coverage::Verdict::Ok))
+        .count();
+    let failed = run
+        .copies
+        .iter()
+        .filter(|c| c.verdict == Some(crate::service::restore_test::coverage::Verdict::Failed))
+        .count();
+    let outcome = if run.dry_run {
+        "dry_run"
+    } else if run.interrupted {
+        "interrupted"
+    } else {
+        run.metrics_outcome()
+    };
+    if run.dry_run {
+        human.push_str(&format!(
+            "dry run: {} guest(s) due, {} at once at most; nothing was written\n",
+            run.due, run.at_once
+        ));
+    } else if run.due == 0 && run.copies.is_empty() {
+        human.push_str(&format!(
+            "nothing due: every guest's newest backup is proven or cannot be tested ({} guest(s)); `felhom-agent restore-report` shows each\n",
+            run.coverage.len()
+        ));
+    } else {
+        human.push_str(&format!(
+            "restore test run {}: {} due, {} copies, {proven} proven, {failed} failed, {} left; at most {} at once ({} allowed); {:.1} s\n",
+            run.run,
+            run.due,
+            run.copies.len(),
+            run.left.len(),
+            run.peak_at_once,
+            run.at_once,
+            run.duration_s
+        ));
+    }
+    if !run.dry_run && !run.coverage.is_empty() {
+        human.push_str(&format!("coverage: {}\n", coverage_counts(&run.coverage)));
     }
     if let Some(m) = &run.metrics_error {
         human.push_str(&format!("warning: {m}\n"));
     }
-    if let Some(h) = &driven.halted {
-        human.push_str(&format!("halted [{}]: {}\n", h.code, h.message));
-    }
-    let status = status_of(driven);
-    with_preflight(
-        CommandOutput {
-            json: doc,
-            human,
-            status,
+    let mut json = json!({
+        "run": {
+            "id": run.run.to_string(),
+            "outcome": outcome,
+            "due": run.due,
+            "at_once": run.at_once,
+            "peak_at_once": run.peak_at_once,
+            "band": run.band,
+            "duration_s": run.duration_s,
+            "dry_run": run.dry_run,
         },
-        run.preflight.as_ref(),
-        preflight_shown,
-    )
+        "copies": copies,
+        "left": run.left,
+        "coverage": run.coverage,
+    });
+    if let Some(m) = &run.metrics_error {
+        json["metrics_error"] = json!(m);
+    }
+    CommandOutput {
+        json,
+        human,
+        status: run.status(),
+    }
+}
+
+/// `4 proven, 1 due, 1 failed (1 stale)`: the statuses that occur.
+fn coverage_counts(rows: &[CoverageRow]) -> String {
+    use crate::service::restore_test::coverage::Status;
+    let mut parts: Vec<String> = Status::ALL
+        .iter()
+        .filter_map(|s| {
+            let n = rows.iter().filter(|r| r.status == *s).count();
+            (n > 0).then(|| format!("{n} {}", s.as_str()))
+        })
+        .collect();
+    let stale = rows.iter().filter(|r| r.stale).count();
+    if stale > 0 {
+        parts.push(format!("{stale} stale"));
+    }
+    parts.join(", ")
+}
+
+/// An age in seconds for a person: `3d 4h`, `5h 12m`, `40m`.
+fn age_text(secs: u64) -> String {
+    let (d, h, m) = (secs / 86_400, secs % 86_400 / 3600, secs % 3600 / 60);
+    match (d, h) {
+        (0, 0) => format!("{m}m"),
+        (0, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+/// `restore-report`: one row per guest; exit 0 when every guest is proven or merely due and
+/// none is stale, 5 otherwise.
+pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput {
+    let rows = match rows {
+        Ok(r) => r,
+        Err(f) => return CommandOutput::failure(&f),
+    };
+    let mut human = format!(
+        "{:>7}  {:<20} {:<10} {:<5}  {:>9}  {:>9}  {}\n",
+        "GUEST", "NAME", "STATUS", "STALE", "BACKUP", "PROVEN", "NEWEST BACKUP / WHY"
+    );
+    for r in &rows {
+        let name: String = crate::error::outside_text(&r.name)
+            .chars()
+            .take(20)
+            .collect();
+        let backup_age = r.backup_age.map_or_else(|| "-".to_string(), age_text);
+        let proven_age = r
+            .proven
+            .as_ref()
+            .map_or_else(|| "never".to_string(), |p| age_text(p.age_seconds));
+        let newest = r.newest_backup.as_ref().map_or_else(
+            || "no backup on the backup storages".to_string(),
+            |b| crate::error::outside_text(&b.volid),
+        );
+        human.push_str(&format!(
+            "{:>7}  {:<20} {:<10} {:<5}  {:>9}  {:>9}  {newest}\n",
+            r.vmid,
+            name,
+            r.status.as_str(),
+            if r.stale { "yes" } else { "no" },
+            backup_age,
+            proven_age,
+        ));
+        let why =
+            r.failed_test.as_ref().or(r.last_test.as_ref().filter(|t| {
+                t.record.verdict != crate::service::restore_test::coverage::Verdict::Ok
+            }));
+        if let Some(t) = why {
+            let mut line = format!(
+                "{:>9}{} test of {} (txn {}): {}",
+                "",
+                t.record.verdict.as_str(),
+                crate::error::outside_text(&t.volid),
+                t.record.txn,
+                t.record.code.as_deref().unwrap_or("")
+            );
+            if !t.record.failing.is_empty() {
+                line.push_str(&format!(
+                    "; failing checks: {}",
+                    t.record.failing.join(", ")
+                ));
+            }
+            if let Some(m) = &t.record.message {
+                line.push_str(&format!("; {}", crate::error::outside_text(m)));
+            }
+            human.push_str(&line);
+            human.push('\n');
+        }
+        if let Some(gone) = &r.proven_gone {
+            human.push_str(&format!(
+                "{:>9}the newer proven backup {} is no longer on storage (pruned)\n",
+                "",
+                crate::error::outside_text(gone)
+            ));
+        }
+        if let Some(p) = r
+            .proven
+            .as_ref()
+            .filter(|_| r.status != crate::service::restore_test::coverage::Status::Proven)
+        {
+            human.push_str(&format!(
+                "{:>9}newest proven restore point: {} ({} old)\n",
+                "",
+                crate::error::outside_text(&p.volid),
+                age_text(p.age_seconds)
+            ));
+        }
+    }
+    if rows.is_empty() {
+        human.push_str("(no pool guest on this node)\n");
+    }
+    let fine = crate::service::restore_test::coverage::all_fine(&rows);
+    human.push_str(&format!(
+        "{}: {}\n",
+        if fine { "ok" } else { "attention" },
+        if rows.is_empty() {
+            "no guest".to_string()
+        } else {
+            coverage_counts(&rows)
+        }
+    ));
+    CommandOutput {
+        json: json!({"guests": rows, "ok": fine}),
+        human,
+        status: if fine {
+            ExitStatus::Ok
+        } else {
+            ExitStatus::GuestFailed
+        },
+    }
 }
 
 /// `checks: N passed, N failed, N could not run` for a person.
@@ -385,13 +607,14 @@ pub fn journal(
     rows: Result<Vec<JournalRow>, Failure>,
     archived: Option<Result<Vec<JournalRow>, Failure>>,
     kind: Option<TxnKind>,
+    guest: Option<u32>,
 ) -> CommandOutput {
     let rows = match rows {
-        Ok(r) => of_kind(r, kind),
+        Ok(r) => of_kind(r, kind, guest),
         Err(f) => return CommandOutput::failure(&f),
     };
     let archived = match archived.transpose() {
-        Ok(a) => a.map(|a| of_kind(a, kind)),
+        Ok(a) => a.map(|a| of_kind(a, kind, guest)),
         Err(f) => return CommandOutput::failure(&f),
     };
     let mut human = journal_table(&rows);
@@ -416,12 +639,16 @@ pub fn journal(
 
 /// `felhom-agent journal`: what may still own or concern a guest and the settled ones written
 /// last; says how many older ones `--all` would add.
-pub fn journal_recent(listing: Result<Listing, Failure>, kind: Option<TxnKind>) -> CommandOutput {
+pub fn journal_recent(
+    listing: Result<Listing, Failure>,
+    kind: Option<TxnKind>,
+    guest: Option<u32>,
+) -> CommandOutput {
     let mut listing = match listing {
         Ok(l) => l,
         Err(f) => return CommandOutput::failure(&f),
     };
-    listing.rows = of_kind(std::mem::take(&mut listing.rows), kind);
+    listing.rows = of_kind(std::mem::take(&mut listing.rows), kind, guest);
     let mut human = journal_table(&listing.rows);
     if listing.rows.is_empty() {
         human.push_str("(no transactions yet)\n");
@@ -440,10 +667,12 @@ pub fn journal_recent(listing: Result<Listing, Failure>, kind: Option<TxnKind>) 
     }
 }
 
-/// The rows of `kind` only (all when `None`).
-fn of_kind(rows: Vec<JournalRow>, kind: Option<TxnKind>) -> Vec<JournalRow> {
+/// The rows of `kind` only (all when `None`), and of restore tests of `guest`'s backups only
+/// when it is given.
+fn of_kind(rows: Vec<JournalRow>, kind: Option<TxnKind>, guest: Option<u32>) -> Vec<JournalRow> {
     rows.into_iter()
         .filter(|r| kind.is_none_or(|k| r.kind == k))
+        .filter(|r| guest.is_none_or(|g| r.guest == Some(g)))
         .collect()
 }
 
@@ -474,6 +703,13 @@ fn journal_table(rows: &[JournalRow]) -> String {
             if r.destroyed { "yes" } else { "no" },
             r.updated_at,
         ));
+        if let (Some(g), Some(b)) = (r.guest, r.backup.as_deref()) {
+            human.push_str(&format!(
+                "{:<28}proves guest {g}'s backup {}\n",
+                "",
+                crate::error::outside_text(b)
+            ));
+        }
         if let Some(cmd) = r.resume.as_deref().filter(|_| r.interrupted) {
             human.push_str(&format!(
                 "{:<28}stopped at phase {}, step {}; it resumes from there with `{cmd}` (or the \
@@ -501,15 +737,19 @@ fn journal_table(rows: &[JournalRow]) -> String {
 pub fn journal_last(
     kind: TxnKind,
     last: Result<Option<crate::service::LastOfKind>, Failure>,
+    guest: Option<u32>,
 ) -> CommandOutput {
     let last = match last {
         Ok(l) => l,
         Err(f) => return CommandOutput::failure(&f),
     };
     let Some(last) = last else {
+        let of_guest = guest
+            .map(|g| format!(" of guest {g}'s backups"))
+            .unwrap_or_default();
         return CommandOutput {
-            json: json!({"kind": kind.as_str(), "transaction": null}),
-            human: format!("no {kind} transaction in the journal or its archive\n"),
+            json: json!({"kind": kind.as_str(), "guest": guest, "transaction": null}),
+            human: format!("no {kind} transaction{of_guest} in the journal or its archive\n"),
             status: ExitStatus::Ok,
         };
     };
@@ -526,8 +766,14 @@ pub fn journal_last(
         outcome_word(r),
         r.phase
     );
+    if let Some(g) = r.guest {
+        human.push_str(&format!("  guest:      {g} (the copy is vmid {vmid})\n"));
+    }
     if let Some(b) = &last.backup {
-        human.push_str(&format!("  backup:     {b}\n"));
+        human.push_str(&format!(
+            "  backup:     {}\n",
+            crate::error::outside_text(b)
+        ));
     }
     human.push_str(&format!("  started:    {}\n", r.started_at));
     human.push_str(&format!("  updated:    {}\n", r.updated_at));
@@ -541,7 +787,8 @@ pub fn journal_last(
     if let Some(cmd) = r.resume.as_deref().filter(|_| r.interrupted) {
         human.push_str(&format!("  resume:     `{cmd}`\n"));
     }
-    let mut json = json!({"kind": kind.as_str(), "transaction": r, "backup": last.backup});
+    let mut json =
+        json!({"kind": kind.as_str(), "transaction": r, "backup": last.backup, "guest": r.guest});
     match &last.restore_test {
         Some(rt) => {
             if let Some(b) = &rt.boot {

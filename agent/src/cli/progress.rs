@@ -225,6 +225,68 @@ impl<R: Reporter> Drop for ProgressReporter<R> {
     }
 }
 
+/// The progress of a restore-test run on a terminal: one line per phase of each copy, naming
+/// the guest whose backup it proves and the copy's vmid (copies run side by side, so one live
+/// line would mix them). Everything is handed on to `inner`.
+pub struct CopyLines<'a> {
+    inner: &'a dyn Reporter,
+    show: bool,
+}
+
+impl<'a> CopyLines<'a> {
+    /// Lines on stderr when `show` (a terminal), else only `inner`.
+    pub fn new(inner: &'a dyn Reporter, show: bool) -> Self {
+        CopyLines { inner, show }
+    }
+}
+
+impl Reporter for CopyLines<'_> {
+    fn phase(&self, state: &State, record: u64) {
+        if self.show {
+            let guest = crate::pve::types::backup_owner_from_volid(&state.request().volid)
+                .map_or_else(|| "-".to_string(), |g| g.to_string());
+            let copy = state
+                .vmid()
+                .map_or_else(|| "-".to_string(), |v| v.to_string());
+            let mark = match state.phase() {
+                Phase::Failed => 'x',
+                Phase::NeedsHuman => '!',
+                _ => '+',
+            };
+            super::sink::write(
+                super::sink::Stream::Err,
+                format!(
+                    "  {mark} guest {guest:>6} copy {copy:>6}  {}\n",
+                    state.phase().as_str()
+                )
+                .as_bytes(),
+            );
+        }
+        self.inner.phase(state, record);
+    }
+
+    fn result(
+        &self,
+        state: &State,
+        checks: &[CheckResult],
+        isolation: Option<&str>,
+    ) -> Result<(), String> {
+        self.inner.result(state, checks, isolation)
+    }
+
+    fn preflight(&self, text: &str) {
+        self.inner.preflight(text);
+    }
+
+    fn interrupted(&self, state: &State, record: u64, why: &crate::error::Failure) {
+        self.inner.interrupted(state, record, why);
+    }
+
+    fn taken_up(&self, from: &State, driven: &crate::provision::effects::Driven) {
+        self.inner.taken_up(from, driven);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,6 +45,27 @@ fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure)
     }
 }
 
+/// The result of a restore-test dispatch whose run started no copy under the dispatch's id:
+/// nothing was due (`left` = 0), or every due guest was left for a later run (the band, the
+/// memory, the budget), which is no failure.
+fn nothing_started_result(txn: TxnId, kind: TxnKind, left: usize) -> TxnResult {
+    TxnResult {
+        txn,
+        kind,
+        vmid: None,
+        outcome: hub_protocol::Outcome::Skipped,
+        phase: Phase::Skipped,
+        destroy_armed: false,
+        destroyed: false,
+        checks: vec![],
+        isolation: None,
+        error: (left > 0).then(|| hub_protocol::ErrorInfo {
+            code: crate::error::ErrorCode::BandFull,
+            message: format!("{left} due guest(s) left for a later run; `felhom-agent restore-report` on the node shows which"),
+        }),
+    }
+}
+
 /// The event of transaction `state` at its phase, journaled `at`.
 pub(crate) fn state_event(
     state: &State,
@@ -329,9 +350,35 @@ impl DispatchRunner for ProvisionRunner {
                         .map(|run| run.driven)
                 }
                 DispatchAction::RestoreTest { dry_run } => {
-                    service::restore_test::run(&self.cfg, *dry_run, txn, &reporter, cancel.clone())
-                        .await
-                        .map(|run| run.driven)
+                    let opts = service::restore_test::RunOptions {
+                        dry_run: *dry_run,
+                        guest: None,
+                    };
+                    match service::restore_test::run(
+                        &self.cfg,
+                        opts,
+                        txn,
+                        &reporter,
+                        cancel.clone(),
+                    )
+                    .await
+                    {
+                        // The dispatch's id is the run's first copy; every other copy's result
+                        // reaches the hub through the reporter as it settles.
+                        Ok(run) => {
+                            match run.copies.into_iter().find(|c| c.driven.state.txn() == txn) {
+                                Some(c) => Ok(c.driven),
+                                None => {
+                                    return RunEnd::Finished(nothing_started_result(
+                                        dispatch.txn,
+                                        kind,
+                                        run.left.len(),
+                                    ))
+                                }
+                            }
+                        }
+                        Err(f) => Err(f),
+                    }
                 }
                 DispatchAction::InventoryRequest => Err(Failure::new(
                     crate::error::ErrorCode::ConfigInvalid,

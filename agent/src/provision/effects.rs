@@ -200,6 +200,47 @@ pub struct Executor<'a> {
     /// The guest's name (`hostname`, QEMU `name`) from a config read of this run, for the
     /// checks' context (PVE changes it only when asked).
     guest_name: std::sync::Mutex<Option<(u32, String)>>,
+    /// Spaces the restore requests of copies driven side by side (see [`SubmitGate`]).
+    submit_gate: Option<Arc<SubmitGate>>,
+}
+
+/// Restores submitted one after another: every disk allocation takes the target storage's
+/// lock, waited for at most 10 s (pve-storage `vdisk_alloc`, pve-common `lock_file_full`; a
+/// shared storage's `cfs_lock_storage` alike), so copies started at once would fail on "can't
+/// lock file … got timeout". Each restore request waits until `spacing` has passed since the
+/// previous one was answered.
+#[derive(Debug)]
+pub struct SubmitGate {
+    last: tokio::sync::Mutex<Option<Instant>>,
+    spacing: Duration,
+}
+
+impl SubmitGate {
+    /// A gate that spaces restore requests by `spacing`.
+    pub fn new(spacing: Duration) -> SubmitGate {
+        SubmitGate {
+            last: tokio::sync::Mutex::new(None),
+            spacing,
+        }
+    }
+
+    /// Wait for this request's turn; the guard is held until the request was answered, and
+    /// [`SubmitGate::done`] then starts the next one's wait.
+    async fn turn(&self) -> tokio::sync::MutexGuard<'_, Option<Instant>> {
+        let guard = self.last.lock().await;
+        if let Some(last) = *guard {
+            let next = last + self.spacing;
+            let now = Instant::now();
+            if next > now {
+                tokio::time::sleep(next - now).await;
+            }
+        }
+        guard
+    }
+
+    fn done(mut guard: tokio::sync::MutexGuard<'_, Option<Instant>>) {
+        *guard = Some(Instant::now());
+    }
 }
 
 /// What driving a transaction left behind.
@@ -328,7 +369,14 @@ impl<'a> Executor<'a> {
             fresh_config: std::sync::Mutex::new(None),
             start_config: None,
             guest_name: std::sync::Mutex::new(None),
+            submit_gate: None,
         }
+    }
+
+    /// Space this executor's restore request from those of other copies driven beside it.
+    pub fn with_submit_gate(mut self, gate: Arc<SubmitGate>) -> Self {
+        self.submit_gate = Some(gate);
+        self
     }
 
     /// Hand over the backup's stored configuration the preflight read: the restore request
@@ -619,7 +667,20 @@ impl<'a> Executor<'a> {
                     pool: &pool,
                     unique,
                 };
+                if state.kind() == TxnKind::SelftestRestore {
+                    if let Some(kib) = self.cfg.restore_test.bwlimit {
+                        extra.push(("bwlimit".to_string(), kib.to_string()));
+                    }
+                }
+                let gate = self.submit_gate.clone();
+                let turn = match &gate {
+                    Some(g) => Some(g.turn().await),
+                    None => None,
+                };
                 let mut res = self.submit_restore(&target, &extra).await;
+                if let Some(t) = turn {
+                    SubmitGate::done(t);
+                }
                 if res.as_ref().err().is_some_and(refuses_description) {
                     // A synchronous 400 created nothing: send it once more without the
                     // description; the marker write adds it after the restore.

@@ -302,6 +302,12 @@ pub struct JournalRow {
     /// For an interrupted transaction, the command that resumes it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resume: Option<String>,
+    /// For a restore test: the guest whose backup it proves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest: Option<u32>,
+    /// For a restore test: the backup it proves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
 }
 
 impl JournalRow {
@@ -342,6 +348,10 @@ impl From<&TxnState> for JournalRow {
             resolution: s.resolution().cloned(),
             interrupted: false,
             resume: None,
+            guest: (s.kind() == TxnKind::SelftestRestore)
+                .then(|| crate::pve::types::backup_owner_from_volid(&s.request().volid))
+                .flatten(),
+            backup: (s.kind() == TxnKind::SelftestRestore).then(|| s.request().volid.clone()),
         }
     }
 }

@@ -220,6 +220,25 @@ impl LabBridgeLock {
     }
 }
 
+/// A held proof lock of one guest (`<state_dir>/locks/restore-guest-<vmid>.lock`): the timer's
+/// run and a run started by hand never prove the same guest's backup at once. Dropping it (or
+/// the holder's death) releases it.
+#[derive(Debug)]
+pub struct GuestProofLock {
+    _lock: VmidLock,
+}
+
+impl GuestProofLock {
+    /// Take the proof lock of guest `guest` without waiting; `Err(LockError::Held)` while
+    /// another run proves it.
+    pub fn try_acquire(state_dir: &Path, guest: u32, txn: Option<Ulid>) -> Result<Self, LockError> {
+        let path = state_dir
+            .join(LOCK_DIR)
+            .join(format!("restore-guest-{guest}.lock"));
+        VmidLock::acquire_at(state_dir, guest, path, txn).map(|lock| GuestProofLock { _lock: lock })
+    }
+}
+
 /// The lock file of `vmid` under `state_dir`.
 pub fn lock_path(state_dir: &Path, vmid: u32) -> PathBuf {
     state_dir.join(LOCK_DIR).join(format!("vmid-{vmid}.lock"))

@@ -14,7 +14,7 @@ pub mod machine;
 
 pub use identity::BirthIdentity;
 pub use journal::{Journal, JournalError, JournalRow, TxnState};
-pub use lock::{LabBridgeLock, LockError, VmidLock};
+pub use lock::{GuestProofLock, LabBridgeLock, LockError, VmidLock};
 pub use machine::{
     recover, step, Disallowed, Effect, Event, GuestView, Marker, Outcome, OutcomeKind, Phase,
     RecoveryObservation, Request, State, Step, TaskExit, TaskObservation, TxnKind,

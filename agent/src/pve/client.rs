@@ -60,7 +60,14 @@ pub struct PveClient {
     observer: PinObserver,
     pinned: Option<String>,
     retry: RetryPolicy,
+    /// Requests in flight from this client: pvedaemon serves the API with 3 workers
+    /// (pve-manager `PVE/Service/pvedaemon.pm`), so the agent's copies at once never take more
+    /// than [`MAX_IN_FLIGHT`] of them.
+    in_flight: std::sync::Arc<tokio::sync::Semaphore>,
 }
+
+/// The most requests one client has in flight at once (see [`PveClient`]).
+pub const MAX_IN_FLIGHT: usize = 2;
 
 impl PveClient {
     /// Build a client from the `[pve]` config. No request is sent.
@@ -100,6 +107,7 @@ impl PveClient {
             observer,
             pinned,
             retry: RetryPolicy::default(),
+            in_flight: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         })
     }
 
@@ -161,6 +169,8 @@ impl PveClient {
         req: &ApiRequest,
         max_answer: usize,
     ) -> Result<serde_json::Map<String, Value>, PveError> {
+        // A closed semaphore never happens (it is never closed); go on without a permit then.
+        let _permit = self.in_flight.acquire().await.ok();
         let started = std::time::Instant::now();
         let result = self.exchange(req, max_answer).await;
         // One line per request, worth turning on: method, path (never the query, a header or

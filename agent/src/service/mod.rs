@@ -385,11 +385,16 @@ pub struct LastOfKind {
 
 /// `journal --last KIND`: the newest transaction of `kind` (by its start), from the journal
 /// folder, else the archive; `None` when there is none. Reads only.
-pub fn last_of_kind(cfg: &Config, kind: TxnKind) -> Result<Option<LastOfKind>, Failure> {
+pub fn last_of_kind(
+    cfg: &Config,
+    kind: TxnKind,
+    guest: Option<u32>,
+) -> Result<Option<LastOfKind>, Failure> {
     let journal = open_journal(cfg)?;
     let newest = |rows: Vec<JournalRow>| {
         rows.into_iter()
             .filter(|r| r.kind == kind)
+            .filter(|r| guest.is_none_or(|g| r.guest == Some(g)))
             .max_by_key(|r| r.txn)
     };
     let mut row = newest(journal_rows(cfg)?);
@@ -406,9 +411,15 @@ pub fn last_of_kind(cfg: &Config, kind: TxnKind) -> Result<Option<LastOfKind>, F
         .map(|t| t.state.request().volid.clone())
         .filter(|v| !v.is_empty() && kind != TxnKind::Destroy);
     let restore_test = (kind == TxnKind::SelftestRestore)
-        .then(|| restore_test::read_last_result(cfg))
-        .flatten()
-        .filter(|r| r.txn == row.txn.to_string());
+        .then(|| {
+            let txn = row.txn.to_string();
+            // The guest's own last result, else the run's last copy's.
+            row.guest
+                .and_then(|g| restore_test::read_guest_last_result(cfg, g))
+                .filter(|r| r.txn == txn)
+                .or_else(|| restore_test::read_last_result(cfg).filter(|r| r.txn == txn))
+        })
+        .flatten();
     Ok(Some(LastOfKind {
         row,
         backup,

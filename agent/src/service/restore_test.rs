@@ -1,39 +1,49 @@
-//! `--selftest=restore`: prove that this node's backups really restore and boot.
+//! `--selftest=restore`: prove that this node's backups really restore and boot, every guest's
+//! newest backup within `[restore_test] prove_within`.
 //!
-//! One run picks one backup (the newest backup of each pool guest, in a rotation remembered in
-//! the state dir, or the configured `restore_test.sources`), picks the first vmid of the
-//! restore-test band 990000..=990009 that is free in the FULL guest list (walking around any
-//! foreign guest parked there), restores it with its network isolated (a container with new
-//! MACs; a VM's NICs with their stored MACs on `[restore_test] lab_bridge`, or none), starts it,
-//! proves the launch, runs the restore-test checks, reports, and destroys the copy through the
-//! ownership gate. A full band skips the run (reported, exit 0). Metrics for node_exporter's
-//! textfile collector are written atomically after every run.
+//! A run reads the backups of the node's pool guests (or the configured
+//! `restore_test.sources`) and the proof store ([`coverage`]), and restores every backup that
+//! is due, the longest unproven first, up to `[restore_test] at_once` copies at a time within
+//! the node's free memory and the band's free vmids. Each copy is its own transaction: the
+//! first vmid of the restore-test band 990000..=990009 that is free in the FULL guest list and
+//! not taken by another copy, its own vmid lock and guest lock, its own journal entry, checks,
+//! verdict and hub result, destroyed through the ownership gate. Restores are submitted one
+//! after another ([`SubmitGate`]). A copy that fails never stops the others; Ctrl-C or
+//! SIGTERM stops the run, every copy left for `journal resume`. Each settled copy's verdict is
+//! recorded against its backup volid; metrics for node_exporter's textfile collector are
+//! written atomically after the run.
 //!
 //! Part of the transaction service: it returns a [`RestoreTestRun`], never printed output.
 
-use std::collections::BTreeMap;
+pub mod coverage;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use ulid::Ulid;
 
+use self::coverage::{CoverageRow, GuestBackups, Policy, ProofStore, TestRecord, Verdict};
 use super::{full_list, pool_view, prepare, prepare_read_only};
 use crate::config::Config;
-use crate::error::{ErrorCode, Failure};
+use crate::error::{exit_status, ErrorCode, ExitStatus, Failure};
 use crate::inventory::join;
 use crate::metrics;
 use crate::preflight::PreflightReport;
-use crate::provision::effects::{Driven, Executor, Reporter};
+use crate::provision::effects::{Driven, Executor, Reporter, SubmitGate};
 use crate::provision::machine::{Event, OutcomeKind, Request, State, TxnKind};
-use crate::provision::VmidLock;
-use crate::pve::types::{backup_kind_from_volid, BackupVolume};
-use crate::pve::PveClient;
-use crate::vmid::{restore_band_pick, RESTORE_TEST_BAND};
+use crate::provision::{GuestProofLock, LabBridgeLock, VmidLock};
+use crate::pve::types::{backup_kind_from_volid, backup_owner_from_volid, BackupVolume};
+use crate::pve::{GuestKind, PveClient};
+use crate::vmid::{GuestLookup, RESTORE_TEST_BAND};
 
-/// The rotation state file in the state dir.
+/// The run state file in the state dir (runs, skips, the last success).
 pub const ROTATION_FILE: &str = "restore-test.json";
 /// The metrics file in the textfile collector folder.
 pub const METRICS_FILE: &str = metrics::RESTORE_TEST_FILE;
@@ -61,12 +71,13 @@ pub struct LastResult {
     pub boot: Option<String>,
     /// What the isolation changed in the copy.
     pub isolation: Option<String>,
+    /// The guest whose backup it proves.
+    #[serde(default)]
+    pub guest: Option<u32>,
 }
 
-/// Store `driven`'s result as the last restore test's; a failure is logged only (the journal
-/// holds the transaction either way).
-fn store_last_result(cfg: &Config, driven: &Driven) {
-    let last = LastResult {
+fn last_result_of(driven: &Driven) -> LastResult {
+    LastResult {
         txn: driven.state.txn().to_string(),
         backup: driven.state.request().volid.clone(),
         vmid: driven.state.vmid(),
@@ -74,7 +85,14 @@ fn store_last_result(cfg: &Config, driven: &Driven) {
         checks: driven.checks.clone(),
         boot: driven.boot.clone(),
         isolation: driven.isolation.clone(),
-    };
+        guest: proven_guest(&driven.state),
+    }
+}
+
+/// Store `driven`'s result as the last restore test's; a failure is logged only (the journal
+/// holds the transaction either way).
+fn store_last_result(cfg: &Config, driven: &Driven) {
+    let last = last_result_of(driven);
     let path = cfg.state_dir.join(LAST_RESULT_FILE);
     let stored = serde_json::to_vec_pretty(&last)
         .map_err(std::io::Error::other)
@@ -95,10 +113,10 @@ pub fn read_last_result(cfg: &Config) -> Option<LastResult> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// What the rotation remembers between runs.
+/// What the run state remembers between runs (the file keeps its older name).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RotationState {
-    /// The owner vmid (or source volid) tested last.
+    /// The guest (or source volid) of the copy settled last.
     pub last: Option<String>,
     /// Unix time of the last successful run.
     pub last_success: Option<u64>,
@@ -106,53 +124,6 @@ pub struct RotationState {
     pub skipped_total: u64,
     /// Runs, since the state was created.
     pub runs_total: u64,
-}
-
-/// One candidate backup.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
-    /// The rotation key (owner vmid, or the volid of a configured source).
-    pub key: String,
-    /// The backup volid.
-    pub volid: String,
-}
-
-/// The newest backup of each pool guest, by owner vmid.
-pub fn newest_per_guest(volumes: &[BackupVolume], pool_vmids: &[u32]) -> Vec<Candidate> {
-    let mut newest: BTreeMap<u32, &BackupVolume> = BTreeMap::new();
-    for v in volumes {
-        let Some(owner) = v.vmid.and_then(|o| u32::try_from(o).ok()) else {
-            continue;
-        };
-        if !pool_vmids.contains(&owner) || backup_kind_from_volid(&v.volid).is_none() {
-            continue;
-        }
-        let better = newest
-            .get(&owner)
-            .is_none_or(|cur| (v.ctime, &v.volid) > (cur.ctime, &cur.volid));
-        if better {
-            newest.insert(owner, v);
-        }
-    }
-    newest
-        .into_iter()
-        .map(|(owner, v)| Candidate {
-            key: owner.to_string(),
-            volid: v.volid.clone(),
-        })
-        .collect()
-}
-
-/// The candidate after `last` in the rotation (the first when `last` is unknown or gone).
-pub fn next_in_rotation<'a>(
-    candidates: &'a [Candidate],
-    last: Option<&str>,
-) -> Option<&'a Candidate> {
-    let pos = last.and_then(|l| candidates.iter().position(|c| c.key == l));
-    match pos {
-        Some(i) => candidates.get((i + 1) % candidates.len()),
-        None => candidates.first(),
-    }
 }
 
 fn read_rotation(path: &Path) -> RotationState {
@@ -190,65 +161,990 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-async fn candidates(
-    cfg: &Config,
-    pve: &PveClient,
-    pool_vmids: &[u32],
-) -> Result<Vec<Candidate>, Failure> {
-    if !cfg.restore_test.sources.is_empty() {
-        return Ok(cfg
-            .restore_test
-            .sources
-            .iter()
-            .map(|v| Candidate {
-                key: v.clone(),
-                volid: v.clone(),
-            })
-            .collect());
-    }
-    let mut volumes = Vec::new();
-    for sid in &cfg.restore_test.backup_storages {
-        let mut v = pve.backups(&cfg.node, sid, None).await.map_err(|e| {
-            Failure::new(
-                e.code(),
-                format!("cannot list the backups on storage {sid}: {e}"),
-            )
-        })?;
-        volumes.append(&mut v);
-    }
-    Ok(newest_per_guest(&volumes, pool_vmids))
+/// Per-guest last results: `restore-test-last-<guest>.json` beside [`LAST_RESULT_FILE`].
+fn guest_last_result_path(cfg: &Config, guest: u32) -> std::path::PathBuf {
+    cfg.state_dir
+        .join(format!("restore-test-last-{guest}.json"))
 }
 
-/// The label of a run's end in the metrics: its outcome, `interrupted` for a stop the journal
+/// The last restore test of guest `guest`'s backups, when one is stored.
+pub fn read_guest_last_result(cfg: &Config, guest: u32) -> Option<LastResult> {
+    use std::io::Read;
+    let file = fs::File::open(guest_last_result_path(cfg, guest)).ok()?;
+    let mut bytes = Vec::new();
+    file.take(LAST_RESULT_MAX_BYTES)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The guest a restore-test transaction proves: the owner of its backup.
+pub fn proven_guest(state: &State) -> Option<u32> {
+    backup_owner_from_volid(&state.request().volid)
+}
+
+/// The proof store's lock: a run and a resume in another process update the store one at a
+/// time (read, change, write).
+fn with_store<T>(cfg: &Config, f: impl FnOnce(&mut ProofStore) -> T) -> Result<T, String> {
+    use nix::fcntl::{Flock, FlockArg};
+    use std::os::unix::fs::OpenOptionsExt;
+    let lock_path = cfg.state_dir.join("restore-proofs.lock");
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&lock_path)
+        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+    let _held = Flock::lock(file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| format!("cannot lock {}: {e}", lock_path.display()))?;
+    let mut store = coverage::read_store(&cfg.state_dir)?;
+    let out = f(&mut store);
+    store.version = 1;
+    let bytes = serde_json::to_vec_pretty(&store).map_err(|e| e.to_string())?;
+    let path = cfg.state_dir.join(coverage::PROOFS_FILE);
+    write_atomic(&path, &bytes, 0o600)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(out)
+}
+
+/// Codes of a preflight refusal that no later run can overcome for the same backup: the
+/// backup itself is not fit to be a copy.
+fn refuses_for_good(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::BackupPrivileged
+            | ErrorCode::BackupMounts
+            | ErrorCode::BackupDevices
+            | ErrorCode::BackupHookscript
+            | ErrorCode::BackupArgs
+            | ErrorCode::BackupHostDir
+            | ErrorCode::BackupSharedMemory
+            | ErrorCode::BackupHostPort
+            | ErrorCode::BackupVmstate
+            | ErrorCode::BackupTemplate
+            | ErrorCode::BackupQuota
+            | ErrorCode::GuestAgentOff
+    )
+}
+
+/// A failure that says nothing about the backup: the storage's lock timed out while another
+/// restore or backup allocated (pve-common `lock_file_full`: "can't lock file '…' - got
+/// timeout"; `cfs_lock_storage`: "cfs-lock '…' error: got lock request timeout"), or another
+/// node took the vmid first (pmxcfs: "config file already exists"). The guest stays due.
+pub fn transient_failure(f: &Failure) -> bool {
+    let m = f.message.as_str();
+    m.contains("got timeout")
+        || m.contains("got lock request timeout")
+        || m.contains("already exists")
+}
+
+/// What a settled copy proves of its backup, if anything: `None` for an ending that says
+/// nothing about the backup (interrupted, needs a human, a transient fault, an environment
+/// refusal, a full band).
+pub fn verdict_of(driven: &Driven) -> Option<Verdict> {
+    let state = &driven.state;
+    match state.outcome_kind()? {
+        OutcomeKind::Ok => Some(Verdict::Ok),
+        OutcomeKind::Failed => match state.failure() {
+            Some(f) if transient_failure(f) => None,
+            _ => Some(Verdict::Failed),
+        },
+        OutcomeKind::Refused => state
+            .failure()
+            .filter(|f| refuses_for_good(f.code))
+            .map(|_| Verdict::Unprovable),
+        OutcomeKind::Skipped | OutcomeKind::NeedsHuman => None,
+    }
+}
+
+/// Record what `driven` proves of its backup in the proof store, and keep its result as its
+/// guest's last. A store that cannot be written is logged (the journal keeps the
+/// transaction); `Err` says why.
+fn record_proof(cfg: &Config, driven: &Driven, backup_time: Option<u64>) -> Result<(), String> {
+    let state = &driven.state;
+    let Some(guest) = proven_guest(state) else {
+        return Ok(());
+    };
+    store_guest_last_result(cfg, guest, driven);
+    let Some(verdict) = verdict_of(driven) else {
+        return Ok(());
+    };
+    let failing = driven
+        .checks
+        .iter()
+        .filter(|c| c.status != crate::guest::checks::CheckStatus::Pass)
+        .map(|c| c.name.clone())
+        .collect();
+    let rec = TestRecord {
+        txn: state.txn().to_string(),
+        at: unix_now(),
+        verdict,
+        code: state.failure().map(|f| f.code.as_str().to_string()),
+        message: state.failure().map(|f| f.message.clone()),
+        failing,
+        copy: state.vmid(),
+    };
+    let volid = state.request().volid.clone();
+    with_store(cfg, |store| store.record(&volid, guest, backup_time, rec))
+}
+
+fn store_guest_last_result(cfg: &Config, guest: u32, driven: &Driven) {
+    let last = last_result_of(driven);
+    let path = guest_last_result_path(cfg, guest);
+    let stored = serde_json::to_vec_pretty(&last)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| write_atomic(&path, &bytes, 0o600));
+    if let Err(e) = stored {
+        tracing::warn!(path = %path.display(), error = %e, "cannot store guest {guest}'s restore test result");
+    }
+}
+
+/// One copy of a run.
+#[derive(Debug, Clone)]
+pub struct CopyRun {
+    /// The guest whose backup it proves.
+    pub guest: u32,
+    /// The guest's name, when known.
+    pub name: String,
+    /// The backup restored.
+    pub backup: String,
+    /// The transaction.
+    pub driven: Driven,
+    /// The preflight's checks.
+    pub preflight: Option<PreflightReport>,
+    /// What the copy proved of the backup (`None`: nothing, the guest stays due).
+    pub verdict: Option<Verdict>,
+}
+
+/// A due guest a run did not prove, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Left {
+    /// The guest.
+    pub guest: u32,
+    /// Its newest backup.
+    pub backup: String,
+    /// Why it was left.
+    pub reason: String,
+    /// The code of why, when it is an error of the environment (it counts in the exit code).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+}
+
+/// What one restore-test run did.
+#[derive(Debug, Clone)]
+pub struct RestoreTestRun {
+    /// The run's id (the hub's dispatch id; the first copy's transaction).
+    pub run: Ulid,
+    /// The copies, in the order they settled.
+    pub copies: Vec<CopyRun>,
+    /// The due guests it did not prove, and why.
+    pub left: Vec<Left>,
+    /// Guests that were due when it started.
+    pub due: usize,
+    /// The band, as `990000-990009`.
+    pub band: String,
+    /// At most this many copies ran at once.
+    pub at_once: usize,
+    /// Whether it was a dry run.
+    pub dry_run: bool,
+    /// The coverage after the run (empty for a dry run).
+    pub coverage: Vec<CoverageRow>,
+    /// Why the metrics file could not be written, if it could not.
+    pub metrics_error: Option<String>,
+    /// Whether the run was stopped (Ctrl-C, SIGTERM).
+    pub interrupted: bool,
+    /// Seconds the run took.
+    pub duration_s: f64,
+    /// The most copies that were running at one time.
+    pub peak_at_once: usize,
+}
+
+impl RestoreTestRun {
+    /// The run's exit status: the worst of its copies' and of what it left for a reason of
+    /// the environment (7 > 6 > 5 > 4 > 3 > 0); 130 when it was stopped.
+    pub fn status(&self) -> ExitStatus {
+        if self.interrupted {
+            return ExitStatus::Interrupted;
+        }
+        let rank = |s: ExitStatus| match s {
+            ExitStatus::NeedsHuman => 6,
+            ExitStatus::Environment => 5,
+            ExitStatus::GuestFailed => 4,
+            ExitStatus::PveFailed => 3,
+            ExitStatus::Refused => 2,
+            ExitStatus::Usage => 1,
+            ExitStatus::Interrupted => 7,
+            ExitStatus::Ok => 0,
+        };
+        self.copies
+            .iter()
+            .map(|c| copy_status(&c.driven))
+            .chain(self.left.iter().filter_map(|l| l.code.map(exit_status)))
+            .max_by_key(|s| rank(*s))
+            .unwrap_or(ExitStatus::Ok)
+    }
+
+    /// The run's outcome in the metrics: the worst copy's ending, `skipped` when the band left
+    /// no room for any, `ok` when nothing was due or every copy proved its backup.
+    pub fn metrics_outcome(&self) -> &'static str {
+        let endings: Vec<&'static str> = self
+            .copies
+            .iter()
+            .map(|c| metrics_label(&c.driven))
+            .collect();
+        for worst in ["needs_human", "failed", "refused", "interrupted"] {
+            if endings.contains(&worst) {
+                return worst;
+            }
+        }
+        if self.left.iter().any(|l| l.code.is_some()) {
+            return "error";
+        }
+        if self.copies.is_empty() && !self.left.is_empty() {
+            return "skipped";
+        }
+        "ok"
+    }
+}
+
+/// The exit status of one copy's transaction: a halted one is open, so never "done".
+pub fn copy_status(driven: &Driven) -> ExitStatus {
+    match (&driven.halted, driven.state.outcome()) {
+        (Some(h), _) => match exit_status(h.code) {
+            ExitStatus::Ok => ExitStatus::NeedsHuman,
+            other => other,
+        },
+        (None, Some(o)) => o.exit_status(),
+        (None, None) => ExitStatus::NeedsHuman,
+    }
+}
+
+/// The label of a copy's end in the metrics: its outcome, `interrupted` for a stop the journal
 /// resumes, `needs_human` for a drive halted otherwise (open, and nothing resumes it by itself).
 pub fn metrics_label(driven: &Driven) -> &'static str {
     driven.ending().unwrap_or("needs_human")
 }
 
-/// Store the rotation (`rot`, with the last success set when `driven` ended `ok`) and write
-/// the restore-test metrics for how `driven` ended, then the journal-derived ones. `Err`: why
-/// a metrics file could not be written (the rotation's failure is only logged).
-fn write_metrics(
-    cfg: &Config,
-    journal: &crate::provision::Journal,
-    driven: &Driven,
-    rot: &mut RotationState,
-    duration_s: f64,
-) -> Result<(), String> {
-    let rotation_path = cfg.state_dir.join(ROTATION_FILE);
-    let now = unix_now();
-    if driven.state.outcome_kind() == Some(OutcomeKind::Ok) {
-        rot.last_success = Some(now);
+/// What a run is asked to do.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Plan only: nothing is written.
+    pub dry_run: bool,
+    /// Prove this guest's newest backup now, due or not.
+    pub guest: Option<u32>,
+}
+
+/// The coverage policy of the config.
+pub fn policy(cfg: &Config) -> Policy {
+    Policy {
+        prove_within: cfg.restore_test.prove_within,
+        reprove_after: cfg.restore_test.reprove_after,
+        backup_max_age: cfg.restore_test.backup_max_age,
     }
-    if let Ok(bytes) = serde_json::to_vec_pretty(&rot) {
-        if let Err(e) = write_atomic(&rotation_path, &bytes, 0o600) {
-            tracing::error!(path = %rotation_path.display(), error = %e, "cannot store the rotation");
+}
+
+/// The time of a backup from its volid's name (`…-2026_01_01-00_00_00…`), for a source the
+/// storage was not asked about.
+fn time_from_volid(volid: &str) -> Option<u64> {
+    let name = volid.rsplit('/').next()?;
+    let fmt = time::macros::format_description!("[year]_[month]_[day]-[hour]_[minute]_[second]");
+    // vzdump names its files `vzdump-<type>-<vmid>-YYYY_MM_DD-hh_mm_ss.<ext>`.
+    name.split('-')
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find_map(|w| {
+            let stamp = format!("{}-{}", w[0], w[1].get(..8)?);
+            time::PrimitiveDateTime::parse(&stamp, &fmt).ok()
+        })
+        .and_then(|t| u64::try_from(t.assume_utc().unix_timestamp()).ok())
+}
+
+/// The guests whose backups this node proves, with their backups: the pool guests this node
+/// holds (its `.vmlist` node), outside the reserved bands; or each configured source.
+pub async fn guests_with_backups(
+    cfg: &Config,
+    pve: &PveClient,
+) -> Result<(Vec<GuestBackups>, BTreeSet<String>), Failure> {
+    let full = full_list(cfg)?;
+    let pool = pool_view(cfg, pve).await?;
+    let inventory = join(&full, &pool);
+    if !cfg.restore_test.sources.is_empty() {
+        let mut by_guest: BTreeMap<u32, GuestBackups> = BTreeMap::new();
+        for volid in &cfg.restore_test.sources {
+            let owner = backup_owner_from_volid(volid).unwrap_or(0);
+            let name = pool
+                .get(owner)
+                .and_then(|g| g.name.clone())
+                .unwrap_or_default();
+            by_guest
+                .entry(owner)
+                .or_insert_with(|| GuestBackups {
+                    vmid: owner,
+                    name,
+                    backups: Vec::new(),
+                })
+                .backups
+                .push(coverage::BackupRef {
+                    volid: volid.clone(),
+                    time: time_from_volid(volid).unwrap_or(0),
+                    size: None,
+                });
+        }
+        return Ok((by_guest.into_values().collect(), BTreeSet::new()));
+    }
+    let mut volumes: Vec<BackupVolume> = Vec::new();
+    for sid in &cfg.restore_test.backup_storages {
+        let mut v = pve.backups(&cfg.node, sid, None).await.map_err(|e| {
+            Failure::new(
+                e.code(),
+                format!("cannot list the backups on storage {sid} of node {}: {e}; check that the storage exists and that the token has Datastore.Audit on /storage/{sid}", cfg.node),
+            )
+        })?;
+        volumes.append(&mut v);
+    }
+    let listed: BTreeSet<String> = volumes.iter().map(|v| v.volid.clone()).collect();
+    let mut guests: BTreeMap<u32, GuestBackups> = BTreeMap::new();
+    for g in pool.guests() {
+        let here = inventory.get(g.vmid).is_some_and(|r| r.node == cfg.node);
+        if !here || crate::vmid::ReservedBand::of(g.vmid).is_some() {
+            continue;
+        }
+        guests.insert(
+            g.vmid,
+            GuestBackups {
+                vmid: g.vmid,
+                name: g.name.clone().unwrap_or_default(),
+                backups: Vec::new(),
+            },
+        );
+    }
+    for v in volumes {
+        let Some(owner) = v.vmid.and_then(|o| u32::try_from(o).ok()) else {
+            continue;
+        };
+        if backup_kind_from_volid(&v.volid).is_none() {
+            continue;
+        }
+        if let Some(g) = guests.get_mut(&owner) {
+            g.backups.push(coverage::BackupRef {
+                volid: v.volid.clone(),
+                time: v.ctime.or_else(|| time_from_volid(&v.volid)).unwrap_or(0),
+                size: v.size,
+            });
         }
     }
+    Ok((guests.into_values().collect(), listed))
+}
+
+/// The coverage of the node now (what `restore-report` shows): reads only.
+pub async fn coverage_now(cfg: &Config, pve: &PveClient) -> Result<Vec<CoverageRow>, Failure> {
+    let (guests, _) = guests_with_backups(cfg, pve).await?;
+    let store = coverage::read_store(&cfg.state_dir)
+        .map_err(|m| Failure::new(ErrorCode::ConfigInvalid, m))?;
+    Ok(coverage::rows(&guests, &store, &policy(cfg), unix_now()))
+}
+
+/// `restore-report`: the coverage of every guest this node proves. Reads only.
+pub async fn report(cfg: &Config) -> Result<Vec<CoverageRow>, Failure> {
+    let prepared = prepare_read_only(cfg)?;
+    coverage_now(cfg, &prepared.pve).await
+}
+
+/// The node's memory for copies (MiB): what is available now less the reserve.
+fn memory_for_copies(cfg: &Config) -> Option<u64> {
+    let text = fs::read_to_string(meminfo_path()).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+    };
+    let total = field("MemTotal:")?;
+    let avail = field("MemAvailable:")?;
+    let reserve = total / 100 * u64::from(cfg.restore_test.memory_reserve_percent);
+    Some(avail.saturating_sub(reserve) / 1024)
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn meminfo_path() -> std::path::PathBuf {
+    std::path::PathBuf::from("/proc/meminfo")
+}
+
+/// The bed may hand a meminfo of its own (`FELHOM_AGENT_MEMINFO`), to show a node short of
+/// memory.
+#[cfg(feature = "test-hooks")]
+fn meminfo_path() -> std::path::PathBuf {
+    std::env::var_os("FELHOM_AGENT_MEMINFO").map_or_else(
+        || std::path::PathBuf::from("/proc/meminfo"),
+        std::path::PathBuf::from,
+    )
+}
+
+/// The memory a copy of this stored config takes (MiB): its `memory` (PVE's default 512).
+fn stored_memory_mib(stored: Option<&crate::pve::guest_config::StoredConfigText>) -> u64 {
+    stored
+        .and_then(|s| {
+            s.text
+                .lines()
+                .take_while(|l| !l.starts_with('['))
+                .find_map(|l| l.strip_prefix("memory:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .unwrap_or(512)
+}
+
+/// The spacing of restore requests of one run (see [`SubmitGate`]).
+#[cfg(not(feature = "test-hooks"))]
+fn submit_spacing() -> Duration {
+    Duration::from_secs(3)
+}
+
+#[cfg(feature = "test-hooks")]
+fn submit_spacing() -> Duration {
+    std::env::var("FELHOM_AGENT_SUBMIT_SPACING_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(Duration::from_secs(3), Duration::from_millis)
+}
+
+/// Container copies at once stay below the exec helper's connections (a container copy holds
+/// one for its whole boot; `.vmlist` reads must never wait behind them).
+const CONTAINERS_AT_ONCE_MAX: usize = 6;
+
+/// One due guest waiting for its copy.
+#[derive(Debug, Clone)]
+struct Pending {
+    guest: u32,
+    name: String,
+    volid: String,
+    backup_time: u64,
+    kind: GuestKind,
+}
+
+/// A copy admitted: its locks, held until it settled.
+struct Admitted {
+    pending: Pending,
+    request: Request,
+    report: PreflightReport,
+    first: Event,
+    memory: u64,
+    /// `None` for a dry run, which takes no lock.
+    locks: Option<CopyLocks>,
+}
+
+/// A copy's locks: its vmid's, its guest's, the lab bridge's for a VM.
+type CopyLocks = (VmidLock, GuestProofLock, Option<LabBridgeLock>);
+
+/// One restore-test run under `run_id` (`--selftest=restore`, the timer, or a hub dispatch;
+/// the first copy's transaction is `run_id`). `Err` when it ended before any copy could be
+/// considered (PVE not answering, no backup storage, a proof store that cannot be read); the
+/// restore-test metrics then say so ([`early_end_label`]), unless it was a dry run.
+pub async fn run(
+    cfg: &Config,
+    opts: RunOptions,
+    run_id: Ulid,
+    reporter: &dyn Reporter,
+    cancel: CancellationToken,
+) -> Result<RestoreTestRun, Failure> {
+    let started = std::time::Instant::now();
+    let ran = run_inner(cfg, opts, run_id, reporter, cancel, started).await;
+    if let (Err(f), false) = (&ran, opts.dry_run) {
+        if let Err(e) = write_early_end_metrics(cfg, f, started.elapsed().as_secs_f64()) {
+            tracing::warn!("restore-test metrics not updated: {e}");
+        }
+    }
+    ran
+}
+
+async fn run_inner(
+    cfg: &Config,
+    opts: RunOptions,
+    run_id: Ulid,
+    reporter: &dyn Reporter,
+    cancel: CancellationToken,
+    started: std::time::Instant,
+) -> Result<RestoreTestRun, Failure> {
+    let prepared = if opts.dry_run {
+        prepare_read_only(cfg)?
+    } else {
+        prepare(cfg, reporter, &cancel).await?
+    };
+    let pve = &prepared.pve;
+    let (guests, listed) = guests_with_backups(cfg, pve).await?;
+    let store = coverage::read_store(&cfg.state_dir)
+        .map_err(|m| Failure::new(ErrorCode::ConfigInvalid, m))?;
+    let rows = coverage::rows(&guests, &store, &policy(cfg), unix_now());
+    let chosen: Vec<&CoverageRow> = match opts.guest {
+        Some(g) => {
+            let Some(row) = rows.iter().find(|r| r.vmid == g) else {
+                return Err(Failure::new(
+                    ErrorCode::VmidInvalid,
+                    format!(
+                        "guest {g} is not a pool guest of node {} whose backups this node proves (pool {}); `felhom-agent restore-report` lists those it proves",
+                        cfg.node, cfg.pool
+                    ),
+                ));
+            };
+            if row.newest_backup.is_none() {
+                return Err(Failure::new(
+                    ErrorCode::BackupMissing,
+                    format!(
+                        "guest {g} has no backup on the backup storage(s) {} of node {}; back it up first (`vzdump {g} --storage …`) or name its storage in [restore_test] backup_storages of {}",
+                        cfg.restore_test.backup_storages.join(", "),
+                        cfg.node,
+                        cfg.path.display()
+                    ),
+                ));
+            }
+            vec![row]
+        }
+        None => coverage::due_order(&rows),
+    };
+    if opts.guest.is_none() && rows.iter().all(|r| r.newest_backup.is_none()) && !rows.is_empty() {
+        tracing::warn!(
+            "no pool guest of node {} has a backup on {}",
+            cfg.node,
+            cfg.restore_test.backup_storages.join(", ")
+        );
+    }
+    for r in rows.iter().filter(|r| r.newest_backup.is_none()) {
+        tracing::warn!(
+            guest = r.vmid,
+            "guest {} ({}) has no backup on the backup storage(s) {}: it is reported no_backup",
+            r.vmid,
+            r.name,
+            cfg.restore_test.backup_storages.join(", ")
+        );
+    }
+    let mut queue: VecDeque<Pending> = VecDeque::new();
+    let mut left: Vec<Left> = Vec::new();
+    for r in &chosen {
+        let Some(b) = &r.newest_backup else { continue };
+        match backup_kind_from_volid(&b.volid) {
+            Some(kind) => queue.push_back(Pending {
+                guest: r.vmid,
+                name: r.name.clone(),
+                volid: b.volid.clone(),
+                backup_time: b.time,
+                kind,
+            }),
+            None => left.push(Left {
+                guest: r.vmid,
+                backup: b.volid.clone(),
+                reason: format!(
+                    "cannot tell whether {} is a container or a VM backup",
+                    b.volid
+                ),
+                code: None,
+            }),
+        }
+    }
+    let due = queue.len();
+    let at_once = cfg.restore_test.at_once.ceiling().max(1);
+    let band = format!("{}-{}", RESTORE_TEST_BAND.start(), RESTORE_TEST_BAND.end());
+    let gate = Arc::new(SubmitGate::new(submit_spacing()));
+    let deadline = started + Duration::from_secs(cfg.restore_test.run_budget);
+    let mut copies: Vec<CopyRun> = Vec::new();
+    let mut taken: BTreeSet<u32> = BTreeSet::new();
+    let mut running = FuturesUnordered::new();
+    let mut running_kinds: Vec<(u32, GuestKind, u64)> = Vec::new();
+    let mut first_txn = Some(run_id);
+    let mut peak = 0usize;
+    let mut interrupted = false;
+    loop {
+        // Admit what fits.
+        while running.len() < at_once && !queue.is_empty() {
+            if cancel.is_cancelled() {
+                interrupted = true;
+                break;
+            }
+            if Instant::now() >= deadline && !opts.dry_run {
+                let budget = cfg.restore_test.run_budget;
+                for p in queue.drain(..) {
+                    left.push(Left {
+                        guest: p.guest,
+                        backup: p.volid,
+                        reason: format!("the run's budget ([restore_test] run_budget = {}s) was spent; the next run proves it", budget),
+                        code: None,
+                    });
+                }
+                break;
+            }
+            let lab_busy = running_kinds.iter().any(|(_, k, _)| *k == GuestKind::Qemu)
+                && cfg.restore_test.lab_bridge.is_some();
+            let containers = running_kinds
+                .iter()
+                .filter(|(_, k, _)| *k == GuestKind::Lxc)
+                .count();
+            let Some(pos) = queue.iter().position(|p| match p.kind {
+                GuestKind::Qemu => !lab_busy,
+                GuestKind::Lxc => containers < CONTAINERS_AT_ONCE_MAX,
+            }) else {
+                break;
+            };
+            let Some(p) = queue.remove(pos) else { break };
+            match admit(
+                cfg,
+                pve,
+                &p,
+                &mut taken,
+                &mut first_txn,
+                opts.dry_run,
+                running_kinds.iter().map(|(_, _, m)| m).sum(),
+            )
+            .await
+            {
+                Admission::Go(a) => {
+                    running_kinds.push((a.pending.guest, a.pending.kind, a.memory));
+                    running.push(drive_copy(
+                        cfg,
+                        pve,
+                        &prepared.journal,
+                        reporter,
+                        cancel.clone(),
+                        gate.clone(),
+                        *a,
+                    ));
+                    peak = peak.max(running.len());
+                }
+                Admission::Wait(p, why) if !running.is_empty() => {
+                    tracing::info!(
+                        guest = p.guest,
+                        "copy of guest {} waits for another copy to end: {why}",
+                        p.guest
+                    );
+                    queue.push_front(p);
+                    break;
+                }
+                Admission::Wait(p, why) | Admission::Leave(p, why, None) => left.push(Left {
+                    guest: p.guest,
+                    backup: p.volid,
+                    reason: why,
+                    code: None,
+                }),
+                Admission::Leave(p, why, Some(code)) => left.push(Left {
+                    guest: p.guest,
+                    backup: p.volid,
+                    reason: why,
+                    code: Some(code),
+                }),
+            }
+        }
+        if cancel.is_cancelled() && !running.is_empty() {
+            interrupted = true;
+        }
+        let Some(done) = running.next().await else {
+            if queue.is_empty() || interrupted || cancel.is_cancelled() {
+                break;
+            }
+            // Nothing runs and nothing fits: what is left stays due, with why.
+            continue;
+        };
+        let done: CopyRun = done;
+        running_kinds.retain(|(g, _, _)| *g != done.guest);
+        if let Some(v) = done.driven.state.vmid() {
+            taken.remove(&v);
+        }
+        copies.push(done);
+    }
+    if cancel.is_cancelled() {
+        interrupted = true;
+        for p in queue.drain(..) {
+            left.push(Left {
+                guest: p.guest,
+                backup: p.volid,
+                reason: "the run was stopped before its copy started".to_string(),
+                code: None,
+            });
+        }
+    }
+    let mut run = RestoreTestRun {
+        run: run_id,
+        copies,
+        left,
+        due,
+        band,
+        at_once,
+        dry_run: opts.dry_run,
+        coverage: Vec::new(),
+        metrics_error: None,
+        interrupted,
+        duration_s: started.elapsed().as_secs_f64(),
+        peak_at_once: peak,
+    };
+    if !opts.dry_run {
+        // Records of backups gone from their storage go (a failure no later proof cleared
+        // stays); then the coverage as it is now.
+        let storages: BTreeSet<String> = if cfg.restore_test.sources.is_empty() {
+            cfg.restore_test.backup_storages.iter().cloned().collect()
+        } else {
+            BTreeSet::new()
+        };
+        if let Err(e) = with_store(cfg, |s| s.prune(&listed, &storages)) {
+            tracing::warn!("proof store not pruned: {e}");
+        }
+        let store = coverage::read_store(&cfg.state_dir).unwrap_or_default();
+        run.coverage = coverage::rows(&guests, &store, &policy(cfg), unix_now());
+        store_guests(cfg, &guests);
+        run.metrics_error = write_run_metrics(cfg, &prepared.journal, &run).err();
+    }
+    Ok(run)
+}
+
+enum Admission {
+    /// Admitted: drive it.
+    Go(Box<Admitted>),
+    /// Not now: wait for a running copy to end (or leave it, when none runs).
+    Wait(Pending, String),
+    /// Left for this run, with why (and the code when the environment stopped it).
+    Leave(Pending, String, Option<ErrorCode>),
+}
+
+/// Pick the copy's vmid, run its preflight, check the node's memory and take its locks.
+async fn admit(
+    cfg: &Config,
+    pve: &PveClient,
+    p: &Pending,
+    taken: &mut BTreeSet<u32>,
+    first_txn: &mut Option<Ulid>,
+    dry_run: bool,
+    admitted_memory: u64,
+) -> Admission {
+    let p = p.clone();
+    let full = match full_list(cfg) {
+        Ok(f) => f,
+        Err(f) => return Admission::Leave(p, f.message, Some(f.code)),
+    };
+    let pool = crate::inventory::PoolView::default();
+    let inventory = join(&full, &pool);
+    // Ulid::default() is the nil id: a new copy gets a fresh one.
+    let txn = match *first_txn {
+        Some(t) => t,
+        None => Ulid::new(),
+    };
+    // The band's free vmids, less those this run's copies hold.
+    let free: Vec<u32> = RESTORE_TEST_BAND
+        .clone()
+        .filter(|v| !inventory.is_held(*v) && !taken.contains(v))
+        .collect();
+    let mut vmid_lock = None;
+    let mut picked = None;
+    for v in free {
+        if dry_run {
+            picked = Some(v);
+            break;
+        }
+        match VmidLock::try_acquire(&cfg.state_dir, v, Some(txn)) {
+            Ok(l) => {
+                picked = Some(v);
+                vmid_lock = Some(l);
+                break;
+            }
+            Err(crate::provision::LockError::Held { .. }) => continue,
+            Err(e) => return Admission::Leave(p, e.to_string(), Some(e.code())),
+        }
+    }
+    let Some(vmid) = picked else {
+        let why = format!(
+            "every vmid of the restore-test band {}-{} is held (by this run's copies, other nodes' guests or another agent process); free one (`felhom-agent guests`) if a stale copy sits there",
+            RESTORE_TEST_BAND.start(),
+            RESTORE_TEST_BAND.end()
+        );
+        return if taken.is_empty() {
+            Admission::Leave(p, why, None)
+        } else {
+            Admission::Wait(p, why)
+        };
+    };
+    let request = Request {
+        txn,
+        kind: TxnKind::SelftestRestore,
+        vmid: Some(vmid),
+        guest: p.kind,
+        volid: p.volid.clone(),
+        storage: cfg.restore_test.storage.clone(),
+        pool: cfg.pool.clone(),
+        isolate_network: true,
+        keep: false,
+        dry_run,
+        profile: None,
+    };
+    // --- preflight (DESIGN §2 rule 9): before the first journal intent; reads only ---------
+    let (report, first) = crate::preflight::gate(cfg, pve, &request, Event::VmidAccepted).await;
+    if let Err(f) = super::environment_refusal(&report, Some(vmid)) {
+        return Admission::Leave(
+            p.clone(),
+            format!("guest {}'s backup {}: {}", p.guest, p.volid, f.message),
+            Some(f.code),
+        );
+    }
+    let refused = matches!(first, Event::VmidRefused(_));
+    let memory = if refused {
+        0
+    } else {
+        stored_memory_mib(report.stored_config.as_ref())
+    };
+    if !dry_run && !refused {
+        if let Some(free_mib) = memory_for_copies(cfg) {
+            let room = free_mib.saturating_sub(admitted_memory);
+            if memory > room {
+                return Admission::Wait(
+                    p.clone(),
+                    format!(
+                        "not enough memory on node {} for a copy of guest {} ({memory} MiB stored; {room} MiB available beside the copies running and [restore_test] memory_reserve = {}%)",
+                        cfg.node, p.guest, cfg.restore_test.memory_reserve_percent
+                    ),
+                );
+            }
+        }
+    }
+    let locks = match (dry_run, vmid_lock) {
+        (true, _) => None,
+        (false, Some(l)) => match locks_for(cfg, &p, txn, l) {
+            Ok(l) => Some(l),
+            Err(why) => return Admission::Leave(p.clone(), why, None),
+        },
+        (false, None) => {
+            return Admission::Leave(p.clone(), format!("vmid {vmid} could not be locked"), None)
+        }
+    };
+    if *first_txn == Some(txn) {
+        *first_txn = None;
+    }
+    taken.insert(vmid);
+    Admission::Go(Box::new(Admitted {
+        pending: p,
+        request,
+        report,
+        first,
+        memory,
+        locks,
+    }))
+}
+
+/// The copy's locks beside its vmid's (taken by [`admit`]): its guest's, and the lab bridge's
+/// for a VM.
+fn locks_for(
+    cfg: &Config,
+    p: &Pending,
+    txn: Ulid,
+    vmid_lock: VmidLock,
+) -> Result<CopyLocks, String> {
+    let guest_lock = GuestProofLock::try_acquire(&cfg.state_dir, p.guest, Some(txn)).map_err(|_| {
+        format!(
+            "another agent process proves guest {}'s backup now (its lock {} is held); this run leaves it",
+            p.guest,
+            cfg.state_dir.join("locks").join(format!("restore-guest-{}.lock", p.guest)).display()
+        )
+    })?;
+    let lab = super::lab_bridge_lock(cfg, p.kind, true, txn).map_err(|f| f.message)?;
+    Ok((vmid_lock, guest_lock, lab))
+}
+
+/// Drive one admitted copy to its end: its transaction, then its proof recorded against its
+/// backup. The locks are let go as soon as the transaction settled or stopped.
+async fn drive_copy<'a>(
+    cfg: &'a Config,
+    pve: &'a PveClient,
+    journal: &'a crate::provision::Journal,
+    reporter: &'a dyn Reporter,
+    cancel: CancellationToken,
+    gate: Arc<SubmitGate>,
+    a: Admitted,
+) -> CopyRun {
+    let Admitted {
+        pending,
+        request,
+        report,
+        first,
+        memory: _,
+        locks,
+    } = a;
+    let dry_run = request.dry_run;
+    tracing::info!(guest = pending.guest, vmid = ?request.vmid, txn = %request.txn, backup = %pending.volid, "restore test of guest {}'s backup {} in copy {}", pending.guest, pending.volid, request.vmid.unwrap_or(0));
+    let mut exec = Executor::new(cfg, pve, journal, reporter, cancel, super::lxc_route(cfg))
+        .with_submit_gate(gate);
+    exec.carry_stored_config(report.stored_config.clone());
+    let driven: Driven = exec.drive(State::new(request), first).await;
+    drop(exec);
+    drop(locks);
+    let verdict = if dry_run { None } else { verdict_of(&driven) };
+    if !dry_run {
+        if let Err(e) = record_proof(cfg, &driven, Some(pending.backup_time)) {
+            tracing::error!(guest = pending.guest, txn = %driven.state.txn(), "the proof of guest {}'s backup {} is not recorded: {e}", pending.guest, pending.volid);
+        }
+        store_last_result(cfg, &driven);
+    }
+    CopyRun {
+        guest: pending.guest,
+        name: pending.name,
+        backup: pending.volid,
+        driven,
+        preflight: Some(report),
+        verdict,
+    }
+}
+
+/// Store the run state and write the restore-test metrics of a run: its outcome, the last
+/// success, the coverage of every guest, then the journal-derived ones. `Err`: why a metrics
+/// file could not be written (the run state's failure is only logged).
+fn write_run_metrics(
+    cfg: &Config,
+    journal: &crate::provision::Journal,
+    run: &RestoreTestRun,
+) -> Result<(), String> {
+    let path = cfg.state_dir.join(ROTATION_FILE);
+    let mut rot = read_rotation(&path);
+    let now = unix_now();
+    let outcome = run.metrics_outcome();
+    rot.runs_total += 1;
+    if outcome == "skipped" {
+        rot.skipped_total += 1;
+    }
+    if outcome == "ok" {
+        rot.last_success = Some(now);
+    }
+    if let Some(last) = run.copies.last() {
+        rot.last = Some(last.guest.to_string());
+    }
+    store_rotation(&path, &rot);
+    write_metrics_text(
+        cfg,
+        journal,
+        outcome,
+        run.duration_s,
+        &rot,
+        Some(&run.coverage),
+    )
+}
+
+fn store_rotation(path: &Path, rot: &RotationState) {
+    if let Ok(bytes) = serde_json::to_vec_pretty(rot) {
+        if let Err(e) = write_atomic(path, &bytes, 0o600) {
+            tracing::error!(path = %path.display(), error = %e, "cannot store the restore test's run state");
+        }
+    }
+}
+
+fn write_metrics_text(
+    cfg: &Config,
+    journal: &crate::provision::Journal,
+    outcome: &str,
+    duration_s: f64,
+    rot: &RotationState,
+    rows: Option<&[CoverageRow]>,
+) -> Result<(), String> {
     let text = metrics::restore_test_text(&metrics::RestoreTestFigures {
-        outcome: metrics_label(driven),
+        outcome,
         duration_s,
-        now,
+        now: unix_now(),
         last_success: rot.last_success,
         skipped_total: rot.skipped_total,
         runs_total: rot.runs_total,
@@ -256,51 +1152,104 @@ fn write_metrics(
     let mut first_error = metrics::textfile::write(&cfg.metrics.dir, METRICS_FILE, &text)
         .err()
         .map(|e| e.to_string());
+    // The coverage in a file of its own: a run that could not work it out leaves the last.
+    if let Some(rows) = rows {
+        if let Err(e) = metrics::textfile::write(
+            &cfg.metrics.dir,
+            metrics::COVERAGE_FILE,
+            &coverage_metrics(rows),
+        ) {
+            first_error.get_or_insert(e.to_string());
+        }
+    }
     if let Err(e) = metrics::update_transactions(&cfg.metrics.dir, journal) {
         first_error.get_or_insert(e);
     }
     first_error.map_or(Ok(()), Err)
 }
 
+/// The coverage series of `rows` (one set per guest; the pool bounds the labels).
+fn coverage_metrics(rows: &[CoverageRow]) -> String {
+    let table: Vec<metrics::CoverageRow<'_>> = rows
+        .iter()
+        .map(|r| metrics::CoverageRow {
+            vmid: r.vmid,
+            name: &r.name,
+            status: r.status.as_str(),
+            stale: r.stale,
+            proven_backup_time: r.proven.as_ref().map(|p| p.backup_time),
+            newest_backup_time: r.newest_backup.as_ref().map(|b| b.time),
+        })
+        .collect();
+    metrics::coverage_text(&table, unix_now())
+}
+
 /// A restore test taken up after its run stopped (`journal resume`, `journal cancel`, the
-/// settle every writing command and the daemon's start do first): the restore-test metrics
-/// say how it ended now, so an `interrupted` (or a stale red) is replaced by the outcome the
-/// resume reached. Its duration counts from the transaction's start. The run was counted when
-/// it started; the rotation only gains the last success.
+/// settle every writing command and the daemon's start do first): its verdict is recorded
+/// against its backup, and the restore-test metrics say how it ended now, so an `interrupted`
+/// (or a stale red) is replaced by the outcome the resume reached.
 pub fn record_taken_up(cfg: &Config, journal: &crate::provision::Journal, driven: &Driven) {
     if driven.state.kind() != TxnKind::SelftestRestore || driven.state.request().dry_run {
         return;
     }
-    let mut rot = read_rotation(&cfg.state_dir.join(ROTATION_FILE));
+    if let Err(e) = record_proof(cfg, driven, None) {
+        tracing::warn!(txn = %driven.state.txn(), "the proof of backup {} is not recorded: {e}", driven.state.request().volid);
+    }
+    let path = cfg.state_dir.join(ROTATION_FILE);
+    let mut rot = read_rotation(&path);
+    if driven.state.outcome_kind() == Some(OutcomeKind::Ok) {
+        rot.last_success = Some(unix_now());
+        store_rotation(&path, &rot);
+    }
     let started_ms = driven.state.txn().timestamp_ms();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let duration_s = now_ms.saturating_sub(started_ms) as f64 / 1000.0;
-    if let Err(e) = write_metrics(cfg, journal, driven, &mut rot, duration_s) {
+    // The coverage as the store has it (the guests' names and backups are the last run's).
+    let rows = previous_coverage(cfg);
+    let rows = (!rows.is_empty()).then_some(rows.as_slice());
+    if let Err(e) = write_metrics_text(cfg, journal, metrics_label(driven), duration_s, &rot, rows)
+    {
         tracing::warn!(txn = %driven.state.txn(), "restore-test metrics not updated: {e}");
     }
     store_last_result(cfg, driven);
 }
 
-/// What one restore-test run did.
-#[derive(Debug, Clone)]
-pub struct RestoreTestRun {
-    /// The transaction.
-    pub driven: Driven,
-    /// The backup chosen by the rotation.
-    pub backup: String,
-    /// The band, as `990000-990009`.
-    pub band: String,
-    /// The vmid picked in the band (`None`: the band was full and the run skipped).
-    pub vmid: Option<u32>,
-    /// Why the metrics file could not be written, if it could not.
-    pub metrics_error: Option<String>,
-    /// The preflight's checks (`None` when the run was skipped before it).
-    pub preflight: Option<PreflightReport>,
+/// The guests and backups the last run saw, in the state dir: a resume in another process
+/// recomputes their coverage from the proof store without asking PVE.
+const GUESTS_FILE: &str = "restore-test-guests.json";
+
+fn store_guests(cfg: &Config, guests: &[GuestBackups]) {
+    let path = cfg.state_dir.join(GUESTS_FILE);
+    let stored = serde_json::to_vec(guests)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| write_atomic(&path, &bytes, 0o600));
+    if let Err(e) = stored {
+        tracing::warn!(path = %path.display(), error = %e, "cannot store the guests of this run");
+    }
 }
 
-/// The restore-test metrics' outcome of a run that ended before its transaction existed:
+/// The coverage of the guests the last run saw, by the proof store now.
+fn previous_coverage(cfg: &Config) -> Vec<CoverageRow> {
+    use std::io::Read;
+    let Ok(file) = fs::File::open(cfg.state_dir.join(GUESTS_FILE)) else {
+        return Vec::new();
+    };
+    let mut bytes = Vec::new();
+    if file
+        .take(LAST_RESULT_MAX_BYTES)
+        .read_to_end(&mut bytes)
+        .is_err()
+    {
+        return Vec::new();
+    }
+    let guests: Vec<GuestBackups> = serde_json::from_slice(&bytes).unwrap_or_default();
+    let store = coverage::read_store(&cfg.state_dir).unwrap_or_default();
+    coverage::rows(&guests, &store, &policy(cfg), unix_now())
+}
+
+/// The restore-test metrics' outcome of a run that ended before it could consider a copy:
 /// `interrupted` when the operator stopped it, `refused` for a refusal, `skipped` for a full
 /// band, else `error` (the environment: PVE not answering, a wrong token or pin, no backup to
 /// test, the exec helper, a full state folder).
@@ -339,217 +1288,51 @@ fn write_early_end_metrics(cfg: &Config, failure: &Failure, duration_s: f64) -> 
 /// One restore-test run under `txn` (`--selftest=restore`, the timer, or a hub dispatch).
 /// `Err` when it ended before a transaction existed; the restore-test metrics then say so
 /// ([`early_end_label`]: `error` for the environment), unless it was a dry run.
-pub async fn run(
-    cfg: &Config,
-    dry_run: bool,
-    txn: Ulid,
-    reporter: &dyn Reporter,
-    cancel: CancellationToken,
-) -> Result<RestoreTestRun, Failure> {
-    let started = std::time::Instant::now();
-    let ran = run_txn(cfg, dry_run, txn, reporter, cancel, started).await;
-    if let (Err(f), false) = (&ran, dry_run) {
-        if let Err(e) = write_early_end_metrics(cfg, f, started.elapsed().as_secs_f64()) {
-            tracing::warn!("restore-test metrics not updated: {e}");
-        }
-    }
-    ran
-}
-
-async fn run_txn(
-    cfg: &Config,
-    dry_run: bool,
-    txn: Ulid,
-    reporter: &dyn Reporter,
-    cancel: CancellationToken,
-    started: std::time::Instant,
-) -> Result<RestoreTestRun, Failure> {
-    let prepared = if dry_run {
-        prepare_read_only(cfg)?
-    } else {
-        prepare(cfg, reporter, &cancel).await?
-    };
-    let pve = &prepared.pve;
-    let full = full_list(cfg)?;
-    let pool = pool_view(cfg, pve).await?;
-    let pool_vmids: Vec<u32> = pool.guests().map(|g| g.vmid).collect();
-    let inventory = join(&full, &pool);
-    let mut rot = read_rotation(&cfg.state_dir.join(ROTATION_FILE));
-
-    let cands = candidates(cfg, pve, &pool_vmids).await?;
-    let Some(chosen) = next_in_rotation(&cands, rot.last.as_deref()).cloned() else {
-        return Err(Failure::new(
-            ErrorCode::ConfigInvalid,
-            format!(
-                "no backup of a pool guest is visible on storage(s) {}; set restore_test.backup_storages or restore_test.sources in {}",
-                cfg.restore_test.backup_storages.join(", "),
-                cfg.path.display()
-            ),
-        ));
-    };
-    let Some(guest) = backup_kind_from_volid(&chosen.volid) else {
-        return Err(Failure::new(
-            ErrorCode::ConfigInvalid,
-            format!(
-                "cannot tell whether {} is a container or a VM backup",
-                chosen.volid
-            ),
-        ));
-    };
-    let picked = restore_band_pick(&inventory);
-    let request = Request {
-        txn,
-        kind: TxnKind::SelftestRestore,
-        vmid: picked,
-        guest,
-        volid: chosen.volid.clone(),
-        storage: cfg.restore_test.storage.clone(),
-        pool: cfg.pool.clone(),
-        isolate_network: true,
-        keep: false,
-        dry_run,
-        profile: None,
-    };
-    let band = format!("{}-{}", RESTORE_TEST_BAND.start(), RESTORE_TEST_BAND.end());
-    let first = match picked {
-        Some(_) => Event::VmidAccepted,
-        None => Event::BandFull {
-            message: format!(
-                "every vmid of the restore-test band {band} is held in the full guest list; the run is skipped. Free one (`felhom-agent guests`) if a stale copy sits there"
-            ),
-        },
-    };
-    // --- preflight (DESIGN §2 rule 9): before the first journal intent; reads only ---------
-    let (report, first) = crate::preflight::gate(cfg, pve, &request, first).await;
-    reporter.preflight(&report.human());
-    super::environment_refusal(&report, picked)?;
-    // --- end preflight ---------------------------------------------------------------------
-    let lock = match (picked, dry_run) {
-        (Some(v), false) => Some(
-            VmidLock::try_acquire(&cfg.state_dir, v, Some(txn))
-                .map_err(|e| Failure::new(e.code(), e.to_string()))?,
-        ),
-        _ => None,
-    };
-    let _lab = super::lab_bridge_lock(cfg, guest, picked.is_some() && !dry_run, txn)?;
-    let mut exec = Executor::new(
-        cfg,
-        pve,
-        &prepared.journal,
-        reporter,
-        cancel,
-        super::lxc_route(cfg),
-    );
-    exec.carry_stored_config(report.stored_config.clone());
-    let driven: Driven = exec.drive(State::new(request), first).await;
-    // The transaction is settled or left for `journal resume`: the vmid is free for that at
-    // once, and `journal` shows a stopped run as interrupted while this process still writes
-    // its metrics.
-    drop(exec);
-    drop(lock);
-
-    let outcome = driven.state.outcome_kind();
-    let mut metrics_error = None;
-    if !dry_run {
-        rot.runs_total += 1;
-        if outcome == Some(OutcomeKind::Skipped) {
-            rot.skipped_total += 1;
-        } else {
-            rot.last = Some(chosen.key.clone());
-        }
-        metrics_error = write_metrics(
-            cfg,
-            &prepared.journal,
-            &driven,
-            &mut rot,
-            started.elapsed().as_secs_f64(),
-        )
-        .err();
-        store_last_result(cfg, &driven);
-    }
-    Ok(RestoreTestRun {
-        driven,
-        backup: chosen.volid,
-        band,
-        vmid: picked,
-        metrics_error,
-        preflight: Some(report),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn vol(volid: &str, vmid: u64, ctime: u64) -> BackupVolume {
-        BackupVolume {
-            volid: volid.into(),
-            vmid: Some(vmid),
-            ctime: Some(ctime),
-            size: None,
-            subtype: None,
-            format: None,
+    #[test]
+    fn a_backup_time_from_its_name() {
+        assert_eq!(
+            time_from_volid("local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"),
+            Some(1_767_225_600)
+        );
+        assert_eq!(time_from_volid("local:backup/other.tar"), None);
+    }
+
+    #[test]
+    fn a_stored_memory() {
+        let t = |text: &str| crate::pve::guest_config::StoredConfigText {
+            volid: "v".into(),
+            text: text.into(),
+        };
+        assert_eq!(
+            stored_memory_mib(Some(&t("arch: amd64\nmemory: 2048\n"))),
+            2048
+        );
+        assert_eq!(
+            stored_memory_mib(Some(&t("cores: 1\n[snap]\nmemory: 9\n"))),
+            512
+        );
+        assert_eq!(stored_memory_mib(None), 512);
+    }
+
+    #[test]
+    fn transient_faults_say_nothing_of_the_backup() {
+        for m in [
+            "can't lock file '/var/lock/pve-manager/pve-storage-local-lvm' - got timeout",
+            "cfs-lock 'storage-local-lvm' error: got lock request timeout",
+            "unable to create CT 990002 - config file already exists",
+        ] {
+            assert!(
+                transient_failure(&Failure::new(ErrorCode::TaskFailed, m)),
+                "{m}"
+            );
         }
-    }
-
-    #[test]
-    fn newest_backup_of_each_pool_guest_only() {
-        let vols = vec![
-            vol(
-                "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst",
-                200,
-                10,
-            ),
-            vol(
-                "local:backup/vzdump-lxc-200-2026_02_01-00_00_00.tar.zst",
-                200,
-                20,
-            ),
-            vol(
-                "local:backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst",
-                300,
-                5,
-            ),
-            vol(
-                "local:backup/vzdump-lxc-101-2026_03_01-00_00_00.tar.zst",
-                101,
-                30,
-            ),
-        ];
-        let c = newest_per_guest(&vols, &[200, 300]);
-        assert_eq!(c.len(), 2);
-        assert_eq!(
-            c[0].volid,
-            "local:backup/vzdump-lxc-200-2026_02_01-00_00_00.tar.zst"
-        );
-        assert_eq!(c[1].key, "300");
-    }
-
-    #[test]
-    fn rotation_walks_and_wraps() {
-        let c: Vec<Candidate> = ["200", "300", "400"]
-            .iter()
-            .map(|k| Candidate {
-                key: k.to_string(),
-                volid: format!("v{k}"),
-            })
-            .collect();
-        assert_eq!(
-            next_in_rotation(&c, None).map(|c| c.key.as_str()),
-            Some("200")
-        );
-        assert_eq!(
-            next_in_rotation(&c, Some("200")).map(|c| c.key.as_str()),
-            Some("300")
-        );
-        assert_eq!(
-            next_in_rotation(&c, Some("400")).map(|c| c.key.as_str()),
-            Some("200")
-        );
-        assert_eq!(
-            next_in_rotation(&c, Some("gone")).map(|c| c.key.as_str()),
-            Some("200")
-        );
-        assert!(next_in_rotation(&[], None).is_none());
+        assert!(!transient_failure(&Failure::new(
+            ErrorCode::TaskFailed,
+            "unexpected end of archive"
+        )));
     }
 }
