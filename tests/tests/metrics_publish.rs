@@ -105,6 +105,7 @@ fn want_status(published: &[&str]) -> Vec<(String, bool)> {
         "felhom_transactions.prom",
         "felhom_hub.prom",
         "felhom_restore_test.prom",
+        "felhom_backup_coverage.prom",
     ]
     .iter()
     .map(|f| (f.to_string(), published.contains(f)))
@@ -373,8 +374,13 @@ fn made_up_label_values_are_refused_so_no_write_can_publish_thousands_of_series(
     // One made-up outcome among the agent's own.
     let outcome = "felhom_restore_test_outcome{outcome=\"ok\"} 1\n\
                    felhom_restore_test_outcome{outcome=\"aaaaaaaa\"} 0\n";
+    // Guests' series: a vmid PVE never gives, a status the agent never writes.
+    let coverage = "felhom_backup_stale{vmid=\"100\"} 0\n\
+                    felhom_backup_stale{vmid=\"42\"} 0\n\
+                    felhom_backup_status{vmid=\"100\",status=\"fine\"} 1\n";
     std::fs::write(agent.join("felhom_transactions.prom"), &made_up).expect("write");
     std::fs::write(agent.join("felhom_restore_test.prom"), outcome).expect("write");
+    std::fs::write(agent.join("felhom_backup_coverage.prom"), coverage).expect("write");
     std::fs::write(
         agent.join("felhom_hub.prom"),
         "felhom_hub_configured 0\nfelhom_hub_connected 0\nfelhom_outbox_depth 0\n",
@@ -395,6 +401,11 @@ fn made_up_label_values_are_refused_so_no_write_can_publish_thousands_of_series(
     assert!(
         log.contains("felhom_restore_test.prom")
             && log.contains("line 2 has a value of label outcome"),
+        "{log}"
+    );
+    assert!(
+        log.contains("felhom_backup_coverage.prom")
+            && log.contains("line 2 has a value of label vmid"),
         "{log}"
     );
     assert_eq!(status(&ne), want_status(&["felhom_hub.prom"]), "{log}");

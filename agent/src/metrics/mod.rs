@@ -11,9 +11,13 @@
 //!   [`DAEMON_INTERVAL`] and when it stops:
 //!   `felhom_hub_configured`, `felhom_hub_connected`, `felhom_outbox_depth`;
 //! - [`RESTORE_TEST_FILE`]: after every restore-test run: the `felhom_restore_test_*` gauges
-//!   and counters.
+//!   and counters;
+//! - [`COVERAGE_FILE`]: whenever the pool guests' restore-test coverage is worked out
+//!   ([`coverage_text`]): `felhom_backup_*` by `vmid` (and `status`), `felhom_guest_info`
+//!   (`vmid`, `name`), the totals. Its own file, so a run that ends before it could work the
+//!   coverage out (`error`) leaves the last coverage in place rather than erasing it.
 //!
-//! It may use `provision` (the journal's types), `config` and `error`.
+//! It may use `provision` (the journal's types), `vmid`, `config` and `error`.
 
 pub mod publish;
 pub mod stats;
@@ -33,6 +37,8 @@ pub const TRANSACTIONS_FILE: &str = "felhom_transactions.prom";
 pub const HUB_FILE: &str = "felhom_hub.prom";
 /// The restore test's metrics.
 pub const RESTORE_TEST_FILE: &str = "felhom_restore_test.prom";
+/// Each pool guest's restore-test coverage ([`coverage_text`]).
+pub const COVERAGE_FILE: &str = "felhom_backup_coverage.prom";
 /// How often the daemon rewrites its files at least.
 pub const DAEMON_INTERVAL: Duration = Duration::from_secs(15);
 
@@ -310,6 +316,190 @@ pub fn restore_test_text(f: &RestoreTestFigures<'_>) -> String {
     s
 }
 
+/// The values of the coverage `status` label, one per pool guest: `overdue` and `failed` raise
+/// `FelhomBackupUnproven`, `no_backup` and `unprovable` raise `FelhomBackupMissing`, `due`
+/// raises nothing (its restore test is coming).
+pub const COVERAGE_STATUSES: [&str; 6] = [
+    "proven",
+    "due",
+    "overdue",
+    "failed",
+    "no_backup",
+    "unprovable",
+];
+
+/// One guest's coverage, as the metrics show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoverageRow<'a> {
+    /// The guest.
+    pub vmid: u32,
+    /// The guest's name (hostname or VM name), as PVE has it: any text ([`guest_name_label`]).
+    pub name: &'a str,
+    /// One of [`COVERAGE_STATUSES`].
+    pub status: &'a str,
+    /// Its newest backup is older than `backup_max_age`.
+    pub stale: bool,
+    /// Unix time of the newest proven restore point's backup (`None`: none proven).
+    pub proven_backup_time: Option<u64>,
+    /// Unix time of the newest backup (`None`: no backup).
+    pub newest_backup_time: Option<u64>,
+}
+
+/// A guest's name as the value of `felhom_guest_info`'s `name` label, escaped for the text
+/// format (`\` `"` and a line break as `\\` `\"` `\n`): any other control character becomes
+/// U+FFFD (no carriage return or terminal escape reaches an alert's text), and the name is
+/// clipped to [`publish::MAX_LABEL_VALUE`] bytes at a character boundary, the longest label
+/// value the publisher takes. `None` for an empty name: the publisher refuses an empty value
+/// (and Prometheus reads one as no label).
+pub fn guest_name_label(name: &str) -> Option<String> {
+    let mut clipped = String::new();
+    for c in name.chars() {
+        let c = if c.is_control() && c != '\n' {
+            '\u{fffd}'
+        } else {
+            c
+        };
+        if clipped.len() + c.len_utf8() > publish::MAX_LABEL_VALUE {
+            break;
+        }
+        clipped.push(c);
+    }
+    if clipped.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(clipped.len() + 8);
+    for c in clipped.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+/// The coverage exposition ([`COVERAGE_FILE`]): each pool guest's coverage status, by vmid,
+/// and the totals. `now` is the Unix time the ages count to. The rows are written by vmid; a
+/// vmid given twice counts once (its first row), as a series may appear once. Every series
+/// but `felhom_guest_info` carries the vmid only, so a guest's name never splits its history.
+pub fn coverage_text(rows: &[CoverageRow<'_>], now: u64) -> String {
+    use std::collections::BTreeMap;
+    let mut guests: BTreeMap<u32, &CoverageRow<'_>> = BTreeMap::new();
+    for r in rows {
+        debug_assert!(COVERAGE_STATUSES.contains(&r.status), "{}", r.status);
+        guests.entry(r.vmid).or_insert(r);
+    }
+    let mut s = String::new();
+    header(
+        &mut s,
+        "felhom_backup_status",
+        "gauge",
+        "Each pool guest's restore-test coverage: 1 for its status (proven, due, overdue, \
+         failed, no_backup, unprovable), 0 for the other five; `felhom-agent restore-report` \
+         on the node explains it.",
+    );
+    for (vmid, r) in &guests {
+        for st in COVERAGE_STATUSES {
+            let _ = writeln!(
+                s,
+                "felhom_backup_status{{vmid=\"{vmid}\",status=\"{st}\"}} {}",
+                u8::from(st == r.status)
+            );
+        }
+    }
+    header(
+        &mut s,
+        "felhom_backup_proven",
+        "gauge",
+        "1 when a restore test proved one of the guest's backups (it has a proven restore \
+         point), else 0.",
+    );
+    for (vmid, r) in &guests {
+        let _ = writeln!(
+            s,
+            "felhom_backup_proven{{vmid=\"{vmid}\"}} {}",
+            u8::from(r.proven_backup_time.is_some())
+        );
+    }
+    header(
+        &mut s,
+        "felhom_backup_proven_age_seconds",
+        "gauge",
+        "Age of the backup of the guest's newest proven restore point when the file was \
+         written; no sample for a guest with none proven (felhom_backup_proven 0).",
+    );
+    for (vmid, r) in &guests {
+        if let Some(t) = r.proven_backup_time {
+            let _ = writeln!(
+                s,
+                "felhom_backup_proven_age_seconds{{vmid=\"{vmid}\"}} {}",
+                now.saturating_sub(t)
+            );
+        }
+    }
+    header(
+        &mut s,
+        "felhom_backup_stale",
+        "gauge",
+        "1 when the guest's newest backup is older than backup_max_age, else 0.",
+    );
+    for (vmid, r) in &guests {
+        let _ = writeln!(
+            s,
+            "felhom_backup_stale{{vmid=\"{vmid}\"}} {}",
+            u8::from(r.stale)
+        );
+    }
+    header(
+        &mut s,
+        "felhom_backup_newest_age_seconds",
+        "gauge",
+        "Age of the guest's newest backup when the file was written; no sample for a guest \
+         without a backup.",
+    );
+    for (vmid, r) in &guests {
+        if let Some(t) = r.newest_backup_time {
+            let _ = writeln!(
+                s,
+                "felhom_backup_newest_age_seconds{{vmid=\"{vmid}\"}} {}",
+                now.saturating_sub(t)
+            );
+        }
+    }
+    header(
+        &mut s,
+        "felhom_guest_info",
+        "gauge",
+        "1 for each pool guest, with its name (at most 64 bytes; no sample for a guest \
+         without one), for joining on vmid.",
+    );
+    for (vmid, r) in &guests {
+        if let Some(name) = guest_name_label(r.name) {
+            let _ = writeln!(s, "felhom_guest_info{{vmid=\"{vmid}\",name=\"{name}\"}} 1");
+        }
+    }
+    header(
+        &mut s,
+        "felhom_backup_guests",
+        "gauge",
+        "Pool guests by restore-test coverage status.",
+    );
+    for st in COVERAGE_STATUSES {
+        let n = guests.values().filter(|r| r.status == st).count();
+        let _ = writeln!(s, "felhom_backup_guests{{status=\"{st}\"}} {n}");
+    }
+    header(
+        &mut s,
+        "felhom_backup_guests_stale",
+        "gauge",
+        "Pool guests whose newest backup is older than backup_max_age.",
+    );
+    let stale = guests.values().filter(|r| r.stale).count();
+    let _ = writeln!(s, "felhom_backup_guests_stale {stale}");
+    s
+}
+
 /// Rewrite [`TRANSACTIONS_FILE`] from the journal. The error's message names the folder or
 /// journal file and what to do; a caller logs it and never fails a transaction for it.
 pub fn update_transactions(dir: &Path, journal: &Journal) -> Result<(), String> {
@@ -447,6 +637,224 @@ mod tests {
         assert!(text.contains(
             "felhom_phase_duration_seconds_sum{kind=\"provision\",phase=\"submitted\"} 4002.35\n"
         ));
+    }
+
+    fn row<'a>(vmid: u32, name: &'a str, status: &'a str) -> CoverageRow<'a> {
+        CoverageRow {
+            vmid,
+            name,
+            status,
+            stale: false,
+            proven_backup_time: None,
+            newest_backup_time: None,
+        }
+    }
+
+    #[test]
+    fn coverage_text_of_a_small_table() {
+        let rows = [
+            CoverageRow {
+                stale: false,
+                proven_backup_time: Some(1_700_000_000),
+                newest_backup_time: Some(1_700_050_000),
+                ..row(200, "web", "proven")
+            },
+            CoverageRow {
+                stale: true,
+                newest_backup_time: Some(1_699_000_000),
+                ..row(101, "db", "failed")
+            },
+            // A backup time after `now` (a clock ahead) is age 0, never a wrapped one.
+            CoverageRow {
+                proven_backup_time: Some(1_700_100_001),
+                newest_backup_time: Some(1_700_100_001),
+                ..row(300, "", "due")
+            },
+        ];
+        let text = coverage_text(&rows, 1_700_100_000);
+        assert_exposition(&text);
+        assert_eq!(publish::validate(COVERAGE_FILE, &text), Ok(()));
+        let want = "\
+# HELP felhom_backup_status Each pool guest's restore-test coverage: 1 for its status (proven, due, overdue, failed, no_backup, unprovable), 0 for the other five; `felhom-agent restore-report` on the node explains it.
+# TYPE felhom_backup_status gauge
+felhom_backup_status{vmid=\"101\",status=\"proven\"} 0
+felhom_backup_status{vmid=\"101\",status=\"due\"} 0
+felhom_backup_status{vmid=\"101\",status=\"overdue\"} 0
+felhom_backup_status{vmid=\"101\",status=\"failed\"} 1
+felhom_backup_status{vmid=\"101\",status=\"no_backup\"} 0
+felhom_backup_status{vmid=\"101\",status=\"unprovable\"} 0
+felhom_backup_status{vmid=\"200\",status=\"proven\"} 1
+felhom_backup_status{vmid=\"200\",status=\"due\"} 0
+felhom_backup_status{vmid=\"200\",status=\"overdue\"} 0
+felhom_backup_status{vmid=\"200\",status=\"failed\"} 0
+felhom_backup_status{vmid=\"200\",status=\"no_backup\"} 0
+felhom_backup_status{vmid=\"200\",status=\"unprovable\"} 0
+felhom_backup_status{vmid=\"300\",status=\"proven\"} 0
+felhom_backup_status{vmid=\"300\",status=\"due\"} 1
+felhom_backup_status{vmid=\"300\",status=\"overdue\"} 0
+felhom_backup_status{vmid=\"300\",status=\"failed\"} 0
+felhom_backup_status{vmid=\"300\",status=\"no_backup\"} 0
+felhom_backup_status{vmid=\"300\",status=\"unprovable\"} 0
+# HELP felhom_backup_proven 1 when a restore test proved one of the guest's backups (it has a proven restore point), else 0.
+# TYPE felhom_backup_proven gauge
+felhom_backup_proven{vmid=\"101\"} 0
+felhom_backup_proven{vmid=\"200\"} 1
+felhom_backup_proven{vmid=\"300\"} 1
+# HELP felhom_backup_proven_age_seconds Age of the backup of the guest's newest proven restore point when the file was written; no sample for a guest with none proven (felhom_backup_proven 0).
+# TYPE felhom_backup_proven_age_seconds gauge
+felhom_backup_proven_age_seconds{vmid=\"200\"} 100000
+felhom_backup_proven_age_seconds{vmid=\"300\"} 0
+# HELP felhom_backup_stale 1 when the guest's newest backup is older than backup_max_age, else 0.
+# TYPE felhom_backup_stale gauge
+felhom_backup_stale{vmid=\"101\"} 1
+felhom_backup_stale{vmid=\"200\"} 0
+felhom_backup_stale{vmid=\"300\"} 0
+# HELP felhom_backup_newest_age_seconds Age of the guest's newest backup when the file was written; no sample for a guest without a backup.
+# TYPE felhom_backup_newest_age_seconds gauge
+felhom_backup_newest_age_seconds{vmid=\"101\"} 1100000
+felhom_backup_newest_age_seconds{vmid=\"200\"} 50000
+felhom_backup_newest_age_seconds{vmid=\"300\"} 0
+# HELP felhom_guest_info 1 for each pool guest, with its name (at most 64 bytes; no sample for a guest without one), for joining on vmid.
+# TYPE felhom_guest_info gauge
+felhom_guest_info{vmid=\"101\",name=\"db\"} 1
+felhom_guest_info{vmid=\"200\",name=\"web\"} 1
+# HELP felhom_backup_guests Pool guests by restore-test coverage status.
+# TYPE felhom_backup_guests gauge
+felhom_backup_guests{status=\"proven\"} 1
+felhom_backup_guests{status=\"due\"} 1
+felhom_backup_guests{status=\"overdue\"} 0
+felhom_backup_guests{status=\"failed\"} 1
+felhom_backup_guests{status=\"no_backup\"} 0
+felhom_backup_guests{status=\"unprovable\"} 0
+# HELP felhom_backup_guests_stale Pool guests whose newest backup is older than backup_max_age.
+# TYPE felhom_backup_guests_stale gauge
+felhom_backup_guests_stale 1
+";
+        assert_eq!(text, want);
+    }
+
+    #[test]
+    fn coverage_of_no_guests_still_has_every_total() {
+        let text = coverage_text(&[], 5);
+        assert_eq!(publish::validate(COVERAGE_FILE, &text), Ok(()));
+        for st in COVERAGE_STATUSES {
+            assert!(
+                text.contains(&format!("felhom_backup_guests{{status=\"{st}\"}} 0\n")),
+                "{text}"
+            );
+        }
+        assert!(text.contains("felhom_backup_guests_stale 0\n"), "{text}");
+        assert!(!text.contains("vmid="), "{text}");
+    }
+
+    #[test]
+    fn coverage_totals_count_each_guest_once() {
+        let mut rows = Vec::new();
+        for (i, st) in [
+            "proven", "proven", "due", "overdue", "failed", "failed", "failed",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            rows.push(CoverageRow {
+                stale: i % 2 == 0,
+                ..row(100 + i as u32, "g", st)
+            });
+        }
+        // The same vmid again: its first row counts, once.
+        rows.push(CoverageRow {
+            stale: true,
+            ..row(100, "again", "no_backup")
+        });
+        let text = coverage_text(&rows, 10);
+        assert_eq!(publish::validate(COVERAGE_FILE, &text), Ok(()));
+        for (st, n) in [
+            ("proven", 2),
+            ("due", 1),
+            ("overdue", 1),
+            ("failed", 3),
+            ("no_backup", 0),
+            ("unprovable", 0),
+        ] {
+            assert!(
+                text.contains(&format!("felhom_backup_guests{{status=\"{st}\"}} {n}\n")),
+                "{st}: {text}"
+            );
+        }
+        assert!(text.contains("felhom_backup_guests_stale 4\n"), "{text}");
+        assert!(text.contains("felhom_backup_status{vmid=\"100\",status=\"proven\"} 1\n"));
+        assert!(text.contains("felhom_backup_status{vmid=\"100\",status=\"no_backup\"} 0\n"));
+        assert!(!text.contains("again"), "{text}");
+        // Each guest: its six statuses, one of them 1.
+        assert_eq!(text.matches("felhom_backup_status{").count(), 7 * 6);
+        assert_eq!(text.matches("felhom_backup_status{vmid=\"106\"").count(), 6);
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("felhom_backup_status{") && l.ends_with(" 1"))
+                .count(),
+            7
+        );
+        // No backup, nothing proven: the 0/1 gauges are there, the ages are not.
+        assert!(text.contains("felhom_backup_proven{vmid=\"103\"} 0\n"));
+        assert!(
+            !text.contains("felhom_backup_proven_age_seconds{"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("felhom_backup_newest_age_seconds{"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_hostile_guest_name_is_escaped_and_clipped() {
+        assert_eq!(guest_name_label("web-1").as_deref(), Some("web-1"));
+        assert_eq!(
+            guest_name_label("a\"b\\c\nd").as_deref(),
+            Some("a\\\"b\\\\c\\nd")
+        );
+        // A closing quote and brace cannot end the label set early.
+        assert_eq!(
+            guest_name_label("x\"} 0\nfelhom_backup_guests_stale 9").as_deref(),
+            Some("x\\\"} 0\\nfelhom_backup_guests_stale 9")
+        );
+        // Other control characters (carriage return, escape, tab) become U+FFFD.
+        assert_eq!(
+            guest_name_label("a\rb\u{1b}[31mc\td").as_deref(),
+            Some("a\u{fffd}b\u{fffd}[31mc\u{fffd}d")
+        );
+        assert_eq!(guest_name_label(""), None);
+        // Clipped to 64 bytes before escaping, at a character boundary.
+        let long = "x".repeat(300);
+        assert_eq!(guest_name_label(&long), Some("x".repeat(64)));
+        assert_eq!(guest_name_label(&"é".repeat(40)), Some("é".repeat(32)));
+        assert_eq!(
+            guest_name_label(&format!("{}€", "y".repeat(62))),
+            Some("y".repeat(62))
+        );
+        let quotes = "\"".repeat(100);
+        assert_eq!(guest_name_label(&quotes), Some("\\\"".repeat(64)));
+
+        let hostile = format!("evil\"}} 1\n# TYPE x\\{}", "z".repeat(200));
+        let text = coverage_text(&[row(4242, &hostile, "overdue")], 0);
+        assert_exposition(&text);
+        assert_eq!(publish::validate(COVERAGE_FILE, &text), Ok(()));
+        let info: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("felhom_guest_info{"))
+            .collect();
+        assert_eq!(
+            info,
+            [format!(
+                "felhom_guest_info{{vmid=\"4242\",name=\"evil\\\"}} 1\\n# TYPE x\\\\{}\"}} 1",
+                "z".repeat(64 - 18)
+            )]
+        );
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("# TYPE ")).count(),
+            8,
+            "{text}"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! `node_textfile_scrape_error 1`. The agent's user controls what is behind such a link.
 //!
 //! So root (`felhom-agent-metrics.service`, started by `felhom-agent-metrics.path` when the
-//! agent's folder changes) does, for each of the three known names only: open it in the agent's
+//! agent's folder changes) does, for each of the four known names only: open it in the agent's
 //! folder (opened `O_DIRECTORY|O_NOFOLLOW`) with `O_NOFOLLOW|O_NONBLOCK` (a link is refused, a
 //! FIFO never blocks), require a regular file of root or the agent's user of at most
 //! [`MAX_FILE_BYTES`], read it, and require the text to be what the agent writes: `# HELP` /
@@ -26,9 +26,11 @@
 //! set is parsed (quoted values with `\\`, `\"`, `\n` escapes), must hold exactly the
 //! family's keys once each (so no `__name__`, `instance`, `job`), and each value must be one
 //! the agent writes for that key ([`label_value_ok`]: a transaction kind, a phase, an outcome,
-//! a bucket bound), so a file holds at most the few hundred series the agent can write, never
-//! series made up by whoever wrote the file; no series twice; at most [`MAX_SAMPLES`] samples
-//! per file. A refused agent folder removes the published copies too.
+//! a bucket bound, a coverage status, a vmid in PVE's range, a guest's name), so a file holds
+//! at most the few hundred series the agent can write, never series made up by whoever wrote
+//! the file; no series twice; at most [`max_samples`] samples per file ([`MAX_SAMPLES`], or
+//! for the coverage file, whose series are per guest, what [`MAX_COVERAGE_GUESTS`] guests
+//! make). A refused agent folder removes the published copies too.
 //!
 //! Every pass ends by writing [`STATUS_FILE`] into node_exporter's folder:
 //! `felhom_metrics_published{file}` is 1 for each name copied and 0 for one missing or
@@ -54,10 +56,15 @@ use std::path::Path;
 
 use nix::sys::stat::{fstat, SFlag};
 
-use super::{HUB_FILE, RESTORE_TEST_FILE, TRANSACTIONS_FILE};
+use super::{COVERAGE_FILE, HUB_FILE, RESTORE_TEST_FILE, TRANSACTIONS_FILE};
 
 /// The files published, by name; nothing else in the agent's folder is looked at.
-pub const FILES: [&str; 3] = [TRANSACTIONS_FILE, HUB_FILE, RESTORE_TEST_FILE];
+pub const FILES: [&str; 4] = [
+    TRANSACTIONS_FILE,
+    HUB_FILE,
+    RESTORE_TEST_FILE,
+    COVERAGE_FILE,
+];
 /// The publisher's own file in node_exporter's folder: what each pass published (module docs).
 pub const STATUS_FILE: &str = "felhom_metrics_publish.prom";
 /// The largest metrics file published.
@@ -80,8 +87,24 @@ pub enum Published {
 /// the agent writes at most [`most_series`] of a file (about 900: the phase histogram of every
 /// kind and phase); this is a second bound.
 pub const MAX_SAMPLES: usize = 1000;
-/// The longest label value published (the agent's are its own short names and numbers).
+/// The most pool guests the coverage file is published for: its series are per guest (11 at
+/// most each), so its bound on samples is theirs ([`max_samples`]); at 1000 guests with
+/// 9-digit vmids and the longest names it stays under [`MAX_FILE_BYTES`]. A node with more has
+/// the file refused, and `FelhomBackupCoverageMissing` says so.
+pub const MAX_COVERAGE_GUESTS: usize = 1000;
+/// The longest label value published, bytes (the agent's are its own short names and numbers,
+/// and guests' names clipped to it: [`super::guest_name_label`]).
 pub const MAX_LABEL_VALUE: usize = 64;
+
+/// The most samples `file` may hold: [`MAX_SAMPLES`], or for [`COVERAGE_FILE`] the most the
+/// agent writes for [`MAX_COVERAGE_GUESTS`] guests.
+pub fn max_samples(file: &str) -> usize {
+    if file == COVERAGE_FILE {
+        most_series(COVERAGE_FILE)
+    } else {
+        MAX_SAMPLES
+    }
+}
 
 /// The text of [`STATUS_FILE`]: 1 for each of [`FILES`] in `copied`, 0 for the others.
 pub fn status_text(copied: &[&str]) -> String {
@@ -154,10 +177,23 @@ const RESTORE_TEST_FAMILIES: &[Family] = &[
     fam("felhom_restore_test_skipped_total", "counter", &[]),
     fam("felhom_restore_test_runs_total", "counter", &[]),
 ];
+const COVERAGE_FAMILIES: &[Family] = &[
+    fam("felhom_backup_status", "gauge", &["vmid", "status"]),
+    fam("felhom_backup_proven", "gauge", &["vmid"]),
+    fam("felhom_backup_proven_age_seconds", "gauge", &["vmid"]),
+    fam("felhom_backup_stale", "gauge", &["vmid"]),
+    fam("felhom_backup_newest_age_seconds", "gauge", &["vmid"]),
+    fam("felhom_guest_info", "gauge", &["vmid", "name"]),
+    fam("felhom_backup_guests", "gauge", &["status"]),
+    fam("felhom_backup_guests_stale", "gauge", &[]),
+];
 
 /// Whether `value` is one the agent writes for label `key` of family `family`: a transaction
 /// kind, a phase, an outcome (the restore test's own list for its gauge), a histogram bucket's
-/// bound as the agent prints it, or one of [`FILES`] (the publisher's own status).
+/// bound as the agent prints it, one of [`FILES`] (the publisher's own status), a coverage
+/// status, a vmid as PVE writes it (100 to 999999999, no leading zero), or the name of
+/// `felhom_guest_info`: any text without a control character but the line break (the length
+/// is [`validate`]'s to check).
 pub fn label_value_ok(family: &str, key: &str, value: &str) -> bool {
     use crate::provision::machine::Phase;
     match key {
@@ -169,6 +205,11 @@ pub fn label_value_ok(family: &str, key: &str, value: &str) -> bool {
         "outcome" => super::OUTCOMES.iter().any(|o| o.as_str() == value),
         "le" => value == "+Inf" || super::BUCKETS.iter().any(|b| super::num(*b) == value),
         "file" => FILES.contains(&value),
+        "status" => super::COVERAGE_STATUSES.contains(&value),
+        "vmid" => crate::vmid::parse_vmid(value).is_ok(),
+        "name" if family == "felhom_guest_info" => {
+            !value.chars().any(|c| c.is_control() && c != '\n')
+        }
         _ => false,
     }
 }
@@ -183,6 +224,10 @@ fn label_value_count(family: &str, key: &str) -> usize {
         "outcome" => super::OUTCOMES.len(),
         "le" => super::BUCKETS.len() + 1,
         "file" => FILES.len(),
+        "status" => super::COVERAGE_STATUSES.len(),
+        "vmid" => MAX_COVERAGE_GUESTS,
+        // One name per guest.
+        "name" => 1,
         _ => 0,
     }
 }
@@ -212,6 +257,7 @@ pub fn families(file: &str) -> &'static [Family] {
         TRANSACTIONS_FILE => TRANSACTIONS_FAMILIES,
         HUB_FILE => HUB_FAMILIES,
         RESTORE_TEST_FILE => RESTORE_TEST_FAMILIES,
+        COVERAGE_FILE => COVERAGE_FAMILIES,
         _ => &[],
     }
 }
@@ -337,9 +383,10 @@ fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
 }
 
 /// Whether `text` is what the agent writes into `file` (see the module docs). `Err`: the
-/// first line that is not (1-based), or the count of samples over [`MAX_SAMPLES`].
+/// first line that is not (1-based), or the count of samples over [`max_samples`].
 pub fn validate(file: &str, text: &str) -> Result<(), String> {
     let fams = families(file);
+    let max = max_samples(file);
     let mut series = std::collections::HashSet::new();
     for (i, line) in text.lines().enumerate() {
         let bad = |why: &str| Err(format!("line {} {why}", i + 1));
@@ -422,8 +469,8 @@ pub fn validate(file: &str, text: &str) -> Result<(), String> {
         if !series.insert((name.to_string(), key)) {
             return bad("repeats a series");
         }
-        if series.len() > MAX_SAMPLES {
-            return Err(format!("it holds more than {MAX_SAMPLES} samples"));
+        if series.len() > max {
+            return Err(format!("it holds more than {max} samples"));
         }
     }
     Ok(())
@@ -682,9 +729,79 @@ mod tests {
         }
         // What the agent can write fits under the second bound.
         for f in FILES {
-            assert!(most_series(f) <= MAX_SAMPLES, "{f}: {}", most_series(f));
+            assert!(most_series(f) <= max_samples(f), "{f}: {}", most_series(f));
         }
+        assert_eq!(most_series(COVERAGE_FILE), 11 * MAX_COVERAGE_GUESTS + 7);
         assert!(most_series(TRANSACTIONS_FILE) > 800);
+    }
+
+    #[test]
+    fn coverage_labels_are_vmids_statuses_and_names() {
+        for bad in [
+            // vmids outside PVE's range or not as PVE writes them.
+            "felhom_backup_stale{vmid=\"99\"} 1",
+            "felhom_backup_stale{vmid=\"0100\"} 1",
+            "felhom_backup_stale{vmid=\"1000000000\"} 1",
+            "felhom_backup_stale{vmid=\"web\"} 1",
+            "felhom_backup_status{vmid=\"100\",status=\"fine\"} 1",
+            "felhom_backup_guests{status=\"ok\"} 1",
+            // A name on another family, a control character in one, a name too long.
+            "felhom_backup_stale{vmid=\"100\",name=\"x\"} 1",
+            "felhom_guest_info{vmid=\"100\",name=\"a\rb\"} 1",
+            "felhom_guest_info{vmid=\"100\",name=\"a\u{1b}b\"} 1",
+            "felhom_guest_info{vmid=\"100\",name=\"\"} 1",
+        ] {
+            let err = validate(COVERAGE_FILE, &format!("{bad}\n")).unwrap_err();
+            assert!(err.contains("line 1"), "{bad}: {err}");
+        }
+        let long = format!(
+            "felhom_guest_info{{vmid=\"100\",name=\"{}\"}} 1\n",
+            "n".repeat(65)
+        );
+        assert!(validate(COVERAGE_FILE, &long).is_err());
+        // Another file's metric, and a coverage metric in another file.
+        assert!(validate(COVERAGE_FILE, "felhom_needs_human 1\n").is_err());
+        assert!(validate(RESTORE_TEST_FILE, "felhom_backup_guests_stale 1\n").is_err());
+        for good in [
+            "felhom_backup_stale{vmid=\"999999999\"} 1".to_string(),
+            "felhom_backup_status{status=\"no_backup\",vmid=\"100\"} 1".to_string(),
+            format!(
+                "felhom_guest_info{{vmid=\"100\",name=\"{}\\\"\\n\\\\\"}} 1",
+                "é".repeat(30)
+            ),
+        ] {
+            assert_eq!(
+                validate(COVERAGE_FILE, &format!("{good}\n")),
+                Ok(()),
+                "{good}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_largest_coverage_the_agent_writes_is_published_and_one_guest_more_is_not() {
+        let name = "\"".repeat(200);
+        let rows: Vec<super::super::CoverageRow<'_>> = (0..=MAX_COVERAGE_GUESTS as u32)
+            .map(|i| super::super::CoverageRow {
+                vmid: 999_000_000 + i,
+                name: &name,
+                status: "overdue",
+                stale: true,
+                proven_backup_time: Some(1),
+                newest_backup_time: Some(2),
+            })
+            .collect();
+        let most = super::super::coverage_text(&rows[..MAX_COVERAGE_GUESTS], 1_999_999_999);
+        assert!(
+            most.len() as u64 <= MAX_FILE_BYTES,
+            "{} bytes for {MAX_COVERAGE_GUESTS} guests",
+            most.len()
+        );
+        assert_eq!(validate(COVERAGE_FILE, &most), Ok(()));
+        let more = super::super::coverage_text(&rows, 1_999_999_999);
+        assert!(validate(COVERAGE_FILE, &more)
+            .unwrap_err()
+            .contains("more than"));
     }
 
     #[test]
@@ -752,5 +869,30 @@ mod tests {
             runs_total: 9,
         });
         assert_eq!(validate(RESTORE_TEST_FILE, &rt), Ok(()));
+        let names = ["web", "", "a\"b\\c\nd\r\u{1b}", "\u{fffd}"];
+        let rows: Vec<super::super::CoverageRow<'_>> = super::super::COVERAGE_STATUSES
+            .iter()
+            .enumerate()
+            .map(|(i, status)| super::super::CoverageRow {
+                vmid: 100 + i as u32,
+                name: names[i % names.len()],
+                status,
+                stale: i % 2 == 1,
+                proven_backup_time: (i % 3 != 0).then_some(5),
+                newest_backup_time: (i % 4 != 0).then_some(7),
+            })
+            .collect();
+        let cov = super::super::coverage_text(&rows, 1_700_000_000);
+        assert_eq!(validate(COVERAGE_FILE, &cov), Ok(()));
+        // The name, as the publisher reads it back, is the name clipped and cleaned.
+        let line = cov
+            .lines()
+            .find(|l| l.starts_with("felhom_guest_info{vmid=\"102\""))
+            .expect("info");
+        let (labels, _) = parse_labels(&line["felhom_guest_info".len()..]).expect("labels");
+        assert_eq!(
+            labels[1],
+            ("name".into(), "a\"b\\c\nd\u{fffd}\u{fffd}".into())
+        );
     }
 }
