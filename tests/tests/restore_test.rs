@@ -712,3 +712,37 @@ fn coverage_config_out_of_range_names_the_key() {
         assert!(w.world.pve.writes().is_empty());
     }
 }
+
+#[test]
+fn the_coverage_metrics_name_each_guest_and_its_status() {
+    let w = RestoreWorld::new(pool_of_four());
+    let run = w.agent(&["--selftest=restore", "--guest", "210", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.restore_copy()["guest"], json!(210));
+    let text = std::fs::read_to_string(w.metrics_dir().join("felhom_backup_coverage.prom"))
+        .expect("the coverage file");
+    let samples = parse_prometheus(&text);
+    assert_eq!(
+        sample(
+            &samples,
+            "felhom_backup_status{vmid=\"210\",status=\"proven\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    for vmid in [200, 220, 230] {
+        assert_eq!(
+            sample(
+                &samples,
+                &format!("felhom_backup_status{{vmid=\"{vmid}\",status=\"due\"}}")
+            ),
+            1.0,
+            "{text}"
+        );
+    }
+    assert_eq!(
+        sample(&samples, "felhom_guest_info{vmid=\"220\",name=\"shop-db\"}"),
+        1.0,
+        "{text}"
+    );
+}
