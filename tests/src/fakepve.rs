@@ -113,6 +113,40 @@ pub fn demo_scenario() -> Value {
     load_scenario("demo")
 }
 
+/// The demo pool without its VM (300, which has no backup), with these containers added
+/// (vmid, name), each with a backup on `local`, every backup made an hour ago: a pool whose
+/// guests' backups are all due for a restore test.
+pub fn pool_with_backups(extra: &[(u32, &str)]) -> Value {
+    let mut scenario = demo_scenario();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let guests = scenario["guests"]
+        .as_array_mut()
+        .unwrap_or_else(|| panic!("the demo scenario has no guests"));
+    guests.retain(|g| g["vmid"] != json!(300));
+    for (vmid, name) in extra {
+        guests.push(
+            json!({"vmid": vmid, "type": "lxc", "name": name, "node": "pve1",
+            "status": "running", "pool": "felhom",
+            "config": {"unprivileged": "1", "memory": "512"}}),
+        );
+    }
+    let volumes = scenario["volumes"]["local"]
+        .as_array_mut()
+        .unwrap_or_else(|| panic!("the demo scenario has no volumes on local"));
+    for v in volumes.iter_mut() {
+        v["ctime"] = json!(now - 3600);
+    }
+    for (vmid, _) in extra {
+        volumes.push(json!({
+            "volname": format!("backup/vzdump-lxc-{vmid}-2026_12_01-00_00_00.tar.zst"),
+            "vmid": vmid, "ctime": now - 3600,
+            "config": {"unprivileged": "1", "memory": "512"}}));
+    }
+    scenario
+}
+
 /// The QEMU backup [`add_qemu_backup`] puts on `local`: a backup of the pool VM 300.
 pub const QEMU_BACKUP: &str = "local:backup/vzdump-qemu-300-2026_01_01-00_00_00.vma.zst";
 

@@ -445,29 +445,7 @@ fn a_run_the_environment_stops_is_an_error_in_the_metrics_not_the_last_ok() {
 /// The demo pool without its VM, and three more containers, each with a backup made an hour
 /// ago: four guests whose backups are due.
 fn pool_of_four() -> Value {
-    let mut scenario = felhom_tests::fakepve::demo_scenario();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    let guests = scenario["guests"].as_array_mut().expect("guests");
-    guests.retain(|g| g["vmid"] != json!(300));
-    for (vmid, name) in [(210, "shop"), (220, "shop-db"), (230, "mail")] {
-        guests.push(json!({"vmid": vmid, "type": "lxc", "name": name, "node": "pve1",
-            "status": "running", "pool": "felhom", "config": {"unprivileged": "1", "memory": "512"}}));
-    }
-    let volumes = scenario["volumes"]["local"]
-        .as_array_mut()
-        .expect("volumes");
-    for v in volumes.iter_mut() {
-        v["ctime"] = json!(now - 3600);
-    }
-    for vmid in [210, 220, 230] {
-        volumes.push(json!({
-            "volname": format!("backup/vzdump-lxc-{vmid}-2026_12_01-00_00_00.tar.zst"),
-            "vmid": vmid, "ctime": now - 3600, "config": {"unprivileged": "1", "memory": "512"}}));
-    }
-    scenario
+    felhom_tests::fakepve::pool_with_backups(&[(210, "shop"), (220, "shop-db"), (230, "mail")])
 }
 
 /// A backup of `vmid` made now (vzdump of the guest onto `local`), whose copy boots in the

@@ -2424,15 +2424,17 @@ pub fn recover(state: &State, observed: &RecoveryObservation) -> (State, Vec<Eff
                 s.step = Step::Recheck;
                 vec![s.journal(), s.recheck_effect(vmid)]
             }
-            Seen::Unreadable { reason } => {
-                let msg = format!(
-                    "the agent stopped while destroying guest {vmid} of transaction {}; the guest \
-                     cannot be read now ({reason}), so the destroy is unconfirmed; check it with \
-                     `{}`",
-                    s.request.txn,
-                    s.cmd_config(vmid)
-                );
-                s.needs_human(ErrorCode::OwnershipUnproven, msg)
+            // Unreadable mid-destroy (it left the pool before its config went): read it again
+            // until it is gone or the confirmation's deadline passes; only then a person.
+            Seen::Unreadable { .. } => {
+                s.step = Step::ConfirmDestroyed;
+                vec![
+                    s.journal(),
+                    Effect::ConfirmDestroyed {
+                        vmid,
+                        guest: s.guest(),
+                    },
+                ]
             }
         },
     };

@@ -1707,15 +1707,27 @@ fn recovery_settles_every_open_step() {
             armed: true,
             effects: &["journal", "recheck_ownership"],
         },
+        // Mid-destroy the guest has left the pool before its config goes: it is read again
+        // until gone (the confirmation's own deadline hands it to a person after that).
         RecoveryRow {
             name: "confirming, unreadable",
             from: at(Step::ConfirmDestroyed),
             observed: obs(TaskObservation::Ok, unreadable()),
-            phase: Phase::NeedsHuman,
-            step: Step::Done,
-            outcome: Some(O::NeedsHuman),
+            phase: Phase::Reported,
+            step: Step::ConfirmDestroyed,
+            outcome: None,
             armed: true,
-            effects: &["journal"],
+            effects: &["journal", "confirm_destroyed"],
+        },
+        RecoveryRow {
+            name: "destroying, unreadable",
+            from: at(Step::Destroy),
+            observed: obs(TaskObservation::Ok, unreadable()),
+            phase: Phase::Reported,
+            step: Step::ConfirmDestroyed,
+            outcome: None,
+            armed: true,
+            effects: &["journal", "confirm_destroyed"],
         },
     ];
     for row in rows {
