@@ -22,7 +22,8 @@
 # Installs only what it needs (tests/setup-demo.sh: busybox-static, util-linux, python3-venv,
 # fakepve into .fakepve-venv/).
 # Exit status: 0 only when every step ended as it should (the provision and the restore test
-# `ok`, the refusals refused); 1 otherwise, with the steps that did not.
+# `ok`, the restore test having proven guest 200's backup, the refusals refused); 1 otherwise,
+# with the steps that did not.
 # FELHOM_AGENT_BIN: an agent binary to run instead of building one. Otherwise cargo builds it:
 # the cargo on PATH, or the checkout owner's rustup cargo (~/.cargo/bin, which sudo's
 # secure_path drops), run as the checkout's owner; without either it says what to run.
@@ -282,9 +283,15 @@ run 3 --selftest=provision -vmid 990003
 run 0 --selftest=restore
 printf '\n$ cat %s\n' "metrics/felhom_restore_test.prom"
 cat "$work/metrics/felhom_restore_test.prom"
-# Exit 0 is also a skipped run (band full): the demo's restore test must have ended `ok`.
+printf '\n$ grep status= %s\n' "metrics/felhom_backup_coverage.prom"
+grep 'status=' "$work/metrics/felhom_backup_coverage.prom" || true
+# Exit 0 is also a run that proved nothing (nothing due, or the band full), and its metrics
+# then say `ok` or `skipped`: the demo's restore test must have ended `ok` and proven the
+# newest backup of guest 200, the demo's one pool guest with a backup.
 grep -qx 'felhom_restore_test_outcome{outcome="ok"} 1' "$work/metrics/felhom_restore_test.prom" ||
   failed+=("the restore test did not end ok (felhom_restore_test.prom)")
+grep -qx 'felhom_backup_status{vmid="200",status="proven"} 1' "$work/metrics/felhom_backup_coverage.prom" ||
+  failed+=("the restore test did not prove guest 200's backup (felhom_backup_coverage.prom)")
 # On real guests: a provision kept with the stored network, its guest as it runs, then its
 # destroy.
 if [ -n "$real_tarball" ]; then

@@ -203,10 +203,14 @@ fn a_token_holding_only_the_role_provisions_restore_tests_and_passes_doctor() {
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    // The demo's one pool guest with a backup (200): one copy, proven.
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
-    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["run"]["outcome"], "ok", "{doc:#}");
+    let copy = run.restore_copy();
+    assert_eq!(copy["guest"], 200, "{doc:#}");
+    assert_eq!(copy["outcome"], "ok", "{doc:#}");
     // The LXC execs of both went through the helper.
     assert!(w.assert_pct_only_from_helper() > 0);
 }

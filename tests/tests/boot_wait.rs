@@ -87,9 +87,13 @@ fn launched_max(w: &World, kind: &str) -> f64 {
 fn a_unit_failing_seconds_into_the_boot_turns_the_restore_test_red_naming_it() {
     let w = World::new(scenario_with_systemctl(SYSTEMCTL_LATE_FAILURE));
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(5), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["run"]["outcome"], "failed", "{}", run.stdout);
+    // The copy of guest 200's backup, the one pool guest with a backup.
+    let doc = run.restore_copy();
+    assert_eq!(doc["guest"], 200, "{doc:#}");
     assert_eq!(doc["outcome"], "failed", "{doc:#}");
+    assert_eq!(doc["verdict"], "failed", "{doc:#}");
     assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
     let message = doc["error"]["message"].as_str().unwrap_or("");
     assert!(
@@ -148,15 +152,21 @@ fn a_boot_that_does_not_end_in_time_names_the_state_and_what_still_runs() {
 fn a_guest_without_systemd_is_waited_for_by_its_launch_proof_and_the_report_says_so() {
     let w = World::demo();
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
     assert!(
         doc["boot"]
             .as_str()
             .is_some_and(|b| b.starts_with("no systemd in the guest")),
         "{doc:#}"
     );
-    let text = w.agent(&["--selftest=restore"]);
+    // The backup is proven now: `--guest 200` restores it again, for the text.
+    let text = w.agent(&["--selftest=restore", "--guest", "200"]);
     assert_eq!(text.code, Some(0), "{}\n{}", text.stdout, text.stderr);
-    assert!(text.stdout.contains("boot: no systemd"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("guest 200 (") && text.stdout.contains("\n  boot: no systemd"),
+        "{}",
+        text.stdout
+    );
 }

@@ -1,5 +1,6 @@
 //! `tests/demo.sh` proves itself: it exits 0 only when its full provision and its restore test
-//! end `ok` (and every refusal it shows is refused), and it exits non-zero when a step that
+//! end `ok`, the restore test proving the backup of guest 200, the demo's one pool guest with
+//! a backup (and every refusal it shows is refused), and it exits non-zero when a step that
 //! should succeed fails: here, the exec helper unable to read the container's config because
 //! the agent's `[exec] pve_nodes_dir` is left out.
 //!
@@ -81,12 +82,20 @@ fn demo_exits_zero_with_provision_and_restore_test_ok() {
         "the provision did not end ok:\n{}",
         body.join("\n")
     );
+    // The demo's one pool guest with a backup (200): one copy, its backup proven.
     let (body, rc) = step(&stdout, "--selftest=restore");
     assert_eq!(rc, 0, "{stdout}");
     assert!(
-        body.iter()
-            .any(|l| l.starts_with("restore test of ") && l.ends_with(": ok")),
+        body.iter().any(|l| l.starts_with("guest 200")
+            && l.contains(": backup local:backup/vzdump-lxc-200-")
+            && l.ends_with(": ok")),
         "the restore test did not end ok:\n{}",
+        body.join("\n")
+    );
+    assert!(
+        body.iter().any(|l| l.starts_with("restore test run ")
+            && l.contains(": 1 due, 1 copies, 1 proven, 0 failed, 0 left;")),
+        "the restore test run did not prove the one due backup:\n{}",
         body.join("\n")
     );
     assert!(
@@ -94,6 +103,12 @@ fn demo_exits_zero_with_provision_and_restore_test_ok() {
             .lines()
             .any(|l| l == "felhom_restore_test_outcome{outcome=\"ok\"} 1"),
         "the restore test's metrics file does not say ok:\n{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == "felhom_backup_status{vmid=\"200\",status=\"proven\"} 1"),
+        "the coverage metrics do not say guest 200's backup is proven:\n{stdout}"
     );
 }
 

@@ -350,6 +350,17 @@ fn a_dry_run_creates_no_folder_and_a_negative_vmid_names_the_vmid() {
                 .collect::<Vec<_>>())
         );
     }
+    // The restore's dry run planned the copy of the one due backup (guest 200's) all the same.
+    let run = w.agent(&["--selftest=restore", "--dry-run"]);
+    assert!(
+        run.stdout.lines().any(|l| l.starts_with("guest 200")
+            && l.contains("would restore backup local:backup/vzdump-lxc-200-")
+            && l.ends_with("nothing was written")),
+        "{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    assert!(!fresh.exists(), "the dry run made {}", fresh.display());
     for args in [
         &["--selftest=provision", "-vmid", "-5"][..],
         &["vmid-check", "-5"][..],

@@ -915,6 +915,8 @@ fn a_stopped_restore_test_shows_interrupted_at_once_even_while_the_pid_of_its_lo
     let txn = text(&t["txn"]);
     let vmid = u32::try_from(t["vmid"].as_u64().expect("vmid")).expect("vmid");
     assert!((990_000..=990_009).contains(&vmid), "{t:#}");
+    // The demo's one pool guest with a backup: the copy proves guest 200's.
+    assert_eq!(t["guest"], json!(200), "{t:#}");
 
     // A live process named in the lock file, holding no lock (ended when the test ends).
     struct Sleeper(std::process::Child);

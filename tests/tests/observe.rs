@@ -22,10 +22,11 @@ use serde_json::Value;
 const RESTORE_TASK_S: f64 = 30.0 * 0.01;
 
 /// The names the agent writes in the metrics folder.
-const METRICS_FILES: [&str; 3] = [
+const METRICS_FILES: [&str; 4] = [
     "felhom_transactions.prom",
     "felhom_hub.prom",
     "felhom_restore_test.prom",
+    "felhom_backup_coverage.prom",
 ];
 
 fn promtool() -> PathBuf {
@@ -195,7 +196,10 @@ fn stats_agree_with_the_journal_and_every_metrics_file_passes_promtool() {
         assert_eq!(doc["outcome"], "ok", "{doc:#}");
     }
     let doc = run_ok(&w, &["--selftest=restore", "--json"]);
-    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["run"]["outcome"], "ok", "{doc:#}");
+    let copies = doc["copies"].as_array().expect("copies");
+    assert_eq!(copies.len(), 1, "{doc:#}");
+    assert_eq!(copies[0]["outcome"], "ok", "{doc:#}");
     run_daemon_once(&w);
 
     let stats = run_ok(&w, &["journal", "--stats", "--json"]);
@@ -290,6 +294,12 @@ fn stats_agree_with_the_journal_and_every_metrics_file_passes_promtool() {
         tx["felhom_phase_duration_seconds_count{kind=\"selftest-provision\",phase=\"submitted\"}"],
         submitted["count"].as_f64().expect("count")
     );
+    let coverage = samples(&written[3]);
+    assert_eq!(
+        coverage["felhom_backup_status{vmid=\"200\",status=\"proven\"}"], 1.0,
+        "guest 200's backup is proven: {}",
+        written[3]
+    );
     let hub = samples(&written[1]);
     assert_eq!(hub["felhom_hub_connected"], 0.0, "no hub configured");
     // And it says it has none, so FelhomHubDisconnected stays quiet on it.
@@ -367,8 +377,10 @@ fn symlinks_at_every_metrics_name_leave_their_targets_untouched() {
     }
     let doc = run_ok(&w, &["--selftest=provision", "-vmid", "120", "--json"]);
     assert_eq!(doc["outcome"], "ok");
-    let doc = run_ok(&w, &["--selftest=restore", "--json"]);
-    assert_eq!(doc["outcome"], "ok");
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.restore_copy()["outcome"], "ok");
+    let doc = run.json();
     assert!(doc.get("metrics_error").is_none(), "{doc:#}");
     run_daemon_once(&w);
 
@@ -529,23 +541,51 @@ fn on_a_terminal_a_line_per_phase_appears_while_the_provision_runs() {
     );
     assert!(json_logs.contains("transaction "), "{json_logs}");
 
-    // The restore test draws the same view.
-    let (restore, live) =
-        under_a_terminal(&w, &["--selftest=restore"], "waiting on PVE task UPID:");
+    // The restore test drives its copies side by side, so it draws no one-line view: a line
+    // per phase of each copy instead, naming the guest whose backup it proves and the copy.
+    let (restore, live) = under_a_terminal(&w, &["--selftest=restore"], "+ guest    200 copy ");
     assert!(
         live,
-        "the restore's task line was drawn while it ran:\n{restore}"
+        "the copy's phase lines were drawn while it ran:\n{restore}"
     );
-    for phase in ["validated", "submitted", "verified"] {
-        assert!(
-            restore.contains(&format!("+ {phase:<13}")),
-            "{phase}:\n{restore}"
-        );
+    // The copy the result names (the demo's one pool guest with a backup, 200).
+    let copy = restore
+        .lines()
+        .find(|l| l.starts_with("guest 200 (") && l.trim_end().ends_with(": ok"))
+        .and_then(|l| l.split(" in copy ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no ok result line for guest 200:\n{restore}"))
+        .to_string();
+    assert!(copy.starts_with("99000"), "{copy}:\n{restore}");
+    let mut last = 0;
+    for phase in [
+        "validated",
+        "submitted",
+        "created",
+        "started",
+        "launched",
+        "booted",
+        "verified",
+        "destroyed",
+    ] {
+        let line = format!("  + guest    200 copy {copy:>6}  {phase}\r\n");
+        let at = restore
+            .find(&line)
+            .unwrap_or_else(|| panic!("no line for {phase} of copy {copy}:\n{restore}"));
+        assert!(at > last, "{phase} drawn in order:\n{restore}");
+        last = at;
     }
     assert!(
-        restore.contains("SECONDS") && restore.contains("restore test of "),
-        "{restore}"
+        !restore.contains("\x1b[2K") && !restore.contains("SECONDS"),
+        "no one-line view for a restore run:\n{restore}"
     );
+    assert!(restore.contains("restore test run "), "{restore}");
+    // Without a terminal, no copy lines.
+    let plain = w.agent(&["--selftest=restore", "--guest", "200"]);
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    for out in [&plain.stdout, &plain.stderr] {
+        assert!(!out.contains("+ guest "), "{out}");
+    }
 }
 
 fn wait_for_sample(w: &World, file: &str, series: &str, want: f64, timeout: Duration) {

@@ -446,10 +446,23 @@ fn restore_test_onto_a_storage_without_rootdir_is_refused_before_any_write() {
         &["--selftest=restore", "--json"][..],
     ] {
         let run = w.agent(args);
-        let doc = run.json();
-        assert_eq!(run.code, Some(3), "{args:?}: {doc:#}\n{}", run.stderr);
+        assert_eq!(
+            run.code,
+            Some(3),
+            "{args:?}: {}\n{}",
+            run.stdout,
+            run.stderr
+        );
+        // The copy of the one due backup (guest 200's) is a refused transaction.
+        let doc = run.restore_copy();
+        assert_eq!(doc["guest"], 200, "{doc:#}");
+        assert_eq!(doc["backup"], BACKUP, "{doc:#}");
         assert_eq!(doc["outcome"], "refused", "{doc:#}");
         assert_eq!(doc["error"]["code"], "storage_invalid", "{doc:#}");
+        assert_eq!(doc["preflight"]["verdict"], "refused", "{doc:#}");
+        assert_eq!(doc["destroy_armed"], json!(false), "{doc:#}");
+        // The target storage refused it, not the backup: it proves nothing of the backup.
+        assert_eq!(doc["verdict"], Value::Null, "{doc:#}");
         let profile = doc["preflight"]["checks"]
             .as_array()
             .expect("checks")

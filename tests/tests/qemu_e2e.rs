@@ -199,8 +199,9 @@ fn qemu_restore_test_comes_up_with_every_nic_isolated() {
         std::thread::sleep(Duration::from_millis(40));
     }
     let run: AgentRun = child.wait_with_output().expect("agent output").into();
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    // The one copy: of the one source.
+    let doc = run.restore_copy();
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
     assert_eq!(doc["vmid"], json!(990002));
     assert_eq!(doc["backup"], QEMU_BACKUP);
@@ -576,14 +577,14 @@ fn a_vm_start_onto_a_bridge_the_node_lacks_fails_as_qemu_server_does() {
 }
 
 /// `[restore_test] lab_bridge` names a bridge that is not in the node's network as PVE lists
-/// it, or one that has a port: the restore test stops at its preflight before any write
-/// (`config_invalid`, exit 6: the node's set-up is wrong, not the backup), naming the fix, so
-/// no copy ever starts with its original's MACs on a production bridge. A good lab bridge
-/// whose lock another process holds (a VM copy on it) refuses the run, nothing written; free,
-/// the copy starts with its NICs on it only.
+/// it, or one that has a port: the copy stops at its preflight before any write and its guest
+/// is left (`config_invalid`, exit 6: the node's set-up is wrong, not the backup), naming the
+/// fix, so no copy ever starts with its original's MACs on a production bridge. A good lab
+/// bridge whose lock another process holds (a VM copy on it) leaves the guest for a later run,
+/// nothing written; free, the copy starts with its NICs on it only.
 /// The restore test of [`QEMU_BACKUP`] with `lab_bridge = bridge` in a node whose network is
-/// [`lab_scenario`]`(with_lab)`: refused at its preflight (`config_invalid`, exit 6) with
-/// nothing written; its document as text.
+/// [`lab_scenario`]`(with_lab)`: no copy, its guest (300) left at the copy's preflight
+/// (`config_invalid`, exit 6) with nothing written; why it was left.
 fn lab_bridge_refused(with_lab: bool, bridge: &str) -> String {
     let extra =
         format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"{bridge}\"\n");
@@ -591,9 +592,15 @@ fn lab_bridge_refused(with_lab: bool, bridge: &str) -> String {
     let run = w.agent(&["--selftest=restore", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
-    assert_eq!(doc["error"]["code"], "config_invalid", "{doc:#}");
+    assert_eq!(doc["copies"], json!([]), "{doc:#}");
+    let left = doc["left"].as_array().expect("left");
+    assert_eq!(left.len(), 1, "{doc:#}");
+    assert_eq!(left[0]["guest"], 300, "{doc:#}");
+    assert_eq!(left[0]["backup"], QEMU_BACKUP, "{doc:#}");
+    assert_eq!(left[0]["code"], "config_invalid", "{doc:#}");
+    assert_eq!(doc["run"]["outcome"], "error", "{doc:#}");
     assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
-    doc.to_string()
+    left[0]["reason"].as_str().expect("reason").to_string()
 }
 
 /// Another process's hold on `w`'s lab bridge vmbr9 (its lock file, as an agent running a VM
@@ -645,7 +652,8 @@ fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before
     );
 
     // The lab bridge as it should be, but another process runs a VM copy on it (its lock
-    // held): refused, nothing written; VM copies there run one at a time.
+    // held): no copy, the guest left for a later run saying why, nothing written; VM copies
+    // there run one at a time.
     let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\nlab_bridge = \"vmbr9\"\n");
     let w = world(lab_scenario(true), &extra);
     let mut holder = hold_lab_bridge(&w);
@@ -653,20 +661,27 @@ fn a_lab_bridge_that_is_missing_or_has_a_port_refuses_the_vm_restore_test_before
     let _ = holder.kill();
     let _ = holder.wait();
     let doc = run.json();
-    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["copies"], json!([]), "{doc:#}\n{}", run.stderr);
+    let left = doc["left"].as_array().expect("left");
+    assert_eq!(left.len(), 1, "{doc:#}");
+    assert_eq!(left[0]["guest"], 300, "{doc:#}");
     assert!(
-        doc["error"]["message"]
+        left[0]["reason"]
             .as_str()
             .unwrap_or_default()
             .contains("the lab bridge vmbr9 is in use"),
         "{doc:#}"
     );
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
 
-    // Free again: the copy starts with its stored NICs on the lab bridge only.
+    // Free again: the guest is still due, and the next run's copy starts with its stored
+    // NICs on the lab bridge only.
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert_eq!(doc["guest"], 300, "{doc:#}");
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
     let starts = w.pve.start_configs();
     let (_, config) = starts.first().expect("one start request");
     assert_eq!(

@@ -413,8 +413,10 @@ fn restore_test_of_a_real_guest_restores_boots_checks_and_destroys_it() {
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    // The one copy: of the backup of 200, the one pool guest with a backup.
+    let doc = run.restore_copy();
+    assert_eq!(doc["guest"], 200, "{doc:#}");
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
     let vmid = doc["vmid"].as_u64().expect("vmid");

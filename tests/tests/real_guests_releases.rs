@@ -69,7 +69,7 @@ fn world(scenario: Value) -> Option<World> {
 /// test hook; 60 s by default, as IPv4's `dhclient` gives up by itself).
 const DHCP6_GIVE_UP_SECS: &str = "2";
 
-/// The restore test of `w`'s backup, `--json`.
+/// The restore test of `w`'s backup (its one pool guest's), `--json`: one copy.
 fn restore_test(w: &World) -> felhom_tests::agent::AgentRun {
     w.command()
         .args(["--selftest=restore", "--json"])
@@ -125,8 +125,9 @@ fn ifupdown_guest(release: &str, extra: Value) -> Value {
 fn a_good_copy_ends_ok(scenario: Value) -> Option<Value> {
     let w = world(scenario)?;
     let run = restore_test(&w);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
     for check in ["no-failed-units", "no-failed-unit-at-all", "shop-answers"] {
         assert!(check_is(&doc, check, "pass"), "{check}: {doc:#}");
     }
@@ -193,8 +194,8 @@ fn a_broken_unit_after_network_online_turns_the_copy_red_naming_it(scenario: Val
         return;
     };
     let run = restore_test(&w);
-    let doc = run.json();
-    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(5), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
     assert!(check_is(&doc, "no-failed-units", "fail"), "{doc:#}");
     assert!(check_is(&doc, "no-failed-unit-at-all", "fail"), "{doc:#}");

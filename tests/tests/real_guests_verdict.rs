@@ -58,8 +58,8 @@ fn a_unit_failing_5_s_into_the_boot_of_a_real_copy_turns_its_restore_test_red_na
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(5), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
     let message = doc["error"]["message"].as_str().unwrap_or("");
     assert!(
@@ -81,8 +81,8 @@ fn a_real_copy_whose_backup_is_fine_ends_ok_after_its_boot() {
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     // The boot as first seen, then the wait that followed the isolation's restarts.
     assert!(
         doc["boot"]
@@ -104,8 +104,8 @@ fn the_default_pack_passes_a_real_unprivileged_debian_copy_whose_backup_is_fine(
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
     assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
     assert_eq!(doc["isolation"], json!(DEBUGFS_RESET), "{doc:#}");
@@ -275,8 +275,8 @@ fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
     assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
     let changed = doc["isolation"].as_str().unwrap_or("");
@@ -285,10 +285,11 @@ fn an_isolated_copy_with_a_static_eth0_is_given_it_and_ends_ok_with_the_default_
             && changed.contains(DEBUGFS_RESET),
         "{doc:#}"
     );
-    let text = w.agent(&["--selftest=restore"]);
+    // The backup is proven now: `--guest 200` tests it again, for the text.
+    let text = w.agent(&["--selftest=restore", "--guest", "200"]);
     assert_eq!(text.code, Some(0), "{}\n{}", text.stdout, text.stderr);
     assert!(
-        text.stdout.contains("isolation: eth0 given"),
+        text.stdout.contains("\n  isolation: eth0 given"),
         "{}",
         text.stdout
     );
@@ -311,8 +312,8 @@ fn an_isolated_copy_with_dhcp_on_eth0_and_eth1_ends_ok_without_a_lease() {
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
     assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
     let changed = doc["isolation"].as_str().unwrap_or("");
@@ -370,8 +371,8 @@ fn a_unit_failing_at_boot_for_its_own_reason_is_not_restarted_and_turns_the_rest
             .unwrap_or_else(|e| panic!("cannot write {file}: {e}"));
     }
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(5), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
     let message = doc["error"]["message"].as_str().unwrap_or("");
     assert!(
@@ -423,8 +424,8 @@ fn an_isolated_copy_of_a_systemd_networkd_guest_ends_ok_with_the_default_pack() 
     std::fs::write(w.files.checks_dir.join("shop.toml"), SHOP_PACK)
         .unwrap_or_else(|e| panic!("cannot write the shop pack: {e}"));
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
     assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
     assert!(check_is(&doc, "shop-answers", "pass"), "{doc:#}");
@@ -484,8 +485,8 @@ fn the_shop_answers_from_inside_its_isolated_copy() {
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert!(check_is(&doc, "shop-answers", "pass"), "{doc:#}");
     assert!(
         !verdict::ran_check(&doc, "other-guests-app"),
@@ -505,8 +506,8 @@ fn with_the_shops_unit_disabled_in_the_backup_the_restore_test_is_red_naming_the
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(5), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     let message = doc["error"]["message"].as_str().unwrap_or("");
     assert!(message.contains("shop-answers"), "{message}");
     assert!(

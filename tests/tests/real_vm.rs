@@ -485,8 +485,10 @@ fn good_backup_ends_ok(interfaces: &str) -> Option<Value> {
 fn good_backup_named_ends_ok(interfaces: &str, hostname: &str) -> Option<Value> {
     let w = lab_world(json!({"files": vm_files_named(interfaces, hostname)}), true)?;
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    // The one copy: of the one source, the VM backup.
+    let doc = run.restore_copy();
+    assert_eq!(doc["backup"], QEMU_BACKUP, "{doc:#}");
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
     assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
     assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
@@ -573,8 +575,8 @@ fn a_vm_backup_whose_application_units_fail_at_once_and_5_s_in_is_red_naming_the
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_ne!(run.code, Some(0), "{doc:#}");
+    assert_ne!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
     assert_eq!(doc["outcome"], "failed", "{doc:#}");
     for name in ["no-failed-units", "no-failed-unit-at-all"] {
         let check = verdict::check(&doc, name);
@@ -606,7 +608,7 @@ fn without_a_lab_bridge_the_static_auto_ens18_copy_is_red_and_the_report_says_wh
         return;
     };
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
+    let doc = run.restore_copy();
     assert_eq!(doc["outcome"], "failed", "{doc:#}\n{}", run.stderr);
     assert!(check_is(&doc, "no-failed-units", "fail"), "{doc:#}");
     let changed = doc["isolation"].as_str().unwrap_or("");

@@ -99,8 +99,10 @@ fn left_in_band(w: &World) -> Vec<u32> {
 fn a_restore_test_copy_of_a_bridged_container_starts_with_no_nic_and_ends_ok() {
     let w = World::new(scenario_with_backup(customer_backup_config()));
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    // The one copy: of the demo's backup of 200.
+    let doc = run.restore_copy();
+    assert_eq!(doc["guest"], 200, "{doc:#}");
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
     assert_eq!(doc["network"], "isolated", "{doc:#}");
@@ -250,13 +252,9 @@ fn a_copy_whose_config_gained_a_bridged_nic_is_never_started_and_is_destroyed() 
     }
     let out = agent.wait_with_output().expect("agent output");
     assert!(changed, "the copy was never marked");
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    // The run's one copy (of the demo's backup of 200).
+    let doc = felhom_tests::agent::AgentRun::from(out).restore_copy();
+    assert_eq!(doc["guest"], 200, "{doc:#}");
     assert_eq!(doc["vmid"], json!(vmid), "{doc:#}");
     assert_ne!(doc["outcome"], "ok", "{doc:#}");
     let message = doc["error"]["message"].as_str().unwrap_or("");
@@ -398,8 +396,9 @@ fn a_restore_test_copy_needs_no_sdn_use() {
     // preflight.
     let w = World::new(without_sdn(demo_scenario()));
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert_eq!(doc["guest"], 200, "{doc:#}");
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
 }
 
@@ -514,8 +513,10 @@ fn a_restore_test_copy_of_a_vm_with_two_bridged_nics_starts_with_no_nic() {
     config["protection"] = json!("1");
     let w = vm_restore_world(config);
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    // The one copy: of the one source, VM 300's backup.
+    let doc = run.restore_copy();
+    assert_eq!(doc["backup"], felhom_tests::fakepve::QEMU_BACKUP, "{doc:#}");
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
     let vmid = doc["vmid"].as_u64().expect("vmid") as u32;
@@ -550,9 +551,12 @@ fn a_vm_backup_that_reaches_the_host_without_a_nic_is_refused_before_any_write()
         config[key] = json!(value);
         let w = vm_restore_world(config);
         let run = w.agent(&["--selftest=restore", "--json"]);
-        let doc = run.json();
-        assert_eq!(run.code, Some(3), "{key}: {doc:#}\n{}", run.stderr);
+        assert_eq!(run.code, Some(3), "{key}: {}\n{}", run.stdout, run.stderr);
+        // The copy of the one source is a refused transaction, and the backup unprovable.
+        let doc = run.restore_copy();
+        assert_eq!(doc["outcome"], "refused", "{key}: {doc:#}");
         assert_eq!(doc["error"]["code"], code, "{key}: {doc:#}");
+        assert_eq!(doc["verdict"], "unprovable", "{key}: {doc:#}");
         assert!(
             doc["error"]["message"].as_str().unwrap_or("").contains(key),
             "{key}: {doc:#}"
@@ -597,8 +601,10 @@ fn an_old_tar_vm_backup_is_restored_with_no_option_and_marked_afterwards() {
         },
     );
     let run = w.agent(&["--selftest=restore", "--json"]);
-    let doc = run.json();
-    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert_eq!(doc["backup"], TAR_BACKUP, "{doc:#}");
+    assert_eq!(doc["outcome"], "refused", "{doc:#}");
     assert!(
         doc["error"]["message"]
             .as_str()

@@ -80,8 +80,17 @@ fn a_restore_test_lists_its_checks_and_the_journal_shows_its_outcome() {
         "{}",
         run.stdout
     );
+    // The copy's line names the guest, the backup, the copy and the transaction.
     assert!(
-        run.stdout.contains("in vmid 990002: failed"),
+        run.stdout.lines().any(|l| l.starts_with("guest 200 (")
+            && l.contains(": backup local:backup/vzdump-lxc-200-")
+            && l.ends_with(&format!(" in copy 990002 (txn {txn}): failed"))),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains(": 1 due, 1 copies, 0 proven, 1 failed, 0 left;"),
         "{}",
         run.stdout
     );
@@ -92,6 +101,7 @@ fn a_restore_test_lists_its_checks_and_the_journal_shows_its_outcome() {
     for part in [
         txn.as_str(),
         "failed in phase",
+        "guest:      200 (the copy is vmid 990002)",
         "backup:     local:backup/vzdump-lxc-200-",
         "why:        [check_failed]",
         "app-impossible",

@@ -1009,7 +1009,7 @@ async fn admit(
         (true, _) => None,
         (false, Some(l)) => match locks_for(cfg, &p, txn, l) {
             Ok(l) => Some(l),
-            Err(why) => return Admission::Leave(p.clone(), why, None),
+            Err((why, code)) => return Admission::Leave(p.clone(), why, code),
         },
         (false, None) => {
             return Admission::Leave(p.clone(), format!("vmid {vmid} could not be locked"), None)
@@ -1036,15 +1036,32 @@ fn locks_for(
     p: &Pending,
     txn: Ulid,
     vmid_lock: VmidLock,
-) -> Result<CopyLocks, String> {
-    let guest_lock = GuestProofLock::try_acquire(&cfg.state_dir, p.guest, Some(txn)).map_err(|_| {
-        format!(
-            "another agent process proves guest {}'s backup now (its lock {} is held); this run leaves it",
-            p.guest,
-            cfg.state_dir.join("locks").join(format!("restore-guest-{}.lock", p.guest)).display()
-        )
+) -> Result<CopyLocks, (String, Option<ErrorCode>)> {
+    use crate::provision::LockError;
+    // Held by another process: the guest stays due (no error); any other fault of the lock
+    // folder is the environment's, with its code.
+    let guest_lock = GuestProofLock::try_acquire(&cfg.state_dir, p.guest, Some(txn)).map_err(|e| match e {
+        LockError::Held { path, .. } => (
+            format!(
+                "another agent process proves guest {}'s backup now (its lock {} is held); this run leaves it",
+                p.guest,
+                path.display()
+            ),
+            None,
+        ),
+        other => (other.to_string(), Some(other.code())),
     })?;
-    let lab = super::lab_bridge_lock(cfg, p.kind, true, txn).map_err(|f| f.message)?;
+    let lab = match p.kind {
+        GuestKind::Qemu => match cfg.restore_test.lab_bridge.as_deref() {
+            Some(bridge) => match LabBridgeLock::try_acquire(&cfg.state_dir, bridge, Some(txn)) {
+                Ok(l) => Some(l),
+                Err(e @ LockError::BridgeHeld { .. }) => return Err((e.to_string(), None)),
+                Err(e) => return Err((e.to_string(), Some(e.code()))),
+            },
+            None => None,
+        },
+        GuestKind::Lxc => None,
+    };
     Ok((vmid_lock, guest_lock, lab))
 }
 
