@@ -67,6 +67,9 @@ pub struct Config {
     pub user_cfg_path: PathBuf,
     /// `datacenter.cfg`, read by `doctor` for the `next-id` lint.
     pub datacenter_cfg: PathBuf,
+    /// `jobs.cfg`, the cluster's scheduled jobs: `doctor` reads its backup jobs (through the
+    /// exec helper, which hands over only their guest selection and schedule).
+    pub jobs_cfg: PathBuf,
     /// The PVE API.
     pub pve: PveConfig,
     /// The hub, if configured.
@@ -400,6 +403,7 @@ struct RawConfig {
     vmlist_path: Option<PathBuf>,
     user_cfg_path: Option<PathBuf>,
     datacenter_cfg: Option<PathBuf>,
+    jobs_cfg: Option<PathBuf>,
     agent: Option<RawAgent>,
     exec: Option<RawExec>,
     pve: RawPve,
@@ -900,6 +904,9 @@ impl Config {
             datacenter_cfg: raw
                 .datacenter_cfg
                 .unwrap_or_else(|| PathBuf::from("/etc/pve/datacenter.cfg")),
+            jobs_cfg: raw
+                .jobs_cfg
+                .unwrap_or_else(|| PathBuf::from("/etc/pve/jobs.cfg")),
             pve,
             hub,
             provision,
@@ -1333,6 +1340,7 @@ mod tests {
         let t = secret_file(d.path(), 0o600);
         let c = Config::parse(Path::new("/x.toml"), &sample(&t, "")).expect("valid");
         assert_eq!(c.user_cfg_path, PathBuf::from("/etc/pve/user.cfg"));
+        assert_eq!(c.jobs_cfg, PathBuf::from("/etc/pve/jobs.cfg"));
         assert_eq!(c.agent_user, None);
         assert_eq!(c.exec.helper_socket, None);
         assert_eq!(c.exec.pve_nodes_dir, PathBuf::from("/etc/pve/nodes"));
@@ -1343,12 +1351,13 @@ mod tests {
             )
         };
         let c = with(
-            "user_cfg_path = \"/srv/user.cfg\"",
+            "user_cfg_path = \"/srv/user.cfg\"\njobs_cfg = \"/srv/jobs.cfg\"",
             "[agent]\nuser = \"felhom-agent\"\n[exec]\nhelper_socket = \"/run/x/exec.sock\"\npve_nodes_dir = \"/srv/pve/nodes\"",
         )
         .expect("valid");
         assert_eq!(c.exec.pve_nodes_dir, PathBuf::from("/srv/pve/nodes"));
         assert_eq!(c.user_cfg_path, PathBuf::from("/srv/user.cfg"));
+        assert_eq!(c.jobs_cfg, PathBuf::from("/srv/jobs.cfg"));
         assert_eq!(c.agent_user.as_deref(), Some("felhom-agent"));
         assert_eq!(
             c.exec.helper_socket.as_deref(),

@@ -3,7 +3,8 @@
 //!
 //! Checks: config (unknown keys, secret file mode), PVE TLS (pin or CA), the token, the
 //! token's effective privileges on the pool and storages, the pool, `.vmlist`, the `next-id`
-//! range (and how `.vmlist` is read: through the exec helper or directly), whether the agent's
+//! range (and how `.vmlist` is read: through the exec helper or directly), the backup jobs of
+//! `jobs.cfg` that would back up restore-test copies (`backup_jobs`), whether the agent's
 //! user can read the node's TLS keys (`node_keys`), the state dir, how LXC exec is done (the
 //! exec helper answers and its `pct` resolves, or `pct` resolves here), whether the token holds
 //! more than the agent's role on the pool (`least_privilege`) or more than `VM.Backup` on a
@@ -1599,6 +1600,7 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
             ),
         }
     }
+    check_backup_jobs(cfg, r);
     for (name, dir) in [
         ("bootstrap_dir", &cfg.provision.bootstrap_dir),
         ("checks_dir", &cfg.provision.checks_dir),
@@ -1681,6 +1683,190 @@ fn check_local_files(cfg: &Config, r: &mut DoctorReport) {
 /// and, when it has its own folder, of restore tests) and every bootstrap profile. A pack or
 /// profile that does not load fails here, named, instead of refusing the next provision or the
 /// nightly restore test (exit 3).
+/// The restore-test band as an operator reads it.
+fn band_text() -> String {
+    let band = crate::vmid::RESTORE_TEST_BAND;
+    format!("{}-{}", band.start(), band.end())
+}
+
+/// The backup jobs of `jobs.cfg` (`backup_jobs`): one warning per job that runs on this node
+/// and would back up a restore-test copy ([`backup_job_warning`]), else a pass naming how many
+/// jobs were read. The file comes from the exec helper, which hands over only each job's id,
+/// guest selection, node, schedule and whether it is enabled
+/// ([`crate::exec_helper::jobs_cfg`]); a file that cannot be read warns, it never fails.
+fn check_backup_jobs(cfg: &Config, r: &mut DoctorReport) {
+    use crate::exec_helper::jobs_cfg;
+    let path = cfg.jobs_cfg.display();
+    let band = band_text();
+    let text = match crate::exec_helper::client::node_file(
+        cfg,
+        crate::exec_helper::proto::ClusterFile::JobsCfg,
+    ) {
+        Ok(Some(text)) => text,
+        Ok(None) => {
+            r.pass(
+                "backup_jobs",
+                format!("{path} does not exist: this cluster has no backup job, so none backs up restore-test copies ({band})"),
+            );
+            return;
+        }
+        Err(e) => {
+            r.warn(
+                "backup_jobs",
+                format!(
+                    "cannot read {e}; the backup jobs were not checked for one that would back up restore-test copies ({band}). The root exec helper hands jobs.cfg over (`systemctl start felhom-agent-exec.socket`, the same felhom-agent version as the agent); check jobs_cfg in {}",
+                    cfg.path.display()
+                ),
+            );
+            return;
+        }
+    };
+    let jobs = jobs_cfg::parse(&text);
+    let mut warned = false;
+    for job in &jobs {
+        if let Some(w) = backup_job_warning(job, &cfg.node, &cfg.pool, &cfg.jobs_cfg) {
+            r.warn("backup_jobs", w);
+            warned = true;
+        }
+    }
+    if !warned {
+        let here = jobs.iter().filter(|j| j.runs_on(&cfg.node)).count();
+        r.pass(
+            "backup_jobs",
+            format!(
+                "read {} backup job{} from {path}, {here} of them run{} on node {}: none would back up a restore-test copy ({band})",
+                jobs.len(),
+                if jobs.len() == 1 { "" } else { "s" },
+                if here == 1 { "s" } else { "" },
+                cfg.node
+            ),
+        );
+    }
+}
+
+/// `pvesh <verb> /cluster/backup/<id> <args>` when `id` can be typed as it is in a shell and
+/// pvesh takes it (PVE's job ids are `\S+` of at most 50 bytes, pve-manager `PVE/VZDump.pm`
+/// `pve-backup-jobid`); else how to change the job in `path` by hand.
+fn job_fix(id: &str, verb_args: (&str, &str), by_hand: &str, path: &Path) -> String {
+    let plain = !id.is_empty()
+        && id.len() <= 50
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+    let (verb, args) = verb_args;
+    if plain {
+        format!("`pvesh {verb} /cluster/backup/{id}{args}`")
+    } else {
+        format!(
+            "{by_hand} in {} (its id cannot be given to pvesh as it is)",
+            path.display()
+        )
+    }
+}
+
+/// A comma-separated vmid list.
+fn vmid_csv<'a>(vmids: impl IntoIterator<Item = &'a u32>) -> String {
+    vmids
+        .into_iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Why backup job `job` would catch a restore-test copy on `node`, and the fix, or `None`.
+/// Only a job that runs on `node` ([`BackupJob::runs_on`]) can: one that backs up every guest
+/// of the node without all of the band in its `exclude`, one of the agent's `pool` (the copies
+/// are restored into it, and PVE drops `exclude` for a pool job: pve-manager
+/// `PVE/API2/Backup.pm` `update_job`), or one that lists vmids of the band. A copy that
+/// exists when the job starts is backed up (locked `backup`, so the agent cannot destroy it
+/// meanwhile), or fails the job once gone: the job fixes its guests at its start (pve-manager
+/// `PVE/VZDump.pm` `get_included_guests`). The message names the job and never another of its
+/// keys.
+///
+/// [`BackupJob::runs_on`]: crate::exec_helper::jobs_cfg::BackupJob::runs_on
+pub fn backup_job_warning(
+    job: &crate::exec_helper::jobs_cfg::BackupJob,
+    node: &str,
+    pool: &str,
+    path: &Path,
+) -> Option<String> {
+    use crate::exec_helper::jobs_cfg::Selection;
+    if !job.runs_on(node) {
+        return None;
+    }
+    let band = crate::vmid::RESTORE_TEST_BAND;
+    let id = crate::error::outside_text_max(&job.id, 80);
+    let caught = "a restore-test copy that exists when the job starts is backed up with it \
+                  (locked `backup`, so the agent cannot destroy it until its backup ends) or, \
+                  destroyed by then, fails the job";
+    match job.selection() {
+        Selection::All { exclude } => {
+            let missing: Vec<u32> = band.clone().filter(|v| !exclude.contains(v)).collect();
+            if missing.is_empty() {
+                return None;
+            }
+            let merged: BTreeSet<u32> = exclude.iter().copied().chain(band).collect();
+            let fix = job_fix(
+                &job.id,
+                ("set", &format!(" --exclude {}", vmid_csv(&merged))),
+                &format!("add {} to the job's exclude line", vmid_csv(&missing)),
+                path,
+            );
+            Some(format!(
+                "backup job {id} backs up every guest of node {node}, and its exclude leaves out restore-test vmid{} {}: {caught}. Exclude the whole band, merged with the job's excludes: {fix}",
+                if missing.len() == 1 { "" } else { "s" },
+                vmid_csv(&missing)
+            ))
+        }
+        Selection::Pool(p) if p == pool => {
+            let all: BTreeSet<u32> = band.clone().collect();
+            let all = vmid_csv(&all);
+            let fix = job_fix(
+                &job.id,
+                ("set", &format!(" --all 1 --exclude {all}")),
+                &format!("replace its pool line by `all 1` and `exclude {all}`"),
+                path,
+            );
+            Some(format!(
+                "backup job {id} backs up pool {pool}, the agent's pool, into which restore tests restore their copies ({}-{}): {caught}. A pool job cannot exclude guests (PVE drops exclude for it); back the pool's guests up with a job that lists their vmids (`--vmid`, updated as guests are added) or with an all job that excludes the band: {fix}",
+                band.start(),
+                band.end()
+            ))
+        }
+        Selection::Vmids(vmids) => {
+            let listed: Vec<u32> = vmids.iter().copied().filter(|v| band.contains(v)).collect();
+            if listed.is_empty() {
+                return None;
+            }
+            let rest: Vec<u32> = vmids
+                .iter()
+                .copied()
+                .filter(|v| !band.contains(v))
+                .collect();
+            let fix = if rest.is_empty() {
+                format!(
+                    "the job backs up nothing else, so remove it: {}",
+                    job_fix(&job.id, ("delete", ""), "remove its section", path)
+                )
+            } else {
+                job_fix(
+                    &job.id,
+                    ("set", &format!(" --vmid {}", vmid_csv(&rest))),
+                    &format!("remove {} from the job's vmid line", vmid_csv(&listed)),
+                    path,
+                )
+            };
+            Some(format!(
+                "backup job {id} lists restore-test vmid{} {}: {caught}. Take {} out of the job: {fix}",
+                if listed.len() == 1 { "" } else { "s" },
+                vmid_csv(&listed),
+                if listed.len() == 1 { "it" } else { "them" }
+            ))
+        }
+        Selection::Pool(_) | Selection::Refused(_) => None,
+    }
+}
+
 fn check_packs_and_profiles(cfg: &Config, r: &mut DoctorReport) {
     let mut dirs = vec![(
         "check_packs",
@@ -1908,6 +2094,105 @@ pub fn hub_authority(url: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`backup_job_warning`] for the job of `text` (a jobs.cfg), on node pve1 of pool felhom.
+    fn job_warning(text: &str) -> Option<String> {
+        let jobs = crate::exec_helper::jobs_cfg::parse(text);
+        assert_eq!(jobs.len(), 1, "{text}");
+        backup_job_warning(&jobs[0], "pve1", "felhom", Path::new("/etc/pve/jobs.cfg"))
+    }
+
+    #[test]
+    fn an_all_job_warns_until_it_excludes_the_whole_band_and_the_fix_merges_its_excludes() {
+        let w = job_warning(
+            "vzdump: backup-1\n\tschedule 21:00\n\tall 1\n\texclude 120,990000,990001\n\tmailto MARKER@x\n",
+        )
+        .expect("warns");
+        assert!(w.contains("backup job backup-1"), "{w}");
+        assert!(
+            w.contains(
+                "restore-test vmids 990002,990003,990004,990005,990006,990007,990008,990009:"
+            ),
+            "{w}"
+        );
+        assert!(
+            w.contains("`pvesh set /cluster/backup/backup-1 --exclude 120,990000,990001,990002,990003,990004,990005,990006,990007,990008,990009`"),
+            "{w}"
+        );
+        assert!(!w.contains("MARKER"), "{w}");
+        // Without any exclude (all ten missing), and with one missing.
+        let w = job_warning("vzdump: b\n\tschedule daily\n\tall 1\n").expect("warns");
+        assert!(
+            w.contains(
+                "--exclude 990000,990001,990002,990003,990004,990005,990006,990007,990008,990009`"
+            ),
+            "{w}"
+        );
+        let w = job_warning(
+            "vzdump: b\n\tschedule daily\n\tall 1\n\texclude 990000 990001 990002 990003 990004 990005 990006 990007 990008\n",
+        )
+        .expect("warns");
+        assert!(w.contains("restore-test vmid 990009:"), "{w}");
+        // The whole band excluded: nothing to say.
+        assert_eq!(
+            job_warning("vzdump: b\n\tschedule daily\n\tall 1\n\texclude 990000,990001,990002,990003,990004,990005,990006,990007,990008,990009,101\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn only_jobs_that_run_here_warn() {
+        for text in [
+            "vzdump: b\n\tschedule daily\n\tall 1\n\tenabled 0\n",
+            "vzdump: b\n\tschedule daily\n\tall 1\n\tnode pve2\n",
+            "vzdump: b\n\tall 1\n",
+            // Refused by PVE when it starts: it backs up nothing.
+            "vzdump: b\n\tschedule daily\n\tall 1\n\tvmid 990000\n",
+            // Another pool, and guests outside the band.
+            "vzdump: b\n\tschedule daily\n\tpool other\n",
+            "vzdump: b\n\tschedule daily\n\tvmid 100,101\n",
+        ] {
+            assert_eq!(job_warning(text), None, "{text}");
+        }
+        assert!(job_warning("vzdump: b\n\tschedule daily\n\tall 1\n\tnode pve1\n").is_some());
+        assert!(job_warning("vzdump: b\n\tschedule daily\n\tall 1\n\tenabled 1\n").is_some());
+    }
+
+    #[test]
+    fn a_pool_job_of_the_agents_pool_warns_that_it_cannot_exclude() {
+        let w = job_warning(
+            "vzdump: backup-pool\n\tschedule daily\n\tpool felhom\n\texclude 990000,990001,990002,990003,990004,990005,990006,990007,990008,990009\n",
+        )
+        .expect("warns");
+        assert!(
+            w.contains("backup job backup-pool backs up pool felhom, the agent's pool")
+                && w.contains("cannot exclude")
+                && w.contains("--vmid")
+                && w.contains("`pvesh set /cluster/backup/backup-pool --all 1 --exclude 990000,990001,990002,990003,990004,990005,990006,990007,990008,990009`"),
+            "{w}"
+        );
+    }
+
+    #[test]
+    fn a_job_listing_band_vmids_warns_and_an_id_pvesh_cannot_take_is_fixed_by_hand() {
+        let w = job_warning("vzdump: b\n\tschedule daily\n\tvmid 100,990003\n").expect("warns");
+        assert!(
+            w.contains("lists restore-test vmid 990003:")
+                && w.contains("`pvesh set /cluster/backup/b --vmid 100`"),
+            "{w}"
+        );
+        let w = job_warning("vzdump: b\n\tschedule daily\n\tvmid 990003\n").expect("warns");
+        assert!(w.contains("`pvesh delete /cluster/backup/b`"), "{w}");
+        // An id with a character a shell or pvesh would take otherwise: escaped, fixed by hand.
+        let w = job_warning("vzdump: b;\u{1b}[2J\n\tschedule daily\n\tall 1\n").expect("warns");
+        assert!(
+            w.contains("backup job b;\\u{1b}[2J")
+                && w.contains("add 990000,990001,990002,990003,990004,990005,990006,990007,990008,990009 to the job's exclude line in /etc/pve/jobs.cfg")
+                && !w.contains("pvesh set")
+                && !w.contains('\u{1b}'),
+            "{w}"
+        );
+    }
 
     #[test]
     fn the_version_floor_is_pve_8_1_and_below_it_fails_naming_the_version() {

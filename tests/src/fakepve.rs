@@ -1355,6 +1355,9 @@ pub struct AgentOptions {
     pub selftest_source: Option<String>,
     /// Content of `datacenter.cfg` (`None`: the file is not written).
     pub datacenter_cfg: Option<String>,
+    /// Content of `jobs.cfg`, the cluster's backup (and other) jobs in pmxcfs's section-config
+    /// format (`None`: the file is not written, as on a cluster where no job was ever made).
+    pub jobs_cfg: Option<String>,
     /// `[hub]`, if any.
     pub hub: Option<HubOptions>,
     /// Raw TOML appended at the end (e.g. another table).
@@ -1377,6 +1380,7 @@ impl Default for AgentOptions {
             storage: "local-lvm".to_string(),
             selftest_source: None,
             datacenter_cfg: None,
+            jobs_cfg: None,
             hub: None,
             extra_toml: String::new(),
             exec_helper: true,
@@ -1386,7 +1390,7 @@ impl Default for AgentOptions {
 
 /// An agent configuration for one [`FakePve`], in a temporary directory under [`state_base`]
 /// (never `/tmp`) that lives as long as this value: `agent.toml`, `pve-token` (0600), `vmlist`, `state/`, `bootstrap.d/`,
-/// `checks.d/`, and `datacenter.cfg` when asked for.
+/// `checks.d/`, and `datacenter.cfg` and `jobs.cfg` when asked for.
 #[derive(Debug)]
 pub struct AgentFiles {
     dir: TempDir,
@@ -1400,6 +1404,9 @@ pub struct AgentFiles {
     pub token_secret_file: PathBuf,
     /// `datacenter_cfg`.
     pub datacenter_cfg: PathBuf,
+    /// `jobs_cfg`: the agent's `jobs.cfg` (0640, root's, as pmxcfs serves it), written when
+    /// [`AgentOptions::jobs_cfg`] asks; the exec helper reads it from here.
+    pub jobs_cfg: PathBuf,
     /// `[provision] bootstrap_dir`.
     pub bootstrap_dir: PathBuf,
     /// `[provision] checks_dir`.
@@ -1482,6 +1489,7 @@ impl AgentFiles {
             } else {
                 p("datacenter.cfg")
             },
+            jobs_cfg: p("jobs.cfg"),
             bootstrap_dir: p("bootstrap.d"),
             checks_dir: p("checks.d"),
             metrics_dir: p("metrics"),
@@ -1527,13 +1535,17 @@ impl AgentFiles {
             fs::write(&files.datacenter_cfg, text)
                 .unwrap_or_else(|e| panic!("cannot write {}: {e}", files.datacenter_cfg.display()));
         }
+        if let Some(text) = &opts.jobs_cfg {
+            files.write_jobs_cfg(text);
+        }
         let pool = opts.pool.clone().unwrap_or_else(|| pve.pool());
         let trust = match opts.trust {
             PveTrust::Pin => format!("tls_fingerprint = {}", toml_string(pve.sha256_hex())),
             PveTrust::CaFile => format!("ca_file = {}", toml_path(pve.cafile())),
         };
         let mut text = format!(
-            "node = {}\npool = {}\nstate_dir = {}\nvmlist_path = {}\ndatacenter_cfg = {}\n{}\n\
+            "node = {}\npool = {}\nstate_dir = {}\nvmlist_path = {}\ndatacenter_cfg = {}\n\
+             jobs_cfg = {}\n{}\n\
              [pve]\nurl = {}\ntoken_id = {}\ntoken_secret_file = {}\n{trust}\n\n\
              [metrics]\ndir = {}\n\n{}\
              [provision]\nstorage = {}\nbootstrap_dir = {}\nchecks_dir = {}\n",
@@ -1542,6 +1554,7 @@ impl AgentFiles {
             toml_path(&files.state_dir),
             toml_path(&files.vmlist_path),
             toml_path(&files.datacenter_cfg),
+            toml_path(&files.jobs_cfg),
             if files.exec_socket.is_some() {
                 format!("user_cfg_path = {}\n", toml_path(&files.user_cfg_path))
             } else {
@@ -1616,6 +1629,14 @@ impl AgentFiles {
     pub fn config_text(&self) -> String {
         fs::read_to_string(&self.config_path)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", self.config_path.display()))
+    }
+
+    /// Write (or replace) `jobs.cfg` with `text`: a regular file of root's, mode 0640, as
+    /// pmxcfs serves `/etc/pve/jobs.cfg` (root:www-data).
+    pub fn write_jobs_cfg(&self, text: &str) {
+        fs::write(&self.jobs_cfg, text)
+            .and_then(|()| fs::set_permissions(&self.jobs_cfg, fs::Permissions::from_mode(0o640)))
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", self.jobs_cfg.display()));
     }
 
     /// Replace the `.vmlist` (e.g. after the fake gained or lost a guest).

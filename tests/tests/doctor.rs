@@ -4,7 +4,8 @@
 //! not survive a reboot (under /tmp, or on tmpfs like /dev/shm) exits 6 naming the file and
 //! the key; a token file that is a symlink or owned by another user and a group-writable state
 //! dir each get a failing line; the `exec` check names how LXC exec is done and fails when the
-//! exec helper does not answer.
+//! exec helper does not answer; `backup_jobs` warns about the backup jobs of `jobs.cfg` that
+//! would back up restore-test copies, and shows none of a job's other keys.
 
 use std::os::unix::fs::PermissionsExt;
 
@@ -987,5 +988,244 @@ fn the_vmlist_line_names_the_way_and_node_keys_warns_while_the_agents_user_reads
             .unwrap_or("")
             .contains("cannot read"),
         "{keys}"
+    );
+}
+
+/// Every `backup_jobs` line of a doctor report.
+fn backup_jobs_lines(doc: &Value) -> Vec<&Value> {
+    doc["checks"]
+        .as_array()
+        .map(|a| a.iter().filter(|c| c["name"] == "backup_jobs").collect())
+        .unwrap_or_default()
+}
+
+/// The restore-test band as `pvesh … --exclude` takes it.
+const BAND: &str = "990000,990001,990002,990003,990004,990005,990006,990007,990008,990009";
+
+/// `backup_jobs` (the backup jobs of `jobs.cfg`, handed over by the exec helper): an `all` job
+/// whose `exclude` leaves out vmids of the restore-test band warns, naming the job, the
+/// missing vmids and the `pvesh` command that excludes the band (merged with the job's own
+/// excludes); with all ten excluded it passes. A disabled job and another node's job do not
+/// warn; a pool job of the agent's pool does (it cannot exclude). No `jobs.cfg` passes. A
+/// warning never fails doctor.
+#[test]
+fn backup_jobs_that_would_back_up_restore_test_copies_warn_naming_the_job_and_the_fix() {
+    let pve = FakePve::demo();
+    let job = |exclude: &str| {
+        format!(
+            "vzdump: backup-6f1a2b3c-1234\n\tschedule 21:00\n\tall 1\n\tenabled 1\n\texclude {exclude}\n\
+             \tmode snapshot\n\tstorage local\n\tnode pve1\n\n\
+             realm-sync: sync-ldap\n\tschedule daily\n\trealm ldap\n"
+        )
+    };
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            jobs_cfg: Some(job("120,990000,990001")),
+            ..AgentOptions::default()
+        },
+    );
+    let helper = helper(&files);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(
+        run.code,
+        Some(0),
+        "a warning does not fail doctor: {doc:#}\n{}",
+        run.stderr
+    );
+    assert_eq!(doc["ok"], json!(true));
+    let lines = backup_jobs_lines(&doc);
+    assert_eq!(lines.len(), 1, "{doc:#}");
+    assert_eq!(lines[0]["status"], "warn", "{doc:#}");
+    let msg = lines[0]["message"].as_str().unwrap_or("");
+    for part in [
+        "backup job backup-6f1a2b3c-1234",
+        "restore-test vmids 990002,990003,990004,990005,990006,990007,990008,990009:",
+        &format!("`pvesh set /cluster/backup/backup-6f1a2b3c-1234 --exclude 120,{BAND}`"),
+    ] {
+        assert!(msg.contains(part), "no {part:?} in {msg}");
+    }
+    assert!(
+        helper
+            .log()
+            .lines()
+            .any(|l| l.contains("handed over") && l.contains("jobs.cfg")),
+        "{}",
+        helper.log()
+    );
+
+    // The whole band excluded: it passes, naming how many jobs it read.
+    files.write_jobs_cfg(&job(&format!("{BAND},120")));
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    let lines = backup_jobs_lines(&doc);
+    assert_eq!(lines.len(), 1, "{doc:#}");
+    assert_eq!(lines[0]["status"], "pass", "{doc:#}");
+    let msg = lines[0]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("read 1 backup job from") && msg.contains("1 of them runs on node pve1"),
+        "{msg}"
+    );
+
+    // A disabled job, and a job of another node: neither runs here.
+    files.write_jobs_cfg(
+        "vzdump: backup-off\n\tschedule 21:00\n\tall 1\n\tenabled 0\n\n\
+         vzdump: backup-pve2\n\tschedule 21:00\n\tall 1\n\tnode pve2\n",
+    );
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    let lines = backup_jobs_lines(&doc);
+    assert_eq!(lines.len(), 1, "{doc:#}");
+    assert_eq!(lines[0]["status"], "pass", "{doc:#}");
+    assert!(
+        lines[0]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("read 2 backup jobs from"),
+        "{doc:#}"
+    );
+
+    // A pool job of the agent's pool, beside a good all job: only the pool job warns.
+    files.write_jobs_cfg(&format!(
+        "vzdump: backup-pool\n\tschedule sat 02:00\n\tpool felhom\n\tstorage local\n\n\
+         vzdump: backup-all\n\tschedule 21:00\n\tall 1\n\texclude {BAND}\n"
+    ));
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}");
+    let lines = backup_jobs_lines(&doc);
+    assert_eq!(lines.len(), 1, "{doc:#}");
+    assert_eq!(lines[0]["status"], "warn", "{doc:#}");
+    let msg = lines[0]["message"].as_str().unwrap_or("");
+    for part in [
+        "backup job backup-pool backs up pool felhom, the agent's pool",
+        "cannot exclude",
+        &format!("`pvesh set /cluster/backup/backup-pool --all 1 --exclude {BAND}`"),
+    ] {
+        assert!(msg.contains(part), "no {part:?} in {msg}");
+    }
+
+    // No jobs.cfg: no backup job was ever made.
+    std::fs::remove_file(&files.jobs_cfg).expect("rm jobs.cfg");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}");
+    let lines = backup_jobs_lines(&doc);
+    assert_eq!(lines.len(), 1, "{doc:#}");
+    assert_eq!(lines[0]["status"], "pass", "{doc:#}");
+    let msg = lines[0]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(&files.jobs_cfg.display().to_string()) && msg.contains("does not exist"),
+        "{msg}"
+    );
+    assert!(
+        pve.writes().is_empty(),
+        "doctor wrote to PVE: {:?}",
+        pve.writes()
+    );
+}
+
+/// Of `jobs.cfg` the exec helper hands over only what the check needs: a job's mail address,
+/// notes template, comment, a comment line and another job type never reach the agent, so
+/// they show nowhere in doctor's output (JSON or human), even in a warning about that very
+/// job. The agent runs as its own user (`nobody` here), which cannot read the file itself.
+/// A `jobs.cfg` that cannot be read warns, naming it, and never fails.
+#[test]
+fn a_backup_jobs_other_keys_never_reach_doctors_output() {
+    assert!(nix::unistd::geteuid().is_root(), "run as root");
+    let pve = FakePve::demo();
+    let marker = "MARKER-7f3a9c";
+    let files = AgentFiles::write(
+        &pve,
+        &AgentOptions {
+            extra_toml: "\n[agent]\nuser = \"nobody\"\n".to_string(),
+            jobs_cfg: Some(format!(
+                "# {marker} in a comment\n\
+                 vzdump: backup-secret\n\
+                 \tschedule 21:00\n\
+                 \tall 1\n\
+                 \tmailto ops-{marker}@example.net\n\
+                 \tnotes-template {{{{guestname}}}} {marker}\n\
+                 \tcomment {marker}\n\
+                 \tfleecing enabled=1,storage={marker}\n\
+                 \tstorage local\n\
+                 \n\
+                 realm-sync: sync-{marker}\n\
+                 \tschedule daily\n\
+                 \trealm ldap\n\
+                 \tcomment {marker}\n"
+            )),
+            ..AgentOptions::default()
+        },
+    );
+    nix::unistd::chown(
+        &files.state_dir,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .expect("chown state_dir");
+    let helper = helper(&files);
+    // (The `agent_user_*` checks judge `nobody` on this machine and may fail: the exit code
+    // is not this test's.)
+    let json_run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = json_run.json();
+    let lines = backup_jobs_lines(&doc);
+    assert_eq!(lines.len(), 1, "{doc:#}");
+    assert_eq!(lines[0]["status"], "warn", "{doc:#}");
+    assert!(
+        lines[0]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("backup job backup-secret"),
+        "{doc:#}"
+    );
+    let human_run = run_agent(&files.config_path, &["doctor"]);
+    assert!(
+        human_run.stdout.contains("[warn] backup_jobs"),
+        "{}",
+        human_run.stdout
+    );
+    for (what, text) in [
+        ("doctor --json stdout", &json_run.stdout),
+        ("doctor --json stderr", &json_run.stderr),
+        ("doctor stdout", &human_run.stdout),
+        ("doctor stderr", &human_run.stderr),
+        ("the exec helper's log", &helper.log()),
+    ] {
+        assert!(!text.contains(marker), "{what} shows the marker:\n{text}");
+    }
+    assert!(
+        helper.log().lines().any(|l| l.contains("handed over")
+            && l.contains("jobs.cfg")
+            && l.contains("uid=65534")),
+        "{}",
+        helper.log()
+    );
+    // What crosses the helper's socket, byte for byte.
+    let crossed = felhom_agent::exec_helper::client::read_cluster_file(
+        files.exec_socket.as_deref().expect("socket"),
+        felhom_agent::exec_helper::proto::ClusterFile::JobsCfg,
+    )
+    .expect("an answer")
+    .expect("the file exists");
+    assert_eq!(
+        String::from_utf8_lossy(&crossed),
+        "vzdump: backup-secret\n\tschedule 21:00\n\tall 1\n\n"
+    );
+
+    // A jobs.cfg the helper refuses and the agent's user cannot read: a warning naming the
+    // file, not a failure.
+    std::fs::remove_file(&files.jobs_cfg).expect("rm");
+    std::fs::create_dir(&files.jobs_cfg).expect("mkdir");
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    let lines = backup_jobs_lines(&doc);
+    assert_eq!(lines.len(), 1, "{doc:#}");
+    assert_eq!(lines[0]["status"], "warn", "{doc:#}");
+    assert_eq!(lines[0]["code"], Value::Null, "{doc:#}");
+    let msg = lines[0]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(&files.jobs_cfg.display().to_string())
+            && msg.contains("not a regular file")
+            && msg.contains("were not checked"),
+        "{msg}"
     );
 }

@@ -133,7 +133,7 @@ fn the_scanner_finds_what_bash_expands() {
     assert_eq!(bangs("# see felhom@pve!agent"), vec![16]);
 }
 
-/// The set-up's `systemctl enable --now` line (step 7) names every unit the package's
+/// The set-up's `systemctl enable --now` line (step 8) names every unit the package's
 /// postinst enables (its `UNITS`), so a node set up by hand from the README runs all of them:
 /// the metrics publishing too (`felhom-agent-metrics.path`).
 #[test]

@@ -655,7 +655,8 @@ pub fn full_guest_list(cfg: &Config) -> Result<FullGuestList, InventoryError> {
 /// A cluster file as this process reads it ([`ClusterFile`], at the path the config names):
 /// through the root exec helper in its mode, else (no helper, or it gives no usable answer)
 /// directly. `Ok(None)`: it does not exist. `Err`: why it cannot be had, for a message. Its
-/// text is outside text for the caller to parse.
+/// text is outside text for the caller to parse. Read directly, it is cut as the helper cuts
+/// it (of `jobs.cfg` only the lines the agent needs: [`super::cluster_file::what_crosses`]).
 pub fn node_file(cfg: &Config, file: ClusterFile) -> Result<Option<String>, String> {
     let path = super::cluster_file::path_of(cfg, file);
     let mut helper_why = None;
@@ -694,7 +695,9 @@ pub fn node_file(cfg: &Config, file: ClusterFile) -> Result<Option<String>, Stri
             "{} is larger than {MAX_CLUSTER_FILE_BYTES} bytes",
             path.display()
         )),
-        Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+        Ok(b) => super::cluster_file::what_crosses(file, &path, b, MAX_CLUSTER_FILE_BYTES as u64)
+            .map(|b| Some(String::from_utf8_lossy(&b).into_owned()))
+            .map_err(|r| r.message),
     }
 }
 

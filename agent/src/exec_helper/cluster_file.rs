@@ -1,6 +1,7 @@
 //! A file of the cluster file system read by the root helper for the agent
-//! ([`super::proto::ClusterFile`]: `.vmlist`, `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`):
-//! only from the path the helper's own config names ([`path_of`]), never one a caller sends.
+//! ([`super::proto::ClusterFile`]: `.vmlist`, `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`,
+//! `jobs.cfg`): only from the path the helper's own config names ([`path_of`]), never one a
+//! caller sends; of `jobs.cfg` only the lines the agent needs ([`what_crosses`]).
 //!
 //! The helper is root and the file's bytes go to the agent's user, so nothing on the way may
 //! be one the agent's user (or a guest) could place or swap: the path is opened from `/` one
@@ -41,7 +42,9 @@ fn untrusted(path: &Path, why: String) -> FileRefusal {
         code: ErrorCode::ConfigInvalid,
         message: format!(
             "{}: {why}; the exec helper hands a file over only from a path nobody but root can \
-             change. Point vmlist_path in the helper's config at /etc/pve/.vmlist (pmxcfs)",
+             change. Point the key of the helper's config that names it (vmlist_path, \
+             datacenter_cfg, user_cfg_path, jobs_cfg; sdn/vnets.cfg is beside .vmlist) at \
+             pmxcfs's file under /etc/pve",
             path.display()
         ),
     }
@@ -58,12 +61,14 @@ fn unreadable(path: &Path, why: String) -> FileRefusal {
 }
 
 /// Where the helper reads `file`: the path its own config names (`vmlist_path`,
-/// `datacenter_cfg`, `user_cfg_path`; `sdn/vnets.cfg` in the folder of `vmlist_path`).
+/// `datacenter_cfg`, `user_cfg_path`, `jobs_cfg`; `sdn/vnets.cfg` in the folder of
+/// `vmlist_path`).
 pub fn path_of(cfg: &Config, file: ClusterFile) -> PathBuf {
     match file {
         ClusterFile::Vmlist => cfg.vmlist_path.clone(),
         ClusterFile::DatacenterCfg => cfg.datacenter_cfg.clone(),
         ClusterFile::UserCfg => cfg.user_cfg_path.clone(),
+        ClusterFile::JobsCfg => cfg.jobs_cfg.clone(),
         ClusterFile::VnetsCfg => cfg
             .vmlist_path
             .parent()
@@ -71,6 +76,29 @@ pub fn path_of(cfg: &Config, file: ClusterFile) -> PathBuf {
             .join("sdn")
             .join("vnets.cfg"),
     }
+}
+
+/// What of `file`'s bytes (read from `path`) goes to the agent: the whole file, but of
+/// `jobs.cfg` only each backup job's id and the keys of
+/// [`super::jobs_cfg::NEEDED_KEYS`] ([`super::jobs_cfg::needed_lines`]): the agent's user never
+/// sees a job's mail addresses, notes, storage or other jobs. At most `max` bytes.
+pub fn what_crosses(
+    file: ClusterFile,
+    path: &Path,
+    bytes: Vec<u8>,
+    max: u64,
+) -> Result<Vec<u8>, FileRefusal> {
+    if file != ClusterFile::JobsCfg {
+        return Ok(bytes);
+    }
+    let needed = super::jobs_cfg::needed_lines(&String::from_utf8_lossy(&bytes)).into_bytes();
+    if needed.len() as u64 > max {
+        return Err(untrusted(
+            path,
+            format!("its backup jobs' lines are larger than the {max} bytes the helper hands over"),
+        ));
+    }
+    Ok(needed)
 }
 
 /// Read `path` (absolute) as described in the module docs, at most `max` bytes. `Ok(None)`:
@@ -295,6 +323,65 @@ mod tests {
             .expect_err("folder")
             .message
             .contains("not a regular file"));
+    }
+
+    #[test]
+    fn of_jobs_cfg_only_the_backup_jobs_needed_lines_cross() {
+        let d = root_dir();
+        let file = d.path().join("jobs.cfg");
+        let text = "vzdump: backup-6f1a2b3c-1234\n\
+            \tschedule 21:00\n\
+            \tall 1\n\
+            \tenabled 1\n\
+            \texclude 990000,990001\n\
+            \tmode snapshot\n\
+            \tstorage local\n\
+            \tnotes-template {{guestname}} MARKER-NOTES\n\
+            \tmailto ops@MARKER.example\n\
+            \tnode pve1\n\
+            \n\
+            # a comment MARKER-COMMENT\n\
+            realm-sync: sync-ldap\n\
+            \tschedule daily\n\
+            \trealm ldap\n\
+            \tcomment MARKER-REALM\n\
+            \n\
+            vzdump: backup-pool\n\
+            \tpool felhom\n\
+            \tschedule sat 02:00\n\
+            \tcomment MARKER-COMMENT2\n\
+            \tfleecing enabled=1,storage=MARKER-FLEECE\n";
+        write(&file, text.as_bytes(), 0o640);
+        let bytes = read_trusted(&file, 4096).expect("read").expect("exists");
+        let crossed = what_crosses(ClusterFile::JobsCfg, &file, bytes.clone(), 4096).expect("cut");
+        let crossed = String::from_utf8(crossed).expect("utf8");
+        assert_eq!(
+            crossed,
+            "vzdump: backup-6f1a2b3c-1234\n\tschedule 21:00\n\tall 1\n\tenabled 1\n\
+             \texclude 990000,990001\n\tnode pve1\n\n\
+             vzdump: backup-pool\n\tpool felhom\n\tschedule sat 02:00\n\n"
+        );
+        assert!(!crossed.contains("MARKER"), "{crossed}");
+        // The other files cross whole.
+        for other in ClusterFile::ALL {
+            if other != ClusterFile::JobsCfg {
+                assert_eq!(
+                    what_crosses(other, &file, bytes.clone(), 4096).expect("whole"),
+                    bytes
+                );
+            }
+        }
+        // Lines that would not fit are refused, not cut.
+        let r = what_crosses(ClusterFile::JobsCfg, &file, bytes, 16).expect_err("too large");
+        assert_eq!(r.code, ErrorCode::ConfigInvalid);
+        assert!(
+            r.message.contains("jobs.cfg") && r.message.contains("16 bytes"),
+            "{}",
+            r.message
+        );
+        // No jobs.cfg (no job was ever made): nothing to hand over, not an error.
+        assert_eq!(read_trusted(&d.path().join("none/jobs.cfg"), 64), Ok(None));
+        assert_eq!(read_trusted(&d.path().join("jobs.cfg.none"), 64), Ok(None));
     }
 
     #[test]

@@ -16,11 +16,12 @@
 //! monitor named (`crate::guest::lxc`, the first stage; else `exec_attach_mismatch`).
 //! Environment values and stdin are never logged.
 //!
-//! It also hands the agent one file of the cluster file system, `.vmlist` (the full guest
-//! list), read as root from the path of its own config and through nothing anyone but root
-//! could change ([`cluster_file`]), so that the agent's user needs no pmxcfs group (whose
-//! members read every pmxcfs file outside `priv/`, the node's TLS key among them); and says
-//! where its own `pct` resolves (`doctor`).
+//! It also hands the agent the files of the cluster file system it reads (`.vmlist`, the full
+//! guest list; `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`; of `jobs.cfg` only the backup
+//! jobs' lines the agent needs, [`jobs_cfg`]), read as root from the path of its own config and
+//! through nothing anyone but root could change ([`cluster_file`]), so that the agent's user
+//! needs no pmxcfs group (whose members read every pmxcfs file outside `priv/`, the node's TLS
+//! key among them); and says where its own `pct` resolves (`doctor`).
 //!
 //! [`client`] is the agent's side: [`client::HelperExec`] and the choice between the helper and
 //! `pct` itself ([`client::ExecMode`]).
@@ -29,6 +30,7 @@ pub mod authorize;
 pub mod client;
 pub mod cluster_file;
 pub mod ct_conf;
+pub mod jobs_cfg;
 pub mod proto;
 pub mod server;
 pub mod user_cfg;

@@ -42,10 +42,12 @@
 //! ```
 //!
 //! `read` asks for the bytes of one file of the cluster file system, named from a closed set
-//! ([`ClusterFile`]: `vmlist`, `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`, none of them a
-//! key or a secret); the helper reads it as root from the path of its own config
+//! ([`ClusterFile`]: `vmlist`, `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`, `jobs.cfg`, none
+//! of them a key or a secret); the helper reads it as root from the path of its own config
 //! (`vmlist_path`, `/etc/pve/.vmlist`, …), following no link and only through folders of
 //! root's nobody else can write (`super::cluster_file`), at most [`MAX_CLUSTER_FILE_BYTES`].
+//! Of `jobs.cfg` only the lines the agent needs cross: each backup job's id, guest selection,
+//! node, schedule and whether it is enabled (`super::jobs_cfg`), never its other keys.
 //! The agent's user thus needs no pmxcfs group. `status` asks where the helper's `pct`
 //! resolves (`doctor`). Their answers (`data` null: the file does not exist):
 //!
@@ -265,15 +267,19 @@ pub enum ClusterFile {
     UserCfg,
     /// `sdn/vnets.cfg`: which SDN zone each vnet is in (beside `.vmlist`).
     VnetsCfg,
+    /// `jobs.cfg`: the cluster's backup jobs, only the lines the agent needs
+    /// (`super::jobs_cfg::needed_lines`; `jobs_cfg`).
+    JobsCfg,
 }
 
 impl ClusterFile {
     /// Every file the helper hands over.
-    pub const ALL: [ClusterFile; 4] = [
+    pub const ALL: [ClusterFile; 5] = [
         Self::Vmlist,
         Self::DatacenterCfg,
         Self::UserCfg,
         Self::VnetsCfg,
+        Self::JobsCfg,
     ];
 
     /// Its name on the wire.
@@ -283,6 +289,7 @@ impl ClusterFile {
             Self::DatacenterCfg => "datacenter.cfg",
             Self::UserCfg => "user.cfg",
             Self::VnetsCfg => "sdn/vnets.cfg",
+            Self::JobsCfg => "jobs.cfg",
         }
     }
 
@@ -425,13 +432,13 @@ pub fn decode_incoming(body: &[u8]) -> Result<Incoming, ProtoError> {
             };
         }
         let name = raw.file.ok_or_else(|| {
-            invalid("a read request needs file (vmlist, datacenter.cfg, user.cfg or sdn/vnets.cfg)")
+            invalid("a read request needs file (vmlist, datacenter.cfg, user.cfg, sdn/vnets.cfg or jobs.cfg)")
         })?;
         return ClusterFile::from_name(&name)
             .map(Incoming::Read)
             .ok_or_else(|| {
                 invalid(format!(
-                    "file {} is not one the helper hands over; only vmlist, datacenter.cfg, user.cfg and sdn/vnets.cfg",
+                    "file {} is not one the helper hands over; only vmlist, datacenter.cfg, user.cfg, sdn/vnets.cfg and jobs.cfg",
                     outside_text(&name)
                 ))
             });
@@ -1040,6 +1047,17 @@ mod tests {
             decode_incoming(&encode_read_request(ClusterFile::Vmlist)).expect("read"),
             Incoming::Read(ClusterFile::Vmlist)
         );
+        // Every file of the closed set, by its name on the wire.
+        for file in ClusterFile::ALL {
+            assert_eq!(
+                decode_incoming(&encode_read_request(file)).expect("read"),
+                Incoming::Read(file)
+            );
+        }
+        assert_eq!(
+            decode_incoming(br#"{"v":1,"op":"read","file":"jobs.cfg"}"#).expect("jobs.cfg"),
+            Incoming::Read(ClusterFile::JobsCfg)
+        );
         assert_eq!(
             decode_incoming(&encode_status_request()).expect("status"),
             Incoming::Status
@@ -1051,6 +1069,8 @@ mod tests {
             br#"{"v":1,"op":"read","file":"priv/token.cfg"}"#,
             br#"{"v":1,"op":"read","file":"nodes/pve1/pve-ssl.key"}"#,
             br#"{"v":1,"op":"read","file":"../priv/authkey.key"}"#,
+            br#"{"v":1,"op":"read","file":"/etc/pve/jobs.cfg"}"#,
+            br#"{"v":1,"op":"read","file":"vzdump.cron"}"#,
             br#"{"v":1,"op":"read"}"#,
             br#"{"v":1,"op":"read","file":"vmlist","path":"/etc/pve/nodes/pve1/pve-ssl.key"}"#,
             br#"{"v":1,"op":"read","file":"vmlist","vmid":101}"#,

@@ -45,7 +45,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::authorize::{authorize, Owners, Refusal};
-use super::cluster_file::{path_of, read_trusted, FileRefusal};
+use super::cluster_file::{path_of, read_trusted, what_crosses, FileRefusal};
 use super::proto::{
     decode_incoming, read_frame, write_frame, ClusterFile, Incoming, Op, ProtoError, Request,
     Response, WireError, WireFile, WireStatus, MAX_CLUSTER_FILE_BYTES, MAX_OUTPUT_CAP,
@@ -607,27 +607,37 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
 }
 
 /// A `read` request: the file from the path of the helper's own config, read as root through
-/// nothing anyone else could change ([`read_trusted`]), at most [`MAX_CLUSTER_FILE_BYTES`].
+/// nothing anyone else could change ([`read_trusted`]), at most [`MAX_CLUSTER_FILE_BYTES`];
+/// of `jobs.cfg` only the lines the agent needs ([`what_crosses`]).
 async fn hand_over(ctx: &Ctx, uid: u32, file: ClusterFile) -> Response {
     let path = path_of(&ctx.cfg, file);
     let shown = path.display().to_string();
-    let read =
-        tokio::task::spawn_blocking(move || read_trusted(&path, MAX_CLUSTER_FILE_BYTES as u64))
-            .await
-            .unwrap_or_else(|e| {
-                Err(FileRefusal {
-                    code: ErrorCode::PveUnreachable,
-                    message: format!("reading {shown} stopped: {e}"),
-                })
-            });
+    let read = tokio::task::spawn_blocking(move || {
+        let max = MAX_CLUSTER_FILE_BYTES as u64;
+        read_trusted(&path, max)?
+            .map(|bytes| what_crosses(file, &path, bytes, max))
+            .transpose()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(FileRefusal {
+            code: ErrorCode::PveUnreachable,
+            message: format!("reading {shown} stopped: {e}"),
+        })
+    });
     match read {
         Ok(bytes) => {
             match &bytes {
                 Some(b) => tracing::info!(
                     uid,
                     file = file.name(),
-                    "handed over {shown} ({} bytes)",
-                    b.len()
+                    "handed over {shown} ({} bytes{})",
+                    b.len(),
+                    if file == ClusterFile::JobsCfg {
+                        ": the backup jobs' needed lines only"
+                    } else {
+                        ""
+                    }
                 ),
                 None => tracing::info!(
                     uid,
