@@ -188,6 +188,8 @@ if real:
 for vols in scenario.get("volumes", {}).values():
     for vol in vols:
         vol.setdefault("guest", {})
+        # Made last night, as a node's nightly backup is (an older one is reported stale).
+        vol["ctime"] = int(__import__("time").time()) - 6 * 3600
 scenario["user_cfg"] = {"path": work + "/user.cfg"}
 # The containers' own configs (`nodes/<node>/lxc/<vmid>.conf`), kept live as pmxcfs keeps
 # /etc/pve/nodes: the exec helper reads a container's before every exec ([exec] pve_nodes_dir).
@@ -292,6 +294,16 @@ grep -qx 'felhom_restore_test_outcome{outcome="ok"} 1' "$work/metrics/felhom_res
   failed+=("the restore test did not end ok (felhom_restore_test.prom)")
 grep -qx 'felhom_backup_status{vmid="200",status="proven"} 1' "$work/metrics/felhom_backup_coverage.prom" ||
   failed+=("the restore test did not prove guest 200's backup (felhom_backup_coverage.prom)")
+# The coverage: 200 proven; the demo pool's VM 300 has no backup at all, which the report
+# names, and so it exits 5 as it would for a cron job or an auditor.
+printf '\n# the demo pool'"'"'s VM 300 has no backup: restore-report names it and exits 5\n'
+report_out=$("$agent" --config "$work/agent.toml" restore-report 2>&1) && report_rc=0 || report_rc=$?
+printf '\n$ felhom-agent restore-report\n%s\n(exit %d)\n' "$report_out" "$report_rc"
+[ "$report_rc" -eq 5 ] || failed+=("felhom-agent restore-report exited $report_rc, expected 5")
+printf '%s\n' "$report_out" | grep -Eq '^ +200 .* proven ' ||
+  failed+=("restore-report does not show guest 200 proven")
+printf '%s\n' "$report_out" | grep -Eq '^ +300 .* no_backup ' ||
+  failed+=("restore-report does not show guest 300 without a backup")
 # On real guests: a provision kept with the stored network, its guest as it runs, then its
 # destroy.
 if [ -n "$real_tarball" ]; then

@@ -250,11 +250,12 @@ lists and the proof store; writes nothing."
 an unprivileged system user ([agent] user) asks this helper, over a Unix socket, to run a command in \
 an LXC container or to copy a file into one (through `pct exec`, the bytes on stdin, written by a \
 process inside the container; never `pct push`, which writes as host root following the guest's \
-links). It also hands the agent four cluster files it reads, so that the agent's user needs no \
-pmxcfs group (www-data reads the node's TLS key): .vmlist, datacenter.cfg, user.cfg and \
-sdn/vnets.cfg, each from the path of its own config, opened as root from / without following a \
+links). It also hands the agent five cluster files it reads, so that the agent's user needs no \
+pmxcfs group (www-data reads the node's TLS key): .vmlist, datacenter.cfg, user.cfg, \
+sdn/vnets.cfg and jobs.cfg (only each backup job's id, schedule, all, enabled, exclude, pool, node \
+and vmid lines), each from the path of its own config, opened as root from / without following a \
 link, only through folders of root's nobody else can write, a regular file of root's of at most \
-16 MiB (else config_invalid; a request names one of the four, never a path); and says where its \
+16 MiB (else config_invalid; a request names one of the five, never a path); and says where its \
 `pct` resolves (doctor's exec check). The helper does nothing else.\n\n\
 Who may call it: only processes of root and of the [agent] user (checked with SO_PEERCRED on \
 every connection; anyone else gets exec_caller_refused). Before every request it reads, fresh: \
@@ -288,7 +289,7 @@ is unusable."
     },
     /// Copy the agent's metrics files, checked, into node_exporter's textfile folder (root).
     #[command(
-        long_about = "Run as root by felhom-agent-metrics.service when the agent's metrics folder ([metrics] dir) changes (felhom-agent-metrics.path). For each of felhom_transactions.prom, felhom_hub.prom and felhom_restore_test.prom only: opened in the agent's folder without following a link and without blocking (a FIFO or a link is refused), it must be a regular file of root or the [agent] user, at most 1 MiB, holding only HELP/TYPE lines and samples of the metrics the agent writes into that file, with exactly their label keys, each label value one the agent writes (a transaction kind, a phase, an outcome, a bucket bound), no series twice, at most 1000 samples, without timestamps. What passes is written into node_exporter's folder through a random temporary name and a rename; a file that is missing or refused is removed there, so node_exporter reads only files root wrote, or nothing; a refused agent folder removes all three. Every pass ends by writing felhom_metrics_publish.prom there: felhom_metrics_published{file} 1 for each file published, 0 for one missing or refused (the alerts on missing and stale metrics read it). With --idle-exit SECS it stays after the first pass and publishes again at every change of the folder until the folder has been still for SECS (the packaged unit: systemd's path unit does not watch while the publisher runs). --from must be [metrics] dir: the path unit watches the folder --from names.",
+        long_about = "Run as root by felhom-agent-metrics.service when the agent's metrics folder ([metrics] dir) changes (felhom-agent-metrics.path). For each of felhom_transactions.prom, felhom_hub.prom, felhom_restore_test.prom and felhom_backup_coverage.prom only: opened in the agent's folder without following a link and without blocking (a FIFO or a link is refused), it must be a regular file of root or the [agent] user, at most 1 MiB, holding only HELP/TYPE lines and samples of the metrics the agent writes into that file, with exactly their label keys, each label value one the agent writes (a transaction kind, a phase, an outcome, a bucket bound, a vmid in PVE's range, a coverage status, a guest name without control characters), no series twice, at most 1000 samples (11 a guest in the coverage file, for at most 1000 guests), without timestamps. What passes is written into node_exporter's folder through a random temporary name and a rename; a file that is missing or refused is removed there, so node_exporter reads only files root wrote, or nothing; a refused agent folder removes all four. Every pass ends by writing felhom_metrics_publish.prom there: felhom_metrics_published{file} 1 for each file published, 0 for one missing or refused (the alerts on missing and stale metrics read it). With --idle-exit SECS it stays after the first pass and publishes again at every change of the folder until the folder has been still for SECS (the packaged unit: systemd's path unit does not watch while the publisher runs). --from must be [metrics] dir: the path unit watches the folder --from names.",
         after_help = "Exit codes: 0 done (each file copied, absent or refused, logged), 6 the config or a folder is unusable, or --from is not [metrics] dir."
     )]
     MetricsPublish {

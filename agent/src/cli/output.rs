@@ -440,8 +440,8 @@ pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput 
         Err(f) => return CommandOutput::failure(&f),
     };
     let mut human = format!(
-        "{:>7}  {:<20} {:<10} {:<5}  {:>9}  {:>9}  {}\n",
-        "GUEST", "NAME", "STATUS", "STALE", "BACKUP", "PROVEN", "NEWEST BACKUP / WHY"
+        "{:>7}  {:<20} {:<10} {:<5}  {:>10}  {:>10}  {}\n",
+        "GUEST", "NAME", "STATUS", "STALE", "BACKUP AGE", "PROVEN AGE", "NEWEST BACKUP / WHY"
     );
     for r in &rows {
         let name: String = crate::error::outside_text(&r.name)
@@ -458,7 +458,7 @@ pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput 
             |b| crate::error::outside_text(&b.volid),
         );
         human.push_str(&format!(
-            "{:>7}  {:<20} {:<10} {:<5}  {:>9}  {:>9}  {newest}\n",
+            "{:>7}  {:<20} {:<10} {:<5}  {:>10}  {:>10}  {newest}\n",
             r.vmid,
             name,
             r.status.as_str(),
@@ -490,6 +490,33 @@ pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput 
             }
             human.push_str(&line);
             human.push('\n');
+        }
+        {
+            use crate::service::restore_test::coverage::Status;
+            let hint = match r.status {
+                Status::NoBackup => Some(format!(
+                    "back it up (`vzdump {} --storage <a backup storage>`) or name its backup storage in [restore_test] backup_storages",
+                    r.vmid
+                )),
+                Status::Failed => Some(format!(
+                    "`felhom-agent journal --last restore-test --guest {}` shows why; a later backup proven ok clears it",
+                    r.vmid
+                )),
+                Status::Overdue => Some(format!(
+                    "due for longer than [restore_test] prove_within: the next `felhom-agent --selftest=restore` proves it (`--guest {}` now)",
+                    r.vmid
+                )),
+                _ => None,
+            };
+            if let Some(h) = hint {
+                human.push_str(&format!("{:>9}{h}\n", ""));
+            }
+            if r.stale {
+                human.push_str(&format!(
+                    "{:>9}stale: its newest backup is older than [restore_test] backup_max_age; check the node's backup job for guest {}\n",
+                    "", r.vmid
+                ));
+            }
         }
         if let Some(gone) = &r.proven_gone {
             human.push_str(&format!(
