@@ -464,6 +464,34 @@ impl Outbox {
         Ok(id)
     }
 
+    /// [`Outbox::push`] from synchronous code: store `message` and return its id once it is
+    /// synced to disk, blocking the calling thread (the writer is a thread of its own, so this
+    /// never waits for the caller's runtime). A result is stored under the id derived from its
+    /// transaction, so the same result stored again is applied once by the hub.
+    pub fn push_blocking(&self, message: AgentMessage) -> Result<MessageId, OutboxError> {
+        let (kind, id) = classify(&message)?;
+        let ts = now_timestamp().map_err(|e| OutboxError::Encode {
+            type_name: other_type_name(&message),
+            id,
+            detail: e.to_string(),
+        })?;
+        let envelope = Envelope::new(PROTOCOL_VERSION, id, ts, message);
+        let frame = encode(&envelope).map_err(|e| OutboxError::Encode {
+            type_name: envelope.type_name(),
+            id,
+            detail: e.to_string(),
+        })?;
+        let (reply, rx) = std::sync::mpsc::sync_channel(1);
+        self.send(Request::Append {
+            id,
+            kind,
+            frame,
+            reply: AppendReply::Blocking(reply),
+        })?;
+        rx.recv().map_err(|_| OutboxError::Closed)??;
+        Ok(id)
+    }
+
     /// Store an event under `id` and return once it is synced to disk, blocking the calling
     /// thread (the writer is a thread of its own, so this never waits for the caller's
     /// runtime). The same `id` stored again is applied once by the hub.
@@ -973,6 +1001,8 @@ mod tests {
         let a = outbox.push(result(7)).await.expect("push");
         let b = outbox.push(result(7)).await.expect("push again");
         assert_eq!(a, b);
+        // Stored from synchronous code (a copy's result as it settles): the same id.
+        assert_eq!(outbox.push_blocking(result(7)).expect("push blocking"), a);
         assert_eq!(a, derived_message_id(txn(7), "result"));
         assert_ne!(a, derived_message_id(txn(7), "inventory"));
         assert_ne!(a, derived_message_id(txn(8), "result"));
