@@ -42,6 +42,8 @@ fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure)
         checks: vec![],
         isolation: None,
         error: Some(error_info(failure)),
+        guest: None,
+        backup: None,
     }
 }
 
@@ -63,16 +65,20 @@ fn nothing_started_result(txn: TxnId, kind: TxnKind, left: usize) -> TxnResult {
             code: crate::error::ErrorCode::BandFull,
             message: format!("{left} due guest(s) left for a later run; `felhom-agent restore-report` on the node shows which"),
         }),
+        guest: None,
+        backup: None,
     }
 }
 
-/// The event of transaction `state` at its phase, journaled `at`.
+/// The event of transaction `state` at its phase, journaled `at`. A restore-test copy's names
+/// the guest and the backup it proves.
 pub(crate) fn state_event(
     state: &State,
     at: hub_protocol::Timestamp,
     detail: Option<String>,
     error: Option<hub_protocol::ErrorInfo>,
 ) -> Event {
+    let (guest, backup) = service::restore_test_subject(state);
     Event {
         txn: TxnId::from_ulid(state.txn()),
         kind: state.kind(),
@@ -81,6 +87,8 @@ pub(crate) fn state_event(
         at,
         detail,
         error,
+        guest,
+        backup,
     }
 }
 
@@ -386,8 +394,13 @@ impl DispatchRunner for ProvisionRunner {
                     .await
                     {
                         // The dispatch's id is the run's first copy; every other copy's result
-                        // reaches the hub through the reporter as it settles.
+                        // reaches the outbox through the reporter as it settles. The coverage
+                        // the run worked out follows them.
                         Ok(run) => {
+                            if !run.dry_run {
+                                super::coverage::push(&self.cfg, events.outbox(), &run.coverage)
+                                    .await;
+                            }
                             match run.copies.into_iter().find(|c| c.driven.state.txn() == txn) {
                                 Some(c) => Ok(c.driven),
                                 None => {
