@@ -23,6 +23,8 @@ fn event(txn: TxnId, n: usize) -> AgentMessage {
         at: now_timestamp().unwrap_or_else(|e| panic!("clock: {e}")),
         detail: Some(format!("profile base, step {n}")),
         error: None,
+        guest: None,
+        backup: None,
     })
 }
 

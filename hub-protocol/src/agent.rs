@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ack::Ack;
+use crate::coverage::{Coverage, MAX_BACKUP_BYTES};
 use crate::error::ProtocolError;
 use crate::ids::TxnId;
 use crate::timestamp::Timestamp;
@@ -140,6 +141,14 @@ pub struct Event {
     /// stopped (Ctrl-C, SIGTERM) with the transaction open at this phase: no outcome yet, the
     /// result follows once a resume settles it.
     pub error: Option<ErrorInfo>,
+    /// For a restore-test copy (`selftest-restore`): the guest whose backup it proves (the
+    /// backup's owner); absent for other kinds and when the backup's name does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<u32>,
+    /// For a restore-test copy: the backup volume id it restores and proves, at most
+    /// [`MAX_BACKUP_BYTES`] (see [`backup_text`]); absent for other kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
 }
 
 /// The final state of a transaction: the same document `--json` prints (DESIGN section 3).
@@ -169,10 +178,25 @@ pub struct TxnResult {
     /// (see [`TxnResult::isolation_text`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
+    /// For a restore-test copy (`selftest-restore`): the guest whose backup it proves (the
+    /// backup's owner); absent for other kinds, for a restore-test dispatch that started no
+    /// copy, and when the backup's name does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<u32>,
+    /// For a restore-test copy: the backup volume id it restored (proven when `outcome` is
+    /// `ok`), at most [`MAX_BACKUP_BYTES`] (see [`backup_text`]); absent for other kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
 }
 
 /// The longest `isolation` note a result carries; longer text is clipped.
 pub const MAX_ISOLATION_BYTES: usize = 1024;
+
+/// `volid` clipped to [`MAX_BACKUP_BYTES`] (on a char boundary), for the `backup` field of a
+/// result or an event.
+pub fn backup_text(volid: &str) -> String {
+    crate::clip(volid, MAX_BACKUP_BYTES).to_owned()
+}
 
 impl TxnResult {
     /// `text` clipped to [`MAX_ISOLATION_BYTES`] (on a char boundary), for the `isolation`
@@ -195,6 +219,8 @@ pub enum AgentMessage {
     Event(Event),
     /// `result`
     Result(TxnResult),
+    /// `coverage` (protocol version 2)
+    Coverage(Coverage),
     /// `ack`
     Ack(Ack),
     /// `protocol_error`
@@ -209,6 +235,7 @@ impl crate::codec::sealed::Codec for AgentMessage {
             Self::Inventory(b) => b.serialize(s),
             Self::Event(b) => b.serialize(s),
             Self::Result(b) => b.serialize(s),
+            Self::Coverage(b) => b.serialize(s),
             Self::Ack(b) => b.serialize(s),
             Self::ProtocolError(b) => b.serialize(s),
         }
@@ -225,6 +252,7 @@ impl crate::codec::sealed::Codec for AgentMessage {
             "inventory" => from_value(body).map(Self::Inventory),
             "event" => from_value(body).map(Self::Event),
             "result" => from_value(body).map(Self::Result),
+            "coverage" => from_value(body).map(Self::Coverage),
             "ack" => from_value(body).map(Self::Ack),
             "protocol_error" => from_value(body).map(Self::ProtocolError),
             _ => return None,
@@ -240,9 +268,17 @@ impl crate::codec::Message for AgentMessage {
         "inventory",
         "event",
         "result",
+        "coverage",
         "ack",
         "protocol_error",
     ];
+
+    fn type_since(type_name: &str) -> Option<u32> {
+        match type_name {
+            "coverage" => Some(2),
+            other => Self::TYPES.contains(&other).then_some(1),
+        }
+    }
 
     fn type_name(&self) -> &'static str {
         match self {
@@ -251,6 +287,7 @@ impl crate::codec::Message for AgentMessage {
             Self::Inventory(_) => "inventory",
             Self::Event(_) => "event",
             Self::Result(_) => "result",
+            Self::Coverage(_) => "coverage",
             Self::Ack(_) => "ack",
             Self::ProtocolError(_) => "protocol_error",
         }
@@ -307,6 +344,47 @@ mod tests {
             json!("eth0 given as an unconnected veth pair")
         );
         assert_eq!(serde_json::from_value::<TxnResult>(wire).unwrap(), with);
+    }
+
+    #[test]
+    fn guest_and_backup_are_absent_unless_set_and_older_bodies_decode_without_them() {
+        let result = json!({
+            "txn": "01KJMMA6WMJMRNV7E9Z0C1HT0H", "kind": "provision", "vmid": 120,
+            "outcome": "ok", "phase": "reported", "destroy_armed": true, "destroyed": false,
+            "checks": [], "error": null
+        });
+        let r: TxnResult = serde_json::from_value(result.clone()).unwrap();
+        assert_eq!((r.guest, r.backup.as_deref()), (None, None));
+        assert_eq!(serde_json::to_value(&r).unwrap(), result);
+        let event = json!({
+            "txn": "01KJMMA6WMJMRNV7E9Z0C1HT0H", "kind": "selftest-restore", "vmid": 990000,
+            "phase": "created", "at": "2026-03-01T12:00:00Z", "detail": null, "error": null
+        });
+        let e: Event = serde_json::from_value(event.clone()).unwrap();
+        assert_eq!((e.guest, e.backup.as_deref()), (None, None));
+        assert_eq!(serde_json::to_value(&e).unwrap(), event);
+
+        let volid = "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst";
+        let e = Event {
+            guest: Some(200),
+            backup: Some(backup_text(volid)),
+            ..e
+        };
+        let wire = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            (&wire["guest"], &wire["backup"]),
+            (&json!(200), &json!(volid))
+        );
+        assert_eq!(serde_json::from_value::<Event>(wire).unwrap(), e);
+    }
+
+    #[test]
+    fn backup_text_is_clipped_on_a_char_boundary() {
+        let long = format!("local:backup/{}", "é".repeat(MAX_BACKUP_BYTES));
+        let clipped = backup_text(&long);
+        assert!(clipped.len() <= MAX_BACKUP_BYTES && clipped.len() >= MAX_BACKUP_BYTES - 1);
+        assert!(long.starts_with(&clipped));
+        assert_eq!(backup_text("local:backup/a"), "local:backup/a");
     }
 
     #[test]

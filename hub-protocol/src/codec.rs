@@ -39,11 +39,22 @@ pub(crate) mod sealed {
 pub trait Message: sealed::Codec {
     /// The direction, as error messages name it (`agent-to-hub`).
     const DIRECTION: &'static str;
-    /// Every wire type of this direction.
+    /// Every wire type of this direction, in every version this crate speaks.
     const TYPES: &'static [&'static str];
+
+    /// The protocol version that brought the wire type `type_name` (1 for the types of the
+    /// first version); `None` when it is not a type of this direction. A frame of an earlier
+    /// version cannot carry it.
+    fn type_since(type_name: &str) -> Option<u32>;
 
     /// The wire `type` of this message.
     fn type_name(&self) -> &'static str;
+
+    /// The protocol version that brought this message's type: an envelope of an earlier
+    /// version cannot carry it.
+    fn since(&self) -> u32 {
+        Self::type_since(self.type_name()).unwrap_or(1)
+    }
 
     /// Whether the receiver must acknowledge this message by id: everything except `ack` and
     /// `heartbeat`.
@@ -113,7 +124,8 @@ impl<'de, M: Message> Deserialize<'de> for Envelope<M> {
 /// Checks, in order: the size (`oversized`, before any parsing), JSON syntax and that the frame
 /// is an object (`malformed`), `v` (`invalid_field`, or `unsupported_version` when it is not in
 /// [`SUPPORTED_VERSIONS`]), `id` (`invalid_field`), `type` (`invalid_field`, or `unknown_type`
-/// when it is not a type of this direction), `ts` and then the body (`invalid_field`). The
+/// when it is not a type of this direction in the frame's version: a `coverage` frame of
+/// version 1 is an unknown type), `ts` and then the body (`invalid_field`). The
 /// error carries the frame's id whenever it had a readable one, so it can be sent back as a
 /// `protocol_error` as it is. Never panics.
 pub fn decode<M: Message>(frame: &str) -> Result<Envelope<M>, ProtocolError> {
@@ -203,8 +215,20 @@ pub fn decode_value<M: Message>(value: Value) -> Result<Envelope<M>, ProtocolErr
             ))
         }
     };
-    if !M::TYPES.contains(&type_name.as_str()) {
-        return Err(unknown_type::<M>(&type_name, id));
+    match M::type_since(&type_name) {
+        None => return Err(unknown_type::<M>(&type_name, id)),
+        Some(since) if since > v => {
+            return Err(ProtocolError::new(
+                ProtocolErrorCode::UnknownType,
+                format!(
+                    "{} message type `{type_name}` is not part of protocol version {v} (it came \
+                     with version {since})",
+                    M::DIRECTION
+                ),
+            )
+            .with_offending_id(Some(id)))
+        }
+        Some(_) => {}
     }
 
     let ts = match object.get("ts") {
@@ -280,6 +304,16 @@ pub enum EncodeError {
         /// The encoded length in bytes.
         len: usize,
     },
+    /// The message's type is not part of the envelope's protocol version (a `coverage` in a
+    /// version 1 envelope); the peer would refuse it as an unknown type.
+    NotInVersion {
+        /// The message type.
+        type_name: &'static str,
+        /// The envelope's version.
+        version: u32,
+        /// The version that brought the type.
+        since: u32,
+    },
     /// The message could not be serialized.
     Json(String),
 }
@@ -291,6 +325,14 @@ impl fmt::Display for EncodeError {
                 f,
                 "encoded `{type_name}` frame of {len} bytes exceeds the limit of {MAX_FRAME_BYTES} bytes"
             ),
+            Self::NotInVersion {
+                type_name,
+                version,
+                since,
+            } => write!(
+                f,
+                "a `{type_name}` message cannot be sent in protocol version {version}; it came with version {since}"
+            ),
             Self::Json(e) => write!(f, "cannot encode frame: {e}"),
         }
     }
@@ -298,8 +340,17 @@ impl fmt::Display for EncodeError {
 
 impl std::error::Error for EncodeError {}
 
-/// Encodes an envelope as one text frame, refusing frames the peer would reject as oversized.
+/// Encodes an envelope as one text frame, refusing frames the peer would reject: oversized,
+/// or of a message type the envelope's version does not have.
 pub fn encode<M: Message>(envelope: &Envelope<M>) -> Result<String, EncodeError> {
+    let since = envelope.message.since();
+    if since > envelope.v {
+        return Err(EncodeError::NotInVersion {
+            type_name: envelope.type_name(),
+            version: envelope.v,
+            since,
+        });
+    }
     let frame = serde_json::to_string(envelope).map_err(|e| EncodeError::Json(e.to_string()))?;
     if frame.len() > MAX_FRAME_BYTES {
         return Err(EncodeError::Oversized {
@@ -318,8 +369,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        Ack, CheckReport, CheckStatus, Dispatch, DispatchAction, Event, Heartbeat, Hello,
-        HostFacts, Inventory, Outcome, Phase, TxnId, TxnKind, TxnResult, Welcome,
+        Ack, CheckReport, CheckStatus, Coverage, CoverageRow, CoverageStatus, Dispatch,
+        DispatchAction, Event, Heartbeat, Hello, HostFacts, Inventory, Outcome, Phase, TxnId,
+        TxnKind, TxnResult, Welcome,
     };
 
     const ID: &str = "01JQ3V6B4TN3R5W9X0Y2Z4A6C8";
@@ -424,7 +476,7 @@ mod tests {
 
     #[test]
     fn unsupported_version_names_the_version_and_the_message() {
-        for v in [0u64, 2, 99, u64::from(u32::MAX)] {
+        for v in [0u64, 3, 99, u64::from(u32::MAX)] {
             let mut f = frame("heartbeat", heartbeat_body());
             f["v"] = json!(v);
             let err = agent_err(&f);
@@ -724,6 +776,8 @@ mod tests {
                 at: Timestamp::parse(TS).unwrap(),
                 detail: None,
                 error: None,
+                guest: None,
+                backup: None,
             }),
             AgentMessage::Result(TxnResult {
                 txn,
@@ -736,10 +790,96 @@ mod tests {
                 checks: vec![],
                 isolation: None,
                 error: None,
+                guest: None,
+                backup: None,
             }),
+            coverage(),
             AgentMessage::Ack(Ack { ids: vec![id()] }),
             AgentMessage::ProtocolError(ProtocolError::new(ProtocolErrorCode::Malformed, "x")),
         ]
+    }
+
+    fn coverage() -> AgentMessage {
+        AgentMessage::Coverage(Coverage {
+            node: "pve1".to_owned(),
+            at: Timestamp::parse(TS).unwrap(),
+            guest_count: 1,
+            guests: vec![CoverageRow {
+                vmid: 200,
+                name: "shop".to_owned(),
+                status: CoverageStatus::NoBackup,
+                stale: false,
+                backup_age: None,
+                newest_backup: None,
+                last_test: None,
+                failed_test: None,
+                proven: None,
+                proven_gone: None,
+                due_since: None,
+                due: false,
+            }],
+        })
+    }
+
+    fn coverage_body() -> Value {
+        json!({"node": "pve1", "at": TS, "guest_count": 0, "guests": []})
+    }
+
+    #[test]
+    fn a_coverage_frame_of_version_1_is_an_unknown_type() {
+        let mut f = frame("coverage", coverage_body());
+        let err = agent_err(&f);
+        assert_eq!(err.code, ProtocolErrorCode::UnknownType, "{err}");
+        assert_eq!(err.offending_id, Some(id()));
+        assert!(err.message.contains("protocol version 1"), "{err}");
+        assert!(err.message.contains("version 2"), "{err}");
+        f["v"] = json!(2);
+        let env: AgentEnvelope = decode(&f.to_string()).unwrap();
+        assert_eq!(env.type_name(), "coverage");
+        assert_eq!(env.message.since(), 2);
+        f["v"] = json!(3);
+        assert_eq!(agent_err(&f).code, ProtocolErrorCode::UnsupportedVersion);
+    }
+
+    #[test]
+    fn version_1_types_are_frames_of_version_2_too() {
+        let mut f = frame("heartbeat", heartbeat_body());
+        f["v"] = json!(2);
+        let env: AgentEnvelope = decode(&f.to_string()).unwrap();
+        assert_eq!(env.v, 2);
+        assert_eq!(env.message.since(), 1);
+        let mut d = frame("dispatch", json!({"txn": TXN, "action": "restore_test"}));
+        d["v"] = json!(2);
+        assert!(decode::<HubMessage>(&d.to_string()).is_ok());
+    }
+
+    #[test]
+    fn encode_refuses_a_type_the_envelope_version_lacks() {
+        let env = Envelope::new(1, id(), Timestamp::parse(TS).unwrap(), coverage());
+        assert_eq!(
+            encode(&env),
+            Err(EncodeError::NotInVersion {
+                type_name: "coverage",
+                version: 1,
+                since: 2
+            })
+        );
+        let env = Envelope { v: 2, ..env };
+        assert!(encode(&env).is_ok());
+    }
+
+    #[test]
+    fn each_type_came_with_a_version_this_crate_speaks() {
+        for t in AgentMessage::TYPES {
+            let since = AgentMessage::type_since(t).unwrap();
+            assert!(SUPPORTED_VERSIONS.contains(&since), "{t}");
+            assert_eq!(since, u32::from(*t == "coverage") + 1, "{t}");
+        }
+        for t in HubMessage::TYPES {
+            assert_eq!(HubMessage::type_since(t), Some(1), "{t}");
+        }
+        assert_eq!(AgentMessage::type_since("welcome"), None);
+        assert_eq!(HubMessage::type_since("coverage"), None);
     }
 
     fn one_of_each_hub_message() -> Vec<HubMessage> {
@@ -765,7 +905,7 @@ mod tests {
         messages
             .into_iter()
             .map(|m| {
-                let env = Envelope::new(1, id(), Timestamp::parse(TS).unwrap(), m);
+                let env = Envelope::new(m.since(), id(), Timestamp::parse(TS).unwrap(), m);
                 let text = encode(&env).unwrap();
                 let wire: Value = serde_json::from_str(&text).unwrap();
                 assert_eq!(wire["type"], json!(env.type_name()));
@@ -795,6 +935,7 @@ mod tests {
                 ("inventory", true),
                 ("event", true),
                 ("result", true),
+                ("coverage", true),
                 ("ack", false),
                 ("protocol_error", true)
             ]
@@ -836,6 +977,8 @@ mod tests {
             }],
             isolation: None,
             error: None,
+            guest: None,
+            backup: None,
         };
         let env = Envelope::new(
             1,

@@ -126,6 +126,10 @@ impl crate::codec::Message for HubMessage {
     const DIRECTION: &'static str = "hub-to-agent";
     const TYPES: &'static [&'static str] = &["welcome", "dispatch", "ack", "protocol_error"];
 
+    fn type_since(type_name: &str) -> Option<u32> {
+        Self::TYPES.contains(&type_name).then_some(1)
+    }
+
     fn type_name(&self) -> &'static str {
         match self {
             Self::Welcome(_) => "welcome",

@@ -14,8 +14,22 @@
 //! `v` is the protocol version, `id` the message id (a ULID), `type` names the body's shape,
 //! `ts` is when the message was created (UTC, RFC 3339) and `body` is the message. The agent
 //! sends [`AgentMessage`]s (`hello`, `heartbeat`, `inventory`, `event`, `result`, `ack`,
-//! `protocol_error`); the hub sends [`HubMessage`]s (`welcome`, `dispatch`, `ack`,
-//! `protocol_error`). [`decode`] and [`encode`] turn frames into [`Envelope`]s and back.
+//! `protocol_error`, and from version 2 on `coverage`); the hub sends [`HubMessage`]s
+//! (`welcome`, `dispatch`, `ack`, `protocol_error`). [`decode`] and [`encode`] turn frames into
+//! [`Envelope`]s and back.
+//!
+//! # Versions
+//!
+//! - **1**: the messages above but `coverage`. Results and events of a restore-test copy
+//!   (`selftest-restore`) name the guest whose backup it proves and that backup (`guest`,
+//!   `backup`; optional fields, absent for other kinds).
+//! - **2**: adds the agent's [`Coverage`] message (`coverage`): after every restore-test run
+//!   that worked it out, the table of the node's pool guests and whether each one's newest
+//!   backup is proven, as `felhom-agent restore-report --json` shows it (bounded: at most
+//!   [`MAX_COVERAGE_ROWS`] rows, texts clipped, one frame). It is stored, re-sent and
+//!   acknowledged like a result; a newer table supersedes an older one not yet acknowledged.
+//!   An agent whose session negotiated version 1 sends no `coverage` (it drops the tables
+//!   waiting for such a hub: a table is a snapshot and the next run makes a new one).
 //!
 //! ```
 //! use hub_protocol::{decode, encode, AgentMessage, Envelope, Heartbeat, MessageId, Timestamp};
@@ -36,13 +50,14 @@
 //!
 //! - **At least once, both ways.** Every message except `ack` and `heartbeat` must be
 //!   acknowledged by its id in an `ack` ([`Message::needs_ack`]). The receiver acks once it has
-//!   acted on the message or stored it durably (the hub: the event or result is recorded; the
-//!   agent: the dispatch is journaled).
-//! - **Nothing lost.** The sender keeps every unacknowledged `event`, `result` and `inventory`
-//!   (the agent, in its durable outbox) and every unacknowledged `dispatch` (the hub), and sends
-//!   it again after a reconnect until it is acknowledged. The other messages belong to their
-//!   session (`hello`, `welcome`, `heartbeat`, `ack`, `protocol_error`) and are never re-sent in
-//!   a later one; a new session starts with a new hello.
+//!   acted on the message or stored it durably (the hub: the event, result or coverage is
+//!   recorded; the agent: the dispatch is journaled).
+//! - **Nothing lost.** The sender keeps every unacknowledged `event`, `result`, `inventory` and
+//!   `coverage` (the agent, in its durable outbox) and every unacknowledged `dispatch` (the
+//!   hub), and sends it again after a reconnect until it is acknowledged (the one exception: a
+//!   `coverage` waiting while the session is of version 1, see *Versions*). The other messages
+//!   belong to their session (`hello`, `welcome`, `heartbeat`, `ack`, `protocol_error`) and are
+//!   never re-sent in a later one; a new session starts with a new hello.
 //! - **Re-send in order.** After a reconnect and the new welcome, a sender first re-sends its
 //!   unacknowledged messages in the order they were first queued, unchanged (same `id`, same
 //!   `ts`; only `v` follows the new session), then goes on with new ones.
@@ -50,8 +65,9 @@
 //!   most once and acks a duplicate again. The agent also de-duplicates dispatches by their
 //!   transaction id: a dispatch whose `txn` it already knows is not run again; the agent
 //!   re-reports that transaction's state (its result, once it has one).
-//! - **Heartbeats** are neither acknowledged, stored nor re-sent. A newer `inventory` supersedes
-//!   an older one that is not yet acknowledged; the sender may drop the older.
+//! - **Heartbeats** are neither acknowledged, stored nor re-sent. A newer `inventory` sent on
+//!   connect or change, and a newer `coverage`, supersede an older one of their kind that is
+//!   not yet acknowledged; the sender may drop the older.
 //! - **Protocol errors.** A frame that cannot be decoded is answered with a `protocol_error`
 //!   (what [`decode`] returned, naming the offending id when the frame had a readable one) and
 //!   is not acknowledged; the session goes on. Decoding never panics. A sender told that one of
@@ -72,13 +88,17 @@
 //!   fields they do not know, in the envelope and in every body.
 //! - **New types are a new version.** New message types, dispatch actions and enumerated values
 //!   (phases, outcomes, codes) need a new version. A message type the receiver does not know is
-//!   answered with a `protocol_error` `unknown_type`, never a crash or a dropped session.
+//!   answered with a `protocol_error` `unknown_type`, never a crash or a dropped session; so is
+//!   a type the frame's version does not have (a `coverage` frame of version 1), see
+//!   [`Message::type_since`]. A sender never writes a type into an earlier version's frame
+//!   ([`encode`] refuses it).
 //! - **Capabilities** (in the hello) are an open list of names; unknown names are ignored, and
 //!   the hub dispatches only actions whose capability the agent announced.
 
 mod ack;
 mod agent;
 mod codec;
+mod coverage;
 mod error;
 mod hub;
 mod ids;
@@ -88,12 +108,17 @@ mod version;
 
 pub use ack::Ack;
 pub use agent::{
-    capability, AgentMessage, Event, GuestStatus, GuestType, Heartbeat, Hello, HostFacts,
-    Inventory, PoolGuest, TxnResult, MAX_ISOLATION_BYTES,
+    backup_text, capability, AgentMessage, Event, GuestStatus, GuestType, Heartbeat, Hello,
+    HostFacts, Inventory, PoolGuest, TxnResult, MAX_ISOLATION_BYTES,
 };
 pub use codec::{
     decode, decode_value, encode, AgentEnvelope, EncodeError, Envelope, HubEnvelope, Message,
     MAX_FRAME_BYTES,
+};
+pub use coverage::{
+    BackupRef, BackupTest, Coverage, CoverageRow, CoverageStatus, ProvenPoint, TestVerdict,
+    MAX_BACKUP_BYTES, MAX_CHECK_NAME_BYTES, MAX_COVERAGE_ROWS, MAX_FAILING_CHECKS,
+    MAX_GUEST_NAME_BYTES, MAX_NODE_BYTES, MAX_TEST_MESSAGE_BYTES,
 };
 pub use error::{ProtocolError, ProtocolErrorCode, MAX_ERROR_MESSAGE_BYTES};
 pub use hub::{Dispatch, DispatchAction, HubMessage, Welcome};

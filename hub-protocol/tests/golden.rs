@@ -10,10 +10,11 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
 use hub_protocol::{
-    decode, encode, Ack, AgentEnvelope, AgentMessage, CheckReport, CheckStatus, Dispatch,
-    DispatchAction, Envelope, ErrorCode, ErrorInfo, Event, GuestStatus, GuestType, Heartbeat,
-    Hello, HostFacts, HubEnvelope, HubMessage, Inventory, Message, MessageId, Outcome, Phase,
-    PoolGuest, ProtocolError, ProtocolErrorCode, Timestamp, TxnId, TxnKind, TxnResult, Welcome,
+    decode, encode, Ack, AgentEnvelope, AgentMessage, BackupRef, BackupTest, CheckReport,
+    CheckStatus, Coverage, CoverageRow, CoverageStatus, Dispatch, DispatchAction, Envelope,
+    ErrorCode, ErrorInfo, Event, GuestStatus, GuestType, Heartbeat, Hello, HostFacts, HubEnvelope,
+    HubMessage, Inventory, Message, MessageId, Outcome, Phase, PoolGuest, ProtocolError,
+    ProtocolErrorCode, ProvenPoint, TestVerdict, Timestamp, TxnId, TxnKind, TxnResult, Welcome,
     HANDSHAKE_VERSION,
 };
 use serde_json::Value;
@@ -21,6 +22,10 @@ use serde_json::Value;
 const PROVISION_TXN: &str = "01KJMMA6WMJMRNV7E9Z0C1HT0H";
 const INVENTORY_TXN: &str = "01KJMMAE70TEP0Y8EXPSPATJH6";
 const RESTORE_TEST_TXN: &str = "01KJMMB1F8D3N6R0S2V5Y7ZA9B";
+const COPY_TXN: &str = "01KJGX8M5R3Q7T1V9W2Y4Z6A8C";
+const FAILED_COPY_TXN: &str = "01KJGXA2B4C6D8E0F2G4H6J8K0";
+const CT_120_BACKUP: &str = "local:backup/vzdump-lxc-120-2026_02_28-02_00_00.tar.zst";
+const VM_121_BACKUP: &str = "local:backup/vzdump-qemu-121-2026_02_28-02_00_00.vma.zst";
 
 fn mid(text: &str) -> MessageId {
     MessageId::parse(text).unwrap()
@@ -40,6 +45,105 @@ fn s(text: &str) -> String {
 
 fn agent(id: &str, at: &str, message: AgentMessage) -> Expected {
     Expected::Agent(Envelope::new(1, mid(id), ts(at), message))
+}
+
+/// A frame in the version that brought its type.
+fn agent_since(id: &str, at: &str, message: AgentMessage) -> Expected {
+    Expected::Agent(Envelope::new(message.since(), mid(id), ts(at), message))
+}
+
+fn failed_test_of_121() -> BackupTest {
+    BackupTest {
+        volid: s(VM_121_BACKUP),
+        txn: txn(FAILED_COPY_TXN),
+        at: 1_772_248_350,
+        verdict: TestVerdict::Failed,
+        code: Some(ErrorCode::CheckFailed),
+        message: Some(s(
+            "check no-other-failed-units failed in VM 990001 on pve1: 1 row where none were expected",
+        )),
+        failing: vec![s("no-other-failed-units")],
+        copy: Some(990_001),
+    }
+}
+
+fn coverage() -> Coverage {
+    Coverage {
+        node: s("pve1"),
+        at: ts("2026-03-01T12:00:00Z"),
+        guest_count: 3,
+        guests: vec![
+            CoverageRow {
+                vmid: 120,
+                name: s("shop-frontend"),
+                status: CoverageStatus::Proven,
+                stale: false,
+                backup_age: Some(122_400),
+                newest_backup: Some(BackupRef {
+                    volid: s(CT_120_BACKUP),
+                    time: 1_772_244_000,
+                    size: Some(734_003_200),
+                }),
+                last_test: Some(BackupTest {
+                    volid: s(CT_120_BACKUP),
+                    txn: txn(COPY_TXN),
+                    at: 1_772_248_200,
+                    verdict: TestVerdict::Ok,
+                    code: None,
+                    message: None,
+                    failing: vec![],
+                    copy: Some(990_000),
+                }),
+                failed_test: None,
+                proven: Some(ProvenPoint {
+                    volid: s(CT_120_BACKUP),
+                    backup_time: 1_772_244_000,
+                    age_seconds: 122_400,
+                    proven_at: 1_772_248_200,
+                }),
+                proven_gone: None,
+                due_since: None,
+                due: false,
+            },
+            CoverageRow {
+                vmid: 121,
+                name: s("billing"),
+                status: CoverageStatus::Failed,
+                stale: false,
+                backup_age: Some(122_400),
+                newest_backup: Some(BackupRef {
+                    volid: s(VM_121_BACKUP),
+                    time: 1_772_244_000,
+                    size: Some(2_147_483_648),
+                }),
+                last_test: Some(failed_test_of_121()),
+                failed_test: Some(failed_test_of_121()),
+                proven: Some(ProvenPoint {
+                    volid: s("local:backup/vzdump-qemu-121-2026_02_27-02_00_00.vma.zst"),
+                    backup_time: 1_772_157_600,
+                    age_seconds: 208_800,
+                    proven_at: 1_772_161_500,
+                }),
+                proven_gone: None,
+                due_since: Some(1_772_244_000),
+                due: true,
+            },
+            CoverageRow {
+                vmid: 122,
+                name: s(""),
+                status: CoverageStatus::NoBackup,
+                stale: false,
+                backup_age: None,
+                newest_backup: None,
+                last_test: None,
+                failed_test: None,
+                proven: None,
+                proven_gone: None,
+                due_since: None,
+                due: false,
+            },
+        ],
+    }
 }
 
 fn hub(id: &str, at: &str, message: HubMessage) -> Expected {
@@ -135,7 +239,56 @@ fn cases() -> Vec<(&'static str, Expected)> {
                         "UPID:pve1:000A1B2C:0F3E4D5A:67C2F0A4:vzrestore:120:felhom@pve!agent:",
                     )),
                     error: None,
+                    guest: None,
+                    backup: None,
                 }),
+            ),
+        ),
+        (
+            "agent_event_restore_test.json",
+            agent(
+                "01KJGX8Q1B3D5F7H9K1M3N5P7R",
+                "2026-02-28T03:06:12Z",
+                AgentMessage::Event(Event {
+                    txn: txn(COPY_TXN),
+                    kind: TxnKind::SelftestRestore,
+                    vmid: Some(990_000),
+                    phase: Phase::Created,
+                    at: ts("2026-02-28T03:06:11.750Z"),
+                    detail: Some(s("step start")),
+                    error: None,
+                    guest: Some(120),
+                    backup: Some(s(CT_120_BACKUP)),
+                }),
+            ),
+        ),
+        (
+            "agent_result_restore_test.json",
+            agent(
+                "01KJGX9P3D5F7H9K1M3N5Q7S9V",
+                "2026-02-28T03:10:00.250Z",
+                AgentMessage::Result(TxnResult {
+                    txn: txn(COPY_TXN),
+                    kind: TxnKind::SelftestRestore,
+                    vmid: Some(990_000),
+                    outcome: Outcome::Ok,
+                    phase: Phase::Destroyed,
+                    destroy_armed: true,
+                    destroyed: true,
+                    checks: vec![],
+                    error: None,
+                    isolation: None,
+                    guest: Some(120),
+                    backup: Some(s(CT_120_BACKUP)),
+                }),
+            ),
+        ),
+        (
+            "agent_coverage.json",
+            agent_since(
+                "01KJGX9R7T9V1X3Z5B7D9F1H3K",
+                "2026-03-01T12:00:00.500Z",
+                AgentMessage::Coverage(coverage()),
             ),
         ),
         (
@@ -157,6 +310,8 @@ fn cases() -> Vec<(&'static str, Expected)> {
                         "eth0 given as an unconnected veth pair (peer felab0 inside the copy); \
                          restarted networking.service (active)",
                     )),
+                    guest: None,
+                    backup: None,
                 }),
             ),
         ),
@@ -209,6 +364,8 @@ fn cases() -> Vec<(&'static str, Expected)> {
                         message: s("check no_world_writable_etc failed in CT 120 on pve1: 1 row where none were expected; the guest was destroyed"),
                     }),
                     isolation: None,
+                    guest: None,
+                    backup: None,
                 }),
             ),
         ),
@@ -418,15 +575,52 @@ fn every_golden_file_has_a_case_and_every_type_a_golden_file() {
 }
 
 #[test]
-fn golden_frames_are_version_1_and_fit_a_frame() {
-    // The goldens pin version 1; a later version gets its own files.
+fn golden_frames_are_in_the_version_of_their_type_and_fit_a_frame() {
+    // The goldens pin version 1; a type a later version brought is pinned in that version.
     assert!(hub_protocol::SUPPORTED_VERSIONS.contains(&1));
     assert_eq!(HANDSHAKE_VERSION, 1);
-    for (name, _) in cases() {
+    for (name, expected) in cases() {
         let frame = read_golden(name);
         assert!(frame.len() <= hub_protocol::MAX_FRAME_BYTES, "{name}");
         let value: Value = serde_json::from_str(&frame).unwrap();
-        assert_eq!(value["v"], Value::from(1), "{name}");
+        let since = match &expected {
+            Expected::Agent(env) => env.message.since(),
+            Expected::Hub(env) => env.message.since(),
+        };
+        assert_eq!(value["v"], Value::from(since), "{name}");
+    }
+}
+
+#[test]
+fn the_coverage_golden_is_refused_in_version_1_and_every_version_1_golden_decodes_in_2() {
+    let mut coverage: Value = serde_json::from_str(&read_golden("agent_coverage.json")).unwrap();
+    coverage["v"] = Value::from(1);
+    let err = decode::<AgentMessage>(&coverage.to_string()).unwrap_err();
+    assert_eq!(err.code, ProtocolErrorCode::UnknownType, "{err}");
+    assert_eq!(
+        err.offending_id,
+        Some(mid("01KJGX9R7T9V1X3Z5B7D9F1H3K")),
+        "{err}"
+    );
+    for (name, expected) in cases() {
+        let mut value: Value = serde_json::from_str(&read_golden(name)).unwrap();
+        if value["v"] != 1 {
+            continue;
+        }
+        value["v"] = Value::from(2);
+        let frame = value.to_string();
+        match expected {
+            Expected::Agent(want) => assert_eq!(
+                decode::<AgentMessage>(&frame),
+                Ok(Envelope { v: 2, ..want }),
+                "{name}"
+            ),
+            Expected::Hub(want) => assert_eq!(
+                decode::<HubMessage>(&frame),
+                Ok(Envelope { v: 2, ..want }),
+                "{name}"
+            ),
+        }
     }
 }
 

@@ -7,11 +7,12 @@
 use std::num::NonZeroU32;
 
 use hub_protocol::{
-    decode, decode_value, encode, Ack, AgentMessage, CheckReport, CheckRow, CheckStatus, Dispatch,
-    DispatchAction, Envelope, ErrorCode, ErrorInfo, Event, GuestStatus, GuestType, Heartbeat,
-    Hello, HostFacts, HubMessage, Inventory, Message, MessageId, Outcome, Phase, PoolGuest,
-    ProtocolError, ProtocolErrorCode, Timestamp, TxnId, TxnKind, TxnResult, Welcome,
-    MAX_ERROR_MESSAGE_BYTES, SUPPORTED_VERSIONS,
+    decode, decode_value, encode, Ack, AgentMessage, BackupRef, BackupTest, CheckReport, CheckRow,
+    CheckStatus, Coverage, CoverageRow, CoverageStatus, Dispatch, DispatchAction, Envelope,
+    ErrorCode, ErrorInfo, Event, GuestStatus, GuestType, Heartbeat, Hello, HostFacts, HubMessage,
+    Inventory, Message, MessageId, Outcome, Phase, PoolGuest, ProtocolError, ProtocolErrorCode,
+    ProvenPoint, TestVerdict, Timestamp, TxnId, TxnKind, TxnResult, Welcome, MAX_COVERAGE_ROWS,
+    MAX_ERROR_MESSAGE_BYTES, MAX_FRAME_BYTES, SUPPORTED_VERSIONS,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option;
@@ -185,16 +186,21 @@ fn event() -> impl Strategy<Value = Event> {
     (
         (txn_id(), txn_kind(), option::of(any::<u32>()), phase()),
         (timestamp(), option::of(text()), option::of(error_info())),
+        (option::of(any::<u32>()), option::of(text())),
     )
-        .prop_map(|((txn, kind, vmid, phase), (at, detail, error))| Event {
-            txn,
-            kind,
-            vmid,
-            phase,
-            at,
-            detail,
-            error,
-        })
+        .prop_map(
+            |((txn, kind, vmid, phase), (at, detail, error), (guest, backup))| Event {
+                txn,
+                kind,
+                vmid,
+                phase,
+                at,
+                detail,
+                error,
+                guest,
+                backup,
+            },
+        )
 }
 
 fn txn_result() -> impl Strategy<Value = TxnResult> {
@@ -219,12 +225,14 @@ fn txn_result() -> impl Strategy<Value = TxnResult> {
             option::of(error_info()),
             option::of(text()),
         ),
+        (option::of(any::<u32>()), option::of(text())),
     )
         .prop_map(
             |(
                 (txn, kind, vmid, outcome, phase),
                 (destroy_armed, destroyed),
                 (checks, error, isolation),
+                (guest, backup),
             )| {
                 TxnResult {
                     txn,
@@ -237,9 +245,97 @@ fn txn_result() -> impl Strategy<Value = TxnResult> {
                     checks,
                     error,
                     isolation,
+                    guest,
+                    backup,
                 }
             },
         )
+}
+
+fn coverage_status() -> impl Strategy<Value = CoverageStatus> {
+    select(CoverageStatus::ALL.to_vec())
+}
+
+fn backup_test() -> impl Strategy<Value = BackupTest> {
+    (
+        (text(), txn_id(), any::<u64>()),
+        select(vec![
+            TestVerdict::Ok,
+            TestVerdict::Failed,
+            TestVerdict::Unprovable,
+        ]),
+        (
+            option::of(select(ErrorCode::ALL.to_vec())),
+            option::of(text()),
+            vec(text(), 0..3),
+            option::of(any::<u32>()),
+        ),
+    )
+        .prop_map(
+            |((volid, txn, at), verdict, (code, message, failing, copy))| BackupTest {
+                volid,
+                txn,
+                at,
+                verdict,
+                code,
+                message,
+                failing,
+                copy,
+            },
+        )
+}
+
+fn coverage_row() -> impl Strategy<Value = CoverageRow> {
+    let backup = (text(), any::<u64>(), option::of(any::<u64>()))
+        .prop_map(|(volid, time, size)| BackupRef { volid, time, size });
+    let proven = (text(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(volid, backup_time, age_seconds, proven_at)| ProvenPoint {
+            volid,
+            backup_time,
+            age_seconds,
+            proven_at,
+        },
+    );
+    (
+        (any::<u32>(), text(), coverage_status(), any::<bool>()),
+        (option::of(any::<u64>()), option::of(backup)),
+        (option::of(backup_test()), option::of(backup_test())),
+        (option::of(proven), option::of(text())),
+        (option::of(any::<u64>()), any::<bool>()),
+    )
+        .prop_map(
+            |(
+                (vmid, name, status, stale),
+                (backup_age, newest_backup),
+                (last_test, failed_test),
+                (proven, proven_gone),
+                (due_since, due),
+            )| CoverageRow {
+                vmid,
+                name,
+                status,
+                stale,
+                backup_age,
+                newest_backup,
+                last_test,
+                failed_test,
+                proven,
+                proven_gone,
+                due_since,
+                due,
+            },
+        )
+}
+
+fn coverage() -> impl Strategy<Value = Coverage> {
+    (text(), timestamp(), any::<u32>(), vec(coverage_row(), 0..4)).prop_map(
+        |(node, at, guest_count, guests)| Coverage {
+            node,
+            at,
+            guest_count,
+            guests,
+        },
+    )
 }
 
 fn agent_message() -> impl Strategy<Value = AgentMessage> {
@@ -256,6 +352,7 @@ fn agent_message() -> impl Strategy<Value = AgentMessage> {
         inventory().prop_map(AgentMessage::Inventory),
         event().prop_map(AgentMessage::Event),
         txn_result().prop_map(AgentMessage::Result),
+        coverage().prop_map(AgentMessage::Coverage),
         ack().prop_map(AgentMessage::Ack),
         protocol_error().prop_map(AgentMessage::ProtocolError),
     ]
@@ -302,16 +399,25 @@ fn hub_message() -> impl Strategy<Value = HubMessage> {
     ]
 }
 
-fn envelope<M: std::fmt::Debug>(
+/// An envelope in any version this crate speaks that has the message's type.
+fn envelope<M: Message + std::fmt::Debug>(
     message: impl Strategy<Value = M>,
 ) -> impl Strategy<Value = Envelope<M>> {
     (
-        select(SUPPORTED_VERSIONS.to_vec()),
+        any::<prop::sample::Index>(),
         message_id(),
         timestamp(),
         message,
     )
-        .prop_map(|(v, id, ts, message)| Envelope { v, id, ts, message })
+        .prop_map(|(pick, id, ts, message)| {
+            let versions: Vec<u32> = SUPPORTED_VERSIONS
+                .iter()
+                .copied()
+                .filter(|v| *v >= message.since())
+                .collect();
+            let v = versions[pick.index(versions.len())];
+            Envelope { v, id, ts, message }
+        })
 }
 
 /// Decoding must not panic, and an error must be one a peer can be sent.
@@ -419,6 +525,21 @@ proptest! {
     }
 
     #[test]
+    fn a_message_in_a_version_before_its_type_is_refused_both_ways(
+        env in envelope(coverage().prop_map(AgentMessage::Coverage)),
+    ) {
+        let since = env.message.since();
+        prop_assert_eq!(since, 2);
+        let early = Envelope { v: since - 1, ..env.clone() };
+        prop_assert!(encode(&early).is_err());
+        let mut value: Value = serde_json::from_str(&encode(&env).unwrap()).unwrap();
+        value["v"] = Value::from(since - 1);
+        let err = decode::<AgentMessage>(&value.to_string()).unwrap_err();
+        prop_assert_eq!(err.code, ProtocolErrorCode::UnknownType);
+        prop_assert_eq!(err.offending_id, Some(env.id));
+    }
+
+    #[test]
     fn timestamps_round_trip(ts in timestamp()) {
         let text = serde_json::to_string(&ts).unwrap();
         prop_assert_eq!(serde_json::from_str::<Timestamp>(&text).unwrap(), ts);
@@ -431,5 +552,40 @@ proptest! {
         prop_assert_eq!(text.len(), 26);
         prop_assert_eq!(MessageId::parse(&text), Ok(id));
         prop_assert_eq!(MessageId::parse(&text.to_lowercase()), Ok(id));
+    }
+}
+
+proptest! {
+    // Each case builds and encodes tables of up to a frame's size: fewer cases.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn a_bounded_coverage_always_fits_a_frame(
+        rows in vec(coverage_row(), 0..40),
+        copies in 1usize..400,
+        pad in 0usize..6000,
+        at in timestamp(),
+    ) {
+        // Rows made large by long texts, repeated past what one frame holds.
+        let long = "\u{1}é".repeat(pad);
+        let rows: Vec<CoverageRow> = rows
+            .into_iter()
+            .cycle()
+            .take(copies * 3)
+            .map(|mut r| {
+                r.name.push_str(&long);
+                r.proven_gone = Some(long.clone());
+                r
+            })
+            .collect();
+        let n = rows.len();
+        let coverage = Coverage::bounded(&long, at.clone(), rows);
+        prop_assert_eq!(coverage.guest_count as usize, n);
+        prop_assert!(coverage.guests.len() <= MAX_COVERAGE_ROWS.min(n));
+        prop_assert!(coverage.guests.windows(2).all(|w| w[0].vmid <= w[1].vmid));
+        let env = Envelope { v: 2, id: MessageId::from_ulid(1u128.into()), ts: at, message: AgentMessage::Coverage(coverage) };
+        let frame = encode(&env).unwrap();
+        prop_assert!(frame.len() <= MAX_FRAME_BYTES);
+        prop_assert_eq!(decode::<AgentMessage>(&frame), Ok(env));
     }
 }

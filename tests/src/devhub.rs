@@ -2,8 +2,10 @@
 //! protocol well enough to test the agent and to run the demo.
 //!
 //! It checks the `Authorization: Bearer <token>` header of the upgrade request (a wrong or
-//! missing token gets HTTP 401), answers the hello with a welcome (highest common version,
-//! heartbeat interval from [`DevHubOptions`]), records every frame it receives, acknowledges
+//! missing token gets HTTP 401), answers the hello with a welcome (the highest version it shares
+//! with the agent among [`DevHubOptions::versions`], heartbeat interval from
+//! [`DevHubOptions`]), refuses frames in another version than the session's with
+//! `unsupported_version`, records every frame it receives, acknowledges
 //! every message that needs it, and applies each message id once: a message seen again is
 //! counted as a duplicate and acknowledged again, but not applied again. It can send
 //! dispatches (kept and re-sent after every reconnect until the agent acknowledges them, like a
@@ -25,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use hub_protocol::{
-    decode, encode, negotiate, Ack, AgentEnvelope, AgentMessage, Dispatch, DispatchAction,
-    Envelope, Event, Hello, HubMessage, Inventory, Message as _, MessageId, ProtocolError,
-    ProtocolErrorCode, TxnId, TxnResult, Welcome, HANDSHAKE_VERSION, SUPPORTED_VERSIONS,
+    decode, encode, negotiate, Ack, AgentEnvelope, AgentMessage, Coverage, Dispatch,
+    DispatchAction, Envelope, Event, Hello, HubMessage, Inventory, Message as _, MessageId,
+    ProtocolError, ProtocolErrorCode, TxnId, TxnResult, Welcome, HANDSHAKE_VERSION,
+    SUPPORTED_VERSIONS,
 };
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
@@ -65,6 +68,9 @@ pub struct DevHubOptions {
     pub ack: bool,
     /// The session name the welcome carries (default `devhub-<n>`): a hostile hub's text.
     pub session_name: Option<String>,
+    /// The protocol versions the hub speaks (default: every version of `hub-protocol`); `[1]`
+    /// plays a hub of before version 2.
+    pub versions: Vec<u32>,
 }
 
 impl std::fmt::Debug for DevHubOptions {
@@ -75,6 +81,7 @@ impl std::fmt::Debug for DevHubOptions {
             .field("heartbeat_interval_secs", &self.heartbeat_interval_secs)
             .field("tls", &self.tls)
             .field("ack", &self.ack)
+            .field("versions", &self.versions)
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +96,7 @@ impl Default for DevHubOptions {
             tls: false,
             ack: true,
             session_name: None,
+            versions: SUPPORTED_VERSIONS.to_vec(),
         }
     }
 }
@@ -137,6 +145,10 @@ pub struct HubState {
     pub inventories: Vec<(MessageId, Inventory)>,
     /// Applied events, in order.
     pub events: Vec<(MessageId, Event)>,
+    /// Applied coverage tables (protocol version 2), in order.
+    pub coverages: Vec<(MessageId, Coverage)>,
+    /// The protocol version of each welcomed session, in order.
+    pub session_versions: Vec<u32>,
     /// Protocol errors the agent sent.
     pub protocol_errors: Vec<ProtocolError>,
     /// Frames from the agent that the hub could not decode.
@@ -184,8 +196,8 @@ impl HubState {
 struct Shared {
     opts: DevHubOptions,
     state: Mutex<HubState>,
-    /// Senders to the connections open now.
-    outgoing: Mutex<Vec<(u64, mpsc::UnboundedSender<Message>)>>,
+    /// Senders to the connections open now: (session, its protocol version, sender).
+    outgoing: Mutex<Vec<(u64, u32, mpsc::UnboundedSender<Message>)>>,
     /// Acknowledge what the agent sends.
     ack: std::sync::atomic::AtomicBool,
     /// Disregard the agent's acks of dispatches (they stay unacked and are sent again).
@@ -399,11 +411,11 @@ impl DevHub {
         txn
     }
 
-    /// Send this dispatch (a re-dispatch of a known transaction too) under a new message id.
+    /// Send this dispatch (a re-dispatch of a known transaction too) under a new message id,
+    /// in each session's version.
     pub fn dispatch_txn(&self, dispatch: Dispatch) -> MessageId {
-        let env = hub_envelope(HANDSHAKE_VERSION, HubMessage::Dispatch(dispatch.clone()));
+        let mut env = hub_envelope(HANDSHAKE_VERSION, HubMessage::Dispatch(dispatch.clone()));
         let id = env.id;
-        let frame = encode(&env).unwrap_or_else(|e| panic!("cannot encode a dispatch: {e}"));
         // Record first, then send: a session starting now re-sends it from the record.
         let mut state = self.shared.state();
         state.dispatches.push(SentDispatch {
@@ -418,8 +430,10 @@ impl DevHub {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let mut sent = false;
-        for (_, tx) in outgoing.iter() {
-            sent |= tx.send(Message::text(frame.clone())).is_ok();
+        for (_, version, tx) in outgoing.iter() {
+            env.v = *version;
+            let frame = encode(&env).unwrap_or_else(|e| panic!("cannot encode a dispatch: {e}"));
+            sent |= tx.send(Message::text(frame)).is_ok();
         }
         if sent {
             if let Some(d) = state.dispatches.last_mut() {
@@ -448,7 +462,7 @@ impl DevHub {
             .unwrap_or_else(|e| e.into_inner());
         outgoing
             .iter()
-            .filter(|(_, tx)| tx.send(message.clone()).is_ok())
+            .filter(|(_, _, tx)| tx.send(message.clone()).is_ok())
             .count()
     }
 
@@ -660,7 +674,8 @@ async fn serve_connection(
                 message: AgentMessage::Hello(hello),
                 ..
             }) => {
-                let Some(version) = negotiate(&hello.protocol_versions, SUPPORTED_VERSIONS) else {
+                let Some(version) = negotiate(&hello.protocol_versions, &shared.opts.versions)
+                else {
                     let pe = ProtocolError::new(
                         ProtocolErrorCode::UnsupportedVersion,
                         "no common protocol version",
@@ -677,6 +692,7 @@ async fn serve_connection(
                     let mut state = shared.state();
                     state.hellos.push(hello);
                     state.sessions += 1;
+                    state.session_versions.push(version);
                     state.sessions
                 };
                 let welcome = Welcome {
@@ -735,7 +751,7 @@ async fn serve_connection(
             .outgoing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((session, tx));
+            .push((session, version, tx));
         state
             .dispatches
             .iter_mut()
@@ -785,7 +801,7 @@ async fn serve_connection(
         .outgoing
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .retain(|(s, _)| *s != session);
+        .retain(|(s, _, _)| *s != session);
     // Dropping `ws` here closes the socket without a close frame.
 }
 
@@ -810,7 +826,19 @@ fn record_frame(shared: &Shared, session: u64, text: &str, env: Option<&AgentEnv
 
 /// Record and apply one frame; the reply to send (an ack or a protocol error), if any.
 fn receive(shared: &Shared, session: u64, version: u32, text: &str) -> Option<String> {
-    let decoded = decode::<AgentMessage>(text);
+    let decoded = decode::<AgentMessage>(text).and_then(|env| {
+        if env.v == version {
+            return Ok(env);
+        }
+        Err(ProtocolError::new(
+            ProtocolErrorCode::UnsupportedVersion,
+            format!(
+                "a frame in protocol version {} in a session of version {version}",
+                env.v
+            ),
+        )
+        .with_offending_id(Some(env.id)))
+    });
     let duplicate = record_frame(shared, session, text, decoded.as_ref().ok());
     let env = match decoded {
         Ok(env) => env,
@@ -841,6 +869,7 @@ fn receive(shared: &Shared, session: u64, version: u32, text: &str) -> Option<St
             AgentMessage::Result(r) => state.results.entry(r.txn).or_default().push((id, r)),
             AgentMessage::Inventory(inv) => state.inventories.push((id, inv)),
             AgentMessage::Event(e) => state.events.push((id, e)),
+            AgentMessage::Coverage(c) => state.coverages.push((id, c)),
             AgentMessage::ProtocolError(pe) => state.protocol_errors.push(pe),
             AgentMessage::Hello(h) => state.hellos.push(h),
         }

@@ -181,6 +181,8 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
                 checks: vec![],
                 isolation: None,
                 error: None,
+                guest: None,
+                backup: None,
             }))
             .await
             .expect("push");
@@ -235,6 +237,8 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
             checks: vec![],
             isolation: None,
             error: None,
+            guest: None,
+            backup: None,
         }),
     )
     .expect("spool");

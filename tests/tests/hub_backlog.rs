@@ -51,6 +51,8 @@ fn a_large_backlog_is_delivered_in_order_and_drains() {
                     at: now_timestamp().expect("now"),
                     detail: Some(format!("backlog entry {n} {}", "x".repeat(200))),
                     error: None,
+                    guest: None,
+                    backup: None,
                 }))
                 .await
                 .expect("push");

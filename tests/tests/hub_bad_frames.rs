@@ -1,5 +1,6 @@
 //! Bad frames from the hub: malformed JSON, a frame over the protocol's size limit, an unknown
-//! message type, a wrong version, a bad body and a binary message are each answered with a
+//! message type, a wrong version (one nobody speaks, or one the session did not choose), a bad
+//! body and a binary message are each answered with a
 //! `protocol_error` carrying the right code, and the session goes on. A websocket message too
 //! large to read at all ends the session, and the agent reconnects. The agent process never
 //! dies, and it still answers real work afterwards.
@@ -8,14 +9,15 @@ use std::time::Duration;
 
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
 use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
-use hub_protocol::{DispatchAction, ProtocolErrorCode, MAX_FRAME_BYTES};
+use hub_protocol::{DispatchAction, ProtocolErrorCode, MAX_FRAME_BYTES, PROTOCOL_VERSION};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
 const ID: &str = "01JQ3V6B4TN3R5W9X0Y2Z4A6C8";
 
+/// A frame in the session's version (the dev hub picks the newest, which the agent speaks).
 fn frame(type_name: &str, body: serde_json::Value) -> String {
-    json!({"v": 1, "id": ID, "type": type_name, "ts": "2026-03-01T12:00:00Z", "body": body})
+    json!({"v": PROTOCOL_VERSION, "id": ID, "type": type_name, "ts": "2026-03-01T12:00:00Z", "body": body})
         .to_string()
 }
 
@@ -64,6 +66,12 @@ fn bad_frames_get_protocol_errors_and_never_kill_the_agent() {
             ProtocolErrorCode::InvalidField,
         ),
         ("an oversized frame", oversized, ProtocolErrorCode::Oversized),
+        (
+            "a frame of version 1 in a session of version 2",
+            json!({"v": 1, "id": ID, "type": "ack", "ts": "2026-03-01T12:00:00Z", "body": {"ids": []}})
+                .to_string(),
+            ProtocolErrorCode::UnsupportedVersion,
+        ),
     ];
     for (what, text, code) in &cases {
         let before = hub.snapshot().protocol_errors.len();

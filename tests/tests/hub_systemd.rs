@@ -351,6 +351,8 @@ fn seed_result(state_dir: &Path) -> TxnId {
                 checks: vec![],
                 isolation: None,
                 error: None,
+                guest: None,
+                backup: None,
             }))
             .await
             .expect("push");

@@ -442,6 +442,11 @@ async fn dispatch(cli: Cli) -> CommandOutput {
                         shutdown_token(),
                     )
                     .await;
+                    // The coverage it worked out goes to the hub the way its results do: spooled
+                    // for the daemon.
+                    if let Some(run) = ran.as_ref().ok().filter(|r| !r.dry_run) {
+                        crate::hub::coverage::spool(&cfg, &run.coverage);
+                    }
                     output::restore_test(ran)
                 }
             };

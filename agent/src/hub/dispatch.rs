@@ -166,6 +166,8 @@ impl EventSink {
             at,
             detail,
             error,
+            guest: None,
+            backup: None,
         })
         .await
     }
@@ -204,6 +206,8 @@ impl RefusingRunner {
             destroyed: false,
             checks: Vec::new(),
             isolation: None,
+            guest: None,
+            backup: None,
             error: Some(ErrorInfo {
                 code: ErrorCode::ConfigInvalid,
                 message: format!(

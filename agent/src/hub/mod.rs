@@ -15,7 +15,9 @@
 //! - [`inventory`]: the inventory the hub may see, from PVE and the full guest list;
 //! - [`facts`]: host facts for the hello;
 //! - [`aftercare`]: the daily journal refresh against PVE, and a closed `needs_human` as an
-//!   event for the hub.
+//!   event for the hub;
+//! - [`coverage`]: the restore test's coverage table as a `coverage` message (protocol
+//!   version 2), queued after every run that worked it out.
 //!
 //! Other commands report through [`outbox::spool`]; the daemon moves what they spooled into
 //! the outbox.
@@ -38,6 +40,7 @@
 
 pub mod aftercare;
 pub mod backoff;
+pub mod coverage;
 pub mod dispatch;
 pub mod facts;
 pub mod inventory;

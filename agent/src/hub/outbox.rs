@@ -13,13 +13,19 @@
 //! result of a transaction and the inventory answering an `inventory_request` get an id
 //! derived from the transaction id ([`derived_message_id`]): however often the agent reports
 //! that transaction again (a re-dispatch, a restart), the hub sees the same message id and
-//! applies it once. A newer unsolicited inventory supersedes an older one still waiting.
+//! applies it once. A newer unsolicited inventory supersedes an older one still waiting, and a
+//! newer restore-test coverage table (`coverage`, protocol version 2) an older one.
+//!
+//! Frames are stored in [`PROTOCOL_VERSION`]; the session re-writes them in its own version,
+//! and drops (marks done) a `coverage` waiting while the session is of version 1, whose hub
+//! has no such message.
 //!
 //! The spool: the outbox belongs to the `run` daemon (it holds the folder's lock). Another
 //! command that has something to report (the restore-test that the systemd timer starts) calls
 //! [`spool`]: the message is written to `<state_dir>/outbox/spool/<id>.msg` (synced, renamed
 //! into place) and the daemon moves it into the outbox ([`Outbox::ingest_spool`]) at start and
-//! every [`SPOOL_POLL_INTERVAL`], keeping its id and timestamp.
+//! every [`SPOOL_POLL_INTERVAL`], keeping its id and timestamp. A coverage table is spooled as
+//! `<id>.coverage.msg`, and spooling one removes the older tables still in the spool.
 //!
 //! This module never talks to the hub; the session reads pending frames with
 //! [`Outbox::pending_after`] and reports acknowledgements with [`Outbox::ack`].
@@ -68,6 +74,8 @@ pub mod kind {
     pub const INVENTORY: &str = "inventory";
     /// An `inventory` answering an `inventory_request`; never superseded.
     pub const INVENTORY_REPLY: &str = "inventory_reply";
+    /// A `coverage` table (protocol version 2); a newer one supersedes it.
+    pub const COVERAGE: &str = "coverage";
     /// A dispatch in the inbox.
     pub const DISPATCH: &str = "dispatch";
 }
@@ -195,7 +203,7 @@ pub fn spool_as(
 ) -> Result<MessageId, OutboxError> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    classify(&message)?;
+    let (kind, _) = classify(&message)?;
     let ts = now_timestamp().map_err(|e| OutboxError::Encode {
         type_name: other_type_name(&message),
         id,
@@ -222,8 +230,14 @@ pub fn spool_as(
                 source,
             })
         })?;
+    let superseding = kind == kind::COVERAGE;
+    let name = if superseding {
+        format!("{id}{COVERAGE_SPOOL_SUFFIX}")
+    } else {
+        format!("{id}.msg")
+    };
     let tmp = dir.join(format!("{id}.tmp"));
-    let done = dir.join(format!("{id}.msg"));
+    let done = dir.join(&name);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -235,10 +249,32 @@ pub fn spool_as(
         .and_then(|()| file.sync_all())
         .map_err(io(&tmp))?;
     std::fs::rename(&tmp, &done).map_err(io(&done))?;
+    if superseding {
+        remove_older_coverage(&dir, &name);
+    }
     std::fs::File::open(&dir)
         .and_then(|d| d.sync_all())
         .map_err(io(&dir))?;
     Ok(id)
+}
+
+/// How a spooled coverage table's file name ends.
+const COVERAGE_SPOOL_SUFFIX: &str = ".coverage.msg";
+
+/// Remove the coverage tables spooled before `newest` (their names sort before it): the newest
+/// table supersedes them. One the daemon is moving into the outbox meanwhile is superseded
+/// there.
+fn remove_older_coverage(dir: &Path, newest: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.ends_with(COVERAGE_SPOOL_SUFFIX) && name < newest {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// The spooled frames, oldest first: (file, frame text). Unreadable files are set aside as
@@ -292,6 +328,7 @@ fn classify(message: &AgentMessage) -> Result<(&'static str, MessageId), OutboxE
             Some(txn) => Ok((kind::INVENTORY_REPLY, derived_message_id(txn, "inventory"))),
             None => Ok((kind::INVENTORY, fresh())),
         },
+        AgentMessage::Coverage(_) => Ok((kind::COVERAGE, fresh())),
         other => Err(OutboxError::NotStorable {
             type_name: other_type_name(other),
         }),
@@ -430,7 +467,8 @@ impl Outbox {
     }
 
     /// Store a message for the hub and return its id once it is synced to disk. Only events,
-    /// results and inventories are stored (the other types belong to one session).
+    /// results, inventories and coverage tables are stored (the other types belong to one
+    /// session).
     pub async fn push(&self, message: AgentMessage) -> Result<MessageId, OutboxError> {
         let (kind, id) = classify(&message)?;
         let ts = now_timestamp().map_err(|e| OutboxError::Encode {
@@ -461,6 +499,34 @@ impl Outbox {
             reply: AppendReply::Async(reply),
         })?;
         rx.await.map_err(|_| OutboxError::Closed)??;
+        Ok(id)
+    }
+
+    /// [`Outbox::push`] from synchronous code: store `message` and return its id once it is
+    /// synced to disk, blocking the calling thread (the writer is a thread of its own, so this
+    /// never waits for the caller's runtime). A result is stored under the id derived from its
+    /// transaction, so the same result stored again is applied once by the hub.
+    pub fn push_blocking(&self, message: AgentMessage) -> Result<MessageId, OutboxError> {
+        let (kind, id) = classify(&message)?;
+        let ts = now_timestamp().map_err(|e| OutboxError::Encode {
+            type_name: other_type_name(&message),
+            id,
+            detail: e.to_string(),
+        })?;
+        let envelope = Envelope::new(PROTOCOL_VERSION, id, ts, message);
+        let frame = encode(&envelope).map_err(|e| OutboxError::Encode {
+            type_name: envelope.type_name(),
+            id,
+            detail: e.to_string(),
+        })?;
+        let (reply, rx) = std::sync::mpsc::sync_channel(1);
+        self.send(Request::Append {
+            id,
+            kind,
+            frame,
+            reply: AppendReply::Blocking(reply),
+        })?;
+        rx.recv().map_err(|_| OutboxError::Closed)??;
         Ok(id)
     }
 
@@ -716,17 +782,23 @@ impl Writer {
     }
 
     fn append_group(&mut self, appends: Vec<(MessageId, &'static str, String, AppendReply)>) {
-        // A newer unsolicited inventory supersedes the older ones still waiting.
-        if appends.iter().any(|(_, k, _, _)| *k == kind::INVENTORY) {
+        // A newer unsolicited inventory supersedes the older ones still waiting; so does a
+        // newer coverage table.
+        for superseding in [kind::INVENTORY, kind::COVERAGE] {
+            if !appends.iter().any(|(_, k, _, _)| *k == superseding) {
+                continue;
+            }
             let stale: Vec<Ulid> = self
                 .outbox
                 .pending()
-                .filter(|s| s.kind == kind::INVENTORY)
+                .filter(|s| s.kind == superseding)
                 .map(|s| s.id)
                 .collect();
             if !stale.is_empty() {
                 if let Err(e) = self.outbox.mark_done(&stale) {
-                    tracing::warn!("cannot drop superseded inventories from the outbox: {e}");
+                    tracing::warn!(
+                        "cannot drop superseded `{superseding}` messages from the outbox: {e}"
+                    );
                 }
             }
         }
@@ -848,6 +920,8 @@ mod tests {
             at: now_timestamp().expect("now"),
             detail: Some(format!("event {n}")),
             error: None,
+            guest: None,
+            backup: None,
         })
     }
 
@@ -863,6 +937,17 @@ mod tests {
             checks: vec![],
             isolation: None,
             error: None,
+            guest: None,
+            backup: None,
+        })
+    }
+
+    fn coverage(guest_count: u32) -> AgentMessage {
+        AgentMessage::Coverage(hub_protocol::Coverage {
+            node: "pve1".to_string(),
+            at: now_timestamp().expect("now"),
+            guest_count,
+            guests: vec![],
         })
     }
 
@@ -973,6 +1058,8 @@ mod tests {
         let a = outbox.push(result(7)).await.expect("push");
         let b = outbox.push(result(7)).await.expect("push again");
         assert_eq!(a, b);
+        // Stored from synchronous code (a copy's result as it settles): the same id.
+        assert_eq!(outbox.push_blocking(result(7)).expect("push blocking"), a);
         assert_eq!(a, derived_message_id(txn(7), "result"));
         assert_ne!(a, derived_message_id(txn(7), "inventory"));
         assert_ne!(a, derived_message_id(txn(8), "result"));
@@ -997,6 +1084,44 @@ mod tests {
             pending.iter().map(|o| o.id).collect::<Vec<_>>(),
             vec![reply, newest]
         );
+        outbox.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_newer_coverage_supersedes_an_unacked_one_in_the_outbox_and_the_spool() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (outbox, _) = Outbox::open(dir.path()).expect("open");
+        let ev = outbox.push(event(1)).await.expect("push");
+        outbox.push(coverage(1)).await.expect("push");
+        let newest = outbox.push(coverage(2)).await.expect("push");
+        let pending = all_pending(&outbox).await;
+        assert_eq!(
+            pending.iter().map(|o| o.id).collect::<Vec<_>>(),
+            vec![ev, newest]
+        );
+        let env: AgentEnvelope = decode(&pending[1].frame).expect("decodes");
+        assert_eq!(env.v, PROTOCOL_VERSION);
+        assert_eq!(env.type_name(), "coverage");
+        outbox.close().await;
+
+        let spool_dir = dir.path().join(OUTBOX_DIR).join(SPOOL_DIR);
+        let result = spool(dir.path(), result(3)).expect("spool");
+        spool(dir.path(), coverage(1)).expect("spool");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let table = spool(dir.path(), coverage(2)).expect("spool");
+        let mut left: Vec<String> = std::fs::read_dir(&spool_dir)
+            .expect("read")
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            vec![format!("{result}.msg"), format!("{table}.coverage.msg")]
+        );
+        let (outbox, _) = Outbox::open(dir.path()).expect("reopen");
+        assert_eq!(outbox.ingest_spool().await.expect("ingest"), 2);
+        let ids: Vec<MessageId> = all_pending(&outbox).await.iter().map(|o| o.id).collect();
+        assert_eq!(ids, vec![ev, result, table]);
         outbox.close().await;
     }
 

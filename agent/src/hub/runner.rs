@@ -42,6 +42,8 @@ fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure)
         checks: vec![],
         isolation: None,
         error: Some(error_info(failure)),
+        guest: None,
+        backup: None,
     }
 }
 
@@ -63,16 +65,20 @@ fn nothing_started_result(txn: TxnId, kind: TxnKind, left: usize) -> TxnResult {
             code: crate::error::ErrorCode::BandFull,
             message: format!("{left} due guest(s) left for a later run; `felhom-agent restore-report` on the node shows which"),
         }),
+        guest: None,
+        backup: None,
     }
 }
 
-/// The event of transaction `state` at its phase, journaled `at`.
+/// The event of transaction `state` at its phase, journaled `at`. A restore-test copy's names
+/// the guest and the backup it proves.
 pub(crate) fn state_event(
     state: &State,
     at: hub_protocol::Timestamp,
     detail: Option<String>,
     error: Option<hub_protocol::ErrorInfo>,
 ) -> Event {
+    let (guest, backup) = service::restore_test_subject(state);
     Event {
         txn: TxnId::from_ulid(state.txn()),
         kind: state.kind(),
@@ -81,6 +87,8 @@ pub(crate) fn state_event(
         at,
         detail,
         error,
+        guest,
+        backup,
     }
 }
 
@@ -114,19 +122,31 @@ pub fn interrupted_event(
 /// [`Reporter::phase`] returns, so a journal record counts as done only once its event is
 /// stored: a kill right after a phase cannot lose it. The event's id is derived from the
 /// transaction and the journal record ([`event_message_id`]), so the same record reported
-/// again after a crash is applied once by the hub. The daemon's dispatches store their result
-/// through the dispatcher; a transaction settled at start (`spool_results`) spools it.
+/// again after a crash is applied once by the hub. A dispatch's own result is stored by the
+/// dispatcher; the result of every other transaction it settles (the other copies of a
+/// restore-test run) is stored here as it settles; a transaction settled at start
+/// (`spool_results`) spools it.
 pub struct OutboxReporter {
     outbox: Outbox,
-    spool_results: Option<PathBuf>,
+    results: ResultsTo,
+}
+
+/// Where an [`OutboxReporter`] puts results.
+enum ResultsTo {
+    /// The outbox, except the result of this transaction (the dispatcher stores that one).
+    OutboxBut(Ulid),
+    /// The spool of this state dir.
+    Spool(PathBuf),
 }
 
 impl OutboxReporter {
-    /// Phases to `outbox`; results are left to the dispatcher.
-    pub fn new(outbox: Outbox) -> Self {
+    /// Phases to `outbox`, for the dispatch of transaction `own`: its result is left to the
+    /// dispatcher, every other transaction's result goes to `outbox` (synced before
+    /// [`Reporter::result`] returns).
+    pub fn for_dispatch(outbox: Outbox, own: Ulid) -> Self {
         Self {
             outbox,
-            spool_results: None,
+            results: ResultsTo::OutboxBut(own),
         }
     }
 
@@ -135,7 +155,7 @@ impl OutboxReporter {
     pub fn spooling_results(outbox: Outbox, state_dir: PathBuf) -> Self {
         Self {
             outbox,
-            spool_results: Some(state_dir),
+            results: ResultsTo::Spool(state_dir),
         }
     }
 }
@@ -169,9 +189,19 @@ impl Reporter for OutboxReporter {
         checks: &[CheckResult],
         isolation: Option<&str>,
     ) -> Result<(), String> {
-        match &self.spool_results {
-            Some(dir) => SpoolReporter::new(dir.clone()).result(state, checks, isolation),
-            None => Ok(()),
+        match &self.results {
+            ResultsTo::Spool(dir) => {
+                SpoolReporter::new(dir.clone()).result(state, checks, isolation)
+            }
+            ResultsTo::OutboxBut(own) if state.txn() == *own => Ok(()),
+            ResultsTo::OutboxBut(_) => {
+                let result = wire_result(state, checks, isolation)
+                    .ok_or_else(|| format!("transaction {} is still open", state.txn()))?;
+                self.outbox
+                    .push_blocking(AgentMessage::Result(result))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
         }
     }
     fn interrupted(&self, state: &State, record: u64, why: &Failure) {
@@ -293,7 +323,7 @@ impl DispatchRunner for ProvisionRunner {
         cancel: CancellationToken,
     ) -> RunEnd {
         let txn: Ulid = dispatch.txn.ulid();
-        let reporter = OutboxReporter::new(events.outbox().clone());
+        let reporter = OutboxReporter::for_dispatch(events.outbox().clone(), txn);
         let (kind, vmid) = match &dispatch.action {
             DispatchAction::Provision { vmid, .. } => (TxnKind::Provision, Some(*vmid)),
             DispatchAction::Destroy { vmid } => (TxnKind::Destroy, Some(*vmid)),
@@ -364,8 +394,13 @@ impl DispatchRunner for ProvisionRunner {
                     .await
                     {
                         // The dispatch's id is the run's first copy; every other copy's result
-                        // reaches the hub through the reporter as it settles.
+                        // reaches the outbox through the reporter as it settles. The coverage
+                        // the run worked out follows them.
                         Ok(run) => {
+                            if !run.dry_run {
+                                super::coverage::push(&self.cfg, events.outbox(), &run.coverage)
+                                    .await;
+                            }
                             match run.copies.into_iter().find(|c| c.driven.state.txn() == txn) {
                                 Some(c) => Ok(c.driven),
                                 None => {

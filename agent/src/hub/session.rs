@@ -11,7 +11,8 @@
 //! A session: send `hello` (in [`HANDSHAKE_VERSION`]), wait for `welcome` (its version and
 //! heartbeat interval), acknowledge it, then until it ends:
 //! - re-send every message still waiting in the outbox, in order, then each new one as it is
-//!   stored;
+//!   stored; in a session of protocol version 1 a waiting `coverage` (a type of version 2) is
+//!   not sent but dropped from the outbox, since that hub cannot take it;
 //! - a `heartbeat` (and a websocket ping, which the hub's pong answers) every interval; a hub
 //!   silent for [`HUB_SILENCE_FACTOR`] intervals ends the session;
 //! - `dispatch` goes to the dispatcher, which acknowledges it once it is stored; `ack` closes
@@ -29,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
+use hub_protocol::Message as _;
 use hub_protocol::{
     decode, encode, negotiate, Ack, AgentEnvelope, AgentMessage, DispatchAction, Envelope,
     Heartbeat, Hello, HubEnvelope, HubMessage, MessageId, ProtocolError, ProtocolErrorCode,
@@ -463,17 +465,19 @@ fn envelope(v: u32, message: AgentMessage) -> Option<AgentEnvelope> {
 
 /// A frame for this session's version. Stored frames are written in [`PROTOCOL_VERSION`]; a
 /// session in another version gets them re-encoded with its `v` (id, timestamp and body
-/// unchanged).
-fn frame_for_version(frame: String, v: u32) -> String {
+/// unchanged). `Err` with the message type when that version has no such message (a
+/// `coverage` in a version 1 session): it cannot be sent in this session.
+fn frame_for_version(frame: String, v: u32) -> Result<String, &'static str> {
     if v == PROTOCOL_VERSION {
-        return frame;
+        return Ok(frame);
     }
     match decode::<AgentMessage>(&frame) {
+        Ok(env) if env.message.since() > v => Err(env.type_name()),
         Ok(mut env) => {
             env.v = v;
-            encode(&env).unwrap_or(frame)
+            Ok(encode(&env).unwrap_or(frame))
         }
-        Err(_) => frame,
+        Err(_) => Ok(frame),
     }
 }
 
@@ -879,11 +883,26 @@ impl<R: DispatchRunner, I: InventoryRead> Session<'_, '_, R, I> {
             self.sent_up_to = self.sent_up_to.max(*self.ctx.outbox.subscribe().borrow());
             return Ok(());
         };
-        let frames = batch
-            .into_iter()
-            .map(|o| frame_for_version(o.frame, self.version))
-            .collect();
-        self.send_frames(frames).await?;
+        let mut frames = Vec::with_capacity(batch.len());
+        let mut dropped = Vec::new();
+        for o in batch {
+            match frame_for_version(o.frame, self.version) {
+                Ok(frame) => frames.push(frame),
+                Err(type_name) => {
+                    tracing::info!(
+                        id = %o.id,
+                        "the hub speaks protocol version {}, which has no `{type_name}` message; message {} is dropped from the outbox unsent",
+                        self.version,
+                        o.id
+                    );
+                    dropped.push(o.id);
+                }
+            }
+        }
+        self.ctx.outbox.ack(dropped);
+        if !frames.is_empty() {
+            self.send_frames(frames).await?;
+        }
         self.sent_up_to = last;
         Ok(())
     }
@@ -1050,6 +1069,40 @@ mod tests {
     #[test]
     fn stored_frames_keep_their_bytes_in_the_current_version() {
         let frame = "{\"v\":1,\"id\":\"x\"}".to_string();
-        assert_eq!(frame_for_version(frame.clone(), PROTOCOL_VERSION), frame);
+        assert_eq!(
+            frame_for_version(frame.clone(), PROTOCOL_VERSION),
+            Ok(frame)
+        );
+    }
+
+    fn stored(message: AgentMessage) -> String {
+        encode(&Envelope::new(
+            PROTOCOL_VERSION,
+            MessageId::from_ulid(Ulid::new()),
+            now_timestamp().expect("now"),
+            message,
+        ))
+        .expect("encode")
+    }
+
+    #[test]
+    fn a_version_1_session_gets_v1_frames_and_no_coverage() {
+        let beat = stored(AgentMessage::Heartbeat(Heartbeat {
+            seq: 1,
+            uptime_secs: 1,
+            in_flight: 0,
+            outbox_depth: 0,
+        }));
+        let v1 = frame_for_version(beat, 1).expect("a heartbeat exists in version 1");
+        let env: AgentEnvelope = decode(&v1).expect("decodes");
+        assert_eq!(env.v, 1);
+        let table = stored(AgentMessage::Coverage(hub_protocol::Coverage {
+            node: "pve1".to_string(),
+            at: now_timestamp().expect("now"),
+            guest_count: 0,
+            guests: vec![],
+        }));
+        assert_eq!(frame_for_version(table.clone(), 1), Err("coverage"));
+        assert_eq!(frame_for_version(table.clone(), 2), Ok(table));
     }
 }

@@ -856,13 +856,32 @@ pub async fn resume(
     Some(driven)
 }
 
-/// The wire form of a settled transaction's result (`None` while it is open).
+/// What a restore-test copy (`selftest-restore`) proves, for its results and events: the
+/// guest whose backup it restores (the backup's owner, by the volid's name) and that backup's
+/// volid (clipped to the protocol's bound). `(None, None)` for every other kind.
+pub fn restore_test_subject(state: &State) -> (Option<u32>, Option<String>) {
+    if state.kind() != TxnKind::SelftestRestore {
+        return (None, None);
+    }
+    let volid = &state.request().volid;
+    if volid.is_empty() {
+        return (None, None);
+    }
+    (
+        crate::pve::types::backup_owner_from_volid(volid),
+        Some(hub_protocol::backup_text(volid)),
+    )
+}
+
+/// The wire form of a settled transaction's result (`None` while it is open). A restore-test
+/// copy's names the guest and the backup it proves ([`restore_test_subject`]).
 pub fn wire_result(
     state: &State,
     checks: &[CheckResult],
     isolation: Option<&str>,
 ) -> Option<TxnResult> {
     let outcome = state.outcome()?;
+    let (guest, backup) = restore_test_subject(state);
     Some(TxnResult {
         txn: TxnId::from_ulid(state.txn()),
         kind: state.kind(),
@@ -874,6 +893,8 @@ pub fn wire_result(
         checks: checks.to_vec(),
         error: state.failure().map(error_info),
         isolation: isolation.map(TxnResult::isolation_text),
+        guest,
+        backup,
     })
 }
 

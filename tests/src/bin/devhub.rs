@@ -147,6 +147,7 @@ fn main() -> ExitCode {
         tls: args.tls,
         ack: args.ack,
         session_name: None,
+        ..DevHubOptions::default()
     });
     say(json!({
         "url": hub.url(),
