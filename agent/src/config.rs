@@ -280,6 +280,22 @@ const COVERAGE_SECS: std::ops::RangeInclusive<u64> = 3600..=366 * 86_400;
 /// `run_budget`: from a minute to a week.
 const RUN_BUDGET_SECS: std::ops::RangeInclusive<u64> = 60..=7 * 86_400;
 
+/// Parse a duration of the config (`"7d"`, `"12h"`, `"30m"`, `"90s"`) into seconds.
+pub fn parse_duration(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mul = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    n.checked_mul(mul)
+}
+
 /// A duration key of `[restore_test]` (`"7d"`, `"12h"`, `"30m"`) in seconds, within `range`;
 /// `default` when the key is absent.
 fn coverage_secs(
@@ -290,7 +306,7 @@ fn coverage_secs(
     range: &std::ops::RangeInclusive<u64>,
 ) -> Result<u64, Failure> {
     let text = text.unwrap_or(default);
-    match crate::service::restore_test::coverage::parse_duration(text) {
+    match parse_duration(text) {
         Some(s) if range.contains(&s) => Ok(s),
         _ => Err(invalid(format!(
             "{}: [restore_test] {key} = {:?} is not a duration from {} to {}; write a number and a unit: \"7d\" (days), \"12h\" (hours), \"30m\" (minutes){}",

@@ -724,3 +724,54 @@ fn the_coverage_metrics_name_each_guest_and_its_status() {
         "{text}"
     );
 }
+
+/// Six guests, three copies at once, every PVE answer 250 ms late (so the copies under way
+/// are nearly always in the middle of a request): when a copy ends, the next one's preflight
+/// asks PVE while the other two go on; the client has two requests in flight at most, which
+/// paused copies would otherwise hold for good. The run ends, every guest proven. Killed after
+/// 90 s: a run whose copies wait on each other never ends.
+#[test]
+fn copies_under_way_go_on_while_the_next_is_admitted() {
+    use std::time::{Duration, Instant};
+    let w = RestoreWorld::new(felhom_tests::fakepve::pool_with_backups(&[
+        (210, "shop"),
+        (220, "shop-db"),
+        (230, "mail"),
+        (240, "dns"),
+        (250, "wiki"),
+    ]));
+    w.world.pve.set(json!({"api_latency_ms": 250}));
+    let config = std::fs::read_to_string(&w.world.files.config_path).expect("config");
+    let config = if config.contains("[restore_test]") {
+        config.replacen("[restore_test]", "[restore_test]\nat_once = 3", 1)
+    } else {
+        format!("{config}\n[restore_test]\nat_once = 3\n")
+    };
+    std::fs::write(&w.world.files.config_path, config).expect("config");
+    let mut child = w
+        .world
+        .command()
+        .env("FELHOM_AGENT_SUBMIT_SPACING_MS", "200")
+        .args(["--selftest=restore", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the agent");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "the run did not end within 90 s:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let run: AgentRun = child.wait_with_output().expect("output").into();
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["run"]["peak_at_once"], json!(3), "{doc:#}");
+    assert_eq!(copies(&doc).len(), 6, "{doc:#}");
+}

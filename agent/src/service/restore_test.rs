@@ -600,10 +600,14 @@ fn stored_memory_mib(stored: Option<&crate::pve::guest_config::StoredConfigText>
         .unwrap_or(512)
 }
 
-/// The spacing of restore requests of one run (see [`SubmitGate`]).
+/// The spacing of restore requests of one run (see [`SubmitGate`]): an allocation holds the
+/// storage's lock for about a second (lvcreate of a thin volume), and a request waits up to
+/// 10 s for it, so two seconds apart no restore meets more than one allocation in its way.
+const SUBMIT_SPACING: Duration = Duration::from_secs(2);
+
 #[cfg(not(feature = "test-hooks"))]
 fn submit_spacing() -> Duration {
-    Duration::from_secs(3)
+    SUBMIT_SPACING
 }
 
 #[cfg(feature = "test-hooks")]
@@ -611,7 +615,7 @@ fn submit_spacing() -> Duration {
     std::env::var("FELHOM_AGENT_SUBMIT_SPACING_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-        .map_or(Duration::from_secs(3), Duration::from_millis)
+        .map_or(SUBMIT_SPACING, Duration::from_millis)
 }
 
 /// Container copies at once stay below the exec helper's connections (a container copy holds
@@ -756,6 +760,7 @@ async fn run_inner(
     let mut running = FuturesUnordered::new();
     let mut running_kinds: Vec<(u32, GuestKind, u64)> = Vec::new();
     let mut first_txn = Some(run_id);
+    let mut ended: Vec<CopyRun> = Vec::new();
     let mut peak = 0usize;
     let mut interrupted = false;
     loop {
@@ -790,17 +795,31 @@ async fn run_inner(
                 break;
             };
             let Some(p) = queue.remove(pos) else { break };
-            match admit(
-                cfg,
-                pve,
-                &p,
-                &mut taken,
-                &mut first_txn,
-                opts.dry_run,
-                running_kinds.iter().map(|(_, _, m)| m).sum(),
-            )
-            .await
-            {
+            let admitted_memory = running_kinds.iter().map(|(_, _, m)| m).sum();
+            // The copies under way go on while this one is admitted: its preflight asks PVE
+            // through the same client, whose requests in flight a paused copy could hold.
+            let admission = {
+                let admission = admit(
+                    cfg,
+                    pve,
+                    &p,
+                    &mut taken,
+                    &mut first_txn,
+                    opts.dry_run,
+                    admitted_memory,
+                );
+                tokio::pin!(admission);
+                loop {
+                    tokio::select! {
+                        a = &mut admission => break a,
+                        Some(done) = running.next(), if !running.is_empty() => ended.push(done),
+                    }
+                }
+            };
+            for done in ended.drain(..) {
+                settle_copy(done, &mut running_kinds, &mut taken, &mut copies);
+            }
+            match admission {
                 Admission::Go(a) => {
                     running_kinds.push((a.pending.guest, a.pending.kind, a.memory));
                     running.push(drive_copy(
@@ -847,12 +866,7 @@ async fn run_inner(
             // Nothing runs and nothing fits: what is left stays due, with why.
             continue;
         };
-        let done: CopyRun = done;
-        running_kinds.retain(|(g, _, _)| *g != done.guest);
-        if let Some(v) = done.driven.state.vmid() {
-            taken.remove(&v);
-        }
-        copies.push(done);
+        settle_copy(done, &mut running_kinds, &mut taken, &mut copies);
     }
     if cancel.is_cancelled() {
         interrupted = true;
@@ -896,6 +910,20 @@ async fn run_inner(
         run.metrics_error = write_run_metrics(cfg, &prepared.journal, &run).err();
     }
     Ok(run)
+}
+
+/// A copy that ended: its guest and vmid are free for the run again.
+fn settle_copy(
+    done: CopyRun,
+    running_kinds: &mut Vec<(u32, GuestKind, u64)>,
+    taken: &mut BTreeSet<u32>,
+    copies: &mut Vec<CopyRun>,
+) {
+    running_kinds.retain(|(g, _, _)| *g != done.guest);
+    if let Some(v) = done.driven.state.vmid() {
+        taken.remove(&v);
+    }
+    copies.push(done);
 }
 
 enum Admission {

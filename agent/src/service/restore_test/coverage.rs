@@ -480,22 +480,6 @@ pub fn all_fine(rows: &[CoverageRow]) -> bool {
     rows.iter().all(|r| r.status.is_fine() && !r.stale)
 }
 
-/// Parse a duration of the config (`"7d"`, `"12h"`, `"30m"`, `"90s"`) into seconds.
-pub fn parse_duration(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = t.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let mul = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return None,
-    };
-    n.checked_mul(mul)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -688,6 +672,7 @@ mod tests {
 
     #[test]
     fn durations() {
+        use crate::config::parse_duration;
         assert_eq!(parse_duration("7d"), Some(7 * DAY));
         assert_eq!(parse_duration("12h"), Some(12 * 3600));
         assert_eq!(parse_duration("30m"), Some(1800));
