@@ -775,3 +775,49 @@ fn copies_under_way_go_on_while_the_next_is_admitted() {
     assert_eq!(doc["run"]["peak_at_once"], json!(3), "{doc:#}");
     assert_eq!(copies(&doc).len(), 6, "{doc:#}");
 }
+
+/// The storage's lock timing out in the restore task (pve-common `lock_file_full`: "can't lock
+/// file '…' - got timeout", when another allocation holds it past 10 s) says nothing of the
+/// backup: the copy is tried once more in the run, which then proves the guest; no red, and
+/// nothing left for a person.
+#[test]
+fn a_storage_lock_timeout_is_tried_again_and_never_red() {
+    let mut scenario = felhom_tests::fakepve::pool_with_backups(&[]);
+    scenario["extra_errors"] = json!([{
+        "key": "POST /nodes/{node}/lxc",
+        "name": "storage_lock_timeout",
+        "status": 500,
+        "message": "can't lock file '/var/lock/pve-manager/pve-storage-local-lvm' - got timeout",
+        "in_task": true
+    }]);
+    let w = RestoreWorld::new(scenario);
+    w.world.pve.call(
+        "fail",
+        json!(["POST", "/nodes/pve1/lxc"]),
+        json!({"error": "storage_lock_timeout", "times": 1}),
+    );
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let tries = doc["copies"].as_array().expect("copies");
+    assert_eq!(tries.len(), 2, "{doc:#}");
+    assert_eq!(tries[0]["outcome"], "failed", "{doc:#}");
+    assert_eq!(tries[0]["verdict"], Value::Null, "{doc:#}");
+    assert!(
+        tries[0]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("got timeout")),
+        "{doc:#}"
+    );
+    assert_eq!(tries[1]["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["run"]["outcome"], "ok", "{doc:#}");
+    assert_eq!(restores(&w), 2);
+    let samples = parse_prometheus(&w.metrics());
+    assert_eq!(
+        sample(&samples, "felhom_restore_test_outcome{outcome=\"ok\"}"),
+        1.0
+    );
+    let (code, rows, report) = report_statuses(&w);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(rows, vec![(200, "proven".to_string())], "{report:#}");
+}

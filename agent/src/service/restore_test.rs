@@ -316,6 +316,13 @@ pub struct CopyRun {
     pub preflight: Option<PreflightReport>,
     /// What the copy proved of the backup (`None`: nothing, the guest stays due).
     pub verdict: Option<Verdict>,
+    /// It ended on a fault that says nothing of the backup ([`transient_failure`]: the
+    /// storage's lock, a vmid another node took first): retried once in the run, never red.
+    pub transient: bool,
+    /// It is the run's second try of this guest's backup.
+    pub retry: bool,
+    /// The backup's time, for a retry.
+    backup_time: u64,
 }
 
 /// A due guest a run did not prove, and why.
@@ -380,6 +387,7 @@ impl RestoreTestRun {
         };
         self.copies
             .iter()
+            .filter(|c| !c.transient)
             .map(|c| copy_status(&c.driven))
             .chain(self.left.iter().filter_map(|l| l.code.map(exit_status)))
             .max_by_key(|s| rank(*s))
@@ -392,6 +400,7 @@ impl RestoreTestRun {
         let endings: Vec<&'static str> = self
             .copies
             .iter()
+            .filter(|c| !c.transient)
             .map(|c| metrics_label(&c.driven))
             .collect();
         for worst in ["needs_human", "failed", "refused", "interrupted"] {
@@ -630,6 +639,8 @@ struct Pending {
     volid: String,
     backup_time: u64,
     kind: GuestKind,
+    /// The run's second try (after a fault that said nothing of the backup).
+    retry: bool,
 }
 
 /// A copy admitted: its locks, held until it settled.
@@ -738,6 +749,7 @@ async fn run_inner(
                 volid: b.volid.clone(),
                 backup_time: b.time,
                 kind,
+                retry: false,
             }),
             None => left.push(Left {
                 guest: r.vmid,
@@ -817,7 +829,7 @@ async fn run_inner(
                 }
             };
             for done in ended.drain(..) {
-                settle_copy(done, &mut running_kinds, &mut taken, &mut copies);
+                settle_copy(done, &mut running_kinds, &mut taken, &mut copies, &mut queue);
             }
             match admission {
                 Admission::Go(a) => {
@@ -866,7 +878,7 @@ async fn run_inner(
             // Nothing runs and nothing fits: what is left stays due, with why.
             continue;
         };
-        settle_copy(done, &mut running_kinds, &mut taken, &mut copies);
+        settle_copy(done, &mut running_kinds, &mut taken, &mut copies, &mut queue);
     }
     if cancel.is_cancelled() {
         interrupted = true;
@@ -912,16 +924,32 @@ async fn run_inner(
     Ok(run)
 }
 
-/// A copy that ended: its guest and vmid are free for the run again.
+/// A copy that ended: its guest and vmid are free for the run again. One that ended on a
+/// transient fault is tried once more, at the end of the queue (a fresh vmid, and alone of
+/// its storage allocation by then, most often).
 fn settle_copy(
     done: CopyRun,
     running_kinds: &mut Vec<(u32, GuestKind, u64)>,
     taken: &mut BTreeSet<u32>,
     copies: &mut Vec<CopyRun>,
+    queue: &mut VecDeque<Pending>,
 ) {
     running_kinds.retain(|(g, _, _)| *g != done.guest);
     if let Some(v) = done.driven.state.vmid() {
         taken.remove(&v);
+    }
+    if done.transient && !done.retry {
+        if let Some(kind) = backup_kind_from_volid(&done.backup) {
+            tracing::warn!(guest = done.guest, txn = %done.driven.state.txn(), "the copy of guest {}'s backup {} ended on a fault that says nothing of the backup; it is tried once more in this run", done.guest, done.backup);
+            queue.push_back(Pending {
+                guest: done.guest,
+                name: done.name.clone(),
+                volid: done.backup.clone(),
+                backup_time: done.backup_time,
+                kind,
+                retry: true,
+            });
+        }
     }
     copies.push(done);
 }
@@ -1127,6 +1155,9 @@ async fn drive_copy<'a>(
         }
         store_last_result(cfg, &driven);
     }
+    let transient = !dry_run
+        && driven.state.outcome_kind() == Some(OutcomeKind::Failed)
+        && driven.state.failure().is_some_and(transient_failure);
     CopyRun {
         guest: pending.guest,
         name: pending.name,
@@ -1134,6 +1165,9 @@ async fn drive_copy<'a>(
         driven,
         preflight: Some(report),
         verdict,
+        transient,
+        retry: pending.retry,
+        backup_time: pending.backup_time,
     }
 }
 
