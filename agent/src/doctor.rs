@@ -442,7 +442,7 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
     let Some(bridge) = cfg.restore_test.lab_bridge.as_deref() else {
         r.pass(
             name,
-            "[restore_test] lab_bridge is not set: an isolated VM copy starts with no NIC, and its report names the failures that cannot be judged without one (units that need its network)",
+            "[restore_test] lab_bridge is not set: an isolated VM copy starts with no NIC, and its report names the failures that cannot be judged without one (units that need its network); VM copies of a restore run are not limited by a bridge (containers: up to 6 at once, beside the exec helper's reads)",
         );
         return;
     };
@@ -511,7 +511,7 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
     r.pass(
         name,
         format!(
-            "bridge {bridge} has no port and no address of the node, IPv6 is off on it, and token {token} holds SDN.Use on {path}: isolated VM copies start with their stored NICs on it (copies restored at the same time share it)"
+            "bridge {bridge} has no port and no address of the node, IPv6 is off on it, and token {token} holds SDN.Use on {path}: isolated VM copies start with their stored NICs on it, one VM copy at a time (copies on one bridge would reach each other), so a restore run proves 1 VM at once beside its containers (up to 6, beside the exec helper's reads)"
         ),
     );
 }

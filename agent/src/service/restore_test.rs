@@ -555,6 +555,24 @@ pub async fn coverage_now(cfg: &Config, pve: &PveClient) -> Result<Vec<CoverageR
     Ok(coverage::rows(&guests, &store, &policy(cfg), unix_now()))
 }
 
+/// `at_once = "auto"`: the band's vmids free in the full guest list, less one for every other
+/// node of the cluster (each may run a restore test of its own), at least 1, at most 10.
+fn auto_at_once(full: &crate::inventory::FullGuestList, node: &str) -> usize {
+    let held = RESTORE_TEST_BAND
+        .clone()
+        .filter(|v| full.lookup(*v).is_some())
+        .count();
+    let others: BTreeSet<&str> = full
+        .entries()
+        .map(|e| &*e.node)
+        .filter(|n| *n != node)
+        .collect();
+    let band = RESTORE_TEST_BAND.clone().count();
+    band.saturating_sub(held)
+        .saturating_sub(others.len())
+        .clamp(1, crate::config::AT_ONCE_MAX)
+}
+
 /// `restore-report`: the coverage of every guest this node proves. Reads only.
 pub async fn report(cfg: &Config) -> Result<Vec<CoverageRow>, Failure> {
     let prepared = prepare_read_only(cfg)?;
@@ -763,7 +781,14 @@ async fn run_inner(
         }
     }
     let due = queue.len();
-    let at_once = cfg.restore_test.at_once.ceiling().max(1);
+    let at_once = match cfg.restore_test.at_once {
+        crate::config::AtOnce::Fixed(n) => usize::from(n).max(1),
+        // What the band allows, one vmid left for every other node of the cluster (the band
+        // is the cluster's); the node's memory is judged copy by copy at admission.
+        crate::config::AtOnce::Auto => {
+            full_list(cfg).map_or(1, |full| auto_at_once(&full, &cfg.node))
+        }
+    };
     let band = format!("{}-{}", RESTORE_TEST_BAND.start(), RESTORE_TEST_BAND.end());
     let gate = Arc::new(SubmitGate::new(submit_spacing()));
     let deadline = started + Duration::from_secs(cfg.restore_test.run_budget);
@@ -829,7 +854,13 @@ async fn run_inner(
                 }
             };
             for done in ended.drain(..) {
-                settle_copy(done, &mut running_kinds, &mut taken, &mut copies, &mut queue);
+                settle_copy(
+                    done,
+                    &mut running_kinds,
+                    &mut taken,
+                    &mut copies,
+                    &mut queue,
+                );
             }
             match admission {
                 Admission::Go(a) => {
@@ -878,7 +909,13 @@ async fn run_inner(
             // Nothing runs and nothing fits: what is left stays due, with why.
             continue;
         };
-        settle_copy(done, &mut running_kinds, &mut taken, &mut copies, &mut queue);
+        settle_copy(
+            done,
+            &mut running_kinds,
+            &mut taken,
+            &mut copies,
+            &mut queue,
+        );
     }
     if cancel.is_cancelled() {
         interrupted = true;
@@ -1395,6 +1432,38 @@ mod tests {
             512
         );
         assert_eq!(stored_memory_mib(None), 512);
+    }
+
+    #[test]
+    fn auto_leaves_a_band_vmid_for_every_other_node() {
+        use crate::inventory::{FullGuestList, GuestEntry, GuestType, ListSource, VmlistVia};
+        let entry = |vmid: u32, node: &str| GuestEntry {
+            vmid,
+            kind: GuestType::Lxc,
+            node: node.into(),
+            version: None,
+        };
+        let list = |e: Vec<GuestEntry>| {
+            FullGuestList::from_entries(
+                ListSource::Vmlist {
+                    path: "/etc/pve/.vmlist".into(),
+                    via: VmlistVia::Direct,
+                },
+                e,
+            )
+            .expect("a list")
+        };
+        assert_eq!(auto_at_once(&list(vec![entry(100, "pve1")]), "pve1"), 10);
+        // Two other nodes, one band vmid held by one of them: 10 - 1 - 2.
+        let l = list(vec![
+            entry(100, "pve1"),
+            entry(101, "pve2"),
+            entry(990003, "pve3"),
+        ]);
+        assert_eq!(auto_at_once(&l, "pve1"), 7);
+        // A full band still lets one copy be tried (it waits or is left, saying why).
+        let full: Vec<GuestEntry> = (990000..=990009).map(|v| entry(v, "pve2")).collect();
+        assert_eq!(auto_at_once(&list(full), "pve1"), 1);
     }
 
     #[test]
