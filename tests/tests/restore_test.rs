@@ -774,6 +774,24 @@ fn copies_under_way_go_on_while_the_next_is_admitted() {
     let doc = run.json();
     assert_eq!(doc["run"]["peak_at_once"], json!(3), "{doc:#}");
     assert_eq!(copies(&doc).len(), 6, "{doc:#}");
+    // At the source: never more than two of the run's requests at PVE at once (pvedaemon has
+    // three workers), though three copies ran.
+    let timings = w.world.pve.timings();
+    let most = timings
+        .iter()
+        .map(|t| {
+            timings
+                .iter()
+                .filter(|o| o.start <= t.start && t.start < o.end)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(most <= 2, "{most} requests at PVE at once");
+    assert_eq!(
+        most, 2,
+        "the copies never asked PVE together: the bound proves nothing"
+    );
 }
 
 /// The storage's lock timing out in the restore task (pve-common `lock_file_full`: "can't lock

@@ -60,14 +60,17 @@ pub struct PveClient {
     observer: PinObserver,
     pinned: Option<String>,
     retry: RetryPolicy,
-    /// Requests in flight from this client: pvedaemon serves the API with 3 workers
-    /// (pve-manager `PVE/Service/pvedaemon.pm`), so the agent's copies at once never take more
-    /// than [`MAX_IN_FLIGHT`] of them.
+    /// Requests in flight from this client, at most: unbounded but for a restore run, whose
+    /// copies at once share one client ([`PveClient::with_max_in_flight`]).
     in_flight: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
-/// The most requests one client has in flight at once (see [`PveClient`]).
+/// The most requests a restore run's copies have in flight at once: pvedaemon serves the API
+/// with 3 workers (pve-manager `PVE/Service/pvedaemon.pm` `max_workers => 3`), and the copies
+/// must leave the node's other callers one.
 pub const MAX_IN_FLIGHT: usize = 2;
+/// A bound that never binds (a provision sends its few reads together).
+const UNBOUNDED_IN_FLIGHT: usize = 1024;
 
 impl PveClient {
     /// Build a client from the `[pve]` config. No request is sent.
@@ -107,8 +110,14 @@ impl PveClient {
             observer,
             pinned,
             retry: RetryPolicy::default(),
-            in_flight: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+            in_flight: std::sync::Arc::new(tokio::sync::Semaphore::new(UNBOUNDED_IN_FLIGHT)),
         })
+    }
+
+    /// This client with at most `n` requests in flight at once (its clones share the bound).
+    pub fn with_max_in_flight(mut self, n: usize) -> Self {
+        self.in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(n.max(1)));
+        self
     }
 
     /// Replace the retry policy (tests use short delays).

@@ -709,7 +709,11 @@ async fn run_inner(
     } else {
         prepare(cfg, reporter, &cancel).await?
     };
-    let pve = &prepared.pve;
+    // The copies at once share one client, at most two requests in flight.
+    let pve = &prepared
+        .pve
+        .clone()
+        .with_max_in_flight(crate::pve::client::MAX_IN_FLIGHT);
     let (guests, listed) = guests_with_backups(cfg, pve).await?;
     let store = coverage::read_store(&cfg.state_dir)
         .map_err(|m| Failure::new(ErrorCode::ConfigInvalid, m))?;
