@@ -224,7 +224,7 @@ pub struct RestoreTestConfig {
     /// Storages whose backups are tested (default: the storage of `provision.selftest_source`,
     /// else `local`).
     pub backup_storages: Vec<String>,
-    /// A fixed list of backup volids to test in rotation, instead of the newest backup of each
+    /// A fixed list of backup volids to prove, instead of the newest backup of each
     /// pool guest.
     pub sources: Vec<String>,
     /// Target storage of the restored copy (default: `provision.storage`).

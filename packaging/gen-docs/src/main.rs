@@ -48,7 +48,7 @@ const FILES: &[(&str, &str)] = &[
     (
         "/var/lib/felhom-agent/",
         "State (mode 0700): the transaction journal, the outbox for the hub, the locks, the \
-         restore-test rotation.",
+         restore-test proofs (restore-proofs.json: one record per backup volid).",
     ),
     (
         "/lib/systemd/system/felhom-agent.service",
