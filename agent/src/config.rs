@@ -70,6 +70,9 @@ pub struct Config {
     /// `jobs.cfg`, the cluster's scheduled jobs: `doctor` reads its backup jobs (through the
     /// exec helper, which hands over only their guest selection and schedule).
     pub jobs_cfg: PathBuf,
+    /// PVE's state of each scheduled job (`vzdump-<id>.json`, pve-manager `PVE/Jobs.pm`):
+    /// a restore run starts no copy while a backup job of this node runs.
+    pub jobs_state_dir: PathBuf,
     /// The PVE API.
     pub pve: PveConfig,
     /// The hub, if configured.
@@ -420,6 +423,7 @@ struct RawConfig {
     user_cfg_path: Option<PathBuf>,
     datacenter_cfg: Option<PathBuf>,
     jobs_cfg: Option<PathBuf>,
+    jobs_state_dir: Option<PathBuf>,
     agent: Option<RawAgent>,
     exec: Option<RawExec>,
     pve: RawPve,
@@ -923,6 +927,9 @@ impl Config {
             jobs_cfg: raw
                 .jobs_cfg
                 .unwrap_or_else(|| PathBuf::from("/etc/pve/jobs.cfg")),
+            jobs_state_dir: raw
+                .jobs_state_dir
+                .unwrap_or_else(|| PathBuf::from("/var/lib/pve-manager/jobs")),
             pve,
             hub,
             provision,

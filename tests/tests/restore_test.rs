@@ -839,3 +839,69 @@ fn a_storage_lock_timeout_is_tried_again_and_never_red() {
     assert_eq!(code, Some(0), "{report:#}");
     assert_eq!(rows, vec![(200, "proven".to_string())], "{report:#}");
 }
+
+/// While a backup job of this node runs (PVE's job state `started`, pve-manager `PVE/Jobs.pm`),
+/// no copy starts: the job fixed its guest list at its start and could back up and lock a copy
+/// (or fail on one gone by its turn). The guests stay due, named with the job; once the job
+/// has stopped, the next run proves them.
+#[test]
+fn no_copy_starts_while_a_backup_job_of_this_node_runs() {
+    let band: Vec<String> = (990000..=990009).map(|v| v.to_string()).collect();
+    let jobs = format!(
+        "vzdump: backup-nightly\n\tschedule 21:00\n\tall 1\n\texclude {}\n\tmailto ops@example.net\n\nvzdump: backup-other-node\n\tschedule 22:00\n\tall 1\n\tnode pve2\n",
+        band.join(",")
+    );
+    let w = RestoreWorld {
+        world: World::with_options(
+            felhom_tests::fakepve::pool_with_backups(&[]),
+            &AgentOptions {
+                jobs_cfg: Some(jobs),
+                ..AgentOptions::default()
+            },
+        ),
+    };
+    let state = tempfile::tempdir().expect("a job state folder");
+    let config = std::fs::read_to_string(&w.world.files.config_path).expect("config");
+    std::fs::write(
+        &w.world.files.config_path,
+        format!(
+            "jobs_state_dir = {:?}\n{config}",
+            state.path().display().to_string()
+        ),
+    )
+    .expect("config");
+    let job_state = |s: &str| {
+        std::fs::write(
+            state.path().join("vzdump-backup-nightly.json"),
+            format!("{{\"state\":\"{s}\",\"upid\":\"UPID:pve1:00001234:00005678:6B160000:vzdump::root@pam:\"}}"),
+        )
+        .expect("job state")
+    };
+    // Another node's job running says nothing of this node.
+    std::fs::write(
+        state.path().join("vzdump-backup-other-node.json"),
+        "{\"state\":\"started\"}",
+    )
+    .expect("job state");
+    job_state("started");
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["copies"], json!([]), "{doc:#}");
+    assert!(
+        doc["left"][0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("backup job backup-nightly runs on node pve1")),
+        "{doc:#}"
+    );
+    assert_eq!(restores(&w), 0);
+    let (code, rows, report) = report_statuses(&w);
+    assert_eq!(code, Some(0), "merely due: {report:#}");
+    assert_eq!(rows, vec![(200, "due".to_string())]);
+    // The job stopped: the next run proves the guest.
+    job_state("stopped");
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.restore_copy()["outcome"], "ok");
+    assert_eq!(restores(&w), 1);
+}

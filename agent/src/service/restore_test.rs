@@ -555,6 +555,53 @@ pub async fn coverage_now(cfg: &Config, pve: &PveClient) -> Result<Vec<CoverageR
     Ok(coverage::rows(&guests, &store, &policy(cfg), unix_now()))
 }
 
+/// The most of a job's state file that is read (PVE writes a small JSON object).
+const JOB_STATE_MAX_BYTES: u64 = 64 << 10;
+
+/// The backup jobs of this node that run now: enabled `vzdump` jobs of `jobs.cfg` (handed over
+/// by the exec helper) for this node whose state file (`<jobs_state_dir>/vzdump-<id>.json`,
+/// pve-manager `PVE/Jobs.pm` `starting_job`/`started_job`) says `starting` or `started`. Such a
+/// job fixed its guest list at its start (pve-manager `PVE/VZDump.pm` `get_included_guests`):
+/// a copy started now could be backed up and locked by it, or fail it. A file that cannot be
+/// read counts as a job not running (the band's `exclude`, which doctor checks, is the
+/// guard then).
+fn running_backup_jobs(cfg: &Config) -> Vec<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(Some(text)) =
+        crate::exec_helper::client::node_file(cfg, crate::exec_helper::proto::ClusterFile::JobsCfg)
+    else {
+        return Vec::new();
+    };
+    crate::exec_helper::jobs_cfg::parse(&text)
+        .into_iter()
+        .filter(|j| j.runs_on(&cfg.node))
+        // PVE's job ids are config ids (letters, digits, `-`, `_`): nothing else names a file.
+        .filter(|j| {
+            !j.id.is_empty()
+                && j.id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+        .filter(|j| {
+            let path = cfg.jobs_state_dir.join(format!("vzdump-{}.json", j.id));
+            let mut bytes = Vec::new();
+            // Not through a link, never blocking on a FIFO; read bounded.
+            let read = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                .open(&path)
+                .and_then(|f| f.take(JOB_STATE_MAX_BYTES).read_to_end(&mut bytes));
+            read.is_ok()
+                && serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v.get("state").and_then(|s| s.as_str()).map(str::to_string))
+                    .is_some_and(|s| s == "started" || s == "starting")
+        })
+        .map(|j| j.id)
+        .collect()
+}
+
 /// `at_once = "auto"`: the band's vmids free in the full guest list, less one for every other
 /// node of the cluster (each may run a restore test of its own), at least 1, at most 10.
 fn auto_at_once(full: &crate::inventory::FullGuestList, node: &str) -> usize {
@@ -785,6 +832,28 @@ async fn run_inner(
         }
     }
     let due = queue.len();
+    if !opts.dry_run && !queue.is_empty() {
+        let running_jobs = running_backup_jobs(cfg);
+        if !running_jobs.is_empty() {
+            let why = format!(
+                "backup job {} runs on node {} now (PVE's job state: started); a copy started during it could be backed up and locked by it: the next run proves this guest",
+                running_jobs
+                    .iter()
+                    .map(|j| crate::error::outside_text(j))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                cfg.node
+            );
+            for p in queue.drain(..) {
+                left.push(Left {
+                    guest: p.guest,
+                    backup: p.volid,
+                    reason: why.clone(),
+                    code: None,
+                });
+            }
+        }
+    }
     let at_once = match cfg.restore_test.at_once {
         crate::config::AtOnce::Fixed(n) => usize::from(n).max(1),
         // What the band allows, one vmid left for every other node of the cluster (the band
