@@ -375,7 +375,42 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>) -> CommandOutput {
         ));
     }
     if !run.dry_run && !run.coverage.is_empty() {
-        human.push_str(&format!("coverage: {}\n", coverage_counts(&run.coverage)));
+        use crate::service::restore_test::coverage::Status;
+        for r in run
+            .coverage
+            .iter()
+            .filter(|r| matches!(r.status, Status::NoBackup | Status::Unprovable))
+        {
+            let name = if r.name.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", crate::error::outside_text(&r.name))
+            };
+            let why = match (r.status, r.last_test.as_ref()) {
+                (Status::NoBackup, _) => {
+                    "no backup on the backup storages: nothing to prove".to_string()
+                }
+                (_, Some(t)) => format!(
+                    "its newest backup cannot be proven: [{}] {}",
+                    t.record.code.as_deref().unwrap_or("-"),
+                    t.record
+                        .message
+                        .as_deref()
+                        .map(crate::error::outside_text)
+                        .unwrap_or_default()
+                ),
+                _ => "its newest backup cannot be proven".to_string(),
+            };
+            human.push_str(&format!(
+                "guest {}{name}: {}: {why}\n",
+                r.vmid,
+                r.status.as_str()
+            ));
+        }
+        human.push_str(&format!(
+            "coverage: {} (`felhom-agent restore-report` for each guest)\n",
+            coverage_counts(&run.coverage)
+        ));
     }
     if let Some(m) = &run.metrics_error {
         human.push_str(&format!("warning: {m}\n"));
