@@ -464,6 +464,18 @@ fn newer_backup(w: &RestoreWorld, vmid: u32) -> Value {
     volid
 }
 
+/// Add `line` to the world's `[restore_test]` section (made when missing).
+fn set_restore_key(w: &RestoreWorld, line: &str) {
+    let path = &w.world.files.config_path;
+    let config = std::fs::read_to_string(path).expect("config");
+    let config = if config.contains("[restore_test]") {
+        config.replacen("[restore_test]", &format!("[restore_test]\n{line}"), 1)
+    } else {
+        format!("{config}\n[restore_test]\n{line}\n")
+    };
+    std::fs::write(path, config).expect("config");
+}
+
 /// The restore POSTs PVE received (one per copy).
 fn restores(w: &RestoreWorld) -> usize {
     w.world
@@ -663,7 +675,6 @@ fn one_run_proves_every_due_backup_several_at_once_and_only_a_newer_backup_is_du
 #[test]
 fn coverage_config_out_of_range_names_the_key() {
     let w = RestoreWorld::new(felhom_tests::fakepve::demo_scenario());
-    let config = std::fs::read_to_string(&w.world.files.config_path).expect("config");
     for (line, key) in [
         ("prove_within = \"0d\"", "prove_within"),
         ("at_once = 11", "at_once"),
@@ -671,12 +682,8 @@ fn coverage_config_out_of_range_names_the_key() {
         ("run_budget = \"4x\"", "run_budget"),
         ("memory_reserve = \"95%\"", "memory_reserve"),
     ] {
-        let changed = if config.contains("[restore_test]") {
-            config.replacen("[restore_test]", &format!("[restore_test]\n{line}"), 1)
-        } else {
-            format!("{config}\n[restore_test]\n{line}\n")
-        };
-        std::fs::write(&w.world.files.config_path, changed).expect("write config");
+        let before = std::fs::read_to_string(&w.world.files.config_path).expect("config");
+        set_restore_key(&w, line);
         let run = w.agent(&["--selftest=restore", "--json"]);
         assert_eq!(run.code, Some(6), "{line}: {}\n{}", run.stdout, run.stderr);
         let doc = run.json();
@@ -688,6 +695,7 @@ fn coverage_config_out_of_range_names_the_key() {
             "{line}: {doc:#}"
         );
         assert!(w.world.pve.writes().is_empty());
+        std::fs::write(&w.world.files.config_path, before).expect("config");
     }
 }
 
@@ -741,13 +749,7 @@ fn copies_under_way_go_on_while_the_next_is_admitted() {
         (250, "wiki"),
     ]));
     w.world.pve.set(json!({"api_latency_ms": 250}));
-    let config = std::fs::read_to_string(&w.world.files.config_path).expect("config");
-    let config = if config.contains("[restore_test]") {
-        config.replacen("[restore_test]", "[restore_test]\nat_once = 3", 1)
-    } else {
-        format!("{config}\n[restore_test]\nat_once = 3\n")
-    };
-    std::fs::write(&w.world.files.config_path, config).expect("config");
+    set_restore_key(&w, "at_once = 3");
     let mut child = w
         .world
         .command()

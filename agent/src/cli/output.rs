@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::CommandOutput;
 use crate::doctor::{CheckStatus as DoctorStatus, DoctorReport};
-use crate::error::{exit_status, ExitStatus, Failure};
+use crate::error::{ExitStatus, Failure};
 use crate::guest::checks::CheckResult;
 use crate::hub::DaemonReport;
 use crate::inventory::{FullGuestList, GuestsReport};
@@ -151,18 +151,6 @@ fn add_boot(json: &mut Value, text: &mut String, driven: &Driven) {
     text.insert_str(0, &lines);
 }
 
-/// The exit status of a driven transaction: a halted one is open, so never "done".
-fn status_of(driven: &Driven) -> ExitStatus {
-    match (&driven.halted, driven.state.outcome()) {
-        (Some(h), _) => match exit_status(h.code) {
-            ExitStatus::Ok => ExitStatus::NeedsHuman,
-            other => other,
-        },
-        (None, Some(o)) => o.exit_status(),
-        (None, None) => ExitStatus::NeedsHuman,
-    }
-}
-
 fn driven_output(driven: &Driven) -> CommandOutput {
     let plan = driven
         .plan
@@ -191,7 +179,7 @@ fn driven_output(driven: &Driven) -> CommandOutput {
     CommandOutput {
         json,
         human: text,
-        status: status_of(driven),
+        status: driven.exit_status(),
     }
 }
 

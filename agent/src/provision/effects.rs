@@ -265,6 +265,20 @@ pub struct Driven {
 }
 
 impl Driven {
+    /// The exit status of the drive: its outcome's, and never "done" for a halted (open)
+    /// transaction.
+    pub fn exit_status(&self) -> crate::error::ExitStatus {
+        use crate::error::{exit_status, ExitStatus};
+        match (&self.halted, self.state.outcome()) {
+            (Some(h), _) => match exit_status(h.code) {
+                ExitStatus::Ok => ExitStatus::NeedsHuman,
+                other => other,
+            },
+            (None, Some(o)) => o.exit_status(),
+            (None, None) => ExitStatus::NeedsHuman,
+        }
+    }
+
     /// Stopped by the operator or the service manager (Ctrl-C, SIGTERM) before it settled:
     /// the transaction is open where the journal holds it, to be resumed. Not an outcome.
     pub fn interrupted(&self) -> bool {

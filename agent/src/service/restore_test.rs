@@ -388,7 +388,7 @@ impl RestoreTestRun {
         self.copies
             .iter()
             .filter(|c| !c.transient)
-            .map(|c| copy_status(&c.driven))
+            .map(|c| c.driven.exit_status())
             .chain(self.left.iter().filter_map(|l| l.code.map(exit_status)))
             .max_by_key(|s| rank(*s))
             .unwrap_or(ExitStatus::Ok)
@@ -415,18 +415,6 @@ impl RestoreTestRun {
             return "skipped";
         }
         "ok"
-    }
-}
-
-/// The exit status of one copy's transaction: a halted one is open, so never "done".
-pub fn copy_status(driven: &Driven) -> ExitStatus {
-    match (&driven.halted, driven.state.outcome()) {
-        (Some(h), _) => match exit_status(h.code) {
-            ExitStatus::Ok => ExitStatus::NeedsHuman,
-            other => other,
-        },
-        (None, Some(o)) => o.exit_status(),
-        (None, None) => ExitStatus::NeedsHuman,
     }
 }
 
