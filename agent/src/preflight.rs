@@ -135,6 +135,10 @@ pub struct PreflightReport {
     /// The configuration stored in the backup, when the preflight read it: handed to the
     /// restore (`Executor::carry_stored_config`) so that a provision reads it once.
     pub stored_config: Option<StoredConfigText>,
+    /// The bytes the restore allocates on its target storage (the stored disks' sizes) and
+    /// what that storage had free, when both were read: a restore run counts the copies it
+    /// admitted against the free space.
+    pub space: Option<(u64, u64)>,
 }
 
 impl PreflightReport {
@@ -153,6 +157,7 @@ impl PreflightReport {
             checks,
             verdict,
             stored_config: None,
+            space: None,
         }
     }
 
@@ -795,8 +800,19 @@ pub async fn run(
     checks.push(pool_verdict(req, pool));
     checks.push(profile_check(req));
     checks.push(checks_check(req));
+    let space = match (&stored_cfg, avail) {
+        (Some(sc), Some(avail)) => Some((
+            sc.allocated_disks(asked.guest)
+                .iter()
+                .filter_map(|(_, s)| *s)
+                .fold(0, u64::saturating_add),
+            avail,
+        )),
+        _ => None,
+    };
     PreflightReport {
         stored_config: carried,
+        space,
         ..PreflightReport::from_checks(checks)
     }
 }
@@ -853,6 +869,7 @@ pub async fn for_request(
     checks.push(helper);
     PreflightReport {
         stored_config: report.stored_config,
+        space: report.space,
         ..PreflightReport::from_checks(checks)
     }
 }

@@ -907,3 +907,72 @@ fn no_copy_starts_while_a_backup_job_of_this_node_runs() {
     assert_eq!(run.restore_copy()["outcome"], "ok");
     assert_eq!(restores(&w), 1);
 }
+
+/// Four copies allowed at once, but each restore allocates 8 GiB and the target storage has
+/// 20 GiB free: two at a time, the others wait for a copy to end; then a node whose memory
+/// (its meminfo) leaves room for one 512 MiB copy beside the reserve: one at a time. Every
+/// guest is proven either way, never started into a full storage or an out-of-memory node.
+#[test]
+fn copies_wait_for_the_storage_space_and_the_memory_they_need() {
+    let with_disks = || {
+        let mut s = pool_of_four();
+        for v in s["volumes"]["local"].as_array_mut().expect("volumes") {
+            let vmid = v["vmid"].as_u64().expect("vmid");
+            v["config"]["rootfs"] = json!(format!("local-lvm:vm-{vmid}-disk-0,size=8G"));
+        }
+        s
+    };
+    let run_at_four = |w: &RestoreWorld, meminfo: Option<&std::path::Path>| -> Value {
+        set_restore_key(w, "at_once = 4");
+        let mut cmd = w.world.command();
+        cmd.env("FELHOM_AGENT_SUBMIT_SPACING_MS", "200")
+            .args(["--selftest=restore", "--json"]);
+        if let Some(m) = meminfo {
+            cmd.env("FELHOM_AGENT_MEMINFO", m);
+        }
+        let run: AgentRun = cmd.output().expect("run the agent").into();
+        assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+        run.json()
+    };
+    // The storage: 20 GiB free, 8 GiB a copy.
+    let mut scenario = with_disks();
+    scenario["storages"] = json!({"local-lvm": {"avail": 20u64 << 30}});
+    let w = RestoreWorld::new(scenario);
+    let doc = run_at_four(&w, None);
+    assert_eq!(copies(&doc).len(), 4, "{doc:#}");
+    assert!(copies(&doc).iter().all(|c| c.1 == "ok"), "{doc:#}");
+    assert_eq!(doc["run"]["peak_at_once"], json!(2), "{doc:#}");
+
+    // The memory: 4 GiB in all, 1000 MiB available, 10 % kept: room for one copy of 512 MiB.
+    let w = RestoreWorld::new(with_disks());
+    let dir = tempfile::tempdir().expect("tmp");
+    let meminfo = dir.path().join("meminfo");
+    std::fs::write(
+        &meminfo,
+        "MemTotal:        4194304 kB\nMemFree:          512000 kB\nMemAvailable:    1024000 kB\n",
+    )
+    .expect("meminfo");
+    let doc = run_at_four(&w, Some(&meminfo));
+    assert_eq!(copies(&doc).len(), 4, "{doc:#}");
+    assert!(copies(&doc).iter().all(|c| c.1 == "ok"), "{doc:#}");
+    assert_eq!(doc["run"]["peak_at_once"], json!(1), "{doc:#}");
+
+    // Too little for even one: nothing restored, every guest left due with why.
+    let w = RestoreWorld::new(with_disks());
+    std::fs::write(
+        &meminfo,
+        "MemTotal:        4194304 kB\nMemFree:          100000 kB\nMemAvailable:     600000 kB\n",
+    )
+    .expect("meminfo");
+    let doc = run_at_four(&w, Some(&meminfo));
+    assert_eq!(doc["copies"], json!([]), "{doc:#}");
+    let left = doc["left"].as_array().expect("left");
+    assert_eq!(left.len(), 4, "{doc:#}");
+    assert!(
+        left.iter().all(|l| l["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("not enough memory on node pve1"))),
+        "{doc:#}"
+    );
+    assert_eq!(restores(&w), 0);
+}

@@ -696,6 +696,16 @@ struct Pending {
     retry: bool,
 }
 
+/// A copy under way, as admission counts it (or the sum of those under way).
+struct Running {
+    guest: u32,
+    kind: GuestKind,
+    /// Its stored memory (MiB).
+    memory: u64,
+    /// The bytes its restore allocates on the target storage.
+    disks: u64,
+}
+
 /// A copy admitted: its locks, held until it settled.
 struct Admitted {
     pending: Pending,
@@ -703,6 +713,8 @@ struct Admitted {
     report: PreflightReport,
     first: Event,
     memory: u64,
+    /// The bytes its restore allocates on the target storage.
+    disks: u64,
     /// `None` for a dry run, which takes no lock.
     locks: Option<CopyLocks>,
 }
@@ -856,7 +868,7 @@ async fn run_inner(
     let mut copies: Vec<CopyRun> = Vec::new();
     let mut taken: BTreeSet<u32> = BTreeSet::new();
     let mut running = FuturesUnordered::new();
-    let mut running_kinds: Vec<(u32, GuestKind, u64)> = Vec::new();
+    let mut running_kinds: Vec<Running> = Vec::new();
     let mut first_txn = Some(run_id);
     let mut ended: Vec<CopyRun> = Vec::new();
     let mut peak = 0usize;
@@ -880,11 +892,11 @@ async fn run_inner(
                 }
                 break;
             }
-            let lab_busy = running_kinds.iter().any(|(_, k, _)| *k == GuestKind::Qemu)
+            let lab_busy = running_kinds.iter().any(|r| r.kind == GuestKind::Qemu)
                 && cfg.restore_test.lab_bridge.is_some();
             let containers = running_kinds
                 .iter()
-                .filter(|(_, k, _)| *k == GuestKind::Lxc)
+                .filter(|r| r.kind == GuestKind::Lxc)
                 .count();
             let Some(pos) = queue.iter().position(|p| match p.kind {
                 GuestKind::Qemu => !lab_busy,
@@ -893,7 +905,15 @@ async fn run_inner(
                 break;
             };
             let Some(p) = queue.remove(pos) else { break };
-            let admitted_memory = running_kinds.iter().map(|(_, _, m)| m).sum();
+            let admitted = Running {
+                guest: 0,
+                kind: GuestKind::Lxc,
+                memory: running_kinds.iter().map(|r| r.memory).sum(),
+                disks: running_kinds
+                    .iter()
+                    .map(|r| r.disks)
+                    .fold(0, u64::saturating_add),
+            };
             // The copies under way go on while this one is admitted: its preflight asks PVE
             // through the same client, whose requests in flight a paused copy could hold.
             let admission = {
@@ -904,7 +924,7 @@ async fn run_inner(
                     &mut taken,
                     &mut first_txn,
                     opts.dry_run,
-                    admitted_memory,
+                    &admitted,
                 );
                 tokio::pin!(admission);
                 loop {
@@ -925,7 +945,12 @@ async fn run_inner(
             }
             match admission {
                 Admission::Go(a) => {
-                    running_kinds.push((a.pending.guest, a.pending.kind, a.memory));
+                    running_kinds.push(Running {
+                        guest: a.pending.guest,
+                        kind: a.pending.kind,
+                        memory: a.memory,
+                        disks: a.disks,
+                    });
                     running.push(drive_copy(
                         cfg,
                         pve,
@@ -1027,12 +1052,12 @@ async fn run_inner(
 /// its storage allocation by then, most often).
 fn settle_copy(
     done: CopyRun,
-    running_kinds: &mut Vec<(u32, GuestKind, u64)>,
+    running_kinds: &mut Vec<Running>,
     taken: &mut BTreeSet<u32>,
     copies: &mut Vec<CopyRun>,
     queue: &mut VecDeque<Pending>,
 ) {
-    running_kinds.retain(|(g, _, _)| *g != done.guest);
+    running_kinds.retain(|r| r.guest != done.guest);
     if let Some(v) = done.driven.state.vmid() {
         taken.remove(&v);
     }
@@ -1069,7 +1094,7 @@ async fn admit(
     taken: &mut BTreeSet<u32>,
     first_txn: &mut Option<Ulid>,
     dry_run: bool,
-    admitted_memory: u64,
+    admitted: &Running,
 ) -> Admission {
     let p = p.clone();
     let full = match full_list(cfg) {
@@ -1147,7 +1172,7 @@ async fn admit(
     };
     if !dry_run && !refused {
         if let Some(free_mib) = memory_for_copies(cfg) {
-            let room = free_mib.saturating_sub(admitted_memory);
+            let room = free_mib.saturating_sub(admitted.memory);
             if memory > room {
                 return Admission::Wait(
                     p.clone(),
@@ -1157,6 +1182,25 @@ async fn admit(
                     ),
                 );
             }
+        }
+    }
+    // The target storage's free space, less what the copies under way allocate (a thin pool
+    // shows their data only as they write it).
+    let disks = report.space.map_or(0, |(need, _)| need);
+    if let (false, false, Some((need, avail))) = (dry_run, refused, report.space) {
+        let room = avail.saturating_sub(admitted.disks);
+        if need > room {
+            return Admission::Wait(
+                p.clone(),
+                format!(
+                    "not enough space on storage {:?} of node {} for a copy of guest {} ({} MiB of disks; {} MiB free beside the copies under way)",
+                    cfg.restore_test.storage,
+                    cfg.node,
+                    p.guest,
+                    need >> 20,
+                    room >> 20
+                ),
+            );
         }
     }
     let locks = match (dry_run, vmid_lock) {
@@ -1179,6 +1223,7 @@ async fn admit(
         report,
         first,
         memory,
+        disks,
         locks,
     }))
 }
@@ -1236,6 +1281,7 @@ async fn drive_copy<'a>(
         report,
         first,
         memory: _,
+        disks: _,
         locks,
     } = a;
     let dry_run = request.dry_run;
