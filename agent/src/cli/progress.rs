@@ -243,7 +243,7 @@ impl<'a> CopyLines<'a> {
 impl Reporter for CopyLines<'_> {
     fn phase(&self, state: &State, record: u64) {
         if self.show {
-            let guest = crate::pve::types::backup_owner_from_volid(&state.request().volid)
+            let guest = crate::pve::types::backup_guest(&state.request().volid)
                 .map_or_else(|| "-".to_string(), |g| g.to_string());
             let copy = state
                 .vmid()

@@ -349,7 +349,7 @@ impl From<&TxnState> for JournalRow {
             interrupted: false,
             resume: None,
             guest: (s.kind() == TxnKind::SelftestRestore)
-                .then(|| crate::pve::types::backup_owner_from_volid(&s.request().volid))
+                .then(|| crate::pve::types::backup_guest(&s.request().volid))
                 .flatten(),
             backup: (s.kind() == TxnKind::SelftestRestore).then(|| s.request().volid.clone()),
         }

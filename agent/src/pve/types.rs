@@ -268,6 +268,18 @@ pub fn backup_owner_from_volid(volid: &str) -> Option<u32> {
     rest.split('-').next()?.parse().ok()
 }
 
+/// The guest a backup volid is of: a vzdump file name (`vzdump-lxc-200-…`), or a Proxmox
+/// Backup Server snapshot (`<storage>:backup/ct/200/<time>`, `backup/vm/300/<time>`).
+pub fn backup_guest(volid: &str) -> Option<u32> {
+    backup_owner_from_volid(volid).or_else(|| {
+        let name = volid.split_once(':').map_or(volid, |(_, v)| v);
+        let rest = name
+            .strip_prefix("backup/ct/")
+            .or_else(|| name.strip_prefix("backup/vm/"))?;
+        rest.split('/').next()?.parse().ok()
+    })
+}
+
 /// `GET /nodes/{node}/storage/{storage}/status`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
 pub struct StorageStatus {

@@ -868,7 +868,7 @@ pub fn restore_test_subject(state: &State) -> (Option<u32>, Option<String>) {
         return (None, None);
     }
     (
-        crate::pve::types::backup_owner_from_volid(volid),
+        crate::pve::types::backup_guest(volid),
         Some(hub_protocol::backup_text(volid)),
     )
 }

@@ -39,7 +39,7 @@ use crate::preflight::PreflightReport;
 use crate::provision::effects::{Driven, Executor, Reporter, SubmitGate};
 use crate::provision::machine::{Event, OutcomeKind, Request, State, TxnKind};
 use crate::provision::{GuestProofLock, LabBridgeLock, VmidLock};
-use crate::pve::types::{backup_kind_from_volid, backup_owner_from_volid, BackupVolume};
+use crate::pve::types::{backup_kind_from_volid, BackupVolume};
 use crate::pve::{GuestKind, PveClient};
 use crate::vmid::{GuestLookup, RESTORE_TEST_BAND};
 
@@ -180,7 +180,7 @@ pub fn read_guest_last_result(cfg: &Config, guest: u32) -> Option<LastResult> {
 
 /// The guest a restore-test transaction proves: the owner of its backup.
 pub fn proven_guest(state: &State) -> Option<u32> {
-    backup_owner_from_volid(&state.request().volid)
+    crate::pve::types::backup_guest(&state.request().volid)
 }
 
 /// The proof store's lock: a run and a resume in another process update the store one at a
@@ -262,9 +262,14 @@ pub fn verdict_of(driven: &Driven) -> Option<Verdict> {
 /// Record what `driven` proves of its backup in the proof store, and keep its result as its
 /// guest's last. A store that cannot be written is logged (the journal keeps the
 /// transaction); `Err` says why.
-fn record_proof(cfg: &Config, driven: &Driven, backup_time: Option<u64>) -> Result<(), String> {
+fn record_proof(
+    cfg: &Config,
+    driven: &Driven,
+    guest: Option<u32>,
+    backup_time: Option<u64>,
+) -> Result<(), String> {
     let state = &driven.state;
-    let Some(guest) = proven_guest(state) else {
+    let Some(guest) = guest.or_else(|| proven_guest(state)) else {
         return Ok(());
     };
     store_guest_last_result(cfg, guest, driven);
@@ -470,7 +475,7 @@ pub async fn guests_with_backups(
     if !cfg.restore_test.sources.is_empty() {
         let mut by_guest: BTreeMap<u32, GuestBackups> = BTreeMap::new();
         for volid in &cfg.restore_test.sources {
-            let owner = backup_owner_from_volid(volid).unwrap_or(0);
+            let owner = crate::pve::types::backup_guest(volid).unwrap_or(0);
             let name = pool
                 .get(owner)
                 .and_then(|g| g.name.clone())
@@ -1294,7 +1299,7 @@ async fn drive_copy<'a>(
     drop(locks);
     let verdict = if dry_run { None } else { verdict_of(&driven) };
     if !dry_run {
-        if let Err(e) = record_proof(cfg, &driven, Some(pending.backup_time)) {
+        if let Err(e) = record_proof(cfg, &driven, Some(pending.guest), Some(pending.backup_time)) {
             tracing::error!(guest = pending.guest, txn = %driven.state.txn(), "the proof of guest {}'s backup {} is not recorded: {e}", pending.guest, pending.volid);
         }
         store_last_result(cfg, &driven);
@@ -1415,7 +1420,7 @@ pub fn record_taken_up(cfg: &Config, journal: &crate::provision::Journal, driven
     if driven.state.kind() != TxnKind::SelftestRestore || driven.state.request().dry_run {
         return;
     }
-    if let Err(e) = record_proof(cfg, driven, None) {
+    if let Err(e) = record_proof(cfg, driven, None, None) {
         tracing::warn!(txn = %driven.state.txn(), "the proof of backup {} is not recorded: {e}", driven.state.request().volid);
     }
     let path = cfg.state_dir.join(ROTATION_FILE);
@@ -1522,6 +1527,28 @@ mod tests {
             Some(1_767_225_600)
         );
         assert_eq!(time_from_volid("local:backup/other.tar"), None);
+    }
+
+    #[test]
+    fn the_guest_of_a_backup() {
+        assert_eq!(
+            crate::pve::types::backup_guest(
+                "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"
+            ),
+            Some(200)
+        );
+        assert_eq!(
+            crate::pve::types::backup_guest("pbs:backup/ct/201/2026-01-01T00:00:00Z"),
+            Some(201)
+        );
+        assert_eq!(
+            crate::pve::types::backup_guest("pbs:backup/vm/300/2026-01-01T00:00:00Z"),
+            Some(300)
+        );
+        assert_eq!(
+            crate::pve::types::backup_guest("local:backup/other.tar"),
+            None
+        );
     }
 
     #[test]
