@@ -255,6 +255,8 @@ pub struct RestoreTestConfig {
     pub memory_reserve_percent: u8,
     /// The restore's `bwlimit` in KiB/s (`bwlimit`; `None`: PVE's default).
     pub bwlimit: Option<u64>,
+    /// Write each verdict into the backup's notes (`note_backups`, default off).
+    pub note_backups: bool,
 }
 
 /// `[restore_test] at_once`: a number of copies, or what the node's means allow.
@@ -485,6 +487,7 @@ struct RawRestoreTest {
     backup_max_age: Option<String>,
     memory_reserve: Option<String>,
     bwlimit: Option<u64>,
+    note_backups: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -784,6 +787,7 @@ impl Config {
                 }
                 b => b,
             },
+            note_backups: rt.note_backups.unwrap_or(false),
         };
         let metrics_dir = match (raw.metrics.and_then(|m| m.dir), rt.metrics_dir) {
             (Some(_), Some(_)) => {

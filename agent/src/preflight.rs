@@ -1054,6 +1054,7 @@ mod tests {
             size: Some(10),
             subtype: subtype.map(str::to_string),
             format: Some(format.to_string()),
+            notes: None,
         }
     }
 

@@ -2261,6 +2261,26 @@ class ScenarioPve(fake_server.FakePve):
         """The guest DELETEs that asked PVE to free more than the guest's config references."""
         return list(self.destroy_violations)
 
+    # PVE mounts a storage's content with fragmentDelimiter '' (pve-storage
+    # `src/PVE/API2/Storage/Status.pm`; pve-common `RESTHandler.pm` `map_path_to_methods` joins
+    # the rest of the URI into one fragment): the {volume} of
+    # `/nodes/{node}/storage/{storage}/content/{volume}` is everything after `content/`,
+    # slashes included (a volid such as `local:backup/vzdump-…`, percent-encoded or not).
+    # fakepve splits it into segments and finds no path; resolve it as PVE does.
+    _CONTENT_REST = re.compile(r'^(/nodes/[^/]+/storage/[^/]+/content)/(.+)$')
+
+    def resolve(self, request, prefix):
+        raw = request.rel_url.raw_path
+        if raw.startswith(prefix + '/'):
+            found = self._CONTENT_REST.match(raw[len(prefix):])
+            if found:
+                base = '/'.join(urllib.parse.unquote(seg) for seg in found.group(1).split('/'))
+                match = fake_schema.load().match(base + '/volume')
+                if match is not None:
+                    match.params = dict(match.params, volume=urllib.parse.unquote(found.group(2)))
+                return match
+        return super().resolve(request, prefix)
+
     # Every request under /api2/json is checked against PVE's API schema as fakepve ships it
     # (fakepve/data/pve-api.json.gz, PVE's apidoc): the path and the method exist, and every
     # parameter (query, form or JSON body, path) is known, of its type and format, within its

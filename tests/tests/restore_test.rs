@@ -976,3 +976,102 @@ fn copies_wait_for_the_storage_space_and_the_memory_they_need() {
     );
     assert_eq!(restores(&w), 0);
 }
+
+/// A form-encoded value as text (`+` a space, `%XX` a byte).
+fn form_decode(v: &str) -> String {
+    let mut out = Vec::new();
+    let b = v.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).expect("hex");
+                out.push(u8::from_str_radix(hex, 16).expect("hex"));
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).expect("UTF-8")
+}
+
+/// `[restore_test] note_backups = true`: the verdict goes into the backup's notes as one line of
+/// the agent's, replaced at the next proof, every other line kept, `protected` never sent; when
+/// the notes cannot be read, nothing is written (a rewrite would erase them).
+#[test]
+fn the_verdict_is_noted_beside_the_backup_keeping_what_was_there() {
+    const VOLID: &str = "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst";
+    let mut scenario = felhom_tests::fakepve::pool_with_backups(&[]);
+    scenario["volumes"]["local"][0]["notes"] = json!("web1 nightly\nkept for the audit");
+    let w = RestoreWorld::new(scenario);
+    set_restore_key(&w, "note_backups = true");
+    // The notes as PVE last received them: the body of the last PUT of the volume.
+    let notes = |w: &RestoreWorld| -> String {
+        let put = w
+            .world
+            .pve
+            .requests()
+            .into_iter()
+            .rev()
+            .find(|r| r.method == "PUT" && r.path.contains("/storage/local/content/"))
+            .expect("a PUT of the backup's notes");
+        form_decode(put.param("notes").expect("notes in the PUT"))
+    };
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let txn = run.restore_copy()["txn"].as_str().expect("txn").to_string();
+    assert!(
+        !run.stderr.contains("was not written into the notes"),
+        "{}",
+        run.stderr
+    );
+    let first = notes(&w);
+    let lines: Vec<&str> = first.lines().collect();
+    assert_eq!(lines.len(), 3, "{first}");
+    assert_eq!(
+        &lines[..2],
+        ["web1 nightly", "kept for the audit"],
+        "{first}"
+    );
+    assert!(
+        lines[2].starts_with("felhom-restore-test: ok ") && lines[2].contains(&txn),
+        "{first}"
+    );
+    assert!(lines[2].len() <= 200);
+    // Proven again: the agent's line is replaced, not added.
+    let run = w.agent(&["--selftest=restore", "--guest", "200", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let txn2 = run.restore_copy()["txn"].as_str().expect("txn").to_string();
+    let second = notes(&w);
+    assert_eq!(second.lines().count(), 3, "{second}");
+    assert!(second.contains(&txn2) && !second.contains(&txn), "{second}");
+    let puts: Vec<_> = w
+        .world
+        .pve
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PUT" && r.path.contains("/storage/local/content/"))
+        .collect();
+    assert_eq!(puts.len(), 2, "{puts:?}");
+    assert!(
+        puts.iter().all(|r| !r.body.contains("protected")),
+        "{puts:?}"
+    );
+    // The notes do not read: nothing is written, the verdict stands.
+    w.world.pve.call(
+        "fail",
+        json!(["GET", format!("/nodes/pve1/storage/local/content/{VOLID}")]),
+        json!({"status": 500, "message": "got timeout"}),
+    );
+    let run = w.agent(&["--selftest=restore", "--guest", "200", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.restore_copy()["verdict"], "ok");
+    assert_eq!(notes(&w), second, "the notes changed after a failed read");
+    assert!(
+        run.stderr.contains("was not written into the notes"),
+        "{}",
+        run.stderr
+    );
+}

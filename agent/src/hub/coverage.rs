@@ -162,6 +162,7 @@ mod tests {
                 volid: volid.clone(),
                 time: 1_772_244_000,
                 size: Some(1024),
+                notes_first_line: None,
             }),
             last_test: Some(local::LastTest {
                 volid: volid.clone(),

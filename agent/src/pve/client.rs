@@ -406,6 +406,36 @@ impl PveClient {
         self.call_as(&build::backups(node, storage, vmid)).await
     }
 
+    /// A volume's whole notes (`None`: the answer has none, which PVE also answers when it
+    /// failed to read them: `Content.pm` `info` only warns then).
+    pub async fn volume_notes(
+        &self,
+        node: &str,
+        storage: &str,
+        volume: &str,
+    ) -> Result<Option<String>, PveError> {
+        let data = self
+            .call(&build::volume_info(node, storage, volume))
+            .await?;
+        Ok(data
+            .get("notes")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string))
+    }
+
+    /// Replace a backup volume's notes (never its protection).
+    pub async fn set_volume_notes(
+        &self,
+        node: &str,
+        storage: &str,
+        volume: &str,
+        notes: &str,
+    ) -> Result<(), PveError> {
+        self.call(&build::volume_notes(node, storage, volume, notes))
+            .await
+            .map(|_| ())
+    }
+
     /// A storage's status on a node (type, content, enabled, active).
     pub async fn storage_status(
         &self,

@@ -333,6 +333,19 @@ pub mod build {
             .opt_param("vmid", vmid)
     }
 
+    /// `GET /nodes/{node}/storage/{storage}/content/{volume}`: one volume's attributes (its
+    /// whole notes, unlike the listing's first line).
+    pub fn volume_info(node: &str, storage: &str, volume: &str) -> ApiRequest {
+        ApiRequest::get(&["nodes", node, "storage", storage, "content", volume])
+    }
+
+    /// `PUT /nodes/{node}/storage/{storage}/content/{volume}` with `notes` only (the same call
+    /// sets `protected`, which the agent never sends).
+    pub fn volume_notes(node: &str, storage: &str, volume: &str, notes: &str) -> ApiRequest {
+        ApiRequest::put(&["nodes", node, "storage", storage, "content", volume])
+            .param("notes", notes)
+    }
+
     /// `GET /nodes/{node}/storage/{storage}/status`: type, content, enabled, active.
     pub fn storage_status(node: &str, storage: &str) -> ApiRequest {
         ApiRequest::get(&["nodes", node, "storage", storage, "status"])

@@ -228,6 +228,10 @@ pub struct BackupVolume {
     /// Format (extension).
     #[serde(default)]
     pub format: Option<String>,
+    /// The first line of its notes (the listing gives no more: pve-storage `Plugin.pm`
+    /// `file_read_firstline`).
+    #[serde(default)]
+    pub notes: Option<String>,
 }
 
 impl BackupVolume {

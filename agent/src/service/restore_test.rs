@@ -328,6 +328,9 @@ pub struct CopyRun {
     pub retry: bool,
     /// The backup's time, for a retry.
     backup_time: u64,
+    /// What a retry needs of the listing.
+    notes_first_line: Option<String>,
+    listed: bool,
 }
 
 /// A due guest a run did not prove, and why.
@@ -492,6 +495,7 @@ pub async fn guests_with_backups(
                     volid: volid.clone(),
                     time: time_from_volid(volid).unwrap_or(0),
                     size: None,
+                    notes_first_line: None,
                 });
         }
         return Ok((by_guest.into_values().collect(), BTreeSet::new()));
@@ -534,6 +538,7 @@ pub async fn guests_with_backups(
                 volid: v.volid.clone(),
                 time: v.ctime.or_else(|| time_from_volid(&v.volid)).unwrap_or(0),
                 size: v.size,
+                notes_first_line: v.notes.clone(),
             });
         }
     }
@@ -699,6 +704,10 @@ struct Pending {
     kind: GuestKind,
     /// The run's second try (after a fault that said nothing of the backup).
     retry: bool,
+    /// The first line of the backup's notes as listed (`None` when a source, not listed).
+    notes_first_line: Option<String>,
+    /// Whether the backup was listed (the notes are written only then).
+    listed: bool,
 }
 
 /// A copy under way, as admission counts it (or the sum of those under way).
@@ -824,6 +833,8 @@ async fn run_inner(
                 backup_time: b.time,
                 kind,
                 retry: false,
+                notes_first_line: b.notes_first_line.clone(),
+                listed: cfg.restore_test.sources.is_empty(),
             }),
             None => left.push(Left {
                 guest: r.vmid,
@@ -1076,6 +1087,8 @@ fn settle_copy(
                 backup_time: done.backup_time,
                 kind,
                 retry: true,
+                notes_first_line: done.notes_first_line.clone(),
+                listed: done.listed,
             });
         }
     }
@@ -1303,6 +1316,24 @@ async fn drive_copy<'a>(
             tracing::error!(guest = pending.guest, txn = %driven.state.txn(), "the proof of guest {}'s backup {} is not recorded: {e}", pending.guest, pending.volid);
         }
         store_last_result(cfg, &driven);
+        if let (true, true, Some(v)) = (cfg.restore_test.note_backups, pending.listed, verdict) {
+            let line = note_line(v, &driven);
+            if let Err(e) = note_backup(
+                cfg,
+                pve,
+                &pending.volid,
+                pending.notes_first_line.as_deref(),
+                &line,
+            )
+            .await
+            {
+                tracing::warn!(
+                    guest = pending.guest,
+                    "the verdict was not written into the notes of backup {}: {e}",
+                    pending.volid
+                );
+            }
+        }
     }
     let transient = !dry_run
         && driven.state.outcome_kind() == Some(OutcomeKind::Failed)
@@ -1317,7 +1348,73 @@ async fn drive_copy<'a>(
         transient,
         retry: pending.retry,
         backup_time: pending.backup_time,
+        notes_first_line: pending.notes_first_line,
+        listed: pending.listed,
     }
+}
+
+/// The start of the agent's own line in a backup's notes.
+const NOTE_MARK: &str = "felhom-restore-test:";
+/// The most bytes of the agent's line.
+const NOTE_LINE_MAX: usize = 200;
+
+/// The agent's line for a verdict: mark, outcome, date, transaction; at most
+/// [`NOTE_LINE_MAX`] bytes.
+fn note_line(v: Verdict, driven: &Driven) -> String {
+    let date = crate::timefmt::rfc3339(time::OffsetDateTime::now_utc());
+    let mut line = format!(
+        "{NOTE_MARK} {} {date} txn {} copy {}",
+        v.as_str(),
+        driven.state.txn(),
+        driven
+            .state
+            .vmid()
+            .map_or_else(|| "-".to_string(), |v| v.to_string())
+    );
+    line.truncate(NOTE_LINE_MAX);
+    line
+}
+
+/// The notes with the agent's line replaced (or added at the end): every other line kept as
+/// it was. `None` when the notes read cannot be whole: the listing showed a first line the read
+/// did not return (PVE answers no notes when it failed to read them, `Content.pm` `info`).
+fn notes_with_line(read: Option<&str>, listed_first: Option<&str>, line: &str) -> Option<String> {
+    let read_first = read.and_then(|n| n.lines().next()).unwrap_or("");
+    // PVE lists the first line only; compare first lines whatever the listing gave.
+    let listed = listed_first.and_then(|n| n.lines().next()).unwrap_or("");
+    if listed != read_first {
+        return None;
+    }
+    let mut lines: Vec<&str> = read
+        .map(|n| n.lines().filter(|l| !l.starts_with(NOTE_MARK)).collect())
+        .unwrap_or_default();
+    lines.push(line);
+    Some(lines.join("\n"))
+}
+
+/// Write the verdict into the backup's notes (`[restore_test] note_backups`): read them whole,
+/// replace the agent's line, write them back with `notes` only. `Err`: why nothing was
+/// written (the verdict stands either way).
+async fn note_backup(
+    cfg: &Config,
+    pve: &PveClient,
+    volid: &str,
+    listed_first: Option<&str>,
+    line: &str,
+) -> Result<(), String> {
+    let Some((storage, _)) = volid.split_once(':') else {
+        return Err("the volid names no storage".to_string());
+    };
+    let read = pve
+        .volume_notes(&cfg.node, storage, volid)
+        .await
+        .map_err(|e| format!("cannot read its notes ({e}); nothing written"))?;
+    let Some(notes) = notes_with_line(read.as_deref(), listed_first, line) else {
+        return Err("its notes did not read whole (the listing shows a first line the read did not return); nothing written, so none is lost".to_string());
+    };
+    pve.set_volume_notes(&cfg.node, storage, volid, &notes)
+        .await
+        .map_err(|e| format!("PVE refused the notes ({e}); on Proxmox Backup Server the datastore user must own the backup group or hold Datastore.Modify"))
 }
 
 /// Store the run state and write the restore-test metrics of a run: its outcome, the last
@@ -1549,6 +1646,24 @@ mod tests {
             crate::pve::types::backup_guest("local:backup/other.tar"),
             None
         );
+    }
+
+    #[test]
+    fn the_agents_line_in_the_notes_is_replaced_and_the_rest_kept() {
+        let line = "felhom-restore-test: ok 2026-12-07T00:00:00Z txn X copy 990002";
+        assert_eq!(
+            notes_with_line(
+                Some("nightly\nkept\nfelhom-restore-test: failed old"),
+                Some("nightly"),
+                line
+            )
+            .as_deref(),
+            Some("nightly\nkept\nfelhom-restore-test: ok 2026-12-07T00:00:00Z txn X copy 990002")
+        );
+        assert_eq!(notes_with_line(None, None, line).as_deref(), Some(line));
+        // The listing shows notes the read did not return: a failed read; nothing written.
+        assert_eq!(notes_with_line(None, Some("nightly"), line), None);
+        assert_eq!(notes_with_line(Some("other"), Some("nightly"), line), None);
     }
 
     #[test]

@@ -248,6 +248,10 @@ pub struct BackupRef {
     /// Its size in bytes, when listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,
+    /// The first line of its notes as the listing gave it (kept to tell a whole read of the
+    /// notes from a failed one before they are rewritten).
+    #[serde(skip)]
+    pub notes_first_line: Option<String>,
 }
 
 /// One guest as the coverage sees it: its backups on the backup storages.
@@ -500,6 +504,7 @@ mod tests {
             volid: format!("local:backup/vzdump-lxc-{vmid}-{days_ago}.tar.zst"),
             time: NOW - days_ago * DAY,
             size: None,
+            notes_first_line: None,
         }
     }
 
