@@ -250,12 +250,13 @@ impl DoctorReport {
 }
 
 /// The checks that need PVE to answer over a trusted connection.
-const NEEDS_PVE: [&str; 5] = [
+const NEEDS_PVE: [&str; 6] = [
     "pve_token",
     "pve_version",
     "privileges",
     "pool",
     "lab_bridge",
+    "guest_backups",
 ];
 
 /// The checks, as a report.
@@ -424,6 +425,7 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
     }
     check_backups(cfg, client, r).await;
     check_lab_bridge(cfg, client, r).await;
+    check_guest_backups(cfg, client, r).await;
     match client.pool(&cfg.pool).await {
         Ok(Some(_)) => r.pass("pool", format!("pool {} exists", cfg.pool)),
         Ok(None) => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
@@ -512,6 +514,79 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
         name,
         format!(
             "bridge {bridge} has no port and no address of the node, IPv6 is off on it, and token {token} holds SDN.Use on {path}: isolated VM copies start with their stored NICs on it, one VM copy at a time (copies on one bridge would reach each other), so a restore run proves 1 VM at once beside its containers (up to 6, beside the exec helper's reads)"
+        ),
+    );
+}
+
+/// Every pool guest of this node has a backup on `[restore_test] backup_storages`: a guest
+/// without one is `no_backup` in `restore-report` (exit 5), and no restore test can prove it.
+/// Warns naming each (at most 20 named); reads only.
+async fn check_guest_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
+    let name = "guest_backups";
+    if !cfg.restore_test.sources.is_empty() {
+        return r.pass(
+            name,
+            format!(
+                "[restore_test] sources names {} backup(s) to prove: the pool guests' own backups are not read",
+                cfg.restore_test.sources.len()
+            ),
+        );
+    }
+    let guests = match client.cluster_vms().await {
+        Ok(rows) => rows,
+        Err(e) => {
+            return r.warn(
+                name,
+                format!("cannot read the pool's guests (GET /cluster/resources): {e}; the guests without a backup were not looked for"),
+            )
+        }
+    };
+    let mut owners = std::collections::BTreeSet::new();
+    for sid in &cfg.restore_test.backup_storages {
+        match client.backups(&cfg.node, sid, None).await {
+            Ok(v) => owners.extend(v.iter().filter_map(|b| b.vmid)),
+            Err(e) => {
+                return r.warn(
+                    name,
+                    format!("cannot list the backups on storage {sid} of node {}: {e}; the guests without a backup were not looked for", cfg.node),
+                )
+            }
+        }
+    }
+    let mine: Vec<_> = guests
+        .iter()
+        .filter(|g| g.pool.as_deref() == Some(cfg.pool.as_str()) && g.node == cfg.node)
+        .filter(|g| crate::vmid::ReservedBand::of(g.vmid).is_none())
+        .collect();
+    let missing: Vec<String> = mine
+        .iter()
+        .filter(|g| !owners.contains(&u64::from(g.vmid)))
+        .map(|g| match g.name.as_deref() {
+            Some(n) if !n.is_empty() => format!("{} ({})", g.vmid, crate::error::outside_text(n)),
+            _ => g.vmid.to_string(),
+        })
+        .collect();
+    let storages = cfg.restore_test.backup_storages.join(", ");
+    if missing.is_empty() {
+        return r.pass(
+            name,
+            format!(
+                "each of the {} pool guest(s) on node {} has a backup on {storages}: a restore run can prove every one",
+                mine.len(),
+                cfg.node
+            ),
+        );
+    }
+    let shown: Vec<&String> = missing.iter().take(20).collect();
+    r.warn(
+        name,
+        format!(
+            "{} pool guest(s) on node {} have no backup on {storages}, so no restore test can prove them (`felhom-agent restore-report`: no_backup, exit 5): {}{}; back them up (a backup job that includes them), or name the storage their backups are on in [restore_test] backup_storages of {}",
+            missing.len(),
+            cfg.node,
+            shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+            if missing.len() > shown.len() { ", …" } else { "" },
+            cfg.path.display()
         ),
     );
 }

@@ -1229,3 +1229,37 @@ fn a_backup_jobs_other_keys_never_reach_doctors_output() {
         "{msg}"
     );
 }
+
+/// `guest_backups`: a pool guest of this node with no backup on `[restore_test]
+/// backup_storages` is named (the demo's VM 300), a warning (doctor still exits 0); with every
+/// guest backed up it passes.
+#[test]
+fn a_pool_guest_without_a_backup_is_named() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    let line = check(&doc, "guest_backups");
+    assert_eq!(line["status"], "warn", "{doc:#}");
+    let msg = line["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("300 (felhom-vm)") && !msg.contains("200") && msg.contains("no_backup"),
+        "{msg}"
+    );
+
+    let pve = FakePve::start(felhom_tests::fakepve::pool_with_backups(&[(210, "shop")]));
+    let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    let line = check(&doc, "guest_backups");
+    assert_eq!(line["status"], "pass", "{doc:#}");
+    assert!(
+        line["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("each of the 2 pool guest(s)")),
+        "{doc:#}"
+    );
+}
