@@ -291,7 +291,11 @@ fn the_packaged_units_run_under_a_real_systemd() {
     // own reads of the cluster files go through it and may have started it already: with the
     // daemon stopped for a moment, the helper stopped stays down until the next connection
     // (nothing else starts it).
-    m.ok("systemctl stop felhom-agent.service felhom-agent-exec.service");
+    // The daemon first, then the helper: a read the daemon still makes while it stops (its
+    // hub session's inventory) would start the helper through its socket again, and a start
+    // job queued beside the helper's stop job cancels that stop ("Job … canceled").
+    m.ok("systemctl stop felhom-agent.service");
+    m.ok("systemctl stop felhom-agent-exec.service");
     let before = m.wait_for(
         "felhom-agent-exec.service stopped",
         WAIT,
