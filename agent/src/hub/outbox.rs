@@ -187,6 +187,26 @@ fn kind_of(message: &AgentMessage) -> Result<&'static str, OutboxError> {
     classify(message).map(|(kind, _)| kind)
 }
 
+/// `message` stamped now and wrapped in an envelope under `id`, as the frame text the outbox
+/// stores and sends.
+fn envelope_frame(id: MessageId, message: AgentMessage) -> Result<AgentEnvelope, OutboxError> {
+    let ts = now_timestamp().map_err(|e| OutboxError::Encode {
+        type_name: other_type_name(&message),
+        id,
+        detail: e.to_string(),
+    })?;
+    Ok(Envelope::new(PROTOCOL_VERSION, id, ts, message))
+}
+
+/// Encode `envelope` for the store.
+fn encoded(envelope: &AgentEnvelope) -> Result<String, OutboxError> {
+    encode(envelope).map_err(|e| OutboxError::Encode {
+        type_name: envelope.type_name(),
+        id: envelope.id,
+        detail: e.to_string(),
+    })
+}
+
 /// Leave `message` for the `run` daemon to move into the outbox (see the module docs), from a
 /// process that does not own the outbox. Returns once the spool file is synced.
 pub fn spool(state_dir: &Path, message: AgentMessage) -> Result<MessageId, OutboxError> {
@@ -204,17 +224,8 @@ pub fn spool_as(
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let (kind, _) = classify(&message)?;
-    let ts = now_timestamp().map_err(|e| OutboxError::Encode {
-        type_name: other_type_name(&message),
-        id,
-        detail: e.to_string(),
-    })?;
-    let envelope = Envelope::new(PROTOCOL_VERSION, id, ts, message);
-    let frame = encode(&envelope).map_err(|e| OutboxError::Encode {
-        type_name: envelope.type_name(),
-        id,
-        detail: e.to_string(),
-    })?;
+    let envelope = envelope_frame(id, message)?;
+    let frame = encoded(&envelope)?;
     let dir = state_dir.join(OUTBOX_DIR).join(SPOOL_DIR);
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -471,12 +482,7 @@ impl Outbox {
     /// session).
     pub async fn push(&self, message: AgentMessage) -> Result<MessageId, OutboxError> {
         let (kind, id) = classify(&message)?;
-        let ts = now_timestamp().map_err(|e| OutboxError::Encode {
-            type_name: other_type_name(&message),
-            id,
-            detail: e.to_string(),
-        })?;
-        let envelope = Envelope::new(PROTOCOL_VERSION, id, ts, message);
+        let envelope = envelope_frame(id, message)?;
         self.push_envelope(kind, envelope).await
     }
 
@@ -486,11 +492,7 @@ impl Outbox {
         envelope: AgentEnvelope,
     ) -> Result<MessageId, OutboxError> {
         let id = envelope.id;
-        let frame = encode(&envelope).map_err(|e| OutboxError::Encode {
-            type_name: envelope.type_name(),
-            id,
-            detail: e.to_string(),
-        })?;
+        let frame = encoded(&envelope)?;
         let (reply, rx) = oneshot::channel();
         self.send(Request::Append {
             id,
@@ -508,17 +510,7 @@ impl Outbox {
     /// transaction, so the same result stored again is applied once by the hub.
     pub fn push_blocking(&self, message: AgentMessage) -> Result<MessageId, OutboxError> {
         let (kind, id) = classify(&message)?;
-        let ts = now_timestamp().map_err(|e| OutboxError::Encode {
-            type_name: other_type_name(&message),
-            id,
-            detail: e.to_string(),
-        })?;
-        let envelope = Envelope::new(PROTOCOL_VERSION, id, ts, message);
-        let frame = encode(&envelope).map_err(|e| OutboxError::Encode {
-            type_name: envelope.type_name(),
-            id,
-            detail: e.to_string(),
-        })?;
+        let frame = encoded(&envelope_frame(id, message)?)?;
         let (reply, rx) = std::sync::mpsc::sync_channel(1);
         self.send(Request::Append {
             id,
