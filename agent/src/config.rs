@@ -247,9 +247,13 @@ pub struct RestoreTestConfig {
     pub run_budget: u64,
     /// How many copies run at once (`at_once`, default 2).
     pub at_once: AtOnce,
-    /// A guest whose newest backup is older than this many seconds is stale
-    /// (`backup_max_age`, default 8 days: a weekly backup is not stale).
-    pub backup_max_age: u64,
+    /// A guest whose newest backup is older than this many seconds is stale (`backup_max_age`;
+    /// `None`: from the schedule of the backup job that backs the guest up, else 8 days, so a
+    /// weekly backup is not stale).
+    pub backup_max_age: Option<u64>,
+    /// No copy starts within this many seconds of a backup job's next start on this node
+    /// (`backup_guard`, default 1 hour; 0: only while a job runs).
+    pub backup_guard: u64,
     /// The share of the node's memory no copy may take, in percent (`memory_reserve`,
     /// default `"10%"`).
     pub memory_reserve_percent: u8,
@@ -282,6 +286,8 @@ impl AtOnce {
 pub const AT_ONCE_MAX: usize = 10;
 /// `prove_within`, `backup_max_age` and `reprove_after` may be from an hour to a year and a day.
 const COVERAGE_SECS: std::ops::RangeInclusive<u64> = 3600..=366 * 86_400;
+/// `backup_guard`: none to a day.
+const BACKUP_GUARD_SECS: std::ops::RangeInclusive<u64> = 0..=86_400;
 /// `run_budget`: from a minute to a week.
 const RUN_BUDGET_SECS: std::ops::RangeInclusive<u64> = 60..=7 * 86_400;
 
@@ -324,14 +330,18 @@ fn coverage_secs(
     }
 }
 
-/// `3600` as `1h`, `86400` as `1d`.
-fn human_secs(s: u64) -> String {
-    if s.is_multiple_of(86_400) {
+/// `3600` as `1h`, `86400` as `1d`, `90` as `90s`: a duration as the config writes it.
+pub fn human_secs(s: u64) -> String {
+    if s == 0 {
+        "0m".to_string()
+    } else if s.is_multiple_of(86_400) {
         format!("{}d", s / 86_400)
     } else if s.is_multiple_of(3600) {
         format!("{}h", s / 3600)
-    } else {
+    } else if s.is_multiple_of(60) {
         format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
     }
 }
 
@@ -485,6 +495,7 @@ struct RawRestoreTest {
     run_budget: Option<String>,
     at_once: Option<RawAtOnce>,
     backup_max_age: Option<String>,
+    backup_guard: Option<String>,
     memory_reserve: Option<String>,
     bwlimit: Option<u64>,
     note_backups: Option<bool>,
@@ -764,7 +775,11 @@ impl Config {
                     )));
                 }
             },
-            backup_max_age: coverage_secs(path, "backup_max_age", rt.backup_max_age.as_deref(), "8d", &COVERAGE_SECS)?,
+            backup_max_age: match rt.backup_max_age.as_deref() {
+                None => None,
+                Some(t) => Some(coverage_secs(path, "backup_max_age", Some(t), "", &COVERAGE_SECS)?),
+            },
+            backup_guard: coverage_secs(path, "backup_guard", rt.backup_guard.as_deref(), "1h", &BACKUP_GUARD_SECS)?,
             memory_reserve_percent: match rt.memory_reserve.as_deref() {
                 None => 10,
                 Some(t) => match t.trim().strip_suffix('%').and_then(|n| n.trim().parse::<u8>().ok()) {

@@ -809,6 +809,7 @@ mod tests {
                 name: "shop".to_owned(),
                 status: CoverageStatus::NoBackup,
                 stale: false,
+                stale_after: None,
                 backup_age: None,
                 newest_backup: None,
                 last_test: None,

@@ -165,6 +165,11 @@ pub struct CoverageRow {
     pub status: CoverageStatus,
     /// Its newest backup is older than the node's `backup_max_age`.
     pub stale: bool,
+    /// The age past which its newest backup is stale (seconds): the node's `backup_max_age`,
+    /// else what the guest's backup job schedule allows, else 8 days. Absent from agents
+    /// before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_after: Option<u64>,
     /// The newest backup's age (seconds).
     pub backup_age: Option<u64>,
     /// The newest backup.
@@ -314,6 +319,7 @@ mod tests {
             name: format!("g{vmid}"),
             status,
             stale: false,
+            stale_after: None,
             backup_age: None,
             newest_backup: None,
             last_test: None,

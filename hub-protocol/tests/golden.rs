@@ -78,6 +78,7 @@ fn coverage() -> Coverage {
                 name: s("shop-frontend"),
                 status: CoverageStatus::Proven,
                 stale: false,
+                stale_after: Some(172_800),
                 backup_age: Some(122_400),
                 newest_backup: Some(BackupRef {
                     volid: s(CT_120_BACKUP),
@@ -110,6 +111,7 @@ fn coverage() -> Coverage {
                 name: s("billing"),
                 status: CoverageStatus::Failed,
                 stale: false,
+                stale_after: None,
                 backup_age: Some(122_400),
                 newest_backup: Some(BackupRef {
                     volid: s(VM_121_BACKUP),
@@ -133,6 +135,7 @@ fn coverage() -> Coverage {
                 name: s(""),
                 status: CoverageStatus::NoBackup,
                 stale: false,
+                stale_after: None,
                 backup_age: None,
                 newest_backup: None,
                 last_test: None,

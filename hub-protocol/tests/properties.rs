@@ -301,7 +301,11 @@ fn coverage_row() -> impl Strategy<Value = CoverageRow> {
         (option::of(any::<u64>()), option::of(backup)),
         (option::of(backup_test()), option::of(backup_test())),
         (option::of(proven), option::of(text())),
-        (option::of(any::<u64>()), any::<bool>()),
+        (
+            option::of(any::<u64>()),
+            any::<bool>(),
+            option::of(any::<u64>()),
+        ),
     )
         .prop_map(
             |(
@@ -309,12 +313,13 @@ fn coverage_row() -> impl Strategy<Value = CoverageRow> {
                 (backup_age, newest_backup),
                 (last_test, failed_test),
                 (proven, proven_gone),
-                (due_since, due),
+                (due_since, due, stale_after),
             )| CoverageRow {
                 vmid,
                 name,
                 status,
                 stale,
+                stale_after,
                 backup_age,
                 newest_backup,
                 last_test,

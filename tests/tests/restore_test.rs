@@ -842,22 +842,32 @@ fn a_storage_lock_timeout_is_tried_again_and_never_red() {
     assert_eq!(rows, vec![(200, "proven".to_string())], "{report:#}");
 }
 
-/// While a backup job of this node runs (PVE's job state `started`, pve-manager `PVE/Jobs.pm`),
-/// no copy starts: the job fixed its guest list at its start and could back up and lock a copy
-/// (or fail on one gone by its turn). The guests stay due, named with the job; once the job
-/// has stopped, the next run proves them.
-#[test]
-fn no_copy_starts_while_a_backup_job_of_this_node_runs() {
-    let band: Vec<String> = (990000..=990009).map(|v| v.to_string()).collect();
-    let jobs = format!(
-        "vzdump: backup-nightly\n\tschedule 21:00\n\tall 1\n\texclude {}\n\tmailto ops@example.net\n\nvzdump: backup-other-node\n\tschedule 22:00\n\tall 1\n\tnode pve2\n",
-        band.join(",")
-    );
+/// Now, in Unix seconds.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A vzdump task's UPID on node pve1 started at `start` (Unix seconds), as a job's state
+/// names its last run (pve-manager `PVE/Jobs.pm` `started_job`).
+fn vzdump_upid(start: u64) -> String {
+    format!("UPID:pve1:00001234:00005678:{start:08X}:vzdump::root@pam:")
+}
+
+/// A world whose node has these backup jobs (`jobs.cfg`) and a job state folder of its own
+/// (`jobs_state_dir`), with the demo pool's guest 200 and its backup.
+fn world_with_jobs(jobs: &str) -> (RestoreWorld, tempfile::TempDir) {
+    world_with_jobs_in(felhom_tests::fakepve::pool_with_backups(&[]), jobs)
+}
+
+/// [`world_with_jobs`] on this scenario.
+fn world_with_jobs_in(scenario: Value, jobs: &str) -> (RestoreWorld, tempfile::TempDir) {
     let w = RestoreWorld {
         world: World::with_options(
-            felhom_tests::fakepve::pool_with_backups(&[]),
+            scenario,
             &AgentOptions {
-                jobs_cfg: Some(jobs),
+                jobs_cfg: Some(jobs.to_string()),
                 ..AgentOptions::default()
             },
         ),
@@ -872,10 +882,35 @@ fn no_copy_starts_while_a_backup_job_of_this_node_runs() {
         ),
     )
     .expect("config");
+    (w, state)
+}
+
+/// The band's ten vmids as a backup job's `exclude` names them.
+fn band_exclude() -> String {
+    (990000..=990009)
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// While a backup job of this node runs (PVE's job state `started`, pve-manager `PVE/Jobs.pm`),
+/// no copy starts: the job fixed its guest list at its start and could back up and lock a copy
+/// (or fail on one gone by its turn). The guests stay due, named with the job; once the job
+/// has stopped, the next run proves them. The job's next start is twelve hours away (its
+/// schedule, counted from the run it just made), far outside the backup guard.
+#[test]
+fn no_copy_starts_while_a_backup_job_of_this_node_runs() {
+    let now = unix_now();
+    let far_hour = (now / 3600 + 12) % 24;
+    let jobs = format!(
+        "vzdump: backup-nightly\n\tschedule {far_hour:02}:00 UTC\n\tall 1\n\texclude {}\n\tmailto ops@example.net\n\nvzdump: backup-other-node\n\tschedule 22:00\n\tall 1\n\tnode pve2\n",
+        band_exclude()
+    );
+    let (w, state) = world_with_jobs(&jobs);
     let job_state = |s: &str| {
         std::fs::write(
             state.path().join("vzdump-backup-nightly.json"),
-            format!("{{\"state\":\"{s}\",\"upid\":\"UPID:pve1:00001234:00005678:6B160000:vzdump::root@pam:\"}}"),
+            format!("{{\"state\":\"{s}\",\"upid\":\"{}\"}}", vzdump_upid(now)),
         )
         .expect("job state")
     };
@@ -906,6 +941,106 @@ fn no_copy_starts_while_a_backup_job_of_this_node_runs() {
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     assert_eq!(run.restore_copy()["outcome"], "ok");
     assert_eq!(restores(&w), 1);
+}
+
+/// No copy starts within `[restore_test] backup_guard` (default 1 h) of a backup job's next
+/// start: a daily job of this node that last ran yesterday starts again in about half an
+/// hour (the first event of its schedule after its last run, pve-manager `PVE/Jobs.pm`
+/// `run_jobs`), so the guest is left, the job and its start named. With a guard of ten
+/// minutes the copy runs. A disabled job and another node's job never count, although by
+/// their schedules (never run: their next start is now) they would start at once.
+#[test]
+fn no_copy_starts_within_the_backup_guard_of_a_jobs_next_start() {
+    let now = unix_now();
+    let start = (now + 30 * 60) / 60 * 60;
+    let (h, m) = (start / 3600 % 24, start / 60 % 60);
+    let jobs = format!(
+        "vzdump: daily\n\tschedule {h:02}:{m:02} UTC\n\tpool felhom\n\nvzdump: paused\n\tschedule *:0/5\n\tall 1\n\tenabled 0\n\nvzdump: elsewhere\n\tschedule *:0/5\n\tall 1\n\tnode pve2\n"
+    );
+    let (w, state) = world_with_jobs(&jobs);
+    std::fs::write(
+        state.path().join("vzdump-daily.json"),
+        format!(
+            "{{\"state\":\"stopped\",\"upid\":\"{}\"}}",
+            vzdump_upid(start - 86_400)
+        ),
+    )
+    .expect("job state");
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["copies"], json!([]), "{doc:#}");
+    let reason = doc["left"][0]["reason"].as_str().unwrap_or_default();
+    let at = time::OffsetDateTime::from_unix_timestamp(start as i64)
+        .expect("a time")
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("RFC 3339");
+    assert!(
+        reason.contains(&format!("backup job daily of node pve1 starts at {at}"))
+            && reason.contains("backup_guard = 1h"),
+        "{doc:#}"
+    );
+    assert_eq!(restores(&w), 0);
+    set_restore_key(&w, "backup_guard = \"10m\"");
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.restore_copy()["outcome"], "ok", "{}", run.stdout);
+    assert_eq!(restores(&w), 1);
+}
+
+/// How old a guest's newest backup may be comes from the schedule of the job that backs it up
+/// when `[restore_test] backup_max_age` is not set: a day between two runs of a daily job
+/// and one day more (2 days), a week and a day for a weekly one, 8 days with no job. A backup
+/// three days old is stale under a daily job only; the config's key wins over any schedule.
+#[test]
+fn a_backup_is_stale_by_its_jobs_schedule() {
+    let stale_of = |jobs: &str, key: Option<&str>| -> (Option<i32>, Value) {
+        // The guest's backup was made three days ago.
+        let mut scenario = felhom_tests::fakepve::pool_with_backups(&[]);
+        for v in scenario["volumes"]["local"]
+            .as_array_mut()
+            .expect("volumes")
+        {
+            v["ctime"] = json!(unix_now() - 3 * 86_400);
+        }
+        let (w, _state) = world_with_jobs_in(scenario, jobs);
+        if let Some(k) = key {
+            set_restore_key(&w, k);
+        }
+        let run = w.agent(&["restore-report", "--json"]);
+        let doc = run.json();
+        (run.code, doc["guests"][0].clone())
+    };
+    let daily = "vzdump: daily\n\tschedule 02:00\n\tpool felhom\n";
+    let (code, row) = stale_of(daily, None);
+    assert_eq!(
+        (code, &row["stale"], &row["stale_after"]),
+        (Some(5), &json!(true), &json!(2 * 86_400)),
+        "{row:#}"
+    );
+    let weekly = format!(
+        "vzdump: weekly\n\tschedule sat 02:00\n\tall 1\n\texclude {}\n",
+        band_exclude()
+    );
+    let (_, row) = stale_of(&weekly, None);
+    assert_eq!(
+        (&row["stale"], &row["stale_after"]),
+        (&json!(false), &json!(8 * 86_400)),
+        "{row:#}"
+    );
+    // A daily job of another pool does not back the guest up: the default holds.
+    let (_, row) = stale_of("vzdump: other\n\tschedule 02:00\n\tpool shop\n", None);
+    assert_eq!(
+        (&row["stale"], &row["stale_after"]),
+        (&json!(false), &json!(8 * 86_400)),
+        "{row:#}"
+    );
+    let (_, row) = stale_of(daily, Some("backup_max_age = \"4d\""));
+    assert_eq!(
+        (&row["stale"], &row["stale_after"]),
+        (&json!(false), &json!(4 * 86_400)),
+        "{row:#}"
+    );
 }
 
 /// Four copies allowed at once, but each restore allocates 8 GiB and the target storage has

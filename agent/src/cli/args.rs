@@ -230,7 +230,8 @@ checks), due (a newer backup is not proven yet; the next run proves it), overdue
 longer than [restore_test] prove_within), failed (a test of its backup failed and no later \
 backup is proven yet), no_backup (nothing on the backup storages), unprovable (the preflight \
 refuses its backup for good, with the code). stale: its newest backup is older than \
-[restore_test] backup_max_age.\n\n\
+[restore_test] backup_max_age, or, unset, than the schedule of its backup job allows (the \
+longest gap between two starts plus a day), else 8 days.\n\n\
 Exit 0 when every guest is proven or merely due and none is stale (with daily backups every \
 guest is due every morning), 5 otherwise: fit for a cron job or an auditor. Reads the backup \
 lists and the proof store; writes nothing."

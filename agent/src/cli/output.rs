@@ -536,8 +536,10 @@ pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput 
             }
             if r.stale {
                 human.push_str(&format!(
-                    "{:>9}stale: its newest backup is older than [restore_test] backup_max_age; check the node's backup job for guest {}\n",
-                    "", r.vmid
+                    "{:>9}stale: its newest backup is older than {} ([restore_test] backup_max_age, else what its backup job's schedule allows); check the node's backup job for guest {}\n",
+                    "",
+                    age_text(r.stale_after),
+                    r.vmid
                 ));
             }
         }

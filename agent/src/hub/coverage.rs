@@ -61,6 +61,7 @@ pub fn row(r: &local::CoverageRow) -> CoverageRow {
         name: r.name.clone(),
         status: status(r.status),
         stale: r.stale,
+        stale_after: Some(r.stale_after),
         backup_age: r.backup_age,
         newest_backup: r.newest_backup.as_ref().map(|b| BackupRef {
             volid: b.volid.clone(),
@@ -157,6 +158,7 @@ mod tests {
             name: "shop".to_string(),
             status: local::Status::Failed,
             stale: true,
+            stale_after: 8 * 86_400,
             backup_age: Some(60),
             newest_backup: Some(local::BackupRef {
                 volid: volid.clone(),

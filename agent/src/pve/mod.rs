@@ -1,6 +1,7 @@
 //! The typed PVE API client.
 //!
 //! - [`request`]: requests built without IO (tested as strings);
+//! - [`calendar`]: PVE's calendar events (backup job schedules) and their next start;
 //! - [`client`]: the reqwest + rustls transport with token auth and read retries;
 //! - [`error`]: errors with PVE's status and wording, classified;
 //! - [`guest_config`]: stored guest configurations and their property strings, parsed;
@@ -10,6 +11,7 @@
 //! Nothing here decides whether a write is allowed; the provision module does, and this
 //! client never destroys anything on its own.
 
+pub mod calendar;
 pub mod client;
 pub mod error;
 pub mod guest_config;

@@ -441,12 +441,19 @@ pub struct RunOptions {
     pub guest: Option<u32>,
 }
 
+/// `backup_max_age` when neither the config nor a backup job's schedule says: 8 days (a weekly
+/// backup is not stale).
+const DEFAULT_BACKUP_MAX_AGE: u64 = 8 * 86_400;
+
 /// The coverage policy of the config.
 pub fn policy(cfg: &Config) -> Policy {
     Policy {
         prove_within: cfg.restore_test.prove_within,
         reprove_after: cfg.restore_test.reprove_after,
-        backup_max_age: cfg.restore_test.backup_max_age,
+        backup_max_age: cfg
+            .restore_test
+            .backup_max_age
+            .unwrap_or(DEFAULT_BACKUP_MAX_AGE),
     }
 }
 
@@ -489,6 +496,7 @@ pub async fn guests_with_backups(
                     vmid: owner,
                     name,
                     backups: Vec::new(),
+                    max_age: None,
                 })
                 .backups
                 .push(coverage::BackupRef {
@@ -523,6 +531,7 @@ pub async fn guests_with_backups(
                 vmid: g.vmid,
                 name: g.name.clone().unwrap_or_default(),
                 backups: Vec::new(),
+                max_age: None,
             },
         );
     }
@@ -542,7 +551,61 @@ pub async fn guests_with_backups(
             });
         }
     }
+    if cfg.restore_test.backup_max_age.is_none() && !guests.is_empty() {
+        let jobs = node_backup_jobs(cfg);
+        let now = i64::try_from(unix_now()).unwrap_or(i64::MAX);
+        let gaps: Vec<(&crate::exec_helper::jobs_cfg::BackupJob, u64)> = jobs
+            .iter()
+            .filter_map(|j| Some((j, schedule_gap(j.schedule.as_deref()?, now)?)))
+            .collect();
+        for g in guests.values_mut() {
+            g.max_age = gaps
+                .iter()
+                .filter(|(j, _)| job_backs_up(j, &cfg.pool, g.vmid))
+                .map(|(_, gap)| gap.saturating_add(SCHEDULE_SLACK))
+                .min();
+        }
+    }
     Ok((guests.into_values().collect(), listed))
+}
+
+/// What a scheduled backup may take beyond the gap between two starts before its guest is
+/// stale: a day (a daily job's backup is stale after two days, a weekly one's after eight).
+const SCHEDULE_SLACK: u64 = 86_400;
+
+/// The longest time between two starts of `schedule` over the next five weeks from `now`
+/// (`None`: PVE would refuse it, or it starts fewer than twice).
+fn schedule_gap(schedule: &str, now: i64) -> Option<u64> {
+    let event = crate::pve::calendar::CalendarEvent::parse(schedule).ok()?;
+    let end = now.saturating_add(35 * 86_400);
+    let mut last = event.next_after(now)?;
+    let mut gap: Option<u64> = None;
+    // A schedule of every minute has 50400 starts in five weeks; its gap is known after the
+    // first few hundred.
+    for _ in 0..2000 {
+        let Some(next) = event.next_after(last) else {
+            break;
+        };
+        let d = u64::try_from(next.saturating_sub(last)).unwrap_or(0);
+        gap = Some(gap.map_or(d, |g| g.max(d)));
+        if next > end {
+            break;
+        }
+        last = next;
+    }
+    gap
+}
+
+/// Whether backup job `job` backs up guest `vmid` of the agent's pool `pool` when it starts
+/// (pve-manager `PVE/VZDump.pm` `get_included_guests`; a guest belongs to one pool at most).
+fn job_backs_up(job: &crate::exec_helper::jobs_cfg::BackupJob, pool: &str, vmid: u32) -> bool {
+    use crate::exec_helper::jobs_cfg::Selection;
+    match job.selection() {
+        Selection::Pool(p) => p == pool,
+        Selection::Vmids(v) => v.contains(&vmid),
+        Selection::All { exclude } => !exclude.contains(&vmid),
+        Selection::Refused(_) => false,
+    }
 }
 
 /// The coverage of the node now (what `restore-report` shows): reads only.
@@ -556,16 +619,11 @@ pub async fn coverage_now(cfg: &Config, pve: &PveClient) -> Result<Vec<CoverageR
 /// The most of a job's state file that is read (PVE writes a small JSON object).
 const JOB_STATE_MAX_BYTES: u64 = 64 << 10;
 
-/// The backup jobs of this node that run now: enabled `vzdump` jobs of `jobs.cfg` (handed over
-/// by the exec helper) for this node whose state file (`<jobs_state_dir>/vzdump-<id>.json`,
-/// pve-manager `PVE/Jobs.pm` `starting_job`/`started_job`) says `starting` or `started`. Such a
-/// job fixed its guest list at its start (pve-manager `PVE/VZDump.pm` `get_included_guests`):
-/// a copy started now could be backed up and locked by it, or fail it. A file that cannot be
-/// read counts as a job not running (the band's `exclude`, which doctor checks, is the
-/// guard then).
-fn running_backup_jobs(cfg: &Config) -> Vec<String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
+/// The backup jobs of this node: enabled `vzdump` jobs of `jobs.cfg` (handed over by the exec
+/// helper) with a schedule, for this node or every node (pve-manager `PVE/Jobs.pm` `run_jobs`
+/// schedules only those). Empty when the file cannot be read (the band's `exclude`, which
+/// doctor checks, is the guard then).
+fn node_backup_jobs(cfg: &Config) -> Vec<crate::exec_helper::jobs_cfg::BackupJob> {
     let Ok(Some(text)) =
         crate::exec_helper::client::node_file(cfg, crate::exec_helper::proto::ClusterFile::JobsCfg)
     else {
@@ -581,23 +639,104 @@ fn running_backup_jobs(cfg: &Config) -> Vec<String> {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         })
-        .filter(|j| {
-            let path = cfg.jobs_state_dir.join(format!("vzdump-{}.json", j.id));
-            let mut bytes = Vec::new();
-            // Not through a link, never blocking on a FIFO; read bounded.
-            let read = fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-                .open(&path)
-                .and_then(|f| f.take(JOB_STATE_MAX_BYTES).read_to_end(&mut bytes));
-            read.is_ok()
-                && serde_json::from_slice::<serde_json::Value>(&bytes)
-                    .ok()
-                    .and_then(|v| v.get("state").and_then(|s| s.as_str()).map(str::to_string))
-                    .is_some_and(|s| s == "started" || s == "starting")
-        })
-        .map(|j| j.id)
         .collect()
+}
+
+/// A job's state file (`<jobs_state_dir>/vzdump-<id>.json`, pve-manager `PVE/Jobs.pm`), read
+/// without following a link, never blocking on a FIFO, bounded; `None` when unreadable.
+fn job_state(cfg: &Config, id: &str) -> Option<serde_json::Value> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = cfg.jobs_state_dir.join(format!("vzdump-{id}.json"));
+    let mut bytes = Vec::new();
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(&path)
+        .and_then(|f| f.take(JOB_STATE_MAX_BYTES).read_to_end(&mut bytes))
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The state says the job runs: `starting` or `started` (`starting_job`/`started_job`). Such
+/// a job fixed its guest list at its start (pve-manager `PVE/VZDump.pm`
+/// `get_included_guests`): a copy started now could be backed up and locked by it, or fail it.
+fn job_runs(state: &serde_json::Value) -> bool {
+    state
+        .get("state")
+        .and_then(|s| s.as_str())
+        .is_some_and(|s| s == "started" || s == "starting")
+}
+
+/// The time pvescheduler counts the job's next start from (`PVE/Jobs.pm` `get_last_runtime`):
+/// `updated`, else the start of its last task (its UPID), else `time`, else 0.
+fn job_last_run(state: Option<&serde_json::Value>) -> i64 {
+    let Some(state) = state else { return 0 };
+    if let Some(t) = state.get("updated").and_then(serde_json::Value::as_i64) {
+        return t;
+    }
+    if let Some(upid) = state.get("upid").and_then(|u| u.as_str()) {
+        if let Ok(u) = upid.parse::<crate::pve::Upid>() {
+            return i64::try_from(u.starttime).unwrap_or(i64::MAX);
+        }
+    }
+    state
+        .get("time")
+        .and_then(serde_json::Value::as_i64)
+        .unwrap_or(0)
+}
+
+/// Why no copy may start now because of the node's backup jobs, or `None`: a job of this node
+/// runs, or one starts within `[restore_test] backup_guard` (its next start is the first event
+/// of its `schedule` after its last run, as pvescheduler computes it; one already past starts
+/// within the minute). A schedule PVE would refuse says nothing (PVE does not run the job).
+fn backup_window(
+    cfg: &Config,
+    jobs: &[crate::exec_helper::jobs_cfg::BackupJob],
+    now: i64,
+) -> Option<String> {
+    let mut running = Vec::new();
+    let mut soonest: Option<(i64, &str, &str)> = None;
+    for j in jobs {
+        let state = job_state(cfg, &j.id);
+        if state.as_ref().is_some_and(job_runs) {
+            running.push(crate::error::outside_text(&j.id));
+            continue;
+        }
+        let Some(schedule) = j.schedule.as_deref() else {
+            continue;
+        };
+        let Ok(event) = crate::pve::calendar::CalendarEvent::parse(schedule) else {
+            continue;
+        };
+        let Some(next) = event.next_after(job_last_run(state.as_ref())) else {
+            continue;
+        };
+        let next = next.max(now);
+        if soonest.is_none_or(|(t, _, _)| next < t) {
+            soonest = Some((next, &j.id, schedule));
+        }
+    }
+    if !running.is_empty() {
+        return Some(format!(
+            "backup job {} runs on node {} now (PVE's job state: started); a copy started during it could be backed up and locked by it: the next run proves this guest",
+            running.join(", "),
+            cfg.node
+        ));
+    }
+    let guard = i64::try_from(cfg.restore_test.backup_guard).unwrap_or(i64::MAX);
+    let (next, id, schedule) = soonest?;
+    (next.saturating_sub(now) < guard).then(|| {
+        format!(
+            "backup job {} of node {} starts at {} (schedule {:?}), within [restore_test] backup_guard = {}: a copy started now could be backed up and locked by it; the next run after the job proves this guest",
+            crate::error::outside_text(id),
+            cfg.node,
+            time::OffsetDateTime::from_unix_timestamp(next)
+                .map_or_else(|_| next.to_string(), crate::timefmt::rfc3339),
+            crate::error::outside_text(schedule),
+            crate::config::human_secs(cfg.restore_test.backup_guard),
+        )
+    })
 }
 
 /// `at_once = "auto"`: the band's vmids free in the full guest list, less one for every other
@@ -848,28 +987,13 @@ async fn run_inner(
         }
     }
     let due = queue.len();
-    if !opts.dry_run && !queue.is_empty() {
-        let running_jobs = running_backup_jobs(cfg);
-        if !running_jobs.is_empty() {
-            let why = format!(
-                "backup job {} runs on node {} now (PVE's job state: started); a copy started during it could be backed up and locked by it: the next run proves this guest",
-                running_jobs
-                    .iter()
-                    .map(|j| crate::error::outside_text(j))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                cfg.node
-            );
-            for p in queue.drain(..) {
-                left.push(Left {
-                    guest: p.guest,
-                    backup: p.volid,
-                    reason: why.clone(),
-                    code: None,
-                });
-            }
-        }
-    }
+    // The node's backup jobs, read once; their state and next start are judged before every
+    // copy (a run may last hours).
+    let backup_jobs = if opts.dry_run || queue.is_empty() {
+        Vec::new()
+    } else {
+        node_backup_jobs(cfg)
+    };
     let at_once = match cfg.restore_test.at_once {
         crate::config::AtOnce::Fixed(n) => usize::from(n).max(1),
         // What the band allows, one vmid left for every other node of the cluster (the band
@@ -903,6 +1027,21 @@ async fn run_inner(
                         guest: p.guest,
                         backup: p.volid,
                         reason: format!("the run's budget ([restore_test] run_budget = {}s) was spent; the next run proves it", budget),
+                        code: None,
+                    });
+                }
+                break;
+            }
+            if let Some(why) = backup_window(
+                cfg,
+                &backup_jobs,
+                i64::try_from(unix_now()).unwrap_or(i64::MAX),
+            ) {
+                for p in queue.drain(..) {
+                    left.push(Left {
+                        guest: p.guest,
+                        backup: p.volid,
+                        reason: why.clone(),
                         code: None,
                     });
                 }

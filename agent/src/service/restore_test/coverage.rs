@@ -263,6 +263,10 @@ pub struct GuestBackups {
     pub name: String,
     /// Its backups.
     pub backups: Vec<BackupRef>,
+    /// How old its newest backup may be before it is stale, from the schedule of the backup
+    /// job that backs it up (`None`: the policy's `backup_max_age`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<u64>,
 }
 
 /// The bounds the statuses are judged by (seconds).
@@ -311,6 +315,9 @@ pub struct CoverageRow {
     pub status: Status,
     /// Its newest backup is older than `backup_max_age`.
     pub stale: bool,
+    /// The age past which its newest backup is stale (seconds): `[restore_test]
+    /// backup_max_age`, else what its backup job's schedule allows, else 8 days.
+    pub stale_after: u64,
     /// The newest backup's age (seconds).
     pub backup_age: Option<u64>,
     /// The newest backup.
@@ -440,9 +447,10 @@ fn row(g: &GuestBackups, store: &ProofStore, policy: &Policy, now: u64) -> Cover
             .min()
     };
     let overdue = due_since.is_some_and(|s| now.saturating_sub(s) > policy.prove_within);
+    let stale_after = g.max_age.unwrap_or(policy.backup_max_age);
     let stale = newest
         .as_ref()
-        .is_some_and(|n| now.saturating_sub(n.time) > policy.backup_max_age);
+        .is_some_and(|n| now.saturating_sub(n.time) > stale_after);
     let status = if failed_test.is_some() {
         Status::Failed
     } else if overdue {
@@ -461,6 +469,7 @@ fn row(g: &GuestBackups, store: &ProofStore, policy: &Policy, now: u64) -> Cover
         name: g.name.clone(),
         status,
         stale,
+        stale_after,
         backup_age: newest.as_ref().map(|n| now.saturating_sub(n.time)),
         newest_backup: newest,
         last_test,
@@ -510,6 +519,7 @@ mod tests {
 
     fn guest(vmid: u32, backups: Vec<BackupRef>) -> GuestBackups {
         GuestBackups {
+            max_age: None,
             vmid,
             name: format!("g{vmid}"),
             backups,
