@@ -289,13 +289,16 @@ fn the_packaged_units_run_under_a_real_systemd() {
 
     // The exec helper: not running until a connection to its socket starts it. The daemon's
     // own reads of the cluster files go through it and may have started it already: with the
-    // daemon stopped for a moment, the helper stopped stays down until the next connection
-    // (nothing else starts it).
-    // The daemon first, then the helper: a read the daemon still makes while it stops (its
-    // hub session's inventory) would start the helper through its socket again, and a start
-    // job queued beside the helper's stop job cancels that stop ("Job … canceled").
+    // daemon stopped, the helper stopped stays down until the next connection (nothing else
+    // starts it). The daemon first: it reads nothing once it stops. But a read it made just
+    // before may still wait in the socket's queue, and systemd starts the socket's service
+    // for a waiting connection even right after a `systemctl stop` of the service (in one
+    // command with the daemon's stop, that start job cancelled the helper's stop: "Job …
+    // canceled"; alone, the helper came back and idled). Stopping the socket drops what waits
+    // in it; started again, it holds no connection.
     m.ok("systemctl stop felhom-agent.service");
-    m.ok("systemctl stop felhom-agent-exec.service");
+    m.ok("systemctl stop felhom-agent-exec.socket felhom-agent-exec.service");
+    m.ok("systemctl start felhom-agent-exec.socket");
     let before = m.wait_for(
         "felhom-agent-exec.service stopped",
         WAIT,

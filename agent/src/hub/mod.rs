@@ -262,12 +262,24 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
         }
         Some(endpoint) => {
             let inventory_now = Arc::new(Notify::new());
+            // The inventory is not read once the daemon stops: a read goes through the exec
+            // helper's socket, and a connection left in its queue by a daemon that exits
+            // starts the helper again after an operator stopped it (systemd starts a socket's
+            // service while a connection waits).
+            let inventory_stop = background.child_token();
+            {
+                let (shutdown, inventory_stop) = (shutdown.clone(), inventory_stop.clone());
+                tokio::spawn(async move {
+                    shutdown.cancelled().await;
+                    inventory_stop.cancel();
+                });
+            }
             tokio::spawn(inventory_poller(
                 inventory,
                 outbox.clone(),
                 settings.timing.inventory_poll,
                 inventory_now.clone(),
-                background.clone(),
+                inventory_stop,
             ));
             // SIGTERM: stop taking work, let running work reach a journaled step while the
             // session goes on (so its results still reach the hub), then end the session.
@@ -541,7 +553,11 @@ async fn inventory_poller<I: InventoryRead>(
             _ = now.notified() => true,
             _ = stop.cancelled() => return,
         };
-        match inventory.read().await {
+        let read = tokio::select! {
+            r = inventory.read() => r,
+            _ = stop.cancelled() => return,
+        };
+        match read {
             Ok(current) => {
                 last_error = None;
                 if forced || last_sent.as_ref() != Some(&current) {
@@ -623,6 +639,45 @@ mod tests {
             hub: None,
             timing: Timing::default(),
         }
+    }
+
+    /// An inventory whose read never ends, counting the reads begun.
+    struct HangingInventory(std::sync::atomic::AtomicUsize);
+
+    impl InventoryRead for HangingInventory {
+        async fn read(&self) -> Result<Inventory, Failure> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::pending().await
+        }
+    }
+
+    /// A read under way when the daemon stops is dropped, and none begins after: each goes
+    /// through the exec helper's socket, where a connection left behind starts the helper
+    /// again after an operator stopped it.
+    #[tokio::test]
+    async fn the_inventory_poller_ends_with_a_read_under_way_and_begins_none_after() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (outbox, _) = Outbox::open(dir.path()).expect("outbox");
+        let inventory = Arc::new(HangingInventory(std::sync::atomic::AtomicUsize::new(0)));
+        let now = Arc::new(Notify::new());
+        let stop = CancellationToken::new();
+        let poller = tokio::spawn(inventory_poller(
+            inventory.clone(),
+            outbox.clone(),
+            Duration::from_millis(10),
+            now,
+            stop.clone(),
+        ));
+        while inventory.0.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(10), poller)
+            .await
+            .expect("the poller ended with its read under way")
+            .expect("no panic");
+        assert_eq!(inventory.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        outbox.close().await;
     }
 
     #[tokio::test]
