@@ -121,6 +121,10 @@ ROLES = {
     'PVEMappingUser': ('Mapping.Audit', 'Mapping.Use'),
 }
 
+# pve-container src/PVE/LXC/Config.pm, `ostype`'s enum (94f5585, 2026-06-16).
+LXC_OSTYPES = ('debian', 'devuan', 'ubuntu', 'centos', 'fedora', 'opensuse', 'archlinux', 'alpine', 'gentoo',
+               'nixos', 'unmanaged')
+
 BACKUP_FORMATS = ('tar.zst', 'tar.gz', 'tar.lzo', 'tar', 'vma.zst', 'vma.gz', 'vma.lzo', 'vma')
 # 2026-01-01T00:00:00Z, the date in the demo backup's name.
 DEFAULT_CTIME = 1767225600
@@ -1472,6 +1476,11 @@ class ScenarioPve(fake_server.FakePve):
         conf = ct.config or {}
         cfgpath = '/usr/share/lxc/config'
         ostype = str(conf.get('ostype') or 'debian')
+        # The include is a path root's lxc-start reads: PVE's schema allows only its enum
+        # (pve-container src/PVE/LXC/Config.pm `ostype`), so a config value such as
+        # `../../../tmp/x` never names a file of someone else's.
+        if ostype not in LXC_OSTYPES:
+            raise fake_model.TaskError('ostype {0!r} is not one of {1}'.format(ostype, ', '.join(LXC_OSTYPES)))
         inc = os.path.join(cfgpath, ostype + '.common.conf')
         if not os.path.isfile(inc):
             inc = os.path.join(cfgpath, 'common.conf')
@@ -1520,6 +1529,11 @@ class ScenarioPve(fake_server.FakePve):
             lines.append('lxc.net.{0}.mtu = {1}'.format(ind, mtu))
             if not truthy(props.get('link_down')):
                 lines.append('lxc.net.{0}.link = {1}'.format(ind, self._bed_bridge(bridge)))
+        # A config value with a line break would add LXC keys of its own (a hook root runs):
+        # PVE's formats have none.
+        for line in lines:
+            if any(c in line for c in '\n\r\0'):
+                raise fake_model.TaskError('a config value of CT {0} holds a line break: {1!r}'.format(vmid, line))
         return '\n'.join(lines) + '\n'
 
     def _bed_lxc_prepare(self, ct):
@@ -2940,8 +2954,14 @@ def build(sc):
     if not host:
         raise ScenarioError('the scenario needs "host" (a 127.x.y.z address)')
     check_host(host)
-    pve = ScenarioPve(user=sc.get('user', 'root@pam'), password=sc.get('password', 'secret'),
-                      host=host, port=int(sc.get('port', 0)))
+    # fakepve's own default root password is the word `secret`: anyone on the machine could
+    # log in to this root-run fake with it and drive everything the API does (restores, guest
+    # agent execs in the bed's guests). Without a scenario `password`, the root login has one
+    # nobody is told.
+    password = sc.get('password')
+    if password is None:
+        password = secrets.token_urlsafe(32)
+    pve = ScenarioPve(user=sc.get('user', 'root@pam'), password=password, host=host, port=int(sc.get('port', 0)))
     pve.time_scale = float(sc.get('time_scale', 0))
     live = sc.get('vmlist') or {}
     pve.vmlist_path = live.get('path')

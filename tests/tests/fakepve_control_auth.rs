@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use felhom_tests::fakepve::{demo_scenario, state_base, FakePve};
+use felhom_tests::fakepve::{demo_scenario, form_urlencode, state_base, FakePve};
 use felhom_tests::guestbed::GuestBed;
 use felhom_tests::reach::reachable_tempdir;
 use serde_json::{json, Value};
@@ -310,4 +310,31 @@ fn the_control_endpoint_sets_no_program_or_path_even_with_the_secret() {
         .control_with_secret(None, "GET", "/tasks", None)
         .expect_err("no secret");
     assert_eq!(err.status, 401, "{err}");
+}
+
+/// fakepve's own default root password is the word `secret`; the fake answers every local user
+/// on its HTTPS port, so the wrapper gives the root login a password nobody is told when the
+/// scenario names none. The login with the old default is refused as PVE refuses it, and so
+/// the only way in is a token whose secret only root can read.
+#[tokio::test]
+async fn the_root_login_has_no_known_password() {
+    let pve = FakePve::demo();
+    assert!(
+        pve.scenario().get("password").is_none(),
+        "the demo names no password"
+    );
+    for password in ["secret", ""] {
+        let answer = pve
+            .https_client()
+            .post(format!("{}/access/ticket", pve.api_url()))
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .body(form_urlencode(&[
+                ("username", "root@pam"),
+                ("password", password),
+            ]))
+            .send()
+            .await
+            .expect("the ticket request is answered");
+        assert_eq!(answer.status(), 401, "root@pam with {password:?}");
+    }
 }
