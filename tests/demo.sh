@@ -221,6 +221,7 @@ fake_pid=$!
 read -r ready <"$work/ready"
 url=$(printf '%s' "$ready" | "$FELHOM_FAKEPVE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["url"])')
 pin=$(printf '%s' "$ready" | "$FELHOM_FAKEPVE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["sha256"])')
+control=$(printf '%s' "$ready" | "$FELHOM_FAKEPVE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["control"])')
 echo "fakepve at $url, certificate SHA-256 $pin" >&2
 
 cat >"$work/agent.toml" <<TOML
@@ -355,6 +356,10 @@ In another shell, as root:
   felhom-agent destroy -vmid 131
 Its check packs are in $work/checks.d, its bootstrap profiles in $work/bootstrap.d, its
 state in $work/state, its metrics in $work/metrics, the fake's log in $work/fakepve.log.
+What it exposes (README.md, "A playground"): any local user can connect to both ports
+on $host; the fake's API answers only the pool token, its secret in $work/pve-token (root's),
+and the fake's control endpoint only requests carrying its secret (root's):
+control endpoint: $control (secret: $work/certs/control.secret)
 Ctrl-C here removes all of it.
 playground ready: $work/env
 EOF

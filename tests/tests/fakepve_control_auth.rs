@@ -8,16 +8,15 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use felhom_tests::fakepve::{demo_scenario, form_urlencode, state_base, FakePve};
 use felhom_tests::guestbed::GuestBed;
-use felhom_tests::reach::reachable_tempdir;
+use felhom_tests::reach::{http_as_uid, reachable_tempdir, run_as_uid};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
 /// The uid that stands for any other local user.
-const OTHER_UID: &str = "65534";
+const OTHER_UID: u32 = 65534;
 /// A container of the bed the scenario makes stopped: its LXC monitor stand-in (the program
 /// `guest_bed.monitor` names, run by root as `perl <monitor> …`) starts when it starts.
 const VMID: u32 = 250;
@@ -50,32 +49,12 @@ fn payload() -> (TempDir, PathBuf, PathBuf) {
     (dir, script, marker)
 }
 
-/// `program args…` run as uid/gid 65534 without supplementary groups, from `/`: its exit
-/// status (None: killed), stdout and stderr.
+/// `program args…` run as uid 65534.
 fn as_other_uid(program: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid",
-            OTHER_UID,
-            "--regid",
-            OTHER_UID,
-            "--clear-groups",
-            program,
-        ])
-        .args(args)
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run setpriv");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    run_as_uid(OTHER_UID, program, args)
 }
 
-/// One HTTP/1.1 request sent to the fake's control endpoint by uid 65534 (bash's `/dev/tcp`):
-/// the status line of the answer, and the answer's last line (its JSON body).
+/// One control request to the fake sent by uid 65534: the answer's status line and body.
 fn control_as_other_uid(
     pve: &FakePve,
     method: &str,
@@ -87,34 +66,7 @@ fn control_as_other_uid(
         .control_url()
         .strip_prefix("http://")
         .expect("the control url is http");
-    let (host, port) = addr.rsplit_once(':').expect("host:port");
-    let payload = body.to_string();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(auth) = auth {
-        request.push_str(&format!("Authorization: {auth}\r\n"));
-    }
-    request.push_str(&format!(
-        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    ));
-    let script = r#"exec 3<>"/dev/tcp/$1/$2" || exit 9
-printf '%s' "$3" >&3
-answer=$(cat <&3)
-printf '%s\n' "$answer" | head -n 1
-printf '%s\n' "$answer" | tail -n 1"#;
-    let (code, out, err) = as_other_uid(
-        "bash",
-        &["-c", script, "control-as-other-uid", host, port, &request],
-    );
-    assert_eq!(
-        code,
-        Some(0),
-        "uid {OTHER_UID} could not talk to the control endpoint at all: {err}"
-    );
-    let mut lines = out.lines();
-    let status = lines.next().unwrap_or("").trim().to_string();
-    let body = lines.next().unwrap_or("").trim().to_string();
-    (status, body)
+    http_as_uid(OTHER_UID, addr, method, path, auth, &body.to_string())
 }
 
 /// Whether `@<lxc_path>/<vmid>/command` (the LXC monitor's command socket) is bound.
