@@ -3,12 +3,14 @@
 //! `tests/fakepve/scenario.py`.
 //!
 //! A scenario is JSON (see `tests/fakepve/README.md`); start from [`demo_scenario`] and change
-//! what a test needs. [`FakePve::start`] gives each instance a fresh 127.x.y.z host, a private
-//! temporary directory (certificate, scenario file, log) and a free port; dropping the handle
-//! stops the process. [`AgentFiles`] writes an `agent.toml`, the token secret file and a
-//! `.vmlist` for the agent under test.
+//! what a test needs. [`FakePve::start`] gives each instance a fresh 127.x.y.z host, a
+//! temporary directory (the live files, the log, and a `private/` folder of mode 0700 with the
+//! scenario file, the certificate, its key and the control secret) and a free port; dropping
+//! the handle stops the process. [`AgentFiles`] writes an `agent.toml`, the token secret file
+//! and a `.vmlist` for the agent under test.
 //!
-//! Token secrets never appear in panics or in the `Debug` output of anything here.
+//! Token secrets and the control secret never appear in panics or in the `Debug` output of
+//! anything here.
 
 use std::fmt;
 use std::fs;
