@@ -45,15 +45,17 @@ import json, os, sys
 scenario, work = json.load(open(sys.argv[1])), sys.argv[2]
 scenario.update(host="127.0.0.78", port=0, certdir=work + "/certs")
 scenario["attrs"] = {"api_latency_ms": 10}
-os.makedirs(work + "/certs", exist_ok=True)
-json.dump(scenario, open(work + "/scenario.json", "w"))
+os.makedirs(work + "/certs", mode=0o700, exist_ok=True)
+# The scenario holds the token secrets: only root reads it, from its creation on.
+with os.fdopen(os.open(work + "/scenario.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+    json.dump(scenario, f)
 token_id, secret = next(iter(scenario["tokens"].items()))
 fd = os.open(work + "/pve-token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 os.write(fd, (secret + "\n").encode())
 os.close(fd)
 open(work + "/token-id", "w").write(token_id)
 PY
-  mkfifo "$work/ready"
+  mkfifo -m 600 "$work/ready"
   "$FELHOM_FAKEPVE_PYTHON" tests/fakepve/scenario.py "$work/scenario.json" >"$work/ready" 2>"$work/fakepve.log" &
   fake_pid=$!
   trap 'kill "$fake_pid" 2>/dev/null; rm -rf "$work"' EXIT

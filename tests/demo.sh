@@ -131,7 +131,9 @@ host=127.0.0.77
 # The agent refuses config, profile and check folders and a state dir that group or others may
 # write, whatever the caller's umask.
 umask 022
-mkdir -p "$work/certs" "$work/state" "$work/bootstrap.d" "$work/checks.d" "$work/bin" "$work/pct-state" "$work/metrics"
+# certs/: the fake's TLS key and its control secret (tests/fakepve/README.md), root's alone.
+mkdir -m 700 "$work/certs"
+mkdir -p "$work/state" "$work/bootstrap.d" "$work/checks.d" "$work/bin" "$work/pct-state" "$work/metrics"
 cp -a packaging/bootstrap.d/default "$work/bootstrap.d/"
 cp -a packaging/checks.d/default.toml "$work/checks.d/"
 chmod -R go-w "$work/bootstrap.d" "$work/checks.d"
@@ -195,28 +197,31 @@ scenario["user_cfg"] = {"path": work + "/user.cfg"}
 # /etc/pve/nodes: the exec helper reads a container's before every exec ([exec] pve_nodes_dir).
 scenario["ct_conf"] = {"dir": work + "/nodes"}
 scenario.update(host=host, port=0, certdir=work + "/certs")
-json.dump(scenario, open(work + "/scenario.json", "w"))
 # The node's full guest list: every scenario guest, plus one on another cluster node that
 # only the local list knows about.
 # fakepve keeps it live, as pmxcfs does on a node.
 scenario["vmlist"] = {"path": work + "/vmlist", "extra": [{"vmid": 4100, "node": "pve2", "type": "lxc"}]}
-json.dump(scenario, open(work + "/scenario.json", "w"))
+# The scenario holds the token secrets, and the work folder lets everyone through (a real
+# container's root must pass): it is root's alone from its creation on.
+with os.fdopen(os.open(work + "/scenario.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+    json.dump(scenario, f)
 tokens = scenario["tokens"]
 token_id, secret = next(iter(tokens.items()))
 with open(work + "/token-id", "w") as f:
     f.write(token_id)
-fd = os.open(work + "/pve-token", os.O_WRONLY | os.O_CREAT, 0o600)
+fd = os.open(work + "/pve-token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
 os.write(fd, (secret + "\n").encode())
 os.close(fd)
 PY
 
 printf '\n== starting fakepve on %s\n' "$host" >&2
-mkfifo "$work/ready"
+mkfifo -m 600 "$work/ready"
 "$FELHOM_FAKEPVE_PYTHON" tests/fakepve/scenario.py "$work/scenario.json" >"$work/ready" 2>"$work/fakepve.log" &
 fake_pid=$!
 read -r ready <"$work/ready"
 url=$(printf '%s' "$ready" | "$FELHOM_FAKEPVE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["url"])')
 pin=$(printf '%s' "$ready" | "$FELHOM_FAKEPVE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["sha256"])')
+control=$(printf '%s' "$ready" | "$FELHOM_FAKEPVE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["control"])')
 echo "fakepve at $url, certificate SHA-256 $pin" >&2
 
 cat >"$work/agent.toml" <<TOML
@@ -351,6 +356,10 @@ In another shell, as root:
   felhom-agent destroy -vmid 131
 Its check packs are in $work/checks.d, its bootstrap profiles in $work/bootstrap.d, its
 state in $work/state, its metrics in $work/metrics, the fake's log in $work/fakepve.log.
+What it exposes (README.md, "A playground"): any local user can connect to both ports
+on $host; the fake's API answers only the pool token, its secret in $work/pve-token (root's),
+and the fake's control endpoint only requests carrying its secret (root's):
+control endpoint: $control (secret: $work/certs/control.secret)
 Ctrl-C here removes all of it.
 playground ready: $work/env
 EOF

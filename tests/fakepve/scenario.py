@@ -9,14 +9,20 @@ host with a certificate made for that host. Exactly one line goes to stdout, onc
 servers listen:
 
     {"url": "https://H:P", "cafile": "...", "sha256": "<hex of the DER certificate>",
-     "control": "http://H:Q", "pid": N}
+     "control": "http://H:Q", "control_secret_file": "...", "pid": N}
 
 Everything else (logging, warnings, errors) goes to stderr. The control endpoint (plain
-HTTP, same host, its own free port) drives the running fake:
+HTTP, same host, its own free port) drives the running fake. It answers only requests that
+carry `Authorization: Bearer <secret>`, the secret this fake made at its start and wrote to
+`control_secret_file` (mode 0600, in the certdir, which must be the fake's user's and writable
+by no one else): the fake runs as root, and any local user can reach a loopback port. Every
+other request is answered 401. What it may change is listed (CALLABLE, SETTABLE,
+GUEST_SETTABLE): never a path or a program the fake runs or writes, which come from the
+scenario file only.
 
-    POST /call     {"method": "fail", "args": [...], "kwargs": {...}}   any FakePve method
-    POST /set      {"time_scale": 0.01, "ct_secs": {"create": 120}}    attributes, dicts merged
-    POST /guest    {"vmid": 200, "set": {"status": "running"}}         guest attributes
+    POST /call     {"method": "fail", "args": [...], "kwargs": {...}}   a FakePve method of CALLABLE
+    POST /set      {"time_scale": 0.01, "ct_secs": {"create": 120}}    attributes of SETTABLE, dicts merged
+    POST /guest    {"vmid": 200, "set": {"status": "running"}}         guest attributes of GUEST_SETTABLE
     GET  /requests every request the fake received: method, path, query, body (redacted)
     GET  /timings  when each API answer began and ended: method, path, start, end (seconds,
                    one monotonic clock), in the order the answers ended
@@ -41,14 +47,17 @@ import asyncio
 import base64
 import glob
 import hashlib
+import hmac
 import inspect
 import ipaddress
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -111,6 +120,10 @@ ROLES = {
     'PVESDNUser': ('SDN.Audit', 'SDN.Use'),
     'PVEMappingUser': ('Mapping.Audit', 'Mapping.Use'),
 }
+
+# pve-container src/PVE/LXC/Config.pm, `ostype`'s enum (94f5585, 2026-06-16).
+LXC_OSTYPES = ('debian', 'devuan', 'ubuntu', 'centos', 'fedora', 'opensuse', 'archlinux', 'alpine', 'gentoo',
+               'nixos', 'unmanaged')
 
 BACKUP_FORMATS = ('tar.zst', 'tar.gz', 'tar.lzo', 'tar', 'vma.zst', 'vma.gz', 'vma.lzo', 'vma')
 # 2026-01-01T00:00:00Z, the date in the demo backup's name.
@@ -1463,6 +1476,11 @@ class ScenarioPve(fake_server.FakePve):
         conf = ct.config or {}
         cfgpath = '/usr/share/lxc/config'
         ostype = str(conf.get('ostype') or 'debian')
+        # The include is a path root's lxc-start reads: PVE's schema allows only its enum
+        # (pve-container src/PVE/LXC/Config.pm `ostype`), so a config value such as
+        # `../../../tmp/x` never names a file of someone else's.
+        if ostype not in LXC_OSTYPES:
+            raise fake_model.TaskError('ostype {0!r} is not one of {1}'.format(ostype, ', '.join(LXC_OSTYPES)))
         inc = os.path.join(cfgpath, ostype + '.common.conf')
         if not os.path.isfile(inc):
             inc = os.path.join(cfgpath, 'common.conf')
@@ -1511,6 +1529,11 @@ class ScenarioPve(fake_server.FakePve):
             lines.append('lxc.net.{0}.mtu = {1}'.format(ind, mtu))
             if not truthy(props.get('link_down')):
                 lines.append('lxc.net.{0}.link = {1}'.format(ind, self._bed_bridge(bridge)))
+        # A config value with a line break would add LXC keys of its own (a hook root runs):
+        # PVE's formats have none.
+        for line in lines:
+            if any(c in line for c in '\n\r\0'):
+                raise fake_model.TaskError('a config value of CT {0} holds a line break: {1!r}'.format(vmid, line))
         return '\n'.join(lines) + '\n'
 
     def _bed_lxc_prepare(self, ct):
@@ -2931,8 +2954,14 @@ def build(sc):
     if not host:
         raise ScenarioError('the scenario needs "host" (a 127.x.y.z address)')
     check_host(host)
-    pve = ScenarioPve(user=sc.get('user', 'root@pam'), password=sc.get('password', 'secret'),
-                      host=host, port=int(sc.get('port', 0)))
+    # fakepve's own default root password is the word `secret`: anyone on the machine could
+    # log in to this root-run fake with it and drive everything the API does (restores, guest
+    # agent execs in the bed's guests). Without a scenario `password`, the root login has one
+    # nobody is told.
+    password = sc.get('password')
+    if password is None:
+        password = secrets.token_urlsafe(32)
+    pve = ScenarioPve(user=sc.get('user', 'root@pam'), password=password, host=host, port=int(sc.get('port', 0)))
     pve.time_scale = float(sc.get('time_scale', 0))
     live = sc.get('vmlist') or {}
     pve.vmlist_path = live.get('path')
@@ -3095,15 +3124,78 @@ def refuse(status, message):
     return web.json_response({'error': message}, status=status)
 
 
-class Control(object):
-    """The plain-HTTP control endpoint of one fake."""
+# The FakePve methods `/call` runs: what the tests drive beside the API (faults, the request
+# and violation records, root's own restores and removals, a guest's state). Each one does
+# what a scenario or an API request with the scenario's tokens could make the fake do; none
+# takes a path or a program. Any other method (the guest bed's `bed_monitor`, `bed_create`,
+# the servers' `start`/`stop`, ...) is refused: the fake runs as root.
+CALLABLE = frozenset((
+    '_extractconfig', '_lxc_create', '_qm_create', 'add_ct', 'backup_guest', 'clear_schema_violations',
+    'clear_violations', 'fail', 'flaky_network', 'grant', 'guest', 'remove_guest', 'schema_violation_list',
+    'snapshot_lock', 'start_configs', 'unlock', 'violations', 'write_vmlist',
+))
 
-    def __init__(self, pve, stop):
+# The FakePve attributes `/set` changes: timings, answers and faults of the model. A guest
+# spec of `backup_guests` only names files inside the restored guest's own root filesystem.
+SETTABLE = frozenset((
+    'answer_delay', 'api_latency_ms', 'backup_guests', 'create_answer', 'ct_secs', 'datacenter_cfg',
+    'lxc_restore_fail', 'post_limit', 'release_version', 'restore_outside_pool', 'time_scale', 'version',
+    'vmlist_extra', 'vmlist_frozen',
+))
+
+# Attributes that name programs the fake runs as root or files and folders it writes: set from
+# the scenario file only, whoever asks (the scenario is root's, in a folder only root enters).
+SCENARIO_ONLY = frozenset((
+    'guest_bed', 'vmlist_path', 'user_cfg_path', 'datacenter_cfg_path', 'ct_conf_dir', 'qemu_restore',
+    'bed_pending', 'bed_owned', 'bed_inits', 'bed_execs', 'bed_qemu', 'bed_monitors', 'bed_bridges',
+))
+
+# The guest attributes `/guest` sets: PVE's view of a guest (its state, config, pool, lock, its
+# scripted guest agent and task timings).
+GUEST_SETTABLE = frozenset((
+    'status', 'pool', 'lock', 'config', 'agent', 'name', 'template', 'start_error', 'shutdown_secs',
+    'start_secs', 'stop_secs', 'ha_state',
+))
+
+# The header every control request carries: `Bearer <the fake's control secret>`.
+CONTROL_AUTH = 'Authorization'
+
+
+def write_control_secret(certdir):
+    """Make this fake's control secret and write it to `<certdir>/control.secret`, mode 0600
+    from its creation (O_EXCL: never into a file someone else made; O_NOFOLLOW: never through
+    a link). The folder must be this user's and writable by no one else, or another user could
+    put their own file in its place before the client reads it. Returns (path, secret)."""
+    st = os.stat(certdir)
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ScenarioError('certdir {0} must be owned by uid {1} and writable by no one else (it holds the '
+                            'control secret)'.format(certdir, os.geteuid()))
+    path = os.path.join(os.path.abspath(certdir), 'control.secret')
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    secret = secrets.token_hex(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        data = (secret + '\n').encode('ascii')
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+    return path, secret
+
+
+class Control(object):
+    """The plain-HTTP control endpoint of one fake: answers only requests that carry its secret."""
+
+    def __init__(self, pve, stop, secret):
         self.pve = pve
         self.stop = stop
+        self.expected = 'Bearer {0}'.format(secret).encode('ascii')
 
     def app(self):
-        app = web.Application()
+        app = web.Application(middlewares=[self.authenticate])
         app.router.add_post('/call', self.call)
         app.router.add_post('/set', self.set)
         app.router.add_post('/guest', self.guest)
@@ -3112,6 +3204,18 @@ class Control(object):
         app.router.add_get('/tasks', self.tasks)
         app.router.add_post('/shutdown', self.shutdown)
         return app
+
+    @web.middleware
+    async def authenticate(self, request, handler):
+        """Refuse (401) every request without this fake's secret, before its body is read or
+        its route looked up; compared in constant time. The refusal is logged without what
+        was sent."""
+        given = request.headers.get(CONTROL_AUTH, '').encode('utf-8', 'surrogateescape')
+        if not hmac.compare_digest(given, self.expected):
+            log.warning('control request %s %s refused: no valid control secret', request.method, request.path)
+            return refuse(401, 'control requests need "Authorization: Bearer <secret>", the secret in the '
+                               'fake\'s control_secret_file')
+        return await handler(request)
 
     @staticmethod
     async def body(request):
@@ -3131,6 +3235,9 @@ class Control(object):
         target = getattr(self.pve, name, None) if isinstance(name, str) else None
         if not callable(target):
             return refuse(404, 'FakePve has no method {0!r}'.format(name))
+        if name not in CALLABLE:
+            return refuse(403, 'FakePve method {0} is not callable through the control endpoint (callable: '
+                               '{1})'.format(name, ', '.join(sorted(CALLABLE))))
         try:
             value = target(*data.get('args', []), **data.get('kwargs', {}))
             if inspect.isawaitable(value):
@@ -3145,6 +3252,15 @@ class Control(object):
         unknown = [k for k in data if not hasattr(self.pve, k)]
         if unknown:
             return refuse(400, 'FakePve has no attribute {0}'.format(', '.join(sorted(unknown))))
+        # Nothing is set unless every attribute may be.
+        scenario_only = sorted(k for k in data if k in SCENARIO_ONLY)
+        if scenario_only:
+            return refuse(403, '{0} names programs or paths the fake runs or writes as root: set by the '
+                               'scenario file only'.format(', '.join(scenario_only)))
+        refused = sorted(k for k in data if k not in SETTABLE)
+        if refused:
+            return refuse(403, 'FakePve attribute {0} cannot be set through the control endpoint (settable: '
+                               '{1})'.format(', '.join(refused), ', '.join(sorted(SETTABLE))))
         set_attrs(self.pve, data)
         return result(None)
 
@@ -3157,8 +3273,15 @@ class Control(object):
         guest = self.pve.guest(vmid)
         if guest is None:
             return refuse(404, 'no guest {0}'.format(vmid))
+        values = data.get('set', {})
+        if not isinstance(values, dict):
+            return refuse(400, 'guest "set" must be an object of guest attributes')
+        refused = sorted(str(k) for k in values if k not in GUEST_SETTABLE)
+        if refused:
+            return refuse(403, 'guest attribute {0} cannot be set through the control endpoint (settable: '
+                               '{1})'.format(', '.join(refused), ', '.join(sorted(GUEST_SETTABLE))))
         try:
-            set_guest(self.pve, guest, data.get('set', {}))
+            set_guest(self.pve, guest, values)
             # A status set here is a finished stop or start, as PVE's task is once it ends: the
             # bed's real container is stopped (its monitor gone) or running before the answer.
             self.pve.bed_sync()
@@ -3231,8 +3354,10 @@ async def serve(sc, ready_out):
     certdir = sc.get('certdir')
     if not certdir:
         raise ScenarioError('the scenario needs "certdir" (a directory for the certificate and key)')
-    os.makedirs(certdir, exist_ok=True)
+    # The folder of the key and the control secret: the fake's own (0700 when it makes it).
+    os.makedirs(certdir, mode=0o700, exist_ok=True)
     certfile, keyfile, der = make_cert(certdir, hosts=(pve.host,))
+    secret_file, secret = write_control_secret(certdir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -3243,12 +3368,13 @@ async def serve(sc, ready_out):
     pve.write_vmlist()
     vmlist_writer = asyncio.ensure_future(keep_vmlist(pve, stop))
     await pve.start(certfile, keyfile)
-    control = web.AppRunner(Control(pve, stop).app(), access_log=None, shutdown_timeout=2.0)
+    control = web.AppRunner(Control(pve, stop, secret).app(), access_log=None, shutdown_timeout=2.0)
     await control.setup()
     try:
         await web.TCPSite(control, pve.host, 0).start()
         ready = {'url': pve.url, 'cafile': os.path.abspath(certfile), 'sha256': hashlib.sha256(der).hexdigest(),
-                 'control': 'http://{0}:{1}'.format(pve.host, control.addresses[0][1]), 'pid': os.getpid()}
+                 'control': 'http://{0}:{1}'.format(pve.host, control.addresses[0][1]),
+                 'control_secret_file': secret_file, 'pid': os.getpid()}
         ready_out.write(json.dumps(ready) + '\n')
         ready_out.flush()
         log.info('serving %s, control %s', ready['url'], ready['control'])

@@ -10,7 +10,8 @@ it when it answers and starts `scenario.py` itself otherwise. Measured on the 2-
 fake started from scratch costs about 0.4 s of processor time before its ready line; most of it
 is imports.
 
-One request per connection on the unix stream socket (mode 0600):
+One request per connection on the unix stream socket (mode 0600; a peer of another uid than
+the zygote's is refused):
   - the client sends one JSON line {"scenario": PATH, "cwd": DIR, "env": {NAME: VALUE}} with two
     descriptors attached (SCM_RIGHTS): the fake's stdout (where its ready line goes) and stderr;
   - the zygote forks; the fake runs `scenario.py PATH` in DIR with exactly that environment and
@@ -201,8 +202,14 @@ def main(argv):
                 continue
             try:
                 creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize('3i'))
-                peer_pid = struct.unpack('3i', creds)[0]
-                pid = serve_request(conn, peer_pid)
+                peer_pid, peer_uid = struct.unpack('3i', creds)[:2]
+                # A fork runs any scenario with any environment as this process's user: only
+                # that user may ask (the socket's mode 0600 says so too).
+                if peer_uid != os.geteuid():
+                    sys.stderr.write('zygote.py: refused a request of uid {0}\n'.format(peer_uid))
+                    pid = None
+                else:
+                    pid = serve_request(conn, peer_pid)
             except OSError:
                 pid = None
             if pid is None:

@@ -3,12 +3,14 @@
 //! `tests/fakepve/scenario.py`.
 //!
 //! A scenario is JSON (see `tests/fakepve/README.md`); start from [`demo_scenario`] and change
-//! what a test needs. [`FakePve::start`] gives each instance a fresh 127.x.y.z host, a private
-//! temporary directory (certificate, scenario file, log) and a free port; dropping the handle
-//! stops the process. [`AgentFiles`] writes an `agent.toml`, the token secret file and a
-//! `.vmlist` for the agent under test.
+//! what a test needs. [`FakePve::start`] gives each instance a fresh 127.x.y.z host, a
+//! temporary directory (the live files, the log, and a `private/` folder of mode 0700 with the
+//! scenario file, the certificate, its key and the control secret) and a free port; dropping
+//! the handle stops the process. [`AgentFiles`] writes an `agent.toml`, the token secret file
+//! and a `.vmlist` for the agent under test.
 //!
-//! Token secrets never appear in panics or in the `Debug` output of anything here.
+//! Token secrets and the control secret never appear in panics or in the `Debug` output of
+//! anything here.
 
 use std::fmt;
 use std::fs;
@@ -35,6 +37,8 @@ pub const TERM_GRACE: Duration = Duration::from_secs(5);
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The fake's API prefix.
 pub const API_PREFIX: &str = "/api2/json";
+/// The folder, in a fake's temporary directory, of what holds a secret (its certdir).
+const PRIVATE_DIR: &str = "private";
 
 /// The root of the workspace (the parent of the `tests` crate).
 pub fn workspace_root() -> PathBuf {
@@ -323,6 +327,8 @@ struct Ready {
     cafile: PathBuf,
     sha256: String,
     control: String,
+    /// The file (mode 0600) holding the secret every control request carries.
+    control_secret_file: PathBuf,
     pid: u32,
 }
 
@@ -336,6 +342,8 @@ pub struct FakePve {
     host: String,
     port: u16,
     control_addr: String,
+    /// The control endpoint's secret, read from `control_secret_file`. Never print it.
+    control_secret: String,
     scenario: Value,
     dir: TempDir,
 }
@@ -363,7 +371,18 @@ impl FakePve {
             .unwrap_or_else(|| panic!("a fakepve scenario must be a JSON object"));
         let host = loopback_host(std::process::id(), INSTANCE.fetch_add(1, Ordering::SeqCst));
         let dir = crate::scratch_tempdir("fakepve-");
-        let certdir = dir.path().join("certs");
+        // The instance's folder stays enterable by others (an agent that switched to its user
+        // reads the live `.vmlist` and `user.cfg` in it); what holds a secret (the scenario's
+        // token secrets, the TLS key, the control secret) goes into a folder of its own that
+        // only root enters, made with that mode.
+        let certdir = dir.path().join(PRIVATE_DIR);
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&certdir)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", certdir.display()));
+        }
         obj.insert("host".into(), json!(host));
         obj.insert("certdir".into(), json!(certdir));
         if !obj.get("port").is_some_and(Value::is_u64) {
@@ -392,7 +411,7 @@ impl FakePve {
         }
         // And the containers' own configs (`nodes/<node>/lxc/<vmid>.conf`), as in /etc/pve.
         obj.insert("ct_conf".into(), json!({"dir": dir.path().join("nodes")}));
-        let scenario_path = dir.path().join("scenario.json");
+        let scenario_path = certdir.join("scenario.json");
         write_private(
             &scenario_path,
             serde_json::to_string_pretty(&scenario)
@@ -463,6 +482,19 @@ impl FakePve {
             .strip_prefix("http://")
             .unwrap_or_else(|| panic!("fakepve control {} is not http", ready.control))
             .to_string();
+        // The fake runs as root and its control port is reachable by every local user: it
+        // answers only requests carrying this secret, which it wrote to a file only its own
+        // user may read.
+        let control_secret = match fs::read_to_string(&ready.control_secret_file) {
+            Ok(text) => text.trim().to_string(),
+            Err(e) => {
+                let _ = child.kill_and_wait();
+                panic!(
+                    "cannot read the fake's control secret {}: {e}",
+                    ready.control_secret_file.display()
+                );
+            }
+        };
         FakePve {
             child: Some(child),
             stdout_reader: Some(stdout_reader),
@@ -470,6 +502,7 @@ impl FakePve {
             host,
             port,
             control_addr,
+            control_secret,
             scenario,
             dir,
         }
@@ -526,14 +559,32 @@ impl FakePve {
         &self.ready.control
     }
 
+    /// The file (mode 0600, in the fake's certdir) holding the secret every control request
+    /// must carry as `Authorization: Bearer <secret>`.
+    pub fn control_secret_file(&self) -> &Path {
+        &self.ready.control_secret_file
+    }
+
     /// The fake's process id.
     pub fn pid(&self) -> u32 {
         self.ready.pid
     }
 
-    /// This instance's private temporary directory (scenario, certificate, log).
+    /// This instance's temporary directory (live files, log; the secrets in
+    /// [`private_dir`](Self::private_dir)).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The folder (mode 0700) of this instance's secrets: the scenario file, the certificate
+    /// and its key, the control secret.
+    pub fn private_dir(&self) -> PathBuf {
+        self.dir.path().join(PRIVATE_DIR)
+    }
+
+    /// The scenario file the fake was started from (mode 0600: it holds the token secrets).
+    pub fn scenario_file(&self) -> PathBuf {
+        self.private_dir().join("scenario.json")
     }
 
     /// The fake's live `.vmlist` (pmxcfs's `/etc/pve/.vmlist`), rewritten as guests come and go.
@@ -683,7 +734,25 @@ impl FakePve {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ControlError> {
-        control_request(&self.control_addr, method, path, body)
+        control_request(
+            &self.control_addr,
+            Some(&self.control_secret),
+            method,
+            path,
+            body,
+        )
+    }
+
+    /// A control request as this fake's own client sends it, but with `secret` in place of the
+    /// fake's (`None`: no `Authorization` header): what a caller without the secret gets.
+    pub fn control_with_secret(
+        &self,
+        secret: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ControlError> {
+        control_request(&self.control_addr, secret, method, path, body)
     }
 
     /// Call any FakePve method through `/call`; the result as JSON (sets become lists, a guest
@@ -713,18 +782,28 @@ impl FakePve {
     /// Set FakePve attributes through `/set` (dicts are merged into the ones there, a list
     /// given for a set becomes a set). Panics when the fake refuses.
     pub fn set(&self, attrs: Value) {
-        if let Err(e) = self.control("POST", "/set", Some(&attrs)) {
+        if let Err(e) = self.try_set(attrs) {
             panic!("fakepve set: {e}");
         }
+    }
+
+    /// [`set`](Self::set), returning the refusal instead of panicking.
+    pub fn try_set(&self, attrs: Value) -> Result<(), ControlError> {
+        self.control("POST", "/set", Some(&attrs)).map(drop)
     }
 
     /// Set attributes of guest `vmid` through `/guest` (`status`, `pool`, `lock` keep the
     /// fake's bookkeeping in step; dicts such as `config` or `agent` are merged). Returns the
     /// guest's public fields. Panics when the fake refuses.
     pub fn guest_set(&self, vmid: u32, attrs: Value) -> Value {
+        self.try_guest_set(vmid, attrs)
+            .unwrap_or_else(|e| panic!("fakepve guest {vmid}: {e}"))
+    }
+
+    /// [`guest_set`](Self::guest_set), returning the refusal instead of panicking.
+    pub fn try_guest_set(&self, vmid: u32, attrs: Value) -> Result<Value, ControlError> {
         self.control("POST", "/guest", Some(&json!({"vmid": vmid, "set": attrs})))
             .map(|v| v.get("result").cloned().unwrap_or(Value::Null))
-            .unwrap_or_else(|e| panic!("fakepve guest {vmid}: {e}"))
     }
 
     /// The guest's public fields (`status`, `config`, `pool`, `lock`, `type`, …), or `None`
@@ -970,10 +1049,12 @@ pub fn write_private(path: &Path, data: &[u8]) {
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
 }
 
-/// One plain HTTP/1.1 request to the control endpoint at `addr` (`host:port`). A 2xx answer's
-/// JSON body is returned; anything else becomes a [`ControlError`].
+/// One plain HTTP/1.1 request to the control endpoint at `addr` (`host:port`), carrying
+/// `secret` as `Authorization: Bearer <secret>` (`None`: no such header). A 2xx answer's JSON
+/// body is returned; anything else becomes a [`ControlError`] (which never holds the secret).
 fn control_request(
     addr: &str,
+    secret: Option<&str>,
     method: &str,
     path: &str,
     body: Option<&Value>,
@@ -987,6 +1068,9 @@ fn control_request(
     let mut request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: application/json\r\n"
     );
+    if let Some(secret) = secret {
+        request.push_str(&format!("Authorization: Bearer {secret}\r\n"));
+    }
     if body.is_some() {
         request.push_str("Content-Type: application/json\r\n");
     }

@@ -114,6 +114,68 @@ impl ReachableCopy {
     }
 }
 
+/// `program args…` run as `uid` (with the gid of the same number, no supplementary group:
+/// util-linux's `setpriv`), from `/`, stdin empty: its exit status (`None`: killed), stdout
+/// and stderr. Panics when `setpriv` cannot be started.
+pub fn run_as_uid(uid: u32, program: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let id = uid.to_string();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid", &id, "--regid", &id, "--clear-groups", program])
+        .args(args)
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run setpriv: {e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// One plain HTTP/1.1 request sent by `uid` to `addr` (`host:port`, loopback) through bash's
+/// `/dev/tcp`, with `Connection: close` and, when given, `Authorization: <auth>`: the answer's
+/// status line and its last line (a JSON body). Panics when that uid could not connect at all.
+pub fn http_as_uid(
+    uid: u32,
+    addr: &str,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+    body: &str,
+) -> (String, String) {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("{addr} is not host:port"));
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(auth) = auth {
+        request.push_str(&format!("Authorization: {auth}\r\n"));
+    }
+    request.push_str(&format!(
+        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    let script = r#"exec 3<>"/dev/tcp/$1/$2" || exit 9
+printf '%s' "$3" >&3
+answer=$(cat <&3)
+printf '%s\n' "$answer" | head -n 1
+printf '%s\n' "$answer" | tail -n 1"#;
+    let (code, out, err) = run_as_uid(
+        uid,
+        "bash",
+        &["-c", script, "http-as-uid", host, port, &request],
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "uid {uid} could not talk to {addr} at all: {err}"
+    );
+    let mut lines = out.lines();
+    let status = lines.next().unwrap_or("").trim().to_string();
+    let last = lines.next().unwrap_or("").trim().to_string();
+    (status, last)
+}
+
 fn set_mode(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))

@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 
 use felhom_tests::agent::agent_bin;
 use felhom_tests::fakepve::{fakepve_python, workspace_root};
+use felhom_tests::reach::{http_as_uid, run_as_uid};
 
 fn run_demo(script: &Path) -> Output {
     run_demo_env(script, &[])
@@ -211,6 +212,17 @@ fn the_playground_as_typed_in_the_readme_serves_the_commands_then_ctrl_c_leaves_
         .spawn()
         .expect("the playground");
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    // A failed assertion below must not leave the root-run fake and helper behind: Ctrl-C to
+    // the playground's group as the test unwinds, unless the playground already ended.
+    struct CtrlCOnDrop(Option<nix::unistd::Pid>);
+    impl Drop for CtrlCOnDrop {
+        fn drop(&mut self) {
+            if let Some(group) = self.0 {
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGINT);
+            }
+        }
+    }
+    let mut ctrl_c = CtrlCOnDrop(Some(pid));
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let out = child.stdout.take().expect("stdout");
     let lines_tx = tx.clone();
@@ -298,6 +310,57 @@ fn the_playground_as_typed_in_the_readme_serves_the_commands_then_ctrl_c_leaves_
     let (_, journal) = shell("felhom-agent journal");
     assert!(journal.contains("destroy"), "{journal}");
 
+    // Another local user (uid 65534) gets nothing from the playground's fake, which runs as
+    // root: its control endpoint refuses a request without the secret (pointing the guest
+    // bed's monitor at a program of that user's, then starting a container), and the files
+    // with secrets cannot be read.
+    let control = seen
+        .lines()
+        .find_map(|l| l.strip_prefix("control endpoint: http://"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the playground names its control endpoint:\n{seen}"))
+        .to_string();
+    for (path, body) in [
+        (
+            "/set",
+            format!(
+                r#"{{"guest_bed": {{"lxc_path": "{work_text}/lxc", "monitor": "/tmp/mine"}}}}"#
+            ),
+        ),
+        (
+            "/guest",
+            r#"{"vmid": 200, "set": {"status": "running"}}"#.to_string(),
+        ),
+        ("/shutdown", "{}".to_string()),
+    ] {
+        let (status, answer) = http_as_uid(65534, &control, "POST", path, None, &body);
+        assert!(
+            status.starts_with("HTTP/1.1 401 "),
+            "uid 65534's POST {path} to the playground's fake: {status:?} {answer}"
+        );
+    }
+    for file in [
+        "scenario.json",
+        "pve-token",
+        "certs/control.secret",
+        "certs/fakepve.key",
+    ] {
+        let path = work.join(file);
+        assert!(path.exists(), "{}", path.display());
+        let (code, out, err) = run_as_uid(65534, "cat", &[&path.to_string_lossy()]);
+        assert!(
+            code != Some(0) && out.is_empty() && err.contains("Permission denied"),
+            "uid 65534 read {}: {code:?} {err}",
+            path.display()
+        );
+    }
+    let (code, out) = shell("felhom-agent guests");
+    assert_eq!(
+        code,
+        Some(0),
+        "the fake still serves after the refused shutdown:\n{out}"
+    );
+
     // Ctrl-C: everything goes, the script ends 0.
     assert!(
         !processes_naming(&work_text).is_empty(),
@@ -307,6 +370,7 @@ fn the_playground_as_typed_in_the_readme_serves_the_commands_then_ctrl_c_leaves_
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait") {
+            ctrl_c.0 = None;
             break s;
         }
         assert!(

@@ -440,7 +440,7 @@ fn the_zygote_forks_fakes_that_run_as_their_asker_and_end_with_it() {
     scenario["host"] = json!("127.0.0.1");
     scenario["certdir"] = json!(dir.path().join("certs"));
     let path = dir.path().join("scenario.json");
-    std::fs::write(&path, scenario.to_string()).expect("scenario");
+    felhom_tests::fakepve::write_private(&path, scenario.to_string().as_bytes());
     let out = std::process::Command::new(felhom_tests::fakepve::fakepve_python())
         .arg("-c")
         .arg(zygote_client_until_ready())
@@ -509,7 +509,7 @@ fn a_zygote_forks_nothing_once_the_fakes_code_changed() {
     scenario["host"] = json!("127.0.0.1");
     scenario["certdir"] = json!(dir.path().join("certs"));
     let path = dir.path().join("scenario.json");
-    std::fs::write(&path, scenario.to_string()).expect("scenario");
+    felhom_tests::fakepve::write_private(&path, scenario.to_string().as_bytes());
     let ask = || {
         let out = std::process::Command::new(felhom_tests::fakepve::fakepve_python())
             .arg("-c")
