@@ -463,6 +463,12 @@ class ScenarioPve(fake_server.FakePve):
     # container outside the pool (taken out of it the moment the task ends, as a person or
     # another tool could). One-shot per vmid.
     restore_outside_pool = None
+    # `/set {"backup_lock_after_start": {"990000": 4}}`: once that vmid's start task has ended
+    # OK, the guest is locked `backup` for that many real seconds, as while a backup job of the
+    # node backs it up (pve-manager PVE/VZDump.pm: vzdump locks each guest's config `backup`
+    # for its backup, pve-container/qemu-server `lock_config`, and unlocks it after), then the
+    # lock goes. One-shot per vmid.
+    backup_lock_after_start = None
     # `/set {"answer_delay": {"POST /nodes/pve1/lxc": 1.5}}`: hold the answer to requests with
     # exactly this method and path for that many real seconds after the handler ran (the task
     # started), so a test can kill the client in the middle of a request.
@@ -1032,6 +1038,22 @@ class ScenarioPve(fake_server.FakePve):
                 # The task ends OK, and the container is no longer in the pool the moment it
                 # ends (see restore_outside_pool).
                 self._pool_leave(int(tid))
+                return note
+        backed_up = (self.backup_lock_after_start or {}).pop(str(tid), None) \
+            if ttype in ('vzstart', 'qmstart') else None
+        if backed_up:
+            started = body
+
+            async def body():
+                note = await started()
+                vmid = int(tid)
+                self.snapshot_lock(vmid, 'backup')
+
+                def unlock():
+                    guest = self.guest(vmid)
+                    if guest is not None and guest.lock == 'backup':
+                        self.unlock(vmid)
+                asyncio.get_running_loop().call_later(float(backed_up), unlock)
                 return note
         failing = (self.lxc_restore_fail or {}).pop(str(tid), None) if ttype == 'vzrestore' else None
         if failing:
@@ -3138,7 +3160,7 @@ CALLABLE = frozenset((
 # The FakePve attributes `/set` changes: timings, answers and faults of the model. A guest
 # spec of `backup_guests` only names files inside the restored guest's own root filesystem.
 SETTABLE = frozenset((
-    'answer_delay', 'api_latency_ms', 'backup_guests', 'create_answer', 'ct_secs', 'datacenter_cfg',
+    'answer_delay', 'api_latency_ms', 'backup_guests', 'backup_lock_after_start', 'create_answer', 'ct_secs', 'datacenter_cfg',
     'lxc_restore_fail', 'post_limit', 'release_version', 'restore_outside_pool', 'time_scale', 'version',
     'vmlist_extra', 'vmlist_frozen',
 ))

@@ -58,6 +58,16 @@ pub const CONFIRM_GONE_TIMEOUT: Duration = Duration::from_secs(60);
 /// whose answer is unknown, before "nothing was created" is concluded (the request may still be
 /// on its way through pveproxy to pvedaemon, whose create takes the config lock first).
 pub const SUBMIT_SETTLE: Duration = Duration::from_secs(30);
+/// How long a guest of ours that a backup holds (config `lock: backup`) is waited for before
+/// its destroy: vzdump locks each guest it backs up for the whole backup (pve-manager
+/// `PVE/VZDump.pm`), and PVE refuses to stop or destroy a locked guest. Longer, the guest is
+/// left for a human with the command.
+pub const BACKUP_LOCK_WAIT: Duration = Duration::from_secs(2 * 3600);
+/// How often a backup-locked guest is read again while it is waited for.
+const BACKUP_LOCK_POLL: Duration = Duration::from_secs(5);
+/// Test hook (only with the `test-hooks` feature): [`BACKUP_LOCK_WAIT`] in milliseconds.
+#[cfg(feature = "test-hooks")]
+pub const BACKUP_LOCK_WAIT_ENV: &str = "FELHOM_AGENT_BACKUP_LOCK_WAIT_MS";
 /// At most this many rows of the node's task list are read per search.
 pub const TASK_LIST_LIMIT: u32 = 500;
 /// Test hook (only with the `test-hooks` feature): the settle window of the task search, in
@@ -149,6 +159,8 @@ pub struct Timeouts {
     pub confirm_gone: Duration,
     /// The search for the task of a restore request whose answer is unknown.
     pub submit_settle: Duration,
+    /// A guest of ours held by a backup (`lock: backup`), before its destroy.
+    pub backup_lock: Duration,
 }
 
 impl Default for Timeouts {
@@ -160,6 +172,7 @@ impl Default for Timeouts {
             boot: crate::guest::boot::BOOT_TIMEOUT,
             confirm_gone: CONFIRM_GONE_TIMEOUT,
             submit_settle: submit_settle(),
+            backup_lock: backup_lock_wait(),
         }
     }
 }
@@ -298,6 +311,21 @@ impl Driven {
             None => None,
         }
     }
+}
+
+/// How long a backup's lock is waited for (a test build may change it through the
+/// environment).
+#[cfg(not(feature = "test-hooks"))]
+fn backup_lock_wait() -> Duration {
+    BACKUP_LOCK_WAIT
+}
+
+#[cfg(feature = "test-hooks")]
+fn backup_lock_wait() -> Duration {
+    std::env::var(BACKUP_LOCK_WAIT_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(BACKUP_LOCK_WAIT, Duration::from_millis)
 }
 
 /// The settle window of the task search (a test build may shorten it through the environment).
@@ -737,12 +765,44 @@ impl<'a> Executor<'a> {
                 Some(Event::GuestObserved(self.observe(vmid, guest).await))
             }
             Effect::RecheckOwnership { vmid, guest } => {
-                let seen = if state.destroy_armed() {
-                    self.observe_for_proof(state, vmid, guest).await?
-                } else {
-                    self.observe(vmid, guest).await
-                };
-                Some(Event::GuestObserved(seen))
+                // A guest of ours a backup holds (a backup job that started while the copy
+                // existed) is waited for, bounded: PVE refuses to stop or destroy it until the
+                // backup unlocks it. What the last read shows decides, as always.
+                let deadline = Instant::now() + self.timeouts.backup_lock;
+                let mut said = false;
+                loop {
+                    let seen = if state.destroy_armed() {
+                        self.observe_for_proof(state, vmid, guest).await?
+                    } else {
+                        self.observe(vmid, guest).await
+                    };
+                    if !state.held_by_backup(&seen) || Instant::now() >= deadline {
+                        break Some(Event::GuestObserved(seen));
+                    }
+                    if !said {
+                        said = true;
+                        tracing::warn!(
+                            vmid,
+                            txn = %state.txn(),
+                            "guest {vmid} is locked by a backup (lock: backup, a vzdump of the node); waiting up to {} min for it to end before the destroy",
+                            self.timeouts.backup_lock.as_secs().div_ceil(60)
+                        );
+                    }
+                    let cancel = self.cancel.clone();
+                    tokio::select! {
+                        () = tokio::time::sleep(BACKUP_LOCK_POLL.min(self.timeouts.backup_lock)) => {}
+                        () = cancel.cancelled() => {
+                            return Err(Failure::new(
+                                ErrorCode::Interrupted,
+                                format!(
+                                    "interrupted while guest {vmid} (transaction {}) was locked by a backup, before its destroy; nothing was destroyed; `felhom-agent journal resume {}` waits for the backup again and destroys it",
+                                    state.txn(),
+                                    state.txn()
+                                ),
+                            ));
+                        }
+                    }
+                }
             }
             Effect::ConfirmDestroyed { vmid, guest } => {
                 let deadline = Instant::now() + self.timeouts.confirm_gone;

@@ -1276,6 +1276,17 @@ impl State {
         matches!(self.seen(view), Seen::Ours { .. })
     }
 
+    /// Whether `view` shows this transaction's guest locked by a backup (`lock: backup`, a
+    /// vzdump under way): a lock that goes by itself, so it is waited for before the destroy.
+    pub fn held_by_backup(&self, view: &GuestView) -> bool {
+        matches!(
+            self.seen(view),
+            Seen::Ours {
+                lock: Some("backup")
+            }
+        )
+    }
+
     /// Whether this state was taken up after a stop or crash, by [`recover`] or [`resume`].
     pub fn recovered(&self) -> bool {
         self.recovered
