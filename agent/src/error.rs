@@ -24,6 +24,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::ChecksInvalid
         | ErrorCode::PolicyDenied
         | ErrorCode::SdnDenied
+        | ErrorCode::LabBridgeOpen
         | ErrorCode::BackupPrivileged
         | ErrorCode::BackupMounts
         | ErrorCode::BackupDevices
@@ -310,6 +311,7 @@ mod tests {
             ErrorCode::ChecksInvalid,
             ErrorCode::PolicyDenied,
             ErrorCode::SdnDenied,
+            ErrorCode::LabBridgeOpen,
             ErrorCode::BackupPrivileged,
             ErrorCode::BackupMounts,
             ErrorCode::BackupDevices,
