@@ -10,10 +10,10 @@
 //!   macvlan), which would take the copy's frames into the node's IP stack or another bridge;
 //! - `/proc/sys/net/ipv6/conf/<bridge>/disable_ipv6` = 1 (no `/proc/sys/net/ipv6`: the node
 //!   booted with `ipv6.disable=1`, IPv6 is off everywhere);
-//! - the IPv4 reverse-path filter strict: max(`conf/all/rp_filter`, `conf/<bridge>/rp_filter`)
-//!   = 1, together with no IPv4 address on the bridge (the filter drops a packet whose source
-//!   the node would not route back through the bridge: with no address and no route on it,
-//!   every packet the copy sends to the node or through it);
+//! - the IPv4 reverse-path filter on: max(`conf/all/rp_filter`, `conf/<bridge>/rp_filter`)
+//!   ≥ 1, together with no IPv4 address on the bridge (on a device with no IPv4 address the
+//!   filter, strict or loose, drops a packet whose source the node would not route back
+//!   through that device: every packet the copy sends to the node or through it);
 //! - `/proc/sys/net/ipv4/conf/<bridge>/forwarding` = 0;
 //! - no address on the bridge (IPv4: `getifaddrs`, a netlink dump; IPv6: `/proc/net/if_inet6`).
 //!
@@ -244,17 +244,16 @@ pub fn faults(root: &Path, bridge: &str, ports: Ports) -> Vec<String> {
         (Ok(a), Ok(d)) => {
             let num = |s: &str| s.parse::<u32>().ok();
             let max = num(&a).zip(num(&d)).map(|(a, d)| a.max(d));
-            if max != Some(1) {
-                let why = match max {
-                    Some(0) => "no reverse-path filter: the node takes a copy's packets to any of its addresses (and forwards them when forwarding is on)".to_string(),
-                    Some(2) => "loose mode: a source the node can route anywhere (every source, with a default route) passes, so the node takes a copy's packets".to_string(),
-                    _ => "not the strict reverse-path filter (1)".to_string(),
-                };
+            // 1 (strict) and 2 (loose) both drop every packet arriving on a device with no
+            // IPv4 address whose source the node does not route through that device
+            // (fib_frontend.c __fib_validate_source: `no_addr` → `last_resort` → drop when
+            // rpf is set): with the address check above, all a copy sends there.
+            if !matches!(max, Some(1 | 2)) {
                 out.push(format!(
-                    "the IPv4 reverse-path filter on bridge {bridge} is max({} = {a}, {} = {d}) = {}: {why}; add `post-up sysctl -w net.ipv4.conf.{bridge}.rp_filter=1` to {stanza} (and keep net.ipv4.conf.all.rp_filter at 0 or 1)",
+                    "the IPv4 reverse-path filter on bridge {bridge} is max({} = {a}, {} = {d}) = {}: without it the node takes a copy's packets to any of its addresses (it answers ARP there) and routes them on when forwarding is on; add `post-up sysctl -w net.ipv4.conf.{bridge}.rp_filter=1` to {stanza}",
                     show(&all_rp),
                     show(&dev_rp),
-                    max.map_or_else(|| "unreadable".to_string(), |m| m.to_string())
+                    max.map_or_else(|| "not a number".to_string(), |m| m.to_string())
                 ));
             }
         }
@@ -266,7 +265,7 @@ pub fn faults(root: &Path, bridge: &str, ports: Ports) -> Vec<String> {
     match read_value(&fwd) {
         Ok(v) if v == "0" => {}
         Ok(v) => out.push(format!(
-            "{} is {v}: the node routes what a copy sends on bridge {bridge} on to its other networks; add `post-up sysctl -w net.ipv4.conf.{bridge}.forwarding=0` to {stanza} (writing net.ipv4.ip_forward or net.ipv4.conf.all.forwarding sets it again: ifupdown2's `ip-forward off` in the stanza is applied at every `ifreload -a`)",
+            "{} is {v}: the node routes what a copy sends on bridge {bridge} on to its other networks; add `post-up sysctl -w net.ipv4.conf.{bridge}.forwarding=0` to {stanza} (turning net.ipv4.ip_forward or net.ipv4.conf.all.forwarding on sets every device's forwarding again; ifupdown2's `ip-forward off` in the stanza is applied again only at the next `ifreload -a`)",
             show(&fwd)
         )),
         Err(e) => out.push(format!("{e}: whether the node forwards from bridge {bridge} is unknown")),
@@ -330,11 +329,11 @@ mod tests {
         set("proc/sys/net/ipv6/conf/vmbr9/disable_ipv6", "1\n");
         set("proc/sys/net/ipv4/conf/vmbr9/rp_filter", "0\n");
         one("/proc/sys/net/ipv4/conf/vmbr9/rp_filter = 0");
-        // The kernel takes the larger of all and the device: all = 2 is loose mode.
-        set("proc/sys/net/ipv4/conf/vmbr9/rp_filter", "1\n");
+        // The kernel takes the larger of all and the device: all = 1 (or 2) holds.
         set("proc/sys/net/ipv4/conf/all/rp_filter", "2\n");
-        one("loose mode");
-        set("proc/sys/net/ipv4/conf/all/rp_filter", "1\n");
+        assert!(faults(r, "vmbr9", Ports::None).is_empty());
+        set("proc/sys/net/ipv4/conf/vmbr9/rp_filter", "1\n");
+        set("proc/sys/net/ipv4/conf/all/rp_filter", "0\n");
         assert!(faults(r, "vmbr9", Ports::None).is_empty());
         set("proc/sys/net/ipv4/conf/vmbr9/forwarding", "1\n");
         one("net.ipv4.conf.vmbr9.forwarding=0");

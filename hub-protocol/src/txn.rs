@@ -209,7 +209,7 @@ pub enum ErrorCode {
     PolicyDenied,
     /// Preflight: the token lacks `SDN.Use` on a bridge (or VLAN) a NIC of the backup is plugged into.
     SdnDenied,
-    /// Preflight: the kernel shows the lab bridge of an isolated VM copy open (a port, a
+    /// Preflight (the node's set-up, exit 6): the kernel shows the lab bridge of an isolated VM copy open (a port, a
     /// device on top, an address, IPv6 on, no strict IPv4 reverse-path filter, or forwarding
     /// on), or one of these changed right after the copy's start (which then stops it).
     LabBridgeOpen,
