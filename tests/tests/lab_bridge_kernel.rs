@@ -230,13 +230,18 @@ fn readme_bridge() {
 /// The scenario of a VM backup whose restore test puts its NICs on the lab bridge (PVE lists
 /// it as the README's stanza makes it; the token holds SDN.Use on it).
 fn lab_world() -> World {
+    lab_world_starting_in(2)
+}
+
+/// [`lab_world`] whose VM's start task takes `start_secs` PVE seconds.
+fn lab_world_starting_in(start_secs: u32) -> World {
     let mut s = demo_scenario();
     s["time_scale"] = json!(TIME_SCALE);
     s["attrs"] = json!({"qemu_restore_secs": 30});
     add_qemu_backup(
         &mut s,
         qemu_backup_config(),
-        json!({"agent": true, "boot_secs": 5, "start_secs": 2, "stop_secs": 2}),
+        json!({"agent": true, "boot_secs": 5, "start_secs": start_secs, "stop_secs": 2}),
     );
     let options: Vec<String> = readme_stanza(LAB)
         .into_iter()
@@ -388,6 +393,65 @@ fn on_the_readme_lab_bridge_the_copys_restore_test_runs_to_its_end() {
             .and_then(|c| c.iter().find(|c| c["name"] == "lab_bridge"))
             .unwrap_or_else(|| panic!("no lab_bridge check: {doc:#}"));
         assert_eq!(lab["status"], "pass", "{lab:#}");
+    });
+}
+
+/// `ip_forward` turned on again while the copy's start task runs (after the read right before
+/// the start): every device's forwarding is 1 again, the lab bridge's included. The read right
+/// after the start finds it, the copy is stopped at once and destroyed, and its restore test
+/// is not ok, naming the file, the value and the fix.
+#[test]
+fn ip_forward_turned_on_during_the_copys_start_stops_the_copy_at_once() {
+    as_node(|| {
+        readme_bridge();
+        let w = lab_world_starting_in(300);
+        let agent = w
+            .command()
+            .env_remove(KERNEL_ROOT_ENV)
+            .args(["--selftest=restore", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the agent");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !w.pve.tasks().iter().any(|t| t["type"] == "qmstart") {
+            assert!(std::time::Instant::now() < deadline, "no start task");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sysctl("ipv4/ip_forward", "0");
+        sysctl("ipv4/ip_forward", "1");
+        let out = agent.wait_with_output().expect("the agent's end");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let doc: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}\n{stderr}"));
+        let copy = &doc["copies"][0];
+        assert_ne!(copy["outcome"], "ok", "{doc:#}");
+        let message = copy["error"]["message"].as_str().unwrap_or_default();
+        for part in [
+            "was no longer isolated right after its start",
+            "/proc/sys/net/ipv4/conf/vmbr9/forwarding is 1",
+            "post-up sysctl -w net.ipv4.conf.vmbr9.forwarding=0",
+            "it was stopped at once",
+        ] {
+            assert!(message.contains(part), "{part:?} not in: {doc:#}");
+        }
+        let stops: Vec<_> = w
+            .pve
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/status/stop"))
+            .collect();
+        assert!(!stops.is_empty(), "no stop request");
+        assert_eq!(copy["destroyed"], json!(true), "{doc:#}");
+        // Nothing ran in the copy after its start (no exec through its guest agent).
+        assert!(
+            !w.pve
+                .requests()
+                .iter()
+                .any(|r| r.path.contains("/agent/exec")),
+            "the copy was used after its start"
+        );
     });
 }
 
