@@ -435,7 +435,9 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
 }
 
 /// `[restore_test] lab_bridge`: the bridge exists in the node's network configuration, is a
-/// Linux bridge with no ports, carries no address of the node, is up, and the token holds
+/// Linux bridge with no ports, carries no address of the node, is up, is isolated in the
+/// kernel as the preflight reads it ([`crate::lab_kernel::faults`]; its stanza sets each
+/// setting, else a warning), and the token holds
 /// `SDN.Use` on `/sdn/zones/localnetwork/<bridge>` (qemu-server `check_bridge_access` →
 /// pve-guest-common `check_vnet_access` at the restore). Without the key: a pass that says
 /// what an isolated VM copy then is.
@@ -489,7 +491,7 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
     let row = rows
         .iter()
         .find(|row| row.get("iface").and_then(serde_json::Value::as_str) == Some(bridge));
-    let (faults, ipv6_off) = crate::preflight::restorable::lab_bridge_faults(bridge, row);
+    let faults = crate::preflight::restorable::lab_bridge_faults(bridge, row);
     if !faults.is_empty() {
         return r.fail(
             name,
@@ -502,20 +504,74 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
             ),
         );
     }
-    if !ipv6_off {
+    // The kernel's own view, as the preflight of every isolated VM copy reads it.
+    let kernel = crate::lab_kernel::faults_now(bridge, crate::lab_kernel::Ports::None);
+    if !kernel.is_empty() {
+        return r.fail(
+            name,
+            ErrorCode::LabBridgeOpen,
+            format!(
+                "[restore_test] lab_bridge = {bridge:?} in {} on node {}: {}; the preflight of every isolated VM copy refuses it (lab_bridge_open) until then",
+                cfg.path.display(),
+                cfg.node,
+                kernel.join("; ")
+            ),
+        );
+    }
+    // The kernel is right now; the stanza keeps it right after a reboot or an `ifreload -a`
+    // (and after a write of net.ipv4.ip_forward, which sets every device's forwarding).
+    let missing = stanza_lines_missing(bridge, row);
+    if !missing.is_empty() {
         return r.warn(
             name,
             format!(
-                "bridge {bridge} has no port and no configured address, but no line of its stanza turns IPv6 off, so the kernel gives it a link-local address (fe80::) once a VM copy's tap is on it, and the copy could reach the node's services on `::`; add `post-up sysctl -w net.ipv6.conf.{bridge}.disable_ipv6=1` to its stanza in /etc/network/interfaces, then `ifreload -a`"
+                "bridge {bridge} is isolated in the kernel now, but no line of its stanza in /etc/network/interfaces sets {}, so a reboot or a write of net.ipv4.ip_forward undoes it (IPv6 on: the kernel gives the bridge a link-local address (fe80::) once a VM copy's tap is on it, and the copy could reach the node's services on `::`); add {} to its stanza, then `ifreload -a`",
+                missing.iter().map(|(what, _)| *what).collect::<Vec<_>>().join(", "),
+                missing.iter().map(|(_, line)| format!("`{line}`")).collect::<Vec<_>>().join(" and ")
             ),
         );
     }
     r.pass(
         name,
         format!(
-            "bridge {bridge} has no port and no address of the node, IPv6 is off on it, and token {token} holds SDN.Use on {path}: isolated VM copies start with their stored NICs on it, one VM copy at a time (copies on one bridge would reach each other), so a restore run proves 1 VM at once beside its containers (up to 6, beside the exec helper's reads)"
+            "bridge {bridge} has no port and no address of the node, IPv6 is off on it, the kernel drops what a copy sends there to the node or beyond (strict IPv4 reverse-path filter, no forwarding) and its stanza sets each, and token {token} holds SDN.Use on {path}: isolated VM copies start with their stored NICs on it, one VM copy at a time (copies on one bridge would reach each other), so a restore run proves 1 VM at once beside its containers (up to 6, beside the exec helper's reads)"
         ),
     );
+}
+
+/// The kernel settings of the lab bridge that no line of its stanza (PVE's `options` and
+/// `options6`: the lines it does not parse) sets, each with the line that does.
+fn stanza_lines_missing(
+    bridge: &str,
+    row: Option<&serde_json::Value>,
+) -> Vec<(&'static str, String)> {
+    let lines: Vec<String> = ["options", "options6"]
+        .iter()
+        .filter_map(|k| {
+            row.and_then(|r| r.get(*k))
+                .and_then(serde_json::Value::as_array)
+        })
+        .flat_map(|a| a.iter().take(256).filter_map(|l| l.as_str()))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    let sets = |key: &str, value: &str| {
+        lines.iter().any(|l| {
+            l.contains(key)
+                && (l.contains(&format!("={value}")) || l.contains(&format!("echo {value}")))
+        })
+    };
+    let [v6, rp, fwd] = crate::lab_kernel::post_up_lines(bridge);
+    let mut out = Vec::new();
+    if !sets("disable_ipv6", "1") {
+        out.push(("IPv6 off", v6));
+    }
+    if !sets(&format!("{bridge}.rp_filter"), "1") && !sets(&format!("{bridge}/rp_filter"), "1") {
+        out.push(("the strict reverse-path filter", rp));
+    }
+    if !sets(&format!("{bridge}.forwarding"), "0") && !sets(&format!("{bridge}/forwarding"), "0") {
+        out.push(("forwarding off", fwd));
+    }
+    out
 }
 
 /// Every pool guest of this node has a backup on `[restore_test] backup_storages`: a guest

@@ -67,6 +67,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::PveAuth
         | ErrorCode::TlsPinMismatch
         | ErrorCode::ConfigInvalid
+        | ErrorCode::LabBridgeOpen
         | ErrorCode::PoolMissing
         | ErrorCode::PveUnsupported
         | ErrorCode::ExecHelperUnavailable
@@ -334,6 +335,8 @@ mod tests {
         assert_eq!(exit_status(ErrorCode::CheckFailed).code(), 5);
         assert_eq!(exit_status(ErrorCode::TlsPinMismatch).code(), 6);
         assert_eq!(exit_status(ErrorCode::ConfigInvalid).code(), 6);
+        // The node's lab bridge, not the backup: its guest is left due, as for config_invalid.
+        assert_eq!(exit_status(ErrorCode::LabBridgeOpen).code(), 6);
         assert_eq!(exit_status(ErrorCode::PoolMissing).code(), 6);
         assert_eq!(exit_status(ErrorCode::PveUnsupported).code(), 6);
         assert_eq!(exit_status(ErrorCode::StateDirFull).code(), 6);

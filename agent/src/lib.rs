@@ -18,6 +18,7 @@ pub mod exec_helper;
 pub mod guest;
 pub mod hub;
 pub mod inventory;
+pub mod lab_kernel;
 pub mod metrics;
 pub mod nofollow;
 pub mod preflight;

@@ -209,6 +209,10 @@ pub enum ErrorCode {
     PolicyDenied,
     /// Preflight: the token lacks `SDN.Use` on a bridge (or VLAN) a NIC of the backup is plugged into.
     SdnDenied,
+    /// Preflight (the node's set-up, exit 6): the kernel shows the lab bridge of an isolated VM copy open (a port, a
+    /// device on top, an address, IPv6 on, no strict IPv4 reverse-path filter, or forwarding
+    /// on), or one of these changed right after the copy's start (which then stops it).
+    LabBridgeOpen,
     /// Preflight: the backup is of a privileged container.
     BackupPrivileged,
     /// Preflight: the backup carries bind or device mount points, device passthrough or raw `lxc.*` keys (root only).
@@ -299,7 +303,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 57] = [
+    pub const ALL: [ErrorCode; 58] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -322,6 +326,7 @@ impl ErrorCode {
         ErrorCode::ChecksInvalid,
         ErrorCode::PolicyDenied,
         ErrorCode::SdnDenied,
+        ErrorCode::LabBridgeOpen,
         ErrorCode::BackupPrivileged,
         ErrorCode::BackupMounts,
         ErrorCode::BackupDevices,
@@ -384,6 +389,7 @@ impl ErrorCode {
             ErrorCode::ChecksInvalid => "checks_invalid",
             ErrorCode::PolicyDenied => "policy_denied",
             ErrorCode::SdnDenied => "sdn_denied",
+            ErrorCode::LabBridgeOpen => "lab_bridge_open",
             ErrorCode::BackupPrivileged => "backup_privileged",
             ErrorCode::BackupMounts => "backup_mounts",
             ErrorCode::BackupDevices => "backup_devices",
@@ -585,6 +591,7 @@ mod tests {
             (ErrorCode::ChecksInvalid, "checks_invalid"),
             (ErrorCode::PolicyDenied, "policy_denied"),
             (ErrorCode::SdnDenied, "sdn_denied"),
+            (ErrorCode::LabBridgeOpen, "lab_bridge_open"),
             (ErrorCode::BackupPrivileged, "backup_privileged"),
             (ErrorCode::BackupMounts, "backup_mounts"),
             (ErrorCode::BackupDevices, "backup_devices"),
@@ -614,7 +621,7 @@ mod tests {
             (ErrorCode::AgentUserUnconfined, "agent_user_unconfined"),
             (ErrorCode::BootUnfinished, "boot_unfinished"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 57);
+        assert_eq!(ErrorCode::ALL.len(), 58);
     }
 
     #[test]

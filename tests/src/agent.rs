@@ -72,11 +72,70 @@ impl From<Output> for AgentRun {
     }
 }
 
-/// A command for the agent with `--config config` and a clean environment.
+/// The test hook naming the folder the agent reads the kernel's network files under
+/// (`agent/src/lab_kernel.rs`).
+pub const KERNEL_ROOT_ENV: &str = "FELHOM_AGENT_KERNEL_ROOT";
+
+/// The lab bridges of the bed's kernel tree ([`bed_kernel_root`]): those the bed's scenarios
+/// name as `[restore_test] lab_bridge`.
+pub const BED_LAB_BRIDGES: &[&str] = &["vmbr9"];
+
+/// A kernel tree for the bed, where the fake PVE's lab bridges are not in this machine's
+/// kernel (its VMs' NICs on them are QEMU hubs): each of [`BED_LAB_BRIDGES`] a bridge with no
+/// port and no device on top, IPv6 off, the strict reverse-path filter and no forwarding, as
+/// the README's stanza sets them; no IPv6 address. Their IPv4 addresses are read from this
+/// machine's kernel, which has no such bridge. Made once under the target folder (into a
+/// folder of its own, then renamed into place: test processes make it at once).
+pub fn bed_kernel_root() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::fakepve::workspace_root().join("target"));
+    let root = target.join("felhom-bed-kernel-v1");
+    if root.join("ready").exists() {
+        return root;
+    }
+    std::fs::create_dir_all(&target).expect("target folder");
+    let tmp = tempfile::Builder::new()
+        .prefix(".felhom-bed-kernel-")
+        .tempdir_in(&target)
+        .expect("a folder for the bed's kernel tree");
+    let w = |rel: &str, v: &str| {
+        let p = tmp.path().join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, v).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    };
+    w("proc/net/if_inet6", "");
+    w("proc/sys/net/ipv4/conf/all/rp_filter", "0\n");
+    for b in BED_LAB_BRIDGES {
+        for d in ["brif", "bridge"] {
+            std::fs::create_dir_all(tmp.path().join(format!("sys/class/net/{b}/{d}")))
+                .expect("mkdir");
+        }
+        w(&format!("proc/sys/net/ipv6/conf/{b}/disable_ipv6"), "1\n");
+        w(&format!("proc/sys/net/ipv4/conf/{b}/rp_filter"), "1\n");
+        w(&format!("proc/sys/net/ipv4/conf/{b}/forwarding"), "0\n");
+    }
+    w("ready", "");
+    let tmp = tmp.keep();
+    if std::fs::rename(&tmp, &root).is_err() {
+        // Another test process put its (identical) tree in place first.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    assert!(
+        root.join("ready").exists(),
+        "{} was not made",
+        root.display()
+    );
+    root
+}
+
+/// A command for the agent with `--config config` and a clean environment; the kernel's
+/// network files are the bed's ([`bed_kernel_root`]).
 pub fn agent_command(config: &Path) -> Command {
     let mut cmd = Command::new(agent_bin());
     cmd.env_remove("FELHOM_AGENT_CONFIG")
         .env_remove("FELHOM_AGENT_LOG")
+        .env(KERNEL_ROOT_ENV, bed_kernel_root())
         .arg("--config")
         .arg(config);
     cmd

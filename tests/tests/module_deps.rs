@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["guest"],
     &["pve"],
     &["vmid"],
-    &["inventory", "tls", "durable_log", "privdrop"],
+    &["inventory", "tls", "durable_log", "privdrop", "lab_kernel"],
     &["config"],
     &["error", "timefmt", "nofollow"],
 ];

@@ -339,26 +339,30 @@ pub fn access_check(asked: &Asked<'_>, held: &Held) -> PreflightCheck {
 
 /// The `/etc/network/interfaces` stanza of a lab bridge named `bridge`: no ports, no address,
 /// IPv6 off (else the kernel gives it a link-local address, and pveproxy and sshd listen on
-/// `::`).
+/// `::`), the strict IPv4 reverse-path filter and no forwarding on it
+/// ([`crate::lab_kernel::post_up_lines`]).
 pub fn lab_bridge_stanza(bridge: &str) -> String {
+    let post_up: Vec<String> = crate::lab_kernel::post_up_lines(bridge)
+        .iter()
+        .map(|l| format!(" / `    {l}`"))
+        .collect();
     format!(
-        "`auto {bridge}` / `iface {bridge} inet manual` / `    bridge-ports none` / `    bridge-stp off` / `    bridge-fd 0` / `    post-up sysctl -w net.ipv6.conf.{bridge}.disable_ipv6=1` in /etc/network/interfaces, then `ifreload -a`"
+        "`auto {bridge}` / `iface {bridge} inet manual` / `    bridge-ports none` / `    bridge-stp off` / `    bridge-fd 0`{} in /etc/network/interfaces, then `ifreload -a`",
+        post_up.concat()
     )
 }
 
 /// What is wrong with the lab bridge `bridge` as PVE lists it (`GET /nodes/{node}/network`: a
 /// row of pve-common `PVE/Network/Interfaces.pm` `__read_etc_network_interfaces`), each with
-/// its fix; and whether IPv6 is turned off on it by a line PVE keeps in `options`/`options6`.
-/// `row`: `None` when the list has no such bridge.
-pub fn lab_bridge_faults(bridge: &str, row: Option<&serde_json::Value>) -> (Vec<String>, bool) {
+/// its fix. `row`: `None` when the list has no such bridge. What the list cannot show (IPv6,
+/// the reverse-path filter, forwarding, ports and addresses added outside the file) is
+/// [`crate::lab_kernel::faults`]'s.
+pub fn lab_bridge_faults(bridge: &str, row: Option<&serde_json::Value>) -> Vec<String> {
     let Some(row) = row else {
-        return (
-            vec![format!(
-                "bridge {bridge} is not in this node's network configuration; make it: {}",
-                lab_bridge_stanza(bridge)
-            )],
-            false,
-        );
+        return vec![format!(
+            "bridge {bridge} is not in this node's network configuration; make it: {}",
+            lab_bridge_stanza(bridge)
+        )];
     };
     let text = |k: &str| -> String {
         match row.get(k) {
@@ -421,22 +425,16 @@ pub fn lab_bridge_faults(bridge: &str, row: Option<&serde_json::Value>) -> (Vec<
             "bridge {bridge} is configured but not up in the kernel (PVE's `active` is not set), so a VM copy's start would fail (qemu-server's pve-bridge: \"bridge '{bridge}' does not exist\"); bring it up: `ifreload -a` (or `ifup {bridge}`)"
         ));
     }
-    let ipv6_off = ["options", "options6"].iter().any(|k| {
-        row.get(*k)
-            .and_then(serde_json::Value::as_array)
-            .is_some_and(|lines| {
-                lines.iter().take(256).filter_map(|l| l.as_str()).any(|l| {
-                    l.contains("disable_ipv6") && (l.contains("=1") || l.contains("echo 1"))
-                })
-            })
-    });
-    (faults, ipv6_off)
+    faults
 }
 
 /// The lab bridge an isolated VM copy's NICs go onto, as PVE lists the node's bridges
-/// (`GET /nodes/{node}/network`): refused before any write when it is missing, has ports, an
-/// address of the node, or is down ([`lab_bridge_faults`]), so no copy ever lands on a
-/// production bridge with its original's MACs.
+/// (`GET /nodes/{node}/network`) and as the kernel has it: refused before any write when it is
+/// missing, has ports, an address of the node, or is down ([`lab_bridge_faults`],
+/// `config_invalid`), or when the kernel shows a port, a device on top, an address, IPv6 on,
+/// no strict IPv4 reverse-path filter or forwarding on it ([`crate::lab_kernel::faults`],
+/// `lab_bridge_open`), so no copy ever lands on a production bridge with its original's MACs,
+/// nor reaches the node or beyond from the lab bridge.
 pub async fn lab_bridge_check(pve: &PveClient, node: &str, bridge: &str) -> PreflightCheck {
     let name = "lab_bridge";
     let rows = match pve.node_bridges(node).await {
@@ -452,22 +450,29 @@ pub async fn lab_bridge_check(pve: &PveClient, node: &str, bridge: &str) -> Pref
     let row = rows
         .iter()
         .find(|row| row.get("iface").and_then(serde_json::Value::as_str) == Some(bridge));
-    let (faults, _) = lab_bridge_faults(bridge, row);
-    if faults.is_empty() {
-        PreflightCheck::pass(
+    let faults = lab_bridge_faults(bridge, row);
+    // The kernel's own view: what PVE's list cannot show (ports and devices added outside
+    // /etc/network/interfaces, IPv6, the reverse-path filter, forwarding).
+    let kernel = crate::lab_kernel::faults_now(bridge, crate::lab_kernel::Ports::None);
+    if faults.is_empty() && kernel.is_empty() {
+        return PreflightCheck::pass(
             name,
-            format!("the lab bridge {bridge} has no port and no address of node {node}"),
-        )
-    } else {
-        PreflightCheck::fail(
-            name,
-            ErrorCode::ConfigInvalid,
-            format!(
-                "[restore_test] lab_bridge: {}; an isolated VM copy is not restored onto it (`felhom-agent doctor` checks it)",
-                faults.join("; ")
-            ),
-        )
+            format!("the lab bridge {bridge} has no port and no address of node {node}, IPv6 is off on it, and the kernel drops what a copy sends there to the node or beyond (strict IPv4 reverse-path filter, no forwarding)"),
+        );
     }
+    let code = if faults.is_empty() {
+        ErrorCode::LabBridgeOpen
+    } else {
+        ErrorCode::ConfigInvalid
+    };
+    PreflightCheck::fail(
+        name,
+        code,
+        format!(
+            "[restore_test] lab_bridge: {}; an isolated VM copy is not restored onto it (`felhom-agent doctor` checks it)",
+            faults.into_iter().chain(kernel).collect::<Vec<_>>().join("; ")
+        ),
+    )
 }
 
 /// The stored NICs' bridges: `SDN.Use` on each path PVE checks.

@@ -842,10 +842,19 @@ impl<'a> Executor<'a> {
                 },
             ),
             Effect::Start { vmid, guest } => {
-                if let Some(refused) = self.check_before_start(state, vmid, guest).await {
-                    return Ok(Some(Event::StartFailed { message: refused }));
+                let lab = match self.check_before_start(state, vmid, guest).await {
+                    Err(refused) => return Ok(Some(Event::StartFailed { message: refused })),
+                    Ok(lab) => lab,
+                };
+                let started = self.start(state, vmid, guest).await?;
+                match (&started, lab) {
+                    (Event::Started, Some(bridge)) => Some(
+                        self.lab_after_start(vmid, guest, &bridge)
+                            .await?
+                            .unwrap_or(started),
+                    ),
+                    _ => Some(started),
                 }
-                Some(self.start(state, vmid, guest).await?)
             }
             Effect::ProveLaunch { vmid, guest } => {
                 Some(match self.prove_launch(vmid, guest, state.txn()).await {
@@ -985,17 +994,19 @@ impl<'a> Executor<'a> {
 
     /// The last read before a selftest guest's first start: its configuration as PVE has it
     /// now, which must hold no NIC that can reach a network (an isolated restore-test copy)
-    /// and neither `onboot` nor `protection`. `Some(why)`: it is not started, and the
-    /// transaction ends through the gate like any failed start.
+    /// and neither `onboot` nor `protection`, and, for an isolated VM copy with NICs, its lab
+    /// bridge still isolated in the kernel. `Err(why)`: it is not started, and the
+    /// transaction ends through the gate like any failed start; `Ok(Some(bridge))`: its NICs
+    /// are on the lab bridge `bridge`, read again right after the start.
     async fn check_before_start(
         &self,
         state: &State,
         vmid: u32,
         guest: GuestKind,
-    ) -> Option<String> {
+    ) -> Result<Option<String>, String> {
         let isolate = state.request().isolate_network;
         if !isolate && state.kind() != TxnKind::SelftestProvision {
-            return None;
+            return Ok(None);
         }
         let node = &self.cfg.node;
         let what = if state.kind() == TxnKind::SelftestRestore {
@@ -1005,18 +1016,87 @@ impl<'a> Executor<'a> {
         } else {
             "selftest guest"
         };
-        match self.config_before_start(node, guest, vmid).await {
-            Err(e) => Some(format!(
-                "the {what} {} {vmid} on node {node} was not started: its configuration could not be read before the start ({e})",
+        let refused = |why: String| {
+            format!(
+                "the {what} {} {vmid} on node {node} was not started: {why}; it is destroyed through the gate",
                 guest.pve_word()
-            )),
-            Ok(cfg) => start_refusal(guest, isolate, &cfg, self.lab_bridge(guest)).map(|why| {
+            )
+        };
+        let cfg = self
+            .config_before_start(node, guest, vmid)
+            .await
+            .map_err(|e| {
                 format!(
-                    "the {what} {} {vmid} on node {node} was not started: {why}; it is destroyed through the gate",
+                    "the {what} {} {vmid} on node {node} was not started: its configuration could not be read before the start ({e})",
                     guest.pve_word()
                 )
-            }),
+            })?;
+        if let Some(why) = start_refusal(guest, isolate, &cfg, self.lab_bridge(guest)) {
+            return Err(refused(why));
         }
+        // An isolated VM copy with NICs (start_refusal let only NICs on the lab bridge
+        // through): the lab bridge as the kernel has it now (the preflight read it before the
+        // restore), only this copy's own taps (a resumed start's) on it.
+        let Some(bridge) = self
+            .copy_lab_bridge(state, guest)
+            .filter(|_| cfg.iter().any(|(k, _)| is_net_key(k)))
+        else {
+            return Ok(None);
+        };
+        let faults = crate::lab_kernel::faults_now(bridge, crate::lab_kernel::Ports::TapsOf(vmid));
+        if faults.is_empty() {
+            Ok(Some(bridge.to_string()))
+        } else {
+            Err(refused(format!(
+                "its NICs are on the lab bridge {bridge}, which is no longer isolated: {}",
+                faults.join("; ")
+            )))
+        }
+    }
+
+    /// The lab bridge an isolated VM copy's NICs are on (`[restore_test] lab_bridge`, for an
+    /// isolated VM); `None` for any other guest.
+    fn copy_lab_bridge(&self, state: &State, guest: GuestKind) -> Option<&str> {
+        self.lab_bridge(guest)
+            .filter(|_| state.request().isolate_network)
+    }
+
+    /// Right after an isolated VM copy's start: the lab bridge read again in the kernel (only
+    /// this copy's taps on it; a write of net.ipv4.ip_forward or of an `all` value meanwhile
+    /// resets every device's). `Some(StartFailed)` when it is no longer isolated: the copy was
+    /// stopped at once (a hard stop, followed to its end), and the transaction destroys it.
+    async fn lab_after_start(
+        &mut self,
+        vmid: u32,
+        guest: GuestKind,
+        bridge: &str,
+    ) -> Result<Option<Event>, Failure> {
+        let faults = crate::lab_kernel::faults_now(bridge, crate::lab_kernel::Ports::TapsOf(vmid));
+        if faults.is_empty() {
+            return Ok(None);
+        }
+        let node = self.cfg.node.clone();
+        tracing::warn!(
+            vmid,
+            bridge,
+            "the lab bridge is no longer isolated after the copy's start; stopping the copy"
+        );
+        let stopped = match self.pve.stop(&node, guest, vmid).await {
+            Ok(upid) => match self.wait(upid.as_str(), self.timeouts.power).await? {
+                Event::TaskEnded {
+                    exit: TaskExit::Ok, ..
+                } => "it was stopped at once".to_string(),
+                _ => format!("its stop task {upid} did not end OK"),
+            },
+            Err(e) => format!("its stop was refused ({e})"),
+        };
+        Ok(Some(Event::StartFailed {
+            message: format!(
+                "the lab bridge {bridge} of the copy {} {vmid} on node {node} was no longer isolated right after its start: {}; {stopped}, and it is destroyed through the gate; fix the bridge before the next restore test",
+                guest.pve_word(),
+                faults.join("; ")
+            ),
+        }))
     }
 
     /// The config for the check before the start: the one the effect right before it read
