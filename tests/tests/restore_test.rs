@@ -1210,3 +1210,102 @@ fn the_verdict_is_noted_beside_the_backup_keeping_what_was_there() {
         run.stderr
     );
 }
+
+/// A backup job that started while a copy existed holds it: vzdump locks the copy's config
+/// `backup` for the whole backup (pve-manager `PVE/VZDump.pm`), and PVE refuses to stop or
+/// destroy a locked guest. The copy is waited for (the agent says so, naming it) and
+/// destroyed once the backup unlocked it: the run ends ok and nothing is left. Waited for too
+/// long (a test bound of 1.5 s), it is left for a human, named with its lock and the command.
+#[test]
+fn a_copy_a_backup_holds_is_destroyed_once_the_backup_lets_go() {
+    use std::io::BufRead;
+    let w = RestoreWorld::new(felhom_tests::fakepve::pool_with_backups(&[]));
+    // The copy's vmid: the band's first free one (the demo's foreign guests hold 990000 and
+    // 990001).
+    // Held from the copy's start until the test lets go (an hour, far beyond the test).
+    w.world
+        .pve
+        .set(json!({"backup_lock_after_start": {"990002": 3600}}));
+    let mut child = w
+        .world
+        .command()
+        .args(["--selftest=restore", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the agent");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut waiting = None;
+    while std::time::Instant::now() < deadline {
+        match rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            Ok(line) if line.contains("guest 990002 is locked by a backup") => {
+                waiting = Some(line);
+                break;
+            }
+            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    // While it waits, nothing of the destroy reached PVE.
+    let deletes = w.world.pve.deletes_for(990002).len();
+    w.world.pve.guest_set(990002, json!({"lock": null}));
+    let out = child.wait_with_output().expect("the agent ends");
+    let stderr = reader.join().expect("stderr reader");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        waiting.is_some_and(|l| l.contains("waiting up to 120 min")),
+        "no word of the wait: {stderr}"
+    );
+    assert_eq!(
+        deletes, 0,
+        "a destroy was sent while the backup held the copy"
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let doc: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(doc["copies"][0]["outcome"], "ok", "{doc:#}");
+    assert!(w.world.pve.guest(990002).is_none(), "the copy is left");
+
+    // Held longer than the agent waits: left for a human, named with the lock.
+    w.world
+        .pve
+        .set(json!({"backup_lock_after_start": {"990002": 3600}}));
+    let out = w
+        .world
+        .command()
+        .env("FELHOM_AGENT_BACKUP_LOCK_WAIT_MS", "1500")
+        .args(["--selftest=restore", "--guest", "200", "--json"])
+        .output()
+        .expect("run the agent");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let copy = &doc["copies"][0];
+    assert_eq!(out.status.code(), Some(7), "{doc:#}");
+    assert_eq!(copy["error"]["code"], "guest_locked", "{doc:#}");
+    assert!(
+        copy["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("is locked (backup)") && m.contains("pct destroy 990002")),
+        "{doc:#}"
+    );
+    assert_eq!(
+        w.world
+            .pve
+            .guest(990002)
+            .and_then(|g| g["lock"].as_str().map(str::to_string)),
+        Some("backup".to_string())
+    );
+    w.world.pve.guest_set(990002, json!({"lock": null}));
+}
