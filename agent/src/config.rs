@@ -234,10 +234,11 @@ pub struct RestoreTestConfig {
     pub storage: String,
     /// The check pack folder for restored copies (default: `provision.checks_dir`).
     pub checks_dir: PathBuf,
-    /// The operator-made bridge the NICs of an isolated VM copy are restored onto, with their
-    /// stored models and MACs: no ports, no address of the node (IPv4 or IPv6). `None`: an
-    /// isolated VM copy starts with no NIC.
-    pub lab_bridge: Option<String>,
+    /// The operator-made bridges the NICs of an isolated VM copy are restored onto, with their
+    /// stored models and MACs, one VM copy per bridge at a time: no ports, no address of the
+    /// node (IPv4 or IPv6). `lab_bridge` first, then `lab_bridges`. Empty: an isolated VM copy
+    /// starts with no NIC.
+    pub lab_bridges: Vec<String>,
     /// Every guest's newest backup is proven within this many seconds (`prove_within`,
     /// default 7 days): due for longer, a guest is `overdue`.
     pub prove_within: u64,
@@ -261,6 +262,14 @@ pub struct RestoreTestConfig {
     pub bwlimit: Option<u64>,
     /// Write each verdict into the backup's notes (`note_backups`, default off).
     pub note_backups: bool,
+}
+
+impl RestoreTestConfig {
+    /// The first lab bridge (`lab_bridge`, else the first of `lab_bridges`): the one a check
+    /// names when it speaks of one.
+    pub fn lab_bridge(&self) -> Option<&str> {
+        self.lab_bridges.first().map(String::as_str)
+    }
 }
 
 /// `[restore_test] at_once`: a number of copies, or what the node's means allow.
@@ -490,6 +499,7 @@ struct RawRestoreTest {
     checks_dir: Option<PathBuf>,
     metrics_dir: Option<PathBuf>,
     lab_bridge: Option<String>,
+    lab_bridges: Option<Vec<String>>,
     prove_within: Option<String>,
     reprove_after: Option<String>,
     run_budget: Option<String>,
@@ -742,15 +752,33 @@ impl Config {
             checks_dir: rt
                 .checks_dir
                 .unwrap_or_else(|| provision.checks_dir.clone()),
-            lab_bridge: match rt.lab_bridge {
-                Some(b) if !valid_lab_bridge(&b) => {
-                    return Err(invalid(format!(
-                        "{}: [restore_test] lab_bridge = {:?} is not a bridge name (a letter, then letters, digits or '_', 2 to 15 characters, no VLAN suffix); name the bridge made for isolated VM copies in /etc/network/interfaces, e.g. \"vmbr9\"",
-                        path.display(),
-                        crate::error::outside_text(&b)
-                    )))
+            lab_bridges: {
+                let mut bridges: Vec<String> = Vec::new();
+                let given = rt
+                    .lab_bridge
+                    .map(|b| ("lab_bridge", b))
+                    .into_iter()
+                    .chain(rt.lab_bridges.unwrap_or_default().into_iter().map(|b| ("lab_bridges", b)));
+                for (key, b) in given {
+                    if !valid_lab_bridge(&b) {
+                        return Err(invalid(format!(
+                            "{}: [restore_test] {key} names {:?}, not a bridge name (a letter, then letters, digits or '_', 2 to 15 characters, no VLAN suffix); name the bridges made for isolated VM copies in /etc/network/interfaces, e.g. \"vmbr9\"",
+                            path.display(),
+                            crate::error::outside_text(&b)
+                        )));
+                    }
+                    if !bridges.contains(&b) {
+                        bridges.push(b);
+                    }
                 }
-                b => b,
+                if bridges.len() > AT_ONCE_MAX {
+                    return Err(invalid(format!(
+                        "{}: [restore_test] lab_bridge and lab_bridges name {} bridges; at most {AT_ONCE_MAX} VM copies run at once (the restore-test band has {AT_ONCE_MAX} vmids): name at most {AT_ONCE_MAX}",
+                        path.display(),
+                        bridges.len()
+                    )));
+                }
+                bridges
             },
             prove_within: coverage_secs(path, "prove_within", rt.prove_within.as_deref(), "7d", &COVERAGE_SECS)?,
             reprove_after: match rt.reprove_after.as_deref() {
@@ -1481,14 +1509,35 @@ mod tests {
         let d = tempfile::tempdir().expect("tmp");
         let t = secret_file(d.path(), 0o600);
         let load = |extra: &str| Config::parse(Path::new("/x.toml"), &sample(&t, extra));
-        assert_eq!(load("").expect("default").restore_test.lab_bridge, None);
+        assert_eq!(load("").expect("default").restore_test.lab_bridge(), None);
         assert_eq!(
             load("[restore_test]\nlab_bridge = \"vmbr9\"")
                 .expect("vmbr9")
                 .restore_test
-                .lab_bridge
-                .as_deref(),
+                .lab_bridge(),
             Some("vmbr9")
+        );
+        // lab_bridge first, then lab_bridges, each once.
+        assert_eq!(
+            load("[restore_test]\nlab_bridge = \"vmbr9\"\nlab_bridges = [\"vmbr10\", \"vmbr9\", \"vmbr11\"]")
+                .expect("three")
+                .restore_test
+                .lab_bridges,
+            vec!["vmbr9", "vmbr10", "vmbr11"]
+        );
+        let eleven: Vec<String> = (10..21).map(|n| format!("\"vmbr{n}\"")).collect();
+        let err = load(&format!(
+            "[restore_test]\nlab_bridges = [{}]",
+            eleven.join(",")
+        ))
+        .expect_err("eleven refused");
+        assert!(err.message.contains("at most 10"), "{}", err.message);
+        let err =
+            load("[restore_test]\nlab_bridges = [\"vmbr9\", \"vmbr0.20\"]").expect_err("refused");
+        assert!(
+            err.message.contains("lab_bridges names \"vmbr0.20\""),
+            "{}",
+            err.message
         );
         for bad in [
             "",

@@ -443,37 +443,13 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
 /// what an isolated VM copy then is.
 async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
     let name = "lab_bridge";
-    let Some(bridge) = cfg.restore_test.lab_bridge.as_deref() else {
+    let bridges = &cfg.restore_test.lab_bridges;
+    if bridges.is_empty() {
         r.pass(
             name,
             "[restore_test] lab_bridge is not set: an isolated VM copy starts with no NIC, and its report names the failures that cannot be judged without one (units that need its network); VM copies of a restore run are not limited by a bridge (containers: up to 6 at once, beside the exec helper's reads)",
         );
         return;
-    };
-    let path = format!(
-        "/sdn/zones/{}/{bridge}",
-        crate::preflight::restorable::LOCAL_ZONE
-    );
-    let token = &cfg.pve.token_id;
-    match client.permissions(None, Some(&path)).await {
-        Ok(perms) if held_on(&perms, &path).contains("SDN.Use") => {}
-        Ok(_) => {
-            return r.fail(
-                name,
-                ErrorCode::SdnDenied,
-                format!(
-                    "token {token} lacks SDN.Use on {path}: PVE refuses a VM copy's NICs on the lab bridge {bridge} at the restore (qemu-server check_bridge_access, pve-guest-common check_vnet_access), and lists the bridge to no one without it; grant it: {}",
-                    crate::preflight::restorable::grant_commands(&path, "PVESDNUser", token)
-                ),
-            )
-        }
-        Err(e) => {
-            return r.fail(
-                name,
-                e.code(),
-                format!("cannot read the token's privileges on {path} (GET /access/permissions): {e}"),
-            )
-        }
     }
     let rows = match client.node_bridges(&cfg.node).await {
         Ok(rows) => rows,
@@ -488,16 +464,79 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
             )
         }
     };
+    let mut fails: Vec<(ErrorCode, String)> = Vec::new();
+    let mut warns: Vec<String> = Vec::new();
+    let mut passes: Vec<String> = Vec::new();
+    for bridge in bridges {
+        match lab_bridge_verdict(cfg, client, bridge, &rows).await {
+            LabVerdict::Fail(code, m) => fails.push((code, m)),
+            LabVerdict::Warn(m) => warns.push(m),
+            LabVerdict::Pass(m) => passes.push(m),
+        }
+    }
+    let at_once = bridges.len();
+    let summary = format!(
+        "isolated VM copies start with their stored NICs on a lab bridge, one VM copy per bridge at a time (copies on one bridge would reach each other), so a restore run proves {at_once} VM{} at once beside its containers (up to 6, beside the exec helper's reads)",
+        if at_once == 1 { "" } else { "s" }
+    );
+    if let Some((code, _)) = fails.first() {
+        let code = *code;
+        let all: Vec<String> = fails.into_iter().map(|(_, m)| m).collect();
+        return r.fail(name, code, all.join("; "));
+    }
+    if !warns.is_empty() {
+        return r.warn(name, warns.join("; "));
+    }
+    r.pass(name, format!("{}; {summary}", passes.join("; ")));
+}
+
+/// What doctor says of one lab bridge.
+enum LabVerdict {
+    Fail(ErrorCode, String),
+    Warn(String),
+    Pass(String),
+}
+
+/// One lab bridge judged: the token's `SDN.Use` on it, PVE's view of it (`rows`: the node's
+/// bridges), the kernel's view, and its stanza.
+async fn lab_bridge_verdict(
+    cfg: &Config,
+    client: &PveClient,
+    bridge: &str,
+    rows: &[serde_json::Value],
+) -> LabVerdict {
+    let path = format!(
+        "/sdn/zones/{}/{bridge}",
+        crate::preflight::restorable::LOCAL_ZONE
+    );
+    let token = &cfg.pve.token_id;
+    match client.permissions(None, Some(&path)).await {
+        Ok(perms) if held_on(&perms, &path).contains("SDN.Use") => {}
+        Ok(_) => {
+            return LabVerdict::Fail(
+                ErrorCode::SdnDenied,
+                format!(
+                    "token {token} lacks SDN.Use on {path}: PVE refuses a VM copy's NICs on the lab bridge {bridge} at the restore (qemu-server check_bridge_access, pve-guest-common check_vnet_access), and lists the bridge to no one without it; grant it: {}",
+                    crate::preflight::restorable::grant_commands(&path, "PVESDNUser", token)
+                ),
+            )
+        }
+        Err(e) => {
+            return LabVerdict::Fail(
+                e.code(),
+                format!("cannot read the token's privileges on {path} (GET /access/permissions): {e}"),
+            )
+        }
+    }
     let row = rows
         .iter()
         .find(|row| row.get("iface").and_then(serde_json::Value::as_str) == Some(bridge));
     let faults = crate::preflight::restorable::lab_bridge_faults(bridge, row);
     if !faults.is_empty() {
-        return r.fail(
-            name,
+        return LabVerdict::Fail(
             ErrorCode::ConfigInvalid,
             format!(
-                "[restore_test] lab_bridge = {bridge:?} in {} on node {}: {}",
+                "[restore_test] lab bridge {bridge:?} in {} on node {}: {}",
                 cfg.path.display(),
                 cfg.node,
                 faults.join("; ")
@@ -507,11 +546,10 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
     // The kernel's own view, as the preflight of every isolated VM copy reads it.
     let kernel = crate::lab_kernel::faults_now(bridge, crate::lab_kernel::Ports::None);
     if !kernel.is_empty() {
-        return r.fail(
-            name,
+        return LabVerdict::Fail(
             ErrorCode::LabBridgeOpen,
             format!(
-                "[restore_test] lab_bridge = {bridge:?} in {} on node {}: {}; the preflight of every isolated VM copy refuses it (lab_bridge_open) until then",
+                "[restore_test] lab bridge {bridge:?} in {} on node {}: {}; the preflight of every isolated VM copy refuses it (lab_bridge_open) until then",
                 cfg.path.display(),
                 cfg.node,
                 kernel.join("; ")
@@ -522,8 +560,7 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
     // (and after a write of net.ipv4.ip_forward, which sets every device's forwarding).
     let missing = stanza_lines_missing(bridge, row);
     if !missing.is_empty() {
-        return r.warn(
-            name,
+        return LabVerdict::Warn(
             format!(
                 "bridge {bridge} is isolated in the kernel now, but no line of its stanza in /etc/network/interfaces sets {}, so a reboot or a write of net.ipv4.ip_forward undoes it (IPv6 on: the kernel gives the bridge a link-local address (fe80::) once a VM copy's tap is on it, and the copy could reach the node's services on `::`); add {} to its stanza, then `ifreload -a`",
                 missing.iter().map(|(what, _)| *what).collect::<Vec<_>>().join(", "),
@@ -531,12 +568,9 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
             ),
         );
     }
-    r.pass(
-        name,
-        format!(
-            "bridge {bridge} has no port and no address of the node, IPv6 is off on it, the kernel drops what a copy sends there to the node or beyond (strict IPv4 reverse-path filter, no forwarding) and its stanza sets each, and token {token} holds SDN.Use on {path}: isolated VM copies start with their stored NICs on it, one VM copy at a time (copies on one bridge would reach each other), so a restore run proves 1 VM at once beside its containers (up to 6, beside the exec helper's reads)"
-        ),
-    );
+    LabVerdict::Pass(format!(
+        "bridge {bridge} has no port and no address of the node, IPv6 is off on it, the kernel drops what a copy sends there to the node or beyond (strict IPv4 reverse-path filter, no forwarding) and its stanza sets each, and token {token} holds SDN.Use on {path}"
+    ))
 }
 
 /// The kernel settings of the lab bridge that no line of its stanza (PVE's `options` and
@@ -672,7 +706,7 @@ async fn check_backups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
             &cfg.node,
             volid,
             isolate,
-            cfg.restore_test.lab_bridge.as_deref(),
+            cfg.restore_test.lab_bridge(),
             token,
             &files,
         )

@@ -233,7 +233,8 @@ pub struct PreflightRequest<'a> {
     pub vmid: Option<u32>,
     /// Every NIC of the backup is overridden, isolated (a restore-test copy).
     pub isolate: bool,
-    /// `[restore_test] lab_bridge`: where an isolated VM copy's NICs go.
+    /// The lab bridge (one of `[restore_test] lab_bridges`) where an isolated VM copy's NICs
+    /// go.
     pub lab_bridge: Option<&'a str>,
     /// The API token, named in the grant commands.
     pub token_id: &'a str,
@@ -859,7 +860,10 @@ pub async fn for_request(
         config_path: &cfg.path,
         vmid: request.vmid,
         isolate: request.isolate_network,
-        lab_bridge: cfg.restore_test.lab_bridge.as_deref(),
+        lab_bridge: request
+            .lab_bridge
+            .as_deref()
+            .or_else(|| cfg.restore_test.lab_bridge()),
         token_id: &cfg.pve.token_id,
         cluster_files: &cluster_files,
     };

@@ -78,7 +78,7 @@ pub const KERNEL_ROOT_ENV: &str = "FELHOM_AGENT_KERNEL_ROOT";
 
 /// The lab bridges of the bed's kernel tree ([`bed_kernel_root`]): those the bed's scenarios
 /// name as `[restore_test] lab_bridge`.
-pub const BED_LAB_BRIDGES: &[&str] = &["vmbr9"];
+pub const BED_LAB_BRIDGES: &[&str] = &["vmbr9", "vmbr10"];
 
 /// A kernel tree for the bed, where the fake PVE's lab bridges are not in this machine's
 /// kernel (its VMs' NICs on them are QEMU hubs): each of [`BED_LAB_BRIDGES`] a bridge with no
@@ -90,7 +90,7 @@ pub fn bed_kernel_root() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| crate::fakepve::workspace_root().join("target"));
-    let root = target.join("felhom-bed-kernel-v1");
+    let root = target.join("felhom-bed-kernel-v2");
     if root.join("ready").exists() {
         return root;
     }

@@ -21,6 +21,18 @@ use serde_json::{json, Value};
 /// The variable that names the zygote's socket.
 pub const ZYGOTE_ENV: &str = "FELHOM_FAKEPVE_ZYGOTE";
 
+std::thread_local! {
+    /// Fakes started on this thread are spawned here, never forked by the zygote.
+    static SPAWN_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Spawn the fakes this thread starts from this thread, not through the zygote: a thread in
+/// network namespaces of its own (a test's node) needs its fake there, where the agent it
+/// starts connects; the zygote's forks live in the namespaces `tests/run.sh` started it in.
+pub fn spawn_fakes_on_this_thread() {
+    SPAWN_HERE.set(true);
+}
+
 /// A running fake's process.
 pub enum FakeProc {
     /// Spawned here: its parent is this process.
@@ -46,7 +58,7 @@ impl FakeProc {
         cwd: &Path,
         log: File,
     ) -> io::Result<(FakeProc, File)> {
-        if let Some(socket) = std::env::var_os(ZYGOTE_ENV) {
+        if let Some(socket) = std::env::var_os(ZYGOTE_ENV).filter(|_| !SPAWN_HERE.get()) {
             if let Ok(conn) = UnixStream::connect(&socket) {
                 if let Ok(started) = forked(conn, scenario, cwd, &log) {
                     return Ok(started);

@@ -749,23 +749,30 @@ fn an_unknown_agent_user_fails_and_exec_is_still_judged_for_that_user() {
 /// as `network` (scenario `node_network`), the token (and its user) granted SDN.Use on the lab
 /// bridge when `sdn_use`: the exit code and the `lab_bridge` check.
 fn doctor_lab(network: Value, sdn_use: bool) -> (Option<i32>, Value) {
+    doctor_labs(network, sdn_use, &["vmbr9"])
+}
+
+/// [`doctor_lab`] with `[restore_test] lab_bridges = bridges`.
+fn doctor_labs(network: Value, sdn_use: bool, bridges: &[&str]) -> (Option<i32>, Value) {
     let mut scenario = felhom_tests::fakepve::demo_scenario();
     scenario["node_network"] = network;
     if sdn_use {
         for who in ["felhom@pve!agent", "felhom@pve"] {
-            scenario["grants"]
-                .as_array_mut()
-                .expect("grants")
-                .push(json!([
-                    who,
-                    "/sdn/zones/localnetwork/vmbr9",
-                    ["PVESDNUser"]
-                ]));
+            for b in bridges {
+                scenario["grants"]
+                    .as_array_mut()
+                    .expect("grants")
+                    .push(json!([
+                        who,
+                        format!("/sdn/zones/localnetwork/{b}"),
+                        ["PVESDNUser"]
+                    ]));
+            }
         }
     }
     let pve = FakePve::start(scenario);
     let opts = felhom_tests::fakepve::AgentOptions {
-        extra_toml: "[restore_test]\nlab_bridge = \"vmbr9\"\n".to_string(),
+        extra_toml: format!("[restore_test]\nlab_bridges = {bridges:?}\n"),
         ..felhom_tests::fakepve::AgentOptions::default()
     };
     let files = AgentFiles::write(&pve, &opts);
@@ -813,6 +820,42 @@ fn lab_fails(lab: Option<Value>, sdn_use: bool) -> String {
     let (code, c) = doctor_lab(network_with(lab), sdn_use);
     assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
     c["message"].as_str().unwrap_or("").to_string()
+}
+
+/// With two lab bridges, doctor judges each and says how many VM copies run at once: two
+/// when both are right, and a fault of the second names it.
+#[test]
+fn two_lab_bridges_are_each_judged_and_allow_two_vm_copies_at_once() {
+    let vmbr10 = {
+        let mut lab = good_lab();
+        lab["iface"] = json!("vmbr10");
+        lab["options"] = json!([
+            "post-up sysctl -w net.ipv6.conf.vmbr10.disable_ipv6=1",
+            "post-up sysctl -w net.ipv4.conf.vmbr10.rp_filter=1",
+            "post-up sysctl -w net.ipv4.conf.vmbr10.forwarding=0"
+        ]);
+        lab
+    };
+    let mut network = network_with(Some(good_lab()));
+    network.as_array_mut().expect("list").push(vmbr10);
+    let (code, c) = doctor_labs(network, true, &["vmbr9", "vmbr10"]);
+    assert_eq!((code, &c["status"]), (Some(0), &json!("pass")), "{c:#}");
+    let m = c["message"].as_str().unwrap_or("");
+    assert!(
+        m.contains("bridge vmbr9 has no port")
+            && m.contains("bridge vmbr10 has no port")
+            && m.contains("proves 2 VMs at once"),
+        "{m}"
+    );
+    // vmbr10 missing from the node: the check fails naming it.
+    let (code, c) = doctor_labs(network_with(Some(good_lab())), true, &["vmbr9", "vmbr10"]);
+    assert_eq!((code, &c["status"]), (Some(6), &json!("fail")), "{c:#}");
+    assert!(
+        c["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("vmbr10 is not in this node's network configuration")),
+        "{c:#}"
+    );
 }
 
 #[test]

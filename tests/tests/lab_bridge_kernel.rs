@@ -79,6 +79,9 @@ fn as_node<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
         use nix::mount::{mount, MsFlags};
         use nix::sched::{unshare, CloneFlags};
         unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS).expect("unshare (root)");
+        // The fake PVE this thread starts runs here, in the node's namespaces (tests/run.sh's
+        // zygote forks it in the namespaces it was started in, which the agent cannot reach).
+        felhom_tests::fakeproc::spawn_fakes_on_this_thread();
         mount(
             None::<&str>,
             "/",

@@ -753,3 +753,96 @@ fn a_resumed_vm_copy_waits_for_the_lab_bridge_as_a_new_one_does() {
     assert_eq!(doc["outcome"], "ok", "{doc:#}");
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
 }
+
+/// The restore test of two VMs' backups (guests 300 and 301) with `restore_toml`: its JSON,
+/// after both copies ended ok; the bridge of each copy's first NIC at its start, by guest.
+fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
+    const SECOND: &str = "local:backup/vzdump-qemu-301-2026_01_01-00_00_00.vma.zst";
+    let mut s = lab_scenario(true);
+    // vmbr10 beside vmbr9, made as the README says, with the token's SDN.Use on it.
+    s["node_network"].as_array_mut().expect("network").push(
+        json!({"iface": "vmbr10", "type": "bridge", "bridge_ports": "", "method": "manual",
+            "method6": "manual", "active": 1,
+            "options": ["post-up sysctl -w net.ipv6.conf.vmbr10.disable_ipv6=1"]}),
+    );
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"].as_array_mut().expect("grants").push(json!([
+            who,
+            "/sdn/zones/localnetwork/vmbr10",
+            ["PVESDNUser"]
+        ]));
+    }
+    // Guest 301, a pool VM as 300 is, and its backup.
+    s["guests"]
+        .as_array_mut()
+        .expect("guests")
+        .push(json!({"vmid": 301, "type": "qemu",
+        "name": "felhom-vm2", "node": "pve1", "status": "stopped", "pool": "felhom",
+        "config": {"agent": "1"}}));
+    s["volumes"]["local"].as_array_mut().expect("volumes").push(
+        json!({"volname": SECOND.strip_prefix("local:").expect("local"), "vmid": 301,
+            "size": 734003200, "config": qemu_backup_config(), "guest": booting_guest()}),
+    );
+    // A restore of 6 s (scaled): a copy is still under way when the next is admitted.
+    s["attrs"]["qemu_restore_secs"] = json!(300);
+    let extra = format!(
+        "[restore_test]\nsources = [\"{QEMU_BACKUP}\", \"{SECOND}\"]\nat_once = 2\n{restore_toml}"
+    );
+    let w = world(s, &extra);
+    let run: AgentRun = w
+        .command()
+        .env("FELHOM_AGENT_SUBMIT_SPACING_MS", "200")
+        .args(["--selftest=restore", "--json"])
+        .output()
+        .expect("run agent")
+        .into();
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let outcomes: Vec<(u64, String)> = doc["copies"]
+        .as_array()
+        .expect("copies")
+        .iter()
+        .map(|c| {
+            (
+                c["guest"].as_u64().unwrap_or(0),
+                c["outcome"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(outcomes.len(), 2, "{doc:#}");
+    assert!(outcomes.iter().all(|(_, o)| o == "ok"), "{doc:#}");
+    let mut bridges: Vec<String> = w
+        .pve
+        .start_configs()
+        .iter()
+        .map(|(_, config)| {
+            let net0 = config.get("net0").and_then(Value::as_str).unwrap_or("");
+            net0.split(',')
+                .find_map(|p| p.strip_prefix("bridge="))
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    bridges.sort();
+    assert!(
+        w.pve.network_exposures().is_empty(),
+        "{:?}",
+        w.pve.network_exposures()
+    );
+    (doc, bridges)
+}
+
+/// `[restore_test] lab_bridges`: each VM copy gets a lab bridge of its own, one VM copy per
+/// bridge at a time (copies on one bridge would reach each other), so two bridges run two VM
+/// copies at once, each on its own bridge; with one bridge the same run has one VM copy at a
+/// time, both on it.
+#[test]
+fn two_lab_bridges_run_two_vm_copies_at_once_each_on_its_own() {
+    let (doc, bridges) = two_vm_copies("lab_bridges = [\"vmbr9\", \"vmbr10\"]\n");
+    assert_eq!(bridges, vec!["vmbr10", "vmbr9"], "{doc:#}");
+    assert_eq!(doc["run"]["peak_at_once"], json!(2), "{doc:#}");
+
+    let (doc, bridges) = two_vm_copies("lab_bridge = \"vmbr9\"\n");
+    assert_eq!(bridges, vec!["vmbr9", "vmbr9"], "{doc:#}");
+    assert_eq!(doc["run"]["peak_at_once"], json!(1), "{doc:#}");
+}

@@ -703,7 +703,7 @@ impl<'a> Executor<'a> {
                         selftest,
                         stored.as_ref(),
                         state.marker(),
-                        self.lab_bridge(guest),
+                        self.lab_bridge(state, guest),
                     )
                 };
                 let target = RestoreTarget {
@@ -834,6 +834,7 @@ impl<'a> Executor<'a> {
                         marker,
                         &state.request().pool,
                         state.request().isolate_network,
+                        self.lab_bridge(state, guest),
                     )
                     .await
                 {
@@ -1031,7 +1032,7 @@ impl<'a> Executor<'a> {
                     guest.pve_word()
                 )
             })?;
-        if let Some(why) = start_refusal(guest, isolate, &cfg, self.lab_bridge(guest)) {
+        if let Some(why) = start_refusal(guest, isolate, &cfg, self.lab_bridge(state, guest)) {
             return Err(refused(why));
         }
         // An isolated VM copy with NICs (start_refusal let only NICs on the lab bridge
@@ -1056,8 +1057,8 @@ impl<'a> Executor<'a> {
 
     /// The lab bridge an isolated VM copy's NICs are on (`[restore_test] lab_bridge`, for an
     /// isolated VM); `None` for any other guest.
-    fn copy_lab_bridge(&self, state: &State, guest: GuestKind) -> Option<&str> {
-        self.lab_bridge(guest)
+    fn copy_lab_bridge<'s>(&'s self, state: &'s State, guest: GuestKind) -> Option<&'s str> {
+        self.lab_bridge(state, guest)
             .filter(|_| state.request().isolate_network)
     }
 
@@ -1113,11 +1114,17 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// The lab bridge of an isolated copy of a `guest`: `[restore_test] lab_bridge` for a VM;
-    /// never for a container (the lab gives a container its interfaces from inside).
-    fn lab_bridge(&self, guest: GuestKind) -> Option<&str> {
+    /// The lab bridge of an isolated copy of a `guest` in transaction `state`: for a VM, the
+    /// one its request names (picked among `[restore_test] lab_bridges` when it began), else
+    /// (a transaction journaled before requests named one) the first configured; never for a
+    /// container (the lab gives a container its interfaces from inside).
+    fn lab_bridge<'s>(&'s self, state: &'s State, guest: GuestKind) -> Option<&'s str> {
         match guest {
-            GuestKind::Qemu => self.cfg.restore_test.lab_bridge.as_deref(),
+            GuestKind::Qemu => state
+                .request()
+                .lab_bridge
+                .as_deref()
+                .or_else(|| self.cfg.restore_test.lab_bridge()),
             GuestKind::Lxc => None,
         }
     }
@@ -1417,6 +1424,7 @@ impl<'a> Executor<'a> {
         marker: Marker,
         pool: &str,
         isolate: bool,
+        lab_bridge: Option<&str>,
     ) -> Result<(), Failure> {
         let node = &self.cfg.node;
         let refused = |e: PveError, what: String| async move {
@@ -1445,7 +1453,6 @@ impl<'a> Executor<'a> {
                 marker.merged_description(&text("description")),
             ),
         ];
-        let lab_bridge = self.lab_bridge(guest);
         let delete: Vec<String> = if isolate {
             nics_off_the_lab(&cfg, lab_bridge)
         } else {

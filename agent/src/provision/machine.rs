@@ -1008,6 +1008,12 @@ pub struct Request {
     /// The bootstrap profile to run (`None`: the agent's `default` profile).
     #[serde(default)]
     pub profile: Option<String>,
+    /// The lab bridge an isolated VM copy's NICs go onto, picked among `[restore_test]
+    /// lab_bridges` when the transaction began (one VM copy per bridge at a time); `None` for
+    /// anything else (and in transactions journaled before it was recorded: the first
+    /// configured one then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lab_bridge: Option<String>,
 }
 
 /// The state of one transaction; what the journal stores after every transition.
@@ -1101,6 +1107,7 @@ impl State {
             keep: false,
             dry_run: false,
             profile: None,
+            lab_bridge: None,
         };
         let mut s = State::new(request);
         let refusal = match origin {

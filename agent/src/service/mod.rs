@@ -668,7 +668,21 @@ pub async fn provision(
     if !req.dry_run {
         refuse_while_open(&prepared.journal, vmid_num, txn)?;
     }
-    let _lab = lab_bridge_lock(cfg, guest, req.isolates_network(kind) && !req.dry_run, txn)?;
+    let lab = lab_bridge_lock(
+        cfg,
+        guest,
+        req.isolates_network(kind) && !req.dry_run,
+        txn,
+        None,
+    )?;
+    // The bridge its NICs go onto: the one locked, or for a dry run's plan the first.
+    let lab_bridge = match &lab {
+        Some((_, bridge)) => Some(bridge.clone()),
+        None if guest == GuestKind::Qemu && req.isolates_network(kind) => {
+            cfg.restore_test.lab_bridge().map(str::to_string)
+        }
+        None => None,
+    };
     let request = Request {
         txn,
         kind,
@@ -681,6 +695,7 @@ pub async fn provision(
         keep: req.keep,
         dry_run: req.dry_run,
         profile: req.profile.clone(),
+        lab_bridge,
     };
     let first = match verdict(cfg, &prepared.pve, input).await? {
         (VmidVerdict::Free { .. }, _) => Event::VmidAccepted,
@@ -913,26 +928,54 @@ fn lab_bridge_lock_for(
     state: &State,
 ) -> Result<Option<crate::provision::LabBridgeLock>, Failure> {
     let r = state.request();
-    lab_bridge_lock(cfg, r.guest, r.isolate_network && !r.dry_run, state.txn()).inspect_err(|e| {
-        tracing::info!(txn = %state.txn(), vmid = ?r.vmid, reason = %e.message, "open isolated VM copy left alone: its lab bridge is in use");
-    })
+    // The bridge it was started on (a transaction journaled before one was recorded: the
+    // first configured).
+    let wanted = r
+        .lab_bridge
+        .as_deref()
+        .or_else(|| cfg.restore_test.lab_bridge());
+    lab_bridge_lock(cfg, r.guest, r.isolate_network && !r.dry_run, state.txn(), wanted)
+        .map(|l| l.map(|(lock, _)| lock))
+        .inspect_err(|e| {
+            tracing::info!(txn = %state.txn(), vmid = ?r.vmid, reason = %e.message, "open isolated VM copy left alone: its lab bridge is in use");
+        })
 }
 
-/// The lab bridge's lock for a new isolated VM copy that goes onto `[restore_test]
-/// lab_bridge` (`isolated_copy`: isolated, not a dry run): one at a time there, since the
-/// copies' NICs would reach each other. `None` for anything else.
+/// The lab bridge's lock for an isolated VM copy (`isolated_copy`: isolated, not a dry run)
+/// and the bridge: `wanted`, or else the first of `[restore_test] lab_bridges` no other copy
+/// holds; one VM copy per bridge at a time, since copies' NICs would reach each other. `None`
+/// for anything else, and when no lab bridge is configured.
 pub(crate) fn lab_bridge_lock(
     cfg: &Config,
     guest: GuestKind,
     isolated_copy: bool,
     txn: ulid::Ulid,
-) -> Result<Option<crate::provision::LabBridgeLock>, Failure> {
-    match (guest, cfg.restore_test.lab_bridge.as_deref(), isolated_copy) {
-        (GuestKind::Qemu, Some(bridge), true) => {
-            crate::provision::LabBridgeLock::try_acquire(&cfg.state_dir, bridge, Some(txn))
-                .map(Some)
-                .map_err(|e| Failure::new(e.code(), e.to_string()))
+    wanted: Option<&str>,
+) -> Result<Option<(crate::provision::LabBridgeLock, String)>, Failure> {
+    if guest != GuestKind::Qemu || !isolated_copy {
+        return Ok(None);
+    }
+    let candidates: Vec<&str> = match wanted {
+        Some(b) => vec![b],
+        None => cfg
+            .restore_test
+            .lab_bridges
+            .iter()
+            .map(String::as_str)
+            .collect(),
+    };
+    let mut first_err = None;
+    for bridge in candidates {
+        match crate::provision::LabBridgeLock::try_acquire(&cfg.state_dir, bridge, Some(txn)) {
+            Ok(lock) => return Ok(Some((lock, bridge.to_string()))),
+            Err(e @ crate::provision::LockError::BridgeHeld { .. }) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => return Err(Failure::new(e.code(), e.to_string())),
         }
-        _ => Ok(None),
+    }
+    match first_err {
+        Some(e) => Err(Failure::new(e.code(), e.to_string())),
+        None => Ok(None),
     }
 }

@@ -853,10 +853,23 @@ struct Pending {
 struct Running {
     guest: u32,
     kind: GuestKind,
+    /// The lab bridge a VM copy's NICs are on (one VM copy per bridge).
+    bridge: Option<String>,
     /// Its stored memory (MiB).
     memory: u64,
     /// The bytes its restore allocates on the target storage.
     disks: u64,
+}
+
+/// What the copies under way hold when the next is admitted, and the lab bridge free for it.
+struct Room {
+    /// Their stored memory (MiB).
+    memory: u64,
+    /// The bytes their restores allocate on the target storage.
+    disks: u64,
+    /// The lab bridge no copy under way is on (for a VM copy; `None` for a container, or when
+    /// no lab bridge is configured).
+    lab_bridge: Option<String>,
 }
 
 /// A copy admitted: its locks, held until it settled.
@@ -1047,8 +1060,15 @@ async fn run_inner(
                 }
                 break;
             }
-            let lab_busy = running_kinds.iter().any(|r| r.kind == GuestKind::Qemu)
-                && cfg.restore_test.lab_bridge.is_some();
+            // One VM copy per lab bridge (copies on one bridge would reach each other); with
+            // none configured, VM copies start with no NIC and are not bound by a bridge.
+            let free_bridge = cfg
+                .restore_test
+                .lab_bridges
+                .iter()
+                .find(|b| !running_kinds.iter().any(|r| r.bridge.as_ref() == Some(*b)))
+                .cloned();
+            let lab_busy = !cfg.restore_test.lab_bridges.is_empty() && free_bridge.is_none();
             let containers = running_kinds
                 .iter()
                 .filter(|r| r.kind == GuestKind::Lxc)
@@ -1060,14 +1080,13 @@ async fn run_inner(
                 break;
             };
             let Some(p) = queue.remove(pos) else { break };
-            let admitted = Running {
-                guest: 0,
-                kind: GuestKind::Lxc,
+            let room = Room {
                 memory: running_kinds.iter().map(|r| r.memory).sum(),
                 disks: running_kinds
                     .iter()
                     .map(|r| r.disks)
                     .fold(0, u64::saturating_add),
+                lab_bridge: free_bridge.filter(|_| p.kind == GuestKind::Qemu),
             };
             // The copies under way go on while this one is admitted: its preflight asks PVE
             // through the same client, whose requests in flight a paused copy could hold.
@@ -1079,7 +1098,7 @@ async fn run_inner(
                     &mut taken,
                     &mut first_txn,
                     opts.dry_run,
-                    &admitted,
+                    &room,
                 );
                 tokio::pin!(admission);
                 loop {
@@ -1103,6 +1122,7 @@ async fn run_inner(
                     running_kinds.push(Running {
                         guest: a.pending.guest,
                         kind: a.pending.kind,
+                        bridge: a.request.lab_bridge.clone(),
                         memory: a.memory,
                         disks: a.disks,
                     });
@@ -1251,7 +1271,7 @@ async fn admit(
     taken: &mut BTreeSet<u32>,
     first_txn: &mut Option<Ulid>,
     dry_run: bool,
-    admitted: &Running,
+    room: &Room,
 ) -> Admission {
     let p = p.clone();
     let full = match full_list(cfg) {
@@ -1311,6 +1331,7 @@ async fn admit(
         keep: false,
         dry_run,
         profile: None,
+        lab_bridge: room.lab_bridge.clone(),
     };
     // --- preflight (DESIGN §2 rule 9): before the first journal intent; reads only ---------
     let (report, first) = crate::preflight::gate(cfg, pve, &request, Event::VmidAccepted).await;
@@ -1329,7 +1350,7 @@ async fn admit(
     };
     if !dry_run && !refused {
         if let Some(free_mib) = memory_for_copies(cfg) {
-            let room = free_mib.saturating_sub(admitted.memory);
+            let room = free_mib.saturating_sub(room.memory);
             if memory > room {
                 return Admission::Wait(
                     p.clone(),
@@ -1345,7 +1366,7 @@ async fn admit(
     // shows their data only as they write it).
     let disks = report.space.map_or(0, |(need, _)| need);
     if let (false, false, Some((need, avail))) = (dry_run, refused, report.space) {
-        let room = avail.saturating_sub(admitted.disks);
+        let room = avail.saturating_sub(room.disks);
         if need > room {
             return Admission::Wait(
                 p.clone(),
@@ -1362,7 +1383,7 @@ async fn admit(
     }
     let locks = match (dry_run, vmid_lock) {
         (true, _) => None,
-        (false, Some(l)) => match locks_for(cfg, &p, txn, l) {
+        (false, Some(l)) => match locks_for(cfg, &p, request.lab_bridge.as_deref(), txn, l) {
             Ok(l) => Some(l),
             Err((why, code)) => return Admission::Leave(p.clone(), why, code),
         },
@@ -1390,6 +1411,7 @@ async fn admit(
 fn locks_for(
     cfg: &Config,
     p: &Pending,
+    lab_bridge: Option<&str>,
     txn: Ulid,
     vmid_lock: VmidLock,
 ) -> Result<CopyLocks, (String, Option<ErrorCode>)> {
@@ -1408,7 +1430,7 @@ fn locks_for(
         other => (other.to_string(), Some(other.code())),
     })?;
     let lab = match p.kind {
-        GuestKind::Qemu => match cfg.restore_test.lab_bridge.as_deref() {
+        GuestKind::Qemu => match lab_bridge {
             Some(bridge) => match LabBridgeLock::try_acquire(&cfg.state_dir, bridge, Some(txn)) {
                 Ok(l) => Some(l),
                 Err(e @ LockError::BridgeHeld { .. }) => return Err((e.to_string(), None)),

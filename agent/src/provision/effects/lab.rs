@@ -50,7 +50,7 @@ impl VmLab {
         }
         Some(match &self.bridge {
             Some(bridge) => format!(
-                "the stored NIC(s) {} restored onto the lab bridge {bridge} (no ports, no node address: nothing answers there, no DHCP) with their stored models and MACs, off their stored bridges (one VM copy at a time on it)",
+                "the stored NIC(s) {} restored onto the lab bridge {bridge} (no ports, no node address: nothing answers there, no DHCP) with their stored models and MACs, off their stored bridges (one VM copy at a time on each lab bridge)",
                 self.stored.join(", ")
             ),
             None => format!(
@@ -169,7 +169,7 @@ impl Executor<'_> {
     async fn vm_lab_for(&mut self, state: &State) -> Lab {
         let req = state.request();
         let mut vm = VmLab {
-            bridge: self.lab_bridge(GuestKind::Qemu).map(str::to_string),
+            bridge: self.lab_bridge(state, GuestKind::Qemu).map(str::to_string),
             ..VmLab::default()
         };
         let mut lab = Lab::default();

@@ -23,6 +23,7 @@ fn request(txn: Ulid, vmid: u32) -> Request {
         keep: false,
         dry_run: false,
         profile: None,
+        lab_bridge: None,
     }
 }
 

@@ -29,6 +29,7 @@ fn request(guest: GuestKind, keep: bool, dry_run: bool) -> Request {
         keep,
         dry_run,
         profile: None,
+        lab_bridge: None,
     }
 }
 
