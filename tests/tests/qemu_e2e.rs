@@ -757,45 +757,7 @@ fn a_resumed_vm_copy_waits_for_the_lab_bridge_as_a_new_one_does() {
 /// The restore test of two VMs' backups (guests 300 and 301) with `restore_toml`: its JSON,
 /// after both copies ended ok; the bridge of each copy's first NIC at its start, by guest.
 fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
-    const SECOND: &str = "local:backup/vzdump-qemu-301-2026_01_01-00_00_00.vma.zst";
-    let mut s = lab_scenario(true);
-    // vmbr10 beside vmbr9, made as the README says, with the token's SDN.Use on it.
-    s["node_network"].as_array_mut().expect("network").push(
-        json!({"iface": "vmbr10", "type": "bridge", "bridge_ports": "", "method": "manual",
-            "method6": "manual", "active": 1,
-            "options": ["post-up sysctl -w net.ipv6.conf.vmbr10.disable_ipv6=1"]}),
-    );
-    for who in ["felhom@pve!agent", "felhom@pve"] {
-        s["grants"].as_array_mut().expect("grants").push(json!([
-            who,
-            "/sdn/zones/localnetwork/vmbr10",
-            ["PVESDNUser"]
-        ]));
-    }
-    // Guest 301, a pool VM as 300 is, and its backup.
-    s["guests"]
-        .as_array_mut()
-        .expect("guests")
-        .push(json!({"vmid": 301, "type": "qemu",
-        "name": "felhom-vm2", "node": "pve1", "status": "stopped", "pool": "felhom",
-        "config": {"agent": "1"}}));
-    s["volumes"]["local"].as_array_mut().expect("volumes").push(
-        json!({"volname": SECOND.strip_prefix("local:").expect("local"), "vmid": 301,
-            "size": 734003200, "config": qemu_backup_config(), "guest": booting_guest()}),
-    );
-    // A restore of 6 s (scaled): a copy is still under way when the next is admitted.
-    s["attrs"]["qemu_restore_secs"] = json!(300);
-    let extra = format!(
-        "[restore_test]\nsources = [\"{QEMU_BACKUP}\", \"{SECOND}\"]\nat_once = 2\n{restore_toml}"
-    );
-    let w = world(s, &extra);
-    let run: AgentRun = w
-        .command()
-        .env("FELHOM_AGENT_SUBMIT_SPACING_MS", "200")
-        .args(["--selftest=restore", "--json"])
-        .output()
-        .expect("run agent")
-        .into();
+    let (w, run) = two_vm_backups_run("", booting_guest(), restore_toml);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     let doc = run.json();
     let outcomes: Vec<(u64, String)> = doc["copies"]
@@ -832,6 +794,52 @@ fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
     (doc, bridges)
 }
 
+/// The restore test of two VMs' backups (300's, and 301's whose guest bed spec is `second`)
+/// on a node with two lab bridges (vmbr9, vmbr10), restores of 6 s (scaled), at most 2 copies
+/// at once, `top_toml` before `[restore_test]` and `restore_toml` in it: the world and the run.
+fn two_vm_backups_run(top_toml: &str, second: Value, restore_toml: &str) -> (World, AgentRun) {
+    const SECOND: &str = "local:backup/vzdump-qemu-301-2026_01_01-00_00_00.vma.zst";
+    let mut s = lab_scenario(true);
+    // vmbr10 beside vmbr9, made as the README says, with the token's SDN.Use on it.
+    s["node_network"].as_array_mut().expect("network").push(
+        json!({"iface": "vmbr10", "type": "bridge", "bridge_ports": "", "method": "manual",
+            "method6": "manual", "active": 1,
+            "options": ["post-up sysctl -w net.ipv6.conf.vmbr10.disable_ipv6=1"]}),
+    );
+    for who in ["felhom@pve!agent", "felhom@pve"] {
+        s["grants"].as_array_mut().expect("grants").push(json!([
+            who,
+            "/sdn/zones/localnetwork/vmbr10",
+            ["PVESDNUser"]
+        ]));
+    }
+    // Guest 301, a pool VM as 300 is, and its backup.
+    s["guests"]
+        .as_array_mut()
+        .expect("guests")
+        .push(json!({"vmid": 301, "type": "qemu",
+        "name": "felhom-vm2", "node": "pve1", "status": "stopped", "pool": "felhom",
+        "config": {"agent": "1"}}));
+    s["volumes"]["local"].as_array_mut().expect("volumes").push(
+        json!({"volname": SECOND.strip_prefix("local:").expect("local"), "vmid": 301,
+            "size": 734003200, "config": qemu_backup_config(), "guest": second}),
+    );
+    // A restore of 6 s (scaled): a copy is still under way when the next is admitted.
+    s["attrs"]["qemu_restore_secs"] = json!(300);
+    let extra = format!(
+        "{top_toml}[restore_test]\nsources = [\"{QEMU_BACKUP}\", \"{SECOND}\"]\nat_once = 2\n{restore_toml}"
+    );
+    let w = world(s, &extra);
+    let run: AgentRun = w
+        .command()
+        .env("FELHOM_AGENT_SUBMIT_SPACING_MS", "200")
+        .args(["--selftest=restore", "--json"])
+        .output()
+        .expect("run agent")
+        .into();
+    (w, run)
+}
+
 /// `[restore_test] lab_bridges`: each VM copy gets a lab bridge of its own, one VM copy per
 /// bridge at a time (copies on one bridge would reach each other), so two bridges run two VM
 /// copies at once, each on its own bridge; with one bridge the same run has one VM copy at a
@@ -845,4 +853,82 @@ fn two_lab_bridges_run_two_vm_copies_at_once_each_on_its_own() {
     let (doc, bridges) = two_vm_copies("lab_bridge = \"vmbr9\"\n");
     assert_eq!(bridges, vec!["vmbr9", "vmbr9"], "{doc:#}");
     assert_eq!(doc["run"]["peak_at_once"], json!(1), "{doc:#}");
+}
+
+/// A copy that times out while another copy runs may have timed out for the other's load: it
+/// is tried once more alone (nothing admitted beside it) before it counts. Guest 301's VM has
+/// no guest agent, so its launch proof times out (5 s) every time: its first try, beside 300's
+/// copy, counts for nothing; its second, alone, counts as failed (exit 5, `failed` in the
+/// report). With one lab bridge the copies run one at a time: its one try counts at once.
+#[test]
+fn a_copy_that_timed_out_beside_others_is_tried_once_more_alone_before_it_counts() {
+    let no_agent = json!({"agent": false, "start_secs": 10});
+    let (w, run) = two_vm_backups_run(
+        "launch_timeout_secs = 5\n",
+        no_agent.clone(),
+        "lab_bridges = [\"vmbr9\", \"vmbr10\"]\n",
+    );
+    let doc = run.json();
+    let tries: Vec<(u64, String)> = doc["copies"]
+        .as_array()
+        .expect("copies")
+        .iter()
+        .map(|c| {
+            (
+                c["guest"].as_u64().unwrap_or(0),
+                c["outcome"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
+    assert_eq!(
+        tries.iter().filter(|(g, _)| *g == 301).count(),
+        2,
+        "{tries:?}\n{doc:#}"
+    );
+    assert!(tries.contains(&(300, "ok".to_string())), "{tries:?}");
+    // At the source: the last restore (301's second try) began only after both earlier copies
+    // were destroyed.
+    let tasks = w.pve.tasks();
+    let restores: Vec<i64> = tasks
+        .iter()
+        .filter(|t| t["type"] == "qmrestore")
+        .map(|t| t["starttime"].as_i64().expect("start"))
+        .collect();
+    assert_eq!(restores.len(), 3, "{tasks:#?}");
+    let last_restore = restores.iter().max().copied().unwrap_or(0);
+    let destroyed: Vec<i64> = tasks
+        .iter()
+        .filter(|t| t["type"] == "qmdestroy")
+        .filter_map(|t| t["endtime"].as_i64())
+        .collect();
+    assert_eq!(destroyed.len(), 3, "{tasks:#?}");
+    assert!(
+        destroyed.iter().filter(|e| **e <= last_restore).count() >= 2,
+        "the last try began before the other copies were gone: {tasks:#?}"
+    );
+    let report = w.agent(&["restore-report", "--json"]).json();
+    let row = report["guests"]
+        .as_array()
+        .expect("guests")
+        .iter()
+        .find(|r| r["vmid"] == 301)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row["status"], "failed", "{report:#}");
+
+    // One lab bridge: one VM copy at a time, nothing beside it, so its one try counts.
+    let (_, run) = two_vm_backups_run(
+        "launch_timeout_secs = 5\n",
+        no_agent,
+        "lab_bridge = \"vmbr9\"\n",
+    );
+    let doc = run.json();
+    let of_301 = doc["copies"]
+        .as_array()
+        .expect("copies")
+        .iter()
+        .filter(|c| c["guest"] == 301)
+        .count();
+    assert_eq!((run.code, of_301), (Some(5), 1), "{doc:#}");
 }

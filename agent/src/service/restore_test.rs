@@ -229,6 +229,18 @@ fn refuses_for_good(code: ErrorCode) -> bool {
     )
 }
 
+/// A copy that ended on a timeout (a task, its launch proof or its boot): under the load of
+/// other copies it may say nothing of the backup.
+fn timed_out(driven: &Driven) -> bool {
+    driven.state.outcome_kind() == Some(OutcomeKind::Failed)
+        && driven.state.failure().is_some_and(|f| {
+            matches!(
+                f.code,
+                ErrorCode::TaskTimeout | ErrorCode::LaunchUnproven | ErrorCode::BootUnfinished
+            )
+        })
+}
+
 /// A failure that says nothing about the backup: the storage's lock timed out while another
 /// restore or backup allocated (pve-common `lock_file_full`: "can't lock file '…' - got
 /// timeout"; `cfs_lock_storage`: "cfs-lock '…' error: got lock request timeout"), or another
@@ -324,6 +336,8 @@ pub struct CopyRun {
     /// It ended on a fault that says nothing of the backup ([`transient_failure`]: the
     /// storage's lock, a vmid another node took first): retried once in the run, never red.
     pub transient: bool,
+    /// It timed out while other copies ran: tried once more alone, never counted itself.
+    pub try_alone: bool,
     /// It is the run's second try of this guest's backup.
     pub retry: bool,
     /// The backup's time, for a retry.
@@ -843,6 +857,9 @@ struct Pending {
     kind: GuestKind,
     /// The run's second try (after a fault that said nothing of the backup).
     retry: bool,
+    /// Tried alone: no other copy runs beside it (the second try of a copy that timed out
+    /// while others ran).
+    alone: bool,
     /// The first line of the backup's notes as listed (`None` when a source, not listed).
     notes_first_line: Option<String>,
     /// Whether the backup was listed (the notes are written only then).
@@ -859,6 +876,10 @@ struct Running {
     memory: u64,
     /// The bytes its restore allocates on the target storage.
     disks: u64,
+    /// It runs alone (nothing is admitted beside it).
+    alone: bool,
+    /// Set once another copy ran beside it.
+    overlapped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the copies under way hold when the next is admitted, and the lab bridge free for it.
@@ -883,6 +904,8 @@ struct Admitted {
     disks: u64,
     /// `None` for a dry run, which takes no lock.
     locks: Option<CopyLocks>,
+    /// Set once another copy ran beside it (the run loop sets it).
+    overlapped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A copy's locks: its vmid's, its guest's, the lab bridge's for a VM.
@@ -985,6 +1008,7 @@ async fn run_inner(
                 backup_time: b.time,
                 kind,
                 retry: false,
+                alone: false,
                 notes_first_line: b.notes_first_line.clone(),
                 listed: cfg.restore_test.sources.is_empty(),
             }),
@@ -1073,9 +1097,16 @@ async fn run_inner(
                 .iter()
                 .filter(|r| r.kind == GuestKind::Lxc)
                 .count();
-            let Some(pos) = queue.iter().position(|p| match p.kind {
-                GuestKind::Qemu => !lab_busy,
-                GuestKind::Lxc => containers < CONTAINERS_AT_ONCE_MAX,
+            // A copy tried alone runs with nothing beside it.
+            if running_kinds.iter().any(|r| r.alone) {
+                break;
+            }
+            let Some(pos) = queue.iter().position(|p| {
+                (!p.alone || running_kinds.is_empty())
+                    && match p.kind {
+                        GuestKind::Qemu => !lab_busy,
+                        GuestKind::Lxc => containers < CONTAINERS_AT_ONCE_MAX,
+                    }
             }) else {
                 break;
             };
@@ -1119,12 +1150,23 @@ async fn run_inner(
             }
             match admission {
                 Admission::Go(a) => {
+                    // Copies that run side by side: each may time out for the other's load.
+                    if !running_kinds.is_empty() {
+                        a.overlapped
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                        for r in &running_kinds {
+                            r.overlapped
+                                .store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
                     running_kinds.push(Running {
                         guest: a.pending.guest,
                         kind: a.pending.kind,
                         bridge: a.request.lab_bridge.clone(),
                         memory: a.memory,
                         disks: a.disks,
+                        alone: a.pending.alone,
+                        overlapped: a.overlapped.clone(),
                     });
                     running.push(drive_copy(
                         cfg,
@@ -1236,7 +1278,8 @@ fn settle_copy(
     if let Some(v) = done.driven.state.vmid() {
         taken.remove(&v);
     }
-    if done.transient && !done.retry {
+    // A copy tried alone is never tried alone again: its second try is its last.
+    if (done.transient && !done.retry) || done.try_alone {
         if let Some(kind) = backup_kind_from_volid(&done.backup) {
             tracing::warn!(guest = done.guest, txn = %done.driven.state.txn(), "the copy of guest {}'s backup {} ended on a fault that says nothing of the backup; it is tried once more in this run", done.guest, done.backup);
             queue.push_back(Pending {
@@ -1246,6 +1289,7 @@ fn settle_copy(
                 backup_time: done.backup_time,
                 kind,
                 retry: true,
+                alone: done.try_alone,
                 notes_first_line: done.notes_first_line.clone(),
                 listed: done.listed,
             });
@@ -1403,6 +1447,7 @@ async fn admit(
         memory,
         disks,
         locks,
+        overlapped: Arc::new(std::sync::atomic::AtomicBool::new(false)),
     }))
 }
 
@@ -1462,6 +1507,7 @@ async fn drive_copy<'a>(
         memory: _,
         disks: _,
         locks,
+        overlapped,
     } = a;
     let dry_run = request.dry_run;
     tracing::info!(guest = pending.guest, vmid = ?request.vmid, txn = %request.txn, backup = %pending.volid, "restore test of guest {}'s backup {} in copy {}", pending.guest, pending.volid, request.vmid.unwrap_or(0));
@@ -1471,8 +1517,19 @@ async fn drive_copy<'a>(
     let driven: Driven = exec.drive(State::new(request), first).await;
     drop(exec);
     drop(locks);
-    let verdict = if dry_run { None } else { verdict_of(&driven) };
-    if !dry_run {
+    // A copy that timed out while others ran may have timed out for their load: it counts
+    // only once tried alone.
+    let beside_others = overlapped.load(std::sync::atomic::Ordering::SeqCst);
+    let try_alone = !dry_run && !pending.alone && beside_others && timed_out(&driven);
+    if try_alone {
+        tracing::warn!(guest = pending.guest, txn = %driven.state.txn(), "the copy of guest {}'s backup {} timed out while other copies ran; it is tried once more alone before it counts", pending.guest, pending.volid);
+    }
+    let verdict = if dry_run || try_alone {
+        None
+    } else {
+        verdict_of(&driven)
+    };
+    if !dry_run && !try_alone {
         if let Err(e) = record_proof(cfg, &driven, Some(pending.guest), Some(pending.backup_time)) {
             tracing::error!(guest = pending.guest, txn = %driven.state.txn(), "the proof of guest {}'s backup {} is not recorded: {e}", pending.guest, pending.volid);
         }
@@ -1496,9 +1553,10 @@ async fn drive_copy<'a>(
             }
         }
     }
-    let transient = !dry_run
-        && driven.state.outcome_kind() == Some(OutcomeKind::Failed)
-        && driven.state.failure().is_some_and(transient_failure);
+    let transient = try_alone
+        || (!dry_run
+            && driven.state.outcome_kind() == Some(OutcomeKind::Failed)
+            && driven.state.failure().is_some_and(transient_failure));
     CopyRun {
         guest: pending.guest,
         name: pending.name,
@@ -1507,6 +1565,7 @@ async fn drive_copy<'a>(
         preflight: Some(report),
         verdict,
         transient,
+        try_alone,
         retry: pending.retry,
         backup_time: pending.backup_time,
         notes_first_line: pending.notes_first_line,
