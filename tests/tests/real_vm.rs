@@ -648,9 +648,9 @@ const BLOCK_EXEC_DROPIN: &str = "[Service]\nExecStart=\n\
 
 /// A VM backup whose guest agent refuses exec: the copy boots and its real qemu-ga answers
 /// the ping and `guest-info` (both exec commands `enabled: false`), so the restore test ends
-/// with `guest_exec_blocked` (exit 5) naming the copy and the guest's setting that allows it,
-/// not `launch_unproven` after the launch timeout; no exec was forwarded, and the copy was
-/// destroyed: no guest at its vmid, no QEMU, no overlay.
+/// with `guest_exec_blocked` (exit 5, verdict `unprovable`) naming the copy and the guest's
+/// setting that allows it, not `launch_unproven` after the launch timeout; no exec was
+/// forwarded, and the copy was destroyed: no guest at its vmid, no QEMU, no overlay.
 #[test]
 fn a_vm_whose_guest_agent_blocks_exec_ends_with_its_own_code_and_nothing_is_left() {
     let mut files = vm_files(
@@ -667,6 +667,9 @@ fn a_vm_whose_guest_agent_blocks_exec_ends_with_its_own_code_and_nothing_is_left
     let doc = run.restore_copy();
     assert_eq!(doc["outcome"], "failed", "{doc:#}");
     assert_eq!(doc["error"]["code"], "guest_exec_blocked", "{doc:#}");
+    // Not a failed backup: one that cannot be judged until the guest allows exec and is
+    // backed up again.
+    assert_eq!(doc["verdict"], "unprovable", "{doc:#}");
     let vmid = doc["vmid"]
         .as_u64()
         .and_then(|v| u32::try_from(v).ok())
