@@ -37,6 +37,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::BackupTemplate
         | ErrorCode::BackupQuota
         | ErrorCode::GuestAgentOff
+        | ErrorCode::GuestOsUnjudged
         | ErrorCode::StorageFull
         | ErrorCode::TagPolicy
         // A journal verb on a transaction in the wrong state: nothing was written.
@@ -59,6 +60,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::GuestLocked => ExitStatus::PveFailed,
         ErrorCode::LaunchUnproven
         | ErrorCode::BootUnfinished
+        | ErrorCode::GuestExecBlocked
         | ErrorCode::BootstrapFailed
         | ErrorCode::CheckFailed => {
             ExitStatus::GuestFailed
@@ -333,6 +335,11 @@ mod tests {
         }
         assert_eq!(exit_status(ErrorCode::PveRefused).code(), 4);
         assert_eq!(exit_status(ErrorCode::CheckFailed).code(), 5);
+        // Restored, started and its guest agent answered: a guest that was not judged, as
+        // one whose launch was not proven.
+        assert_eq!(exit_status(ErrorCode::GuestExecBlocked).code(), 5);
+        // Judged from the stored config before any write.
+        assert_eq!(exit_status(ErrorCode::GuestOsUnjudged).code(), 3);
         assert_eq!(exit_status(ErrorCode::TlsPinMismatch).code(), 6);
         assert_eq!(exit_status(ErrorCode::ConfigInvalid).code(), 6);
         // The node's lab bridge, not the backup: its guest is left due, as for config_invalid.

@@ -50,7 +50,8 @@ pub enum CoverageStatus {
     Failed,
     /// It has no backup on the node's backup storages.
     NoBackup,
-    /// Its newest backup is refused by the preflight for good (the last test says why).
+    /// Its newest backup is refused by the preflight for good, or its copy could not be
+    /// judged (its guest agent refuses exec); the last test says why.
     Unprovable,
 }
 
@@ -99,7 +100,8 @@ pub enum TestVerdict {
     Ok,
     /// It did not restore, boot or pass its checks.
     Failed,
-    /// The preflight refuses this backup for good.
+    /// The preflight refuses this backup for good, or its copy cannot be judged (its guest
+    /// agent refuses exec).
     Unprovable,
 }
 

@@ -299,11 +299,18 @@ pub enum ErrorCode {
     /// The guest's boot did not end within the boot timeout (its systemd still `starting`,
     /// or in a state that is not `running` or `degraded`); the message names the state seen.
     BootUnfinished,
+    /// The VM booted and its QEMU guest agent answers, but refuses `guest-exec` (blocked by
+    /// its `--block-rpcs`/`--allow-rpcs`, as RHEL, Rocky and Alma ship it): nothing inside it
+    /// can be judged; the message names the guest's setting that allows it.
+    GuestExecBlocked,
+    /// Preflight: the VM backup is of a guest whose inside the agent cannot judge (`ostype:
+    /// win*`: no `/bin/sh`, no systemd, no osquery in the shape the checks read).
+    GuestOsUnjudged,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 58] = [
+    pub const ALL: [ErrorCode; 60] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -362,6 +369,8 @@ impl ErrorCode {
         ErrorCode::Interrupted,
         ErrorCode::AgentUserUnconfined,
         ErrorCode::BootUnfinished,
+        ErrorCode::GuestExecBlocked,
+        ErrorCode::GuestOsUnjudged,
     ];
 
     /// The value as it appears on the wire, in the journal and in JSON output.
@@ -425,6 +434,8 @@ impl ErrorCode {
             ErrorCode::Interrupted => "interrupted",
             ErrorCode::AgentUserUnconfined => "agent_user_unconfined",
             ErrorCode::BootUnfinished => "boot_unfinished",
+            ErrorCode::GuestExecBlocked => "guest_exec_blocked",
+            ErrorCode::GuestOsUnjudged => "guest_os_unjudged",
         }
     }
 }
@@ -620,8 +631,10 @@ mod tests {
             (ErrorCode::Interrupted, "interrupted"),
             (ErrorCode::AgentUserUnconfined, "agent_user_unconfined"),
             (ErrorCode::BootUnfinished, "boot_unfinished"),
+            (ErrorCode::GuestExecBlocked, "guest_exec_blocked"),
+            (ErrorCode::GuestOsUnjudged, "guest_os_unjudged"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 58);
+        assert_eq!(ErrorCode::ALL.len(), 60);
     }
 
     #[test]

@@ -76,3 +76,44 @@ async fn stopped_vm_and_missing_agent_are_their_own_outcomes() {
     assert!(matches!(err, ExecError::AgentNotRunning { .. }), "{err}");
     assert!(err.to_string().contains("guest agent"), "{err}");
 }
+
+/// PVE returns `ping` and `info` as `{"result": …}` without checking qemu-ga's answer
+/// (qemu-server `API2/Qemu/Agent.pm` `register_command`): a ping whose result is an error
+/// object is still a 200, so the guest agent answered; an info listing `guest-exec` disabled
+/// (EL's qemu-ga) reads as refused, naming both commands.
+#[tokio::test]
+async fn a_ping_answered_with_an_error_object_proves_the_agent_and_info_tells_exec_refused() {
+    use felhom_agent::guest::qga_info::{exec_offer, ExecOffer};
+    let pve = FakePve::demo();
+    let (api, _files) = client(&pve);
+    pve.guest_set(
+        300,
+        json!({"status": "running", "agent": {
+            "ping": {"error": {"class": "GenericError", "desc": "frozen"}},
+            "info": {"version": "8.2.0", "supported_commands": [
+                {"name": "guest-ping", "enabled": true, "success-response": true},
+                {"name": "guest-exec", "enabled": false, "success-response": true},
+                {"name": "guest-exec-status", "enabled": false, "success-response": true},
+            ]},
+        }}),
+    );
+    api.agent_ping("pve1", 300)
+        .await
+        .expect("a 200 carrying result.error is an answer");
+    let info = api.agent_info("pve1", 300).await.expect("info");
+    assert_eq!(
+        exec_offer(&info),
+        ExecOffer::Refused {
+            refused: vec![
+                "guest-exec disabled".to_string(),
+                "guest-exec-status disabled".to_string()
+            ],
+            version: Some("8.2.0".to_string()),
+        },
+        "{info}"
+    );
+    // A stopped VM's ping is PVE's refusal, as for exec.
+    pve.guest_set(300, json!({"status": "stopped"}));
+    let err = api.agent_ping("pve1", 300).await.expect_err("stopped");
+    assert!(err.to_string().contains("not running"), "{err}");
+}

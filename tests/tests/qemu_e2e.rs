@@ -324,8 +324,10 @@ fn qemu_guest_whose_agent_is_turned_off_after_its_restore_fails_at_once_and_is_c
         "names the missing guest agent and the fix: {msg}"
     );
     assert!(waited < Duration::from_secs(60), "took {waited:?}");
-    // PVE was asked once and answered in its words; nothing ran in the guest.
-    assert_eq!(agent_calls(&w, vmid, "exec").len(), 1);
+    // PVE was asked once (the launch proof's ping, before any exec) and answered in its
+    // words; nothing ran in the guest.
+    assert_eq!(agent_calls(&w, vmid, "ping").len(), 1);
+    assert!(agent_calls(&w, vmid, "exec").is_empty());
     assert!(agent_calls(&w, vmid, "exec-status").is_empty());
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
     let deletes = guest_deletes(&w);
@@ -473,7 +475,7 @@ fn restore_test_dispatched_by_the_hub_runs_isolated_and_reports_once() {
 #[test]
 fn qemu_guest_whose_agent_never_answers_is_unproven_within_the_launch_timeout_and_destroyed() {
     // `agent: 1` is configured, but no guest agent ever starts inside the VM: PVE answers
-    // every exec with "QEMU guest agent is not running". The provision waits the configured
+    // every ping with "QEMU guest agent is not running". The provision waits the configured
     // launch timeout (5 s here instead of 180), then fails as unproven and destroys the VM it
     // created through the gate.
     let w = world(
@@ -495,8 +497,9 @@ fn qemu_guest_whose_agent_never_answers_is_unproven_within_the_launch_timeout_an
         msg.to_lowercase().contains("not running"),
         "says the guest agent is not running: {msg}"
     );
-    // It asked more than once (it waited for the agent), and never ran anything.
-    assert!(agent_calls(&w, 331, "exec").len() >= 2);
+    // It pinged more than once (it waited for the agent), and never ran anything.
+    assert!(agent_calls(&w, 331, "ping").len() >= 2);
+    assert!(agent_calls(&w, 331, "exec").is_empty());
     assert!(agent_calls(&w, 331, "exec-status").is_empty());
     assert!(waited >= Duration::from_secs(5), "gave up after {waited:?}");
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");

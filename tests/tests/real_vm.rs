@@ -639,3 +639,82 @@ fn without_a_lab_bridge_the_static_auto_ens18_copy_is_red_and_the_report_says_wh
         .unwrap_or_else(|| panic!("{log:#?}"));
     assert_eq!(qemu["netdevs"], json!([]), "{log:#?}");
 }
+
+/// A systemd drop-in for Debian's `qemu-guest-agent.service` that runs the real qemu-ga with
+/// `guest-exec` and `guest-exec-status` blocked, as RHEL, Rocky and Alma ship it (their
+/// `/etc/sysconfig/qemu-ga` feeds the same option to the same daemon).
+const BLOCK_EXEC_DROPIN: &str = "[Service]\nExecStart=\n\
+     ExecStart=-/usr/sbin/qemu-ga --block-rpcs=guest-exec,guest-exec-status\n";
+
+/// A VM backup whose guest agent refuses exec: the copy boots and its real qemu-ga answers
+/// the ping and `guest-info` (both exec commands `enabled: false`), so the restore test ends
+/// with `guest_exec_blocked` (exit 5, verdict `unprovable`) naming the copy and the guest's
+/// setting that allows it, not `launch_unproven` after the launch timeout; no exec was
+/// forwarded, and the copy was destroyed: no guest at its vmid, no QEMU, no overlay.
+#[test]
+fn a_vm_whose_guest_agent_blocks_exec_ends_with_its_own_code_and_nothing_is_left() {
+    let mut files = vm_files(
+        "auto ens18\niface ens18 inet static\n    address 10.20.0.40/24\n    gateway 10.20.0.1\n",
+    );
+    files["/etc/systemd/system/qemu-guest-agent.service.d/block-exec.conf"] =
+        json!(BLOCK_EXEC_DROPIN);
+    let Some(w) = lab_world(json!({ "files": files }), true) else {
+        return;
+    };
+    let started = Instant::now();
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(5), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert_eq!(doc["outcome"], "failed", "{doc:#}");
+    assert_eq!(doc["error"]["code"], "guest_exec_blocked", "{doc:#}");
+    // Not a failed backup: one that cannot be judged until the guest allows exec and is
+    // backed up again.
+    assert_eq!(doc["verdict"], "unprovable", "{doc:#}");
+    let vmid = doc["vmid"]
+        .as_u64()
+        .and_then(|v| u32::try_from(v).ok())
+        .unwrap_or_else(|| panic!("no vmid in {doc:#}"));
+    let message = doc["error"]["message"].as_str().unwrap_or_default();
+    for part in [
+        format!("VM {vmid}"),
+        "node pve1".to_string(),
+        "guest-exec disabled".to_string(),
+        "guest-exec-status disabled".to_string(),
+        "/etc/sysconfig/qemu-ga".to_string(),
+        "systemctl restart qemu-guest-agent".to_string(),
+    ] {
+        assert!(message.contains(&part), "{part:?} not in {doc:#}");
+    }
+    // Judged from what the guest agent said, not after the launch timeout (90 s here).
+    assert!(
+        started.elapsed() < Duration::from_secs(85),
+        "{:?}",
+        started.elapsed()
+    );
+    // The real guest agent was asked for its info and answered; no exec reached it.
+    let log = w.bed.qga_log(vmid);
+    let infos = forwarded(&w, vmid, "guest-info");
+    assert!(
+        infos.iter().any(|i| i["answer"]["supported_commands"]
+            .as_array()
+            .is_some_and(|c| c
+                .iter()
+                .any(|c| c["name"] == "guest-exec" && c["enabled"] == false))),
+        "{log:#?}"
+    );
+    assert!(forwarded(&w, vmid, "guest-exec").is_empty(), "{log:#?}");
+    // Nothing is left: the copy is gone from PVE, its QEMU ended and its overlay went with it.
+    assert!(w.pve.guest(vmid).is_none(), "{:?}", w.pve.guest(vmid));
+    let dir = w.bed.state_dir().join(vmid.to_string());
+    let left = wait_processes_gone(&dir.display().to_string(), Duration::from_secs(10));
+    assert!(left.is_empty(), "QEMU of the copy still runs: {left:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !dir.exists(),
+        "the copy's overlay is left: {}",
+        dir.display()
+    );
+}

@@ -40,6 +40,7 @@ felhom-agent journal --stats --since 7d      per-phase p50/p95/max and outcomes,
 Exit codes: 0 done (also a skipped restore test), 2 usage, 3 refused before any write,\n\
 4 PVE refused or failed the create, 5 restored and started but not verified: its launch proof\n\
 or boot or bootstrap or checks failed (`doctor` finds a missing `pct` before),\n\
+or a VM's guest agent refuses exec (guest_exec_blocked),\n\
 6 environment (config, PVE unreachable, auth, TLS pin), 7 needs a human,\n\
 130 interrupted (Ctrl-C or SIGTERM; the transaction stays open for `journal resume`)."
 )]

@@ -6,6 +6,8 @@
 //! - [`lxc`]: [`LxcExec`], `pct exec` (files too, on its stdin);
 //! - [`lxc_monitor`]: who holds a container's LXC command socket, checked before every `pct exec`;
 //! - [`qemu`]: [`QemuExec`] over the [`GuestAgentApi`] seam the PVE client implements;
+//! - [`qga_info`]: what a VM's guest agent says it allows (`guest-info`), read before its
+//!   first exec;
 //! - [`boot`]: the wait for the guest's boot to end (systemd's `is-system-running`, asked once a second in one exec);
 //! - [`lab`]: what an isolated copy is given (its stored interfaces, inside it) and which of its
 //!   failed units are the isolation's or the node's doing;
@@ -25,6 +27,7 @@ pub mod lxc;
 pub mod lxc_monitor;
 pub mod qemu;
 pub mod qemu_pve;
+pub mod qga_info;
 
 pub use bootstrap::{
     load_profile, run_bootstrap, BootstrapError, BootstrapMarker, BootstrapOutcome,

@@ -748,6 +748,15 @@ pub fn contents_check(stored: &StoredConfig, asked: &Asked<'_>, held: &Held) -> 
                     ),
                 );
             }
+            if let Some(os) = stored.windows_ostype() {
+                return PreflightCheck::fail(
+                    name,
+                    ErrorCode::GuestOsUnjudged,
+                    format!(
+                        "backup {volid} is of a Windows VM (`ostype: {os}`), which the agent cannot judge: its launch proof, boot wait, bootstrap and checks run /bin/sh, systemd and osquery's Linux tables inside the guest, none of which a Windows guest has; it is not restored. Leave it out of [restore_test] sources (or its guest out of the pool) and prove its backups another way"
+                    ),
+                );
+            }
         }
     }
     PreflightCheck::pass(
@@ -1268,6 +1277,29 @@ mod tests {
                 &none,
             );
             assert_eq!(c.code, None, "{c:?}");
+            // A Windows guest has no /bin/sh, systemd or Linux osquery tables: not judged.
+            for os in [
+                "wxp", "w2k", "w2k3", "w2k8", "wvista", "win7", "win8", "win10", "win11", "win12",
+            ] {
+                let c = contents_check(
+                    &StoredConfig::parse(&format!("agent: 1\nostype: {os}\n")),
+                    &vm,
+                    &none,
+                );
+                assert_eq!(c.code, Some(ErrorCode::GuestOsUnjudged), "{os}: {c:?}");
+                assert!(
+                    c.message.contains(&format!("ostype: {os}")) && c.message.contains("/bin/sh"),
+                    "{c:?}"
+                );
+            }
+            for os in ["l26", "l24", "other", "solaris", "win", "winx", "w2k12"] {
+                let c = contents_check(
+                    &StoredConfig::parse(&format!("agent: 1\nostype: {os}\n")),
+                    &vm,
+                    &none,
+                );
+                assert_eq!(c.code, None, "{os}: {c:?}");
+            }
         }
     }
 

@@ -860,7 +860,10 @@ impl<'a> Executor<'a> {
             Effect::ProveLaunch { vmid, guest } => {
                 Some(match self.prove_launch(vmid, guest, state.txn()).await {
                     Ok(()) => Event::LaunchProven,
-                    Err(message) => Event::LaunchUnproven { message },
+                    Err(guest::LaunchEnd::Unproven(message)) => Event::LaunchUnproven { message },
+                    Err(guest::LaunchEnd::ExecBlocked(message)) => {
+                        Event::GuestExecBlocked { message }
+                    }
                 })
             }
             Effect::WaitBoot { vmid, guest } => Some(self.wait_boot(state, vmid, guest).await?),

@@ -147,7 +147,7 @@ impl Step {
                 &[E::GuestObserved]
             }
             Step::Start => &[E::Started, E::StartFailed],
-            Step::ProveLaunch => &[E::LaunchProven, E::LaunchUnproven],
+            Step::ProveLaunch => &[E::LaunchProven, E::LaunchUnproven, E::GuestExecBlocked],
             Step::WaitBoot => &[E::BootEnded, E::BootUnfinished],
             Step::Bootstrap => &[E::Bootstrapped, E::BootstrapFailed],
             Step::Checks => &[E::ChecksPassed, E::ChecksFailed],
@@ -509,6 +509,12 @@ pub enum Event {
         /// What was seen.
         message: String,
     },
+    /// The VM's guest agent answered, but refuses the exec every command in a VM needs: the
+    /// guest cannot be judged.
+    GuestExecBlocked {
+        /// What the guest agent said, and how to allow it.
+        message: String,
+    },
     /// The guest's boot ended (or there is no boot state to wait for).
     BootEnded {
         /// What was waited for and seen, for the report.
@@ -574,6 +580,8 @@ pub enum EventKind {
     LaunchProven,
     /// [`Event::LaunchUnproven`].
     LaunchUnproven,
+    /// [`Event::GuestExecBlocked`].
+    GuestExecBlocked,
     /// [`Event::BootEnded`].
     BootEnded,
     /// [`Event::BootUnfinished`].
@@ -594,7 +602,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every event kind.
-    pub const ALL: [EventKind; 24] = [
+    pub const ALL: [EventKind; 25] = [
         EventKind::VmidAccepted,
         EventKind::VmidRefused,
         EventKind::BandFull,
@@ -611,6 +619,7 @@ impl EventKind {
         EventKind::StartFailed,
         EventKind::LaunchProven,
         EventKind::LaunchUnproven,
+        EventKind::GuestExecBlocked,
         EventKind::BootEnded,
         EventKind::BootUnfinished,
         EventKind::Bootstrapped,
@@ -640,6 +649,7 @@ impl EventKind {
             EventKind::StartFailed => "start_failed",
             EventKind::LaunchProven => "launch_proven",
             EventKind::LaunchUnproven => "launch_unproven",
+            EventKind::GuestExecBlocked => "guest_exec_blocked",
             EventKind::BootEnded => "boot_ended",
             EventKind::BootUnfinished => "boot_unfinished",
             EventKind::Bootstrapped => "bootstrapped",
@@ -678,6 +688,7 @@ impl Event {
             Event::StartFailed { .. } => EventKind::StartFailed,
             Event::LaunchProven => EventKind::LaunchProven,
             Event::LaunchUnproven { .. } => EventKind::LaunchUnproven,
+            Event::GuestExecBlocked { .. } => EventKind::GuestExecBlocked,
             Event::BootEnded { .. } => EventKind::BootEnded,
             Event::BootUnfinished { .. } => EventKind::BootUnfinished,
             Event::Bootstrapped => EventKind::Bootstrapped,
@@ -820,8 +831,8 @@ pub enum Effect {
         /// Its type.
         guest: GuestKind,
     },
-    /// Check the guest is running and answers an exec; answer [`Event::LaunchProven`] or
-    /// [`Event::LaunchUnproven`].
+    /// Check the guest is running and answers an exec; answer [`Event::LaunchProven`],
+    /// [`Event::LaunchUnproven`] or [`Event::GuestExecBlocked`].
     ProveLaunch {
         /// The guest.
         vmid: u32,
@@ -2214,6 +2225,12 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
                 format!("guest {vmid} did not prove its launch: {message}"),
             );
             s.fail(f, vmid)
+        }
+        // The copy goes as after any other failure (through the ownership recheck, or kept
+        // when asked); the message already names the VM and the guest's setting.
+        (Step::ProveLaunch, Event::GuestExecBlocked { message }) => {
+            let vmid = s.require_vmid(kind)?;
+            s.fail(Failure::new(ErrorCode::GuestExecBlocked, message), vmid)
         }
         (Step::Bootstrap, Event::Bootstrapped) => {
             let vmid = s.require_vmid(kind)?;

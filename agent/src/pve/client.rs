@@ -26,6 +26,10 @@ pub const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
 /// What qemu-ga keeps of one stream of a command's output (QEMU `qga/commands.c`
 /// `GUEST_EXEC_MAX_OUTPUT`, 16 MiB).
 pub const QGA_MAX_OUTPUT: usize = 16 * 1024 * 1024;
+/// The largest `agent/info` answer read: qemu-ga 7.2 lists about 45 commands in under 4 KiB;
+/// a guest that answers more is not read further.
+pub const MAX_AGENT_INFO_BYTES: usize = 256 * 1024;
+
 /// The largest `agent/exec-status` answer read: both streams at qemu-ga's 16 MiB each, every
 /// byte at most two in PVE's JSON (qemu-server `PVE/API2/Qemu/Agent.pm` `exec-status` hands the
 /// decoded bytes over as characters, which UTF-8 writes as one or two bytes), plus 1 MiB for
@@ -556,9 +560,19 @@ impl PveClient {
         Ok(env.remove("data").unwrap_or(Value::Null))
     }
 
-    /// Ping the guest agent.
+    /// Ping the guest agent: `Ok` once PVE answered 200, which it does only after its own
+    /// `guest-ping` got an answer (qemu-server `QemuServer/Agent.pm` `assert_agent_available`),
+    /// whatever `result` holds (PVE returns qemu-ga's answer unchecked, an error object
+    /// included).
     pub async fn agent_ping(&self, node: &str, vmid: u32) -> Result<(), PveError> {
         self.call(&build::agent_ping(node, vmid)).await.map(|_| ())
+    }
+
+    /// qemu-ga's `guest-info` through PVE (`{"result": {...}}`, unchecked by PVE: it may hold
+    /// an error object instead), at most [`MAX_AGENT_INFO_BYTES`].
+    pub async fn agent_info(&self, node: &str, vmid: u32) -> Result<Value, PveError> {
+        self.call_once_max(&build::agent_info(node, vmid), MAX_AGENT_INFO_BYTES)
+            .await
     }
 
     /// The effective privileges of a user or token (default: the caller).

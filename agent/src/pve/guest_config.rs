@@ -564,6 +564,19 @@ impl StoredConfig {
         })
     }
 
+    /// The VM's `ostype` when it names a Windows guest: PVE's Windows values (qemu-server
+    /// `src/PVE/QemuServer.pm` `ostype` enum: `wxp w2k w2k3 w2k8 wvista win7 win8 win10 win11`,
+    /// the ones `QemuServer/Helpers.pm` `windows_version` gives a version), any `win<N>` a
+    /// later PVE adds included.
+    pub fn windows_ostype(&self) -> Option<&str> {
+        let v = self.get("ostype")?.trim();
+        let named = matches!(v, "wxp" | "w2k" | "w2k3" | "w2k8" | "wvista");
+        let numbered = v
+            .strip_prefix("win")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        (named || numbered).then_some(v)
+    }
+
     /// The container's device passthroughs (`devN`, root only).
     pub fn devices(&self) -> Vec<&str> {
         self.keys().filter(|k| numbered(k, "dev")).collect()

@@ -412,6 +412,12 @@ pub mod build {
         ApiRequest::post(&["nodes", node, "qemu", &vmid.to_string(), "agent", "ping"])
     }
 
+    /// `GET /nodes/{node}/qemu/{vmid}/agent/info`: qemu-ga's `guest-info` (its version and
+    /// every command it knows, each with `enabled`).
+    pub fn agent_info(node: &str, vmid: u32) -> ApiRequest {
+        ApiRequest::get(&["nodes", node, "qemu", &vmid.to_string(), "agent", "info"])
+    }
+
     /// `GET /access/permissions[?userid=ID][&path=P]`.
     pub fn permissions(userid: Option<&str>, path: Option<&str>) -> ApiRequest {
         ApiRequest::get(&["access", "permissions"])

@@ -226,6 +226,7 @@ fn refuses_for_good(code: ErrorCode) -> bool {
             | ErrorCode::BackupTemplate
             | ErrorCode::BackupQuota
             | ErrorCode::GuestAgentOff
+            | ErrorCode::GuestOsUnjudged
     )
 }
 
@@ -261,6 +262,10 @@ pub fn verdict_of(driven: &Driven) -> Option<Verdict> {
         OutcomeKind::Ok => Some(Verdict::Ok),
         OutcomeKind::Failed => match state.failure() {
             Some(f) if transient_failure(f) => None,
+            // The copy booted, but its guest agent refuses every command: the backup can no
+            // more be judged on the next run than on this one, until the guest allows exec
+            // and is backed up again.
+            Some(f) if f.code == ErrorCode::GuestExecBlocked => Some(Verdict::Unprovable),
             _ => Some(Verdict::Failed),
         },
         OutcomeKind::Refused => state

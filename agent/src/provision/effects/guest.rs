@@ -8,8 +8,19 @@ use crate::error::{ErrorCode, Failure};
 use crate::guest::bootstrap::{load_profile, run_bootstrap, BootstrapSettings};
 use crate::guest::checks::{load_packs, run_checks, CheckContext, CheckSettings, CheckStatus};
 use crate::guest::exec::{ExecError, ExecRequest, GuestExec};
+use crate::guest::qemu::AgentApiError;
+use crate::guest::qga_info::{exec_blocked_message, exec_offer, exec_refused_message, ExecOffer};
 use crate::provision::machine::{Event, State, TxnKind};
-use crate::pve::GuestKind;
+use crate::pve::{GuestKind, PveError};
+
+/// How a launch proof ended without proving the launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LaunchEnd {
+    /// No exec answered (`launch_unproven`).
+    Unproven(String),
+    /// The VM's guest agent answered but refuses exec (`guest_exec_blocked`).
+    ExecBlocked(String),
+}
 
 impl Executor<'_> {
     /// The boot wait, with an isolated copy's lab before and after it, in one exec; Ctrl-C
@@ -66,14 +77,52 @@ impl Executor<'_> {
 
     /// The launch proof: an exec in the guest answers (a container's `pct exec`, a VM's guest
     /// agent), retried while the guest is still coming up, until the launch timeout.
+    ///
+    /// A VM's guest agent is first pinged (PVE answers 200 only once qemu-ga answered its own
+    /// `guest-ping`) and asked what it allows (`agent/info`): one that refuses `guest-exec`
+    /// (RHEL, Rocky and Alma ship it so) ends the proof as [`LaunchEnd::ExecBlocked`], as does
+    /// an exec refused in qemu-ga's words when `guest-info` said nothing.
     pub(super) async fn prove_launch(
         &self,
         vmid: u32,
         guest: GuestKind,
         txn: ulid::Ulid,
-    ) -> Result<(), String> {
+    ) -> Result<(), LaunchEnd> {
         let node = &self.cfg.node;
         let deadline = Instant::now() + self.timeouts.launch_proof;
+        let too_late = |last: &str| {
+            LaunchEnd::Unproven(format!(
+                "{} {vmid} on node {node} did not prove its launch within {}s: {last}; a guest that boots slower needs a higher [provision] launch_timeout_secs",
+                guest.pve_word(),
+                self.timeouts.launch_proof.as_secs()
+            ))
+        };
+        if guest == GuestKind::Qemu {
+            self.vm_agent_answers(vmid, deadline, &too_late).await?;
+            match self.pve.agent_info(node, vmid).await {
+                Ok(data) => match exec_offer(&data) {
+                    ExecOffer::Offered => {}
+                    ExecOffer::Refused { refused, version } => {
+                        let seen = format!(
+                            "its guest-info{}: {}",
+                            version
+                                .map(|v| format!(" (qemu-ga {v})"))
+                                .unwrap_or_default(),
+                            refused.join(", ")
+                        );
+                        return Err(LaunchEnd::ExecBlocked(exec_blocked_message(
+                            vmid, node, &seen,
+                        )));
+                    }
+                    ExecOffer::Unknown(why) => {
+                        tracing::info!(vmid, "the guest agent's info says nothing of exec ({why}); the exec is tried")
+                    }
+                },
+                Err(e) => {
+                    tracing::info!(vmid, error = %e, "the guest agent's info could not be read; the exec is tried")
+                }
+            }
+        }
         let exec = self.exec_for(vmid, guest, txn);
         let mut last: String;
         loop {
@@ -96,19 +145,69 @@ impl Executor<'_> {
                         _ => e.to_string(),
                     }
                 }
+                Err(ExecError::Agent { message, .. })
+                    if guest == GuestKind::Qemu && exec_refused_message(&message) =>
+                {
+                    let seen = format!(
+                        "PVE answered its exec: {}",
+                        crate::error::outside_text(&message)
+                    );
+                    return Err(LaunchEnd::ExecBlocked(exec_blocked_message(
+                        vmid, node, &seen,
+                    )));
+                }
                 Err(e) => {
-                    return Err(format!(
+                    return Err(LaunchEnd::Unproven(format!(
                         "{} {vmid} on node {node} did not answer an exec: {e}",
                         guest.pve_word()
-                    ))
+                    )))
                 }
             }
             if Instant::now() >= deadline || self.cancel.is_cancelled() {
-                return Err(format!(
-                    "{} {vmid} on node {node} did not prove its launch within {}s: {last}; a guest that boots slower needs a higher [provision] launch_timeout_secs",
-                    guest.pve_word(),
-                    self.timeouts.launch_proof.as_secs()
-                ));
+                return Err(too_late(&last));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Ping a VM's guest agent until PVE answers 200 (its `guest-ping` answered, whatever
+    /// `result` holds), while the VM or its agent is still coming up, until `deadline`.
+    async fn vm_agent_answers(
+        &self,
+        vmid: u32,
+        deadline: Instant,
+        too_late: &impl Fn(&str) -> LaunchEnd,
+    ) -> Result<(), LaunchEnd> {
+        let node = &self.cfg.node;
+        loop {
+            let last = match self.pve.agent_ping(node, vmid).await {
+                Ok(()) => return Ok(()),
+                Err(PveError::Api(a)) => match AgentApiError::classify(a.status, &a.message) {
+                    AgentApiError::NotRunning | AgentApiError::AgentNotRunning => {
+                        match self.pve.status_current(node, GuestKind::Qemu, vmid).await {
+                            Ok(st) if !st.is_running() => format!("VM {vmid} is {}", st.status),
+                            _ => format!("the QEMU guest agent of VM {vmid} is not running; wait for the guest to finish booting or install and start qemu-guest-agent in it"),
+                        }
+                    }
+                    AgentApiError::NoAgentConfigured => {
+                        return Err(LaunchEnd::Unproven(format!(
+                            "VM {vmid} on node {node} has no QEMU guest agent configured; set `agent: 1` in its config"
+                        )))
+                    }
+                    other => {
+                        return Err(LaunchEnd::Unproven(format!(
+                            "VM {vmid} on node {node} did not answer a guest-agent ping: {other}"
+                        )))
+                    }
+                },
+                Err(e) => {
+                    return Err(LaunchEnd::Unproven(format!(
+                        "VM {vmid} on node {node} did not answer a guest-agent ping: {e}"
+                    )))
+                }
+            };
+            if Instant::now() >= deadline || self.cancel.is_cancelled() {
+                return Err(too_late(&last));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }

@@ -219,6 +219,9 @@ fn sample(kind: EventKind, s: &State) -> Event {
         EventKind::LaunchUnproven => Event::LaunchUnproven {
             message: "no exec answer".to_string(),
         },
+        EventKind::GuestExecBlocked => Event::GuestExecBlocked {
+            message: "its guest-info: guest-exec disabled".to_string(),
+        },
         EventKind::BootEnded => Event::BootEnded {
             seen: "systemd: degraded after 2.0s".to_string(),
         },
@@ -259,6 +262,7 @@ const ALLOWED: &[(Step, EventKind)] = &[
     (Step::Start, EventKind::StartFailed),
     (Step::ProveLaunch, EventKind::LaunchProven),
     (Step::ProveLaunch, EventKind::LaunchUnproven),
+    (Step::ProveLaunch, EventKind::GuestExecBlocked),
     (Step::WaitBoot, EventKind::BootEnded),
     (Step::WaitBoot, EventKind::BootUnfinished),
     (Step::Bootstrap, EventKind::Bootstrapped),
@@ -857,6 +861,34 @@ fn every_allowed_transition_does_what_the_table_says() {
             armed: true,
             effects: &["journal", "recheck_ownership"],
             code: Some(C::LaunchUnproven),
+        },
+        Row {
+            name: "guest exec blocked",
+            from: at(Step::ProveLaunch),
+            event: Event::GuestExecBlocked {
+                message:
+                    "VM 120 booted and its QEMU guest agent answers, but it refuses guest-exec"
+                        .to_string(),
+            },
+            phase: Phase::Failed,
+            step: Step::Recheck,
+            outcome: None,
+            armed: true,
+            effects: &["journal", "recheck_ownership"],
+            code: Some(C::GuestExecBlocked),
+        },
+        Row {
+            name: "guest exec blocked, keep",
+            from: at_with(Step::ProveLaunch, GuestKind::Qemu, true),
+            event: Event::GuestExecBlocked {
+                message: "its guest-info: guest-exec disabled".to_string(),
+            },
+            phase: Phase::Failed,
+            step: Step::Done,
+            outcome: Some(O::Failed),
+            armed: true,
+            effects: &["journal"],
+            code: Some(C::GuestExecBlocked),
         },
         Row {
             name: "bootstrapped",
