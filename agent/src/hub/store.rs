@@ -315,6 +315,9 @@ fn open_file(path: &Path) -> Result<File, StoreError> {
         .create(true)
         .truncate(false)
         .mode(0o600)
+        // Never through a link: a root run would write where a link of the agent's user
+        // points.
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .open(path)
         .map_err(io_err(path))
 }

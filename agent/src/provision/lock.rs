@@ -10,7 +10,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -86,6 +86,15 @@ pub enum LockError {
         /// The cause.
         source: io::Error,
     },
+    /// The lock folder or a lock file is not what the agent made: a link, a file of another
+    /// user, a folder others may write, a file with more than one name.
+    #[error("refusing lock {path}: {why}; nothing was written")]
+    Untrusted {
+        /// The folder or file.
+        path: PathBuf,
+        /// What is wrong with it, and the fix.
+        why: String,
+    },
     /// The lock file could not be opened, locked or written.
     #[error("cannot use lock file {path} for vmid {vmid}: {source}; check the state dir")]
     Io {
@@ -104,7 +113,9 @@ impl LockError {
     pub fn code(&self) -> ErrorCode {
         match self {
             LockError::Held { .. } | LockError::BridgeHeld { .. } => ErrorCode::VmidInUse,
-            LockError::CreateDir { .. } | LockError::Io { .. } => ErrorCode::ConfigInvalid,
+            LockError::CreateDir { .. } | LockError::Io { .. } | LockError::Untrusted { .. } => {
+                ErrorCode::ConfigInvalid
+            }
         }
     }
 }
@@ -132,30 +143,15 @@ impl VmidLock {
         path: PathBuf,
         txn: Option<Ulid>,
     ) -> Result<Self, LockError> {
-        let dir = state_dir.join(LOCK_DIR);
-        if !dir.is_dir() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-                .map_err(|source| LockError::CreateDir {
-                    path: dir.clone(),
-                    source,
-                })?;
-        }
         let io = |source| LockError::Io {
             vmid,
             path: path.clone(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io)?;
+        let file = open_lock_file(state_dir, &path).map_err(|e| match e {
+            Opened::Io(source) => io(source),
+            other => other.into_error(&path, state_dir),
+        })?;
         let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => lock,
             Err((mut file, Errno::EWOULDBLOCK)) => {
@@ -239,6 +235,115 @@ impl GuestProofLock {
     }
 }
 
+/// Why a lock could not be opened.
+enum Opened {
+    /// The folder could not be made.
+    CreateDir(io::Error),
+    /// The folder (`true`) or the file (`false`) is not the agent's, and why.
+    Untrusted(bool, String),
+    /// The file could not be opened.
+    Io(io::Error),
+}
+
+impl Opened {
+    fn into_error(self, file: &Path, state_dir: &Path) -> LockError {
+        let dir = state_dir.join(LOCK_DIR);
+        match self {
+            Opened::CreateDir(source) => LockError::CreateDir { path: dir, source },
+            Opened::Untrusted(true, why) => LockError::Untrusted { path: dir, why },
+            Opened::Untrusted(false, why) => LockError::Untrusted {
+                path: file.to_path_buf(),
+                why,
+            },
+            Opened::Io(source) => LockError::Io {
+                vmid: 0,
+                path: file.to_path_buf(),
+                source,
+            },
+        }
+    }
+}
+
+/// Open (creating it) the lock file `path` in `state_dir`'s lock folder, never through a link:
+/// the folder is opened without following one and must be a folder of the state folder's
+/// owner or of this process's user, writable by no one else; the file is opened in it without
+/// following one, and must be a regular file of one of those users with one name only (a hard
+/// link to another file has two). A root run in a state folder another user could write into
+/// otherwise rewrites whatever a link there names.
+fn open_lock_file(state_dir: &Path, path: &Path) -> Result<File, Opened> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
+    let name = path
+        .file_name()
+        .ok_or_else(|| Opened::Untrusted(false, "a lock file has a name".to_string()))?;
+    let top = fs::File::open(state_dir).map_err(Opened::CreateDir)?;
+    let top_owner = fstat(&top)
+        .map_err(|e| Opened::CreateDir(io::Error::from(e)))?
+        .st_uid;
+    let me = nix::unistd::geteuid().as_raw();
+    match mkdirat(&top, LOCK_DIR, Mode::from_bits_truncate(0o700)) {
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(e) => return Err(Opened::CreateDir(io::Error::from(e))),
+    }
+    let dir = match crate::nofollow::folder(&top, LOCK_DIR) {
+        Ok(d) => d,
+        Err(Errno::ELOOP | Errno::ENOTDIR) => {
+            return Err(Opened::Untrusted(
+                true,
+                "it is a link or not a folder; remove it (the agent makes the folder again)"
+                    .to_string(),
+            ))
+        }
+        Err(e) => return Err(Opened::CreateDir(io::Error::from(e))),
+    };
+    let st = fstat(&dir).map_err(|e| Opened::CreateDir(io::Error::from(e)))?;
+    if st.st_uid != me && st.st_uid != top_owner {
+        return Err(Opened::Untrusted(
+            true,
+            format!(
+                "it belongs to uid {}, neither the state folder's owner (uid {top_owner}) nor this process's user (uid {me}); remove it",
+                st.st_uid
+            ),
+        ));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(Opened::Untrusted(
+            true,
+            format!(
+                "it has mode {:04o}, writable by group or others; run `chmod 700` on it",
+                st.st_mode & 0o7777
+            ),
+        ));
+    }
+    let fd = openat(
+        &dir,
+        name,
+        OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| match e {
+        Errno::ELOOP => Opened::Untrusted(
+            false,
+            "it is a symbolic link; remove it (the agent makes the file again)".to_string(),
+        ),
+        e => Opened::Io(io::Error::from(e)),
+    })?;
+    let st = fstat(&fd).map_err(|e| Opened::Io(io::Error::from(e)))?;
+    let regular = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG;
+    if !regular || st.st_nlink != 1 || (st.st_uid != me && st.st_uid != top_owner) {
+        return Err(Opened::Untrusted(
+            false,
+            format!(
+                "it is not a lock file of the agent's (a regular file of uid {me} or {top_owner} with one name; found {} of uid {} with {} name(s)); remove it",
+                if regular { "a regular file" } else { "no regular file" },
+                st.st_uid,
+                st.st_nlink
+            ),
+        ));
+    }
+    Ok(File::from(fd))
+}
+
 /// The lock file of `vmid` under `state_dir`.
 pub fn lock_path(state_dir: &Path, vmid: u32) -> PathBuf {
     state_dir.join(LOCK_DIR).join(format!("vmid-{vmid}.lock"))
@@ -255,7 +360,12 @@ pub fn lock_path(state_dir: &Path, vmid: u32) -> PathBuf {
 /// stopped) or while another process has its pid (after a reboot). Only where that table
 /// cannot be read is the named pid's being alive taken instead.
 pub fn running_holder(state_dir: &Path, vmid: u32, txn: Ulid) -> Option<Holder> {
-    let mut file = File::open(lock_path(state_dir, vmid)).ok()?;
+    // Read only, never through a link, never waiting for a FIFO's writer.
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
+        .open(lock_path(state_dir, vmid))
+        .ok()?;
     let holder = read_holder(&mut file)?;
     if holder.txn != Some(txn) {
         return None;
@@ -426,6 +536,56 @@ mod tests {
         // Another vmid is independent.
         let other = VmidLock::try_acquire(dir.path(), 121, None);
         assert!(other.is_ok());
+    }
+
+    /// A link, a hard link, a folder others may write or a link for the folder: refused
+    /// before anything is written, and what a link named is left as it was.
+    #[test]
+    fn a_lock_is_never_taken_through_a_link_or_in_a_folder_others_may_write() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious\n").expect("victim");
+        let locks = dir.path().join("state").join(LOCK_DIR);
+        std::fs::create_dir_all(&locks).expect("locks");
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let state = dir.path().join("state");
+        let refused = |e: Result<VmidLock, LockError>| match e {
+            Err(LockError::Untrusted { why, .. }) => why,
+            other => panic!("not refused as untrusted: {other:?}"),
+        };
+        // A symbolic link named as the lock file.
+        std::os::unix::fs::symlink(&victim, locks.join("vmid-120.lock")).expect("symlink");
+        let why = refused(VmidLock::try_acquire(&state, 120, None));
+        assert!(why.contains("symbolic link"), "{why}");
+        // A hard link to another file.
+        std::fs::hard_link(&victim, locks.join("vmid-121.lock")).expect("hard link");
+        let why = refused(VmidLock::try_acquire(&state, 121, None));
+        assert!(why.contains("2 name(s)"), "{why}");
+        assert_eq!(
+            std::fs::read_to_string(&victim).expect("victim"),
+            "precious\n"
+        );
+        // The folder writable by others.
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let why = refused(VmidLock::try_acquire(&state, 122, None));
+        assert!(why.contains("writable by group or others"), "{why}");
+        assert!(!locks.join("vmid-122.lock").exists());
+        // The folder itself a link.
+        let other = dir.path().join("elsewhere");
+        std::fs::create_dir(&other).expect("elsewhere");
+        let state2 = dir.path().join("state2");
+        std::fs::create_dir(&state2).expect("state2");
+        std::os::unix::fs::symlink(&other, state2.join(LOCK_DIR)).expect("symlink");
+        let why = refused(VmidLock::try_acquire(&state2, 123, None));
+        assert!(why.contains("link or not a folder"), "{why}");
+        assert!(std::fs::read_dir(&other)
+            .expect("elsewhere")
+            .next()
+            .is_none());
+        // A proper folder: taken.
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        assert!(VmidLock::try_acquire(&state, 124, None).is_ok());
     }
 
     #[test]

@@ -218,6 +218,8 @@ impl Journal {
             .create(true)
             .truncate(false)
             .mode(0o600)
+            // Never through a link: a link there would make root create or open its target.
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&lock_path)
             .map_err(io(&lock_path))?;
         let Ok(_lock) = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock) else {
@@ -491,6 +493,8 @@ impl Journal {
             .create(true)
             .truncate(false)
             .mode(0o600)
+            // Never through a link: a link there would make root create or open its target.
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&lock_path)
             .map_err(io)?;
         let start = Instant::now();
