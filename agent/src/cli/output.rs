@@ -104,11 +104,16 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>, open_word:
 
 /// One line per check: its name, `pass`, `fail` or `error`, and why (for a pass, how many
 /// rows the query returned).
+/// The most bytes of one stored text (a message, a boot or isolation line) shown on a terminal.
+const TERMINAL_TEXT_MAX: usize = 8192;
+
 fn check_lines(checks: &[CheckResult]) -> String {
     let mut s = String::new();
     for c in checks {
+        // Check names come from check packs and messages carry what the guest printed: shown
+        // escaped (a terminal never gets their control sequences).
         let why = match c.message.as_deref() {
-            Some(m) => format!(": {m}"),
+            Some(m) => format!(": {}", crate::error::outside_text_max(m, TERMINAL_TEXT_MAX)),
             None => format!(
                 " ({} row{})",
                 c.row_count,
@@ -117,7 +122,7 @@ fn check_lines(checks: &[CheckResult]) -> String {
         };
         s.push_str(&format!(
             "check {:<28} {}{why}\n",
-            c.name,
+            crate::error::outside_text(&c.name),
             c.status.as_str()
         ));
     }
@@ -833,8 +838,14 @@ pub fn journal_last(
         "  destroy armed: {}, destroyed: {}\n",
         r.destroy_armed, r.destroyed
     ));
+    // What the journal holds was written by the agent from what PVE and the guest said:
+    // shown escaped.
     if let Some(e) = &r.error {
-        human.push_str(&format!("  why:        [{}] {}\n", e.code, e.message));
+        human.push_str(&format!(
+            "  why:        [{}] {}\n",
+            e.code,
+            crate::error::outside_text_max(&e.message, TERMINAL_TEXT_MAX)
+        ));
     }
     if let Some(cmd) = r.resume.as_deref().filter(|_| r.interrupted) {
         human.push_str(&format!("  resume:     `{cmd}`\n"));
@@ -844,10 +855,16 @@ pub fn journal_last(
     match &last.restore_test {
         Some(rt) => {
             if let Some(b) = &rt.boot {
-                human.push_str(&format!("  boot:       {b}\n"));
+                human.push_str(&format!(
+                    "  boot:       {}\n",
+                    crate::error::outside_text_max(b, TERMINAL_TEXT_MAX)
+                ));
             }
             if let Some(i) = &rt.isolation {
-                human.push_str(&format!("  isolation:  {i}\n"));
+                human.push_str(&format!(
+                    "  isolation:  {}\n",
+                    crate::error::outside_text_max(i, TERMINAL_TEXT_MAX)
+                ));
             }
             if rt.checks.is_empty() {
                 human.push_str("  checks: none ran (the run ended before them)\n");
@@ -1116,5 +1133,36 @@ pub fn daemon(ended: Result<DaemonReport, Failure>) -> CommandOutput {
             status: ExitStatus::Ok,
         },
         Err(f) => CommandOutput::failure(&f),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a guest printed reaches a terminal escaped: no control sequence of its own (a
+    /// check pack's name, a check's message, neither clears the screen or moves the cursor).
+    #[test]
+    fn check_lines_escape_what_packs_and_guests_wrote() {
+        let checks = vec![CheckResult {
+            name: "web\u{1b}]0;owned\u{7}".to_string(),
+            status: hub_protocol::CheckStatus::Fail,
+            rows: Vec::new(),
+            row_count: 1,
+            rows_truncated: false,
+            message: Some("nginx: \u{1b}[2J\u{1b}[Hall good\u{202e}".to_string()),
+            duration_ms: 3,
+        }];
+        let text = check_lines(&checks);
+        assert!(
+            !text
+                .chars()
+                .any(|c| c == '\u{1b}' || c == '\u{7}' || c == '\u{202e}'),
+            "{text:?}"
+        );
+        assert!(
+            text.contains("nginx: ") && text.contains("all good"),
+            "{text}"
+        );
     }
 }
