@@ -416,3 +416,93 @@ fn a_debian_13_networkd_copy_with_a_broken_unit_after_network_online_is_red_nami
         networkd_guest_with_a_broken_unit("trixie"),
     );
 }
+
+/// `/etc/network/interfaces` of a guest whose one NIC, `eth0`, is stored with `ip=dhcp` and
+/// `ip6=dhcp`, as pve-container's `Setup/Debian.pm` writes it (`auto eth0`, `iface eth0 inet
+/// dhcp`, `iface eth0 inet6 dhcp`), and `extra`: stanzas of the guest's own after it (what
+/// `setup_network` keeps of a file it rewrites).
+fn dhcp_eth0_interfaces(extra: &str) -> String {
+    format!(
+        "auto lo\niface lo inet loopback\n\nauto eth0\niface eth0 inet dhcp\n\niface eth0 inet6 \
+         dhcp\n\n{extra}"
+    )
+}
+
+/// A VLAN stanza of the guest's own that fails on every kernel: its raw device, `eth1`, is no
+/// NIC of the backup (a VLAN left on a NIC the container no longer has). ifupdown 0.8's
+/// built-in VLAN support (`link.defn`, for an interface named `<raw>.<id>`) makes the VLAN only
+/// when `/sys/class/net/<raw>` exists, so `ip addr add … dev eth1.5` then fails ("Cannot find
+/// device") and `ifup -a`, so `networking.service`, fails for it, in production as in the copy.
+/// (`eth0.5` would fail in this bed too, whose kernel has no 802.1Q support, but come up on a
+/// node that has it: `tests/data/guest-units-facts.md` section 2.)
+const BROKEN_VLAN: &str = "auto eth1.5\niface eth1.5 inet static\n\taddress 10.5.0.31/24\n";
+
+/// A Debian 12 ifupdown guest with DHCP on `eth0` (IPv4 and IPv6: `dhclient -6` waits for ever,
+/// the lab stops it, so `networking.service` fails for the DHCP stanza) and `extra` stanzas of
+/// its own; the world with the shipped default pack and the operator's every-failed-unit pack.
+fn dhcp_guest_world(extra: &str) -> Option<World> {
+    let s = scenario(
+        "bookworm",
+        &["name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:00,ip=dhcp,ip6=dhcp,type=veth"],
+        json!({
+            "/etc/dhcp/dhclient.conf": DHCLIENT_CONF,
+            "/etc/network/interfaces": dhcp_eth0_interfaces(extra),
+        }),
+        json!({}),
+    );
+    let w = World::real_or_skip(s, &AgentOptions::default())?;
+    std::fs::write(w.files.checks_dir.join("operator.toml"), EVERY_FAILED_PACK)
+        .unwrap_or_else(|e| panic!("cannot write the operator's pack: {e}"));
+    Some(w)
+}
+
+/// The control of the test below: the same DHCP guest without the VLAN stanza. No lease can
+/// come in the copy, `networking.service` fails for `eth0`'s DHCP stanza alone (every other
+/// `auto` stanza, `lo`, is up), its failed state is reset, and the copy ends ok.
+#[test]
+fn a_debian_12_ifupdown_copy_with_a_dhcp_nic_ends_ok_its_dhcp_failure_reset() {
+    let Some(w) = dhcp_guest_world("") else {
+        return;
+    };
+    let run = restore_test(&w);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert!(check_is(&doc, "no-failed-units", "pass"), "{doc:#}");
+    assert!(check_is(&doc, "no-failed-unit-at-all", "pass"), "{doc:#}");
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("networking.service failed for the DHCP stanza of eth0")
+            && !changed.contains("left failed"),
+        "{doc:#}"
+    );
+}
+
+/// A DHCP NIC does not hide a broken stanza: with [`BROKEN_VLAN`] beside the DHCP `eth0`,
+/// `networking.service` fails for both; the lab resets it only when every `auto` stanza that
+/// did not come up is a stored DHCP one, so here it stays failed, the copy is red, and the
+/// failing checks name the unit and, in their message, the VLAN's interface.
+#[test]
+fn a_debian_12_ifupdown_copy_with_a_dhcp_nic_and_a_broken_vlan_stanza_is_red_naming_it() {
+    let Some(w) = dhcp_guest_world(BROKEN_VLAN) else {
+        return;
+    };
+    let run = restore_test(&w);
+    assert_eq!(run.code, Some(5), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert_eq!(doc["error"]["code"], "check_failed", "{doc:#}");
+    for check in ["no-failed-units", "no-failed-unit-at-all"] {
+        assert!(check_is(&doc, check, "fail"), "{check}: {doc:#}");
+    }
+    let message = doc["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("networking.service")
+            && message.contains("the stanza of eth1.5 did not come up"),
+        "{message}"
+    );
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("networking.service left failed: the stanza of eth1.5")
+            && !changed.contains("networking.service failed for the DHCP stanza"),
+        "{doc:#}"
+    );
+}

@@ -654,6 +654,27 @@ pub fn vm_hostname_unjudged(checks: &[Check], results: &mut [CheckResult], pve_n
     }
 }
 
+/// A failing check whose rows name a unit the isolation left failed on purpose (`kept`: the
+/// unit and why, [`crate::guest::lab::LabDone::kept`]) says why in its message, so the red
+/// verdict names what failed inside the unit (a stanza's interface) and what to do. A row
+/// names the unit when one of its values is the unit's name.
+pub fn say_why_kept(results: &mut [CheckResult], kept: &[(String, String)]) {
+    for result in results.iter_mut() {
+        if result.status != CheckStatus::Fail {
+            continue;
+        }
+        for (unit, why) in kept {
+            if result.rows.iter().any(|r| r.values().any(|v| v == unit)) {
+                let said = result.message.take().unwrap_or_default();
+                let sep = if said.is_empty() { "" } else { "; " };
+                // Both parts are bounded already (the message by the check's run, `why` built
+                // by the agent from clipped names): joined as they are, escaped once.
+                result.message = Some(format!("{said}{sep}{unit}: {why}"));
+            }
+        }
+    }
+}
+
 /// `Ok(())` when every result passed, else [`CheckError::NotPassed`] naming the others.
 pub fn verdict(guest: GuestRef, results: &[CheckResult]) -> Result<(), CheckError> {
     let names = |status| {
@@ -1532,6 +1553,47 @@ mod tests {
         };
         assert_eq!(ctx.render(&value).unwrap(), "web1-120");
         assert!(CheckContext::new().render(&value).is_err());
+    }
+
+    #[test]
+    fn a_failing_check_naming_a_unit_the_isolation_kept_failed_says_why() {
+        let unit_row = |id: &str| Row::from([("id".to_owned(), id.to_owned())]);
+        let result = |status, id: &str| CheckResult {
+            name: "no-failed-units".into(),
+            status,
+            rows: vec![unit_row(id)],
+            row_count: 1,
+            rows_truncated: false,
+            message: Some(format!("expected rows == 0, the query returned 1: {id}")),
+            duration_ms: 0,
+        };
+        let kept = vec![(
+            "networking.service".to_string(),
+            "the stanza of eth0.5 did not come up".to_string(),
+        )];
+        let mut results = vec![
+            result(CheckStatus::Fail, "networking.service"),
+            result(CheckStatus::Fail, "cron.service"),
+            result(CheckStatus::Pass, "networking.service"),
+        ];
+        say_why_kept(&mut results, &kept);
+        assert_eq!(
+            results[0].message.as_deref(),
+            Some(
+                "expected rows == 0, the query returned 1: networking.service; \
+                 networking.service: the stanza of eth0.5 did not come up"
+            )
+        );
+        // A check that does not name the unit, or passed, says nothing more.
+        assert_eq!(
+            results[1].message.as_deref(),
+            Some("expected rows == 0, the query returned 1: cron.service")
+        );
+        assert!(!results[2]
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("eth0.5"));
     }
 
     #[test]

@@ -168,9 +168,19 @@ exit 0
 ///    first the network's own (`networking.service`, `systemd-networkd.service`,
 ///    `systemd-networkd-wait-online.service`), then every unit ordered after `network.target`,
 ///    `network-online.target` or `network-pre.target`; any other failed unit is named, "kept".
-///    Then, with `FELHOM_LAB_DHCP`, `networking.service` still failed and every other given
-///    interface up (`ifquery --state`), its failed state is reset: no lease can come in a copy
-///    that reaches nothing. Likewise `systemd-networkd-wait-online.service`, still failed after
+///    Then, with `FELHOM_LAB_DHCP`, `networking.service` still failed and every interface
+///    its `ifup -a` brings up that is not up (`ifquery --state`) one the lab explains by name (a
+///    stored DHCP one: no lease can come in a copy that reaches nothing), its failed state is
+///    reset. The interfaces are the given names and every `auto` stanza (`ifquery --list`:
+///    those `ifup -a` brings up, `interfaces.d` and `source` included; guest output: the first
+///    64 plain names of at most 32 characters, none starting with `-`), each once. One that is not up and not a
+///    stored DHCP one keeps the unit failed and is named: "dhcp-kept <name>" for a given
+///    interface, "stanza-failed <name>" for a stanza of the guest's own (a VLAN, bond or
+///    bridge that failed on its own, as it would in production); a stanza list that cannot be
+///    read (no `ifquery`, a file it refuses) keeps it failed too, "stanzas-unread
+///    networking.service". `allow-hotplug` stanzas are left aside: Debian's
+///    `networking.service` brings them up only in its second, failure-ignoring `ExecStart=-`
+///    (`tests/data/guest-units-facts.md` §2). Likewise `systemd-networkd-wait-online.service`, still failed after
 ///    its restart, when every given interface networkd manages (DHCP ones left aside) is online
 ///    by networkd's own reckoning (`ONLINE_STATE=online` in `/run/systemd/netif/links/<ifindex>`)
 ///    and only its setup state is short of `configured`: networkd then waits for a router
@@ -223,9 +233,19 @@ if [ -n "${FELHOM_LAB_VM:-}" ] || ip -o link show 2>/dev/null | awk '$2 ~ /^fela
   fi
   if [ -n "${FELHOM_LAB_DHCP:-}" ] && [ "$(systemctl is-active networking.service 2>/dev/null)" = failed ]; then
     up=1
-    for n in "$@"; do
+    if stanzas=$(ifquery --list 2>/dev/null); then
+      stanzas=$(printf '%s\n' "$stanzas" | awk 'n < 64 && length($0) <= 32 && $0 ~ /^[A-Za-z0-9_][A-Za-z0-9_.:@-]*$/ {print; n++}')
+    else
+      echo "stanzas-unread networking.service"; up=0; stanzas=
+    fi
+    seen=" "
+    for n in "$@" $stanzas; do
+      case $seen in *" $n "*) continue;; esac
+      seen="$seen$n "
       case " $FELHOM_LAB_DHCP " in *" $n "*) continue;; esac
-      ifquery --state "$n" >/dev/null 2>&1 || { echo "dhcp-kept $n"; up=0; break; }
+      ifquery --state "$n" >/dev/null 2>&1 && continue
+      up=0
+      case " $* " in *" $n "*) echo "dhcp-kept $n";; *) echo "stanza-failed $n";; esac
     done
     [ "$up" = 1 ] && systemctl reset-failed networking.service && echo "dhcp-reset networking.service"
   fi
@@ -591,6 +611,7 @@ pub fn read_vm_trip(lab: &VmLabRequest<'_>, trip: &BootTrip) -> LabDone {
     }
     LabDone {
         settled,
+        kept: network_kept(&text),
         ..LabDone::default()
     }
 }
@@ -608,6 +629,9 @@ pub struct LabDone {
     pub during: Vec<String>,
     /// After the wait: what was reset and restarted (empty: nothing, or the step did not run).
     pub settled: Vec<String>,
+    /// After the wait: the units the lab left failed on purpose, each with why and what to do
+    /// (for the message of a failing check that names the unit).
+    pub kept: Vec<(String, String)>,
 }
 
 /// Read what the lab's steps printed in `trip` (hostile: only their closed sets of words).
@@ -618,9 +642,15 @@ pub fn read_trip(lab: &LabRequest<'_>, trip: &BootTrip) -> LabDone {
     } else {
         lab_report(&trip.before.join("\n"), &[], true, &bad)
     };
-    let settled = match &trip.after {
-        Some((lines, _)) => lab_report(&lines.join("\n"), &lab.dhcp_names(), !ok.is_empty(), &[]),
-        None => Vec::new(),
+    let (settled, kept) = match &trip.after {
+        Some((lines, _)) => {
+            let text = lines.join("\n");
+            (
+                lab_report(&text, &lab.dhcp_names(), !ok.is_empty(), &[]),
+                network_kept(&text),
+            )
+        }
+        None => (Vec::new(), Vec::new()),
     };
     let mut during = dhcp6_stopped(lab, &trip.tick).1;
     if trip
@@ -634,6 +664,7 @@ pub fn read_trip(lab: &LabRequest<'_>, trip: &BootTrip) -> LabDone {
         given,
         during,
         settled,
+        kept,
     }
 }
 
@@ -663,6 +694,70 @@ pub fn dhcp6_stopped(lab: &LabRequest<'_>, lines: &[String]) -> (Vec<String>, Ve
     (names, notes)
 }
 
+/// Why `networking.service` stays failed when [`SETTLE`] could not list the stanzas
+/// `ifup -a` brings up.
+const STANZAS_UNREAD: &str = "the interfaces its `ifup -a` brings up could not be listed \
+     (`ifquery --list` failed in the copy: no ifupdown, or an interfaces file it refuses), so \
+     its failure cannot be put down to a DHCP stanza; see `journalctl -u networking.service` \
+     in the guest";
+
+/// Why `networking.service` stays failed when the `auto` stanzas of `names` (none a stored
+/// DHCP interface) did not come up.
+fn stanzas_failed_note(names: &[String]) -> String {
+    format!(
+        "the stanza of {} did not come up, and {} no DHCP interface of the backup (the \
+         isolation explains only those): it failed on its own, as it would in production (a \
+         VLAN, bond or bridge whose device or kernel support is missing, a wrong option); see \
+         `ifup {}` and `journalctl -u networking.service` in the guest and fix its stanza in \
+         /etc/network/interfaces",
+        names.join(", "),
+        if names.len() == 1 {
+            "it is"
+        } else {
+            "they are"
+        },
+        names[0]
+    )
+}
+
+/// The units the settle step left failed on purpose, with why (hostile: only its closed set
+/// of line words is read, every name escaped and clipped): `networking.service` when an
+/// interface it brings up failed for a reason the isolation does not explain.
+fn network_kept(stdout: &str) -> Vec<(String, String)> {
+    let clip = crate::error::outside_text_max;
+    let mut given = Vec::new();
+    let mut stanzas = Vec::new();
+    let mut unread = false;
+    for line in stdout.lines().take(256) {
+        let mut w = line.split_whitespace();
+        match (w.next(), w.next()) {
+            (Some("dhcp-kept"), Some(n)) if given.len() < 32 => given.push(clip(n, 32)),
+            (Some("stanza-failed"), Some(n)) if stanzas.len() < 32 => stanzas.push(clip(n, 32)),
+            (Some("stanzas-unread"), Some("networking.service")) => unread = true,
+            _ => {}
+        }
+    }
+    let mut why = Vec::new();
+    if !stanzas.is_empty() {
+        why.push(stanzas_failed_note(&stanzas));
+    }
+    if !given.is_empty() {
+        why.push(format!(
+            "{} (given to the copy, not DHCP) did not come up: see `ifup {}` in the guest",
+            given.join(", "),
+            given[0]
+        ));
+    }
+    if unread {
+        why.push(STANZAS_UNREAD.to_string());
+    }
+    if why.is_empty() {
+        Vec::new()
+    } else {
+        vec![("networking.service".to_string(), why.join("; "))]
+    }
+}
+
 /// The report's parts from a lab step's output (hostile: only its closed set of line words is
 /// read, every name escaped and clipped). `asked`: interfaces were to be given (a foreign link
 /// is then worth saying; without, the run was for the node's failures alone).
@@ -672,6 +767,7 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
     let mut restarted = Vec::new();
     let mut kept = Vec::new();
     let mut notes = Vec::new();
+    let mut stanzas = Vec::new();
     for line in stdout.lines().take(256) {
         let mut w = line.split_whitespace();
         match (w.next(), w.next(), w.next(), w.next()) {
@@ -720,7 +816,7 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
             )),
             (Some("dhcp-reset"), Some(u), _, _) => notes.push(format!(
                 "{} failed for the DHCP stanza of {} (no lease in an isolated copy; every other \
-                 stored interface is up): its failed state was reset",
+                 interface its `ifup -a` brings up is up): its failed state was reset",
                 clip(u, 128),
                 dhcp.join(", ")
             )),
@@ -743,6 +839,12 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
                 "networking.service left failed: {} (not DHCP) is not up",
                 clip(n, 32)
             )),
+            (Some("stanza-failed"), Some(n), _, _) if stanzas.len() < 32 => {
+                stanzas.push(clip(n, 32))
+            }
+            (Some("stanzas-unread"), Some("networking.service"), _, _) => {
+                notes.push(format!("networking.service left failed: {STANZAS_UNREAD}"))
+            }
             (Some("restarted"), Some(u), st, _) if restarted.len() < 32 => restarted.push(format!(
                 "{} ({})",
                 clip(u, 128),
@@ -767,6 +869,12 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
             }
             _ => {}
         }
+    }
+    if !stanzas.is_empty() {
+        notes.push(format!(
+            "networking.service left failed: {}",
+            stanzas_failed_note(&stanzas)
+        ));
     }
     for n in bad {
         notes.push(format!(

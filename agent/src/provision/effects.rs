@@ -196,6 +196,9 @@ pub struct Executor<'a> {
     boot: Option<String>,
     /// What the isolation changed in the copy, for the report.
     isolation: Option<String>,
+    /// The units the isolation left failed on purpose, with why: a failing check that names
+    /// one says why.
+    lab_kept: Vec<(String, String)>,
     /// The dry-run plan of the transaction being driven.
     plan: Option<Vec<PlanStep>>,
     /// Set when the drive stopped before the transaction settled (interrupt, journal failure).
@@ -404,6 +407,7 @@ impl<'a> Executor<'a> {
             checks: Vec::new(),
             boot: None,
             isolation: None,
+            lab_kept: Vec::new(),
             plan: None,
             halted: None,
             started: Instant::now(),

@@ -1035,3 +1035,215 @@ fn the_vm_nicless_step_names_the_network_units_and_those_ordered_after_the_netwo
         "{text}"
     );
 }
+
+/// A guest whose `networking.service` is failed after its restart, with `ifquery` answering
+/// `--list` from `stanzas` (`None`: it fails, as with no ifupdown) and `--state <name>` with
+/// success for the names in `up` only (its calls logged). The settle step runs in it as a VM
+/// copy's (`vm`: nothing restarted, so every `reset-failed` in the log is the DHCP rule's) or a
+/// container copy's holding the lab's pair, with `eth0` stored with DHCP and `names` given.
+fn dhcp_rule_run(stanzas: Option<&str>, up: &[&str], names: &[&str], vm: bool) -> (String, String) {
+    let links = format!("{LO}{LAB_PAIR}");
+    let systemctl = "case \"$1 $2\" in\n\
+                     'list-units --state=failed') echo 'networking.service loaded failed failed x';;\n\
+                     'is-active networking.service') echo failed;;\n\
+                     'is-active '*) echo inactive;;\n\
+                     esac\nexit 0";
+    let g = Guest::new(&links, systemctl);
+    let list = match stanzas {
+        Some(s) => format!("printf '%s' '{s}'; exit 0"),
+        None => "echo 'ifquery: couldn'\\''t read interfaces file' >&2; exit 1".to_string(),
+    };
+    write_exec(
+        &g.dir.path().join("ifquery"),
+        &format!(
+            "#!/bin/sh\necho \"ifquery $*\" >>'{log}'\ncase \"$1\" in\n\
+             --list) {list};;\n\
+             --state) case \" {up} \" in *\" $2 \"*) echo \"$2=$2\"; exit 0;; esac; exit 1;;\n\
+             esac\nexit 1\n",
+            log = g.dir.path().join("log").display(),
+            up = up.join(" "),
+        ),
+    );
+    let mut env = vec![("FELHOM_LAB_DHCP", "eth0")];
+    if vm {
+        env.push(("FELHOM_LAB_VM", "1"));
+    }
+    let out = g.run(
+        &format!("lab_strict=0\n{GUARD}{SETTLE}"),
+        names,
+        &env,
+        Init::Host,
+    );
+    (out, g.log())
+}
+
+#[test]
+fn the_dhcp_reset_names_an_auto_stanza_that_failed_on_its_own_and_keeps_networking_failed() {
+    // A DHCP eth0 (no lease can come) and a VLAN stanza of the guest's own that failed: the
+    // unit stays failed, the stanza named.
+    let stanzas = "lo\neth0\neth0.5\n";
+    for vm in [true, false] {
+        let (out, log) = dhcp_rule_run(Some(stanzas), &["lo"], &["eth0"], vm);
+        assert!(out.contains("stanza-failed eth0.5\n"), "vm {vm}: {out}");
+        assert!(!out.contains("dhcp-reset"), "vm {vm}: {out}");
+        assert!(!out.contains("stanza-failed eth0\n"), "vm {vm}: {out}");
+        assert!(log.contains("ifquery --list"), "vm {vm}: {log}");
+        if vm {
+            assert!(!log.contains("reset-failed"), "{log}");
+        }
+    }
+    // The control: every auto stanza that is not up is the DHCP one: reset, as before.
+    for vm in [true, false] {
+        let (out, log) = dhcp_rule_run(Some("lo\neth0\n"), &["lo"], &["eth0"], vm);
+        assert!(
+            out.contains("dhcp-reset networking.service\n") && !out.contains("stanza-failed"),
+            "vm {vm}: {out}"
+        );
+        assert!(
+            log.contains("systemctl reset-failed networking.service"),
+            "{log}"
+        );
+    }
+    // A VLAN stanza that came up changes nothing.
+    let (out, _) = dhcp_rule_run(Some(stanzas), &["lo", "eth0.5"], &["eth0"], true);
+    assert!(out.contains("dhcp-reset networking.service\n"), "{out}");
+    // A given interface that is not DHCP and not up is named as before, each name once, and
+    // every failed one is named (not only the first).
+    let (out, _) = dhcp_rule_run(
+        Some("lo\neth0\neth1\nbond0\n"),
+        &["lo"],
+        &["eth0", "eth1"],
+        true,
+    );
+    assert_eq!(
+        printed(&out, &["dhcp-kept", "stanza-failed", "dhcp-reset"]),
+        ["dhcp-kept eth1", "stanza-failed bond0"],
+        "{out}"
+    );
+    // No stanza list (no ifupdown's ifquery, a file it refuses): nothing can be put down to
+    // DHCP; the unit stays failed, named.
+    let (out, log) = dhcp_rule_run(None, &["lo"], &["eth0"], true);
+    assert!(
+        out.contains("stanzas-unread networking.service\n") && !out.contains("dhcp-reset"),
+        "{out}"
+    );
+    assert!(!log.contains("reset-failed"), "{log}");
+}
+
+/// The lines of `out` that start with one of `words`.
+fn printed<'a>(out: &'a str, words: &[&str]) -> Vec<&'a str> {
+    out.lines()
+        .filter(|l| words.iter().any(|w| l.starts_with(&format!("{w} "))))
+        .collect()
+}
+
+#[test]
+fn the_stanza_list_is_guest_output_only_plain_names_are_asked_and_at_most_64() {
+    let mut hostile = String::from("*\n$(touch /tmp/x)\n-a\neth0 eth9\nfelhom;reboot\n");
+    hostile.push_str(&format!("{}\n", "x".repeat(40)));
+    for i in 0..100 {
+        hostile.push_str(&format!("v{i}\n"));
+    }
+    let (out, log) = dhcp_rule_run(Some(&hostile), &["lo"], &["eth0"], true);
+    let asked: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("ifquery --state "))
+        .collect();
+    assert!(!asked.is_empty(), "{log}");
+    // The first 64 plain names of the list (eth0, given with DHCP, is not asked); `-a` would
+    // be an option of ifquery (`--all`), the others are no names.
+    assert_eq!(asked.len(), 64, "{asked:?}");
+    assert_eq!((asked[0], asked[63]), ("v0", "v63"), "{asked:?}");
+    assert!(
+        asked.iter().all(|n| !n.starts_with('-')
+            && n.len() <= 32
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.:@-".contains(c))),
+        "{asked:?}"
+    );
+    assert!(
+        out.contains("stanza-failed v0\n") && !out.contains("dhcp-reset"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_report_and_the_kept_unit_name_the_stanzas_that_failed_on_their_own() {
+    let names = vec!["eth0".to_string()];
+    let lab = LabRequest {
+        names: &names,
+        dhcp: &names,
+        dhcp6: &[],
+        reset_node_failures: true,
+    };
+    let trip = |after: &[&str]| BootTrip {
+        first: Ok("running".to_string()),
+        before: Vec::new(),
+        tick: Vec::new(),
+        after: Some((
+            after.iter().map(|s| s.to_string()).collect(),
+            Ok("running".to_string()),
+        )),
+    };
+    let done = read_trip(
+        &lab,
+        &trip(&[
+            "stanza-failed eth0.5",
+            "stanza-failed bond0",
+            "stanza-failed evil\u{1b}[31m",
+            "stanza-failed",
+            "dhcp-reset",
+        ]),
+    );
+    let text = done.settled.join("; ");
+    assert!(
+        text.contains("networking.service left failed: the stanza of eth0.5, bond0, evil")
+            && text.contains("they are no DHCP interface of the backup")
+            && text.contains("`ifup eth0.5`"),
+        "{text}"
+    );
+    assert!(!text.contains('\u{1b}'), "guest text is escaped: {text}");
+    assert_eq!(done.kept.len(), 1, "{:?}", done.kept);
+    let (unit, why) = &done.kept[0];
+    assert_eq!(unit, "networking.service");
+    assert!(
+        why.starts_with("the stanza of eth0.5, bond0, evil")
+            && why.contains("/etc/network/interfaces"),
+        "{why}"
+    );
+    // A given interface not up, and a list that could not be read, are kept and said too.
+    let done = read_trip(
+        &lab,
+        &trip(&["dhcp-kept eth1", "stanzas-unread networking.service"]),
+    );
+    let (_, why) = &done.kept[0];
+    assert!(
+        why.contains("eth1 (given to the copy, not DHCP) did not come up")
+            && why.contains("`ifquery --list` failed"),
+        "{why}"
+    );
+    // The DHCP reset alone keeps nothing.
+    let done = read_trip(&lab, &trip(&["dhcp-reset networking.service"]));
+    assert!(done.kept.is_empty(), "{:?}", done.kept);
+    assert!(
+        done.settled
+            .join("; ")
+            .contains("networking.service failed for the DHCP stanza of eth0"),
+        "{:?}",
+        done.settled
+    );
+    // A VM copy's after-step says the same.
+    let macs = vec!["bc:24:11:00:03:00".to_string()];
+    let vm = VmLabRequest {
+        macs: &macs,
+        on_bridge: true,
+    };
+    let done = read_vm_trip(&vm, &trip(&["dhcp ens18", "stanza-failed ens18.7"]));
+    assert!(
+        done.kept
+            .first()
+            .is_some_and(|(u, w)| u == "networking.service" && w.contains("ens18.7")),
+        "{:?}",
+        done.kept
+    );
+}

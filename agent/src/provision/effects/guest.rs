@@ -320,6 +320,7 @@ impl Executor<'_> {
         if guest == GuestKind::Qemu {
             crate::guest::checks::vm_hostname_unjudged(&checks, &mut self.checks, &hostname);
         }
+        crate::guest::checks::say_why_kept(&mut self.checks, &self.lab_kept);
         let bad: Vec<String> = self
             .checks
             .iter()

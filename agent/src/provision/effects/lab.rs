@@ -223,6 +223,7 @@ impl Executor<'_> {
             tracing::info!(vmid, "isolation: {}", done.given.join("; "));
         }
         parts.extend(done.during.iter().cloned());
+        self.lab_kept = done.kept.clone();
         let waited = match (trip.first, trip.after) {
             (Ok(seen), Some((_, again))) if !done.settled.is_empty() => {
                 tracing::info!(vmid, "isolation: {}", done.settled.join("; "));
