@@ -935,3 +935,66 @@ fn a_copy_that_timed_out_beside_others_is_tried_once_more_alone_before_it_counts
         .count();
     assert_eq!((run.code, of_301), (Some(5), 1), "{doc:#}");
 }
+
+/// Ctrl-C while a VM proves its launch (its guest agent not answering yet) is an interruption,
+/// not a launch that timed out: exit 130 at once with its own code, the transaction left open
+/// for a resume (not failed, no alert), nothing destroyed.
+#[test]
+fn ctrl_c_during_a_vms_launch_wait_is_an_interruption_not_a_timeout() {
+    let w = world(
+        scenario(
+            qemu_backup_config(),
+            json!({"agent": false, "start_secs": 10}),
+        ),
+        "launch_timeout_secs = 120\n",
+    );
+    let mut agent = w
+        .command()
+        .args(["--selftest=provision", "-vmid", "332", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the agent");
+    // The event: the launch wait is under way (its guest agent pinged twice).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while agent_calls(&w, 332, "ping").len() < 2 {
+        assert!(Instant::now() < deadline, "the launch wait never began");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(agent.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(s) = agent.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "the agent did not end within 10 s of Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = agent.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(status.code(), Some(130), "{stdout}\n{stderr}");
+    let doc: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(
+        (&doc["outcome"], &doc["halted"]["code"], &doc["error"]),
+        (&json!("interrupted"), &json!("interrupted"), &Value::Null),
+        "{doc:#}"
+    );
+    let why = doc["halted"]["message"].as_str().unwrap_or("");
+    assert!(
+        why.contains("VM 332") && !why.contains("did not prove its launch"),
+        "{doc:#}"
+    );
+    let journal = w.journal();
+    assert!(
+        journal
+            .iter()
+            .any(|t| t["vmid"] == 332 && t["interrupted"] == true && t["outcome"].is_null()),
+        "{journal:#?}"
+    );
+    assert!(guest_deletes(&w).is_empty(), "{:#?}", guest_deletes(&w));
+}

@@ -868,6 +868,17 @@ impl<'a> Executor<'a> {
                     Err(guest::LaunchEnd::ExecBlocked(message)) => {
                         Event::GuestExecBlocked { message }
                     }
+                    Err(guest::LaunchEnd::Interrupted) => {
+                        return Err(Failure::new(
+                            ErrorCode::Interrupted,
+                            format!(
+                                "interrupted while {} {vmid} (transaction {}) was proving its launch; nothing is judged; `felhom-agent journal resume {}` waits for it again",
+                                guest.pve_word(),
+                                state.txn(),
+                                state.txn()
+                            ),
+                        ));
+                    }
                 })
             }
             Effect::WaitBoot { vmid, guest } => Some(self.wait_boot(state, vmid, guest).await?),

@@ -20,6 +20,8 @@ pub(crate) enum LaunchEnd {
     Unproven(String),
     /// The VM's guest agent answered but refuses exec (`guest_exec_blocked`).
     ExecBlocked(String),
+    /// Ctrl-C or SIGTERM during the wait: no verdict (the transaction stays open).
+    Interrupted,
 }
 
 impl Executor<'_> {
@@ -130,7 +132,11 @@ impl Executor<'_> {
             // read only when it did not answer, to say why.
             let req = ExecRequest::new(["/bin/sh", "-c", "echo felhom-launch-ok"])
                 .timeout(Duration::from_secs(30));
-            match exec.exec(&req).await {
+            let answer = tokio::select! {
+                a = exec.exec(&req) => a,
+                () = self.cancel.cancelled() => return Err(LaunchEnd::Interrupted),
+            };
+            match answer {
                 Ok(out) if out.success() && out.stdout.text().contains("felhom-launch-ok") => {
                     return Ok(())
                 }
@@ -163,10 +169,27 @@ impl Executor<'_> {
                     )))
                 }
             }
-            if Instant::now() >= deadline || self.cancel.is_cancelled() {
-                return Err(too_late(&last));
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            self.pause_or_end(deadline, || too_late(&last)).await?;
+        }
+    }
+
+    /// Between two tries of the launch proof: half a second, unless the deadline has passed
+    /// (`too_late`) or Ctrl-C/SIGTERM came ([`LaunchEnd::Interrupted`]: an interrupted wait is
+    /// no timeout).
+    async fn pause_or_end(
+        &self,
+        deadline: Instant,
+        too_late: impl FnOnce() -> LaunchEnd,
+    ) -> Result<(), LaunchEnd> {
+        if self.cancel.is_cancelled() {
+            return Err(LaunchEnd::Interrupted);
+        }
+        if Instant::now() >= deadline {
+            return Err(too_late());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(500)) => Ok(()),
+            () = self.cancel.cancelled() => Err(LaunchEnd::Interrupted),
         }
     }
 
@@ -206,10 +229,7 @@ impl Executor<'_> {
                     )))
                 }
             };
-            if Instant::now() >= deadline || self.cancel.is_cancelled() {
-                return Err(too_late(&last));
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            self.pause_or_end(deadline, || too_late(&last)).await?;
         }
     }
 
