@@ -160,12 +160,41 @@ fn keep_keeps_and_destroy_then_removes_it_through_the_gate() {
     );
     assert!(w.pve.deletes_for(122).is_empty());
 
+    let kept_txn = doc["txn"].clone();
     let run = w.agent(&["destroy", "-vmid", "122", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
     assert_eq!(doc["destroyed"], json!(true));
     assert_eq!(w.pve.deletes_for(122).len(), 1);
     assert!(w.pve.guest(122).is_none());
+    // The kept provision's own row says its guest was destroyed, and a refresh looks for it
+    // no more.
+    let journal = w.agent(&["journal", "--json"]).json();
+    let kept = journal["transactions"]
+        .as_array()
+        .expect("transactions")
+        .iter()
+        .find(|t| t["txn"] == kept_txn)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(kept["destroyed"], json!(true), "{journal:#}");
+    let refresh = w.agent(&["journal", "refresh", "--json"]);
+    assert_eq!(
+        refresh.code,
+        Some(0),
+        "{}\n{}",
+        refresh.stdout,
+        refresh.stderr
+    );
+    let looked_at = refresh.json()["transactions"].clone();
+    assert!(
+        looked_at
+            .as_array()
+            .expect("transactions")
+            .iter()
+            .all(|t| t["txn"] != kept_txn),
+        "{looked_at:#}"
+    );
 }
 
 #[test]

@@ -1274,6 +1274,18 @@ impl State {
         s
     }
 
+    /// This (settled) state of a kept guest that `destroy` transaction `by` destroyed: what the
+    /// journal records for it, so its row says destroyed and a journal refresh no longer looks
+    /// for the guest.
+    pub fn destroyed_by(&self, by: Ulid) -> State {
+        let mut s = self.clone();
+        s.destroyed = true;
+        if s.disarmed.is_none() {
+            s.disarmed = Some(format!("its guest was destroyed by transaction {by}"));
+        }
+        s
+    }
+
     /// Whether `view` is this transaction's guest, destroyable now: present, unlocked, carrying
     /// the marker and the recorded birth identity, while armed (for a `destroy -vmid` of an
     /// earlier transaction's guest, the identity must not be empty). The executor asks this

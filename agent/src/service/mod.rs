@@ -824,6 +824,15 @@ pub async fn destroy(
     );
     let driven = exec.drive_effects(state, effects).await;
     refresh_metrics(cfg, &prepared.journal);
+    // The guest was destroyed: the origin's own record says so (its row no longer shows a
+    // kept guest armed and not destroyed, and a refresh no longer looks for it).
+    if let (true, Some(o)) = (driven.state.destroyed(), origin.as_ref()) {
+        if !o.state.destroyed() {
+            if let Err(e) = prepared.journal.append(&o.state.destroyed_by(txn)) {
+                tracing::warn!(txn = %o.state.txn(), vmid = vmid_num, error = %e, "could not journal that the origin transaction's guest was destroyed; the destroy transaction's own record says it");
+            }
+        }
+    }
     // The guest was seen gone or without its proof: the origin's claim is withdrawn in its
     // own journal too, so `journal` no longer shows it armed.
     if let (Some(reason), Some(o)) = (driven.state.disarmed(), origin.as_ref()) {
