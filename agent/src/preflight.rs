@@ -383,8 +383,10 @@ pub fn checks_check(req: &PreflightRequest<'_>) -> PreflightCheck {
 fn environment(name: &'static str, e: &PveError) -> Option<PreflightCheck> {
     let no_answer = match e {
         PveError::Api(a) => {
-            matches!(a.kind, ApiErrorKind::Auth | ApiErrorKind::Quorum)
-                || (a.kind == ApiErrorKind::Transient && a.status != 500)
+            matches!(
+                a.kind,
+                ApiErrorKind::Auth | ApiErrorKind::Quorum | ApiErrorKind::NoSuchNode
+            ) || (a.kind == ApiErrorKind::Transient && a.status != 500)
         }
         _ => true,
     };

@@ -534,3 +534,28 @@ fn doctor_shows_the_policy() {
     let text = doc.to_string();
     assert!(text.contains("no [policy]"), "{doc:#}");
 }
+
+/// A `node` in the config that names no node of the cluster: PVE answers every call under
+/// `/nodes/<node>` with "hostname lookup '<node>' failed" (pve-cluster `remote_node_ip` →
+/// pve-common `get_ip_from_hostname`); the agent says the node name is wrong and how to find
+/// the right one, not that the backup is missing or the token lacks a grant.
+#[test]
+fn a_node_name_that_is_no_node_of_the_cluster_is_named_as_such() {
+    let w = felhom_tests::world::World::demo();
+    let config = std::fs::read_to_string(&w.files.config_path).expect("config");
+    std::fs::write(
+        &w.files.config_path,
+        config.replacen("node = \"pve1\"", "node = \"pve9\"", 1),
+    )
+    .expect("config");
+    let run = w.agent(&["--selftest=provision", "-vmid", "120", "--json"]);
+    let doc = run.json();
+    let text = doc.to_string();
+    assert_ne!(run.code, Some(0), "{doc:#}");
+    assert!(
+        text.contains("pve9") && text.contains("names no node of this cluster"),
+        "{doc:#}\n{}",
+        run.stderr
+    );
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+}

@@ -39,6 +39,11 @@ pub enum ApiErrorKind {
     NotRunning,
     /// `QEMU guest agent is not running` / `No QEMU guest agent configured`.
     AgentUnavailable,
+    /// `hostname lookup 'pve9' failed - …` / `no such cluster node 'pve9'`: the node of the
+    /// path is no node of this cluster (pve-cluster `PVE/Cluster.pm` `remote_node_ip` →
+    /// pve-common `PVE/Network.pm` `get_ip_from_hostname`, `check_node_exists`): the agent's
+    /// `node` is wrong.
+    NoSuchNode,
     /// PVE answered and refused: a 5xx whose wording is one of PVE's known refusals (`storage
     /// 'x' does not exist`, `Parameter verification failed.`, `unable to use volume …`).
     /// Never retried, never "unreachable".
@@ -150,6 +155,7 @@ fn api_message(e: &ApiError) -> String {
         ApiErrorKind::Auth => s.push_str("; check [pve] token_id and the token secret file, and that the token exists and is not expired (`pveum user token list`)"),
         ApiErrorKind::Permission => s.push_str("; the pool token lacks this privilege or the guest is outside the pool (foreign and missing vmids answer alike); `felhom-agent doctor` lists missing privileges"),
         ApiErrorKind::Quorum => s.push_str("; the cluster has no quorum, check `pvecm status`"),
+        ApiErrorKind::NoSuchNode => s.push_str("; `node` in the agent's config names no node of this cluster: set it to this node's name (`hostname` on the node; `pvecm nodes` lists the cluster's nodes)"),
         _ => {}
     }
     s
@@ -174,6 +180,7 @@ impl PveError {
                 ApiErrorKind::Auth => ErrorCode::PveAuth,
                 ApiErrorKind::Locked => ErrorCode::GuestLocked,
                 ApiErrorKind::Quorum => ErrorCode::PveUnreachable,
+                ApiErrorKind::NoSuchNode => ErrorCode::ConfigInvalid,
                 // PVE itself answered 500 (a handler's `die`): an answer, not unreachability. A
                 // proxy's 502-504 or AnyEvent's 59x mean the node behind it gave no answer.
                 ApiErrorKind::Transient if a.status == 500 => ErrorCode::PveRefused,
@@ -314,6 +321,11 @@ pub fn classify(status: u16, message: &str) -> ApiErrorKind {
     }
     if message.contains("no quorum") {
         return ApiErrorKind::Quorum;
+    }
+    if (message.starts_with("hostname lookup '") && message.contains("' failed"))
+        || message.starts_with("no such cluster node '")
+    {
+        return ApiErrorKind::NoSuchNode;
     }
     if message.contains("already running") {
         return ApiErrorKind::AlreadyRunning;
