@@ -933,7 +933,7 @@ fn check_privileges(cfg: &Config, perms: &Permissions, r: &mut DoctorReport) {
 /// The grants of `/etc/pve/user.cfg` (format: shared pve-api-facts §3.4,
 /// pve-access-control `AccessControl.pm` `parse_user_config`): token privilege separation,
 /// groups, custom roles and ACLs.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct UserCfg {
     privsep: BTreeMap<String, bool>,
     groups: BTreeMap<String, BTreeSet<String>>,

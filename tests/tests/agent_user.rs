@@ -87,7 +87,7 @@ fn in_www_data(r: &Path) -> bool {
         .is_some_and(|members| members.split(',').any(|m| m == "felhom-agent"))
 }
 
-/// [`postinst`]'s stderr.
+/// [`postinst`]'s output (stdout, then stderr).
 fn postinst(r: &Path, from: &str) -> String {
     std::fs::copy(
         repo_root().join("packaging/felhom-agent.sysusers"),
@@ -111,7 +111,11 @@ fn postinst(r: &Path, from: &str) -> String {
         "postinst failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// felhom-agent's passwd line in `r`: uid, gid, home.
@@ -238,12 +242,16 @@ fn an_upgrade_moves_the_home_off_the_state_directory() {
     assert!(in_www_data(r), "the older snippet's membership");
     // The upgrade.
     let said = postinst(r, "0.1.0");
-    // The older membership (which reads the node's TLS key in /etc/pve) is left, but named
-    // with the command that removes it.
-    assert!(in_www_data(r));
+    // The older membership (which reads the node's TLS key in /etc/pve) is removed, and
+    // the script says so.
     assert!(
-        said.contains("still in group www-data")
-            && said.contains("gpasswd -d felhom-agent www-data"),
+        !in_www_data(r),
+        "{said}\n{}",
+        std::fs::read_to_string(r.join("etc/group")).unwrap_or_default()
+    );
+    assert!(
+        said.contains("removed the user felhom-agent from group www-data")
+            && !said.contains("could not"),
         "{said}"
     );
     let (_, _, home) = agent_entry(r);

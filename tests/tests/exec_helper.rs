@@ -58,11 +58,16 @@ impl Helper {
 
     /// Like [`Helper::start`], but the helper's config names `vmlist` as `vmlist_path`.
     fn reading(w: &World, extra: &str, vmlist: &Path) -> Helper {
-        Self::launch_full(w, extra, false, &[], Some(vmlist))
+        Self::launch_full(w, extra, false, &[], Some(vmlist), None)
+    }
+
+    /// Like [`Helper::start`], but the helper's config names `user_cfg` as `user_cfg_path`.
+    fn with_user_cfg(w: &World, extra: &str, user_cfg: &Path) -> Helper {
+        Self::launch_full(w, extra, false, &[], None, Some(user_cfg))
     }
 
     fn launch_env(w: &World, extra: &str, activated: bool, env: &[(&str, &str)]) -> Helper {
-        Self::launch_full(w, extra, activated, env, None)
+        Self::launch_full(w, extra, activated, env, None, None)
     }
 
     fn launch_full(
@@ -71,6 +76,7 @@ impl Helper {
         activated: bool,
         env: &[(&str, &str)],
         vmlist: Option<&Path>,
+        user_cfg: Option<&Path>,
     ) -> Helper {
         // A folder others may enter, so a caller of another uid can reach the socket (its own
         // mode and group decide who may connect).
@@ -105,7 +111,12 @@ impl Helper {
             &config,
             format!(
                 "user_cfg_path = {}\n{text}\n{extra}\n",
-                toml_string(&w.pve.dir().join("user.cfg").display().to_string()),
+                toml_string(
+                    &user_cfg
+                        .map_or_else(|| w.pve.dir().join("user.cfg"), Path::to_path_buf)
+                        .display()
+                        .to_string()
+                ),
             ),
         )
         .expect("helper config");
@@ -1676,9 +1687,23 @@ fn the_helper_hands_over_the_vmlist_only_from_a_path_nobody_else_can_change() {
         let r = h.call(&json!({"v": 1, "op": "read", "file": file}));
         assert_eq!(code(&r), "exec_request_invalid", "{file}: {r:#}");
     }
+    // Of user.cfg only the token, group, role and ACL lines (tests/data/pve-secrets-facts.md §2).
     let r = h.call(&json!({"v": 1, "op": "read", "file": "user.cfg"}));
-    let user_cfg = std::fs::read(w.pve.dir().join("user.cfg")).expect("user.cfg");
-    assert_eq!(r["file"]["data"], json!(b64(&user_cfg)), "{r:#}");
+    let user_cfg = std::fs::read_to_string(w.pve.dir().join("user.cfg")).expect("user.cfg");
+    assert!(
+        user_cfg.lines().any(|l| l.starts_with("user:")),
+        "{user_cfg}"
+    );
+    let needed: String = user_cfg
+        .split_inclusive('\n')
+        .filter(|l| {
+            ["token:", "group:", "role:", "acl:"]
+                .iter()
+                .any(|t| l.starts_with(t))
+        })
+        .collect();
+    assert!(needed.contains("acl:"), "{user_cfg}");
+    assert_eq!(r["file"]["data"], json!(b64(needed.as_bytes())), "{r:#}");
 
     // Hostile bytes are handed over as they are; the agent refuses them as a guest list.
     let hostile = b"{\"version\": 1, \"ids\": {\"160\": {\"node\": \"pve1\", \"type\": \"lxc\"}, \"160\": {\"node\": \"\x1b[2J\", \"type\": \"qemu\"}}}";
@@ -1702,6 +1727,99 @@ fn the_helper_hands_over_the_vmlist_only_from_a_path_nobody_else_can_change() {
     assert!(h.pct_calls().is_empty(), "{:?}", h.pct_calls());
     let log = h.log_text();
     assert!(log.contains("refused to hand over"), "{log}");
+}
+
+/// Of `user.cfg` and `datacenter.cfg` the real helper hands the agent's user only the lines the
+/// agent reads (tests/data/pve-secrets-facts.md): never a `user:` line (whose keys field may
+/// hold a base32 OATH secret), never `http_proxy` (which may hold a password) nor the
+/// cluster's description; and the secrets are not in its log either. The agent's readers
+/// still find what they need in the answer: doctor's tag policy through the helper.
+#[test]
+fn the_helper_hands_over_no_user_line_of_user_cfg_and_no_proxy_password_of_datacenter_cfg() {
+    let w = world();
+    let root = tempfile::Builder::new()
+        .prefix("felhom-pmxcfs-")
+        .tempdir()
+        .expect("tmp");
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let user_cfg = root.path().join("user.cfg");
+    let users = "user:root@pam:1:0:::root@example.invalid:::\n\
+        user:alice@pve:1:0:Alice:Smith:alice@example.invalid::MARKERSECRETOATHKEY234567:\n\
+        token:alice@pve!ci:0:1::\n\
+        \n\
+        group:ops:alice@pve::\n\
+        \n\
+        pool:felhom:MARKER-POOL-COMMENT:100,101:local-lvm:\n\
+        \n\
+        role:felhom-audit:VM.Audit:\n\
+        \n\
+        acl:1:/pool/felhom:alice@pve!ci:PVEVMAdmin:\n";
+    std::fs::write(&user_cfg, users).expect("user.cfg");
+    std::fs::set_permissions(&user_cfg, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let datacenter = root.path().join("datacenter.cfg");
+    let dc = "#MARKER-DESCRIPTION\n\
+        keyboard: en-us\n\
+        http_proxy: http://proxyuser:MARKER-PROXY-PASSWORD@proxy.example.invalid:3128/\n\
+        next-id: lower=10000,upper=990000\n\
+        user-tag-access: user-allow=none\n\
+        email_from: MARKER@example.invalid\n";
+    std::fs::write(&datacenter, dc).expect("datacenter.cfg");
+    std::fs::set_permissions(&datacenter, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let text = with_path(&w.files.config_text(), "datacenter_cfg", &datacenter);
+    std::fs::write(&w.files.config_path, format!("{text}\n")).expect("config");
+    let h = Helper::with_user_cfg(&w, "", &user_cfg);
+
+    let r = h.call(&json!({"v": 1, "op": "read", "file": "user.cfg"}));
+    assert_eq!(r["file"]["name"], "user.cfg", "{r:#}");
+    assert_eq!(
+        r["file"]["data"],
+        json!(b64(b"token:alice@pve!ci:0:1::\n\
+            group:ops:alice@pve::\n\
+            role:felhom-audit:VM.Audit:\n\
+            acl:1:/pool/felhom:alice@pve!ci:PVEVMAdmin:\n")),
+        "{r:#}"
+    );
+    let r = h.call(&json!({"v": 1, "op": "read", "file": "datacenter.cfg"}));
+    assert_eq!(r["file"]["name"], "datacenter.cfg", "{r:#}");
+    assert_eq!(
+        r["file"]["data"],
+        json!(b64(
+            b"next-id: lower=10000,upper=990000\nuser-tag-access: user-allow=none\n"
+        )),
+        "{r:#}"
+    );
+    let log = h.log_text();
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("only the lines the agent reads"))
+            .count()
+            >= 2,
+        "{log}"
+    );
+    assert!(
+        !log.contains("MARKER") && !log.contains("proxyuser"),
+        "{log}"
+    );
+
+    // The agent's readers find what they need in the cut: doctor's tag policy, through the
+    // helper (the agent's own config names the same datacenter.cfg).
+    let config = agent_config_through(&w, &h.socket, None, "");
+    let run = felhom_tests::agent::run_agent(&config, &["doctor", "--json"]);
+    assert!(!run.stdout.contains("MARKER") && !run.stderr.contains("MARKER"));
+    let doc = run.json();
+    let tags = doc["checks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == "tag_policy"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no tag_policy check: {doc:#}"));
+    assert_eq!(tags["status"], "fail", "{tags:#}");
+    assert!(
+        tags["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("user-allow=none"),
+        "{tags:#}"
+    );
 }
 
 /// The agent as its own user (`daemon`, uid 1, standing for felhom-agent), in no group that

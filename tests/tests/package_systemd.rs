@@ -485,10 +485,12 @@ fn doctor_check(json: &str, name: &str) -> String {
         .to_string()
 }
 
-/// An upgrade from a version whose user had its state directory as home, no expiry and a user
-/// manager it could start: postinst stops the running daemon (usermod refuses while a process of
-/// the user runs), moves the home, expires the account, masks `user@<uid>.service` and starts
-/// the daemon again, under a real systemd; doctor then finds the user confined.
+/// An upgrade from a version whose user had its state directory as home, no expiry, a user
+/// manager it could start and membership in www-data (which reads the node's TLS key):
+/// postinst stops the running daemon (usermod refuses while a process of the user runs), moves
+/// the home, expires the account, masks `user@<uid>.service`, removes the user from www-data
+/// (saying so), stops the older exec helper and starts the daemon again, under a real systemd;
+/// the new daemon runs without www-data, and doctor finds the user confined.
 #[test]
 fn an_upgrade_confines_an_older_installs_user_and_restarts_its_running_daemon() {
     let Some(m) = installed_machine("the upgrade's confinement of the user") else {
@@ -496,14 +498,25 @@ fn an_upgrade_confines_an_older_installs_user_and_restarts_its_running_daemon() 
     };
     let pve = FakePve::demo();
     configure(&m, &pve, None);
-    // The older install: its user's home the state directory, not expired, no mask; the
-    // daemon running as that user.
+    // The older install: its user's home the state directory, not expired, no mask, in group
+    // www-data (which reads the node's TLS key in /etc/pve); the daemon running as that user,
+    // and an exec helper of that install running.
     let uid = m.ok("id -u felhom-agent");
     m.ok(&format!(
-        "usermod -d /var/lib/felhom-agent -e '' felhom-agent && \
+        "usermod -d /var/lib/felhom-agent -e '' -aG www-data felhom-agent && \
          rm -f /etc/systemd/system/user@{uid}.service && systemctl daemon-reload && \
+         systemctl start felhom-agent-exec.service && \
          systemctl start --no-block felhom-agent.service"
     ));
+    let www_data = m.ok("getent group www-data | cut -d: -f3");
+    assert!(
+        m.ok("id -nG felhom-agent")
+            .split(' ')
+            .any(|g| g == "www-data"),
+        "the older install's user is not in www-data: the upgrade proves nothing"
+    );
+    let old_helper = m.prop("felhom-agent-exec.service", "MainPID");
+    assert_ne!(old_helper, "0", "the older exec helper does not run");
     assert_eq!(
         settled_state(&m, "felhom-agent.service"),
         "active",
@@ -515,6 +528,18 @@ fn an_upgrade_confines_an_older_installs_user_and_restarts_its_running_daemon() 
         m.ok(&format!("stat -c %U /proc/{old_pid}")),
         "felhom-agent",
         "the daemon does not run as the agent's user: the upgrade proves nothing"
+    );
+    let groups_of = |pid: &str| {
+        m.ok(&format!(
+            "sed -n 's/^Groups:[[:space:]]*//p' /proc/{pid}/status"
+        ))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect::<Vec<_>>()
+    };
+    assert!(
+        groups_of(&old_pid).contains(&www_data),
+        "the older daemon runs without www-data: the upgrade proves nothing"
     );
     let home = m.ok("getent passwd felhom-agent | cut -d: -f6");
     assert_eq!(home, "/var/lib/felhom-agent");
@@ -532,6 +557,25 @@ fn an_upgrade_confines_an_older_installs_user_and_restarts_its_running_daemon() 
         m.ok("getent passwd felhom-agent | cut -d: -f6"),
         "/nonexistent"
     );
+    // Out of www-data, and said so; the older exec helper stopped (the socket starts this
+    // version's on the next request).
+    assert!(
+        out.contains("removed the user felhom-agent from group www-data"),
+        "dpkg -i printed: {out}"
+    );
+    assert!(
+        !m.ok("id -nG felhom-agent")
+            .split(' ')
+            .any(|g| g == "www-data"),
+        "{}",
+        m.ok("getent group www-data")
+    );
+    assert_ne!(
+        m.prop("felhom-agent-exec.service", "MainPID"),
+        old_helper,
+        "the older exec helper still runs"
+    );
+    assert_eq!(m.prop("felhom-agent-exec.socket", "ActiveState"), "active");
     assert_eq!(m.ok("getent shadow felhom-agent | cut -d: -f8"), "1");
     assert_eq!(
         m.ok(&format!(
@@ -549,12 +593,16 @@ fn an_upgrade_confines_an_older_installs_user_and_restarts_its_running_daemon() 
     let new_pid = m.prop("felhom-agent.service", "MainPID");
     assert_ne!(new_pid, old_pid, "the daemon was not restarted");
     assert_eq!(m.ok(&format!("stat -c %U /proc/{new_pid}")), "felhom-agent");
+    assert!(
+        !groups_of(&new_pid).contains(&www_data),
+        "the new daemon still runs in www-data"
+    );
     let after = m.sh("felhom-agent --json doctor 2>/dev/null");
     let after = String::from_utf8_lossy(&after.stdout).into_owned();
     for check in ["agent_user_home", "agent_user_login", "agent_user_manager"] {
         assert_eq!(doctor_check(&after, check), "pass", "{check}: {after}");
     }
-    report("real systemd: ran an upgrade that confined an older install's user and restarted its daemon");
+    report("real systemd: ran an upgrade that confined an older install's user, took it out of www-data and restarted its daemon");
 
     let left = m.shut_down();
     assert!(left.is_empty(), "left after the machine stopped: {left:?}");

@@ -253,9 +253,10 @@ an unprivileged system user ([agent] user) asks this helper, over a Unix socket,
 an LXC container or to copy a file into one (through `pct exec`, the bytes on stdin, written by a \
 process inside the container; never `pct push`, which writes as host root following the guest's \
 links). It also hands the agent five cluster files it reads, so that the agent's user needs no \
-pmxcfs group (www-data reads the node's TLS key): .vmlist, datacenter.cfg, user.cfg, \
-sdn/vnets.cfg and jobs.cfg (only each backup job's id, schedule, all, enabled, exclude, pool, node \
-and vmid lines), each from the path of its own config, opened as root from / without following a \
+pmxcfs group (www-data reads the node's TLS key): .vmlist, datacenter.cfg (only its \
+user-tag-access, registered-tags and next-id lines), user.cfg (only its token, group, role and acl \
+lines, never a user line), sdn/vnets.cfg and jobs.cfg (only each backup job's id, schedule, all, \
+enabled, exclude, pool, node and vmid lines), each from the path of its own config, opened as root from / without following a \
 link, only through folders of root's nobody else can write, a regular file of root's of at most \
 16 MiB (else config_invalid; a request names one of the five, never a path); and says where its \
 `pct` resolves (doctor's exec check). The helper does nothing else.\n\n\

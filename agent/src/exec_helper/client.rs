@@ -656,7 +656,8 @@ pub fn full_guest_list(cfg: &Config) -> Result<FullGuestList, InventoryError> {
 /// through the root exec helper in its mode, else (no helper, or it gives no usable answer)
 /// directly. `Ok(None)`: it does not exist. `Err`: why it cannot be had, for a message. Its
 /// text is outside text for the caller to parse. Read directly, it is cut as the helper cuts
-/// it (of `jobs.cfg` only the lines the agent needs: [`super::cluster_file::what_crosses`]).
+/// it (of `jobs.cfg`, `user.cfg` and
+/// `datacenter.cfg` only the lines the agent reads: [`super::cluster_file::what_crosses`]).
 pub fn node_file(cfg: &Config, file: ClusterFile) -> Result<Option<String>, String> {
     let path = super::cluster_file::path_of(cfg, file);
     let mut helper_why = None;

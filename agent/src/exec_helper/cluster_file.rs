@@ -1,7 +1,8 @@
 //! A file of the cluster file system read by the root helper for the agent
 //! ([`super::proto::ClusterFile`]: `.vmlist`, `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`,
 //! `jobs.cfg`): only from the path the helper's own config names ([`path_of`]), never one a
-//! caller sends; of `jobs.cfg` only the lines the agent needs ([`what_crosses`]).
+//! caller sends; of `jobs.cfg`, `user.cfg` and `datacenter.cfg` only the lines the agent reads
+//! ([`what_crosses`]).
 //!
 //! The helper is root and the file's bytes go to the agent's user, so nothing on the way may
 //! be one the agent's user (or a guest) could place or swap: the path is opened from `/` one
@@ -78,24 +79,31 @@ pub fn path_of(cfg: &Config, file: ClusterFile) -> PathBuf {
     }
 }
 
-/// What of `file`'s bytes (read from `path`) goes to the agent: the whole file, but of
-/// `jobs.cfg` only each backup job's id and the keys of
-/// [`super::jobs_cfg::NEEDED_KEYS`] ([`super::jobs_cfg::needed_lines`]): the agent's user never
-/// sees a job's mail addresses, notes, storage or other jobs. At most `max` bytes.
+/// What of `file`'s bytes (read from `path`) goes to the agent: of `.vmlist` and
+/// `sdn/vnets.cfg` the whole file ([`ClusterFile::crosses_whole`]); of the others only the
+/// lines the agent reads: of `jobs.cfg` each backup job's id and the keys of
+/// [`super::jobs_cfg::NEEDED_KEYS`] (never a job's mail addresses, notes, storage or other
+/// jobs), of `user.cfg` its token, group, role and ACL lines ([`super::user_cfg::needed_lines`]:
+/// never a `user:` line, whose keys field may hold OATH secrets), of `datacenter.cfg` its tag
+/// policy and `next-id` lines ([`super::datacenter_cfg::needed_lines`]: never `http_proxy`,
+/// which may hold a password). At most `max` bytes.
 pub fn what_crosses(
     file: ClusterFile,
     path: &Path,
     bytes: Vec<u8>,
     max: u64,
 ) -> Result<Vec<u8>, FileRefusal> {
-    if file != ClusterFile::JobsCfg {
-        return Ok(bytes);
-    }
-    let needed = super::jobs_cfg::needed_lines(&String::from_utf8_lossy(&bytes)).into_bytes();
+    let cut: fn(&str) -> String = match file {
+        ClusterFile::Vmlist | ClusterFile::VnetsCfg => return Ok(bytes),
+        ClusterFile::JobsCfg => super::jobs_cfg::needed_lines,
+        ClusterFile::UserCfg => super::user_cfg::needed_lines,
+        ClusterFile::DatacenterCfg => super::datacenter_cfg::needed_lines,
+    };
+    let needed = cut(&String::from_utf8_lossy(&bytes)).into_bytes();
     if needed.len() as u64 > max {
         return Err(untrusted(
             path,
-            format!("its backup jobs' lines are larger than the {max} bytes the helper hands over"),
+            format!("the lines the agent reads of it are larger than the {max} bytes the helper hands over"),
         ));
     }
     Ok(needed)
@@ -362,14 +370,13 @@ mod tests {
              vzdump: backup-pool\n\tpool felhom\n\tschedule sat 02:00\n\n"
         );
         assert!(!crossed.contains("MARKER"), "{crossed}");
-        // The other files cross whole.
-        for other in ClusterFile::ALL {
-            if other != ClusterFile::JobsCfg {
-                assert_eq!(
-                    what_crosses(other, &file, bytes.clone(), 4096).expect("whole"),
-                    bytes
-                );
-            }
+        // .vmlist and sdn/vnets.cfg cross whole.
+        for whole in [ClusterFile::Vmlist, ClusterFile::VnetsCfg] {
+            assert!(whole.crosses_whole());
+            assert_eq!(
+                what_crosses(whole, &file, bytes.clone(), 4096).expect("whole"),
+                bytes
+            );
         }
         // Lines that would not fit are refused, not cut.
         let r = what_crosses(ClusterFile::JobsCfg, &file, bytes, 16).expect_err("too large");
@@ -379,9 +386,41 @@ mod tests {
             "{}",
             r.message
         );
+        assert!(!ClusterFile::JobsCfg.crosses_whole());
         // No jobs.cfg (no job was ever made): nothing to hand over, not an error.
         assert_eq!(read_trusted(&d.path().join("none/jobs.cfg"), 64), Ok(None));
         assert_eq!(read_trusted(&d.path().join("jobs.cfg.none"), 64), Ok(None));
+    }
+
+    #[test]
+    fn of_user_cfg_and_datacenter_cfg_no_secret_crosses() {
+        let d = root_dir();
+        let user = d.path().join("user.cfg");
+        let text = "user:alice@pve:1:0:Alice::alice@example.invalid::MARKERBASE32KEY:\n\
+            token:alice@pve!ci:0:1::\n\
+            pool:felhom:MARKER-POOL:100:local:\n\
+            acl:1:/pool/felhom:alice@pve!ci:PVEVMAdmin:\n";
+        write(&user, text.as_bytes(), 0o640);
+        let bytes = read_trusted(&user, 4096).expect("read").expect("exists");
+        let crossed = what_crosses(ClusterFile::UserCfg, &user, bytes, 4096).expect("cut");
+        assert_eq!(
+            String::from_utf8(crossed).expect("utf8"),
+            "token:alice@pve!ci:0:1::\nacl:1:/pool/felhom:alice@pve!ci:PVEVMAdmin:\n"
+        );
+        let dc = d.path().join("datacenter.cfg");
+        let text = "#MARKER description\nkeyboard: de\n\
+            http_proxy: http://user:MARKER-PASSWORD@proxy.example.invalid:3128/\n\
+            user-tag-access: user-allow=none\n";
+        write(&dc, text.as_bytes(), 0o640);
+        let bytes = read_trusted(&dc, 4096).expect("read").expect("exists");
+        let crossed = what_crosses(ClusterFile::DatacenterCfg, &dc, bytes, 4096).expect("cut");
+        assert_eq!(
+            String::from_utf8(crossed).expect("utf8"),
+            "user-tag-access: user-allow=none\n"
+        );
+        for cut in [ClusterFile::UserCfg, ClusterFile::DatacenterCfg] {
+            assert!(!cut.crosses_whole());
+        }
     }
 
     #[test]

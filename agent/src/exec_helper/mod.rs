@@ -17,8 +17,10 @@
 //! Environment values and stdin are never logged.
 //!
 //! It also hands the agent the files of the cluster file system it reads (`.vmlist`, the full
-//! guest list; `datacenter.cfg`, `user.cfg`, `sdn/vnets.cfg`; of `jobs.cfg` only the backup
-//! jobs' lines the agent needs, [`jobs_cfg`]), read as root from the path of its own config and
+//! guest list; `sdn/vnets.cfg`; of `datacenter.cfg` only the tag policy and `next-id` lines,
+//! [`datacenter_cfg`]; of `user.cfg` only the token, group, role and ACL lines, never a user's
+//! with its keys, [`user_cfg`]; of `jobs.cfg` only the backup jobs' lines the agent needs,
+//! [`jobs_cfg`]), read as root from the path of its own config and
 //! through nothing anyone but root could change ([`cluster_file`]), so that the agent's user
 //! needs no pmxcfs group (whose members read every pmxcfs file outside `priv/`, the node's TLS
 //! key among them); and says where its own `pct` resolves (`doctor`).
@@ -30,6 +32,7 @@ pub mod authorize;
 pub mod client;
 pub mod cluster_file;
 pub mod ct_conf;
+pub mod datacenter_cfg;
 pub mod jobs_cfg;
 pub mod proto;
 pub mod server;

@@ -255,15 +255,18 @@ pub struct Request {
     pub op: Op,
 }
 
-/// A file of the cluster file system the helper hands over whole: a closed set, each read
-/// from the path the helper's own config names.
+/// A file of the cluster file system the helper hands over: a closed set, each read from the
+/// path the helper's own config names; of some only the lines the agent reads
+/// (`super::cluster_file::what_crosses`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClusterFile {
     /// `.vmlist`: every guest of the cluster (`vmlist_path`, default `/etc/pve/.vmlist`).
     Vmlist,
-    /// `datacenter.cfg`: the tag policy and the `next-id` range (`datacenter_cfg`).
+    /// `datacenter.cfg`: only the tag policy and the `next-id` range
+    /// (`super::datacenter_cfg::needed_lines`; `datacenter_cfg`).
     DatacenterCfg,
-    /// `user.cfg`: users, tokens, pools and ACLs, no secret (`user_cfg_path`).
+    /// `user.cfg`: only the token, group, role and ACL lines, never a user's
+    /// (`super::user_cfg::needed_lines`; `user_cfg_path`).
     UserCfg,
     /// `sdn/vnets.cfg`: which SDN zone each vnet is in (beside `.vmlist`).
     VnetsCfg,
@@ -281,6 +284,12 @@ impl ClusterFile {
         Self::VnetsCfg,
         Self::JobsCfg,
     ];
+
+    /// Whether the helper hands the file over whole (`.vmlist`, `sdn/vnets.cfg`); of the
+    /// others only the lines the agent reads.
+    pub fn crosses_whole(self) -> bool {
+        matches!(self, Self::Vmlist | Self::VnetsCfg)
+    }
 
     /// Its name on the wire.
     pub fn name(self) -> &'static str {

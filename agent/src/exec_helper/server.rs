@@ -608,7 +608,8 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
 
 /// A `read` request: the file from the path of the helper's own config, read as root through
 /// nothing anyone else could change ([`read_trusted`]), at most [`MAX_CLUSTER_FILE_BYTES`];
-/// of `jobs.cfg` only the lines the agent needs ([`what_crosses`]).
+/// of `jobs.cfg`, `user.cfg` and `datacenter.cfg` only the lines the agent reads
+/// ([`what_crosses`]).
 async fn hand_over(ctx: &Ctx, uid: u32, file: ClusterFile) -> Response {
     let path = path_of(&ctx.cfg, file);
     let shown = path.display().to_string();
@@ -633,10 +634,10 @@ async fn hand_over(ctx: &Ctx, uid: u32, file: ClusterFile) -> Response {
                     file = file.name(),
                     "handed over {shown} ({} bytes{})",
                     b.len(),
-                    if file == ClusterFile::JobsCfg {
-                        ": the backup jobs' needed lines only"
-                    } else {
+                    if file.crosses_whole() {
                         ""
+                    } else {
+                        ": only the lines the agent reads"
                     }
                 ),
                 None => tracing::info!(

@@ -7,6 +7,12 @@
 //! a line whose pool id is not valid is skipped whole. Several lines of one pool add up.
 //!
 //! The file is read with a size cap ([`MAX_USER_CFG_BYTES`]).
+//!
+//! The helper reads the whole file for its own pool check, as root. What it hands the agent's
+//! user ([`needed_lines`]) is only the lines the agent reads (doctor's grants,
+//! [`crate::doctor::UserCfg`]): `token:`, `group:`, `role:` and `acl:`. No `user:` line crosses
+//! (its keys field holds the old base32 OATH secrets PVE still reads), nor `pool:` lines (only
+//! the helper's own check reads them) or anything PVE ignores.
 
 use std::io::Read;
 use std::path::Path;
@@ -54,6 +60,37 @@ pub fn read(path: &Path) -> Result<String, UserCfgError> {
         });
     }
     Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The line types of `user.cfg` the agent reads ([`crate::doctor::UserCfg::parse`]): a token's
+/// privilege separation, groups, roles and ACLs (pve-access-control `src/PVE/AccessControl.pm`
+/// `parse_user_config`).
+pub const NEEDED_TYPES: [&str; 4] = ["token", "group", "role", "acl"];
+
+/// Perl's `\s` on PVE's byte strings: space, tab, line feed, carriage return, vertical tab,
+/// form feed.
+fn is_perl_ws(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0B' | '\x0C')
+}
+
+/// A line's type as `parse_user_config` takes it: its first `:`-separated field, blanks
+/// trimmed.
+fn line_type(line: &str) -> &str {
+    line.split(':')
+        .next()
+        .unwrap_or("")
+        .trim_matches(is_perl_ws)
+}
+
+/// What the root helper hands over of `text` (the whole `user.cfg`): the lines whose type is
+/// one of [`NEEDED_TYPES`], byte for byte with their own line ends and in their order; nothing
+/// else. Lines end where PVE and the agent's reader end them (at `\n` only), so a line PVE
+/// reads as a `user:` line never crosses. [`crate::doctor::UserCfg::parse`] reads the answer
+/// as it reads the whole file.
+pub fn needed_lines(text: &str) -> String {
+    text.split_inclusive('\n')
+        .filter(|line| NEEDED_TYPES.contains(&line_type(line.trim_end_matches('\n'))))
+        .collect()
 }
 
 /// Whether `id` is a pool id PVE accepts when reading: `[A-Za-z0-9.\-_]+` in one to three
@@ -174,6 +211,99 @@ mod tests {
         let text = "pool:felhom::99999999999999999999999,500:\n";
         assert!(in_pool(text, "felhom", 500));
         assert_eq!(pool_of(text, u32::MAX), None);
+    }
+
+    /// A `user.cfg` as PVE writes it, with a user's old OATH secret in the keys field and the
+    /// other lines the agent must not see.
+    const WITH_SECRETS: &str = "user:root@pam:1:0:::root@example.invalid:::\n\
+        user:alice@pve:1:0:Alice:Smith:alice@example.invalid:ops%20lead:SECRETBASE32OATHKEYAAAA:\n\
+        token:alice@pve!ci:0:1:ci%20runs:\n\
+        user:felhom@pve:1:0::::::\n\
+        token:felhom@pve!agent:0:1::\n\
+        \n\
+        group:ops:alice@pve,felhom@pve:on%20call:\n\
+        \n\
+        pool:felhom:Fleet%20guests:100,101:local-lvm:\n\
+        \n\
+        role:felhom-audit:VM.Audit,Pool.Audit:\n\
+        \n\
+        acl:1:/pool/felhom:felhom@pve!agent:PVEVMAdmin:\n\
+        acl:1:/storage:@ops:PVEDatastoreUser:\n\
+        # a comment\n\
+        domain:old-realm:SECRETREALM:\n";
+
+    #[test]
+    fn only_the_lines_the_agent_reads_cross() {
+        let out = needed_lines(WITH_SECRETS);
+        assert_eq!(
+            out,
+            "token:alice@pve!ci:0:1:ci%20runs:\n\
+             token:felhom@pve!agent:0:1::\n\
+             group:ops:alice@pve,felhom@pve:on%20call:\n\
+             role:felhom-audit:VM.Audit,Pool.Audit:\n\
+             acl:1:/pool/felhom:felhom@pve!agent:PVEVMAdmin:\n\
+             acl:1:/storage:@ops:PVEDatastoreUser:\n"
+        );
+        for secret in ["SECRET", "user:", "pool:", "example.invalid", "#"] {
+            assert!(!out.contains(secret), "{secret} crossed: {out}");
+        }
+        assert_eq!(
+            crate::doctor::UserCfg::parse(&out),
+            crate::doctor::UserCfg::parse(WITH_SECRETS)
+        );
+        // PVE trims each field: an indented user line, or one with blanks around its type,
+        // is a user line, and stays; an indented ACL crosses.
+        let text = "  user:bob@pve:1:0::::::SECRET:\n user :bob@pve:1:0::::::SECRET:\n\
+                    \tacl:1:/:bob@pve:PVEAuditor:\r\nuser:c@pve:1:0::::::SECRET:\racl:1:/:x:y:\n";
+        assert_eq!(needed_lines(text), "\tacl:1:/:bob@pve:PVEAuditor:\r\n");
+        // The last line keeps its own end, or none.
+        assert_eq!(
+            needed_lines("user:a@pve:1\nacl:1:/:a@pve:X:\r"),
+            "acl:1:/:a@pve:X:\r"
+        );
+        assert_eq!(needed_lines(""), "");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_never_panics_and_the_needed_lines_read_as_the_whole(text in "[\\PC\t\n\r\u{0}\u{b}\u{c}]*") {
+            let crossed = needed_lines(&text);
+            proptest::prop_assert_eq!(
+                crate::doctor::UserCfg::parse(&crossed),
+                crate::doctor::UserCfg::parse(&text)
+            );
+            proptest::prop_assert_eq!(needed_lines(&crossed), crossed);
+        }
+
+        #[test]
+        fn user_cfg_shaped_text_reads_the_same_and_no_user_line_crosses(
+            lines in proptest::collection::vec(
+                (
+                    "[ \t]{0,2}(user|token|group|role|acl|pool|domain|#|x|)[ \t]{0,2}",
+                    proptest::collection::vec("[ \t]?[a-z0-9@!/,;.%-]{0,6}[ \t\r]?", 0..7),
+                    "\r?",
+                ),
+                0..16,
+            )
+        ) {
+            let text: String = lines
+                .iter()
+                .map(|(kind, fields, cr)| format!("{kind}:{}{cr}\n", fields.join(":")))
+                .collect();
+            let crossed = needed_lines(&text);
+            proptest::prop_assert_eq!(
+                crate::doctor::UserCfg::parse(&crossed),
+                crate::doctor::UserCfg::parse(&text)
+            );
+            for line in crossed.lines() {
+                // PVE's reading of the line's type (`split(/:/, $line)`, each field trimmed).
+                let kind = line.split(':').next().unwrap_or("").trim_matches(|c: char| " \t\r\n\x0B\x0C".contains(c));
+                proptest::prop_assert!(["token", "group", "role", "acl"].contains(&kind), "{:?} crossed: {:?}", line, crossed);
+            }
+            // Every token, group, role and ACL line crosses, in its order.
+            let wanted: Vec<&str> = text.lines().filter(|l| NEEDED_TYPES.contains(&line_type(l))).collect();
+            proptest::prop_assert_eq!(crossed.lines().collect::<Vec<_>>(), wanted);
+        }
     }
 
     #[test]
