@@ -2066,16 +2066,52 @@ fn check_packs_and_profiles(cfg: &Config, r: &mut DoctorReport) {
                     })
                     .collect();
                 packs.dedup();
-                r.pass(
-                    name,
-                    format!(
-                        "{} check(s) in {} pack(s) of {} parse as the preflight parses them ({})",
-                        checks.len(),
-                        packs.len(),
-                        dir.display(),
-                        packs.join(", ")
-                    ),
+                let said = format!(
+                    "{} check(s) in {} pack(s) of {} parse as the preflight parses them ({})",
+                    checks.len(),
+                    packs.len(),
+                    dir.display(),
+                    packs.join(", ")
                 );
+                let mut doubts: Vec<String> = Vec::new();
+                // A pack file that defines no check: most often one left half written.
+                if let Ok(entries) = std::fs::read_dir(dir) {
+                    let mut empty: Vec<String> = entries
+                        .filter_map(Result::ok)
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|f| f.ends_with(".toml") && !packs.contains(f))
+                        .collect();
+                    empty.sort();
+                    for f in empty {
+                        doubts.push(format!(
+                            "pack {} defines no check",
+                            crate::error::outside_text(&f)
+                        ));
+                    }
+                }
+                // A check for guests the cluster does not have never runs.
+                if let Ok(full) = crate::service::full_list(cfg) {
+                    for c in &checks {
+                        for g in c.scope.guests.iter().filter(|g| full.lookup(**g).is_none()) {
+                            doubts.push(format!(
+                                "check {} names guest {g} (guests = [...]), which is in no node's guest list: it never runs",
+                                crate::error::outside_text(&c.name)
+                            ));
+                        }
+                    }
+                }
+                if doubts.is_empty() {
+                    r.pass(name, said);
+                } else {
+                    r.warn(
+                        name,
+                        format!(
+                            "{said}; but {}: fix or remove them in {}",
+                            doubts.join("; "),
+                            dir.display()
+                        ),
+                    );
+                }
             }
             Err(e) => r.fail(
                 name,

@@ -470,6 +470,36 @@ fn exec_check_names_the_mode_and_fails_when_the_helper_does_not_answer() {
     }
 }
 
+/// A pack file that defines no check, and a check for a guest the cluster does not have
+/// (`guests = [99]`): neither is refused by the preflight, but doctor warns about each (one
+/// never runs), naming it.
+#[test]
+fn an_empty_pack_and_a_check_for_a_guest_that_does_not_exist_are_warned_about() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
+    std::fs::write(
+        files.checks_dir.join("half-written.toml"),
+        "# nothing yet\n",
+    )
+    .expect("write pack");
+    std::fs::write(
+        files.checks_dir.join("shop.toml"),
+        "[[check]]\nname = \"shop-answers\"\nsql = \"SELECT 1\"\nguests = [99]\n",
+    )
+    .expect("write pack");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    let packs = check(&doc, "check_packs");
+    assert_eq!(packs["status"], "warn", "{packs}");
+    let msg = packs["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("pack half-written.toml defines no check")
+            && msg.contains("check shop-answers names guest 99"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn a_pack_or_profile_the_preflight_would_refuse_fails_doctor_naming_the_file_and_the_fix() {
     let pve = FakePve::demo();

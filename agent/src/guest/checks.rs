@@ -352,7 +352,16 @@ fn valid_check_name(name: &str) -> bool {
 pub fn parse_pack(text: &str, origin: &Path) -> Result<Vec<Check>, CheckError> {
     let raw: RawPack = toml::from_str(text).map_err(|e| CheckError::Parse {
         path: origin.to_owned(),
-        message: e.message().to_owned(),
+        // Where in the file: the line and column of the error's start (1-based).
+        message: match e.span() {
+            Some(span) => {
+                let before = text.get(..span.start).unwrap_or(text);
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+                format!("line {line}, column {column}: {}", e.message())
+            }
+            None => e.message().to_owned(),
+        },
     })?;
     let mut seen = HashSet::new();
     let mut checks = Vec::with_capacity(raw.check.len());
@@ -1246,6 +1255,20 @@ fn osquery_rows(outcome: &ExecOutcome, timeout: Duration, cap: usize) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pack that is no TOML says where: the file, the line and the column.
+    #[test]
+    fn a_broken_pack_names_the_line_and_column() {
+        let pack = "[[check]]\nname = \"a\"\nsql = \"SELECT 1\"\n\n[[check]]\nname = b\n";
+        let err = parse_pack(pack, Path::new("/etc/felhom-agent/checks.d/web.toml"))
+            .expect_err("no TOML");
+        let text = err.to_string();
+        assert!(
+            text.contains("/etc/felhom-agent/checks.d/web.toml")
+                && text.contains("line 6, column 8"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_scoped_check_runs_only_for_its_guests_or_tags() {
