@@ -253,8 +253,8 @@ impl DoctorReport {
 const NEEDS_PVE: [&str; 6] = [
     "pve_token",
     "pve_version",
-    "privileges",
     "pool",
+    "privileges",
     "lab_bridge",
     "guest_backups",
 ];
@@ -415,23 +415,44 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
             return;
         }
     }
-    match client.permissions(None, None).await {
-        Ok(perms) => check_privileges(cfg, &perms, r),
-        Err(e) => r.fail(
-            "privileges",
-            e.code(),
-            format!("cannot read the token's privileges (GET /access/permissions): {e}"),
-        ),
+    // The pool first: with a mistyped pool, a recipe of grants on it would only mislead.
+    let pool_missing = match client.pool(&cfg.pool).await {
+        Ok(Some(_)) => {
+            r.pass("pool", format!("pool {} exists", cfg.pool));
+            false
+        }
+        Ok(None) => {
+            r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display()));
+            true
+        }
+        Err(e) if e.code() == ErrorCode::PoolMissing => {
+            r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist (PVE: {e}); create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display()));
+            true
+        }
+        Err(e) => {
+            r.fail(
+                "pool",
+                e.code(),
+                format!("cannot read pool {}: {e}", cfg.pool),
+            );
+            false
+        }
+    };
+    if pool_missing {
+        r.skipped(&["privileges"], "pool");
+    } else {
+        match client.permissions(None, None).await {
+            Ok(perms) => check_privileges(cfg, &perms, r),
+            Err(e) => r.fail(
+                "privileges",
+                e.code(),
+                format!("cannot read the token's privileges (GET /access/permissions): {e}"),
+            ),
+        }
     }
     check_backups(cfg, client, r).await;
     check_lab_bridge(cfg, client, r).await;
     check_guest_backups(cfg, client, r).await;
-    match client.pool(&cfg.pool).await {
-        Ok(Some(_)) => r.pass("pool", format!("pool {} exists", cfg.pool)),
-        Ok(None) => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist or the token cannot see it; create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
-        Err(e) if e.code() == ErrorCode::PoolMissing => r.fail("pool", ErrorCode::PoolMissing, format!("pool {} does not exist (PVE: {e}); create it (`pveum pool add {}`) or fix `pool` in {}", cfg.pool, cfg.pool, cfg.path.display())),
-        Err(e) => r.fail("pool", e.code(), format!("cannot read pool {}: {e}", cfg.pool)),
-    }
 }
 
 /// `[restore_test] lab_bridge`: the bridge exists in the node's network configuration, is a

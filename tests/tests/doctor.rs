@@ -1350,3 +1350,46 @@ fn a_pool_guest_without_a_backup_is_named() {
         "{doc:#}"
     );
 }
+
+/// A mistyped pool: doctor says the pool does not exist, and gives no recipe of grants on it
+/// (the privileges are not judged against a pool that is not there).
+#[test]
+fn a_mistyped_pool_is_named_missing_before_any_grant_recipe() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
+    let config = std::fs::read_to_string(&files.config_path).expect("config");
+    assert!(config.contains("pool = \"felhom\""), "{config}");
+    std::fs::write(
+        &files.config_path,
+        config.replacen("pool = \"felhom\"", "pool = \"felhmo\"", 1),
+    )
+    .expect("config");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    let doc = run.json();
+    let pool = check(&doc, "pool");
+    assert_eq!(
+        (&pool["status"], &pool["code"]),
+        (&json!("fail"), &json!("pool_missing")),
+        "{doc:#}"
+    );
+    assert!(
+        pool["message"].as_str().unwrap_or("").contains("felhmo"),
+        "{pool}"
+    );
+    let privileges = check(&doc, "privileges");
+    assert_eq!(privileges["status"], "skipped", "{doc:#}");
+    assert!(
+        !run.stdout.contains("pveum acl modify /pool/felhmo"),
+        "{}",
+        run.stdout
+    );
+    let names: Vec<&str> = doc["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let at = |n: &str| names.iter().position(|x| *x == n);
+    assert!(at("pool") < at("privileges"), "{names:?}");
+}
