@@ -50,8 +50,11 @@ pub enum DispatchAction {
         /// The bootstrap profile to run; `None` runs the agent's `default` profile.
         #[serde(default)]
         profile: Option<String>,
-        /// `Some(true)`: the guest starts with no NIC at all (as a restore-test copy), and
-        /// with `onboot=0` and `protection=0`; `Some(false)` or absent: with its stored NICs.
+        /// `Some(true)`: the guest starts isolated, as a restore-test copy (a container with
+        /// no NIC on any bridge of the node, a VM with its stored NICs on a lab bridge of the
+        /// node when one is configured, else with none), and with `onboot=0` and
+        /// `protection=0`; `Some(false)` or absent: with its stored NICs. A kept VM is never
+        /// isolated onto a lab bridge: such a dispatch is refused (`policy_denied`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         isolate_network: Option<bool>,
     },

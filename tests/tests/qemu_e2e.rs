@@ -998,3 +998,34 @@ fn ctrl_c_during_a_vms_launch_wait_is_an_interruption_not_a_timeout() {
     );
     assert!(guest_deletes(&w).is_empty(), "{:#?}", guest_deletes(&w));
 }
+
+/// A kept VM copy with its network isolated would stay on the lab bridge after its run, where
+/// every later copy would reach it: refused before anything is written (`policy_denied`,
+/// exit 3), naming the bridge and the two ways out. Without a lab bridge it starts with no NIC,
+/// and is kept.
+#[test]
+fn keeping_an_isolated_vm_on_the_lab_bridge_is_refused() {
+    let w = world(
+        lab_scenario(true),
+        "[restore_test]\nlab_bridge = \"vmbr9\"\n",
+    );
+    let run = w.agent(&[
+        "--selftest=provision",
+        "-vmid",
+        "334",
+        "--keep",
+        "--network=isolated",
+        "--json",
+    ]);
+    let doc = run.json();
+    assert_eq!(run.code, Some(3), "{doc:#}\n{}", run.stderr);
+    let text = doc.to_string();
+    assert!(
+        text.contains("policy_denied")
+            && text.contains("334")
+            && text.contains("vmbr9")
+            && text.contains("--network=stored"),
+        "{doc:#}"
+    );
+    assert!(w.pve.writes().is_empty(), "{:#?}", w.pve.writes());
+}

@@ -652,6 +652,18 @@ pub async fn provision(
 
     // A vmid that is not even a vmid is refused before anything is opened.
     let vmid_num = vmid::parse_vmid(input).map_err(Failure::from)?;
+    // A kept VM copy with its network isolated would stay on a lab bridge after this run,
+    // and every later copy there would reach it (the bridge's lock is this run's alone).
+    if guest == GuestKind::Qemu && req.keep && req.isolates_network(kind) {
+        if let Some(bridge) = cfg.restore_test.lab_bridge() {
+            return Err(Failure::new(
+                ErrorCode::PolicyDenied,
+                format!(
+                    "VM {vmid_num} would be kept with its NICs on the lab bridge {bridge}, where every later isolated VM copy would reach it; keep it with its stored network (--network=stored) or let it be destroyed after its checks (no --keep); nothing was written"
+                ),
+            ));
+        }
+    }
     let prepared = if req.dry_run {
         prepare_read_only(cfg)?
     } else {
