@@ -2111,7 +2111,7 @@ fn check_packs_and_profiles(cfg: &Config, r: &mut DoctorReport) {
                     }
                 }
                 // A check for guests the cluster does not have never runs.
-                if let Ok(full) = crate::service::full_list(cfg) {
+                if let Ok(full) = crate::exec_helper::client::full_guest_list(cfg) {
                     for c in &checks {
                         for g in c.scope.guests.iter().filter(|g| full.lookup(**g).is_none()) {
                             doubts.push(format!(

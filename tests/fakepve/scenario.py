@@ -1299,6 +1299,16 @@ class ScenarioPve(fake_server.FakePve):
         if pid is None:
             raise fake_model.PveError(500, 'VM {0} qga command failed - got timeout'.format(vmid))
         enter = ['nsenter', '-t', str(pid), '-p', '-m', '-u', '-i', '-r', '-w', '--']
+        # The init sets the VM's hostname from its /etc/hostname right after it starts, but an
+        # exec may come before it did: the first exec sets it first (the same value, once), as
+        # a VM's kernel has its name before any guest-exec can run.
+        init = self.bed_inits.get(vmid)
+        if init is not None and not init.get('named'):
+            named = await asyncio.create_subprocess_exec(
+                *(enter + ['/usr/bin/busybox', 'hostname', '-F', '/etc/hostname']),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            await named.wait()
+            init['named'] = True
         return await asyncio.create_subprocess_exec(
             *(enter + ['/usr/bin/env', '-i', 'PATH=' + QGA_PATH] + list(argv)),
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,

@@ -163,7 +163,11 @@ exit 0
 /// 2. When the copy holds a `felabN` end (the lab gave it an interface), or is a VM copy whose
 ///    NICs are on the lab bridge (`FELHOM_LAB_VM`, after [`VM_NICS`]: then nothing is
 ///    restarted, its devices were there from QEMU's start, and only the DHCP and wait-online
-///    resets below apply): the failed units the
+///    resets below apply): first a `networking.service` still `activating` (restarted without
+///    waiting by the give step or the boot wait, its `ifup -a` waiting for a lease) is waited
+///    for, up to 120 s (`FELHOM_LAB_SETTLE_TRIES` steps of 0.2 s, 600 unless the tests set
+///    it): judged before its end, it is neither failed nor up, and a stanza of its that fails
+///    afterwards would never be seen. Then the failed units the
 ///    missing interface can explain are restarted, each answered with its state afterwards:
 ///    first the network's own (`networking.service`, `systemd-networkd.service`,
 ///    `systemd-networkd-wait-online.service`), then every unit ordered after `network.target`,
@@ -207,6 +211,14 @@ if [ -n "${FELHOM_LAB_USERNS:-}" ]; then
   fi
 fi
 if [ -n "${FELHOM_LAB_VM:-}" ] || ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit !f}'; then
+  # A networking.service the give step or the boot wait restarted without waiting may still
+  # be at its `ifup -a` (a DHCP stanza waits for its lease): judged only once it ended, else
+  # it is neither failed nor up and nothing below would look at it.
+  n=0
+  while [ "$(systemctl is-active networking.service 2>/dev/null)" = activating ] &&
+    [ "$n" -lt "${FELHOM_LAB_SETTLE_TRIES:-600}" ]; do
+    sleep 0.2; n=$((n+1))
+  done
   if [ -z "${FELHOM_LAB_VM:-}" ]; then
   failed=" $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{printf "%s ", $1}')"
   net=
