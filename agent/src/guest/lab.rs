@@ -166,8 +166,11 @@ exit 0
 ///    resets below apply): first a `networking.service` still `activating` (restarted without
 ///    waiting by the give step or the boot wait, its `ifup -a` waiting for a lease) is waited
 ///    for, up to 120 s (`FELHOM_LAB_SETTLE_TRIES` steps of 0.2 s, 600 unless the tests set
-///    it): judged before its end, it is neither failed nor up, and a stanza of its that fails
-///    afterwards would never be seen. Then the failed units the
+///    it), the boot wait's tick ([`DHCP6_WATCH`], [`NET_WATCH`]) run once a second meanwhile as
+///    `felhom_lab_tick` (after the boot the wait runs it no more, and a `dhclient -6` it did
+///    not stop holds that `ifup -a` for ever): judged before its end, it is neither failed nor
+///    up, and a stanza of its that fails afterwards would never be seen. Then the failed units
+///    the
 ///    missing interface can explain are restarted, each answered with its state afterwards:
 ///    first the network's own (`networking.service`, `systemd-networkd.service`,
 ///    `systemd-networkd-wait-online.service`), then every unit ordered after `network.target`,
@@ -214,10 +217,15 @@ if [ -n "${FELHOM_LAB_VM:-}" ] || ip -o link show 2>/dev/null | awk '$2 ~ /^fela
   # A networking.service the give step or the boot wait restarted without waiting may still
   # be at its `ifup -a` (a DHCP stanza waits for its lease): judged only once it ended, else
   # it is neither failed nor up and nothing below would look at it.
-  n=0
+  # The boot wait's tick goes on meanwhile (once a second): after the boot it runs no more,
+  # and a `dhclient -6` it would stop after its 60 s holds that `ifup -a` for ever.
+  felhom_w=0
   while [ "$(systemctl is-active networking.service 2>/dev/null)" = activating ] &&
-    [ "$n" -lt "${FELHOM_LAB_SETTLE_TRIES:-600}" ]; do
-    sleep 0.2; n=$((n+1))
+    [ "$felhom_w" -lt "${FELHOM_LAB_SETTLE_TRIES:-600}" ]; do
+    if [ $((felhom_w % 5)) -eq 0 ] && command -v felhom_lab_tick >/dev/null 2>&1; then
+      felhom_lab_tick
+    fi
+    sleep 0.2; felhom_w=$((felhom_w+1))
   done
   if [ -z "${FELHOM_LAB_VM:-}" ]; then
   failed=" $(systemctl list-units --state=failed --no-legend --plain --no-pager 2>/dev/null | awk '{printf "%s ", $1}')"
@@ -520,9 +528,16 @@ pub fn boot_plan(lab: &LabRequest<'_>, give_up: Duration) -> BootPlan {
     if !ok.is_empty() {
         tick.push_str(NET_WATCH);
     }
+    // The tick, also as a function the settle step calls while it waits for a
+    // networking.service still activating (the boot wait runs the tick only during the boot).
+    let tick_fn = if tick.is_empty() {
+        String::new()
+    } else {
+        format!("felhom_lab_tick() {{\n{tick}:\n}}\n")
+    };
     plan.tick = (!tick.is_empty()).then_some(tick);
     if !ok.is_empty() || lab.reset_node_failures {
-        plan.after = Some(format!("lab_strict=0\n{GUARD}{SETTLE}"));
+        plan.after = Some(format!("lab_strict=0\n{tick_fn}{GUARD}{SETTLE}"));
         let dhcp = lab.dhcp_names();
         if !dhcp.is_empty() {
             plan.env.push((LAB_DHCP_VAR, dhcp.join(" ")));
