@@ -1247,3 +1247,56 @@ fn the_report_and_the_kept_unit_name_the_stanzas_that_failed_on_their_own() {
         done.kept
     );
 }
+
+/// A `networking.service` still `activating` when the settle step begins (restarted without
+/// waiting, its `ifup -a` at a DHCP client) is waited for, the boot wait's tick run once a
+/// second meanwhile (after the boot nothing else would stop a `dhclient -6`), and judged once
+/// it ended: here it fails, and the VLAN stanza that failed on its own is named. Judged at
+/// once, it was neither failed nor up and nothing was named.
+#[test]
+fn the_settle_step_waits_for_an_activating_networking_service_running_the_tick() {
+    let links = format!("{LO}{LAB_PAIR}");
+    let g = Guest::new(&links, "exit 0");
+    let count = g.dir.path().join("count");
+    // `is-active networking.service`: activating for its first 8 answers, then failed.
+    write_exec(
+        &g.dir.path().join("systemctl"),
+        &format!(
+            "#!/bin/sh\necho \"systemctl $*\" >>'{log}'\ncase \"$1 $2\" in\n\
+             'list-units --state=failed') echo 'networking.service loaded failed failed x';;\n\
+             'is-active networking.service') c=$(cat '{count}' 2>/dev/null || echo 0); c=$((c+1)); echo $c >'{count}';\n\
+               if [ $c -le 8 ]; then echo activating; else echo failed; fi;;\n\
+             'is-active '*) echo inactive;;\n\
+             esac\nexit 0\n",
+            log = g.dir.path().join("log").display(),
+            count = count.display(),
+        ),
+    );
+    write_exec(
+        &g.dir.path().join("ifquery"),
+        &format!(
+            "#!/bin/sh\necho \"ifquery $*\" >>'{log}'\ncase \"$1\" in\n\
+             --list) printf 'lo\\neth0\\neth0.5\\n'; exit 0;;\n\
+             --state) [ \"$2\" = lo ] && {{ echo lo=lo; exit 0; }}; exit 1;;\n\
+             esac\nexit 1\n",
+            log = g.dir.path().join("log").display(),
+        ),
+    );
+    let tick = format!(
+        "felhom_lab_tick() {{\necho tick >>'{}'\n}}\n",
+        g.dir.path().join("log").display()
+    );
+    let out = g.run(
+        &format!("lab_strict=0\n{tick}{GUARD}{SETTLE}"),
+        &["eth0"],
+        &[("FELHOM_LAB_DHCP", "eth0"), ("FELHOM_LAB_VM", "1")],
+        Init::Host,
+    );
+    let log = g.log();
+    assert!(out.contains("stanza-failed eth0.5\n"), "{out}\n{log}");
+    assert!(!out.contains("dhcp-reset"), "{out}");
+    assert!(
+        log.matches("tick\n").count() >= 2,
+        "the tick did not run while it waited: {log}"
+    );
+}
