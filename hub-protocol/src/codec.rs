@@ -351,7 +351,16 @@ pub fn encode<M: Message>(envelope: &Envelope<M>) -> Result<String, EncodeError>
             since,
         });
     }
-    let frame = serde_json::to_string(envelope).map_err(|e| EncodeError::Json(e.to_string()))?;
+    let frame = if envelope.v < crate::PROTOCOL_VERSION {
+        // An earlier version's frame carries only that version's error codes.
+        let mut value =
+            serde_json::to_value(envelope).map_err(|e| EncodeError::Json(e.to_string()))?;
+        codes_in_version(&mut value, envelope.v);
+        serde_json::to_string(&value)
+    } else {
+        serde_json::to_string(envelope)
+    }
+    .map_err(|e| EncodeError::Json(e.to_string()))?;
     if frame.len() > MAX_FRAME_BYTES {
         return Err(EncodeError::Oversized {
             type_name: envelope.type_name(),
@@ -359,6 +368,28 @@ pub fn encode<M: Message>(envelope: &Envelope<M>) -> Result<String, EncodeError>
         });
     }
     Ok(frame)
+}
+
+/// Every `code` of the frame that is an [`ErrorCode`] newer than `v`, replaced by the code
+/// `v` has for it ([`ErrorCode::in_version`]).
+fn codes_in_version(value: &mut Value, v: u32) {
+    match value {
+        Value::Object(map) => {
+            for (k, item) in map.iter_mut() {
+                if k == "code" {
+                    if let Ok(code) = serde_json::from_value::<crate::ErrorCode>(item.clone()) {
+                        if code.since() > v {
+                            *item = Value::String(code.in_version(v).as_str().to_string());
+                        }
+                        continue;
+                    }
+                }
+                codes_in_version(item, v);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| codes_in_version(i, v)),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -954,6 +985,53 @@ mod tests {
                 ("protocol_error", true)
             ]
         );
+    }
+
+    /// A code that came with version 2 goes out in a version 1 frame as the code version 1
+    /// has for it (a v1 hub refuses a code it does not know, and the message would stay
+    /// unacknowledged for ever); a version 2 frame carries it as it is.
+    #[test]
+    fn a_newer_error_code_goes_out_as_its_older_version_in_an_older_frame() {
+        let result = |code: crate::ErrorCode| {
+            AgentMessage::Result(TxnResult {
+                txn: TxnId::parse(TXN).unwrap(),
+                kind: TxnKind::SelftestRestore,
+                vmid: Some(990_002),
+                outcome: Outcome::Failed,
+                phase: Phase::Failed,
+                destroy_armed: true,
+                destroyed: true,
+                checks: vec![],
+                isolation: None,
+                error: Some(crate::ErrorInfo {
+                    code,
+                    message: "m".to_owned(),
+                }),
+                guest: None,
+                backup: None,
+            })
+        };
+        for (code, v1) in [
+            (crate::ErrorCode::GuestExecBlocked, "launch_unproven"),
+            (crate::ErrorCode::LabBridgeOpen, "config_invalid"),
+            (crate::ErrorCode::GuestOsUnjudged, "guest_agent_off"),
+            (crate::ErrorCode::CheckFailed, "check_failed"),
+        ] {
+            let ts = Timestamp::parse(TS).unwrap();
+            let old = encode(&Envelope::new(1, id(), ts, result(code))).unwrap();
+            let frame: Value = serde_json::from_str(&old).unwrap();
+            assert_eq!(frame["body"]["error"]["code"], v1, "{old}");
+            // Decodable by a peer of version 1: a code it knows.
+            assert!(decode::<AgentMessage>(&old).is_ok(), "{old}");
+            let ts = Timestamp::parse(TS).unwrap();
+            let new = encode(&Envelope::new(2, id(), ts, result(code))).unwrap();
+            let frame: Value = serde_json::from_str(&new).unwrap();
+            assert_eq!(frame["body"]["error"]["code"], code.as_str(), "{new}");
+        }
+        for code in crate::ErrorCode::ALL {
+            assert!(code.in_version(1).since() <= 1, "{code:?}");
+            assert_eq!(code.in_version(2), code);
+        }
     }
 
     #[test]

@@ -91,7 +91,9 @@
 //!   answered with a `protocol_error` `unknown_type`, never a crash or a dropped session; so is
 //!   a type the frame's version does not have (a `coverage` frame of version 1), see
 //!   [`Message::type_since`]. A sender never writes a type into an earlier version's frame
-//!   ([`encode`] refuses it).
+//!   ([`encode`] refuses it). An error code newer than the frame's version goes out as the
+//!   code that version has for it ([`ErrorCode::since`], [`ErrorCode::in_version`]; [`encode`]
+//!   maps it), the message still saying what happened.
 //! - **Capabilities** (in the hello) are an open list of names; unknown names are ignored, and
 //!   the hub dispatches only actions whose capability the agent announced.
 

@@ -373,6 +373,36 @@ impl ErrorCode {
         ErrorCode::GuestOsUnjudged,
     ];
 
+    /// The protocol version the code came with: a frame of an earlier version carries
+    /// [`ErrorCode::in_version`] instead (a peer of that version refuses a code it does not
+    /// know).
+    pub fn since(self) -> u32 {
+        match self {
+            ErrorCode::LabBridgeOpen | ErrorCode::GuestExecBlocked | ErrorCode::GuestOsUnjudged => {
+                2
+            }
+            _ => 1,
+        }
+    }
+
+    /// The code a frame of version `v` carries for this one: itself when `v` has it, else the
+    /// nearest code of `v` (of the same exit status; the message says what happened).
+    pub fn in_version(self, v: u32) -> ErrorCode {
+        if self.since() <= v {
+            return self;
+        }
+        match self {
+            // The node's set-up: an environment fault, as a wrong config is.
+            ErrorCode::LabBridgeOpen => ErrorCode::ConfigInvalid,
+            // Started but nothing inside could be judged.
+            ErrorCode::GuestExecBlocked => ErrorCode::LaunchUnproven,
+            // A backup refused before any write because the agent cannot look inside the
+            // guest, as one without a guest agent is.
+            ErrorCode::GuestOsUnjudged => ErrorCode::GuestAgentOff,
+            other => other,
+        }
+    }
+
     /// The value as it appears on the wire, in the journal and in JSON output.
     pub fn as_str(self) -> &'static str {
         match self {
