@@ -263,6 +263,13 @@ impl<T: GuestAgentApi> GuestAgentApi for Arc<T> {
     }
 }
 
+/// How many answers "QEMU guest agent is not running" in a row a command's status poll takes
+/// before it gives up: qemu-server pings the guest agent (3 s timeout) before each
+/// `exec-status` (`QemuServer/Agent.pm` `agent_cmd` → `assert_agent_available` →
+/// `qga_check_running`), so an agent busy for a moment under a long command answers like a dead
+/// one; the poll's doubling wait (up to `poll_max`) spaces the tries.
+const AGENT_SILENCES: u32 = 3;
+
 /// How the guest agent is polled.
 #[derive(Debug, Clone)]
 pub struct QemuConfig {
@@ -410,17 +417,25 @@ impl<A: GuestAgentApi> QemuExec<A> {
     ) -> Result<Option<AgentExecStatus>, ExecError> {
         let mut interval = self.config.poll_initial;
         let mut transport_failures = 0;
+        let mut agent_silences = 0;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             tokio::time::sleep(interval.min(remaining)).await;
             match self.api.agent_exec_status(&self.node, self.vmid, pid).await {
                 // The final answer: the guest agent forgets the pid now; never ask again.
                 Ok(status) if status.exited => return Ok(Some(status)),
-                Ok(_) => transport_failures = 0,
+                Ok(_) => {
+                    transport_failures = 0;
+                    agent_silences = 0;
+                }
                 Err(AgentApiError::Transport { .. })
                     if transport_failures < self.config.transport_retries =>
                 {
                     transport_failures += 1;
+                }
+                // A ping that timed out before the status was asked: asked again, bounded.
+                Err(AgentApiError::AgentNotRunning) if agent_silences < AGENT_SILENCES => {
+                    agent_silences += 1;
                 }
                 Err(e) => return Err(self.map_error(e, Some(pid))),
             }
@@ -1146,6 +1161,60 @@ mod tests {
                 message: "Agent error: Invalid parameter 'pid'".into()
             }
         );
+    }
+
+    /// qemu-server answers an `exec-status` "QEMU guest agent is not running" when its ping
+    /// of the guest agent timed out (3 s): a busy agent under a long command. A few such
+    /// answers in a row are asked through, and the command's status still read; more than
+    /// [`AGENT_SILENCES`] in a row end the exec.
+    #[tokio::test(start_paused = true)]
+    async fn a_guest_agent_silent_for_a_moment_during_a_long_command_is_asked_again() {
+        struct Busy(std::sync::atomic::AtomicU32, u32);
+        impl GuestAgentApi for Busy {
+            async fn agent_exec(
+                &self,
+                _: &str,
+                _: u32,
+                _: &[String],
+                _: Option<&str>,
+            ) -> Result<u64, AgentApiError> {
+                Ok(7)
+            }
+            async fn agent_exec_status(
+                &self,
+                _: &str,
+                _: u32,
+                _: u64,
+            ) -> Result<AgentExecStatus, AgentApiError> {
+                let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if n == 0 {
+                    return Ok(
+                        AgentExecStatus::from_json(&serde_json::json!({"exited": 0}))
+                            .expect("status"),
+                    );
+                }
+                if n <= self.1 {
+                    return Err(AgentApiError::classify(
+                        500,
+                        "QEMU guest agent is not running",
+                    ));
+                }
+                Ok(AgentExecStatus::from_json(
+                    &serde_json::json!({"exited": 1, "exitcode": 0, "out-data": "done\n"}),
+                )
+                .expect("status"))
+            }
+        }
+        let out = QemuExec::new(Busy(0.into(), AGENT_SILENCES), "pve1", 300, fast())
+            .exec(&ExecRequest::new(["sleep", "60"]))
+            .await
+            .expect("the status after the agent's silence");
+        assert!(out.success(), "{}", out.summary());
+        let err = QemuExec::new(Busy(0.into(), AGENT_SILENCES + 1), "pve1", 300, fast())
+            .exec(&ExecRequest::new(["sleep", "60"]))
+            .await
+            .expect_err("silent too long");
+        assert!(!matches!(err, ExecError::StatusLost { .. }), "{err}");
     }
 
     #[tokio::test(start_paused = true)]
