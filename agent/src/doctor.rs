@@ -511,6 +511,34 @@ async fn check_lab_bridge(cfg: &Config, client: &PveClient, r: &mut DoctorReport
     r.pass(name, format!("{}; {summary}", passes.join("; ")));
 }
 
+/// The lab bridge's MTU against the largest of the node's other network devices (`lo` left
+/// out), from `/sys/class/net/<dev>/mtu` under `root`: why a copy could fail there, or `None`.
+fn lab_mtu_doubt(root: &std::path::Path, bridge: &str) -> Option<String> {
+    let net = root.join("sys/class/net");
+    let mtu = |name: &str| -> Option<u32> {
+        let text = std::fs::read_to_string(net.join(name).join("mtu")).ok()?;
+        text.trim().parse().ok()
+    };
+    let lab = mtu(bridge)?;
+    let (name, largest) = std::fs::read_dir(&net)
+        .ok()?
+        .filter_map(Result::ok)
+        .take(4096)
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            (n != "lo" && n != bridge)
+                .then(|| mtu(&n).map(|m| (n, m)))
+                .flatten()
+        })
+        .max_by_key(|(_, m)| *m)?;
+    (largest > lab).then(|| {
+        format!(
+            "bridge {bridge} has MTU {lab} but the node's {} has {largest}: a VM copy's NIC gets the lab bridge's MTU (qemu-server print_netdevice_full, host_mtu), so a guest that sets `mtu {largest}` fails its network unit there, and a NIC stored with `mtu={largest}` refuses its start; add `mtu {largest}` to the bridge's stanza in /etc/network/interfaces, then `ifreload -a`",
+            crate::error::outside_text(&name)
+        )
+    })
+}
+
 /// What doctor says of one lab bridge.
 enum LabVerdict {
     Fail(ErrorCode, String),
@@ -576,6 +604,13 @@ async fn lab_bridge_verdict(
                 kernel.join("; ")
             ),
         );
+    }
+    // A lab bridge of a smaller MTU than the node's networks: qemu-server gives a VM copy's
+    // virtio NIC the bridge's MTU (QemuServer.pm print_netdevice_full: `host_mtu`, and a NIC
+    // whose stored `mtu` is bigger than the bridge's refuses the start), so a guest that sets
+    // the larger MTU fails its network unit there, or its copy does not start.
+    if let Some(doubt) = lab_mtu_doubt(&crate::lab_kernel::kernel_root(), bridge) {
+        return LabVerdict::Warn(doubt);
     }
     // The kernel is right now; the stanza keeps it right after a reboot or an `ifreload -a`
     // (and after a write of net.ipv4.ip_forward, which sets every device's forwarding).

@@ -1393,3 +1393,64 @@ fn a_mistyped_pool_is_named_missing_before_any_grant_recipe() {
     let at = |n: &str| names.iter().position(|x| *x == n);
     assert!(at("pool") < at("privileges"), "{names:?}");
 }
+
+/// A lab bridge of a smaller MTU than the node's other networks: a VM copy's NIC gets the
+/// bridge's MTU (qemu-server `print_netdevice_full`, `host_mtu`), so doctor warns, naming both
+/// MTUs, the device and the stanza line; with equal MTUs it passes. The kernel's files are a
+/// tree of the test's (`/sys/class/net/<dev>/mtu`).
+#[test]
+fn a_lab_bridge_of_a_smaller_mtu_than_the_node_is_warned_about() {
+    let doctor_with_mtus = |lab: u32, uplink: u32| -> Value {
+        let mut scenario = felhom_tests::fakepve::demo_scenario();
+        scenario["node_network"] = network_with(Some(good_lab()));
+        for who in ["felhom@pve!agent", "felhom@pve"] {
+            scenario["grants"]
+                .as_array_mut()
+                .expect("grants")
+                .push(json!([
+                    who,
+                    "/sdn/zones/localnetwork/vmbr9",
+                    ["PVESDNUser"]
+                ]));
+        }
+        let pve = FakePve::start(scenario);
+        let opts = AgentOptions {
+            extra_toml: "[restore_test]\nlab_bridge = \"vmbr9\"\n".to_string(),
+            ..AgentOptions::default()
+        };
+        let files = AgentFiles::write(&pve, &opts);
+        let _helper = helper(&files);
+        let kernel = tempfile::tempdir().expect("a kernel tree");
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(format!(
+                "{}/.",
+                felhom_tests::agent::bed_kernel_root().display()
+            ))
+            .arg(kernel.path())
+            .status()
+            .expect("cp");
+        assert!(copied.success());
+        let net = kernel.path().join("sys/class/net");
+        std::fs::write(net.join("vmbr9/mtu"), format!("{lab}\n")).expect("mtu");
+        std::fs::create_dir_all(net.join("eno1")).expect("eno1");
+        std::fs::write(net.join("eno1/mtu"), format!("{uplink}\n")).expect("mtu");
+        let run: felhom_tests::agent::AgentRun =
+            felhom_tests::agent::agent_command(&files.config_path)
+                .env(felhom_tests::agent::KERNEL_ROOT_ENV, kernel.path())
+                .args(["doctor", "--json"])
+                .output()
+                .expect("doctor")
+                .into();
+        check(&run.json(), "lab_bridge").clone()
+    };
+    let c = doctor_with_mtus(1500, 9000);
+    assert_eq!(c["status"], "warn", "{c:#}");
+    let m = c["message"].as_str().unwrap_or("");
+    assert!(
+        m.contains("MTU 1500") && m.contains("eno1 has 9000") && m.contains("`mtu 9000`"),
+        "{m}"
+    );
+    let c = doctor_with_mtus(9000, 9000);
+    assert_eq!(c["status"], "pass", "{c:#}");
+}
