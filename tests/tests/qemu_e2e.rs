@@ -757,13 +757,9 @@ fn a_resumed_vm_copy_waits_for_the_lab_bridge_as_a_new_one_does() {
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
 }
 
-/// The restore test of two VMs' backups (guests 300 and 301) with `restore_toml`: its JSON,
-/// after both copies ended ok; the bridge of each copy's first NIC at its start, by guest.
-fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
-    let (w, run) = two_vm_backups_run("", booting_guest(), restore_toml);
-    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    let doc = run.json();
-    let outcomes: Vec<(u64, String)> = doc["copies"]
+/// Each copy of a restore run's document: (the guest it proves, its outcome), in run order.
+fn copy_outcomes(doc: &Value) -> Vec<(u64, String)> {
+    doc["copies"]
         .as_array()
         .expect("copies")
         .iter()
@@ -773,7 +769,16 @@ fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
                 c["outcome"].as_str().unwrap_or("").to_string(),
             )
         })
-        .collect();
+        .collect()
+}
+
+/// The restore test of two VMs' backups (guests 300 and 301) with `restore_toml`: its JSON,
+/// after both copies ended ok; the bridge of each copy's first NIC at its start, by guest.
+fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
+    let (w, run) = two_vm_backups_run("", booting_guest(), restore_toml);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let outcomes = copy_outcomes(&doc);
     assert_eq!(outcomes.len(), 2, "{doc:#}");
     assert!(outcomes.iter().all(|(_, o)| o == "ok"), "{doc:#}");
     let mut bridges: Vec<String> = w
@@ -872,17 +877,7 @@ fn a_copy_that_timed_out_beside_others_is_tried_once_more_alone_before_it_counts
         "lab_bridges = [\"vmbr9\", \"vmbr10\"]\n",
     );
     let doc = run.json();
-    let tries: Vec<(u64, String)> = doc["copies"]
-        .as_array()
-        .expect("copies")
-        .iter()
-        .map(|c| {
-            (
-                c["guest"].as_u64().unwrap_or(0),
-                c["outcome"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
+    let tries = copy_outcomes(&doc);
     assert_eq!(run.code, Some(5), "{doc:#}\n{}", run.stderr);
     assert_eq!(
         tries.iter().filter(|(g, _)| *g == 301).count(),
