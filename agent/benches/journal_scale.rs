@@ -36,6 +36,7 @@ fn request(txn: Ulid, vmid: u32) -> Request {
         dry_run: false,
         profile: None,
         lab_bridge: None,
+        group: None,
     }
 }
 

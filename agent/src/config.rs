@@ -262,9 +262,33 @@ pub struct RestoreTestConfig {
     pub bwlimit: Option<u64>,
     /// Write each verdict into the backup's notes (`note_backups`, default off).
     pub note_backups: bool,
+    /// Application groups (`[[restore_test.group]]`): guests proven together, in a lab of
+    /// their own, started in the order given.
+    pub groups: Vec<RestoreGroup>,
 }
 
+/// An application group: its members' copies are restored together, started one after the
+/// other in `guests`' order, checked while every member is up, and destroyed together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreGroup {
+    /// Its name (letters, digits, `-`, `_`; 1 to 32 characters).
+    pub name: String,
+    /// Its members, in start order (1 to [`GROUP_MEMBERS_MAX`], each once).
+    pub guests: Vec<u32>,
+    /// Seconds to wait after a member's boot ended before the next member starts.
+    pub boot_delay: u64,
+}
+
+/// The most members of a group: the restore-test band's vmids.
+pub const GROUP_MEMBERS_MAX: usize = 10;
+/// The longest `boot_delay` (seconds).
+pub const GROUP_BOOT_DELAY_MAX: u64 = 600;
+
 impl RestoreTestConfig {
+    /// The group `guest` belongs to.
+    pub fn group_of(&self, guest: u32) -> Option<&RestoreGroup> {
+        self.groups.iter().find(|g| g.guests.contains(&guest))
+    }
     /// The first lab bridge (`lab_bridge`, else the first of `lab_bridges`): the one a check
     /// names when it speaks of one.
     pub fn lab_bridge(&self) -> Option<&str> {
@@ -509,6 +533,15 @@ struct RawRestoreTest {
     memory_reserve: Option<String>,
     bwlimit: Option<u64>,
     note_backups: Option<bool>,
+    group: Option<Vec<RawGroup>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: String,
+    guests: Vec<i64>,
+    boot_delay: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -546,6 +579,79 @@ struct RawProvision {
     checks_dir: Option<PathBuf>,
     launch_timeout_secs: Option<u64>,
     boot_timeout_secs: Option<u64>,
+}
+
+/// `[[restore_test.group]]`, checked: a name of its own, 1 to [`GROUP_MEMBERS_MAX`] guests,
+/// each in one group only, and a boot delay within bounds (whether each is a pool guest with
+/// a backup is judged by the run and by `doctor`).
+fn groups_of(path: &Path, raw: Vec<RawGroup>) -> Result<Vec<RestoreGroup>, Failure> {
+    let mut groups: Vec<RestoreGroup> = Vec::new();
+    for g in raw {
+        let shown = crate::error::outside_text(&g.name);
+        let name_ok = !g.name.is_empty()
+            && g.name.len() <= 32
+            && g.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !name_ok {
+            return Err(invalid(format!(
+                "{}: a [[restore_test.group]] is named {shown:?}; a group's name is 1 to 32 letters, digits, '-' or '_' (e.g. \"shop\")",
+                path.display()
+            )));
+        }
+        if groups.iter().any(|o| o.name == g.name) {
+            return Err(invalid(format!(
+                "{}: two [[restore_test.group]] are named {shown:?}; give each group a name of its own",
+                path.display()
+            )));
+        }
+        if g.guests.is_empty() || g.guests.len() > GROUP_MEMBERS_MAX {
+            return Err(invalid(format!(
+                "{}: [[restore_test.group]] {shown:?} lists {} guests; a group has 1 to {GROUP_MEMBERS_MAX} (the restore-test band's vmids)",
+                path.display(),
+                g.guests.len()
+            )));
+        }
+        let mut guests: Vec<u32> = Vec::new();
+        for v in g.guests {
+            let Some(vmid) = u32::try_from(v).ok().filter(|v| *v > 0) else {
+                return Err(invalid(format!(
+                    "{}: [[restore_test.group]] {shown:?} lists {v}, which is no guest's vmid; list the vmids of pool guests",
+                    path.display()
+                )));
+            };
+            if guests.contains(&vmid) {
+                return Err(invalid(format!(
+                    "{}: [[restore_test.group]] {shown:?} lists guest {vmid} twice; list each member once, in start order",
+                    path.display()
+                )));
+            }
+            if let Some(other) = groups.iter().find(|o| o.guests.contains(&vmid)) {
+                return Err(invalid(format!(
+                    "{}: guest {vmid} is in two [[restore_test.group]]s, {:?} and {shown:?}; a guest belongs to at most one group: remove it from one of them",
+                    path.display(),
+                    other.name
+                )));
+            }
+            guests.push(vmid);
+        }
+        let boot_delay = match g.boot_delay {
+            None => 0,
+            Some(d) if (0..=GROUP_BOOT_DELAY_MAX as i64).contains(&d) => d.unsigned_abs(),
+            Some(d) => {
+                return Err(invalid(format!(
+                    "{}: [[restore_test.group]] {shown:?} has boot_delay = {d}; give 0 to {GROUP_BOOT_DELAY_MAX} seconds",
+                    path.display()
+                )));
+            }
+        };
+        groups.push(RestoreGroup {
+            name: g.name,
+            guests,
+            boot_delay,
+        });
+    }
+    Ok(groups)
 }
 
 fn invalid(msg: String) -> Failure {
@@ -831,6 +937,7 @@ impl Config {
                 b => b,
             },
             note_backups: rt.note_backups.unwrap_or(false),
+            groups: groups_of(path, rt.group.unwrap_or_default())?,
         };
         let metrics_dir = match (raw.metrics.and_then(|m| m.dir), rt.metrics_dir) {
             (Some(_), Some(_)) => {
@@ -1941,5 +2048,51 @@ mod tests {
             "{}",
             f.message
         );
+    }
+
+    #[test]
+    fn groups_are_read_in_start_order_and_a_guest_is_in_one_group_only() {
+        let d = tempfile::tempdir().expect("tmp");
+        let t = secret_file(d.path(), 0o600);
+        let load = |extra: &str| Config::parse(Path::new("/x.toml"), &sample(&t, extra));
+        let cfg = load(
+            "[[restore_test.group]]\nname = \"shop\"\nguests = [200, 201]\nboot_delay = 30\n\n[[restore_test.group]]\nname = \"mail\"\nguests = [210]\n",
+        )
+        .expect("two groups");
+        let g = &cfg.restore_test.groups;
+        assert_eq!(g.len(), 2);
+        assert_eq!(
+            (g[0].name.as_str(), g[0].guests.as_slice(), g[0].boot_delay),
+            ("shop", &[200, 201][..], 30)
+        );
+        assert_eq!((g[1].name.as_str(), g[1].boot_delay), ("mail", 0));
+        assert_eq!(
+            cfg.restore_test.group_of(201).map(|g| g.name.as_str()),
+            Some("shop")
+        );
+        assert!(cfg.restore_test.group_of(300).is_none());
+        let err = load(
+            "[[restore_test.group]]\nname = \"shop\"\nguests = [200, 201]\n[[restore_test.group]]\nname = \"db\"\nguests = [201]\n",
+        )
+        .expect_err("a guest in two groups");
+        assert!(
+            err.message
+                .contains("guest 201 is in two [[restore_test.group]]s, \"shop\" and \"db\""),
+            "{}",
+            err.message
+        );
+        for (bad, said) in [
+            ("name = \"a b\"\nguests = [200]", "is named"),
+            ("name = \"x\"\nguests = []", "lists 0 guests"),
+            ("name = \"x\"\nguests = [200, 200]", "twice"),
+            ("name = \"x\"\nguests = [-1]", "no guest's vmid"),
+            (
+                "name = \"x\"\nguests = [200]\nboot_delay = 601",
+                "boot_delay = 601",
+            ),
+        ] {
+            let err = load(&format!("[[restore_test.group]]\n{bad}\n")).expect_err(bad);
+            assert!(err.message.contains(said), "{bad}: {}", err.message);
+        }
     }
 }

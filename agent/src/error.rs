@@ -70,6 +70,7 @@ pub fn exit_status(code: ErrorCode) -> ExitStatus {
         | ErrorCode::TlsPinMismatch
         | ErrorCode::ConfigInvalid
         | ErrorCode::LabBridgeOpen
+        | ErrorCode::GroupLabFailed
         | ErrorCode::PoolMissing
         | ErrorCode::PveUnsupported
         | ErrorCode::ExecHelperUnavailable

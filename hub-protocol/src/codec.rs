@@ -1014,6 +1014,7 @@ mod tests {
         for (code, v1) in [
             (crate::ErrorCode::GuestExecBlocked, "launch_unproven"),
             (crate::ErrorCode::LabBridgeOpen, "config_invalid"),
+            (crate::ErrorCode::GroupLabFailed, "config_invalid"),
             (crate::ErrorCode::GuestOsUnjudged, "guest_agent_off"),
             (crate::ErrorCode::CheckFailed, "check_failed"),
         ] {

@@ -213,6 +213,10 @@ pub enum ErrorCode {
     /// device on top, an address, IPv6 on, no strict IPv4 reverse-path filter, or forwarding
     /// on), or one of these changed right after the copy's start (which then stops it).
     LabBridgeOpen,
+    /// The node's set-up (exit 6): an application group's lab (a network namespace of its
+    /// own with a bridge, the members' copies joined to it by the root helper) could not be
+    /// made or joined.
+    GroupLabFailed,
     /// Preflight: the backup is of a privileged container.
     BackupPrivileged,
     /// Preflight: the backup carries bind or device mount points, device passthrough or raw `lxc.*` keys (root only).
@@ -310,7 +314,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 60] = [
+    pub const ALL: [ErrorCode; 61] = [
         ErrorCode::VmidInvalid,
         ErrorCode::VmidReserved,
         ErrorCode::VmidInUse,
@@ -334,6 +338,7 @@ impl ErrorCode {
         ErrorCode::PolicyDenied,
         ErrorCode::SdnDenied,
         ErrorCode::LabBridgeOpen,
+        ErrorCode::GroupLabFailed,
         ErrorCode::BackupPrivileged,
         ErrorCode::BackupMounts,
         ErrorCode::BackupDevices,
@@ -378,9 +383,10 @@ impl ErrorCode {
     /// know).
     pub fn since(self) -> u32 {
         match self {
-            ErrorCode::LabBridgeOpen | ErrorCode::GuestExecBlocked | ErrorCode::GuestOsUnjudged => {
-                2
-            }
+            ErrorCode::LabBridgeOpen
+            | ErrorCode::GroupLabFailed
+            | ErrorCode::GuestExecBlocked
+            | ErrorCode::GuestOsUnjudged => 2,
             _ => 1,
         }
     }
@@ -393,7 +399,7 @@ impl ErrorCode {
         }
         match self {
             // The node's set-up: an environment fault, as a wrong config is.
-            ErrorCode::LabBridgeOpen => ErrorCode::ConfigInvalid,
+            ErrorCode::LabBridgeOpen | ErrorCode::GroupLabFailed => ErrorCode::ConfigInvalid,
             // Started but nothing inside could be judged.
             ErrorCode::GuestExecBlocked => ErrorCode::LaunchUnproven,
             // A backup refused before any write because the agent cannot look inside the
@@ -429,6 +435,7 @@ impl ErrorCode {
             ErrorCode::PolicyDenied => "policy_denied",
             ErrorCode::SdnDenied => "sdn_denied",
             ErrorCode::LabBridgeOpen => "lab_bridge_open",
+            ErrorCode::GroupLabFailed => "group_lab_failed",
             ErrorCode::BackupPrivileged => "backup_privileged",
             ErrorCode::BackupMounts => "backup_mounts",
             ErrorCode::BackupDevices => "backup_devices",
@@ -633,6 +640,7 @@ mod tests {
             (ErrorCode::PolicyDenied, "policy_denied"),
             (ErrorCode::SdnDenied, "sdn_denied"),
             (ErrorCode::LabBridgeOpen, "lab_bridge_open"),
+            (ErrorCode::GroupLabFailed, "group_lab_failed"),
             (ErrorCode::BackupPrivileged, "backup_privileged"),
             (ErrorCode::BackupMounts, "backup_mounts"),
             (ErrorCode::BackupDevices, "backup_devices"),
@@ -664,7 +672,7 @@ mod tests {
             (ErrorCode::GuestExecBlocked, "guest_exec_blocked"),
             (ErrorCode::GuestOsUnjudged, "guest_os_unjudged"),
         ]);
-        assert_eq!(ErrorCode::ALL.len(), 60);
+        assert_eq!(ErrorCode::ALL.len(), 61);
     }
 
     #[test]

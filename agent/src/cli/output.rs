@@ -232,6 +232,12 @@ fn copy_output(c: &CopyRun) -> (Value, String) {
         obj.insert("name".into(), json!(c.name));
         obj.insert("backup".into(), json!(c.backup));
         obj.insert("verdict".into(), json!(c.verdict.map(|v| v.as_str())));
+        if let Some(g) = &driven.state.request().group {
+            obj.insert(
+                "group".into(),
+                json!({"name": g.name, "member": g.index + 1, "lab": crate::guest::group_lab::netns_name(g.lab)}),
+            );
+        }
         if let Some(h) = &driven.halted {
             obj.insert(
                 "halted".into(),
@@ -252,11 +258,14 @@ fn copy_output(c: &CopyRun) -> (Value, String) {
         .state
         .vmid()
         .map_or_else(|| "-".to_string(), |v| v.to_string());
-    let name = if c.name.is_empty() {
+    let mut name = if c.name.is_empty() {
         String::new()
     } else {
         format!(" ({})", crate::error::outside_text(&c.name))
     };
+    if let Some(g) = &driven.state.request().group {
+        name.push_str(&format!(", member {} of group {}", g.index + 1, g.name));
+    }
     let mut h = String::new();
     let refused = c.preflight.as_ref().is_some_and(|p| p.failure().is_some());
     if driven.state.request().dry_run {

@@ -46,6 +46,8 @@ pub const EXEC_MARGIN: Duration = Duration::from_secs(45);
 /// The longest wait for a push's answer: the helper's `pct exec` that writes the file, its
 /// read-back, and transfer.
 pub const PUSH_WAIT: Duration = Duration::from_secs(480);
+/// How long a lab request may take (a few `ip` calls).
+pub const LAB_WAIT: Duration = Duration::from_secs(60);
 /// How many bytes of the helper's message an error keeps.
 const MESSAGE_KEEP: usize = 512;
 /// Room in an answer beyond its output (JSON keys, exit, duration, an error's message).
@@ -78,6 +80,28 @@ impl HelperExec {
         GuestRef {
             kind: GuestKind::Lxc,
             vmid: self.vmid,
+        }
+    }
+
+    /// Ask the helper to join this copy to its group's lab, or to remove the lab: what it did,
+    /// or why not.
+    pub async fn lab(&self, op: Op) -> Result<String, String> {
+        match self
+            .call(
+                op,
+                LAB_WAIT,
+                u32::try_from(ANSWER_SLACK).unwrap_or(u32::MAX),
+            )
+            .await
+        {
+            Ok(Response::Lab(note)) => Ok(outside_text_max(&note, MESSAGE_KEEP)),
+            Ok(Response::Error(e)) => Err(format!(
+                "{}: {}",
+                e.code,
+                outside_text_max(&e.message, MESSAGE_KEEP)
+            )),
+            Ok(_) => Err("the exec helper answered a lab request with something else".to_string()),
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -254,7 +278,7 @@ impl GuestExec for HelperExec {
                 .into_outcome(request.output_cap)
                 .map_err(|e| self.unavailable(format!("its answer is not valid: {e}"))),
             Response::Error(e) => Err(self.answer_error(e, None)),
-            Response::Push(_) | Response::File(_) | Response::Status(_) => {
+            Response::Push(_) | Response::File(_) | Response::Status(_) | Response::Lab(_) => {
                 Err(self.unavailable("it answered an exec with something else"))
             }
         }
@@ -301,7 +325,7 @@ impl GuestExec for HelperExec {
         {
             Response::Push(r) => r.into_receipt(),
             Response::Error(e) => return Err(self.answer_error(e, Some(guest_path))),
-            Response::Exec(_) | Response::File(_) | Response::Status(_) => {
+            Response::Exec(_) | Response::File(_) | Response::Status(_) | Response::Lab(_) => {
                 return Err(self.unavailable("it answered a push with something else"))
             }
         };
@@ -405,6 +429,21 @@ impl LxcExecFactory for HelperRoute {
             TxnId::from_ulid(txn),
             self.socket.clone(),
         ))
+    }
+
+    fn lab_op(
+        &self,
+        vmid: u32,
+        txn: ulid::Ulid,
+        op: crate::guest::exec::LabOp,
+    ) -> futures_util::future::BoxFuture<'static, Result<String, String>> {
+        use crate::guest::exec::LabOp;
+        let op = match op {
+            LabOp::Join { lab, names } => Op::LabJoin { lab, names },
+            LabOp::Remove { lab } => Op::LabRemove { lab },
+        };
+        let exec = HelperExec::new(vmid, TxnId::from_ulid(txn), self.socket.clone());
+        Box::pin(async move { exec.lab(op).await })
     }
 
     fn describe(&self) -> String {
@@ -568,7 +607,7 @@ pub fn read_cluster_file(socket: &Path, file: ClusterFile) -> Result<Option<Vec<
             ErrorCode::PveUnreachable => FileAnswer::Unreadable(clip(&e.message)),
             code => FileAnswer::Refused(format!("{code}: {}", clip(&e.message))),
         }),
-        Response::Exec(_) | Response::Push(_) | Response::Status(_) => Err(
+        Response::Exec(_) | Response::Push(_) | Response::Status(_) | Response::Lab(_) => Err(
             FileAnswer::Unavailable("it answered a read with something else".to_string()),
         ),
     }
@@ -876,7 +915,7 @@ mod tests {
                 mode,
             })
             .encode(),
-            Op::Exec(_) => b"{}".to_vec(),
+            _ => b"{}".to_vec(),
         });
         let exec = exec_for(&socket);
         let receipt = exec
@@ -905,7 +944,7 @@ mod tests {
                 mode,
             })
             .encode(),
-            Op::Exec(_) => b"{}".to_vec(),
+            _ => b"{}".to_vec(),
         });
         let err = exec_for(&socket)
             .push_file(&PushSource::Bytes(b"payload".to_vec()), "/root/p", 0o600)

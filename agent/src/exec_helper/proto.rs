@@ -217,14 +217,30 @@ pub enum Op {
         /// The file's bytes.
         data: Vec<u8>,
     },
+    /// Join the running copy to its application group's lab ([`crate::guest::group_lab::join`]):
+    /// one veth pair per stored interface name. Only for the lab the transaction journaled.
+    LabJoin {
+        /// The lab (the transaction's `group.lab`).
+        lab: ulid::Ulid,
+        /// The stored interface names.
+        names: Vec<String>,
+    },
+    /// Remove the group's lab ([`crate::guest::group_lab::remove`]): only the lab the transaction
+    /// journaled; the container may be gone.
+    LabRemove {
+        /// The lab (the transaction's `group.lab`).
+        lab: ulid::Ulid,
+    },
 }
 
 impl Op {
-    /// `exec` or `push`.
+    /// `exec`, `push`, `lab_join` or `lab_remove`.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Exec(_) => "exec",
             Self::Push { .. } => "push",
+            Self::LabJoin { .. } => "lab_join",
+            Self::LabRemove { .. } => "lab_remove",
         }
     }
 }
@@ -240,6 +256,12 @@ impl fmt::Debug for Op {
                 .field("mode", &format_args!("{mode:o}"))
                 .field("bytes", &data.len())
                 .finish(),
+            Self::LabJoin { lab, names } => f
+                .debug_struct("LabJoin")
+                .field("lab", lab)
+                .field("names", names)
+                .finish(),
+            Self::LabRemove { lab } => f.debug_struct("LabRemove").field("lab", lab).finish(),
         }
     }
 }
@@ -345,6 +367,10 @@ struct RawRequest {
     mode: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lab: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    names: Option<Vec<String>>,
 }
 
 /// Only the version, read when a body is not a valid request, to say which is wrong.
@@ -426,7 +452,9 @@ pub fn decode_incoming(body: &[u8]) -> Result<Incoming, ProtoError> {
             && raw.output_cap.is_none()
             && raw.path.is_none()
             && raw.mode.is_none()
-            && raw.data.is_none();
+            && raw.data.is_none()
+            && raw.lab.is_none()
+            && raw.names.is_none();
         if !only_op {
             return Err(invalid(format!(
                 "a {} request carries nothing but {}",
@@ -471,7 +499,52 @@ pub fn decode_incoming(body: &[u8]) -> Result<Incoming, ProtoError> {
             outside_text(raw_txn)
         ))
     })?;
+    let lab_fields = raw.lab.is_some() || raw.names.is_some();
+    if lab_fields && !raw.op.starts_with("lab_") {
+        return Err(invalid("an exec or push request carries no lab or names"));
+    }
     let op = match raw.op.as_str() {
+        "lab_join" | "lab_remove" => {
+            if raw.argv.is_some()
+                || raw.env.is_some()
+                || raw.stdin.is_some()
+                || raw.timeout_ms.is_some()
+                || raw.output_cap.is_some()
+                || raw.path.is_some()
+                || raw.mode.is_some()
+                || raw.data.is_some()
+            {
+                return Err(invalid(
+                    "a lab request carries only vmid, txn, lab and names",
+                ));
+            }
+            let text = raw
+                .lab
+                .ok_or_else(|| invalid("a lab request needs lab (the group's lab id, a ULID)"))?;
+            let lab = ulid::Ulid::from_string(&text)
+                .map_err(|_| invalid(format!("lab {} is not a ULID", outside_text(&text))))?;
+            if raw.op == "lab_remove" {
+                if raw.names.is_some() {
+                    return Err(invalid("a lab_remove request carries no names"));
+                }
+                Op::LabRemove { lab }
+            } else {
+                let names = raw.names.unwrap_or_default();
+                if names.is_empty() || names.len() > 8 {
+                    return Err(invalid(format!(
+                        "a lab_join request names {} interfaces; 1 to 8",
+                        names.len()
+                    )));
+                }
+                if let Some(bad) = names.iter().find(|n| !crate::guest::lab::valid_ifname(n)) {
+                    return Err(invalid(format!(
+                        "{} is not an interface name",
+                        outside_text_max(bad, 20)
+                    )));
+                }
+                Op::LabJoin { lab, names }
+            }
+        }
         "exec" => {
             if raw.path.is_some() || raw.mode.is_some() || raw.data.is_some() {
                 return Err(invalid("an exec request carries no path, mode or data"));
@@ -561,7 +634,7 @@ pub fn decode_incoming(body: &[u8]) -> Result<Incoming, ProtoError> {
         }
         other => {
             return Err(invalid(format!(
-                "op {} is unknown; use exec, push, read or status",
+                "op {} is unknown; use exec, push, lab_join, lab_remove, read or status",
                 outside_text(other)
             )))
         }
@@ -605,6 +678,8 @@ pub fn encode_request(request: &Request) -> Vec<u8> {
         path: None,
         mode: None,
         data: None,
+        lab: None,
+        names: None,
     };
     match &request.op {
         Op::Exec(r) => {
@@ -619,6 +694,11 @@ pub fn encode_request(request: &Request) -> Vec<u8> {
             raw.mode = Some(*mode);
             raw.data = Some(B64.encode(data));
         }
+        Op::LabJoin { lab, names } => {
+            raw.lab = Some(lab.to_string());
+            raw.names = Some(names.clone());
+        }
+        Op::LabRemove { lab } => raw.lab = Some(lab.to_string()),
     }
     serde_json::to_vec(&raw).unwrap_or_default()
 }
@@ -851,6 +931,8 @@ pub enum Response {
     File(WireFile),
     /// Where the helper's `pct` resolves.
     Status(WireStatus),
+    /// What a lab request did (clipped text for the report).
+    Lab(String),
     /// Refused or failed.
     Error(WireError),
 }
@@ -919,6 +1001,11 @@ impl Response {
                     .is_some_and(|d| d.len() > MAX_MESSAGE_BYTES)
             {
                 return Err(invalid("response: error message too long"));
+            }
+        }
+        if let Self::Lab(note) = &raw.body {
+            if note.len() > MAX_MESSAGE_BYTES {
+                return Err(invalid("response: lab note too long"));
             }
         }
         if let Self::Status(st) = &raw.body {

@@ -732,12 +732,17 @@ fn describe(op: &Op) -> String {
             outside_text(path),
             data.len()
         ),
+        Op::LabJoin { lab, names } => format!("lab_join lab={lab} names={}", names.join(",")),
+        Op::LabRemove { lab } => format!("lab_remove lab={lab}"),
     }
 }
 
 async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationToken) -> Response {
     let Request { vmid, txn, op } = request;
     let what = describe(&op);
+    if let Op::LabJoin { lab, .. } | Op::LabRemove { lab } = &op {
+        return lab_request(ctx, uid, vmid, txn, *lab, op.clone(), &what).await;
+    }
     let verdict = {
         let cfg = ctx.cfg.clone();
         let owners = ctx.owners;
@@ -757,6 +762,10 @@ async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationT
     let lxc = LxcExec::new(vmid, ctx.pct.clone());
     let started = Instant::now();
     let response = match op {
+        Op::LabJoin { .. } | Op::LabRemove { .. } => Response::Error(WireError::refused(
+            ErrorCode::ExecRequestInvalid,
+            "a lab request reached the exec path".to_string(),
+        )),
         Op::Exec(mut r) => {
             r.timeout = r.timeout.min(MAX_TIMEOUT);
             r.output_cap = r.output_cap.min(MAX_OUTPUT_CAP);
@@ -786,4 +795,71 @@ async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationT
     };
     tracing::debug!(vmid, txn = %txn, "request took {:.3}s", started.elapsed().as_secs_f64());
     response
+}
+
+/// A lab request: only for the lab transaction `txn` journaled as its group's. A join needs
+/// the whole claim on the running container (as an exec does); a removal only the journaled
+/// lab (the members may be gone).
+async fn lab_request(
+    ctx: &Ctx,
+    uid: u32,
+    vmid: u32,
+    txn: hub_protocol::TxnId,
+    lab: ulid::Ulid,
+    op: Op,
+    what: &str,
+) -> Response {
+    let cfg = ctx.cfg.clone();
+    let owners = ctx.owners;
+    let lxc_path = ctx.pct.lxc_path.clone();
+    let done = tokio::task::spawn_blocking(move || -> Result<String, Refusal> {
+        let state = super::authorize::read_claim(&cfg.state_dir, owners, vmid, txn)?;
+        let named = state.request().group.as_ref().map(|g| g.lab);
+        if named != Some(lab) {
+            return Err(Refusal {
+                code: ErrorCode::ExecNotOwned,
+                message: format!(
+                    "transaction {txn} names no group lab {lab} (container {vmid}); nothing was done"
+                ),
+            });
+        }
+        match op {
+            Op::LabJoin { names, .. } => {
+                authorize(&cfg, owners, vmid, txn)?;
+                crate::guest::group_lab::join(&lxc_path, lab, vmid, &names).map_err(|m| Refusal {
+                    code: ErrorCode::GroupLabFailed,
+                    message: m,
+                })
+            }
+            _ => crate::guest::group_lab::remove(lab)
+                .map(|had| {
+                    if had {
+                        format!("the group lab {} was removed", crate::guest::group_lab::netns_name(lab))
+                    } else {
+                        format!("the group lab {} was already gone", crate::guest::group_lab::netns_name(lab))
+                    }
+                })
+                .map_err(|m| Refusal {
+                    code: ErrorCode::GroupLabFailed,
+                    message: m,
+                }),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(Refusal {
+            code: ErrorCode::GroupLabFailed,
+            message: format!("the lab request for {vmid} failed: {e}"),
+        })
+    });
+    match done {
+        Ok(note) => {
+            tracing::info!(uid, vmid, txn = %txn, "ran {what}: {note}");
+            Response::Lab(note)
+        }
+        Err(r) => {
+            tracing::warn!(uid, vmid, txn = %txn, code = %r.code, "refused {what}: {}", r.message);
+            Response::Error(WireError::refused(r.code, r.message))
+        }
+    }
 }

@@ -534,6 +534,32 @@ pub trait LxcExecFactory: Send + Sync {
         &self,
         cfg: &crate::config::Config,
     ) -> Result<crate::inventory::FullGuestList, crate::inventory::InventoryError>;
+    /// An application group's lab for container `vmid` of transaction `txn`
+    /// ([`super::group_lab`]): root's work, done by this process on the direct route (it is
+    /// root there), by the exec helper on its route. What was done, or why not.
+    fn lab_op(
+        &self,
+        vmid: u32,
+        txn: ulid::Ulid,
+        op: LabOp,
+    ) -> futures_util::future::BoxFuture<'static, Result<String, String>>;
+}
+
+/// What is asked of an application group's lab.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabOp {
+    /// Join the running copy's stored interfaces (`names`) to lab `lab`.
+    Join {
+        /// The lab (the transaction's journaled `group.lab`).
+        lab: ulid::Ulid,
+        /// The stored interface names.
+        names: Vec<String>,
+    },
+    /// Remove lab `lab`.
+    Remove {
+        /// The lab (the transaction's journaled `group.lab`).
+        lab: ulid::Ulid,
+    },
 }
 
 /// Exec ids: `<prefix>-<n>`, unique per exec, put into the command's environment as

@@ -49,7 +49,7 @@ const GUARD: &str = r#"
 links=$(ip -d -o link show 2>/dev/null)
 case "$links" in *" lo: "*) ;; *) links=$(ip -o link show 2>/dev/null);; esac
 case "$links" in *" lo: "*) ;; *) echo unreadable; exit 0;; esac
-verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v strict="${lab_strict:-1}" '
+verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v joined=" ${FELHOM_LAB_JOINED:-} " -v strict="${lab_strict:-1}" '
 {
   name = $2; sub(/:$/, "", name); peer = ""
   at = index(name, "@")
@@ -58,7 +58,10 @@ verdict=$(printf '%s\n' "$links" | awk -v names=" $* " -v strict="${lab_strict:-
   type = ""; kind = ""
   if (n >= 2) { split(seg[2], w, " "); type = w[1] }
   if (n >= 3) { split(seg[3], w, " "); kind = w[1] }
-  if ($0 ~ / link-netns/) { print "foreign " name " outside"; exit }
+  if ($0 ~ / link-netns/) {
+    if (index(joined, " " name " ")) next
+    print "foreign " name " outside"; exit
+  }
   if (name == "lo") next
   lab = (kind == "veth" || kind == "")
   if (lab && name ~ /^felab[0-9]+$/) next
@@ -127,7 +130,11 @@ if { [ -x /usr/sbin/NetworkManager ] || [ -x /sbin/NetworkManager ]; } &&
   fi
 fi
 for n in "$@"; do
-  if ip link show dev "$n" >/dev/null 2>&1; then echo "present $n"
+  if ip link show dev "$n" >/dev/null 2>&1; then
+    case " ${FELHOM_LAB_JOINED:-} " in
+      *" $n "*) echo "joined $n"; given=1;;
+      *) echo "present $n";;
+    esac
   elif ip link add "$n" type veth peer name "felab$i" 2>/dev/null && ip link set "felab$i" up; then
     echo "given $n felab$i"; given=1
   else echo "refused $n"; fi
@@ -213,7 +220,8 @@ if [ -n "${FELHOM_LAB_USERNS:-}" ]; then
     done
   fi
 fi
-if [ -n "${FELHOM_LAB_VM:-}" ] || ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit !f}'; then
+if [ -n "${FELHOM_LAB_VM:-}" ] || [ -n "${FELHOM_LAB_JOINED:-}" ] ||
+  ip -o link show 2>/dev/null | awk '$2 ~ /^felab[0-9]+[@:]/ {f = 1} END {exit !f}'; then
   # A networking.service the give step or the boot wait restarted without waiting may still
   # be at its `ifup -a` (a DHCP stanza waits for its lease): judged only once it ended, else
   # it is neither failed nor up and nothing below would look at it.
@@ -411,6 +419,9 @@ const LAB_DHCP6_GIVE_UP_VAR: &str = "FELHOM_LAB_DHCP6_GIVE_UP";
 
 /// The variable naming (space-separated) the interfaces the backup stores with DHCP.
 const LAB_DHCP_VAR: &str = "FELHOM_LAB_DHCP";
+/// The variable naming the stored interfaces root joined to the group's lab: the guard lets
+/// their peer be outside the copy, and the give step counts them as given.
+const LAB_JOINED_VAR: &str = "FELHOM_LAB_JOINED";
 /// The variable naming the filesystems whose failed mount units are the user namespace's doing.
 const LAB_USERNS_VAR: &str = "FELHOM_LAB_USERNS";
 
@@ -483,6 +494,10 @@ pub struct LabRequest<'a> {
     /// the failed units that are the node's doing in a user namespace are reset
     /// ([`USERNS_UNMOUNTABLE`], journald's audit socket).
     pub reset_node_failures: bool,
+    /// The names were joined to an application group's lab by root before the boot wait
+    /// ([`crate::guest::group_lab::join`]): each is there, its peer in the lab's namespace (which
+    /// root checked from outside), and counts as given.
+    pub joined: bool,
 }
 
 impl LabRequest<'_> {
@@ -511,6 +526,12 @@ pub fn boot_plan(lab: &LabRequest<'_>, give_up: Duration) -> BootPlan {
     };
     if !ok.is_empty() || !bad.is_empty() {
         plan.before = Some(format!("{GUARD}{GIVE}"));
+    }
+    if lab.joined && !ok.is_empty() {
+        plan.env.push((
+            LAB_JOINED_VAR,
+            ok.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(" "),
+        ));
     }
     let dhcp6: Vec<&str> = lab
         .dhcp6
@@ -806,6 +827,10 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
             (Some("present"), Some(n), _, _) => {
                 notes.push(format!("{} was there already", clip(n, 32)))
             }
+            (Some("joined"), Some(n), _, _) => given.push(format!(
+                "{} joined to the group's lab (its peer a port of the lab's bridge)",
+                clip(n, 32)
+            )),
             (Some("foreign"), Some(n), why, _) if asked => notes.push(format!(
                 "nothing given: the copy's network namespace holds {}, {}",
                 clip(n, 32),

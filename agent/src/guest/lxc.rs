@@ -574,6 +574,30 @@ impl super::exec::LxcExecFactory for PctConfig {
             &crate::inventory::SystemListCommands::default(),
         )
     }
+
+    fn lab_op(
+        &self,
+        vmid: u32,
+        _txn: ulid::Ulid,
+        op: super::exec::LabOp,
+    ) -> futures_util::future::BoxFuture<'static, Result<String, String>> {
+        use super::exec::LabOp;
+        let lxc_path = self.lxc_path.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || match op {
+                LabOp::Join { lab, names } => super::group_lab::join(&lxc_path, lab, vmid, &names),
+                LabOp::Remove { lab } => crate::guest::group_lab::remove(lab).map(|had| {
+                    format!(
+                        "the group lab {} was {}",
+                        crate::guest::group_lab::netns_name(lab),
+                        if had { "removed" } else { "already gone" }
+                    )
+                }),
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("the lab request failed: {e}")))
+        })
+    }
 }
 
 /// How the first stage's ready line went.

@@ -176,6 +176,13 @@ pub struct HeldNamespace {
     _file: std::fs::File,
 }
 
+impl HeldNamespace {
+    /// The namespace's open file (root may name it to a child as `/proc/<pid>/fd/<n>`).
+    pub fn file(&self) -> &std::fs::File {
+        &self._file
+    }
+}
+
 /// A running container's init as root's LXC monitor named it, with its namespaces held open
 /// ([`container_init`]).
 #[derive(Debug)]

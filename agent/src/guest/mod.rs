@@ -22,6 +22,7 @@ pub mod bootstrap;
 pub mod checks;
 pub mod exec;
 pub mod frames;
+pub mod group_lab;
 pub mod lab;
 pub mod lxc;
 pub mod lxc_monitor;

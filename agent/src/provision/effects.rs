@@ -221,6 +221,8 @@ pub struct Executor<'a> {
     guest_name: std::sync::Mutex<Option<(u32, String)>>,
     /// Spaces the restore requests of copies driven side by side (see [`SubmitGate`]).
     submit_gate: Option<Arc<SubmitGate>>,
+    /// The copy's seat in its application group's run (`None`: a copy alone).
+    group: Option<super::group::Seat>,
 }
 
 /// Restores submitted one after another: every disk allocation takes the target storage's
@@ -419,7 +421,34 @@ impl<'a> Executor<'a> {
             start_config: None,
             guest_name: std::sync::Mutex::new(None),
             submit_gate: None,
+            group: None,
         }
+    }
+
+    /// Drive this copy as a member of an application group: its start, checks and destroy
+    /// wait for the other members ([`super::group`]).
+    pub fn with_group(mut self, seat: super::group::Seat) -> Self {
+        self.group = Some(seat);
+        self
+    }
+
+    /// Record why this group member failed (said by the members started after it).
+    pub fn group_failed(&self, why: &str) {
+        if let Some(seat) = &self.group {
+            seat.fail(why);
+        }
+    }
+
+    /// The failure of a group wait the run's stop ended.
+    fn group_stopped(&self, state: &State, what: &str) -> Failure {
+        Failure::new(
+            ErrorCode::Interrupted,
+            format!(
+                "interrupted while the copy (transaction {}) waited for the other members of its group {what}; `felhom-agent journal resume {}` settles it",
+                state.txn(),
+                state.txn()
+            ),
+        )
     }
 
     /// Space this executor's restore request from those of other copies driven beside it.
@@ -847,6 +876,11 @@ impl<'a> Executor<'a> {
                 },
             ),
             Effect::Start { vmid, guest } => {
+                if let Some(seat) = &self.group {
+                    if seat.before_start(&self.cancel).await.is_err() {
+                        return Err(self.group_stopped(state, "before its start"));
+                    }
+                }
                 let lab = match self.check_before_start(state, vmid, guest).await {
                     Err(refused) => return Ok(Some(Event::StartFailed { message: refused })),
                     Ok(lab) => lab,
@@ -881,7 +915,16 @@ impl<'a> Executor<'a> {
                     }
                 })
             }
-            Effect::WaitBoot { vmid, guest } => Some(self.wait_boot(state, vmid, guest).await?),
+            Effect::WaitBoot { vmid, guest } => {
+                let ended = self.wait_boot(state, vmid, guest).await?;
+                if let Some(seat) = &self.group {
+                    match &ended {
+                        Event::BootUnfinished { message } => seat.booted(Some(message)),
+                        _ => seat.booted(None),
+                    }
+                }
+                Some(ended)
+            }
             Effect::Bootstrap { vmid, guest } => {
                 // Ctrl-C stops what runs in the guest: the bootstrap's exec is dropped, which
                 // hangs up on the exec helper (it stops the command's process group and sweeps
@@ -906,8 +949,13 @@ impl<'a> Executor<'a> {
                     Err(message) => Event::BootstrapFailed { message },
                 })
             }
-            Effect::RunChecks { vmid, guest } => Some(
-                match self
+            Effect::RunChecks { vmid, guest } => {
+                if let Some(seat) = &self.group {
+                    if seat.before_checks(&self.cancel).await.is_err() {
+                        return Err(self.group_stopped(state, "before its checks"));
+                    }
+                }
+                let ran = self
                     .run_checks(
                         vmid,
                         guest,
@@ -915,12 +963,39 @@ impl<'a> Executor<'a> {
                         state.txn(),
                         &state.request().volid,
                     )
-                    .await
-                {
+                    .await;
+                let ran =
+                    match self.group.take() {
+                        None => ran,
+                        Some(seat) => {
+                            let judged = seat
+                                .judged(ran.as_ref().err().map(String::as_str), &self.cancel)
+                                .await;
+                            let before = seat.failed_before();
+                            self.group = Some(seat);
+                            if judged.is_err() {
+                                return Err(self.group_stopped(state, "after its checks"));
+                            }
+                            match (ran, before) {
+                                (Err(message), Some(before)) => {
+                                    for c in self.checks.iter_mut().filter(|c| {
+                                        c.status == crate::guest::checks::CheckStatus::Fail
+                                    }) {
+                                        let said = c.message.take().unwrap_or_default();
+                                        let sep = if said.is_empty() { "" } else { "; " };
+                                        c.message = Some(format!("{said}{sep}{before}"));
+                                    }
+                                    Err(format!("{message}; {before}"))
+                                }
+                                (ran, _) => ran,
+                            }
+                        }
+                    };
+                Some(match ran {
                     Ok(()) => Event::ChecksPassed,
                     Err(message) => Event::ChecksFailed { message },
-                },
-            ),
+                })
+            }
             // The phase is already with the reporter (journaled just before); the final result
             // follows once the transaction settles, cleanup included (see `finish`).
             Effect::Report => Some(Event::ReportQueued),

@@ -148,7 +148,7 @@ impl Step {
             }
             Step::Start => &[E::Started, E::StartFailed],
             Step::ProveLaunch => &[E::LaunchProven, E::LaunchUnproven, E::GuestExecBlocked],
-            Step::WaitBoot => &[E::BootEnded, E::BootUnfinished],
+            Step::WaitBoot => &[E::BootEnded, E::BootUnfinished, E::GroupLabFailed],
             Step::Bootstrap => &[E::Bootstrapped, E::BootstrapFailed],
             Step::Checks => &[E::ChecksPassed, E::ChecksFailed],
             Step::Report => &[E::ReportQueued],
@@ -525,6 +525,12 @@ pub enum Event {
         /// The boot state seen, and what still ran.
         message: String,
     },
+    /// A member of an application group could not be joined to its group's lab (the node's
+    /// doing, not the backup's).
+    GroupLabFailed {
+        /// Why, naming the lab.
+        message: String,
+    },
     /// The bootstrap profile ran successfully.
     Bootstrapped,
     /// The bootstrap profile failed (exit status, timeout, push error).
@@ -586,6 +592,8 @@ pub enum EventKind {
     BootEnded,
     /// [`Event::BootUnfinished`].
     BootUnfinished,
+    /// [`Event::GroupLabFailed`].
+    GroupLabFailed,
     /// [`Event::Bootstrapped`].
     Bootstrapped,
     /// [`Event::BootstrapFailed`].
@@ -602,7 +610,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every event kind.
-    pub const ALL: [EventKind; 25] = [
+    pub const ALL: [EventKind; 26] = [
         EventKind::VmidAccepted,
         EventKind::VmidRefused,
         EventKind::BandFull,
@@ -622,6 +630,7 @@ impl EventKind {
         EventKind::GuestExecBlocked,
         EventKind::BootEnded,
         EventKind::BootUnfinished,
+        EventKind::GroupLabFailed,
         EventKind::Bootstrapped,
         EventKind::BootstrapFailed,
         EventKind::ChecksPassed,
@@ -652,6 +661,7 @@ impl EventKind {
             EventKind::GuestExecBlocked => "guest_exec_blocked",
             EventKind::BootEnded => "boot_ended",
             EventKind::BootUnfinished => "boot_unfinished",
+            EventKind::GroupLabFailed => "group_lab_failed",
             EventKind::Bootstrapped => "bootstrapped",
             EventKind::BootstrapFailed => "bootstrap_failed",
             EventKind::ChecksPassed => "checks_passed",
@@ -691,6 +701,7 @@ impl Event {
             Event::GuestExecBlocked { .. } => EventKind::GuestExecBlocked,
             Event::BootEnded { .. } => EventKind::BootEnded,
             Event::BootUnfinished { .. } => EventKind::BootUnfinished,
+            Event::GroupLabFailed { .. } => EventKind::GroupLabFailed,
             Event::Bootstrapped => EventKind::Bootstrapped,
             Event::BootstrapFailed { .. } => EventKind::BootstrapFailed,
             Event::ChecksPassed => EventKind::ChecksPassed,
@@ -1025,6 +1036,23 @@ pub struct Request {
     /// configured one then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lab_bridge: Option<String>,
+    /// The application group this copy is a member of (`[[restore_test.group]]`): its name,
+    /// its lab and the member's place in the start order. `None` for a copy alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupMember>,
+}
+
+/// A restore-test copy's place in its application group, journaled with the transaction (the
+/// root helper joins a copy only to the lab its transaction names, and a killed run's lab is
+/// found and removed from it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupMember {
+    /// The group's name.
+    pub name: String,
+    /// The group run's lab: its network namespace is `felhom-g-<lab>`.
+    pub lab: Ulid,
+    /// The member's place in the start order (0: first).
+    pub index: u32,
 }
 
 /// The state of one transaction; what the journal stores after every transition.
@@ -1119,6 +1147,7 @@ impl State {
             dry_run: false,
             profile: None,
             lab_bridge: None,
+            group: None,
         };
         let mut s = State::new(request);
         let refusal = match origin {
@@ -2229,6 +2258,10 @@ pub fn step(state: &State, event: Event) -> Result<(State, Vec<Effect>), Disallo
                 format!("the boot of guest {vmid} did not end: {message}"),
             );
             s.fail(f, vmid)
+        }
+        (Step::WaitBoot, Event::GroupLabFailed { message }) => {
+            let vmid = s.require_vmid(kind)?;
+            s.fail(Failure::new(ErrorCode::GroupLabFailed, message), vmid)
         }
         (Step::ProveLaunch, Event::LaunchUnproven { message }) => {
             let vmid = s.require_vmid(kind)?;

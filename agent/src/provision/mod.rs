@@ -7,6 +7,7 @@
 //! whole transaction.
 
 pub mod effects;
+pub mod group;
 pub mod identity;
 pub mod journal;
 pub mod lock;
@@ -16,6 +17,6 @@ pub use identity::BirthIdentity;
 pub use journal::{Journal, JournalError, JournalRow, TxnState};
 pub use lock::{GuestProofLock, LabBridgeLock, LockError, VmidLock};
 pub use machine::{
-    recover, step, Disallowed, Effect, Event, GuestView, Marker, Outcome, OutcomeKind, Phase,
-    RecoveryObservation, Request, State, Step, TaskExit, TaskObservation, TxnKind,
+    recover, step, Disallowed, Effect, Event, GroupMember, GuestView, Marker, Outcome, OutcomeKind,
+    Phase, RecoveryObservation, Request, State, Step, TaskExit, TaskObservation, TxnKind,
 };

@@ -708,6 +708,7 @@ pub async fn provision(
         dry_run: req.dry_run,
         profile: req.profile.clone(),
         lab_bridge,
+        group: None,
     };
     let first = match verdict(cfg, &prepared.pve, input).await? {
         (VmidVerdict::Free { .. }, _) => Event::VmidAccepted,

@@ -869,6 +869,8 @@ struct Pending {
     notes_first_line: Option<String>,
     /// Whether the backup was listed (the notes are written only then).
     listed: bool,
+    /// Its place in an application group's run (`None`: a copy alone).
+    group: Option<crate::provision::GroupMember>,
 }
 
 /// A copy under way, as admission counts it (or the sum of those under way).
@@ -1003,7 +1005,18 @@ async fn run_inner(
     }
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut left: Vec<Left> = Vec::new();
+    // Application groups: a group is due when any member is; `--guest N` of a member proves
+    // its group. A member is never proven alone.
+    let groups: Vec<&crate::config::RestoreGroup> = cfg
+        .restore_test
+        .groups
+        .iter()
+        .filter(|g| g.guests.iter().any(|m| chosen.iter().any(|r| r.vmid == *m)))
+        .collect();
     for r in &chosen {
+        if cfg.restore_test.group_of(r.vmid).is_some() {
+            continue;
+        }
         let Some(b) = &r.newest_backup else { continue };
         match backup_kind_from_volid(&b.volid) {
             Some(kind) => queue.push_back(Pending {
@@ -1016,6 +1029,7 @@ async fn run_inner(
                 alone: false,
                 notes_first_line: b.notes_first_line.clone(),
                 listed: cfg.restore_test.sources.is_empty(),
+                group: None,
             }),
             None => left.push(Left {
                 guest: r.vmid,
@@ -1028,7 +1042,7 @@ async fn run_inner(
             }),
         }
     }
-    let due = queue.len();
+    let due = queue.len() + groups.iter().map(|g| g.guests.len()).sum::<usize>();
     // The node's backup jobs, read once; their state and next start are judged before every
     // copy (a run may last hours).
     let backup_jobs = if opts.dry_run || queue.is_empty() {
@@ -1055,6 +1069,42 @@ async fn run_inner(
     let mut ended: Vec<CopyRun> = Vec::new();
     let mut peak = 0usize;
     let mut interrupted = false;
+    // The groups first, one at a time: each group's members at once.
+    for g in groups {
+        if cancel.is_cancelled() {
+            break;
+        }
+        if let Some(why) = (!opts.dry_run)
+            .then(|| {
+                backup_window(
+                    cfg,
+                    &backup_jobs,
+                    i64::try_from(unix_now()).unwrap_or(i64::MAX),
+                )
+            })
+            .flatten()
+        {
+            left.extend(group_left(g, &rows, &why));
+            continue;
+        }
+        let ran = run_group(
+            cfg,
+            pve,
+            &prepared.journal,
+            reporter,
+            &cancel,
+            &gate,
+            g,
+            &rows,
+            &mut taken,
+            &mut first_txn,
+            opts.dry_run,
+        )
+        .await;
+        peak = peak.max(ran.0.len());
+        copies.extend(ran.0);
+        left.extend(ran.1);
+    }
     loop {
         // Admit what fits.
         while running.len() < at_once && !queue.is_empty() {
@@ -1181,6 +1231,7 @@ async fn run_inner(
                         cancel.clone(),
                         gate.clone(),
                         *a,
+                        None,
                     ));
                     peak = peak.max(running.len());
                 }
@@ -1269,6 +1320,190 @@ async fn run_inner(
     Ok(run)
 }
 
+/// Every member of group `g` left for this run, with why.
+fn group_left(g: &crate::config::RestoreGroup, rows: &[CoverageRow], why: &str) -> Vec<Left> {
+    g.guests
+        .iter()
+        .map(|m| Left {
+            guest: *m,
+            backup: rows
+                .iter()
+                .find(|r| r.vmid == *m)
+                .and_then(|r| r.newest_backup.as_ref())
+                .map_or_else(|| "-".to_string(), |b| b.volid.clone()),
+            reason: format!("group {}: {why}", g.name),
+            code: None,
+        })
+        .collect()
+}
+
+/// One application group's run: every member's newest backup admitted at once (or none),
+/// their copies driven together ([`crate::provision::group`]), the group's lab removed at
+/// the end. The copies in start order, and what was left.
+#[allow(clippy::too_many_arguments)]
+async fn run_group(
+    cfg: &Config,
+    pve: &PveClient,
+    journal: &crate::provision::Journal,
+    reporter: &dyn Reporter,
+    cancel: &CancellationToken,
+    gate: &Arc<SubmitGate>,
+    g: &crate::config::RestoreGroup,
+    rows: &[CoverageRow],
+    taken: &mut BTreeSet<u32>,
+    first_txn: &mut Option<Ulid>,
+    dry_run: bool,
+) -> (Vec<CopyRun>, Vec<Left>) {
+    let lab = Ulid::new();
+    let mut pendings = Vec::new();
+    for (i, &m) in g.guests.iter().enumerate() {
+        let row = rows.iter().find(|r| r.vmid == m);
+        let Some(row) = row else {
+            let why = format!(
+                "member {m} is not a pool guest of node {} whose backups this node proves (pool {}); fix [[restore_test.group]] {:?} in {}",
+                cfg.node,
+                cfg.pool,
+                g.name,
+                cfg.path.display()
+            );
+            return (Vec::new(), group_left(g, rows, &why));
+        };
+        let Some(b) = &row.newest_backup else {
+            let why = format!(
+                "member {m} has no backup on the backup storage(s) {}; the group is proven once every member has one",
+                cfg.restore_test.backup_storages.join(", ")
+            );
+            return (Vec::new(), group_left(g, rows, &why));
+        };
+        let kind = match backup_kind_from_volid(&b.volid) {
+            Some(GuestKind::Lxc) => GuestKind::Lxc,
+            Some(GuestKind::Qemu) => {
+                let why = format!(
+                    "member {m} is a VM; this version proves groups of containers only (a VM member needs a lab bridge of the group's own): take it out of the group to prove it alone"
+                );
+                return (Vec::new(), group_left(g, rows, &why));
+            }
+            None => {
+                let why = format!(
+                    "cannot tell whether member {m}'s backup {} is a container or a VM backup",
+                    b.volid
+                );
+                return (Vec::new(), group_left(g, rows, &why));
+            }
+        };
+        pendings.push(Pending {
+            guest: m,
+            name: row.name.clone(),
+            volid: b.volid.clone(),
+            backup_time: b.time,
+            kind,
+            retry: false,
+            alone: false,
+            notes_first_line: b.notes_first_line.clone(),
+            listed: cfg.restore_test.sources.is_empty(),
+            group: Some(crate::provision::GroupMember {
+                name: g.name.clone(),
+                lab,
+                index: u32::try_from(i).unwrap_or(u32::MAX),
+            }),
+        });
+    }
+    // All or none: a group runs only when it fits whole.
+    let mut room = Room {
+        memory: 0,
+        disks: 0,
+        lab_bridge: None,
+    };
+    let mut admitted: Vec<Admitted> = Vec::new();
+    for p in &pendings {
+        match admit(cfg, pve, p, taken, first_txn, dry_run, &room).await {
+            Admission::Go(a) => {
+                room.memory += a.memory;
+                room.disks = room.disks.saturating_add(a.disks);
+                admitted.push(*a);
+            }
+            Admission::Wait(p, why) | Admission::Leave(p, why, _) => {
+                for a in &admitted {
+                    if let Some(v) = a.request.vmid {
+                        taken.remove(&v);
+                    }
+                }
+                drop(admitted);
+                let why = format!(
+                    "member {} could not be admitted with the others: {why}",
+                    p.guest
+                );
+                return (Vec::new(), group_left(g, rows, &why));
+            }
+        }
+    }
+    tracing::info!(
+        group = %g.name,
+        "restore test of group {} ({} members, started in order: {})",
+        g.name,
+        g.guests.len(),
+        g.guests.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+    );
+    let seats = (!dry_run).then(|| {
+        crate::provision::group::GroupRun::new(
+            &g.name,
+            Duration::from_secs(g.boot_delay),
+            &pendings
+                .iter()
+                .map(|p| (p.guest, p.name.clone()))
+                .collect::<Vec<_>>(),
+        )
+    });
+    let members: Vec<(u32, Ulid)> = admitted
+        .iter()
+        .filter_map(|a| a.request.vmid.map(|v| (v, a.request.txn)))
+        .collect();
+    let drives: FuturesUnordered<_> = admitted
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            drive_copy(
+                cfg,
+                pve,
+                journal,
+                reporter,
+                cancel.clone(),
+                gate.clone(),
+                a,
+                seats.as_ref().map(|s| s.seat(i)),
+            )
+        })
+        .collect();
+    let mut copies: Vec<CopyRun> = drives.collect().await;
+    for c in &copies {
+        if let Some(v) = c.driven.state.vmid() {
+            taken.remove(&v);
+        }
+    }
+    copies.sort_by_key(|c| g.guests.iter().position(|m| *m == c.guest));
+    if !dry_run {
+        remove_group_lab(cfg, lab, &members).await;
+    }
+    (copies, Vec::new())
+}
+
+/// Remove a group's lab once its members ended (asked for by a member's transaction, which
+/// names it); a failure is logged: the next run's settle step removes it.
+async fn remove_group_lab(cfg: &Config, lab: Ulid, members: &[(u32, Ulid)]) {
+    let Some((vmid, txn)) = members.first().copied() else {
+        return;
+    };
+    let op = crate::guest::exec::LabOp::Remove { lab };
+    match super::lxc_route(cfg).lab_op(vmid, txn, op).await {
+        Ok(note) => tracing::info!(lab = %lab, "{note}"),
+        Err(why) => tracing::warn!(
+            lab = %lab,
+            "the group lab {} could not be removed: {why}; the next command removes it",
+            crate::guest::group_lab::netns_name(lab)
+        ),
+    }
+}
+
 /// A copy that ended: its guest and vmid are free for the run again. One that ended on a
 /// transient fault is tried once more, at the end of the queue (a fresh vmid, and alone of
 /// its storage allocation by then, most often).
@@ -1297,6 +1532,7 @@ fn settle_copy(
                 alone: done.try_alone,
                 notes_first_line: done.notes_first_line.clone(),
                 listed: done.listed,
+                group: None,
             });
         }
     }
@@ -1381,6 +1617,7 @@ async fn admit(
         dry_run,
         profile: None,
         lab_bridge: room.lab_bridge.clone(),
+        group: p.group.clone(),
     };
     // --- preflight (DESIGN §2 rule 9): before the first journal intent; reads only ---------
     let (report, first) = crate::preflight::gate(cfg, pve, &request, Event::VmidAccepted).await;
@@ -1495,6 +1732,7 @@ fn locks_for(
 
 /// Drive one admitted copy to its end: its transaction, then its proof recorded against its
 /// backup. The locks are let go as soon as the transaction settled or stopped.
+#[allow(clippy::too_many_arguments)]
 async fn drive_copy<'a>(
     cfg: &'a Config,
     pve: &'a PveClient,
@@ -1503,6 +1741,7 @@ async fn drive_copy<'a>(
     cancel: CancellationToken,
     gate: Arc<SubmitGate>,
     a: Admitted,
+    seat: Option<crate::provision::group::Seat>,
 ) -> CopyRun {
     let Admitted {
         pending,
@@ -1518,14 +1757,21 @@ async fn drive_copy<'a>(
     tracing::info!(guest = pending.guest, vmid = ?request.vmid, txn = %request.txn, backup = %pending.volid, "restore test of guest {}'s backup {} in copy {}", pending.guest, pending.volid, request.vmid.unwrap_or(0));
     let mut exec = Executor::new(cfg, pve, journal, reporter, cancel, super::lxc_route(cfg))
         .with_submit_gate(gate);
+    let in_group = seat.is_some();
+    if let Some(seat) = seat {
+        exec = exec.with_group(seat);
+    }
     exec.carry_stored_config(report.stored_config.clone());
     let driven: Driven = exec.drive(State::new(request), first).await;
+    if let Some(f) = driven.state.failure() {
+        exec.group_failed(&f.message);
+    }
     drop(exec);
     drop(locks);
     // A copy that timed out while others ran may have timed out for their load: it counts
     // only once tried alone.
     let beside_others = overlapped.load(std::sync::atomic::Ordering::SeqCst);
-    let try_alone = !dry_run && !pending.alone && beside_others && timed_out(&driven);
+    let try_alone = !dry_run && !in_group && !pending.alone && beside_others && timed_out(&driven);
     if try_alone {
         tracing::warn!(guest = pending.guest, txn = %driven.state.txn(), "the copy of guest {}'s backup {} timed out while other copies ran; it is tried once more alone before it counts", pending.guest, pending.volid);
     }
@@ -1560,6 +1806,7 @@ async fn drive_copy<'a>(
     }
     let transient = try_alone
         || (!dry_run
+            && !in_group
             && driven.state.outcome_kind() == Some(OutcomeKind::Failed)
             && driven.state.failure().is_some_and(transient_failure));
     CopyRun {

@@ -479,6 +479,7 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
         dhcp: &dhcp6,
         dhcp6: &dhcp6,
         reset_node_failures: true,
+        joined: false,
     };
     let lines: Vec<String> = [
         "dhcp6-stopped eth1 61",
@@ -517,6 +518,7 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
     );
     let customer = LabRequest {
         reset_node_failures: false,
+        joined: false,
         ..lab.clone()
     };
     let plan = boot_plan(&customer, DHCP6_GIVE_UP);
@@ -540,6 +542,7 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
         dhcp: &[],
         dhcp6: &[],
         reset_node_failures: true,
+        joined: false,
     };
     assert!(boot_plan(&nothing, DHCP6_GIVE_UP).tick.is_none());
 }
@@ -553,6 +556,7 @@ fn watch_script(name: &str) -> String {
         dhcp: &names,
         dhcp6: &names,
         reset_node_failures: true,
+        joined: false,
     };
     tick_script(&lab)
 }
@@ -564,6 +568,7 @@ fn own_copy(names: &[String]) -> LabRequest<'_> {
         dhcp: &[],
         dhcp6: &[],
         reset_node_failures: true,
+        joined: false,
     }
 }
 
@@ -1175,6 +1180,7 @@ fn the_report_and_the_kept_unit_name_the_stanzas_that_failed_on_their_own() {
         dhcp: &names,
         dhcp6: &[],
         reset_node_failures: true,
+        joined: false,
     };
     let trip = |after: &[&str]| BootTrip {
         first: Ok("running".to_string()),

@@ -37,7 +37,38 @@ impl Executor<'_> {
         // An isolated copy is given its stored interfaces before the wait, so it boots
         // toward its stored network as its production guest does; what the isolation
         // or the node made fail is settled after it: all in the wait's one exec.
-        let lab = self.lab_for(state, guest).await;
+        let mut lab = self.lab_for(state, guest).await;
+        // A member of an application group: root joins its stored interfaces to the group's
+        // lab before the wait (the copy's own network units then bring them up).
+        if let (Some(l), Some(member), GuestKind::Lxc) =
+            (lab.as_mut(), state.request().group.as_ref(), guest)
+        {
+            let names = l.plain_names();
+            if !names.is_empty() {
+                let op = crate::guest::exec::LabOp::Join {
+                    lab: member.lab,
+                    names,
+                };
+                match self.lxc.lab_op(vmid, state.txn(), op).await {
+                    Ok(note) => {
+                        tracing::info!(vmid, txn = %state.txn(), "{note}");
+                        l.joined = Some(note);
+                    }
+                    Err(why) => {
+                        return Ok(Event::GroupLabFailed {
+                            message: format!(
+                                "the copy {vmid} (transaction {}) could not be joined to its group {}'s lab {} on node {}: {why}; nothing was judged. Check that `ip netns` and `nsenter` work for root on the node, then `felhom-agent journal resume {}`",
+                                state.txn(),
+                                member.name,
+                                crate::guest::group_lab::netns_name(member.lab),
+                                self.cfg.node,
+                                state.txn()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
         let plan = lab.as_ref().map(|l| l.plan()).unwrap_or_default();
         let exec = self.exec_for(vmid, guest, state.txn());
         let trip = tokio::select! {

@@ -20,6 +20,8 @@ pub(super) struct Lab {
     own_copy: bool,
     /// Why nothing could be given (the stored config could not be read).
     unread: Option<String>,
+    /// The names were joined to the group's lab by root (what root said).
+    pub(super) joined: Option<String>,
     /// An isolated VM copy's lab.
     vm: Option<VmLab>,
 }
@@ -62,12 +64,22 @@ impl VmLab {
 }
 
 impl Lab {
+    /// The stored interface names that can be given (plain names).
+    pub(super) fn plain_names(&self) -> Vec<String> {
+        self.names
+            .iter()
+            .filter(|n| crate::guest::lab::valid_ifname(n))
+            .cloned()
+            .collect()
+    }
+
     pub(super) fn request(&self) -> LabRequest<'_> {
         LabRequest {
             names: &self.names,
             dhcp: &self.dhcp,
             dhcp6: &self.dhcp6,
             reset_node_failures: self.own_copy,
+            joined: self.joined.is_some(),
         }
     }
 
@@ -218,6 +230,7 @@ impl Executor<'_> {
             ),
         };
         parts.extend(lab.unread.clone());
+        parts.extend(lab.joined.clone());
         parts.extend(done.given.iter().cloned());
         if !done.given.is_empty() {
             tracing::info!(vmid, "isolation: {}", done.given.join("; "));

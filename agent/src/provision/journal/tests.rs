@@ -24,6 +24,7 @@ fn request(txn: Ulid, vmid: u32) -> Request {
         dry_run: false,
         profile: None,
         lab_bridge: None,
+        group: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn request(guest: GuestKind, keep: bool, dry_run: bool) -> Request {
         dry_run,
         profile: None,
         lab_bridge: None,
+        group: None,
     }
 }
 
@@ -228,6 +229,9 @@ fn sample(kind: EventKind, s: &State) -> Event {
         EventKind::BootUnfinished => Event::BootUnfinished {
             message: "its systemd is starting; jobs still running: slow.service".to_string(),
         },
+        EventKind::GroupLabFailed => Event::GroupLabFailed {
+            message: "the copy 990000 could not be joined to its group's lab".to_string(),
+        },
         EventKind::Bootstrapped => Event::Bootstrapped,
         EventKind::BootstrapFailed => Event::BootstrapFailed {
             message: "exit status 1".to_string(),
@@ -265,6 +269,7 @@ const ALLOWED: &[(Step, EventKind)] = &[
     (Step::ProveLaunch, EventKind::GuestExecBlocked),
     (Step::WaitBoot, EventKind::BootEnded),
     (Step::WaitBoot, EventKind::BootUnfinished),
+    (Step::WaitBoot, EventKind::GroupLabFailed),
     (Step::Bootstrap, EventKind::Bootstrapped),
     (Step::Bootstrap, EventKind::BootstrapFailed),
     (Step::Checks, EventKind::ChecksPassed),
@@ -848,6 +853,19 @@ fn every_allowed_transition_does_what_the_table_says() {
             armed: true,
             effects: &["journal", "recheck_ownership"],
             code: Some(C::BootUnfinished),
+        },
+        Row {
+            name: "group lab failed: the copy is destroyed through the gate",
+            from: at(Step::WaitBoot),
+            event: Event::GroupLabFailed {
+                message: "the copy could not be joined to its group's lab".to_string(),
+            },
+            phase: Phase::Failed,
+            step: Step::Recheck,
+            outcome: None,
+            armed: true,
+            effects: &["journal", "recheck_ownership"],
+            code: Some(C::GroupLabFailed),
         },
         Row {
             name: "launch unproven",
