@@ -848,3 +848,46 @@ fn archive_records_written_without_phase_durations_still_count() {
     assert_eq!(j.archived().expect("archived").len(), 3);
     assert_eq!(j.all_timings().expect("all").len(), 3);
 }
+
+/// Totals an earlier version wrote count the restore test under `selftest-restore`: read
+/// back, they count under `restore-test`, joined with what is already there, so the metrics'
+/// counters never go down after an upgrade; a name that is no kind is left alone.
+#[test]
+fn archive_totals_of_the_restore_tests_older_name_count_under_its_name() {
+    let mut t = ArchiveTotals::default();
+    let mut add = |kind: &str, outcome: &str, n: u64| {
+        *t.outcomes
+            .entry(kind.to_string())
+            .or_default()
+            .entry(outcome.to_string())
+            .or_default() += n;
+    };
+    add("selftest-restore", "ok", 3);
+    add("selftest-restore", "failed", 1);
+    add("restore-test", "ok", 2);
+    add("made-up", "ok", 7);
+    let mut old = PhaseBuckets::default();
+    old.observe(0.2);
+    let mut new = PhaseBuckets::default();
+    new.observe(20.0);
+    t.phases
+        .entry("selftest-restore".to_string())
+        .or_default()
+        .insert(Phase::Created, old);
+    t.phases
+        .entry("restore-test".to_string())
+        .or_default()
+        .insert(Phase::Created, new);
+
+    let t = t.kinds_renamed();
+    assert_eq!(t.outcomes.get("selftest-restore"), None);
+    let rt = &t.outcomes["restore-test"];
+    assert_eq!((rt["ok"], rt["failed"]), (5, 1));
+    assert_eq!(t.outcomes["made-up"]["ok"], 7);
+    assert_eq!(t.phases.get("selftest-restore"), None);
+    let created = &t.phases["restore-test"][&Phase::Created];
+    assert_eq!(created.count, 2);
+    // 0.2 s is within the 0.5 s bucket, 20 s is not.
+    assert_eq!(created.le[1], 1);
+    assert_eq!(created.le[PHASE_BUCKETS.len() - 1], 2);
+}
