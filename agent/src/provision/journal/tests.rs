@@ -891,3 +891,36 @@ fn archive_totals_of_the_restore_tests_older_name_count_under_its_name() {
     assert_eq!(created.le[1], 1);
     assert_eq!(created.le[PHASE_BUCKETS.len() - 1], 2);
 }
+
+/// A journal an earlier version wrote names the restore test `selftest-restore`: its records
+/// still replay, as the restore test, and the state written again names it `restore-test`.
+#[test]
+fn a_restore_test_journaled_under_its_older_name_replays() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(7);
+    let s0 = State::new(Request {
+        kind: TxnKind::SelftestRestore,
+        ..request(t, 990_000)
+    });
+    write_all(&j, &[s0.clone(), next(&s0, Event::VmidAccepted)]);
+    let path = j.path_of(t);
+    let text = fs::read_to_string(&path).expect("read");
+    assert!(text.contains("\"restore-test\""), "{text}");
+    // The same records as the earlier version wrote them: the old name, checksums of their own.
+    let mut old = String::new();
+    for line in text.lines() {
+        let (payload, _) = crate::durable_log::decode_line(line.as_bytes()).expect("a record");
+        let payload = payload.replace("\"restore-test\"", "\"selftest-restore\"");
+        old.push_str(&j.log_limits().encode(&payload).expect("encode"));
+    }
+    assert!(!old.contains("\"restore-test\""), "{old}");
+    fs::write(&path, &old).expect("write");
+
+    let replayed = j.replay().expect("replay");
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].records, 2, "no record dropped");
+    assert_eq!(replayed[0].state.kind(), TxnKind::SelftestRestore);
+    let again = serde_json::to_value(&replayed[0].state).expect("json");
+    assert!(again.to_string().contains("\"restore-test\""), "{again}");
+}
