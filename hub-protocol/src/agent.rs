@@ -141,7 +141,7 @@ pub struct Event {
     /// stopped (Ctrl-C, SIGTERM) with the transaction open at this phase: no outcome yet, the
     /// result follows once a resume settles it.
     pub error: Option<ErrorInfo>,
-    /// For a restore-test copy (`selftest-restore`): the guest whose backup it proves (the
+    /// For a restore-test copy (kind `restore-test`): the guest whose backup it proves (the
     /// backup's owner); absent for other kinds and when the backup's name does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<u32>,
@@ -178,7 +178,7 @@ pub struct TxnResult {
     /// (see [`TxnResult::isolation_text`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
-    /// For a restore-test copy (`selftest-restore`): the guest whose backup it proves (the
+    /// For a restore-test copy (kind `restore-test`): the guest whose backup it proves (the
     /// backup's owner); absent for other kinds, for a restore-test dispatch that started no
     /// copy, and when the backup's name does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -326,7 +326,7 @@ mod tests {
     #[test]
     fn a_result_without_isolation_has_no_such_key_and_older_results_decode() {
         let body = json!({
-            "txn": "01KJMMA6WMJMRNV7E9Z0C1HT0H", "kind": "selftest-restore", "vmid": 9001,
+            "txn": "01KJMMA6WMJMRNV7E9Z0C1HT0H", "kind": "restore-test", "vmid": 9001,
             "outcome": "ok", "phase": "destroyed", "destroy_armed": true, "destroyed": true,
             "checks": [], "error": null
         });
@@ -357,7 +357,7 @@ mod tests {
         assert_eq!((r.guest, r.backup.as_deref()), (None, None));
         assert_eq!(serde_json::to_value(&r).unwrap(), result);
         let event = json!({
-            "txn": "01KJMMA6WMJMRNV7E9Z0C1HT0H", "kind": "selftest-restore", "vmid": 990000,
+            "txn": "01KJMMA6WMJMRNV7E9Z0C1HT0H", "kind": "restore-test", "vmid": 990000,
             "phase": "created", "at": "2026-03-01T12:00:00Z", "detail": null, "error": null
         });
         let e: Event = serde_json::from_value(event.clone()).unwrap();

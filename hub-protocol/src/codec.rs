@@ -352,10 +352,14 @@ pub fn encode<M: Message>(envelope: &Envelope<M>) -> Result<String, EncodeError>
         });
     }
     let frame = if envelope.v < crate::PROTOCOL_VERSION {
-        // An earlier version's frame carries only that version's error codes.
+        // An earlier version's frame carries only that version's error codes, check statuses
+        // and kind names.
         let mut value =
             serde_json::to_value(envelope).map_err(|e| EncodeError::Json(e.to_string()))?;
         codes_in_version(&mut value, envelope.v);
+        if let Some(body) = value.get_mut("body") {
+            body_in_version(body, envelope.v);
+        }
         serde_json::to_string(&value)
     } else {
         serde_json::to_string(envelope)
@@ -389,6 +393,43 @@ fn codes_in_version(value: &mut Value, v: u32) {
         }
         Value::Array(items) => items.iter_mut().for_each(|i| codes_in_version(i, v)),
         _ => {}
+    }
+}
+
+/// The `kind` of an `event` or `result` body as version `v` names it
+/// ([`TxnKind::name_in_version`](crate::TxnKind::name_in_version)), and each of its `checks`
+/// whose status is newer than `v` given the status `v` has for it
+/// ([`CheckStatus::in_version`](crate::CheckStatus::in_version)); a check that had no message
+/// gets one, so the older peer still reads that it was not judged.
+fn body_in_version(body: &mut Value, v: u32) {
+    if let Some(kind) = body.get_mut("kind") {
+        if let Ok(k) = serde_json::from_value::<crate::TxnKind>(kind.clone()) {
+            *kind = Value::String(k.name_in_version(v).to_string());
+        }
+    }
+    let Some(Value::Array(checks)) = body.get_mut("checks") else {
+        return;
+    };
+    for check in checks.iter_mut().filter_map(Value::as_object_mut) {
+        let Some(status) = check
+            .get("status")
+            .and_then(|s| serde_json::from_value::<crate::CheckStatus>(s.clone()).ok())
+        else {
+            continue;
+        };
+        if status.since() <= v {
+            continue;
+        }
+        check.insert(
+            "status".to_string(),
+            Value::String(status.in_version(v).as_str().to_string()),
+        );
+        if check.get("message").is_none_or(Value::is_null) {
+            check.insert(
+                "message".to_string(),
+                Value::String(format!("not judged (a check status of `{status}`)")),
+            );
+        }
     }
 }
 
@@ -1032,6 +1073,108 @@ mod tests {
         for code in crate::ErrorCode::ALL {
             assert!(code.in_version(1).since() <= 1, "{code:?}");
             assert_eq!(code.in_version(2), code);
+        }
+    }
+
+    /// A skipped check and the restore-test kind, both of version 2: a version 1 frame
+    /// carries the check as `error` (never `pass`) with its message, and the kind as
+    /// `selftest-restore`, and a peer of version 1 decodes it; a version 2 frame carries both
+    /// as they are and decodes back to the same result. A frame an older agent wrote
+    /// (`selftest-restore` in version 2) still reads.
+    #[test]
+    fn a_skipped_check_and_the_restore_test_kind_in_either_version() {
+        let check = |name: &str, status: CheckStatus, message: Option<&str>| CheckReport {
+            name: name.to_owned(),
+            status,
+            rows: vec![],
+            row_count: 0,
+            rows_truncated: false,
+            message: message.map(str::to_owned),
+            duration_ms: 3,
+        };
+        let result = AgentMessage::Result(TxnResult {
+            txn: TxnId::parse(TXN).unwrap(),
+            kind: TxnKind::SelftestRestore,
+            vmid: Some(990_002),
+            outcome: Outcome::Ok,
+            phase: Phase::Destroyed,
+            destroy_armed: true,
+            destroyed: true,
+            checks: vec![
+                check("osquery-version", CheckStatus::Pass, None),
+                check(
+                    "hostname",
+                    CheckStatus::Skipped,
+                    Some("not judged: PVE keeps no hostname for a VM"),
+                ),
+                check("bare", CheckStatus::Skipped, None),
+            ],
+            isolation: None,
+            error: None,
+            guest: Some(300),
+            backup: None,
+        });
+        let ts = || Timestamp::parse(TS).unwrap();
+
+        let old = encode(&Envelope::new(1, id(), ts(), result.clone())).unwrap();
+        let frame: Value = serde_json::from_str(&old).unwrap();
+        assert_eq!(frame["body"]["kind"], "selftest-restore", "{old}");
+        let statuses: Vec<&Value> = frame["body"]["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| &c["status"])
+            .collect();
+        assert_eq!(statuses, [&json!("pass"), &json!("error"), &json!("error")]);
+        assert_eq!(
+            frame["body"]["checks"][1]["message"],
+            "not judged: PVE keeps no hostname for a VM"
+        );
+        assert_eq!(
+            frame["body"]["checks"][2]["message"],
+            "not judged (a check status of `skipped`)"
+        );
+        assert!(!old.contains("skipped\""), "{old}");
+        assert!(!old.contains("\"restore-test\""), "{old}");
+        // A peer of version 1 decodes it: values it knows.
+        let read: AgentEnvelope = decode(&old).unwrap();
+        let AgentMessage::Result(r) = read.message else {
+            panic!("not a result");
+        };
+        assert_eq!(r.kind, TxnKind::SelftestRestore);
+        assert_eq!(r.checks[1].status, CheckStatus::Error);
+
+        let new = encode(&Envelope::new(2, id(), ts(), result.clone())).unwrap();
+        let frame: Value = serde_json::from_str(&new).unwrap();
+        assert_eq!(frame["body"]["kind"], "restore-test", "{new}");
+        assert_eq!(frame["body"]["checks"][1]["status"], "skipped", "{new}");
+        assert_eq!(frame["body"]["checks"][2]["message"], Value::Null, "{new}");
+        let read: AgentEnvelope = decode(&new).unwrap();
+        assert_eq!(read.message, result);
+        // The kind's older name in a version 2 frame (an agent before the rename) reads.
+        let mut older = frame;
+        older["body"]["kind"] = json!("selftest-restore");
+        let read: AgentEnvelope = decode(&older.to_string()).unwrap();
+        assert_eq!(read.message, result);
+
+        // An event names its kind as the frame's version does, too.
+        let event = AgentMessage::Event(Event {
+            txn: TxnId::parse(TXN).unwrap(),
+            kind: TxnKind::SelftestRestore,
+            vmid: Some(990_002),
+            phase: Phase::Created,
+            at: ts(),
+            detail: None,
+            error: None,
+            guest: None,
+            backup: None,
+        });
+        for (v, name) in [(1, "selftest-restore"), (2, "restore-test")] {
+            let text = encode(&Envelope::new(v, id(), ts(), event.clone())).unwrap();
+            let frame: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(frame["body"]["kind"], name, "{text}");
+            let read: AgentEnvelope = decode(&text).unwrap();
+            assert_eq!(read.message, event);
         }
     }
 

@@ -21,8 +21,8 @@
 //! # Versions
 //!
 //! - **1**: the messages above but `coverage`. Results and events of a restore-test copy
-//!   (`selftest-restore`) name the guest whose backup it proves and that backup (`guest`,
-//!   `backup`; optional fields, absent for other kinds).
+//!   (kind `selftest-restore` in this version) name the guest whose backup it proves and that
+//!   backup (`guest`, `backup`; optional fields, absent for other kinds).
 //! - **2**: adds the agent's [`Coverage`] message (`coverage`): after every restore-test run
 //!   that worked it out, the table of the node's pool guests and whether each one's newest
 //!   backup is proven, as `felhom-agent restore-report --json` shows it (bounded: at most
@@ -30,6 +30,10 @@
 //!   acknowledged like a result; a newer table supersedes an older one not yet acknowledged.
 //!   An agent whose session negotiated version 1 sends no `coverage` (it drops the tables
 //!   waiting for such a hub: a table is a snapshot and the next run makes a new one).
+//!   A check that could not judge its guest has the status `skipped` ([`CheckStatus`]; a
+//!   version 1 frame carries it as `error`, its message saying why: never as `pass`), and
+//!   the restore test's kind is named `restore-test` (a version 1 frame: `selftest-restore`;
+//!   either name decodes in either version).
 //!
 //! ```
 //! use hub_protocol::{decode, encode, AgentMessage, Envelope, Heartbeat, MessageId, Timestamp};
@@ -93,7 +97,9 @@
 //!   [`Message::type_since`]. A sender never writes a type into an earlier version's frame
 //!   ([`encode`] refuses it). An error code newer than the frame's version goes out as the
 //!   code that version has for it ([`ErrorCode::since`], [`ErrorCode::in_version`]; [`encode`]
-//!   maps it), the message still saying what happened.
+//!   maps it), the message still saying what happened; so does a check status
+//!   ([`CheckStatus::since`], [`CheckStatus::in_version`]) and a kind's name
+//!   ([`TxnKind::name_in_version`]).
 //! - **Capabilities** (in the hello) are an open list of names; unknown names are ignored, and
 //!   the hub dispatches only actions whose capability the agent announced.
 

@@ -21,8 +21,10 @@ pub enum TxnKind {
     #[serde(rename = "selftest-provision")]
     SelftestProvision,
     /// A self-restore-test run: started by the systemd timer, by `--selftest=restore` or by a
-    /// `restore_test` dispatch.
-    #[serde(rename = "selftest-restore")]
+    /// `restore_test` dispatch. `restore-test`, as `--kind` and the README name it; journals
+    /// and frames of earlier versions spell it `selftest-restore`, read as this kind too, and a
+    /// version 1 frame still carries that name ([`TxnKind::name_in_version`]).
+    #[serde(rename = "restore-test", alias = "selftest-restore")]
     SelftestRestore,
 }
 
@@ -33,7 +35,16 @@ impl TxnKind {
             TxnKind::Provision => "provision",
             TxnKind::Destroy => "destroy",
             TxnKind::SelftestProvision => "selftest-provision",
-            TxnKind::SelftestRestore => "selftest-restore",
+            TxnKind::SelftestRestore => "restore-test",
+        }
+    }
+
+    /// The name a frame of protocol version `v` carries: version 1 names the restore test
+    /// `selftest-restore` (a version 1 peer refuses `restore-test`, a value it does not know).
+    pub fn name_in_version(self, v: u32) -> &'static str {
+        match self {
+            TxnKind::SelftestRestore if v < 2 => "selftest-restore",
+            other => other.as_str(),
         }
     }
 }
@@ -502,6 +513,11 @@ pub enum CheckStatus {
     Fail,
     /// The query could not run (osqueryi missing, timeout, SQL error).
     Error,
+    /// The check could not judge this guest, and its message says why (a VM's hostname: PVE
+    /// keeps none for a VM). Not a pass: never counted as one. Not a fault either: a verdict
+    /// of passes and skips is ok, and says how many were not judged. Since protocol version 2
+    /// ([`CheckStatus::in_version`]).
+    Skipped,
 }
 
 impl CheckStatus {
@@ -511,6 +527,32 @@ impl CheckStatus {
             CheckStatus::Pass => "pass",
             CheckStatus::Fail => "fail",
             CheckStatus::Error => "error",
+            CheckStatus::Skipped => "skipped",
+        }
+    }
+
+    /// The protocol version the status came with: a frame of an earlier version carries
+    /// [`CheckStatus::in_version`] instead (a peer of that version refuses a status it does
+    /// not know).
+    pub fn since(self) -> u32 {
+        match self {
+            CheckStatus::Skipped => 2,
+            _ => 1,
+        }
+    }
+
+    /// The status a frame of version `v` carries for this one: itself when `v` has it, else
+    /// the nearest status of `v`. A skip goes out as `error` ("the query could not run"):
+    /// like it, the check gave no verdict on the guest, and the message says why. Never as
+    /// `pass`, which would tell an older hub the guest was judged and found good; nor as
+    /// `fail`, which would say the guest was found at fault.
+    pub fn in_version(self, v: u32) -> CheckStatus {
+        if self.since() <= v {
+            return self;
+        }
+        match self {
+            CheckStatus::Skipped => CheckStatus::Error,
+            other => other,
         }
     }
 }
@@ -573,9 +615,21 @@ mod tests {
             (TxnKind::Provision, "provision"),
             (TxnKind::Destroy, "destroy"),
             (TxnKind::SelftestProvision, "selftest-provision"),
-            (TxnKind::SelftestRestore, "selftest-restore"),
+            (TxnKind::SelftestRestore, "restore-test"),
         ]);
+        // The name journals and frames of earlier versions wrote reads as the same kind.
+        assert_eq!(
+            serde_json::from_value::<TxnKind>(json!("selftest-restore")).unwrap(),
+            TxnKind::SelftestRestore
+        );
         assert!(serde_json::from_value::<TxnKind>(json!("selftest_restore")).is_err());
+        assert!(serde_json::from_value::<TxnKind>(json!("restore_test")).is_err());
+        assert_eq!(
+            TxnKind::SelftestRestore.name_in_version(1),
+            "selftest-restore"
+        );
+        assert_eq!(TxnKind::SelftestRestore.name_in_version(2), "restore-test");
+        assert_eq!(TxnKind::Provision.name_in_version(1), "provision");
     }
 
     #[test]
@@ -611,7 +665,16 @@ mod tests {
             (CheckStatus::Pass, "pass"),
             (CheckStatus::Fail, "fail"),
             (CheckStatus::Error, "error"),
+            (CheckStatus::Skipped, "skipped"),
         ]);
+        // Version 1 has no `skipped`: its frames carry `error`, never `pass`.
+        for status in [CheckStatus::Pass, CheckStatus::Fail, CheckStatus::Error] {
+            assert_eq!(status.since(), 1);
+            assert_eq!(status.in_version(1), status);
+        }
+        assert_eq!(CheckStatus::Skipped.since(), 2);
+        assert_eq!(CheckStatus::Skipped.in_version(1), CheckStatus::Error);
+        assert_eq!(CheckStatus::Skipped.in_version(2), CheckStatus::Skipped);
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //!   restore-test copy the optional `guest` and `backup`.
 //! - **Version 2**: everything of version 1, and the agent's `coverage` message (the restore
 //!   test's coverage table, sent after every run that worked it out). An agent in a version 1
-//!   session sends no `coverage`.
+//!   session sends no `coverage`. Also the check status `skipped` (a version 1 frame carries
+//!   `error` with the check's message) and the kind's name `restore-test` (version 1:
+//!   `selftest-restore`).
 
 /// The newest protocol version this crate speaks.
 pub const PROTOCOL_VERSION: u32 = 2;

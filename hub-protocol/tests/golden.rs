@@ -47,6 +47,11 @@ fn agent(id: &str, at: &str, message: AgentMessage) -> Expected {
     Expected::Agent(Envelope::new(1, mid(id), ts(at), message))
 }
 
+/// A frame in version `v`, later than its type's: for values that came with `v`.
+fn agent_in(v: u32, id: &str, at: &str, message: AgentMessage) -> Expected {
+    Expected::Agent(Envelope::new(v, mid(id), ts(at), message))
+}
+
 /// A frame in the version that brought its type.
 fn agent_since(id: &str, at: &str, message: AgentMessage) -> Expected {
     Expected::Agent(Envelope::new(message.since(), mid(id), ts(at), message))
@@ -283,6 +288,52 @@ fn cases() -> Vec<(&'static str, Expected)> {
                     isolation: None,
                     guest: Some(120),
                     backup: Some(s(CT_120_BACKUP)),
+                }),
+            ),
+        ),
+        (
+            // Version 2's name of the kind and its `skipped` check status.
+            "agent_result_restore_test_v2.json",
+            agent_in(
+                2,
+                "01KJGX9S2C4E6G8J0M2N4P6R8T",
+                "2026-02-28T03:12:00.500Z",
+                AgentMessage::Result(TxnResult {
+                    txn: txn("01KJGXB3C5D7E9F1G3H5J7K9M1"),
+                    kind: TxnKind::SelftestRestore,
+                    vmid: Some(990_001),
+                    outcome: Outcome::Ok,
+                    phase: Phase::Destroyed,
+                    destroy_armed: true,
+                    destroyed: true,
+                    checks: vec![
+                        CheckReport {
+                            name: s("osquery-version"),
+                            status: CheckStatus::Pass,
+                            rows: vec![[(s("version"), s("5.12.1"))].into()],
+                            row_count: 1,
+                            rows_truncated: false,
+                            message: None,
+                            duration_ms: 41,
+                        },
+                        CheckReport {
+                            name: s("hostname"),
+                            status: CheckStatus::Skipped,
+                            rows: vec![[(s("hostname"), s("billing.example.com"))].into()],
+                            row_count: 1,
+                            rows_truncated: false,
+                            message: Some(s(
+                                "not judged: PVE keeps no hostname for a VM (its name in PVE, \
+                                 'billing', is never written into the guest), and the guest calls \
+                                 itself 'billing.example.com'; a VM's own name is the guest's to set",
+                            )),
+                            duration_ms: 37,
+                        },
+                    ],
+                    error: None,
+                    isolation: None,
+                    guest: Some(121),
+                    backup: Some(s(VM_121_BACKUP)),
                 }),
             ),
         ),
@@ -579,7 +630,8 @@ fn every_golden_file_has_a_case_and_every_type_a_golden_file() {
 
 #[test]
 fn golden_frames_are_in_the_version_of_their_type_and_fit_a_frame() {
-    // The goldens pin version 1; a type a later version brought is pinned in that version.
+    // The goldens pin version 1; a type a later version brought is pinned in that version,
+    // and so are values a later version brought (`_v2` files).
     assert!(hub_protocol::SUPPORTED_VERSIONS.contains(&1));
     assert_eq!(HANDSHAKE_VERSION, 1);
     for (name, expected) in cases() {
@@ -590,8 +642,43 @@ fn golden_frames_are_in_the_version_of_their_type_and_fit_a_frame() {
             Expected::Agent(env) => env.message.since(),
             Expected::Hub(env) => env.message.since(),
         };
+        let since = if name.ends_with("_v2.json") {
+            since.max(2)
+        } else {
+            since
+        };
         assert_eq!(value["v"], Value::from(since), "{name}");
     }
+}
+
+/// The version 2 restore-test result sent in a version 1 frame: the kind's version 1 name,
+/// the skipped check as `error` with its message (never `pass`), the rest as it is; the
+/// version 1 golden of a restore-test result, read in version 2, has the same kind.
+#[test]
+fn the_version_2_result_in_a_version_1_frame() {
+    let Some((_, Expected::Agent(env))) = cases()
+        .into_iter()
+        .find(|(name, _)| *name == "agent_result_restore_test_v2.json")
+    else {
+        panic!("no v2 result golden");
+    };
+    let mut want: Value =
+        serde_json::from_str(&read_golden("agent_result_restore_test_v2.json")).unwrap();
+    want["v"] = Value::from(1);
+    want["body"]["kind"] = Value::from("selftest-restore");
+    want["body"]["checks"][1]["status"] = Value::from("error");
+    let old = encode(&Envelope { v: 1, ..env }).unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&old).unwrap(), want, "{old}");
+
+    let AgentMessage::Result(v1) =
+        decode::<AgentMessage>(&read_golden("agent_result_restore_test.json"))
+            .unwrap()
+            .message
+    else {
+        panic!("not a result");
+    };
+    assert_eq!(v1.kind, TxnKind::SelftestRestore);
+    assert_eq!(v1.kind.as_str(), "restore-test");
 }
 
 #[test]

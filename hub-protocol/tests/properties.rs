@@ -61,7 +61,9 @@ fn phase() -> impl Strategy<Value = Phase> {
     select(Phase::ALL.to_vec())
 }
 
-/// `env` as a peer of its version reads it: every error code as that version has it.
+/// `env` as a peer of its version reads it: every error code and check status as that
+/// version has it (a check given another status there says it was not judged when it said
+/// nothing).
 fn in_version(mut env: Envelope<AgentMessage>) -> Envelope<AgentMessage> {
     let v = env.v;
     let map = |e: &mut Option<ErrorInfo>| {
@@ -70,7 +72,17 @@ fn in_version(mut env: Envelope<AgentMessage>) -> Envelope<AgentMessage> {
         }
     };
     match &mut env.message {
-        AgentMessage::Result(r) => map(&mut r.error),
+        AgentMessage::Result(r) => {
+            map(&mut r.error);
+            for c in &mut r.checks {
+                if c.status.since() > v {
+                    c.message.get_or_insert_with(|| {
+                        format!("not judged (a check status of `{}`)", c.status)
+                    });
+                    c.status = c.status.in_version(v);
+                }
+            }
+        }
         AgentMessage::Event(e) => map(&mut e.error),
         _ => {}
     }
@@ -91,6 +103,7 @@ fn check_report() -> impl Strategy<Value = CheckReport> {
                 CheckStatus::Pass,
                 CheckStatus::Fail,
                 CheckStatus::Error,
+                CheckStatus::Skipped,
             ]),
             vec(row, 0..3),
         ),

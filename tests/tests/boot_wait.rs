@@ -116,7 +116,7 @@ fn a_unit_failing_seconds_into_the_boot_turns_the_restore_test_red_naming_it() {
         "{doc:#}"
     );
     // The wait is its own phase figure: `launched` lasted the boot (3 s).
-    let launched = launched_max(&w, "selftest-restore");
+    let launched = launched_max(&w, "restore-test");
     assert!(launched >= 2.5, "launched lasted {launched}s");
 }
 

@@ -910,7 +910,7 @@ fn a_stopped_restore_test_shows_interrupted_at_once_even_while_the_pid_of_its_lo
     let t = w
         .journal()
         .into_iter()
-        .find(|t| t["kind"] == "selftest-restore" && t["outcome"].is_null())
+        .find(|t| t["kind"] == "restore-test" && t["outcome"].is_null())
         .expect("the open restore test");
     let txn = text(&t["txn"]);
     let vmid = u32::try_from(t["vmid"].as_u64().expect("vmid")).expect("vmid");

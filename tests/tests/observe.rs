@@ -286,7 +286,7 @@ fn stats_agree_with_the_journal_and_every_metrics_file_passes_promtool() {
         3.0
     );
     assert_eq!(
-        tx["felhom_transactions_total{kind=\"selftest-restore\",outcome=\"ok\"}"],
+        tx["felhom_transactions_total{kind=\"restore-test\",outcome=\"ok\"}"],
         1.0
     );
     assert_eq!(tx["felhom_needs_human"], 0.0);

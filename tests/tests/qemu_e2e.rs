@@ -267,6 +267,76 @@ fn qemu_restore_test_comes_up_with_every_nic_isolated() {
     }
 }
 
+/// A VM copy whose guest calls itself `web01.example.com` while its PVE name is `felhom-vm`:
+/// PVE keeps no hostname for a VM, so the default pack's hostname check cannot judge it. It
+/// ends `skipped`, never `pass`: in the JSON (kind `restore-test`), in the journal's text (not
+/// judged, not among the passed) and in the metrics (`felhom_restore_test_checks`); the copy is
+/// still ok (exit 0), the other checks judged as ever.
+#[test]
+fn a_vm_copy_under_a_name_of_its_own_has_its_hostname_check_skipped_never_passed() {
+    let extra = format!("[restore_test]\nsources = [\"{QEMU_BACKUP}\"]\n");
+    let mut guest = booting_guest();
+    guest["files"] = json!({"/etc/hostname": "web01.example.com\n"});
+    let w = world(scenario(qemu_backup_config(), guest), &extra);
+    let run = w.agent(&["--selftest=restore", "--json"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.restore_copy();
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    assert_eq!(doc["kind"], "restore-test", "{doc:#}");
+    let checks = doc["checks"].as_array().expect("checks");
+    let hostname = checks
+        .iter()
+        .find(|c| c["name"] == "hostname")
+        .unwrap_or_else(|| panic!("no hostname check: {doc:#}"));
+    assert_eq!(hostname["status"], "skipped", "{hostname:#}");
+    let message = hostname["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("not judged")
+            && message.contains("'felhom-vm'")
+            && message.contains("calls itself 'web01.example.com'"),
+        "{hostname:#}"
+    );
+    let count = |status: &str| checks.iter().filter(|c| c["status"] == status).count();
+    let passed = count("pass");
+    assert_eq!(count("skipped"), 1, "{doc:#}");
+    assert_eq!(
+        passed,
+        checks.len() - 1,
+        "every other check judged and passed: {doc:#}"
+    );
+    assert!(passed > 0, "{doc:#}");
+
+    let prom = std::fs::read_to_string(w.files.metrics_dir.join("felhom_restore_test.prom"))
+        .expect("the restore-test metrics");
+    for line in [
+        format!("felhom_restore_test_checks{{status=\"pass\"}} {passed}"),
+        "felhom_restore_test_checks{status=\"skipped\"} 1".to_string(),
+        "felhom_restore_test_checks{status=\"fail\"} 0".to_string(),
+        "felhom_restore_test_checks{status=\"error\"} 0".to_string(),
+        "felhom_restore_test_outcome{outcome=\"ok\"} 1".to_string(),
+    ] {
+        assert!(prom.lines().any(|l| l == line), "no {line:?} in\n{prom}");
+    }
+
+    let text = w.agent(&["journal", "--last", "restore-test"]);
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    assert!(
+        text.stdout.contains(&format!(
+            "checks: {passed} passed, 0 failed, 0 could not run, 1 not judged"
+        )),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("check hostname ")
+                && l.contains(" skipped: not judged")),
+        "{}",
+        text.stdout
+    );
+}
+
 #[test]
 fn qemu_guest_whose_agent_is_turned_off_after_its_restore_fails_at_once_and_is_cleaned_up() {
     // The preflight refuses a backup without `agent: 1` before any write (guest_agent_off,

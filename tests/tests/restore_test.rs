@@ -97,7 +97,7 @@ fn band_walks_around_foreign_guests_and_destroys_only_its_copy() {
     assert_eq!(doc["vmid"], json!(990003));
     assert_eq!(doc["outcome"], "ok");
     assert_eq!(doc["destroyed"], json!(true));
-    assert_eq!(doc["kind"], "selftest-restore");
+    assert_eq!(doc["kind"], "restore-test");
     // The copy's checks ran through the exec helper only, in three trips into the copy (each a
     // `pct` process on a node): the launch proof; the boot wait with the lab around it; every
     // check of every pack. A copy is never bootstrapped.
@@ -244,7 +244,7 @@ fn sigterm_during_the_restore(w: &RestoreWorld, extra: &[&str]) -> AgentRun {
     let deadline = Instant::now() + Duration::from_secs(60);
     let upid = loop {
         let open = w.world.journal().into_iter().find(|t| {
-            t["kind"] == "selftest-restore" && t["upid"].is_string() && t["outcome"].is_null()
+            t["kind"] == "restore-test" && t["upid"].is_string() && t["outcome"].is_null()
         });
         if let Some(t) = open {
             break t["upid"].as_str().expect("upid").to_string();

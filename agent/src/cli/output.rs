@@ -102,8 +102,8 @@ fn human(state: &State, checks: &[CheckResult], plan: Option<&Value>, open_word:
     s
 }
 
-/// One line per check: its name, `pass`, `fail` or `error`, and why (for a pass, how many
-/// rows the query returned).
+/// One line per check: its name, `pass`, `fail`, `error` or `skipped`, and why (for a pass,
+/// how many rows the query returned).
 /// The most bytes of one stored text (a message, a boot or isolation line) shown on a terminal.
 const TERMINAL_TEXT_MAX: usize = 8192;
 
@@ -601,15 +601,17 @@ pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput 
     }
 }
 
-/// `checks: N passed, N failed, N could not run` for a person.
+/// `checks: N passed, N failed, N could not run, N not judged` for a person: a skipped check
+/// is never counted as passed.
 fn checks_summary(checks: &[CheckResult]) -> String {
     use crate::guest::checks::CheckStatus;
     let count = |st: CheckStatus| checks.iter().filter(|c| c.status == st).count();
     format!(
-        "checks: {} passed, {} failed, {} could not run\n",
+        "checks: {} passed, {} failed, {} could not run, {} not judged\n",
         count(CheckStatus::Pass),
         count(CheckStatus::Fail),
-        count(CheckStatus::Error)
+        count(CheckStatus::Error),
+        count(CheckStatus::Skipped)
     )
 }
 
@@ -1172,6 +1174,38 @@ mod tests {
         assert!(
             text.contains("nginx: ") && text.contains("all good"),
             "{text}"
+        );
+    }
+
+    /// A check that could not judge is counted as not judged, never as passed, and its line
+    /// says `skipped` with why.
+    #[test]
+    fn a_skipped_check_is_counted_as_not_judged() {
+        use hub_protocol::CheckStatus;
+        let check = |name: &str, status: CheckStatus, message: Option<&str>| CheckResult {
+            name: name.to_string(),
+            status,
+            rows: Vec::new(),
+            row_count: 1,
+            rows_truncated: false,
+            message: message.map(str::to_string),
+            duration_ms: 3,
+        };
+        let checks = vec![
+            check("osquery-version", CheckStatus::Pass, None),
+            check("hostname", CheckStatus::Skipped, Some("not judged: a VM")),
+        ];
+        assert_eq!(
+            checks_summary(&checks),
+            "checks: 1 passed, 0 failed, 0 could not run, 1 not judged\n"
+        );
+        let lines = check_lines(&checks);
+        assert!(
+            lines
+                .lines()
+                .any(|l| l.starts_with("check hostname ")
+                    && l.ends_with(" skipped: not judged: a VM")),
+            "{lines}"
         );
     }
 }

@@ -523,7 +523,7 @@ impl CheckContext {
 pub use hub_protocol::CheckReport as CheckResult;
 /// One row of osquery's output: column to value (osquery prints every value as a string).
 pub use hub_protocol::CheckRow as Row;
-/// A check's verdict (pass, fail, error): the wire protocol's own enum.
+/// A check's verdict (pass, fail, error, skipped): the wire protocol's own enum.
 pub use hub_protocol::CheckStatus;
 
 /// Limits for running checks.
@@ -629,9 +629,9 @@ pub fn compares_to(check: &Check, placeholder: &str) -> bool {
 /// interface."), and nothing of PVE writes it into the guest. So a check of a VM that compares
 /// a column to `{hostname}` and fails (the guest's own hostname differs from its PVE name:
 /// `web-01` in PVE, `web01.example.com` inside) did not find a fault of the guest: it is
-/// turned into a pass that says plainly it could not judge the name, with what the guest
-/// calls itself. A check that passes (the guest runs under its PVE name) stays as it is; a
-/// check that errors (it could not run) stays an error.
+/// `skipped`, never a pass, its message saying plainly it could not judge the name, with what
+/// the guest calls itself. A check that passes (the guest runs under its PVE name) stays as it
+/// is; a check that errors (it could not run) stays an error.
 pub fn vm_hostname_unjudged(checks: &[Check], results: &mut [CheckResult], pve_name: &str) {
     for result in results.iter_mut() {
         if result.status != CheckStatus::Fail {
@@ -654,7 +654,7 @@ pub fn vm_hostname_unjudged(checks: &[Check], results: &mut [CheckResult], pve_n
             .take(4)
             .map(|v| format!("'{}'", crate::error::outside_text_max(v, 128)))
             .collect();
-        result.status = CheckStatus::Pass;
+        result.status = CheckStatus::Skipped;
         result.message = Some(format!(
             "not judged: PVE keeps no hostname for a VM (its name in PVE, '{}', is never written into the guest), and the guest calls itself {}; a VM's own name is the guest's to set",
             crate::error::outside_text_max(pve_name, 128),
@@ -684,7 +684,8 @@ pub fn say_why_kept(results: &mut [CheckResult], kept: &[(String, String)]) {
     }
 }
 
-/// `Ok(())` when every result passed, else [`CheckError::NotPassed`] naming the others.
+/// `Ok(())` when every result passed or was skipped (not judged: no fault found), else
+/// [`CheckError::NotPassed`] naming the checks that failed or could not run.
 pub fn verdict(guest: GuestRef, results: &[CheckResult]) -> Result<(), CheckError> {
     let names = |status| {
         results
@@ -1722,7 +1723,13 @@ expect = "rows == 0"
             result("no-failed-units", CheckStatus::Fail, "x"),
         ];
         vm_hostname_unjudged(&checks, &mut results, "web-01");
-        assert_eq!(results[0].status, CheckStatus::Pass);
+        // Not judged is not a pass: skipped, and the verdict stays ok for it alone.
+        assert_eq!(results[0].status, CheckStatus::Skipped);
+        let vm = GuestRef {
+            kind: crate::pve::GuestKind::Qemu,
+            vmid: 120,
+        };
+        assert!(verdict(vm, &results[..1]).is_ok());
         let m = results[0].message.as_deref().unwrap_or("");
         assert!(
             m.starts_with("not judged")

@@ -11,7 +11,7 @@
 //!   [`DAEMON_INTERVAL`] and when it stops:
 //!   `felhom_hub_configured`, `felhom_hub_connected`, `felhom_outbox_depth`;
 //! - [`RESTORE_TEST_FILE`]: after every restore-test run: the `felhom_restore_test_*` gauges
-//!   and counters;
+//!   and counters, the run's checks by status ([`restore_test_checks_text`]);
 //! - [`COVERAGE_FILE`]: whenever the pool guests' restore-test coverage is worked out
 //!   ([`coverage_text`]): `felhom_backup_*` by `vmid` (and `status`), `felhom_guest_info`
 //!   (`vmid`, `name`), the totals. Its own file, so a run that ends before it could work the
@@ -313,6 +313,34 @@ pub fn restore_test_text(f: &RestoreTestFigures<'_>) -> String {
         "Self-restore-test runs.",
     );
     let _ = writeln!(s, "felhom_restore_test_runs_total {}", f.runs_total);
+    s
+}
+
+/// The values of `felhom_restore_test_checks`' `status` label: every check status. `skipped`
+/// (the check could not judge the guest) is its own, never counted as `pass`.
+pub const CHECK_STATUSES: [hub_protocol::CheckStatus; 4] = [
+    hub_protocol::CheckStatus::Pass,
+    hub_protocol::CheckStatus::Fail,
+    hub_protocol::CheckStatus::Error,
+    hub_protocol::CheckStatus::Skipped,
+];
+
+/// `felhom_restore_test_checks{status}`: how many checks of the run's copies (or of the copy a
+/// resume settled) ended with each status, every status written (0 when none). Goes after
+/// [`restore_test_text`] in [`RESTORE_TEST_FILE`].
+pub fn restore_test_checks_text(statuses: &[hub_protocol::CheckStatus]) -> String {
+    let mut s = String::new();
+    header(
+        &mut s,
+        "felhom_restore_test_checks",
+        "gauge",
+        "The last run's checks by status (skipped: the check could not judge the guest; never \
+         counted as pass).",
+    );
+    for st in CHECK_STATUSES {
+        let n = statuses.iter().filter(|x| **x == st).count();
+        let _ = writeln!(s, "felhom_restore_test_checks{{status=\"{st}\"}} {n}");
+    }
     s
 }
 
@@ -876,5 +904,16 @@ felhom_backup_guests_stale 1
         assert!(t.contains("felhom_restore_test_outcome{outcome=\"ok\"} 0"));
         assert!(t.contains("felhom_restore_test_skipped_total 2"));
         assert!(t.contains("felhom_restore_test_outcome{outcome=\"interrupted\"} 0"));
+        use hub_protocol::CheckStatus::{Pass, Skipped};
+        let c = restore_test_checks_text(&[Pass, Skipped, Pass]);
+        assert_exposition(&c);
+        for line in [
+            "felhom_restore_test_checks{status=\"pass\"} 2\n",
+            "felhom_restore_test_checks{status=\"skipped\"} 1\n",
+            "felhom_restore_test_checks{status=\"fail\"} 0\n",
+            "felhom_restore_test_checks{status=\"error\"} 0\n",
+        ] {
+            assert!(c.contains(line), "{c}");
+        }
     }
 }

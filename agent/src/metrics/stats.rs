@@ -26,7 +26,7 @@ pub struct PhaseFigures {
 /// The figures of one kind of transaction.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct KindFigures {
-    /// The kind (`provision`, `destroy`, `selftest-provision`, `selftest-restore`).
+    /// The kind (`provision`, `destroy`, `selftest-provision`, `restore-test`).
     pub kind: String,
     /// Transactions of this kind.
     pub transactions: u64,

@@ -893,7 +893,7 @@ pub async fn resume(
     Some(driven)
 }
 
-/// What a restore-test copy (`selftest-restore`) proves, for its results and events: the
+/// What a restore-test copy (kind `restore-test`) proves, for its results and events: the
 /// guest whose backup it restores (the backup's owner, by the volid's name) and that backup's
 /// volid (clipped to the protocol's bound). `(None, None)` for every other kind.
 pub fn restore_test_subject(state: &State) -> (Option<u32>, Option<String>) {

@@ -296,7 +296,10 @@ fn record_proof(
     let failing = driven
         .checks
         .iter()
-        .filter(|c| c.status != crate::guest::checks::CheckStatus::Pass)
+        .filter(|c| {
+            use crate::guest::checks::CheckStatus;
+            matches!(c.status, CheckStatus::Fail | CheckStatus::Error)
+        })
         .map(|c| c.name.clone())
         .collect();
     let rec = TestRecord {
@@ -1912,6 +1915,11 @@ fn write_run_metrics(
         rot.last = Some(last.guest.to_string());
     }
     store_rotation(&path, &rot);
+    let checks: Vec<_> = run
+        .copies
+        .iter()
+        .flat_map(|c| c.driven.checks.iter().map(|r| r.status))
+        .collect();
     write_metrics_text(
         cfg,
         journal,
@@ -1919,6 +1927,7 @@ fn write_run_metrics(
         run.duration_s,
         &rot,
         Some(&run.coverage),
+        &checks,
     )
 }
 
@@ -1937,8 +1946,9 @@ fn write_metrics_text(
     duration_s: f64,
     rot: &RotationState,
     rows: Option<&[CoverageRow]>,
+    checks: &[crate::guest::checks::CheckStatus],
 ) -> Result<(), String> {
-    let text = metrics::restore_test_text(&metrics::RestoreTestFigures {
+    let mut text = metrics::restore_test_text(&metrics::RestoreTestFigures {
         outcome,
         duration_s,
         now: unix_now(),
@@ -1946,6 +1956,7 @@ fn write_metrics_text(
         skipped_total: rot.skipped_total,
         runs_total: rot.runs_total,
     });
+    text.push_str(&metrics::restore_test_checks_text(checks));
     let mut first_error = metrics::textfile::write(&cfg.metrics.dir, METRICS_FILE, &text)
         .err()
         .map(|e| e.to_string());
@@ -2006,8 +2017,16 @@ pub fn record_taken_up(cfg: &Config, journal: &crate::provision::Journal, driven
     // The coverage as the store has it (the guests' names and backups are the last run's).
     let rows = previous_coverage(cfg);
     let rows = (!rows.is_empty()).then_some(rows.as_slice());
-    if let Err(e) = write_metrics_text(cfg, journal, metrics_label(driven), duration_s, &rot, rows)
-    {
+    let checks: Vec<_> = driven.checks.iter().map(|r| r.status).collect();
+    if let Err(e) = write_metrics_text(
+        cfg,
+        journal,
+        metrics_label(driven),
+        duration_s,
+        &rot,
+        rows,
+        &checks,
+    ) {
         tracing::warn!(txn = %driven.state.txn(), "restore-test metrics not updated: {e}");
     }
     store_last_result(cfg, driven);
@@ -2071,7 +2090,7 @@ fn write_early_end_metrics(cfg: &Config, failure: &Failure, duration_s: f64) -> 
             tracing::error!(path = %rotation_path.display(), error = %e, "cannot store the rotation");
         }
     }
-    let text = metrics::restore_test_text(&metrics::RestoreTestFigures {
+    let mut text = metrics::restore_test_text(&metrics::RestoreTestFigures {
         outcome: early_end_label(failure.code),
         duration_s,
         now: unix_now(),
@@ -2079,6 +2098,8 @@ fn write_early_end_metrics(cfg: &Config, failure: &Failure, duration_s: f64) -> 
         skipped_total: rot.skipped_total,
         runs_total: rot.runs_total,
     });
+    // No copy ran: no check.
+    text.push_str(&metrics::restore_test_checks_text(&[]));
     metrics::textfile::write(&cfg.metrics.dir, METRICS_FILE, &text).map_err(|e| e.to_string())
 }
 

@@ -375,7 +375,8 @@ impl Executor<'_> {
         let bad: Vec<String> = self
             .checks
             .iter()
-            .filter(|c| c.status != CheckStatus::Pass)
+            // A skipped check (not judged) is no fault: only failures and errors hold the copy.
+            .filter(|c| matches!(c.status, CheckStatus::Fail | CheckStatus::Error))
             .map(|c| {
                 format!(
                     "{} ({:?}: {})",

@@ -142,6 +142,48 @@ impl ArchiveTotals {
     fn usable(&self) -> bool {
         self.v == TOTALS_VERSION && self.bounds == PHASE_BUCKETS
     }
+
+    /// Every kind under the name this agent writes: totals an earlier version wrote name the
+    /// restore test `selftest-restore`, whose counts join `restore-test`'s, so no counter of
+    /// the metrics goes down (or is left out as an unknown kind) after an upgrade. A name that
+    /// is no kind stays as it is.
+    pub(super) fn kinds_renamed(mut self) -> Self {
+        let renamed = |k: &str| {
+            serde_json::from_value::<TxnKind>(serde_json::Value::from(k))
+                .ok()
+                .map(TxnKind::as_str)
+                .filter(|now| *now != k)
+        };
+        let old: Vec<String> = self
+            .outcomes
+            .keys()
+            .chain(self.phases.keys())
+            .filter(|k| renamed(k).is_some())
+            .cloned()
+            .collect();
+        for k in old {
+            let Some(now) = renamed(&k) else { continue };
+            if let Some(outcomes) = self.outcomes.remove(&k) {
+                let into = self.outcomes.entry(now.to_string()).or_default();
+                for (o, n) in outcomes {
+                    *into.entry(o).or_default() += n;
+                }
+            }
+            if let Some(phases) = self.phases.remove(&k) {
+                let into = self.phases.entry(now.to_string()).or_default();
+                for (p, b) in phases {
+                    let h = into.entry(p).or_default();
+                    h.le.resize(PHASE_BUCKETS.len(), 0);
+                    for (n, add) in h.le.iter_mut().zip(&b.le) {
+                        *n += add;
+                    }
+                    h.count += b.count;
+                    h.sum += b.sum;
+                }
+            }
+        }
+        self
+    }
 }
 
 /// The archive's totals next to the journal folder's own timings, read as one consistent view
@@ -355,7 +397,7 @@ impl Journal {
             return ArchiveTotals::default();
         };
         match serde_json::from_str::<ArchiveTotals>(&text) {
-            Ok(t) if t.usable() => t,
+            Ok(t) if t.usable() => t.kinds_renamed(),
             _ => {
                 tracing::warn!(path = %path.display(), "archive totals {} are unreadable or of another layout; counting the archive again", path.display());
                 ArchiveTotals::default()

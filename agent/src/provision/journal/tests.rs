@@ -849,3 +849,79 @@ fn archive_records_written_without_phase_durations_still_count() {
     assert_eq!(j.archived().expect("archived").len(), 3);
     assert_eq!(j.all_timings().expect("all").len(), 3);
 }
+
+/// Totals an earlier version wrote count the restore test under `selftest-restore`: read
+/// back, they count under `restore-test`, joined with what is already there, so the metrics'
+/// counters never go down after an upgrade; a name that is no kind is left alone.
+#[test]
+fn archive_totals_of_the_restore_tests_older_name_count_under_its_name() {
+    let mut t = ArchiveTotals::default();
+    let mut add = |kind: &str, outcome: &str, n: u64| {
+        *t.outcomes
+            .entry(kind.to_string())
+            .or_default()
+            .entry(outcome.to_string())
+            .or_default() += n;
+    };
+    add("selftest-restore", "ok", 3);
+    add("selftest-restore", "failed", 1);
+    add("restore-test", "ok", 2);
+    add("made-up", "ok", 7);
+    let mut old = PhaseBuckets::default();
+    old.observe(0.2);
+    let mut new = PhaseBuckets::default();
+    new.observe(20.0);
+    t.phases
+        .entry("selftest-restore".to_string())
+        .or_default()
+        .insert(Phase::Created, old);
+    t.phases
+        .entry("restore-test".to_string())
+        .or_default()
+        .insert(Phase::Created, new);
+
+    let t = t.kinds_renamed();
+    assert_eq!(t.outcomes.get("selftest-restore"), None);
+    let rt = &t.outcomes["restore-test"];
+    assert_eq!((rt["ok"], rt["failed"]), (5, 1));
+    assert_eq!(t.outcomes["made-up"]["ok"], 7);
+    assert_eq!(t.phases.get("selftest-restore"), None);
+    let created = &t.phases["restore-test"][&Phase::Created];
+    assert_eq!(created.count, 2);
+    // 0.2 s is within the 0.5 s bucket, 20 s is not.
+    assert_eq!(created.le[1], 1);
+    assert_eq!(created.le[PHASE_BUCKETS.len() - 1], 2);
+}
+
+/// A journal an earlier version wrote names the restore test `selftest-restore`: its records
+/// still replay, as the restore test, and the state written again names it `restore-test`.
+#[test]
+fn a_restore_test_journaled_under_its_older_name_replays() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(dir.path()).expect("open");
+    let t = txn(7);
+    let s0 = State::new(Request {
+        kind: TxnKind::SelftestRestore,
+        ..request(t, 990_000)
+    });
+    write_all(&j, &[s0.clone(), next(&s0, Event::VmidAccepted)]);
+    let path = j.path_of(t);
+    let text = fs::read_to_string(&path).expect("read");
+    assert!(text.contains("\"restore-test\""), "{text}");
+    // The same records as the earlier version wrote them: the old name, checksums of their own.
+    let mut old = String::new();
+    for line in text.lines() {
+        let (payload, _) = crate::durable_log::decode_line(line.as_bytes()).expect("a record");
+        let payload = payload.replace("\"restore-test\"", "\"selftest-restore\"");
+        old.push_str(&j.log_limits().encode(&payload).expect("encode"));
+    }
+    assert!(!old.contains("\"restore-test\""), "{old}");
+    fs::write(&path, &old).expect("write");
+
+    let replayed = j.replay().expect("replay");
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].records, 2, "no record dropped");
+    assert_eq!(replayed[0].state.kind(), TxnKind::SelftestRestore);
+    let again = serde_json::to_value(&replayed[0].state).expect("json");
+    assert!(again.to_string().contains("\"restore-test\""), "{again}");
+}
