@@ -321,6 +321,40 @@ done
 set -- $known
 "#;
 
+/// The boot wait's tick in an agent's own VM copy on the lab bridge, before [`DHCP6_WATCH`]:
+/// which names that watch looks for. A VM's `inet6 dhcp` stanzas are the guest's own
+/// (`/etc/network/interfaces`, `interfaces.d`; cloud-init writes its own there before the
+/// network starts), and ifupdown runs `dhclient -6` for them without `-1` as for a container's
+/// `ip6=dhcp`: nothing answers on the lab bridge, so it solicits for ever and `ifup -a`
+/// (`networking.service`, the boot) waits on it. So, at the first tick that finds a process
+/// whose `comm` is `dhclient` (read by the shell itself: a tick starts no process until then;
+/// by then the stanzas are written and the NICs named, as `ifup` started it), each link whose
+/// MAC is a stored one (`FELHOM_LAB_MACS`, read from `/sys/class/net`) and that has an
+/// `iface <name> inet6 dhcp` stanza becomes one of `FELHOM_LAB_DHCP6`, once for the whole trip;
+/// a name that is not plain (guest output) is left out.
+const VM_DHCP6_NAMES: &str = r#"
+if [ -z "${felhom_v6_read:-}" ]; then
+  for felhom_v6_p in /proc/[0-9]*; do
+    { read -r felhom_v6_c <"$felhom_v6_p/comm"; } 2>/dev/null || continue
+    [ "$felhom_v6_c" = dhclient ] || continue
+    felhom_v6_read=1; FELHOM_LAB_DHCP6=
+    for felhom_v6_m in ${FELHOM_LAB_MACS:-}; do
+      for felhom_v6_d in /sys/class/net/*; do
+        { read -r felhom_v6_a <"$felhom_v6_d/address"; } 2>/dev/null || continue
+        [ "$felhom_v6_a" = "$felhom_v6_m" ] || continue
+        felhom_v6_n=${felhom_v6_d##*/}
+        case $felhom_v6_n in ''|-*|*[!A-Za-z0-9_.-]*) continue;; esac
+        case " $FELHOM_LAB_DHCP6 " in *" $felhom_v6_n "*) continue;; esac
+        cat /etc/network/interfaces /etc/network/interfaces.d/* 2>/dev/null |
+          grep -Eq "^[[:space:]]*iface[[:space:]]+$felhom_v6_n[[:space:]]+inet6[[:space:]]+dhcp([[:space:]]|\$)" &&
+          FELHOM_LAB_DHCP6="$FELHOM_LAB_DHCP6 $felhom_v6_n"
+      done
+    done
+    break
+  done
+fi
+"#;
+
 /// A VM copy that started with no NIC (no lab bridge configured), once its boot has ended:
 /// nothing can be given to it (a VM's NIC must exist when QEMU starts), so the failed units
 /// the missing NICs can explain are only named, "unjudged <unit>": the network's own
@@ -557,6 +591,10 @@ pub struct VmLabRequest<'a> {
     pub macs: &'a [String],
     /// The NICs are on the lab bridge; `false`: the copy started with no NIC.
     pub on_bridge: bool,
+    /// A copy of the agent's own (a restore test's or a selftest's, never a customer's guest):
+    /// on the lab bridge, the boot wait stops the `dhclient -6` of its `inet6 dhcp` stanzas
+    /// ([`VM_DHCP6_NAMES`], [`DHCP6_WATCH`]).
+    pub own_copy: bool,
 }
 
 /// The variable naming the stored MACs of a VM copy on the lab bridge.
@@ -566,8 +604,11 @@ const LAB_VM_VAR: &str = "FELHOM_LAB_VM";
 
 /// The boot trip of an isolated VM copy: after the wait, [`VM_NICS`] and [`SETTLE`] when its
 /// NICs are on the lab bridge, [`VM_NICLESS`] when it started with none though its backup
-/// stores some; nothing before the wait (a VM's devices are QEMU's, from its start).
-pub fn vm_boot_plan(lab: &VmLabRequest<'_>, stored_nics: usize) -> BootPlan {
+/// stores some; nothing before the wait (a VM's devices are QEMU's, from its start). In the
+/// agent's own copy on the lab bridge, [`VM_DHCP6_NAMES`] and [`DHCP6_WATCH`] are the wait's
+/// tick (`give_up`: [`DHCP6_GIVE_UP`]), also run by [`SETTLE`] while it waits for an
+/// activating `networking.service`.
+pub fn vm_boot_plan(lab: &VmLabRequest<'_>, stored_nics: usize, give_up: Duration) -> BootPlan {
     let mut plan = BootPlan::default();
     if lab.on_bridge {
         let macs: Vec<String> = lab
@@ -576,7 +617,17 @@ pub fn vm_boot_plan(lab: &VmLabRequest<'_>, stored_nics: usize) -> BootPlan {
             .filter(|m| crate::pve::guest_config::valid_mac(m))
             .map(|m| m.to_ascii_lowercase())
             .collect();
-        plan.after = Some(format!("{VM_NICS}{SETTLE}"));
+        let mut tick_fn = String::new();
+        if lab.own_copy && !macs.is_empty() {
+            let tick = format!(
+                "{VM_DHCP6_NAMES}if [ -n \"${{FELHOM_LAB_DHCP6:-}}\" ]; then\n{DHCP6_WATCH}fi\n"
+            );
+            tick_fn = format!("felhom_lab_tick() {{\n{tick}:\n}}\n");
+            plan.tick = Some(tick);
+            plan.env
+                .push((LAB_DHCP6_GIVE_UP_VAR, give_up.as_secs().max(1).to_string()));
+        }
+        plan.after = Some(format!("{tick_fn}{VM_NICS}{SETTLE}"));
         plan.env.push((LAB_VM_VAR, "1".to_string()));
         plan.env.push((LAB_MACS_VAR, macs.join(" ")));
     } else if stored_nics > 0 {
@@ -637,10 +688,39 @@ pub fn read_vm_trip(lab: &VmLabRequest<'_>, trip: &BootTrip) -> LabDone {
         ));
     }
     LabDone {
+        during: vm_dhcp6_stopped(trip),
         settled,
         kept: network_kept(&text),
         ..LabDone::default()
     }
+}
+
+/// What the report says of each `dhcp6-stopped <name> <secs>` line of a VM copy's trip, during
+/// the wait or from the settle step's own wait (hostile: a plain interface name and a number
+/// only, each name once).
+fn vm_dhcp6_stopped(trip: &BootTrip) -> Vec<String> {
+    let after: &[String] = trip.after.as_ref().map_or(&[], |(l, _)| l.as_slice());
+    let mut names: Vec<&str> = Vec::new();
+    let mut notes = Vec::new();
+    for line in trip.tick.iter().chain(after.iter()).take(512) {
+        let mut w = line.split_whitespace();
+        let (Some("dhcp6-stopped"), Some(n), Some(secs)) = (w.next(), w.next(), w.next()) else {
+            continue;
+        };
+        let Ok(secs) = secs.parse::<u64>() else {
+            continue;
+        };
+        if !valid_ifname(n) || names.contains(&n) || names.len() >= 32 {
+            continue;
+        }
+        names.push(n);
+        notes.push(format!(
+            "the DHCPv6 client of {n} (its `iface {n} inet6 dhcp` stanza) waited {secs}s for a \
+             lease that cannot come on the lab bridge, holding networking.service and the boot: \
+             stopped"
+        ));
+    }
+    notes
 }
 
 /// What the report says of [`NET_WATCH`]'s restart.

@@ -932,8 +932,9 @@ fn a_vm_copy_on_the_lab_bridge_settles_without_restarts_and_its_report_reads_onl
     let lab = VmLabRequest {
         macs: &macs,
         on_bridge: true,
+        own_copy: false,
     };
-    let plan = vm_boot_plan(&lab, 2);
+    let plan = vm_boot_plan(&lab, 2, DHCP6_GIVE_UP);
     // Nothing before the wait: QEMU made the devices; after it, the VM step and the settle
     // step with the restarts turned off, the MACs as Linux prints them.
     assert!(plan.before.is_none() && plan.tick.is_none());
@@ -990,11 +991,12 @@ fn a_vm_copy_on_the_lab_bridge_settles_without_restarts_and_its_report_reads_onl
     let nicless = VmLabRequest {
         macs: &macs,
         on_bridge: false,
+        own_copy: true,
     };
-    let plan = vm_boot_plan(&nicless, 2);
+    let plan = vm_boot_plan(&nicless, 2, DHCP6_GIVE_UP);
     assert_eq!(plan.after.as_deref(), Some(VM_NICLESS));
-    assert!(plan.env.is_empty());
-    assert!(vm_boot_plan(&nicless, 0).after.is_none());
+    assert!(plan.env.is_empty() && plan.tick.is_none());
+    assert!(vm_boot_plan(&nicless, 0, DHCP6_GIVE_UP).after.is_none());
 }
 
 #[test]
@@ -1237,6 +1239,7 @@ fn the_report_and_the_kept_unit_name_the_stanzas_that_failed_on_their_own() {
     let vm = VmLabRequest {
         macs: &macs,
         on_bridge: true,
+        own_copy: true,
     };
     let done = read_vm_trip(&vm, &trip(&["dhcp ens18", "stanza-failed ens18.7"]));
     assert!(
@@ -1299,4 +1302,206 @@ fn the_settle_step_waits_for_an_activating_networking_service_running_the_tick()
         log.matches("tick\n").count() >= 2,
         "the tick did not run while it waited: {log}"
     );
+}
+
+/// In an agent's own VM copy on the lab bridge the boot wait's tick finds the names of the
+/// guest's own `inet6 dhcp` stanzas on the stored NICs and runs the DHCPv6 watch for them (also
+/// as the settle step's `felhom_lab_tick`); a customer's guest, or a copy without the lab
+/// bridge, has no tick. What the report says of a stopped client is read from the tick's and
+/// the settle step's lines, a plain name and a number only.
+#[test]
+fn a_vm_copy_on_the_lab_bridge_watches_the_dhcpv6_client_of_its_own_stanzas() {
+    let macs = vec!["BC:24:11:00:03:00".to_string()];
+    let own = VmLabRequest {
+        macs: &macs,
+        on_bridge: true,
+        own_copy: true,
+    };
+    let plan = vm_boot_plan(&own, 1, std::time::Duration::from_secs(7));
+    let tick = plan.tick.as_deref().expect("a tick");
+    assert!(
+        tick.starts_with(VM_DHCP6_NAMES) && tick.contains(DHCP6_WATCH),
+        "{tick}"
+    );
+    assert!(plan
+        .env
+        .contains(&("FELHOM_LAB_DHCP6_GIVE_UP", "7".to_string())));
+    // The names are the guest's: none is given by the agent.
+    assert!(!plan.env.iter().any(|(k, _)| *k == "FELHOM_LAB_DHCP6"));
+    let after = plan.after.as_deref().expect("after");
+    assert!(
+        after.starts_with("felhom_lab_tick() {") && after.contains(tick) && after.ends_with(SETTLE),
+        "{after}"
+    );
+    for other in [
+        VmLabRequest {
+            own_copy: false,
+            ..own.clone()
+        },
+        VmLabRequest {
+            macs: &[],
+            ..own.clone()
+        },
+    ] {
+        let plan = vm_boot_plan(&other, 1, DHCP6_GIVE_UP);
+        assert!(plan.tick.is_none(), "{other:?}");
+        assert!(!plan
+            .after
+            .unwrap_or_default()
+            .contains("felhom_lab_tick() {"));
+    }
+
+    let line = |l: &str| l.to_string();
+    let trip = BootTrip {
+        first: Ok("degraded".to_string()),
+        before: Vec::new(),
+        tick: vec![
+            line("dhcp6-stopped ens18 61"),
+            line("dhcp6-stopped ens18 62"),
+            line("dhcp6-stopped ens19 notanumber"),
+            line("dhcp6-stopped $(reboot) 5"),
+        ],
+        after: Some((
+            vec![line("dhcp6-stopped ens19 60"), line("dhcp ens18")],
+            Ok("running".to_string()),
+        )),
+    };
+    let during = read_vm_trip(&own, &trip).during;
+    assert_eq!(
+        during,
+        [
+            "the DHCPv6 client of ens18 (its `iface ens18 inet6 dhcp` stanza) waited 61s for a \
+             lease that cannot come on the lab bridge, holding networking.service and the boot: \
+             stopped",
+            "the DHCPv6 client of ens19 (its `iface ens19 inet6 dhcp` stanza) waited 60s for a \
+             lease that cannot come on the lab bridge, holding networking.service and the boot: \
+             stopped"
+        ],
+        "{during:?}"
+    );
+}
+
+/// The real `ip`, for setting up a network namespace (the stand-ins' folder is not on its
+/// PATH).
+fn real_ip() -> String {
+    ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+        .iter()
+        .find(|p| Path::new(p).exists())
+        .expect("iproute2's ip")
+        .to_string()
+}
+
+/// The boot trip of an own VM copy on the lab bridge whose stored NIC is
+/// `bc:24:11:00:03:00`, in a real shell inside its own user, PID, mount and network
+/// namespaces: a veth `felvm6` with that MAC (and `felvm7` with a MAC not stored), the guest's
+/// `/etc/network` (an overlay over this machine's `/etc`) holding `interfaces` and
+/// `interfaces.d/50-cloud-init` (`stanza`), and a process named `dhclient` (a copy of
+/// `/bin/sh` sleeping under the command line ifupdown gives `dhclient -6 … <name>`) for
+/// `client_for`. systemd says `starting` while that client is alive, `degraded` once it is not;
+/// the wait's bound is 4 s. Its output, or `None` where user namespaces are refused.
+fn vm_dhcp6_boot(own_copy: bool, stanza: &str, client_for: &str) -> Option<String> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    for sub in ["up", "work", "bin"] {
+        std::fs::create_dir(d.join(sub)).expect("mkdir");
+    }
+    std::fs::copy("/bin/sh", d.join("dhclient")).expect("copy of /bin/sh");
+    write_exec(
+        &d.join("bin/systemctl"),
+        &format!(
+            "#!/bin/sh\ncase \"$1\" in is-system-running) pid=$(cat '{pid}'); \
+             if [ -e /proc/$pid/status ] && ! grep -q '^State:[[:space:]]*[ZX]' /proc/$pid/status; \
+             then echo starting; else echo degraded; fi;; esac\nexit 0\n",
+            pid = d.join("pid").display()
+        ),
+    );
+    let macs = vec!["bc:24:11:00:03:00".to_string()];
+    let lab = VmLabRequest {
+        macs: &macs,
+        on_bridge: true,
+        own_copy,
+    };
+    let plan = crate::guest::boot::BootPlan {
+        after: None,
+        ..vm_boot_plan(&lab, 1, std::time::Duration::from_secs(1))
+    };
+    let script = crate::guest::boot::script(&plan, 4)
+        .replace("felhom_init() {\n", "felhom_init() {\n  return 0\n");
+    let ip = real_ip();
+    let setup = format!(
+        "set -e\nmount -t sysfs sysfs /sys\n\
+         mount -t overlay overlay -o lowerdir=/etc,upperdir={d}/up,workdir={d}/work /etc\n\
+         mkdir -p /etc/network/interfaces.d\n\
+         printf 'auto lo\\niface lo inet loopback\\n' >/etc/network/interfaces\n\
+         printf '%s' '{stanza}' >/etc/network/interfaces.d/50-cloud-init\n\
+         {ip} link add felvm6 type veth peer name felvm6p\n\
+         {ip} link set felvm6 address bc:24:11:00:03:00\n\
+         {ip} link add felvm7 type veth peer name felvm7p\n\
+         {ip} link set felvm7 address bc:24:11:00:03:07\n\
+         '{d}/dhclient' -c 'sleep 30; :' -6 -v -pf /run/dhclient6.{c}.pid {c} </dev/null >/dev/null 2>&1 &\n\
+         echo $! >'{d}/pid'\nset +e\n",
+        d = d.display(),
+        c = client_for,
+    );
+    let mut env: Vec<(&str, String)> = plan.env.clone();
+    env.push((
+        "PATH",
+        format!(
+            "{}/bin:{}",
+            d.display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+    ));
+    let out = Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "--net",
+        ])
+        .args(["/bin/sh", "-c", &format!("{setup}{script}")])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("unshare runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("unshare failed") {
+        eprintln!("user namespaces refused here: {stderr}");
+        return None;
+    }
+    assert!(out.status.success(), "{stderr}");
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The tick in a real shell: the `dhclient -6` of a stored NIC's `inet6 dhcp` stanza
+/// (`interfaces.d`, as cloud-init writes it) is stopped after the give-up time and the boot
+/// ends; a client of a link whose MAC is not stored, of a stored NIC whose stanza is `inet
+/// dhcp` only, or in a customer's copy is left alone (the wait runs out).
+#[test]
+fn the_vm_tick_stops_the_dhcpv6_client_of_a_stored_nics_inet6_dhcp_stanza_only() {
+    let lines = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| !l.starts_with("felhom-took "))
+            .map(str::to_string)
+            .collect()
+    };
+    let Some(out) = vm_dhcp6_boot(true, "auto felvm6\niface felvm6 inet6 dhcp\n", "felvm6") else {
+        return;
+    };
+    let got = lines(&out);
+    assert_eq!(got.len(), 3, "{out}");
+    assert_eq!(got[0], "felhom-step wait", "{out}");
+    assert!(got[1].starts_with("dhcp6-stopped felvm6 "), "{out}");
+    assert_eq!(got[2], "systemd degraded", "{out}");
+    for (own, stanza, client) in [
+        (true, "auto felvm7\niface felvm7 inet6 dhcp\n", "felvm7"),
+        (true, "auto felvm6\niface felvm6 inet dhcp\n", "felvm6"),
+        (false, "auto felvm6\niface felvm6 inet6 dhcp\n", "felvm6"),
+    ] {
+        let out = vm_dhcp6_boot(own, stanza, client).expect("namespaces worked above");
+        assert!(!out.contains("dhcp6-stopped"), "{own} {stanza:?}: {out}");
+        assert!(out.contains("felhom-timeout"), "{own} {stanza:?}: {out}");
+    }
 }
