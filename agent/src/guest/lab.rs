@@ -157,9 +157,10 @@ exit 0
 ///    initial one (`/proc/self/uid_map` is not the single line `0 0 4294967295`): a failed mount
 ///    unit whose `Type=` is one of the filesystems named in the variable (none of them can be
 ///    mounted in a user namespace) is reset, "userns-reset <unit> <type>"; a failed
-///    `systemd-journald-audit.socket` under a systemd older than 252.11 (it then takes the
-///    audit netlink socket for usable in a user namespace, and its bind is refused) likewise,
-///    "userns-reset systemd-journald-audit.socket audit <major>.<minor>".
+///    `systemd-journald-audit.socket` under a systemd without the audit check (before 254, and
+///    its backports in 251.17, 252.11 and 253.5: [`audit_socket_unchecked`]'s range; it then
+///    takes the audit netlink socket for usable in a user namespace, and its bind is refused)
+///    likewise, "userns-reset systemd-journald-audit.socket audit <major>.<minor>".
 /// 2. When the copy holds a `felabN` end (the lab gave it an interface), or is a VM copy whose
 ///    NICs are on the lab bridge (`FELHOM_LAB_VM`, after [`VM_NICS`]: then nothing is
 ///    restarted, its devices were there from QEMU's start, and only the DHCP and wait-online
@@ -207,7 +208,8 @@ if [ -n "${FELHOM_LAB_USERNS:-}" ]; then
           v=$(systemctl --version 2>/dev/null | awk 'NR == 1 {
             full = $3; gsub(/[()]/, "", full); split(full, p, /[^0-9]+/)
             min = (p[2] ~ /^[0-9]+$/) ? p[2] : 0
-            if ($1 == "systemd" && $2 ~ /^[0-9]+$/ && ($2 < 252 || ($2 == 252 && min < 11))) print $2 "." min }')
+            if ($1 == "systemd" && $2 ~ /^[0-9]+$/ && ($2 < 251 || ($2 == 251 && min < 17) ||
+              ($2 == 252 && min < 11) || ($2 == 253 && min < 5))) print $2 "." min }')
           [ -n "$v" ] && systemctl reset-failed "$u" && echo "userns-reset $u audit $v";;
       esac
     done
@@ -481,6 +483,22 @@ pub const USERNS_UNMOUNTABLE: &[&str] = &[
     // user namespace other than the initial one
     "bpf",
 ];
+
+/// Whether systemd `major`.`minor` lacks the audit check that skips
+/// `systemd-journald-audit.socket` in a user namespace (systemd `src/basic/audit-util.c`
+/// `use_audit`: an `AUDIT_GET_FEATURE` request answered `ECONNREFUSED` means no audit; commit
+/// 362235bf59f8, first in v254, cherry-picked into the stable series as 589771d117 (v251.17),
+/// 741808893f (v252.11) and 4be604e75a (v253.5); `tests/data/guest-units-facts.md` section 1a).
+/// [`SETTLE`]'s awk holds the same range.
+pub fn audit_socket_unchecked(major: u32, minor: u32) -> bool {
+    match major {
+        ..=250 => true,
+        251 => minor < 17,
+        252 => minor < 11,
+        253 => minor < 5,
+        _ => false,
+    }
+}
 
 /// What the report says of a mount unit the user namespace made fail, its failed state reset.
 pub fn userns_mount_note(unit: &str, fstype: &str) -> String {
@@ -964,9 +982,10 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
                 Some("audit"),
                 Some(v),
             ) => notes.push(format!(
-                "systemd-journald-audit.socket failed as under every systemd older than \
-                     252.11 in an unprivileged container (systemd {} takes the audit socket for \
-                     usable in a user namespace; the kernel refuses it); its failed state reset",
+                "systemd-journald-audit.socket failed as under every systemd older than 254 \
+                     without its audit check (backported to 251.17, 252.11 and 253.5) in an \
+                     unprivileged container (systemd {} takes the audit socket for usable in a \
+                     user namespace; the kernel refuses it); its failed state reset",
                 clip(v, 16)
             )),
             (Some("userns-reset"), Some(u), Some(t), _)

@@ -60,7 +60,8 @@ fn the_lab_report_names_what_was_restarted_what_was_left_failed_and_the_node_res
     );
     assert!(
         text.contains(
-            "systemd-journald-audit.socket failed as under every systemd older than 252.11"
+            "systemd-journald-audit.socket failed as under every systemd older than 254 \
+             without its audit check (backported to 251.17, 252.11 and 253.5)"
         ) && text.contains("systemd 247.3 takes"),
         "{text}"
     );
@@ -430,10 +431,25 @@ fn the_settle_step_resets_the_mounts_a_user_namespace_cannot_make_and_the_audit_
         !log.contains("reset-failed srv-data.mount") && !log.contains("reset-failed shop"),
         "{log}"
     );
-    // 252.11 and later tell: the socket is not the node's doing there.
+    // The audit check came with 254 and was cherry-picked into 251.17, 252.11 and 253.5: from
+    // those on the socket is skipped in a user namespace, and a failed one is not the node's
+    // doing. Each boundary, as `systemctl --version` prints it on the distributions that ship
+    // those series (Debian, Ubuntu, Fedora, Arch).
     for (version, reset) in [
+        ("systemd 245 (245.4-4ubuntu3.24)", true),
+        ("systemd 250 (250.14-1)", true),
+        ("systemd 251 (251.16-1.fc37)", true),
+        ("systemd 251 (251.17-1)", false),
         ("systemd 252 (252.6-1)", true),
+        ("systemd 252 (252.10-1)", true),
+        ("systemd 252 (252.11-1)", false),
         ("systemd 252 (252.39-1~deb12u2)", false),
+        ("systemd 253 (253)", true),
+        ("systemd 253 (253.4-1-arch)", true),
+        ("systemd 253 (253.5-1.fc38)", false),
+        ("systemd 253 (253.26-1)", false),
+        ("systemd 254 (254)", false),
+        ("systemd 254 (254.1-1)", false),
         ("systemd 257 (257.9-1~deb13u1)", false),
         ("systemd 249 (249.11-0ubuntu3.12)", true),
         ("not a version", false),
@@ -448,6 +464,15 @@ fn the_settle_step_resets_the_mounts_a_user_namespace_cannot_make_and_the_audit_
             reset,
             "{version}: {out}"
         );
+        // The same range as the documented one.
+        let parts: Vec<u32> = version
+            .split(['(', '.', '-', ')', ' '])
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if let [major, _, rest @ ..] = parts.as_slice() {
+            let minor = rest.first().copied().unwrap_or(0);
+            assert_eq!(audit_socket_unchecked(*major, minor), reset, "{version}");
+        }
     }
     // In the initial user namespace (a privileged container), nothing is the user namespace's.
     let g = Guest::new(
