@@ -190,7 +190,11 @@ exit 0
 ///    `networking.service` brings them up only in its second, failure-ignoring `ExecStart=-`
 ///    (`tests/data/guest-units-facts.md` §2). Likewise `systemd-networkd-wait-online.service`, still failed after
 ///    its restart, when every given interface networkd manages (DHCP ones left aside) is online
-///    by networkd's own reckoning (`ONLINE_STATE=online` in `/run/systemd/netif/links/<ifindex>`)
+///    by networkd's own reckoning (`ONLINE_STATE=online` in `/run/systemd/netif/links/<ifindex>`;
+///    networkd before v249 writes no `ONLINE_STATE=`, and there the same reckoning is made from
+///    what it writes: `REQUIRED_FOR_ONLINE=yes` and `OPER_STATE` within
+///    `REQUIRED_OPER_STATE_FOR_ONLINE`, `<min>[:<max>]`, `routable` the maximum when none is
+///    written, in networkd's order of operational states)
 ///    and only its setup state is short of `configured`: networkd then waits for a router
 ///    advertisement or a lease (`tests/data/guest-units-facts.md` §2).
 const SETTLE: &str = r#"
@@ -277,7 +281,19 @@ if [ -n "${FELHOM_LAB_VM:-}" ] || ip -o link show 2>/dev/null | awk '$2 ~ /^fela
       case " ${FELHOM_LAB_DHCP:-} " in *" $n "*) continue;; esac
       f=/run/systemd/netif/links/$(cat "/sys/class/net/$n/ifindex" 2>/dev/null)
       grep -qx ADMIN_STATE=unmanaged "$f" 2>/dev/null && continue
-      grep -qx ONLINE_STATE=online "$f" 2>/dev/null || { echo "online-kept $n"; up=0; break; }
+      awk -F= '$1 == "ONLINE_STATE" {online = $2; seen = 1}
+        $1 == "REQUIRED_FOR_ONLINE" {req = $2}
+        $1 == "OPER_STATE" {oper = $2}
+        $1 == "REQUIRED_OPER_STATE_FOR_ONLINE" {range = $2}
+        END {
+          if (seen) exit online != "online"
+          split("missing off no-carrier dormant degraded-carrier carrier degraded enslaved routable", w, " ")
+          for (i = 1; i <= 9; i++) rank[w[i]] = i
+          lo = "degraded"; hi = "routable"
+          if (range != "") { n = split(range, r, ":"); lo = r[1]; if (n > 1) hi = r[2] }
+          exit !(req == "yes" && (oper in rank) && (lo in rank) && (hi in rank) &&
+            rank[oper] >= rank[lo] && rank[oper] <= rank[hi])
+        }' "$f" 2>/dev/null || { echo "online-kept $n"; up=0; break; }
     done
     [ "$up" = 1 ] && systemctl reset-failed systemd-networkd-wait-online.service && echo "online-reset systemd-networkd-wait-online.service"
   fi

@@ -1530,3 +1530,137 @@ fn the_vm_tick_stops_the_dhcpv6_client_of_a_stored_nics_inet6_dhcp_stanza_only()
         assert!(out.contains("felhom-timeout"), "{own} {stanza:?}: {out}");
     }
 }
+
+/// The settle step's wait-online rule in a real shell in its own user, mount and network
+/// namespaces: `eth0` a veth (peer `felab0`), networkd's state file for it
+/// (`/run/systemd/netif/links/<its ifindex>`, `/run` a tmpfs of the step's own) holding
+/// `state`, `systemd-networkd-wait-online.service` failed after its restart. What it printed
+/// of the rule: `online-reset …` or `online-kept eth0`. `None` where user namespaces are
+/// refused.
+fn wait_online_rule(state: &str) -> Option<String> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    std::fs::create_dir(d.join("bin")).expect("mkdir");
+    std::fs::write(d.join("state"), state).expect("state");
+    write_exec(
+        &d.join("bin/systemctl"),
+        "#!/bin/sh\ncase \"$1 $2\" in\n\
+         'is-active systemd-networkd-wait-online.service') echo failed;;\n\
+         'is-active '*) echo inactive;;\n\
+         esac\nexit 0\n",
+    );
+    let ip = real_ip();
+    let setup = format!(
+        "set -e\nmount -t tmpfs felhom-test /run\nmount -t sysfs sysfs /sys\n\
+         {ip} link add eth0 type veth peer name felab0\n\
+         mkdir -p /run/systemd/netif/links\n\
+         cp '{state}' /run/systemd/netif/links/$(cat /sys/class/net/eth0/ifindex)\nset +e\n",
+        state = d.join("state").display(),
+    );
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "--net"])
+        .args(["/bin/sh", "-c", &format!("{setup}{SETTLE}"), "sh", "eth0"])
+        .env("FELHOM_LAB_VM", "1")
+        .env(
+            "PATH",
+            format!(
+                "{}/bin:{}",
+                d.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .output()
+        .expect("unshare runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("unshare failed") {
+        eprintln!("user namespaces refused here: {stderr}");
+        return None;
+    }
+    assert!(out.status.success(), "{stderr}");
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("online-"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
+/// networkd's link state file as `link_save()` writes it, up to the lines the rule reads (the
+/// rest, DNS and the like, follows): v245 to v248 (`src/network/networkd-link.c`, from v248
+/// `networkd-state-file.c`) write no `ONLINE_STATE=`; v248 adds `ACTIVATION_POLICY=`; v249
+/// writes `ONLINE_STATE=` (only for a link with `RequiredForOnline=yes`), the address states by
+/// family and `REQUIRED_FAMILY_FOR_ONLINE=`. Read in systemd/systemd-stable v245.7, v247.3,
+/// v248.3 and v249.4 (`tests/data/guest-units-facts.md` section 2).
+fn networkd_links_file(version: u32, oper: &str, required: &str, range: &str) -> String {
+    let mut f = format!(
+        "# This is private data. Do not parse.\nADMIN_STATE=configuring\nOPER_STATE={oper}\n\
+         CARRIER_STATE=carrier\nADDRESS_STATE={}\n",
+        if oper == "routable" {
+            "routable"
+        } else {
+            "off"
+        }
+    );
+    if version >= 249 {
+        f.push_str("IPV4_ADDRESS_STATE=routable\nIPV6_ADDRESS_STATE=off\n");
+        if required == "yes" {
+            f.push_str("ONLINE_STATE=online\n");
+        }
+    }
+    f.push_str(&format!(
+        "REQUIRED_FOR_ONLINE={required}\nREQUIRED_OPER_STATE_FOR_ONLINE={range}\n"
+    ));
+    if version >= 249 {
+        f.push_str("REQUIRED_FAMILY_FOR_ONLINE=any\n");
+    }
+    if version >= 248 {
+        f.push_str("ACTIVATION_POLICY=up\n");
+    }
+    f.push_str("NETWORK_FILE=/etc/systemd/network/eth0.network\nDNS=\nNTP=\nSIP=\nDOMAINS=\n");
+    f
+}
+
+/// networkd before v249 (Ubuntu 20.04's 245, Debian 11's 247, 248) writes no `ONLINE_STATE=`:
+/// the rule reckons online from what it writes, as v249 does, so a copy whose given link is
+/// routable has wait-online's failure reset, and one that is not, or not required for online,
+/// or outside its required range, keeps it failed, named. A v249 file's own `ONLINE_STATE=`
+/// is what counts there.
+#[test]
+fn the_wait_online_rule_reads_online_from_what_networkd_before_v249_writes() {
+    let reset = "online-reset systemd-networkd-wait-online.service";
+    let kept = "online-kept eth0";
+    let Some(out) = wait_online_rule(&networkd_links_file(247, "routable", "yes", "degraded"))
+    else {
+        return;
+    };
+    assert_eq!(out, reset);
+    for (version, oper, required, range, want) in [
+        (245, "routable", "yes", "degraded", reset),
+        (248, "routable", "yes", "degraded", reset),
+        (247, "degraded", "yes", "degraded", reset),
+        (247, "carrier", "yes", "degraded", kept),
+        (247, "no-carrier", "yes", "degraded", kept),
+        (247, "routable", "no", "degraded", kept),
+        (247, "degraded", "yes", "routable", kept),
+        (247, "routable", "yes", "degraded:degraded", kept),
+        (247, "carrier", "yes", "carrier:routable", reset),
+        (247, "routable", "yes", "", reset),
+        (247, "routable", "yes", "bogus", kept),
+        (249, "routable", "yes", "degraded", reset),
+        (252, "routable", "no", "degraded", kept),
+    ] {
+        let file = networkd_links_file(version, oper, required, range);
+        let out = wait_online_rule(&file).expect("namespaces worked above");
+        assert_eq!(out, want, "{version} {oper} {required} {range:?}:\n{file}");
+    }
+    // v249 and later: its own word, even where the older reckoning would say online (an
+    // address family it requires is missing).
+    let file = networkd_links_file(249, "routable", "yes", "degraded")
+        .replace("ONLINE_STATE=online", "ONLINE_STATE=offline");
+    assert_eq!(wait_online_rule(&file).as_deref(), Some(kept));
+    // An unmanaged link is left aside.
+    let file = networkd_links_file(247, "carrier", "yes", "degraded")
+        .replace("ADMIN_STATE=configuring", "ADMIN_STATE=unmanaged");
+    assert_eq!(wait_online_rule(&file).as_deref(), Some(reset));
+}
