@@ -173,8 +173,8 @@ fn a_good_ifupdown_copy_ends_ok(release: &str) {
         release.ends_with("-nm"),
         "{doc:#}"
     );
-    // systemd 247 takes the audit socket for usable in a user namespace; 252.11 and later do
-    // not try it there.
+    // systemd 247 takes the audit socket for usable in a user namespace; 252.11 and later (the
+    // check's backport) do not try it there.
     assert_eq!(
         changed.contains("systemd-journald-audit.socket failed as under every systemd older"),
         release.starts_with("bullseye"),

@@ -553,6 +553,47 @@ fn a_good_vm_backup_with_dhcp_on_ens18_ends_ok_on_the_lab_bridge() {
     let _ = good_backup_ends_ok("auto ens18\niface ens18 inet dhcp\n");
 }
 
+/// How long the lab lets a VM copy's `dhclient -6` wait for a lease in these tests (the agent's
+/// test hook; 60 s by default, as IPv4's `dhclient` gives up by itself).
+const DHCP6_GIVE_UP_SECS: &str = "5";
+
+/// `auto ens18` with `iface ens18 inet6 dhcp` (the guest's own stanza, as cloud-init writes
+/// it for `ipconfig0: ip6=dhcp`): ifupdown runs `dhclient -6` without `-1`, which solicits for
+/// ever on the lab bridge, and `ifup -a` (networking.service, the boot) waits on it until the
+/// unit's 5-minute start timeout: without the lab's watch the boot runs out the 60 s boot
+/// timeout (`boot_unfinished`). With it the client is stopped after the give-up time, the boot
+/// ends, networking.service's failure (that stanza's alone) is reset, and the good backup is
+/// green with both packs; the report says what was stopped and reset.
+#[test]
+fn a_good_vm_backup_with_an_inet6_dhcp_stanza_ends_its_boot_and_ok_on_the_lab_bridge() {
+    let Some(w) = lab_world(
+        json!({"files": vm_files("auto ens18\niface ens18 inet6 dhcp\n")}),
+        true,
+    ) else {
+        return;
+    };
+    let run: felhom_tests::agent::AgentRun = w
+        .command()
+        .args(["--selftest=restore", "--json"])
+        .env("FELHOM_AGENT_DHCP6_GIVE_UP_SECS", DHCP6_GIVE_UP_SECS)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the agent: {e}"))
+        .into();
+    let doc = run.restore_copy();
+    assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
+    assert_eq!(doc["outcome"], "ok", "{doc:#}");
+    for check in ["no-failed-units", "no-failed-unit-at-all", "hostname"] {
+        assert!(check_is(&doc, check, "pass"), "{check}: {doc:#}");
+    }
+    let changed = doc["isolation"].as_str().unwrap_or("");
+    assert!(
+        changed.contains("the DHCPv6 client of ens18 (its `iface ens18 inet6 dhcp` stanza) waited")
+            && changed.contains("networking.service failed for the DHCP stanza of ens18"),
+        "{doc:#}"
+    );
+    assert_copy_on_the_lab_bridge(&w);
+}
+
 /// The static `auto ens18` backup with an application unit that fails at once (`shop.service`,
 /// `ExecStart=/bin/false`, started by the boot) and one that fails 5 s into the boot
 /// (`late.service`): red, both units named by both packs; the network, which the lab bridge

@@ -663,6 +663,67 @@ pub fn vm_hostname_unjudged(checks: &[Check], results: &mut [CheckResult], pve_n
     }
 }
 
+/// A VM with a cloud-init drive: PVE writes its hostname into the guest (`names`: the short
+/// name and the FQDN of [`crate::pve::guest_config::cloudinit_name`]), and cloud-init sets
+/// one of them as the guest's, which one being the distribution's choice. So a check comparing
+/// a column to `{hostname}` that fails is judged against both: when every value it saw is one
+/// of them it passes, saying so; otherwise it stays a fail whose message names what PVE wrote
+/// and what the guest calls itself.
+pub fn vm_hostname_cloudinit(
+    checks: &[Check],
+    results: &mut [CheckResult],
+    names: &crate::pve::guest_config::CloudInitName,
+) {
+    let clip = crate::error::outside_text_max;
+    for result in results.iter_mut() {
+        if result.status != CheckStatus::Fail {
+            continue;
+        }
+        let Some(check) = checks.iter().find(|c| c.name == result.name) else {
+            continue;
+        };
+        let column = match &check.expect {
+            Expectation::ColumnEquals { column, .. } if compares_to(check, "hostname") => {
+                column.as_str()
+            }
+            _ => continue,
+        };
+        let values: Vec<&String> = result.rows.iter().filter_map(|r| r.get(column)).collect();
+        let wrote = format!(
+            "PVE's cloud-init drive names this VM '{}' (FQDN '{}', from its name and searchdomain)",
+            clip(&names.hostname, 128),
+            clip(&names.fqdn, 255)
+        );
+        if !values.is_empty()
+            && values
+                .iter()
+                .all(|v| **v == names.hostname || **v == names.fqdn)
+        {
+            result.status = CheckStatus::Pass;
+            result.message = Some(format!(
+                "{wrote}, and the guest calls itself '{}' as cloud-init set it",
+                clip(values[0], 255)
+            ));
+            continue;
+        }
+        let seen: Vec<String> = values
+            .iter()
+            .take(4)
+            .map(|v| format!("'{}'", clip(v, 128)))
+            .collect();
+        result.message = Some(format!(
+            "{wrote}, but the guest calls itself {}: cloud-init did not set it (see \
+             /var/log/cloud-init.log in the guest: `preserve_hostname: true`, its \
+             set_hostname module left out, or cloud-init not run)",
+            if seen.is_empty() {
+                "nothing".to_string()
+            } else {
+                seen.join(", ")
+            }
+        ));
+    }
+}
+
 /// A failing check whose rows name a unit the isolation left failed on purpose (`kept`: the
 /// unit and why, [`crate::guest::lab::LabDone::kept`]) says why in its message, so the red
 /// verdict names what failed inside the unit (a stanza's interface) and what to do. A row
@@ -1747,5 +1808,80 @@ expect = "rows == 0"
         let mut results = vec![result("hostname", CheckStatus::Pass, "web-01")];
         vm_hostname_unjudged(&checks, &mut results, "web-01");
         assert_eq!(results[0].message, None);
+    }
+
+    #[test]
+    fn a_cloud_init_vm_hostname_check_is_judged_against_what_pve_wrote() {
+        let pack = r#"
+[[check]]
+name = "hostname"
+sql = "SELECT hostname FROM system_info"
+expect = "hostname == '{hostname}'"
+
+[[check]]
+name = "named-vm"
+sql = "SELECT hostname FROM system_info"
+expect = "hostname == 'web01.example.com'"
+"#;
+        let checks = parse_pack(pack, Path::new("/p.toml")).expect("pack");
+        let result = |name: &str, status: CheckStatus, hosts: &[&str]| CheckResult {
+            name: name.to_string(),
+            status,
+            rows: hosts
+                .iter()
+                .map(|h| Row::from([("hostname".to_string(), h.to_string())]))
+                .collect(),
+            row_count: hosts.len() as u64,
+            rows_truncated: false,
+            message: (status != CheckStatus::Pass).then(|| "why".to_string()),
+            duration_ms: 1,
+        };
+        // PVE's `name: web01`, `searchdomain: example.com`.
+        let names = crate::pve::guest_config::CloudInitName {
+            hostname: "web01".to_string(),
+            fqdn: "web01.example.com".to_string(),
+        };
+        // A distribution that prefers the FQDN: `{hostname}` (the PVE name, `web01`) fails,
+        // the guest's name is what cloud-init was given: a pass that says so.
+        let mut results = vec![
+            result("hostname", CheckStatus::Fail, &["web01.example.com"]),
+            result("named-vm", CheckStatus::Fail, &["web01"]),
+        ];
+        vm_hostname_cloudinit(&checks, &mut results, &names);
+        assert_eq!(results[0].status, CheckStatus::Pass);
+        let m = results[0].message.as_deref().unwrap_or("");
+        assert!(
+            m.contains("names this VM 'web01' (FQDN 'web01.example.com'")
+                && m.contains("calls itself 'web01.example.com' as cloud-init set it"),
+            "{m}"
+        );
+        // A check with a literal name is the operator's own: untouched.
+        assert_eq!(results[1].status, CheckStatus::Fail);
+        assert_eq!(results[1].message.as_deref(), Some("why"));
+        // Another name, no row, or a second row with another name: a fail naming both.
+        for hosts in [&["localhost"][..], &[], &["web01", "debian"]] {
+            let mut results = vec![result("hostname", CheckStatus::Fail, hosts)];
+            vm_hostname_cloudinit(&checks, &mut results, &names);
+            assert_eq!(results[0].status, CheckStatus::Fail, "{hosts:?}");
+            let m = results[0].message.as_deref().unwrap_or("");
+            assert!(
+                m.contains("names this VM 'web01'")
+                    && m.contains("cloud-init did not set it")
+                    && m.contains(if hosts.is_empty() {
+                        "calls itself nothing"
+                    } else {
+                        "calls itself '"
+                    }),
+                "{hosts:?}: {m}"
+            );
+        }
+        // An error stays an error; a pass stays a plain pass.
+        let mut results = vec![
+            result("hostname", CheckStatus::Error, &[]),
+            result("hostname", CheckStatus::Pass, &["web01"]),
+        ];
+        vm_hostname_cloudinit(&checks, &mut results, &names);
+        assert_eq!(results[0].status, CheckStatus::Error);
+        assert_eq!(results[1].message, None);
     }
 }

@@ -164,9 +164,10 @@ exit 0
 ///    initial one (`/proc/self/uid_map` is not the single line `0 0 4294967295`): a failed mount
 ///    unit whose `Type=` is one of the filesystems named in the variable (none of them can be
 ///    mounted in a user namespace) is reset, "userns-reset <unit> <type>"; a failed
-///    `systemd-journald-audit.socket` under a systemd older than 252.11 (it then takes the
-///    audit netlink socket for usable in a user namespace, and its bind is refused) likewise,
-///    "userns-reset systemd-journald-audit.socket audit <major>.<minor>".
+///    `systemd-journald-audit.socket` under a systemd without the audit check (before 254, and
+///    its backports in 251.17, 252.11 and 253.5: [`audit_socket_unchecked`]'s range; it then
+///    takes the audit netlink socket for usable in a user namespace, and its bind is refused)
+///    likewise, "userns-reset systemd-journald-audit.socket audit <major>.<minor>".
 /// 2. When the copy holds a `felabN` end (the lab gave it an interface), or is a VM copy whose
 ///    NICs are on the lab bridge (`FELHOM_LAB_VM`, after [`VM_NICS`]: then nothing is
 ///    restarted, its devices were there from QEMU's start, and only the DHCP and wait-online
@@ -196,7 +197,11 @@ exit 0
 ///    `networking.service` brings them up only in its second, failure-ignoring `ExecStart=-`
 ///    (`tests/data/guest-units-facts.md` §2). Likewise `systemd-networkd-wait-online.service`, still failed after
 ///    its restart, when every given interface networkd manages (DHCP ones left aside) is online
-///    by networkd's own reckoning (`ONLINE_STATE=online` in `/run/systemd/netif/links/<ifindex>`)
+///    by networkd's own reckoning (`ONLINE_STATE=online` in `/run/systemd/netif/links/<ifindex>`;
+///    networkd before v249 writes no `ONLINE_STATE=`, and there the same reckoning is made from
+///    what it writes: `REQUIRED_FOR_ONLINE=yes` and `OPER_STATE` within
+///    `REQUIRED_OPER_STATE_FOR_ONLINE`, `<min>[:<max>]`, `routable` the maximum when none is
+///    written, in networkd's order of operational states)
 ///    and only its setup state is short of `configured`: networkd then waits for a router
 ///    advertisement or a lease (`tests/data/guest-units-facts.md` §2).
 const SETTLE: &str = r#"
@@ -214,7 +219,8 @@ if [ -n "${FELHOM_LAB_USERNS:-}" ]; then
           v=$(systemctl --version 2>/dev/null | awk 'NR == 1 {
             full = $3; gsub(/[()]/, "", full); split(full, p, /[^0-9]+/)
             min = (p[2] ~ /^[0-9]+$/) ? p[2] : 0
-            if ($1 == "systemd" && $2 ~ /^[0-9]+$/ && ($2 < 252 || ($2 == 252 && min < 11))) print $2 "." min }')
+            if ($1 == "systemd" && $2 ~ /^[0-9]+$/ && ($2 < 251 || ($2 == 251 && min < 17) ||
+              ($2 == 252 && min < 11) || ($2 == 253 && min < 5))) print $2 "." min }')
           [ -n "$v" ] && systemctl reset-failed "$u" && echo "userns-reset $u audit $v";;
       esac
     done
@@ -283,7 +289,19 @@ if [ -n "${FELHOM_LAB_VM:-}" ] || [ -n "${FELHOM_LAB_JOINED:-}" ] ||
       case " ${FELHOM_LAB_DHCP:-} " in *" $n "*) continue;; esac
       f=/run/systemd/netif/links/$(cat "/sys/class/net/$n/ifindex" 2>/dev/null)
       grep -qx ADMIN_STATE=unmanaged "$f" 2>/dev/null && continue
-      grep -qx ONLINE_STATE=online "$f" 2>/dev/null || { echo "online-kept $n"; up=0; break; }
+      awk -F= '$1 == "ONLINE_STATE" {online = $2; seen = 1}
+        $1 == "REQUIRED_FOR_ONLINE" {req = $2}
+        $1 == "OPER_STATE" {oper = $2}
+        $1 == "REQUIRED_OPER_STATE_FOR_ONLINE" {range = $2}
+        END {
+          if (seen) exit online != "online"
+          split("missing off no-carrier dormant degraded-carrier carrier degraded enslaved routable", w, " ")
+          for (i = 1; i <= 9; i++) rank[w[i]] = i
+          lo = "degraded"; hi = "routable"
+          if (range != "") { n = split(range, r, ":"); lo = r[1]; if (n > 1) hi = r[2] }
+          exit !(req == "yes" && (oper in rank) && (lo in rank) && (hi in rank) &&
+            rank[oper] >= rank[lo] && rank[oper] <= rank[hi])
+        }' "$f" 2>/dev/null || { echo "online-kept $n"; up=0; break; }
     done
     [ "$up" = 1 ] && systemctl reset-failed systemd-networkd-wait-online.service && echo "online-reset systemd-networkd-wait-online.service"
   fi
@@ -327,6 +345,40 @@ for n in $dhcp; do
     echo "hotplug-dhcp-reset $u $n"
 done
 set -- $known
+"#;
+
+/// The boot wait's tick in an agent's own VM copy on the lab bridge, before [`DHCP6_WATCH`]:
+/// which names that watch looks for. A VM's `inet6 dhcp` stanzas are the guest's own
+/// (`/etc/network/interfaces`, `interfaces.d`; cloud-init writes its own there before the
+/// network starts), and ifupdown runs `dhclient -6` for them without `-1` as for a container's
+/// `ip6=dhcp`: nothing answers on the lab bridge, so it solicits for ever and `ifup -a`
+/// (`networking.service`, the boot) waits on it. So, at the first tick that finds a process
+/// whose `comm` is `dhclient` (read by the shell itself: a tick starts no process until then;
+/// by then the stanzas are written and the NICs named, as `ifup` started it), each link whose
+/// MAC is a stored one (`FELHOM_LAB_MACS`, read from `/sys/class/net`) and that has an
+/// `iface <name> inet6 dhcp` stanza becomes one of `FELHOM_LAB_DHCP6`, once for the whole trip;
+/// a name that is not plain (guest output) is left out.
+const VM_DHCP6_NAMES: &str = r#"
+if [ -z "${felhom_v6_read:-}" ]; then
+  for felhom_v6_p in /proc/[0-9]*; do
+    { read -r felhom_v6_c <"$felhom_v6_p/comm"; } 2>/dev/null || continue
+    [ "$felhom_v6_c" = dhclient ] || continue
+    felhom_v6_read=1; FELHOM_LAB_DHCP6=
+    for felhom_v6_m in ${FELHOM_LAB_MACS:-}; do
+      for felhom_v6_d in /sys/class/net/*; do
+        { read -r felhom_v6_a <"$felhom_v6_d/address"; } 2>/dev/null || continue
+        [ "$felhom_v6_a" = "$felhom_v6_m" ] || continue
+        felhom_v6_n=${felhom_v6_d##*/}
+        case $felhom_v6_n in ''|-*|*[!A-Za-z0-9_.-]*) continue;; esac
+        case " $FELHOM_LAB_DHCP6 " in *" $felhom_v6_n "*) continue;; esac
+        cat /etc/network/interfaces /etc/network/interfaces.d/* 2>/dev/null |
+          grep -Eq "^[[:space:]]*iface[[:space:]]+$felhom_v6_n[[:space:]]+inet6[[:space:]]+dhcp([[:space:]]|\$)" &&
+          FELHOM_LAB_DHCP6="$FELHOM_LAB_DHCP6 $felhom_v6_n"
+      done
+    done
+    break
+  done
+fi
 "#;
 
 /// A VM copy that started with no NIC (no lab bridge configured), once its boot has ended:
@@ -459,6 +511,22 @@ pub const USERNS_UNMOUNTABLE: &[&str] = &[
     "bpf",
 ];
 
+/// Whether systemd `major`.`minor` lacks the audit check that skips
+/// `systemd-journald-audit.socket` in a user namespace (systemd `src/basic/audit-util.c`
+/// `use_audit`: an `AUDIT_GET_FEATURE` request answered `ECONNREFUSED` means no audit; commit
+/// 362235bf59f8, first in v254, cherry-picked into the stable series as 589771d117 (v251.17),
+/// 741808893f (v252.11) and 4be604e75a (v253.5); `tests/data/guest-units-facts.md` section 1a).
+/// [`SETTLE`]'s awk holds the same range.
+pub fn audit_socket_unchecked(major: u32, minor: u32) -> bool {
+    match major {
+        ..=250 => true,
+        251 => minor < 17,
+        252 => minor < 11,
+        253 => minor < 5,
+        _ => false,
+    }
+}
+
 /// What the report says of a mount unit the user namespace made fail, its failed state reset.
 pub fn userns_mount_note(unit: &str, fstype: &str) -> String {
     format!(
@@ -578,6 +646,10 @@ pub struct VmLabRequest<'a> {
     pub macs: &'a [String],
     /// The NICs are on the lab bridge; `false`: the copy started with no NIC.
     pub on_bridge: bool,
+    /// A copy of the agent's own (a restore test's or a selftest's, never a customer's guest):
+    /// on the lab bridge, the boot wait stops the `dhclient -6` of its `inet6 dhcp` stanzas
+    /// ([`VM_DHCP6_NAMES`], [`DHCP6_WATCH`]).
+    pub own_copy: bool,
 }
 
 /// The variable naming the stored MACs of a VM copy on the lab bridge.
@@ -587,8 +659,11 @@ const LAB_VM_VAR: &str = "FELHOM_LAB_VM";
 
 /// The boot trip of an isolated VM copy: after the wait, [`VM_NICS`] and [`SETTLE`] when its
 /// NICs are on the lab bridge, [`VM_NICLESS`] when it started with none though its backup
-/// stores some; nothing before the wait (a VM's devices are QEMU's, from its start).
-pub fn vm_boot_plan(lab: &VmLabRequest<'_>, stored_nics: usize) -> BootPlan {
+/// stores some; nothing before the wait (a VM's devices are QEMU's, from its start). In the
+/// agent's own copy on the lab bridge, [`VM_DHCP6_NAMES`] and [`DHCP6_WATCH`] are the wait's
+/// tick (`give_up`: [`DHCP6_GIVE_UP`]), also run by [`SETTLE`] while it waits for an
+/// activating `networking.service`.
+pub fn vm_boot_plan(lab: &VmLabRequest<'_>, stored_nics: usize, give_up: Duration) -> BootPlan {
     let mut plan = BootPlan::default();
     if lab.on_bridge {
         let macs: Vec<String> = lab
@@ -597,7 +672,17 @@ pub fn vm_boot_plan(lab: &VmLabRequest<'_>, stored_nics: usize) -> BootPlan {
             .filter(|m| crate::pve::guest_config::valid_mac(m))
             .map(|m| m.to_ascii_lowercase())
             .collect();
-        plan.after = Some(format!("{VM_NICS}{SETTLE}"));
+        let mut tick_fn = String::new();
+        if lab.own_copy && !macs.is_empty() {
+            let tick = format!(
+                "{VM_DHCP6_NAMES}if [ -n \"${{FELHOM_LAB_DHCP6:-}}\" ]; then\n{DHCP6_WATCH}fi\n"
+            );
+            tick_fn = format!("felhom_lab_tick() {{\n{tick}:\n}}\n");
+            plan.tick = Some(tick);
+            plan.env
+                .push((LAB_DHCP6_GIVE_UP_VAR, give_up.as_secs().max(1).to_string()));
+        }
+        plan.after = Some(format!("{tick_fn}{VM_NICS}{SETTLE}"));
         plan.env.push((LAB_VM_VAR, "1".to_string()));
         plan.env.push((LAB_MACS_VAR, macs.join(" ")));
     } else if stored_nics > 0 {
@@ -658,10 +743,39 @@ pub fn read_vm_trip(lab: &VmLabRequest<'_>, trip: &BootTrip) -> LabDone {
         ));
     }
     LabDone {
+        during: vm_dhcp6_stopped(trip),
         settled,
         kept: network_kept(&text),
         ..LabDone::default()
     }
+}
+
+/// What the report says of each `dhcp6-stopped <name> <secs>` line of a VM copy's trip, during
+/// the wait or from the settle step's own wait (hostile: a plain interface name and a number
+/// only, each name once).
+fn vm_dhcp6_stopped(trip: &BootTrip) -> Vec<String> {
+    let after: &[String] = trip.after.as_ref().map_or(&[], |(l, _)| l.as_slice());
+    let mut names: Vec<&str> = Vec::new();
+    let mut notes = Vec::new();
+    for line in trip.tick.iter().chain(after.iter()).take(512) {
+        let mut w = line.split_whitespace();
+        let (Some("dhcp6-stopped"), Some(n), Some(secs)) = (w.next(), w.next(), w.next()) else {
+            continue;
+        };
+        let Ok(secs) = secs.parse::<u64>() else {
+            continue;
+        };
+        if !valid_ifname(n) || names.contains(&n) || names.len() >= 32 {
+            continue;
+        }
+        names.push(n);
+        notes.push(format!(
+            "the DHCPv6 client of {n} (its `iface {n} inet6 dhcp` stanza) waited {secs}s for a \
+             lease that cannot come on the lab bridge, holding networking.service and the boot: \
+             stopped"
+        ));
+    }
+    notes
 }
 
 /// What the report says of [`NET_WATCH`]'s restart.
@@ -909,9 +1023,10 @@ fn lab_report(stdout: &str, dhcp: &[&str], asked: bool, bad: &[&String]) -> Vec<
                 Some("audit"),
                 Some(v),
             ) => notes.push(format!(
-                "systemd-journald-audit.socket failed as under every systemd older than \
-                     252.11 in an unprivileged container (systemd {} takes the audit socket for \
-                     usable in a user namespace; the kernel refuses it); its failed state reset",
+                "systemd-journald-audit.socket failed as under every systemd older than 254 \
+                     without its audit check (backported to 251.17, 252.11 and 253.5) in an \
+                     unprivileged container (systemd {} takes the audit socket for usable in a \
+                     user namespace; the kernel refuses it); its failed state reset",
                 clip(v, 16)
             )),
             (Some("userns-reset"), Some(u), Some(t), _)

@@ -45,6 +45,47 @@ mod lab;
 /// A guest's configuration as `GET …/config` answers it.
 type GuestConfig = std::collections::BTreeMap<String, Value>;
 
+/// A guest's name as a config read of this run gave it, for the checks' `{hostname}`.
+#[derive(Debug, Clone)]
+struct GuestName {
+    vmid: u32,
+    /// `hostname` (a container), `name` (a VM); empty when unset.
+    name: String,
+    /// A VM with a cloud-init drive: the names PVE writes into it.
+    cloudinit: Option<crate::pve::guest_config::CloudInitName>,
+}
+
+impl GuestName {
+    fn of(vmid: u32, guest: GuestKind, cfg: &GuestConfig) -> Self {
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => u8::from(*b).to_string(),
+            _ => String::new(),
+        };
+        let key = if guest == GuestKind::Lxc {
+            "hostname"
+        } else {
+            "name"
+        };
+        let cloudinit = (guest == GuestKind::Qemu).then(|| {
+            let values: Vec<(&str, String)> =
+                cfg.iter().map(|(k, v)| (k.as_str(), text(v))).collect();
+            let pairs: Vec<(&str, &str)> = values.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            crate::pve::guest_config::cloudinit_name(&pairs, vmid)
+        });
+        GuestName {
+            vmid,
+            name: cfg
+                .get(key)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string(),
+            cloudinit: cloudinit.flatten(),
+        }
+    }
+}
+
 /// How long a restore task may run.
 pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 /// How long a start, stop or destroy task may run.
@@ -217,8 +258,9 @@ pub struct Executor<'a> {
     /// A start's config read, taken over from `fresh_config` by the start effect.
     start_config: Option<(u32, GuestConfig)>,
     /// The guest's name (`hostname`, QEMU `name`) from a config read of this run, for the
-    /// checks' context (PVE changes it only when asked).
-    guest_name: std::sync::Mutex<Option<(u32, String)>>,
+    /// checks' context (PVE changes it only when asked), and for a VM with a cloud-init drive
+    /// the names PVE writes into it.
+    guest_name: std::sync::Mutex<Option<GuestName>>,
     /// Spaces the restore requests of copies driven side by side (see [`SubmitGate`]).
     submit_gate: Option<Arc<SubmitGate>>,
     /// The copy's seat in its application group's run (`None`: a copy alone).
@@ -1224,14 +1266,8 @@ impl<'a> Executor<'a> {
 
     /// Remember a config just read: fresh for a start right after it, and the guest's name.
     fn saw_config(&self, vmid: u32, guest: GuestKind, cfg: &GuestConfig) {
-        let key = if guest == GuestKind::Lxc {
-            "hostname"
-        } else {
-            "name"
-        };
-        let name = cfg.get(key).and_then(|v| v.as_str()).unwrap_or("");
         if let Ok(mut n) = self.guest_name.lock() {
-            *n = Some((vmid, name.to_string()));
+            *n = Some(GuestName::of(vmid, guest, cfg));
         }
         if let Ok(mut f) = self.fresh_config.lock() {
             *f = Some((vmid, cfg.clone()));

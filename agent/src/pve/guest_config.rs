@@ -799,6 +799,104 @@ pub struct StoredConfigText {
     pub text: String,
 }
 
+/// The names PVE's cloud-init drive gives a VM: the `hostname:` and `fqdn:` of the user data
+/// it generates at each start (qemu-server `src/PVE/QemuServer/Cloudinit.pm`
+/// `cloudinit_userdata`, from `get_hostname_fqdn`). cloud-init sets one of the two as the
+/// guest's hostname, which one being the distribution's choice (its `prefer_fqdn_over_hostname`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudInitName {
+    /// The short name.
+    pub hostname: String,
+    /// The fully qualified name (the short name when PVE knows no domain for it).
+    pub fqdn: String,
+}
+
+/// The names PVE writes into the cloud-init drive of VM `vmid` with config `pairs` (key,
+/// value), or `None` when it writes none the guest takes for its hostname:
+/// - a cloud-init drive: qemu-server `generate_cloudinit_config`, run by `vm_start_nolock` at
+///   every start, generates the drive of each volume whose name holds `vm-<vmid>-cloudinit`
+///   (`drive_is_cloudinit`: `<storage>:[<dir>/]vm-<N>-cloudinit[.<format>]`), `vmid` the VM's
+///   own: a restored copy's drive is a new `vm-<copy's vmid>-cloudinit` (`restore_allocate_devices`
+///   for an `ide`, `sata` or `scsi` cloud-init drive of the backup), so PVE writes it from the
+///   copy's config. Only disk keys (`ideN`, `sataN`, `scsiN`, `virtioN`) are looked at.
+/// - `cicustom` with `user=`: the user data is the snippet's (`get_custom_cloudinit_files`), not
+///   PVE's: `None`.
+/// - `citype: opennebula`: only `SET_HOSTNAME=<short name>` is written (`generate_opennebula`),
+///   and what FQDN cloud-init makes of it is the guest's: `None`.
+/// - the names (`get_hostname_fqdn`): `name`, or `VM<vmid>` when the config has none; a name
+///   with a dot is the FQDN and its first label the short name; else the FQDN is
+///   `<name>.<searchdomain>` when `searchdomain` is set (its whole value, as Perl
+///   interpolates it), else the name.
+pub fn cloudinit_name(pairs: &[(&str, &str)], vmid: u32) -> Option<CloudInitName> {
+    let get = |key: &str| pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| v.trim());
+    let own = format!("vm-{vmid}-cloudinit");
+    let has_drive = pairs.iter().any(|(k, v)| {
+        if !["ide", "sata", "scsi", "virtio"]
+            .iter()
+            .any(|p| numbered(k, p))
+        {
+            return false;
+        }
+        let items = property_items(v);
+        let file = default_key_value(&items, "file").unwrap_or_default();
+        let Some((_storage, volname)) = file.split_once(':') else {
+            return false;
+        };
+        let last = volname.rsplit('/').next().unwrap_or(volname);
+        match last.strip_prefix(own.as_str()) {
+            Some("") => true,
+            Some(ext) => ext
+                .strip_prefix('.')
+                .is_some_and(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_alphanumeric())),
+            None => false,
+        }
+    });
+    if !has_drive {
+        return None;
+    }
+    if get("cicustom").is_some_and(|c| {
+        property_items(c)
+            .iter()
+            .any(|(k, v)| k == "user" && v.is_some())
+    }) {
+        return None;
+    }
+    if get("citype") == Some("opennebula") {
+        return None;
+    }
+    let name = match get("name") {
+        Some(n) => n.to_string(),
+        None => format!("VM{vmid}"),
+    };
+    if let Some((short, _)) = name.split_once('.') {
+        return Some(CloudInitName {
+            hostname: short.to_string(),
+            fqdn: name.clone(),
+        });
+    }
+    // Perl's truth: an empty value and "0" are false.
+    let fqdn = match get("searchdomain").filter(|s| !s.is_empty() && *s != "0") {
+        Some(search) => format!("{name}.{search}"),
+        None => name.clone(),
+    };
+    Some(CloudInitName {
+        hostname: name,
+        fqdn,
+    })
+}
+
+impl StoredConfig {
+    /// [`cloudinit_name`] of this config for VM `vmid`.
+    pub fn cloudinit_name(&self, vmid: u32) -> Option<CloudInitName> {
+        let pairs: Vec<(&str, &str)> = self
+            .keys
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        cloudinit_name(&pairs, vmid)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -934,5 +1032,117 @@ mod tests {
         assert_eq!(c.len(), MAX_KEYS);
         assert!(c.get("k0").is_some_and(|v| v.len() == MAX_VALUE_CHARS));
         assert_eq!(decode_text("%zz%4"), "%zz%4");
+    }
+
+    /// qemu-server's own test config with a cloud-init drive
+    /// (`src/test/parse-config-input/cloudinit-snapshot.conf`, VM 120), its pending-section
+    /// and snapshot left out by the parser.
+    const QEMU_SERVER_CLOUDINIT_CONF: &str = "boot: order=scsi0
+cores: 2
+cpu: x86-64-v2-AES
+ide2: lvm:vm-120-cloudinit,media=cdrom
+ipconfig0: ip6=dhcp
+memory: 4096
+meta: creation-qemu=9.0.2,ctime=1725975013
+name: deb1223
+net0: vmxnet3=BC:24:11:2C:69:EC,bridge=vnet0,firewall=1
+numa: 0
+ostype: l26
+parent: cloudinit
+scsi0: nfs:120/vm-120-disk-0.qcow2,iothread=1,size=4G
+scsihw: virtio-scsi-single
+smbios1: uuid=b3247ab1-1fe6-428e-965b-08a1b64a8746
+sockets: 1
+unused0: rbd:vm-120-disk-0
+vmgenid: 7079e97c-50e3-4079-afe7-23e67566b946
+
+[special:cloudinit]
+ipconfig0: ip=dhcp,ip6=dhcp
+name: deb122
+";
+
+    fn names(hostname: &str, fqdn: &str) -> Option<CloudInitName> {
+        Some(CloudInitName {
+            hostname: hostname.to_string(),
+            fqdn: fqdn.to_string(),
+        })
+    }
+
+    #[test]
+    fn the_cloud_init_names_are_what_qemu_server_writes_for_the_vms_own_drive() {
+        let conf = StoredConfig::parse(QEMU_SERVER_CLOUDINIT_CONF);
+        // The current config's name, not the pending section's.
+        assert_eq!(conf.cloudinit_name(120), names("deb1223", "deb1223"));
+        // Another VM's drive (the config of VM 120 read as another vmid's) is not generated
+        // for this one.
+        assert_eq!(conf.cloudinit_name(990_000), None);
+        // A restored copy: its drive is a new `vm-<copy>-cloudinit`, its name the backup's.
+        let copy = QEMU_SERVER_CLOUDINIT_CONF.replace("vm-120-cloudinit", "vm-990000-cloudinit");
+        // Keys added to the current config, before the pending section.
+        let with = |extra: &str| {
+            StoredConfig::parse(&copy.replace("\n[special:", &format!("{extra}\n[special:")))
+        };
+        assert_eq!(
+            StoredConfig::parse(&copy).cloudinit_name(990_000),
+            names("deb1223", "deb1223")
+        );
+        assert_eq!(
+            with("searchdomain: example.com\n").cloudinit_name(990_000),
+            names("deb1223", "deb1223.example.com")
+        );
+        assert_eq!(
+            with("searchdomain: 0\n").cloudinit_name(990_000),
+            names("deb1223", "deb1223")
+        );
+        // A name with a dot is the FQDN; the searchdomain then plays no part.
+        let dotted = copy.replace("name: deb1223\n", "name: web01.corp.example\n");
+        assert_eq!(
+            StoredConfig::parse(
+                &dotted.replace("\n[special:", "searchdomain: other.org\n\n[special:")
+            )
+            .cloudinit_name(990_000),
+            names("web01", "web01.corp.example")
+        );
+        // No name: PVE's `VM<vmid>`, the copy's vmid.
+        let unnamed = copy.replace("name: deb1223\n", "");
+        assert_eq!(
+            StoredConfig::parse(&unnamed).cloudinit_name(990_000),
+            names("VM990000", "VM990000")
+        );
+        // A custom user data snippet, or OpenNebula's context: PVE's names are not the
+        // guest's to take.
+        assert_eq!(
+            with("cicustom: user=local:snippets/user.yaml\n").cloudinit_name(990_000),
+            None
+        );
+        assert_eq!(
+            with("cicustom: network=local:snippets/net.yaml\n").cloudinit_name(990_000),
+            names("deb1223", "deb1223")
+        );
+        assert_eq!(with("citype: opennebula\n").cloudinit_name(990_000), None);
+        assert_eq!(
+            with("citype: nocloud\n").cloudinit_name(990_000),
+            names("deb1223", "deb1223")
+        );
+        // On a directory storage, with its format; on scsi and sata as on ide.
+        for drive in [
+            "ide2: local:990000/vm-990000-cloudinit.qcow2,media=cdrom",
+            "scsi1: local-lvm:vm-990000-cloudinit,media=cdrom",
+            "sata0: file=local-lvm:vm-990000-cloudinit,media=cdrom",
+        ] {
+            let conf = StoredConfig::parse(&format!("name: web\n{drive}\n"));
+            assert_eq!(conf.cloudinit_name(990_000), names("web", "web"), "{drive}");
+        }
+        // No cloud-init drive: an empty CD-ROM, an ISO, an unused volume, a look-alike name.
+        for drive in [
+            "ide2: none,media=cdrom",
+            "ide2: local:iso/debian.iso,media=cdrom",
+            "unused0: local-lvm:vm-990000-cloudinit",
+            "ide2: local-lvm:vm-990000-cloudinit-old,media=cdrom",
+            "ide2: local-lvm:vm-9900001-cloudinit,media=cdrom",
+        ] {
+            let conf = StoredConfig::parse(&format!("name: web\n{drive}\n"));
+            assert_eq!(conf.cloudinit_name(990_000), None, "{drive}");
+        }
     }
 }

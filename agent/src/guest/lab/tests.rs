@@ -60,7 +60,8 @@ fn the_lab_report_names_what_was_restarted_what_was_left_failed_and_the_node_res
     );
     assert!(
         text.contains(
-            "systemd-journald-audit.socket failed as under every systemd older than 252.11"
+            "systemd-journald-audit.socket failed as under every systemd older than 254 \
+             without its audit check (backported to 251.17, 252.11 and 253.5)"
         ) && text.contains("systemd 247.3 takes"),
         "{text}"
     );
@@ -430,10 +431,25 @@ fn the_settle_step_resets_the_mounts_a_user_namespace_cannot_make_and_the_audit_
         !log.contains("reset-failed srv-data.mount") && !log.contains("reset-failed shop"),
         "{log}"
     );
-    // 252.11 and later tell: the socket is not the node's doing there.
+    // The audit check came with 254 and was cherry-picked into 251.17, 252.11 and 253.5: from
+    // those on the socket is skipped in a user namespace, and a failed one is not the node's
+    // doing. Each boundary, as `systemctl --version` prints it on the distributions that ship
+    // those series (Debian, Ubuntu, Fedora, Arch).
     for (version, reset) in [
+        ("systemd 245 (245.4-4ubuntu3.24)", true),
+        ("systemd 250 (250.14-1)", true),
+        ("systemd 251 (251.16-1.fc37)", true),
+        ("systemd 251 (251.17-1)", false),
         ("systemd 252 (252.6-1)", true),
+        ("systemd 252 (252.10-1)", true),
+        ("systemd 252 (252.11-1)", false),
         ("systemd 252 (252.39-1~deb12u2)", false),
+        ("systemd 253 (253)", true),
+        ("systemd 253 (253.4-1-arch)", true),
+        ("systemd 253 (253.5-1.fc38)", false),
+        ("systemd 253 (253.26-1)", false),
+        ("systemd 254 (254)", false),
+        ("systemd 254 (254.1-1)", false),
         ("systemd 257 (257.9-1~deb13u1)", false),
         ("systemd 249 (249.11-0ubuntu3.12)", true),
         ("not a version", false),
@@ -448,6 +464,15 @@ fn the_settle_step_resets_the_mounts_a_user_namespace_cannot_make_and_the_audit_
             reset,
             "{version}: {out}"
         );
+        // The same range as the documented one.
+        let parts: Vec<u32> = version
+            .split(['(', '.', '-', ')', ' '])
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if let [major, _, rest @ ..] = parts.as_slice() {
+            let minor = rest.first().copied().unwrap_or(0);
+            assert_eq!(audit_socket_unchecked(*major, minor), reset, "{version}");
+        }
     }
     // In the initial user namespace (a privileged container), nothing is the user namespace's.
     let g = Guest::new(
@@ -937,8 +962,9 @@ fn a_vm_copy_on_the_lab_bridge_settles_without_restarts_and_its_report_reads_onl
     let lab = VmLabRequest {
         macs: &macs,
         on_bridge: true,
+        own_copy: false,
     };
-    let plan = vm_boot_plan(&lab, 2);
+    let plan = vm_boot_plan(&lab, 2, DHCP6_GIVE_UP);
     // Nothing before the wait: QEMU made the devices; after it, the VM step and the settle
     // step with the restarts turned off, the MACs as Linux prints them.
     assert!(plan.before.is_none() && plan.tick.is_none());
@@ -995,11 +1021,12 @@ fn a_vm_copy_on_the_lab_bridge_settles_without_restarts_and_its_report_reads_onl
     let nicless = VmLabRequest {
         macs: &macs,
         on_bridge: false,
+        own_copy: true,
     };
-    let plan = vm_boot_plan(&nicless, 2);
+    let plan = vm_boot_plan(&nicless, 2, DHCP6_GIVE_UP);
     assert_eq!(plan.after.as_deref(), Some(VM_NICLESS));
-    assert!(plan.env.is_empty());
-    assert!(vm_boot_plan(&nicless, 0).after.is_none());
+    assert!(plan.env.is_empty() && plan.tick.is_none());
+    assert!(vm_boot_plan(&nicless, 0, DHCP6_GIVE_UP).after.is_none());
 }
 
 #[test]
@@ -1243,6 +1270,7 @@ fn the_report_and_the_kept_unit_name_the_stanzas_that_failed_on_their_own() {
     let vm = VmLabRequest {
         macs: &macs,
         on_bridge: true,
+        own_copy: true,
     };
     let done = read_vm_trip(&vm, &trip(&["dhcp ens18", "stanza-failed ens18.7"]));
     assert!(
@@ -1305,4 +1333,340 @@ fn the_settle_step_waits_for_an_activating_networking_service_running_the_tick()
         log.matches("tick\n").count() >= 2,
         "the tick did not run while it waited: {log}"
     );
+}
+
+/// In an agent's own VM copy on the lab bridge the boot wait's tick finds the names of the
+/// guest's own `inet6 dhcp` stanzas on the stored NICs and runs the DHCPv6 watch for them (also
+/// as the settle step's `felhom_lab_tick`); a customer's guest, or a copy without the lab
+/// bridge, has no tick. What the report says of a stopped client is read from the tick's and
+/// the settle step's lines, a plain name and a number only.
+#[test]
+fn a_vm_copy_on_the_lab_bridge_watches_the_dhcpv6_client_of_its_own_stanzas() {
+    let macs = vec!["BC:24:11:00:03:00".to_string()];
+    let own = VmLabRequest {
+        macs: &macs,
+        on_bridge: true,
+        own_copy: true,
+    };
+    let plan = vm_boot_plan(&own, 1, std::time::Duration::from_secs(7));
+    let tick = plan.tick.as_deref().expect("a tick");
+    assert!(
+        tick.starts_with(VM_DHCP6_NAMES) && tick.contains(DHCP6_WATCH),
+        "{tick}"
+    );
+    assert!(plan
+        .env
+        .contains(&("FELHOM_LAB_DHCP6_GIVE_UP", "7".to_string())));
+    // The names are the guest's: none is given by the agent.
+    assert!(!plan.env.iter().any(|(k, _)| *k == "FELHOM_LAB_DHCP6"));
+    let after = plan.after.as_deref().expect("after");
+    assert!(
+        after.starts_with("felhom_lab_tick() {") && after.contains(tick) && after.ends_with(SETTLE),
+        "{after}"
+    );
+    for other in [
+        VmLabRequest {
+            own_copy: false,
+            ..own.clone()
+        },
+        VmLabRequest {
+            macs: &[],
+            ..own.clone()
+        },
+    ] {
+        let plan = vm_boot_plan(&other, 1, DHCP6_GIVE_UP);
+        assert!(plan.tick.is_none(), "{other:?}");
+        assert!(!plan
+            .after
+            .unwrap_or_default()
+            .contains("felhom_lab_tick() {"));
+    }
+
+    let line = |l: &str| l.to_string();
+    let trip = BootTrip {
+        first: Ok("degraded".to_string()),
+        before: Vec::new(),
+        tick: vec![
+            line("dhcp6-stopped ens18 61"),
+            line("dhcp6-stopped ens18 62"),
+            line("dhcp6-stopped ens19 notanumber"),
+            line("dhcp6-stopped $(reboot) 5"),
+        ],
+        after: Some((
+            vec![line("dhcp6-stopped ens19 60"), line("dhcp ens18")],
+            Ok("running".to_string()),
+        )),
+    };
+    let during = read_vm_trip(&own, &trip).during;
+    assert_eq!(
+        during,
+        [
+            "the DHCPv6 client of ens18 (its `iface ens18 inet6 dhcp` stanza) waited 61s for a \
+             lease that cannot come on the lab bridge, holding networking.service and the boot: \
+             stopped",
+            "the DHCPv6 client of ens19 (its `iface ens19 inet6 dhcp` stanza) waited 60s for a \
+             lease that cannot come on the lab bridge, holding networking.service and the boot: \
+             stopped"
+        ],
+        "{during:?}"
+    );
+}
+
+/// The real `ip`, for setting up a network namespace (the stand-ins' folder is not on its
+/// PATH).
+fn real_ip() -> String {
+    ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+        .iter()
+        .find(|p| Path::new(p).exists())
+        .expect("iproute2's ip")
+        .to_string()
+}
+
+/// The boot trip of an own VM copy on the lab bridge whose stored NIC is
+/// `bc:24:11:00:03:00`, in a real shell inside its own user, PID, mount and network
+/// namespaces: a veth `felvm6` with that MAC (and `felvm7` with a MAC not stored), the guest's
+/// `/etc/network` (an overlay over this machine's `/etc`) holding `interfaces` and
+/// `interfaces.d/50-cloud-init` (`stanza`), and a process named `dhclient` (a copy of
+/// `/bin/sh` sleeping under the command line ifupdown gives `dhclient -6 … <name>`) for
+/// `client_for`. systemd says `starting` while that client is alive, `degraded` once it is not;
+/// the wait's bound is 4 s. Its output, or `None` where user namespaces are refused.
+fn vm_dhcp6_boot(own_copy: bool, stanza: &str, client_for: &str) -> Option<String> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    for sub in ["up", "work", "bin"] {
+        std::fs::create_dir(d.join(sub)).expect("mkdir");
+    }
+    std::fs::copy("/bin/sh", d.join("dhclient")).expect("copy of /bin/sh");
+    write_exec(
+        &d.join("bin/systemctl"),
+        &format!(
+            "#!/bin/sh\ncase \"$1\" in is-system-running) pid=$(cat '{pid}'); \
+             if [ -e /proc/$pid/status ] && ! grep -q '^State:[[:space:]]*[ZX]' /proc/$pid/status; \
+             then echo starting; else echo degraded; fi;; esac\nexit 0\n",
+            pid = d.join("pid").display()
+        ),
+    );
+    let macs = vec!["bc:24:11:00:03:00".to_string()];
+    let lab = VmLabRequest {
+        macs: &macs,
+        on_bridge: true,
+        own_copy,
+    };
+    let plan = crate::guest::boot::BootPlan {
+        after: None,
+        ..vm_boot_plan(&lab, 1, std::time::Duration::from_secs(1))
+    };
+    let script = crate::guest::boot::script(&plan, 4)
+        .replace("felhom_init() {\n", "felhom_init() {\n  return 0\n");
+    let ip = real_ip();
+    let setup = format!(
+        "set -e\nmount -t sysfs sysfs /sys\n\
+         mount -t overlay overlay -o lowerdir=/etc,upperdir={d}/up,workdir={d}/work /etc\n\
+         mkdir -p /etc/network/interfaces.d\n\
+         printf 'auto lo\\niface lo inet loopback\\n' >/etc/network/interfaces\n\
+         printf '%s' '{stanza}' >/etc/network/interfaces.d/50-cloud-init\n\
+         {ip} link add felvm6 type veth peer name felvm6p\n\
+         {ip} link set felvm6 address bc:24:11:00:03:00\n\
+         {ip} link add felvm7 type veth peer name felvm7p\n\
+         {ip} link set felvm7 address bc:24:11:00:03:07\n\
+         '{d}/dhclient' -c 'sleep 30; :' -6 -v -pf /run/dhclient6.{c}.pid {c} </dev/null >/dev/null 2>&1 &\n\
+         echo $! >'{d}/pid'\nset +e\n",
+        d = d.display(),
+        c = client_for,
+    );
+    let mut env: Vec<(&str, String)> = plan.env.clone();
+    env.push((
+        "PATH",
+        format!(
+            "{}/bin:{}",
+            d.display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+    ));
+    let out = Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "--net",
+        ])
+        .args(["/bin/sh", "-c", &format!("{setup}{script}")])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("unshare runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("unshare failed") {
+        eprintln!("user namespaces refused here: {stderr}");
+        return None;
+    }
+    assert!(out.status.success(), "{stderr}");
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The tick in a real shell: the `dhclient -6` of a stored NIC's `inet6 dhcp` stanza
+/// (`interfaces.d`, as cloud-init writes it) is stopped after the give-up time and the boot
+/// ends; a client of a link whose MAC is not stored, of a stored NIC whose stanza is `inet
+/// dhcp` only, or in a customer's copy is left alone (the wait runs out).
+#[test]
+fn the_vm_tick_stops_the_dhcpv6_client_of_a_stored_nics_inet6_dhcp_stanza_only() {
+    let lines = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| !l.starts_with("felhom-took "))
+            .map(str::to_string)
+            .collect()
+    };
+    let Some(out) = vm_dhcp6_boot(true, "auto felvm6\niface felvm6 inet6 dhcp\n", "felvm6") else {
+        return;
+    };
+    let got = lines(&out);
+    assert_eq!(got.len(), 3, "{out}");
+    assert_eq!(got[0], "felhom-step wait", "{out}");
+    assert!(got[1].starts_with("dhcp6-stopped felvm6 "), "{out}");
+    assert_eq!(got[2], "systemd degraded", "{out}");
+    for (own, stanza, client) in [
+        (true, "auto felvm7\niface felvm7 inet6 dhcp\n", "felvm7"),
+        (true, "auto felvm6\niface felvm6 inet dhcp\n", "felvm6"),
+        (false, "auto felvm6\niface felvm6 inet6 dhcp\n", "felvm6"),
+    ] {
+        let out = vm_dhcp6_boot(own, stanza, client).expect("namespaces worked above");
+        assert!(!out.contains("dhcp6-stopped"), "{own} {stanza:?}: {out}");
+        assert!(out.contains("felhom-timeout"), "{own} {stanza:?}: {out}");
+    }
+}
+
+/// The settle step's wait-online rule in a real shell in its own user, mount and network
+/// namespaces: `eth0` a veth (peer `felab0`), networkd's state file for it
+/// (`/run/systemd/netif/links/<its ifindex>`, `/run` a tmpfs of the step's own) holding
+/// `state`, `systemd-networkd-wait-online.service` failed after its restart. What it printed
+/// of the rule: `online-reset …` or `online-kept eth0`. `None` where user namespaces are
+/// refused.
+fn wait_online_rule(state: &str) -> Option<String> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    std::fs::create_dir(d.join("bin")).expect("mkdir");
+    std::fs::write(d.join("state"), state).expect("state");
+    write_exec(
+        &d.join("bin/systemctl"),
+        "#!/bin/sh\ncase \"$1 $2\" in\n\
+         'is-active systemd-networkd-wait-online.service') echo failed;;\n\
+         'is-active '*) echo inactive;;\n\
+         esac\nexit 0\n",
+    );
+    let ip = real_ip();
+    let setup = format!(
+        "set -e\nmount -t tmpfs felhom-test /run\nmount -t sysfs sysfs /sys\n\
+         {ip} link add eth0 type veth peer name felab0\n\
+         mkdir -p /run/systemd/netif/links\n\
+         cp '{state}' /run/systemd/netif/links/$(cat /sys/class/net/eth0/ifindex)\nset +e\n",
+        state = d.join("state").display(),
+    );
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "--net"])
+        .args(["/bin/sh", "-c", &format!("{setup}{SETTLE}"), "sh", "eth0"])
+        .env("FELHOM_LAB_VM", "1")
+        .env(
+            "PATH",
+            format!(
+                "{}/bin:{}",
+                d.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .output()
+        .expect("unshare runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("unshare failed") {
+        eprintln!("user namespaces refused here: {stderr}");
+        return None;
+    }
+    assert!(out.status.success(), "{stderr}");
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("online-"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
+/// networkd's link state file as `link_save()` writes it, up to the lines the rule reads (the
+/// rest, DNS and the like, follows): v245 to v248 (`src/network/networkd-link.c`, from v248
+/// `networkd-state-file.c`) write no `ONLINE_STATE=`; v248 adds `ACTIVATION_POLICY=`; v249
+/// writes `ONLINE_STATE=` (only for a link with `RequiredForOnline=yes`), the address states by
+/// family and `REQUIRED_FAMILY_FOR_ONLINE=`. Read in systemd/systemd-stable v245.7, v247.3,
+/// v248.3 and v249.4 (`tests/data/guest-units-facts.md` section 2).
+fn networkd_links_file(version: u32, oper: &str, required: &str, range: &str) -> String {
+    let mut f = format!(
+        "# This is private data. Do not parse.\nADMIN_STATE=configuring\nOPER_STATE={oper}\n\
+         CARRIER_STATE=carrier\nADDRESS_STATE={}\n",
+        if oper == "routable" {
+            "routable"
+        } else {
+            "off"
+        }
+    );
+    if version >= 249 {
+        f.push_str("IPV4_ADDRESS_STATE=routable\nIPV6_ADDRESS_STATE=off\n");
+        if required == "yes" {
+            f.push_str("ONLINE_STATE=online\n");
+        }
+    }
+    f.push_str(&format!(
+        "REQUIRED_FOR_ONLINE={required}\nREQUIRED_OPER_STATE_FOR_ONLINE={range}\n"
+    ));
+    if version >= 249 {
+        f.push_str("REQUIRED_FAMILY_FOR_ONLINE=any\n");
+    }
+    if version >= 248 {
+        f.push_str("ACTIVATION_POLICY=up\n");
+    }
+    f.push_str("NETWORK_FILE=/etc/systemd/network/eth0.network\nDNS=\nNTP=\nSIP=\nDOMAINS=\n");
+    f
+}
+
+/// networkd before v249 (Ubuntu 20.04's 245, Debian 11's 247, 248) writes no `ONLINE_STATE=`:
+/// the rule reckons online from what it writes, as v249 does, so a copy whose given link is
+/// routable has wait-online's failure reset, and one that is not, or not required for online,
+/// or outside its required range, keeps it failed, named. A v249 file's own `ONLINE_STATE=`
+/// is what counts there.
+#[test]
+fn the_wait_online_rule_reads_online_from_what_networkd_before_v249_writes() {
+    let reset = "online-reset systemd-networkd-wait-online.service";
+    let kept = "online-kept eth0";
+    let Some(out) = wait_online_rule(&networkd_links_file(247, "routable", "yes", "degraded"))
+    else {
+        return;
+    };
+    assert_eq!(out, reset);
+    for (version, oper, required, range, want) in [
+        (245, "routable", "yes", "degraded", reset),
+        (248, "routable", "yes", "degraded", reset),
+        (247, "degraded", "yes", "degraded", reset),
+        (247, "carrier", "yes", "degraded", kept),
+        (247, "no-carrier", "yes", "degraded", kept),
+        (247, "routable", "no", "degraded", kept),
+        (247, "degraded", "yes", "routable", kept),
+        (247, "routable", "yes", "degraded:degraded", kept),
+        (247, "carrier", "yes", "carrier:routable", reset),
+        (247, "routable", "yes", "", reset),
+        (247, "routable", "yes", "bogus", kept),
+        (249, "routable", "yes", "degraded", reset),
+        (252, "routable", "no", "degraded", kept),
+    ] {
+        let file = networkd_links_file(version, oper, required, range);
+        let out = wait_online_rule(&file).expect("namespaces worked above");
+        assert_eq!(out, want, "{version} {oper} {required} {range:?}:\n{file}");
+    }
+    // v249 and later: its own word, even where the older reckoning would say online (an
+    // address family it requires is missing).
+    let file = networkd_links_file(249, "routable", "yes", "degraded")
+        .replace("ONLINE_STATE=online", "ONLINE_STATE=offline");
+    assert_eq!(wait_online_rule(&file).as_deref(), Some(kept));
+    // An unmanaged link is left aside.
+    let file = networkd_links_file(247, "carrier", "yes", "degraded")
+        .replace("ADMIN_STATE=configuring", "ADMIN_STATE=unmanaged");
+    assert_eq!(wait_online_rule(&file).as_deref(), Some(reset));
 }

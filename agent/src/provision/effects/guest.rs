@@ -344,21 +344,15 @@ impl Executor<'_> {
             .lock()
             .ok()
             .and_then(|n| n.clone())
-            .filter(|(v, _)| *v == vmid)
-            .map(|(_, name)| name);
-        let hostname = match seen {
-            Some(name) => name,
+            .filter(|n| n.vmid == vmid);
+        let (hostname, cloudinit) = match seen {
+            Some(n) => (n.name, n.cloudinit),
             None => match self.pve.config_get(&self.cfg.node, guest, vmid).await {
-                Ok(c) => c
-                    .get(if guest == GuestKind::Lxc {
-                        "hostname"
-                    } else {
-                        "name"
-                    })
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("")
-                    .to_string(),
-                Err(_) => String::new(),
+                Ok(c) => {
+                    let n = super::GuestName::of(vmid, guest, &c);
+                    (n.name, n.cloudinit)
+                }
+                Err(_) => (String::new(), None),
             },
         };
         let ctx = CheckContext::new()
@@ -369,7 +363,14 @@ impl Executor<'_> {
         let exec = self.exec_for(vmid, guest, txn);
         self.checks = run_checks(&exec, &checks, &ctx, &CheckSettings::default()).await;
         if guest == GuestKind::Qemu {
-            crate::guest::checks::vm_hostname_unjudged(&checks, &mut self.checks, &hostname);
+            match &cloudinit {
+                Some(names) => {
+                    crate::guest::checks::vm_hostname_cloudinit(&checks, &mut self.checks, names)
+                }
+                None => {
+                    crate::guest::checks::vm_hostname_unjudged(&checks, &mut self.checks, &hostname)
+                }
+            }
         }
         crate::guest::checks::say_why_kept(&mut self.checks, &self.lab_kept);
         let bad: Vec<String> = self

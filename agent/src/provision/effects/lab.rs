@@ -35,6 +35,8 @@ struct VmLab {
     bridge: Option<String>,
     /// The stored NICs, described (`net0 (bridge=vmbr0)`).
     stored: Vec<String>,
+    /// The agent's own throwaway copy: its `dhclient -6` is stopped during the boot.
+    own_copy: bool,
 }
 
 impl VmLab {
@@ -42,6 +44,7 @@ impl VmLab {
         crate::guest::lab::VmLabRequest {
             macs: &self.macs,
             on_bridge: self.bridge.is_some(),
+            own_copy: self.own_copy,
         }
     }
 
@@ -86,7 +89,9 @@ impl Lab {
     /// What the boot wait's exec runs beside the wait for this copy.
     pub(super) fn plan(&self) -> crate::guest::boot::BootPlan {
         match &self.vm {
-            Some(vm) => crate::guest::lab::vm_boot_plan(&vm.request(), vm.stored.len()),
+            Some(vm) => {
+                crate::guest::lab::vm_boot_plan(&vm.request(), vm.stored.len(), dhcp6_give_up())
+            }
             None => crate::guest::lab::boot_plan(&self.request(), dhcp6_give_up()),
         }
     }
@@ -182,6 +187,11 @@ impl Executor<'_> {
         let req = state.request();
         let mut vm = VmLab {
             bridge: self.lab_bridge(state, GuestKind::Qemu).map(str::to_string),
+            // The agent's own throwaway copies, as for a container.
+            own_copy: matches!(
+                state.kind(),
+                TxnKind::SelftestRestore | TxnKind::SelftestProvision
+            ),
             ..VmLab::default()
         };
         let mut lab = Lab::default();
