@@ -134,6 +134,18 @@ pub fn join(lxc_path: &Path, lab: Ulid, vmid: u32, names: &[String]) -> Result<S
         .iter()
         .find(|n| n.name == "net")
         .ok_or_else(|| format!("the copy {vmid}'s network namespace was not opened"))?;
+    // A container that shares the node's network namespace (LXC's `lxc.net.0.type = none`)
+    // would have its pairs made among the node's own links: refused.
+    for shared in ["/proc/self/ns/net", "/proc/1/ns/net"] {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = std::fs::metadata(shared) {
+            if (m.dev(), m.ino()) == (net.dev, net.ino) {
+                return Err(format!(
+                    "the copy {vmid} shares the node's network namespace ({shared}); nothing was joined"
+                ));
+            }
+        }
+    }
     let net_path = fd_path(net.file());
     let net_arg = net_path.to_string_lossy().into_owned();
     ensure(lab)?;

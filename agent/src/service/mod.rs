@@ -491,7 +491,53 @@ pub async fn settle_open(
             settled += 1;
         }
     }
+    remove_leftover_labs(cfg, journal).await;
     Ok(settled)
+}
+
+/// Remove the application-group labs a stopped run left ([`crate::guest::group_lab`]): a lab
+/// whose namespace exists, that a journaled transaction names, and none of whose members is
+/// still open (an open member's run may still use it, or its resume will). A name no
+/// transaction names is never touched. A failure is logged; the next command tries again.
+pub async fn remove_leftover_labs(cfg: &Config, journal: &Journal) {
+    let labs = crate::guest::group_lab::existing();
+    if labs.is_empty() {
+        return;
+    }
+    let all = match journal.replay() {
+        Ok(all) => all,
+        Err(e) => {
+            tracing::warn!(error = %e, "the journal cannot be read: group labs left by a stopped run stay until the next command");
+            return;
+        }
+    };
+    for lab in labs {
+        let members: Vec<&State> = all
+            .iter()
+            .map(|t| &t.state)
+            .filter(|s| s.request().group.as_ref().is_some_and(|g| g.lab == lab))
+            .collect();
+        let Some(first) = members.first() else {
+            continue;
+        };
+        if members.iter().any(|s| s.outcome_kind().is_none()) {
+            continue;
+        }
+        let Some(vmid) = first.vmid() else {
+            continue;
+        };
+        let op = crate::guest::exec::LabOp::Remove { lab };
+        match lxc_route(cfg).lab_op(vmid, first.txn(), op).await {
+            Ok(note) => {
+                tracing::warn!(lab = %lab, txn = %first.txn(), "a stopped run's group lab: {note}")
+            }
+            Err(why) => tracing::warn!(
+                lab = %lab,
+                "the group lab {} a stopped run left could not be removed: {why}; the next command tries again",
+                crate::guest::group_lab::netns_name(lab)
+            ),
+        }
+    }
 }
 
 /// The daemon's background take-up: resume every open transaction a stopped run left, except
@@ -531,6 +577,7 @@ pub async fn take_up_leftovers(
             taken += 1;
         }
     }
+    remove_leftover_labs(cfg, &journal).await;
     compact(cfg, &journal);
     Ok(taken)
 }
