@@ -23,7 +23,7 @@
 # fakepve into .fakepve-venv/).
 # Exit status: 0 only when every step ended as it should (the provision and the restore test
 # `ok`, the restore test having proven guest 200's backup, the refusals refused); 1 otherwise,
-# with the steps that did not.
+# with the steps that did not and the tails of the logs that can say why (show_logs).
 # FELHOM_AGENT_BIN: an agent binary to run instead of building one. Otherwise cargo builds it:
 # the cargo on PATH, or the checkout owner's rustup cargo (~/.cargo/bin, which sudo's
 # secure_path drops), run as the checkout's owner; without either it says what to run.
@@ -216,7 +216,10 @@ PY
 
 printf '\n== starting fakepve on %s\n' "$host" >&2
 mkfifo -m 600 "$work/ready"
-"$FELHOM_FAKEPVE_PYTHON" tests/fakepve/scenario.py "$work/scenario.json" >"$work/ready" 2>"$work/fakepve.log" &
+# At INFO its log names every task it ran and how each ended (a failed one as a warning); at
+# its default level (WARNING) a session where nothing went wrong leaves the log empty.
+FAKEPVE_LOG_LEVEL=${FAKEPVE_LOG_LEVEL:-INFO} \
+  "$FELHOM_FAKEPVE_PYTHON" tests/fakepve/scenario.py "$work/scenario.json" >"$work/ready" 2>"$work/fakepve.log" &
 fake_pid=$!
 read -r ready <"$work/ready"
 url=$(printf '%s' "$ready" | "$FELHOM_FAKEPVE_PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["url"])')
@@ -263,6 +266,36 @@ for _ in $(seq 1 200); do
   sleep 0.05
 done
 [ -S "$work/exec.sock" ] || { echo "the exec helper did not listen on $work/exec.sock" >&2; exit 1; }
+
+# The last lines of a log that may hold why a step failed: 40 at most, each clipped to 300
+# bytes, control characters but the tab left out (the fake's log quotes what a container
+# wrote).
+log_tail() {
+  local title=$1 file=$2
+  if [ ! -e "$file" ]; then
+    printf '\n== %s: %s is missing\n' "$title" "$file" >&2
+  elif [ ! -s "$file" ]; then
+    printf '\n== %s: %s is empty\n' "$title" "$file" >&2
+  else
+    printf '\n== %s: %s (last 40 lines)\n' "$title" "$file" >&2
+    tail -n 40 "$file" | LC_ALL=C tr -d '\000-\010\013-\037\177' | cut -b 1-300 >&2 || true
+  fi
+}
+# Every log that can hold the cause of a failed step: the fake's (each PVE task's end, a
+# container start that failed with its start log quoted), the exec helper's (each exec it
+# refused or ran), and each real container's own start log (lxc-start's output and LXC's
+# errors, kept beside the container's folder by the fake, so they outlive its destroy).
+show_logs() {
+  log_tail "the fake PVE's log" "$work/fakepve.log"
+  log_tail "the exec helper's log" "$work/exec-helper.log"
+  local found="" f
+  for f in "$work"/pct-state/*.lxc-start.log "$work"/pct-state/*.lxc.log; do
+    [ -e "$f" ] || continue
+    found=1
+    log_tail "container $(basename "$f" | cut -d. -f1)'s own start log" "$f"
+  done
+  [ -n "$found" ] || printf '\n== no container start log: no real LXC container was started (%s)\n' "$guests_line" >&2
+}
 
 # Each step with the exit status it must end with; any other status fails the demo.
 failed=()
@@ -330,8 +363,7 @@ run 0 journal
 if [ ${#failed[@]} -gt 0 ]; then
   printf '\ndemo FAILED: %d step(s) did not end as they should:\n' "${#failed[@]}" >&2
   printf '  %s\n' "${failed[@]}" >&2
-  printf '\n== the exec helper log (last 20 lines)\n' >&2
-  tail -n 20 "$work/exec-helper.log" >&2 || true
+  show_logs
   exit 1
 fi
 printf '\ndemo ok: the provision and the restore test ended ok, every refusal was refused\n' >&2
@@ -374,5 +406,5 @@ while kill -0 "$fake_pid" 2>/dev/null; do
   wait "$sleep_pid" || true
 done
 echo "playground: fakepve ended on its own (its log: $work/fakepve.log, removed now)" >&2
-tail -n 20 "$work/fakepve.log" >&2 || true
+log_tail "the fake PVE's log" "$work/fakepve.log"
 exit 1

@@ -314,6 +314,7 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
     check_abstract_sockets(&mut r);
     check_exec(&cfg, &mut r).await;
     check_hub(&cfg, &mut r).await;
+    check_outbox_dropped(&cfg, &mut r);
     r.ok = r.checks.iter().all(|c| c.status != CheckStatus::Fail);
     r
 }
@@ -2324,6 +2325,36 @@ async fn check_hub(cfg: &Config, r: &mut DoctorReport) {
             ErrorCode::PveUnreachable,
             format!("hub {addr} did not answer within 5 s; reports wait in the outbox meanwhile"),
         ),
+    }
+}
+
+/// Reports the outbox dropped unsent while no hub was configured (`<state_dir>/outbox/dropped`,
+/// [`crate::outbox_keep`]): a warning naming how many, since when and what to do.
+fn check_outbox_dropped(cfg: &Config, r: &mut DoctorReport) {
+    use crate::outbox_keep;
+    let dir = cfg.state_dir.join(outbox_keep::OUTBOX_DIR);
+    match outbox_keep::read(&dir) {
+        Ok(None) if cfg.hub.is_some() => r.pass(
+            "outbox",
+            "no report was dropped from the outbox: every one waits for the hub's acknowledgement",
+        ),
+        Ok(None) => r.pass(
+            "outbox",
+            format!(
+                "no report was dropped from the outbox; without a [hub] it keeps {}, dropping \
+                 the oldest",
+                outbox_keep::Retention::WITHOUT_HUB.describe()
+            ),
+        ),
+        Ok(Some(dropped)) => r.warn(
+            "outbox",
+            outbox_keep::warning(
+                &dropped,
+                &dir.join(outbox_keep::DROPPED_FILE),
+                cfg.hub.is_some(),
+            ),
+        ),
+        Err(e) => r.warn("outbox", e),
     }
 }
 

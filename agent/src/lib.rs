@@ -21,6 +21,7 @@ pub mod inventory;
 pub mod lab_kernel;
 pub mod metrics;
 pub mod nofollow;
+pub mod outbox_keep;
 pub mod preflight;
 pub mod privdrop;
 pub mod provision;

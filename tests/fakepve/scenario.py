@@ -1069,6 +1069,20 @@ class ScenarioPve(fake_server.FakePve):
                     .format(tid, pool))
                 self._pool_leave(int(tid))
                 raise fake_model.TaskError(message)
+        logged = body
+        # (`log` here is the task's first lines, not the fake's logger.)
+        fake_log = logging.getLogger('fakepve-scenario')
+
+        async def body():
+            # fakepve writes a task's end only into the task's own log: the fake's log names
+            # each one too (a failed one as a warning), so a failed step can be traced there.
+            try:
+                note = await logged()
+            except fake_model.TaskError as e:
+                fake_log.warning('task %s %s by %s failed: %s', ttype, tid, user, e)
+                raise
+            fake_log.info('task %s %s by %s ended OK', ttype, tid, user)
+            return note
         upid = await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
         notes.attach(self.tasks[upid], len(log))
         return upid
@@ -1540,8 +1554,9 @@ class ScenarioPve(fake_server.FakePve):
             'lxc.environment = TERM=linux',
             'lxc.uts.name = {0}'.format(conf.get('hostname') or 'CT{0}'.format(vmid)),
             'lxc.rootfs.path = {0}'.format(os.path.join(self.bed_dir(vmid), 'rootfs')),
-            # The bed's own: LXC's errors about this container, for the fake's log.
-            'lxc.log.file = {0}'.format(os.path.join(self.bed_dir(vmid), 'lxc.log')),
+            # The bed's own: LXC's errors about this container, for the fake's log (beside the
+            # container's folder: it outlives a destroy, as the start log does).
+            'lxc.log.file = {0}'.format(self.bed_dir(vmid) + '.lxc.log'),
             'lxc.log.level = ERROR',
         ]
         for key in sorted(conf, key=fake_qemu.natural):
@@ -1584,7 +1599,9 @@ class ScenarioPve(fake_server.FakePve):
         if interfaces:
             self._guest_file(rootfs, '/etc/network/interfaces', interfaces)
         self._bed_lxc_cleanup_cgroups(vmid)
-        log_path = os.path.join(self.bed_dir(vmid), 'lxc-start.log')
+        # Beside the container's folder, which a destroy removes: a start that failed is still
+        # explained once the agent destroyed the guest (its gate destroys a failed provision).
+        log_path = self.bed_dir(vmid) + '.lxc-start.log'
         logf = open(log_path, 'ab')
         # pve-container@.service runs `/usr/bin/lxc-start -F -n <vmid>`; the bed's lxcpath is
         # not LXC's default, so `-P <lxcpath>` comes first.
@@ -1627,9 +1644,9 @@ class ScenarioPve(fake_server.FakePve):
 
     def _bed_lxc_failed(self, vmid, proc):
         tail = ''
-        for name in ('lxc-start.log', 'lxc.log'):
+        for name in ('.lxc-start.log', '.lxc.log'):
             try:
-                with open(os.path.join(self.bed_dir(vmid), name), encoding='utf-8', errors='replace') as fh:
+                with open(self.bed_dir(vmid) + name, encoding='utf-8', errors='replace') as fh:
                     tail += fh.read()[-2000:]
             except OSError:
                 pass
@@ -3444,6 +3461,11 @@ def main(argv):
     sys.stdout = sys.stderr
     logging.basicConfig(stream=sys.stderr, level=os.environ.get('FAKEPVE_LOG_LEVEL', 'WARNING'),
                         format='fakepve-scenario[%(process)d] %(levelname)s %(name)s: %(message)s')
+    # aiohttp's access log (a line per request at INFO) only at DEBUG: at INFO the log says what
+    # the fake did (each task's end), which a line per status poll would bury; every request is
+    # in the request log (`GET /requests` of the control endpoint) anyway.
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger('aiohttp.access').setLevel(logging.WARNING)
     if len(argv) != 2:
         sys.stderr.write('usage: scenario.py SCENARIO.json\n')
         return 2

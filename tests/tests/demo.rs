@@ -2,7 +2,8 @@
 //! end `ok`, the restore test proving the backup of guest 200, the demo's one pool guest with
 //! a backup (and every refusal it shows is refused), and it exits non-zero when a step that
 //! should succeed fails: here, the exec helper unable to read the container's config because
-//! the agent's `[exec] pve_nodes_dir` is left out.
+//! the agent's `[exec] pve_nodes_dir` is left out; and a failed demo ends with the tails of the
+//! logs that hold the cause (a container start the fake failed, named in the fake's log).
 //!
 //! The demo runs the agent binary under test (`FELHOM_AGENT_BIN`), never a build of its own:
 //! a plain `cargo build -p felhom-agent` would replace the test binary under the other tests.
@@ -161,6 +162,82 @@ fn demo_fails_when_the_exec_helper_cannot_read_the_container_config() {
             && stderr.contains("felhom-agent --selftest=restore exited 5, expected 0")
             && stderr.contains("the restore test did not end ok"),
         "the demo does not name the steps that failed:\n{stderr}"
+    );
+}
+
+/// The text after the line that starts with `header` in `text`, up to the next `== ` header
+/// line (one log's tail as the demo prints it).
+fn section<'a>(text: &'a str, header: &str) -> Option<&'a str> {
+    let start = text.find(&format!("\n{header}"))? + 1;
+    let body = &text[start..];
+    let body = &body[body.find('\n').map_or(body.len(), |i| i + 1)..];
+    Some(match body.find("\n== ") {
+        Some(end) => &body[..end],
+        None => body,
+    })
+}
+
+/// A failed step is explained by the logs the demo prints: here the fake fails the start task
+/// of the provision's container (PVE's own in-task error "missing 'rootfs' configuration"),
+/// and the demo's failure ends with the tail of the fake's log, which names that task and why
+/// it failed, and of the exec helper's; on the busybox bed it says no container start log
+/// exists.
+#[test]
+fn a_failed_demo_prints_the_tail_of_the_fakes_log_that_holds_the_cause() {
+    let demo = workspace_root().join("tests/demo.sh");
+    let text = fs::read_to_string(&demo).expect("read tests/demo.sh");
+    let anchor = r#"scenario["user_cfg"] = {"path": work + "/user.cfg"}"#;
+    assert!(
+        text.contains(anchor),
+        "tests/demo.sh no longer writes the scenario's user_cfg"
+    );
+    let broken = text.replace(
+        anchor,
+        &format!(
+            "{anchor}\nscenario[\"fail\"] = [{{\"method\": \"POST\", \"suffix\": \
+             \"/nodes/pve1/lxc/120/status/start\", \"error\": \"missing_rootfs_configuration\"}}]"
+        ),
+    );
+    let copy = ScriptCopy(
+        workspace_root().join(format!("tests/.demo-start-fails-{}.sh", std::process::id())),
+    );
+    fs::write(&copy.0, broken).expect("write the demo's copy");
+    let out = run_demo_env(&copy.0, &[("FELHOM_DEMO_GUESTS", "busybox")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the demo did not fail:\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let (_, rc) = step(&stdout, "--selftest=provision -vmid 120");
+    assert_ne!(rc, 0, "{stdout}");
+    let (_, summary) = stderr
+        .split_once("demo FAILED")
+        .unwrap_or_else(|| panic!("no failure summary:\n{stderr}"));
+    assert!(
+        summary.contains("felhom-agent --selftest=provision -vmid 120 exited"),
+        "{summary}"
+    );
+    let fake = section(summary, "== the fake PVE's log: ")
+        .unwrap_or_else(|| panic!("the fake's log is not printed:\n{summary}"));
+    // The fake's own line (its log format), naming the task and its error.
+    assert!(
+        fake.lines().any(|l| l.starts_with("fakepve-scenario[")
+            && l.contains(" WARNING fakepve-scenario: task vzstart 120 by ")
+            && l.ends_with(" failed: missing 'rootfs' configuration")),
+        "the fake's log tail does not name the failed start:\n{fake}"
+    );
+    assert!(
+        (1..=40).contains(&fake.lines().count()),
+        "not a tail of at most 40 lines:\n{fake}"
+    );
+    let helper = section(summary, "== the exec helper's log: ")
+        .unwrap_or_else(|| panic!("the exec helper's log is not printed:\n{summary}"));
+    assert!((1..=40).contains(&helper.lines().count()), "{summary}");
+    assert!(
+        summary.contains("== no container start log: no real LXC container was started"),
+        "{summary}"
     );
 }
 

@@ -1454,3 +1454,46 @@ fn a_lab_bridge_of_a_smaller_mtu_than_the_node_is_warned_about() {
     let c = doctor_with_mtus(9000, 9000);
     assert_eq!(c["status"], "pass", "{c:#}");
 }
+
+/// Reports the outbox dropped while no hub was configured (`<state_dir>/outbox/dropped`, as the
+/// daemon writes it): doctor warns with how many, since when, the bounds and what to do; with
+/// no such file its line passes.
+#[test]
+fn reports_dropped_from_the_outbox_without_a_hub_are_warned_about() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
+    let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
+    let c = check(&doc, "outbox");
+    assert_eq!(c["status"], "pass", "{doc:#}");
+    let outbox = files.state_dir.join("outbox");
+    std::fs::create_dir_all(&outbox).expect("mkdir");
+    std::fs::write(
+        outbox.join("dropped"),
+        "{\"count\":23,\"since\":\"2026-01-01T00:00:00Z\",\"last\":\"2026-01-05T00:00:00Z\"}\n",
+    )
+    .expect("write");
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    assert_eq!(run.code, Some(0), "a warning does not fail doctor");
+    let doc = run.json();
+    let c = check(&doc, "outbox");
+    assert_eq!(c["status"], "warn", "{doc:#}");
+    let message = c["message"].as_str().unwrap_or_default();
+    for want in [
+        "23 reports were dropped",
+        "since 2026-01-01T00:00:00Z",
+        "the newest 1000 reports, none older than 30 days",
+        "Configure [hub]",
+        &format!("remove {}", outbox.join("dropped").display()),
+    ] {
+        assert!(message.contains(want), "{want:?} not in {message}");
+    }
+    // The human report names it too, within 80 columns.
+    let run = run_agent(&files.config_path, &["doctor"]);
+    assert!(run.stdout.contains("[warn] outbox"), "{}", run.stdout);
+    assert!(
+        run.stdout.lines().all(|l| l.chars().count() <= 80),
+        "{}",
+        run.stdout
+    );
+}

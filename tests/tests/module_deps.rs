@@ -27,7 +27,14 @@ const LAYERS: &[&[&str]] = &[
     &["guest"],
     &["pve"],
     &["vmid"],
-    &["inventory", "tls", "durable_log", "privdrop", "lab_kernel"],
+    &[
+        "inventory",
+        "tls",
+        "durable_log",
+        "privdrop",
+        "lab_kernel",
+        "outbox_keep",
+    ],
     &["config"],
     &["error", "timefmt", "nofollow"],
 ];

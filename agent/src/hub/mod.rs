@@ -83,6 +83,8 @@ pub struct DaemonSettings {
     pub state_dir: PathBuf,
     /// The hub, if configured.
     pub hub: Option<HubConfig>,
+    /// What the outbox keeps while no hub is configured ([`outbox::Retention::WITHOUT_HUB`]).
+    pub keep_without_hub: outbox::Retention,
     /// The session timing.
     pub timing: Timing,
     /// node_exporter's textfile folder (`None`: no metrics files).
@@ -116,6 +118,7 @@ pub async fn run(cfg: &Config, shutdown: CancellationToken) -> Result<DaemonRepo
         pool: cfg.pool.clone(),
         state_dir: cfg.state_dir.clone(),
         hub: cfg.hub.clone(),
+        keep_without_hub: outbox::Retention::WITHOUT_HUB,
         timing,
         metrics_dir: Some(cfg.metrics.dir.clone()),
     };
@@ -151,8 +154,12 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
 ) -> Result<DaemonReport, Failure> {
     let started = Instant::now();
     let endpoint = settings.hub.as_ref().map(HubEndpoint::new).transpose()?;
-    let (outbox, summary) = Outbox::open(&settings.state_dir)
-        .map_err(|e| Failure::new(ErrorCode::ConfigInvalid, e.to_string()))?;
+    // Without a hub nothing acknowledges a report: the outbox keeps only the newest.
+    let (outbox, summary) = match endpoint {
+        None => Outbox::open_keeping(&settings.state_dir, settings.keep_without_hub),
+        Some(_) => Outbox::open(&settings.state_dir),
+    }
+    .map_err(|e| Failure::new(ErrorCode::ConfigInvalid, e.to_string()))?;
     tracing::info!(
         "outbox {}: {} messages wait for the hub, {} dispatches are open",
         outbox.dir().display(),
@@ -382,7 +389,8 @@ pub async fn run_daemon<R: DispatchRunner, I: InventoryRead>(
     };
     outbox.close().await;
     if let Some(dir) = &settings.metrics_dir {
-        let text = crate::metrics::hub_text(settings.hub.is_some(), false, report.outbox_depth);
+        let text = crate::metrics::hub_text(settings.hub.is_some(), false, report.outbox_depth)
+            + &crate::metrics::outbox_dropped_text(outbox.dropped());
         if let Err(e) = crate::metrics::textfile::write(dir, crate::metrics::HUB_FILE, &text) {
             tracing::warn!("metrics not updated: {e}");
         }
@@ -466,15 +474,16 @@ async fn metrics_loop(
 ) {
     let every = crate::metrics::DAEMON_INTERVAL;
     let mut warned = false;
-    let mut written: Option<(bool, u64)> = None;
+    let mut written: Option<(bool, u64, u64)> = None;
     let mut hub_at: Option<Instant> = None;
     let mut journal_at: Option<Instant> = None;
     loop {
         let connected = hub_configured && contact.connected(Instant::now());
-        let now = (connected, outbox.depth());
+        let now = (connected, outbox.depth(), outbox.dropped());
         let mut result = Ok(());
         if written != Some(now) || hub_at.is_none_or(|t| t.elapsed() >= every) {
-            let text = crate::metrics::hub_text(hub_configured, now.0, now.1);
+            let text = crate::metrics::hub_text(hub_configured, now.0, now.1)
+                + &crate::metrics::outbox_dropped_text(now.2);
             result = crate::metrics::textfile::write(&dir, crate::metrics::HUB_FILE, &text)
                 .map_err(|e| e.to_string());
             if result.is_ok() {
@@ -637,6 +646,7 @@ mod tests {
             pool: "felhom".into(),
             state_dir: dir.to_path_buf(),
             hub: None,
+            keep_without_hub: outbox::Retention::WITHOUT_HUB,
             timing: Timing::default(),
         }
     }
@@ -724,6 +734,112 @@ mod tests {
         let (outbox, summary) = Outbox::open(dir.path()).expect("reopen");
         assert_eq!(summary.pending_messages, 1);
         outbox.close().await;
+    }
+
+    /// Spool `n` events and run the daemon without a hub (keeping at most 3) until the spool is
+    /// empty; returns the ids spooled, oldest first.
+    async fn spool_and_run_without_hub(
+        dir: &std::path::Path,
+        metrics: &std::path::Path,
+        n: u128,
+    ) -> Vec<hub_protocol::MessageId> {
+        let mut ids = Vec::new();
+        for i in 0..n {
+            ids.push(
+                spool(
+                    dir,
+                    hub_protocol::AgentMessage::Event(hub_protocol::Event {
+                        txn: TxnId::from_ulid(ulid::Ulid::from_parts(1_767_225_600_000, i)),
+                        kind: hub_protocol::TxnKind::Provision,
+                        vmid: Some(120),
+                        phase: hub_protocol::Phase::Validated,
+                        at: outbox::now_timestamp().expect("now"),
+                        detail: None,
+                        error: None,
+                        guest: None,
+                        backup: None,
+                    }),
+                )
+                .expect("spool"),
+            );
+            // Spool files are taken in name order: one id per millisecond keeps the order.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let shutdown = CancellationToken::new();
+        let stopper = shutdown.clone();
+        let spool_dir = dir.join(outbox::OUTBOX_DIR).join(outbox::SPOOL_DIR);
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while std::fs::read_dir(&spool_dir).is_ok_and(|mut d| d.next().is_some())
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            stopper.cancel();
+        });
+        let mut settings = settings(dir);
+        settings.metrics_dir = Some(metrics.to_path_buf());
+        settings.keep_without_hub = outbox::Retention {
+            max_messages: 3,
+            max_age: Duration::from_secs(86_400),
+        };
+        let report = run_daemon(
+            settings,
+            Arc::new(RefusingRunner),
+            Arc::new(NoInventory),
+            Notifier::disabled(),
+            shutdown,
+        )
+        .await
+        .expect("run");
+        assert_eq!(report.outbox_depth, 3, "the outbox keeps 3");
+        ids
+    }
+
+    /// The ids waiting in the outbox, read back from its files.
+    async fn waiting(dir: &std::path::Path) -> Vec<hub_protocol::MessageId> {
+        let (outbox, _) = Outbox::open(dir).expect("reopen");
+        let ids = outbox
+            .pending_after(0)
+            .await
+            .expect("read")
+            .iter()
+            .map(|o| o.id)
+            .collect();
+        outbox.close().await;
+        ids
+    }
+
+    #[tokio::test]
+    async fn without_a_hub_the_oldest_reports_go_past_the_bound_and_the_count_outlives_a_restart() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let metrics = tempfile::tempdir().expect("tmp");
+        let hub_prom = metrics.path().join(crate::metrics::HUB_FILE);
+        let first = spool_and_run_without_hub(dir.path(), metrics.path(), 5).await;
+        assert_eq!(waiting(dir.path()).await, first[2..].to_vec());
+        let dropped = crate::outbox_keep::read(&dir.path().join(outbox::OUTBOX_DIR))
+            .expect("read")
+            .expect("a count");
+        assert_eq!(dropped.count, 2);
+        let text = std::fs::read_to_string(&hub_prom).expect("metrics");
+        assert!(
+            text.contains("\nfelhom_outbox_dropped_total 2\n")
+                && text.contains("felhom_outbox_depth 3\n"),
+            "{text}"
+        );
+        // Started again: the count goes on from what the first run stored.
+        let second = spool_and_run_without_hub(dir.path(), metrics.path(), 2).await;
+        assert_eq!(
+            waiting(dir.path()).await,
+            vec![first[4], second[0], second[1]]
+        );
+        let again = crate::outbox_keep::read(&dir.path().join(outbox::OUTBOX_DIR))
+            .expect("read")
+            .expect("a count");
+        assert_eq!(again.count, 4);
+        assert_eq!(again.since, dropped.since, "the first drop's time stays");
+        let text = std::fs::read_to_string(&hub_prom).expect("metrics");
+        assert!(text.contains("\nfelhom_outbox_dropped_total 4\n"), "{text}");
     }
 
     #[tokio::test]

@@ -27,6 +27,13 @@
 //! every [`SPOOL_POLL_INTERVAL`], keeping its id and timestamp. A coverage table is spooled as
 //! `<id>.coverage.msg`, and spooling one removes the older tables still in the spool.
 //!
+//! Without a hub ([`Outbox::open_keeping`]) nothing ever acknowledges a message, so the outbox
+//! keeps only what [`Retention`] allows (the newest [`crate::outbox_keep::KEEP_MESSAGES`], none
+//! stored longer ago than [`crate::outbox_keep::KEEP_AGE`]): after every append, at open and
+//! every [`TRIM_INTERVAL`] the oldest beyond it are marked done (the marks synced), then the
+//! count of dropped messages in `<state_dir>/outbox/dropped` grows by as many
+//! ([`crate::outbox_keep`]). The age is the frame's `ts` (when it was stored, or spooled).
+//!
 //! This module never talks to the hub; the session reads pending frames with
 //! [`Outbox::pending_after`] and reports acknowledgements with [`Outbox::ack`].
 
@@ -43,11 +50,16 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{oneshot, watch};
 use ulid::Ulid;
 
-use super::store::{Limits, NewRecord, OpenReport, RecordLog, StoreError};
+use super::store::{Limits, NewRecord, OpenReport, RecordLog, Slot, StoreError};
 use crate::error::ErrorCode;
+pub use crate::outbox_keep::Retention;
+use crate::outbox_keep::{self, Dropped};
 
 /// The outbox folder inside the state dir.
-pub const OUTBOX_DIR: &str = "outbox";
+pub const OUTBOX_DIR: &str = outbox_keep::OUTBOX_DIR;
+/// How often an outbox that keeps a [`Retention`] drops what aged past it, besides after
+/// every append.
+pub const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 /// The most frames [`Outbox::pending_after`] returns at once.
 pub const MAX_READ_BATCH: usize = 256;
 /// The most frame bytes [`Outbox::pending_after`] returns at once.
@@ -401,6 +413,7 @@ enum Request {
 struct Shared {
     depth: AtomicU64,
     open_dispatches: AtomicU64,
+    dropped: AtomicU64,
     last_seq: watch::Sender<u64>,
 }
 
@@ -438,6 +451,24 @@ impl Outbox {
         state_dir: &Path,
         limits: Limits,
     ) -> Result<(Outbox, OpenSummary), OutboxError> {
+        Self::open_inner(state_dir, limits, None)
+    }
+
+    /// Open `<state_dir>/outbox/` for a daemon without a hub: it keeps only what `keep`
+    /// allows, the oldest dropped first and counted (see the module docs). What is over the
+    /// bounds already is dropped before it returns.
+    pub fn open_keeping(
+        state_dir: &Path,
+        keep: Retention,
+    ) -> Result<(Outbox, OpenSummary), OutboxError> {
+        Self::open_inner(state_dir, Limits::default(), Some(keep))
+    }
+
+    fn open_inner(
+        state_dir: &Path,
+        limits: Limits,
+        keep: Option<Retention>,
+    ) -> Result<(Outbox, OpenSummary), OutboxError> {
         let dir = state_dir.join(OUTBOX_DIR);
         let (outbox, out_report) = RecordLog::open_with_limits(&dir, OUTBOX_LOG, limits)?;
         let (inbox, in_report) = RecordLog::open(&dir, INBOX_LOG)?;
@@ -446,17 +477,35 @@ impl Outbox {
             open_dispatches: inbox.pending_count(),
             torn_tail: report_torn(&out_report) || report_torn(&in_report),
         };
+        let dropped = match outbox_keep::read(&dir) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!("{e}; the count of dropped reports starts again from 0");
+                None
+            }
+        };
         let (last_seq, _) = watch::channel(outbox.last_seq());
         let shared = Arc::new(Shared {
             depth: AtomicU64::new(outbox.pending_count() as u64),
             open_dispatches: AtomicU64::new(inbox.pending_count() as u64),
+            dropped: AtomicU64::new(dropped.as_ref().map_or(0, |d| d.count)),
             last_seq,
         });
         let (tx, rx) = mpsc::channel();
         let writer_shared = shared.clone();
+        let mut writer = Writer {
+            outbox,
+            inbox,
+            shared: writer_shared,
+            keep,
+            dropped,
+            dir: dir.clone(),
+        };
+        // What is over the bounds already goes before the outbox is handed out.
+        writer.trim();
         let thread = std::thread::Builder::new()
             .name("felhom-outbox".to_string())
-            .spawn(move || Writer::new(outbox, inbox, writer_shared).run(rx))
+            .spawn(move || writer.run(rx))
             .map_err(|source| StoreError::Io {
                 path: dir.clone(),
                 source,
@@ -611,6 +660,12 @@ impl Outbox {
         self.shared.depth.load(Ordering::Relaxed)
     }
 
+    /// Messages dropped unsent while no hub was configured (the count kept in
+    /// `<state_dir>/outbox/dropped`, across restarts).
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+
     /// Dispatches accepted and not finished.
     pub fn open_dispatch_count(&self) -> u64 {
         self.shared.open_dispatches.load(Ordering::Relaxed)
@@ -673,19 +728,31 @@ struct Writer {
     outbox: RecordLog,
     inbox: RecordLog,
     shared: Arc<Shared>,
+    /// What an outbox without a hub keeps; `None`: everything until acknowledged.
+    keep: Option<Retention>,
+    /// The count of dropped messages as stored.
+    dropped: Option<Dropped>,
+    /// The outbox folder.
+    dir: PathBuf,
 }
 
 impl Writer {
-    fn new(outbox: RecordLog, inbox: RecordLog, shared: Arc<Shared>) -> Self {
-        Self {
-            outbox,
-            inbox,
-            shared,
-        }
-    }
-
     fn run(mut self, rx: mpsc::Receiver<Request>) {
-        while let Ok(first) = rx.recv() {
+        loop {
+            let first = match self.keep {
+                None => match rx.recv() {
+                    Ok(r) => r,
+                    Err(_) => break,
+                },
+                Some(_) => match rx.recv_timeout(TRIM_INTERVAL) {
+                    Ok(r) => r,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.trim();
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                },
+            };
             let mut group = vec![first];
             while group.len() < MAX_GROUP_REQUESTS {
                 match rx.try_recv() {
@@ -805,6 +872,8 @@ impl Writer {
         match self.outbox.append(&records) {
             Ok(seqs) => {
                 drop(records);
+                // Within the bounds before the callers hear back.
+                self.trim();
                 self.publish();
                 for ((_, _, _, reply), seq) in appends.into_iter().zip(seqs) {
                     reply.send(Ok(seq));
@@ -824,6 +893,7 @@ impl Writer {
                         .append(&one)
                         .map(|s| s.first().copied().unwrap_or(0))
                         .map_err(OutboxError::from);
+                    self.trim();
                     self.publish();
                     reply.send(result);
                 }
@@ -836,6 +906,88 @@ impl Writer {
                 }
             }
         }
+    }
+
+    /// Drop what is beyond [`Writer::keep`], oldest first: the messages over the count, then
+    /// from the oldest on each stored longer ago than the age (up to the first that is not).
+    /// The marks are synced before the count of dropped messages grows.
+    fn trim(&mut self) {
+        let Some(keep) = self.keep else { return };
+        let now = time::OffsetDateTime::now_utc();
+        let over = self
+            .outbox
+            .pending_count()
+            .saturating_sub(keep.max_messages);
+        let max_age = time::Duration::try_from(keep.max_age).unwrap_or(time::Duration::MAX);
+        let mut drop: Vec<Ulid> = Vec::new();
+        for (i, slot) in self.outbox.pending().enumerate() {
+            if i < over {
+                drop.push(slot.id);
+                continue;
+            }
+            if now - self.stored_at(slot) <= max_age {
+                break;
+            }
+            drop.push(slot.id);
+        }
+        if drop.is_empty() {
+            return;
+        }
+        let marked = self
+            .outbox
+            .mark_done(&drop)
+            .and_then(|n| self.outbox.sync_marks().map(|()| n));
+        let n = match marked {
+            Ok(n) => n as u64,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot drop the {} oldest reports from the outbox: {e}",
+                    drop.len()
+                );
+                return;
+            }
+        };
+        match outbox_keep::add(&self.dir, self.dropped.as_ref(), n, now) {
+            Ok(d) => {
+                self.shared.dropped.store(d.count, Ordering::Relaxed);
+                tracing::warn!(
+                    path = %self.dir.display(),
+                    "no [hub] configured: dropped the {n} oldest reports from the outbox {} \
+                     (it keeps {}); {} dropped since {}, counted in {}",
+                    self.dir.display(),
+                    keep.describe(),
+                    d.count,
+                    d.since,
+                    self.dir.join(outbox_keep::DROPPED_FILE).display()
+                );
+                self.dropped = Some(d);
+            }
+            Err(e) => tracing::warn!(
+                path = %self.dir.display(),
+                "no [hub] configured: dropped the {n} oldest reports from the outbox {}, but \
+                 cannot count them in {}: {e}",
+                self.dir.display(),
+                self.dir.join(outbox_keep::DROPPED_FILE).display()
+            ),
+        }
+        self.publish();
+    }
+
+    /// When the message in `slot` was stored: its frame's `ts`, else its id's time.
+    fn stored_at(&self, slot: &Slot) -> time::OffsetDateTime {
+        #[derive(serde::Deserialize)]
+        struct Ts {
+            ts: String,
+        }
+        let from_frame = self.outbox.read_body(slot).ok().and_then(|body| {
+            let ts = serde_json::from_str::<Ts>(&body).ok()?.ts;
+            time::OffsetDateTime::parse(&ts, &time::format_description::well_known::Rfc3339).ok()
+        });
+        from_frame.unwrap_or_else(|| {
+            let ms = i128::from(slot.id.timestamp_ms());
+            time::OffsetDateTime::from_unix_timestamp_nanos(ms * 1_000_000)
+                .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+        })
     }
 
     fn accept_group(&mut self, accepts: Vec<(TxnId, String, Reply<()>)>) {
@@ -1220,6 +1372,120 @@ mod tests {
         assert_eq!(left, vec!["00000000000000000000000000.bad".to_string()]);
         assert_eq!(outbox.ingest_spool().await.expect("again"), 0);
         outbox.close().await;
+    }
+
+    /// The ids pending in the outbox log, read from its files by the store itself (the outbox
+    /// closed).
+    fn stored_ids(state_dir: &Path) -> Vec<MessageId> {
+        let (log, _) = RecordLog::open(&state_dir.join(OUTBOX_DIR), OUTBOX_LOG).expect("open");
+        log.pending().map(|s| MessageId::from_ulid(s.id)).collect()
+    }
+
+    fn keep(max_messages: usize, days: u64) -> Retention {
+        Retention {
+            max_messages,
+            max_age: std::time::Duration::from_secs(days * 86_400),
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_hub_the_oldest_go_past_the_count_and_the_count_survives_reopen() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let outbox_dir = dir.path().join(OUTBOX_DIR);
+        let mut ids = Vec::new();
+        {
+            let (outbox, _) = Outbox::open_keeping(dir.path(), keep(3, 30)).expect("open");
+            for n in 1..=5 {
+                ids.push(outbox.push(event(n)).await.expect("push"));
+            }
+            assert_eq!(outbox.depth(), 3);
+            assert_eq!(outbox.dropped(), 2);
+            outbox.close().await;
+        }
+        assert_eq!(stored_ids(dir.path()), ids[2..].to_vec());
+        let first = outbox_keep::read(&outbox_dir)
+            .expect("read")
+            .expect("count");
+        assert_eq!(first.count, 2);
+        {
+            // Reopened, with a smaller bound: what is over it goes at once, counted on top.
+            let (outbox, summary) = Outbox::open_keeping(dir.path(), keep(2, 30)).expect("open");
+            assert_eq!(summary.pending_messages, 3, "as found on disk");
+            assert_eq!(outbox.dropped(), 3);
+            ids.push(outbox.push(event(6)).await.expect("push"));
+            assert_eq!(outbox.dropped(), 4);
+            outbox.close().await;
+        }
+        assert_eq!(stored_ids(dir.path()), vec![ids[4], ids[5]]);
+        let second = outbox_keep::read(&outbox_dir)
+            .expect("read")
+            .expect("count");
+        assert_eq!(second.count, 4);
+        assert_eq!(second.since, first.since);
+        // With a hub nothing is dropped, and the count is still known.
+        let (outbox, _) = Outbox::open(dir.path()).expect("open");
+        assert_eq!(outbox.dropped(), 4);
+        for n in 7..=9 {
+            outbox.push(event(n)).await.expect("push");
+        }
+        assert_eq!(outbox.depth(), 5);
+        outbox.close().await;
+        assert_eq!(stored_ids(dir.path()).len(), 5);
+        assert_eq!(
+            outbox_keep::read(&outbox_dir)
+                .expect("read")
+                .expect("count")
+                .count,
+            4
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_hub_a_report_stored_longer_ago_than_the_age_goes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        // A report spooled 31 days ago keeps its timestamp into the outbox.
+        let old_id = MessageId::from_ulid(Ulid::new());
+        let old = Envelope::new(
+            PROTOCOL_VERSION,
+            old_id,
+            Timestamp::parse(&crate::timefmt::rfc3339(
+                time::OffsetDateTime::now_utc() - time::Duration::days(31),
+            ))
+            .expect("ts"),
+            event(1),
+        );
+        let spool_dir = dir.path().join(OUTBOX_DIR).join(SPOOL_DIR);
+        std::fs::create_dir_all(&spool_dir).expect("mkdir");
+        std::fs::write(
+            spool_dir.join(format!("{old_id}.msg")),
+            encoded(&old).expect("encode"),
+        )
+        .expect("write");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let fresh = spool(dir.path(), event(2)).expect("spool");
+        let (outbox, _) = Outbox::open_keeping(dir.path(), keep(1000, 30)).expect("open");
+        assert_eq!(outbox.ingest_spool().await.expect("ingest"), 2);
+        assert_eq!(outbox.dropped(), 1);
+        outbox.close().await;
+        assert_eq!(stored_ids(dir.path()), vec![fresh]);
+        // A bound of 32 days would have kept it: the age decides, not the count.
+        let dir2 = tempfile::tempdir().expect("tmp");
+        let spool2 = dir2.path().join(OUTBOX_DIR).join(SPOOL_DIR);
+        std::fs::create_dir_all(&spool2).expect("mkdir");
+        std::fs::write(
+            spool2.join(format!("{old_id}.msg")),
+            encoded(&old).expect("encode"),
+        )
+        .expect("write");
+        let (outbox, _) = Outbox::open_keeping(dir2.path(), keep(1000, 32)).expect("open");
+        assert_eq!(outbox.ingest_spool().await.expect("ingest"), 1);
+        assert_eq!(outbox.dropped(), 0);
+        outbox.close().await;
+        assert_eq!(stored_ids(dir2.path()), vec![old_id]);
+        assert_eq!(
+            outbox_keep::read(&dir2.path().join(OUTBOX_DIR)).expect("read"),
+            None
+        );
     }
 
     #[test]

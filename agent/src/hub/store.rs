@@ -664,6 +664,12 @@ impl RecordLog {
         Ok(count)
     }
 
+    /// Make the marks written so far durable (they are not synced as they are written: see the
+    /// module docs), for a caller that must not count a record as gone before it is.
+    pub fn sync_marks(&self) -> Result<(), StoreError> {
+        self.marks.sync_data().map_err(io_err(&self.marks_path))
+    }
+
     /// Drop the done records from the files: truncate both when nothing is pending, else
     /// rewrite the record file with only the pending records.
     pub fn compact(&mut self) -> Result<(), StoreError> {

@@ -9,7 +9,8 @@
 //!   `felhom_transactions_total` (by `kind` and `outcome`), `felhom_needs_human`;
 //! - [`HUB_FILE`]: the daemon's, within a second of a change, at least every
 //!   [`DAEMON_INTERVAL`] and when it stops:
-//!   `felhom_hub_configured`, `felhom_hub_connected`, `felhom_outbox_depth`;
+//!   `felhom_hub_configured`, `felhom_hub_connected`, `felhom_outbox_depth`,
+//!   `felhom_outbox_dropped_total`;
 //! - [`RESTORE_TEST_FILE`]: after every restore-test run: the `felhom_restore_test_*` gauges
 //!   and counters, the run's checks by status ([`restore_test_checks_text`]);
 //! - [`COVERAGE_FILE`]: whenever the pool guests' restore-test coverage is worked out
@@ -214,6 +215,21 @@ pub fn hub_text(configured: bool, connected: bool, outbox_depth: u64) -> String 
         "Messages waiting in the outbox for the hub.",
     );
     let _ = writeln!(s, "felhom_outbox_depth {outbox_depth}");
+    s
+}
+
+/// `felhom_outbox_dropped_total`: reports the outbox dropped unsent while no hub was
+/// configured (the count kept across restarts in `<state_dir>/outbox/dropped`); written after
+/// [`hub_text`] in [`HUB_FILE`].
+pub fn outbox_dropped_text(dropped: u64) -> String {
+    let mut s = String::new();
+    header(
+        &mut s,
+        "felhom_outbox_dropped_total",
+        "counter",
+        "Reports dropped from the outbox unsent while no hub was configured (the oldest first, past the count or age it keeps).",
+    );
+    let _ = writeln!(s, "felhom_outbox_dropped_total {dropped}");
     s
 }
 
@@ -888,6 +904,8 @@ felhom_backup_guests_stale 1
     #[test]
     fn hub_and_restore_test_texts() {
         assert_exposition(&hub_text(true, true, 3));
+        assert_exposition(&(hub_text(false, false, 3) + &outbox_dropped_text(5)));
+        assert!(outbox_dropped_text(5).contains("\nfelhom_outbox_dropped_total 5\n"));
         assert!(hub_text(true, false, 3).contains("felhom_hub_connected 0\n"));
         assert!(hub_text(false, false, 3).contains("felhom_hub_configured 0\n"));
         assert!(hub_text(true, false, 3).contains("felhom_hub_configured 1\n"));

@@ -160,6 +160,7 @@ const HUB_FAMILIES: &[Family] = &[
     fam("felhom_hub_configured", "gauge", &[]),
     fam("felhom_hub_connected", "gauge", &[]),
     fam("felhom_outbox_depth", "gauge", &[]),
+    fam("felhom_outbox_dropped_total", "counter", &[]),
 ];
 const RESTORE_TEST_FAMILIES: &[Family] = &[
     fam(
@@ -867,6 +868,13 @@ mod tests {
         assert_eq!(validate(TRANSACTIONS_FILE, &tx), Ok(()));
         assert_eq!(
             validate(HUB_FILE, &super::super::hub_text(true, true, 7)),
+            Ok(())
+        );
+        assert_eq!(
+            validate(
+                HUB_FILE,
+                &(super::super::hub_text(false, false, 7) + &super::super::outbox_dropped_text(3))
+            ),
             Ok(())
         );
         for outcome in super::super::RESTORE_TEST_OUTCOMES {
