@@ -8,7 +8,7 @@
 //! lab's namespace is gone after the run. Each test needs LXC (`tests/tests/real_guests.rs`).
 
 use felhom_tests::fakepve::AgentOptions;
-use felhom_tests::verdict::{check, check_is, debian_backup};
+use felhom_tests::verdict::{check, check_is, debian_backup, ran_check};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
 
@@ -33,6 +33,13 @@ name = "order-page"
 sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.31/cgi-bin/order'"
 expect = "response_code == '200'"
 guests = [201]
+
+[[check]]
+name = "order-page-with-its-database"
+sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.31/cgi-bin/order'"
+expect = "response_code == '200'"
+guests = [201]
+in_group = true
 
 [[check]]
 name = "database-serves"
@@ -165,6 +172,8 @@ fn the_shop_proven_alone_cannot_reach_its_database() {
     assert_eq!(copies.len(), 1, "{out}");
     let shop = copy_of(&copies, 201);
     assert!(check_is(shop, "order-page", "fail"), "{shop:#}");
+    // A check that needs the group (`in_group = true`) never runs in a copy alone.
+    assert!(!ran_check(shop, "order-page-with-its-database"), "{shop:#}");
     assert!(shop.get("group").is_none(), "{shop:#}");
 }
 
@@ -191,6 +200,10 @@ fn the_shop_and_its_database_proven_as_a_group_are_green() {
         );
     }
     assert!(check_is(shop, "order-page", "pass"), "{shop:#}");
+    assert!(
+        check_is(shop, "order-page-with-its-database", "pass"),
+        "{shop:#}"
+    );
     assert!(check_is(db, "database-serves", "pass"), "{db:#}");
     assert_eq!(db["group"]["lab"], shop["group"]["lab"]);
     assert_lab_gone(shop);

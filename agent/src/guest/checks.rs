@@ -285,6 +285,9 @@ pub struct CheckScope {
     pub guests: Vec<u32>,
     /// PVE tags (lowercase); a guest carrying any of them is in scope.
     pub tags: Vec<String>,
+    /// `in_group = true`: it needs the guest's application group (another member's service),
+    /// so it runs only in a group's run (`[[restore_test.group]]`), never in a copy alone.
+    pub in_group: bool,
 }
 
 impl CheckScope {
@@ -338,6 +341,8 @@ struct RawCheck {
     guests: Vec<u32>,
     #[serde(default)]
     guest_tags: Vec<String>,
+    #[serde(default)]
+    in_group: bool,
 }
 
 fn valid_check_name(name: &str) -> bool {
@@ -420,6 +425,7 @@ pub fn parse_pack(text: &str, origin: &Path) -> Result<Vec<Check>, CheckError> {
             scope: CheckScope {
                 guests: c.guests,
                 tags: c.guest_tags.iter().map(|t| t.to_lowercase()).collect(),
+                in_group: c.in_group,
             },
         });
     }

@@ -314,6 +314,9 @@ impl Executor<'_> {
             &self.cfg.provision.checks_dir
         };
         let mut checks = load_packs(dir).map_err(|e| e.to_string())?;
+        // A check that needs the guest's application group runs only in the group's run.
+        let in_group = self.group.is_some();
+        checks.retain(|c| in_group || !c.scope.in_group);
         // Checks for chosen guests only (`guests`, `guest_tags`): those of the guest whose
         // backup this copy is, by its vmid or a PVE tag of the restored config.
         if checks.iter().any(|c| c.scope != Default::default()) {
