@@ -32,6 +32,8 @@ use ulid::Ulid;
 pub const NETNS_PREFIX: &str = "felhom-g-";
 /// The lab's bridge, inside its namespace.
 pub const BRIDGE: &str = "felg";
+/// The most bytes of a copy's link listing read.
+const LINKS_MAX: u64 = 1 << 20;
 /// Where `ip netns` keeps its names.
 const NETNS_DIR: &str = "/run/netns";
 
@@ -173,18 +175,38 @@ pub fn join(lxc_path: &Path, lab: Ulid, vmid: u32, names: &[String]) -> Result<S
 /// From outside: in the copy's network namespace, no link but `names` has a peer in another
 /// namespace.
 fn check_copy_links(net_path: &str, vmid: u32, names: &[String]) -> Result<(), String> {
-    let out = Command::new("nsenter")
+    use std::io::Read;
+    // The copy's links are the guest's doing: their listing is read up to a bound.
+    let mut child = Command::new("nsenter")
         .arg(format!("--net={net_path}"))
         .args(["ip", "-d", "-o", "link", "show"])
         .stdin(std::process::Stdio::null())
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
         .map_err(|e| format!("cannot list the copy {vmid}'s links with nsenter: {e}"))?;
-    if !out.status.success() {
+    let mut listing = Vec::new();
+    let read = child
+        .stdout
+        .take()
+        .map(|out| out.take(LINKS_MAX + 1).read_to_end(&mut listing));
+    let _ = child.kill();
+    let status = child
+        .wait()
+        .map_err(|e| format!("cannot list the copy {vmid}'s links: {e}"))?;
+    if listing.len() as u64 > LINKS_MAX {
         return Err(format!(
-            "cannot list the copy {vmid}'s links: {}",
-            crate::error::outside_text_max(String::from_utf8_lossy(&out.stderr).trim(), 300)
+            "the copy {vmid} lists more than {LINKS_MAX} bytes of links; it is not joined"
         ));
     }
+    if !matches!(read, Some(Ok(_))) || (!status.success() && listing.is_empty()) {
+        return Err(format!("cannot list the copy {vmid}'s links"));
+    }
+    let out = std::process::Output {
+        status,
+        stdout: listing,
+        stderr: Vec::new(),
+    };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         if !line.contains(" link-netns") {
             continue;

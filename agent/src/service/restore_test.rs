@@ -1323,6 +1323,9 @@ async fn run_inner(
     Ok(run)
 }
 
+/// Members' newest backups further apart than this (seconds) are warned about.
+const GROUP_SPREAD_WARN: u64 = 6 * 3600;
+
 /// Every member of group `g` left for this run, with why.
 fn group_left(g: &crate::config::RestoreGroup, rows: &[CoverageRow], why: &str) -> Vec<Left> {
     g.guests
@@ -1410,6 +1413,23 @@ async fn run_group(
                 index: u32::try_from(i).unwrap_or(u32::MAX),
             }),
         });
+    }
+    // Members' newest backups hours or days apart restore a state the group never ran in.
+    let times: Vec<u64> = pendings.iter().map(|p| p.backup_time).collect();
+    if let (Some(lo), Some(hi)) = (times.iter().min(), times.iter().max()) {
+        if hi - lo > GROUP_SPREAD_WARN {
+            tracing::warn!(
+                group = %g.name,
+                "the newest backups of group {}'s members are {}h apart ({}): the copies run a state the group never ran in together; back the members up in one job",
+                g.name,
+                (hi - lo) / 3600,
+                pendings
+                    .iter()
+                    .map(|p| format!("{} {}", p.guest, p.volid))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     }
     // All or none: a group runs only when it fits whole.
     let mut room = Room {
