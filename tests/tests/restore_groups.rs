@@ -63,6 +63,23 @@ fn a_group_with_a_member_that_is_no_pool_guest_is_left_before_any_write() {
     assert!(writes(&w).is_empty(), "{:?}\n{}", writes(&w), run.stderr);
 }
 
+/// A group runs all its members at once: one larger than `[restore_test] at_once` is left
+/// before any write, saying what to raise.
+#[test]
+fn a_group_larger_than_at_once_is_left_before_any_write() {
+    let w = world("\n[restore_test]\nat_once = 1\n\n[[restore_test.group]]\nname = \"shop\"\nguests = [200, 210]\n");
+    let (_run, doc) = prove(&w, "210");
+    let left = doc["left"].as_array().expect("left");
+    assert_eq!(left.len(), 2, "{doc:#}");
+    assert!(
+        left[0]["reason"].as_str().is_some_and(
+            |r| r.contains("its 2 members run at once and [restore_test] at_once is 1")
+        ),
+        "{doc:#}"
+    );
+    assert!(writes(&w).is_empty(), "{:?}", writes(&w));
+}
+
 /// The members' copies start in the group's order: the second member's start is asked for only
 /// after the first member's boot ended and the group's boot delay passed.
 #[test]

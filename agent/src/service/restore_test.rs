@@ -1077,6 +1077,17 @@ async fn run_inner(
         if cancel.is_cancelled() {
             break;
         }
+        // Every member runs at once: the group needs that many copies at once.
+        if g.guests.len() > at_once {
+            let why = format!(
+                "its {} members run at once and [restore_test] at_once is {at_once}; raise at_once in {} to at least {}",
+                g.guests.len(),
+                cfg.path.display(),
+                g.guests.len()
+            );
+            left.extend(group_left(g, &rows, &why));
+            continue;
+        }
         if let Some(why) = (!opts.dry_run)
             .then(|| {
                 backup_window(
