@@ -42,13 +42,16 @@ pub fn kernel_root() -> PathBuf {
 }
 
 /// Which ports the bridge may have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ports {
     /// None at all (before the restore; `doctor`).
     None,
     /// Only the taps of the VM copy `vmid` (`tap<vmid>i<n>`: qemu-server
     /// `print_netdev_full`), from its start on.
     TapsOf(u32),
+    /// Only the taps of these VM copies: the VM members of one application group, which
+    /// share the group's lab bridge.
+    TapsOfAny(Vec<u32>),
 }
 
 /// Whether `port` is a tap of VM `vmid` (`tap<vmid>i<n>`).
@@ -170,18 +173,27 @@ pub fn faults(root: &Path, bridge: &str, ports: Ports) -> Vec<String> {
             let mut foreign: Vec<String> = rd
                 .filter_map(Result::ok)
                 .filter_map(|e| e.file_name().to_str().map(str::to_string))
-                .filter(|p| match ports {
+                .filter(|p| match &ports {
                     Ports::None => true,
-                    Ports::TapsOf(vmid) => !is_tap_of(p, vmid),
+                    Ports::TapsOf(vmid) => !is_tap_of(p, *vmid),
+                    Ports::TapsOfAny(vmids) => !vmids.iter().any(|v| is_tap_of(p, *v)),
                 })
                 .collect();
             foreign.sort();
             if !foreign.is_empty() {
-                let whose = match ports {
+                let whose = match &ports {
                     Ports::None => "no port may be on it before a copy's restore".to_string(),
                     Ports::TapsOf(vmid) => {
                         format!("only the taps of the copy {vmid} (tap{vmid}iN) may be on it")
                     }
+                    Ports::TapsOfAny(vmids) => format!(
+                        "only the taps of the group's copies {} may be on it",
+                        vmids
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
                 };
                 out.push(format!(
                     "{} lists port(s) {} of bridge {bridge}: a VM copy on it would reach them (another guest's tap, a kept copy, a NIC); {whose}; take each off (`ip link set <port> nomaster`, remove it from `bridge-ports` in {stanza}, move a guest's NIC to another bridge)",
@@ -364,6 +376,15 @@ mod tests {
             f.len() == 1 && f[0].contains("tap121i0") && !f[0].contains("tap120i0,"),
             "{f:?}"
         );
+        // A group's VM copies share the bridge: each one's taps, and nobody else's.
+        assert!(faults(r, "vmbr9", Ports::TapsOfAny(vec![120, 121])).is_empty());
+        std::fs::create_dir(brif.join("tap122i0")).expect("mkdir");
+        let f = faults(r, "vmbr9", Ports::TapsOfAny(vec![120, 121]));
+        assert!(
+            f.len() == 1 && f[0].contains("tap122i0") && f[0].contains("copies 120, 121"),
+            "{f:?}"
+        );
+        std::fs::remove_dir(brif.join("tap122i0")).expect("rmdir");
         assert!(is_tap_of("tap120i3", 120) && !is_tap_of("tap1200i3", 120));
         assert!(!is_tap_of("tap120i", 120) && !is_tap_of("veth120i0", 120));
     }

@@ -876,6 +876,16 @@ fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
 /// on a node with two lab bridges (vmbr9, vmbr10), restores of 6 s (scaled), at most 2 copies
 /// at once, `top_toml` before `[restore_test]` and `restore_toml` in it: the world and the run.
 fn two_vm_backups_run(top_toml: &str, second: Value, restore_toml: &str) -> (World, AgentRun) {
+    two_vm_backups_run_with(top_toml, second, qemu_backup_config(), restore_toml)
+}
+
+/// [`two_vm_backups_run`] with 301's stored config `second_config`.
+fn two_vm_backups_run_with(
+    top_toml: &str,
+    second: Value,
+    second_config: Value,
+    restore_toml: &str,
+) -> (World, AgentRun) {
     const SECOND: &str = "local:backup/vzdump-qemu-301-2026_01_01-00_00_00.vma.zst";
     let mut s = lab_scenario(true);
     // vmbr10 beside vmbr9, made as the README says, with the token's SDN.Use on it.
@@ -900,7 +910,7 @@ fn two_vm_backups_run(top_toml: &str, second: Value, restore_toml: &str) -> (Wor
         "config": {"agent": "1"}}));
     s["volumes"]["local"].as_array_mut().expect("volumes").push(
         json!({"volname": SECOND.strip_prefix("local:").expect("local"), "vmid": 301,
-            "size": 734003200, "config": qemu_backup_config(), "guest": second}),
+            "size": 734003200, "config": second_config, "guest": second}),
     );
     // A restore of 6 s (scaled): a copy is still under way when the next is admitted.
     s["attrs"]["qemu_restore_secs"] = json!(300);
@@ -931,6 +941,62 @@ fn two_lab_bridges_run_two_vm_copies_at_once_each_on_its_own() {
     let (doc, bridges) = two_vm_copies("lab_bridge = \"vmbr9\"\n");
     assert_eq!(bridges, vec!["vmbr9", "vmbr9"], "{doc:#}");
     assert_eq!(doc["run"]["peak_at_once"], json!(1), "{doc:#}");
+}
+
+/// An application group of two VMs (`[[restore_test.group]]`) shares one lab bridge of the
+/// group's own: both copies run at once on vmbr9 (one bridge, where copies alone run one at a
+/// time), each its stored NICs there and nothing else, and both end ok. Two VMs with one stored
+/// MAC (clones) are refused as a group before any write.
+#[test]
+fn a_group_of_two_vms_shares_one_lab_bridge_and_clones_are_refused() {
+    let group =
+        "lab_bridge = \"vmbr9\"\n\n[[restore_test.group]]\nname = \"pair\"\nguests = [300, 301]\n";
+    let mut second = qemu_backup_config();
+    second["net0"] = json!("virtio=BC:24:11:00:03:10,bridge=vmbr0");
+    second["net1"] = json!("virtio=BC:24:11:00:03:11,bridge=vmbr1,tag=20");
+    let (w, run) = two_vm_backups_run_with("", booting_guest(), second, group);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let outcomes = copy_outcomes(&doc);
+    assert_eq!(outcomes.len(), 2, "{doc:#}");
+    assert!(outcomes.iter().all(|(_, o)| o == "ok"), "{doc:#}");
+    assert_eq!(doc["run"]["peak_at_once"], json!(2), "{doc:#}");
+    for c in doc["copies"].as_array().expect("copies") {
+        assert_eq!(c["group"]["name"], "pair", "{c:#}");
+        assert!(
+            c["isolation"]
+                .as_str()
+                .is_some_and(|i| i.contains("shared with the group's VM copies")),
+            "{c:#}"
+        );
+    }
+    let bridges: Vec<String> = w
+        .pve
+        .start_configs()
+        .iter()
+        .map(|(_, config)| {
+            let net0 = config.get("net0").and_then(Value::as_str).unwrap_or("");
+            net0.split(',')
+                .find_map(|p| p.strip_prefix("bridge="))
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(bridges, vec!["vmbr9", "vmbr9"], "{doc:#}");
+    assert!(w.pve.network_exposures().is_empty());
+
+    // Clones: one stored MAC on both.
+    let (w, run) = two_vm_backups_run("", booting_guest(), group);
+    let doc = run.json();
+    assert!(copy_outcomes(&doc).is_empty(), "{doc:#}");
+    let left = doc["left"].as_array().expect("left");
+    assert!(
+        left.iter().all(|l| l["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("store the same MAC"))),
+        "{doc:#}"
+    );
+    assert!(w.pve.start_configs().is_empty());
 }
 
 /// A copy that times out while another copy runs may have timed out for the other's load: it

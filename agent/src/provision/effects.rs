@@ -267,6 +267,21 @@ pub struct Executor<'a> {
     group: Option<super::group::Seat>,
 }
 
+/// The ports allowed on a VM copy's lab bridge after its start: its own taps, and those of
+/// the other VM copies of its application group (which share the group's bridge).
+fn allowed_ports(state: &State, vmid: u32) -> crate::lab_kernel::Ports {
+    match state.request().group.as_ref() {
+        Some(g) if !g.bridge_peers.is_empty() => {
+            let mut vmids = g.bridge_peers.clone();
+            if !vmids.contains(&vmid) {
+                vmids.push(vmid);
+            }
+            crate::lab_kernel::Ports::TapsOfAny(vmids)
+        }
+        _ => crate::lab_kernel::Ports::TapsOf(vmid),
+    }
+}
+
 /// Restores submitted one after another: every disk allocation takes the target storage's
 /// lock, waited for at most 10 s (pve-storage `vdisk_alloc`, pve-common `lock_file_full`; a
 /// shared storage's `cfs_lock_storage` alike), so copies started at once would fail on "can't
@@ -930,7 +945,7 @@ impl<'a> Executor<'a> {
                 let started = self.start(state, vmid, guest).await?;
                 match (&started, lab) {
                     (Event::Started, Some(bridge)) => Some(
-                        self.lab_after_start(vmid, guest, &bridge)
+                        self.lab_after_start(state, vmid, guest, &bridge)
                             .await?
                             .unwrap_or(started),
                     ),
@@ -1179,7 +1194,7 @@ impl<'a> Executor<'a> {
         else {
             return Ok(None);
         };
-        let faults = crate::lab_kernel::faults_now(bridge, crate::lab_kernel::Ports::TapsOf(vmid));
+        let faults = crate::lab_kernel::faults_now(bridge, allowed_ports(state, vmid));
         if faults.is_empty() {
             Ok(Some(bridge.to_string()))
         } else {
@@ -1203,11 +1218,12 @@ impl<'a> Executor<'a> {
     /// stopped at once (a hard stop, followed to its end), and the transaction destroys it.
     async fn lab_after_start(
         &mut self,
+        state: &State,
         vmid: u32,
         guest: GuestKind,
         bridge: &str,
     ) -> Result<Option<Event>, Failure> {
-        let faults = crate::lab_kernel::faults_now(bridge, crate::lab_kernel::Ports::TapsOf(vmid));
+        let faults = crate::lab_kernel::faults_now(bridge, allowed_ports(state, vmid));
         if faults.is_empty() {
             return Ok(None);
         }

@@ -1053,6 +1053,10 @@ pub struct GroupMember {
     pub lab: Ulid,
     /// The member's place in the start order (0: first).
     pub index: u32,
+    /// The vmids of the group's VM copies that share the group's lab bridge (this one's
+    /// among them): the only taps allowed on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bridge_peers: Vec<u32>,
 }
 
 /// The state of one transaction; what the journal stores after every transition.

@@ -1394,12 +1394,7 @@ async fn run_group(
         };
         let kind = match backup_kind_from_volid(&b.volid) {
             Some(GuestKind::Lxc) => GuestKind::Lxc,
-            Some(GuestKind::Qemu) => {
-                let why = format!(
-                    "member {m} is a VM; this version proves groups of containers only (a VM member needs a lab bridge of the group's own): take it out of the group to prove it alone"
-                );
-                return (Vec::new(), group_left(g, rows, &why));
-            }
+            Some(GuestKind::Qemu) => GuestKind::Qemu,
             None => {
                 let why = format!(
                     "cannot tell whether member {m}'s backup {} is a container or a VM backup",
@@ -1422,6 +1417,7 @@ async fn run_group(
                 name: g.name.clone(),
                 lab,
                 index: u32::try_from(i).unwrap_or(u32::MAX),
+                bridge_peers: Vec::new(),
             }),
         });
     }
@@ -1443,10 +1439,52 @@ async fn run_group(
         }
     }
     // All or none: a group runs only when it fits whole.
+    // VM members share a lab bridge of the group's own, held for the whole run; containers
+    // and VMs in one group are not joined (their lab would need a veth onto that bridge).
+    let vms = pendings
+        .iter()
+        .filter(|p| p.kind == GuestKind::Qemu)
+        .count();
+    if vms > 0 && vms < pendings.len() {
+        let why = "it holds both containers and VMs; this version proves a group of containers (joined in a lab of the group's own) or a group of VMs (on a lab bridge of the group's own), not both: split it".to_string();
+        return (Vec::new(), group_left(g, rows, &why));
+    }
+    let mut bridge_lock = None;
+    let mut bridge = None;
+    if vms > 0 && !dry_run {
+        if cfg.restore_test.lab_bridges.is_empty() {
+            let why = format!(
+                "its VM members need a lab bridge of the group's own: name one in [restore_test] lab_bridges of {} (README, \"A lab bridge\")",
+                cfg.path.display()
+            );
+            return (Vec::new(), group_left(g, rows, &why));
+        }
+        for b in &cfg.restore_test.lab_bridges {
+            match LabBridgeLock::try_acquire(&cfg.state_dir, b, Some(lab)) {
+                Ok(l) => {
+                    bridge_lock = Some(l);
+                    bridge = Some(b.clone());
+                    break;
+                }
+                Err(e) => {
+                    tracing::info!(group = %g.name, "lab bridge {b} is not free for the group: {e}")
+                }
+            }
+        }
+        if bridge.is_none() {
+            let why = format!(
+                "every lab bridge ({}) is held by another copy now; the group runs when one is free",
+                cfg.restore_test.lab_bridges.join(", ")
+            );
+            return (Vec::new(), group_left(g, rows, &why));
+        }
+    } else if vms > 0 {
+        bridge = cfg.restore_test.lab_bridge().map(str::to_string);
+    }
     let mut room = Room {
         memory: 0,
         disks: 0,
-        lab_bridge: None,
+        lab_bridge: bridge.clone(),
     };
     let mut admitted: Vec<Admitted> = Vec::new();
     for p in &pendings {
@@ -1468,6 +1506,42 @@ async fn run_group(
                     p.guest
                 );
                 return (Vec::new(), group_left(g, rows, &why));
+            }
+        }
+    }
+    // The VM members' taps are the only ports allowed on the group's bridge; two of them
+    // with one stored MAC (clones) would clash on it.
+    if vms > 0 {
+        let peers: Vec<u32> = admitted.iter().filter_map(|a| a.request.vmid).collect();
+        let mut macs: Vec<(String, u32)> = Vec::new();
+        for a in &mut admitted {
+            if let Some(member) = a.request.group.as_mut() {
+                member.bridge_peers = peers.clone();
+            }
+            let stored = a
+                .report
+                .stored_config
+                .as_ref()
+                .map(|c| crate::pve::guest_config::StoredConfig::parse(&c.text));
+            for nic in stored.iter().flat_map(|s| s.nics(GuestKind::Qemu)) {
+                let Some(mac) = nic.mac else { continue };
+                let mac = mac.to_ascii_uppercase();
+                if let Some((_, other)) = macs
+                    .iter()
+                    .find(|(m, o)| *m == mac && *o != a.pending.guest)
+                {
+                    let why = format!(
+                        "members {other} and {} store the same MAC {mac} (clones): on the group's one lab bridge they would clash; give one of them a MAC of its own",
+                        a.pending.guest
+                    );
+                    for a in &admitted {
+                        if let Some(v) = a.request.vmid {
+                            taken.remove(&v);
+                        }
+                    }
+                    return (Vec::new(), group_left(g, rows, &why));
+                }
+                macs.push((mac, a.pending.guest));
             }
         }
     }
@@ -1515,9 +1589,10 @@ async fn run_group(
         }
     }
     copies.sort_by_key(|c| g.guests.iter().position(|m| *m == c.guest));
-    if !dry_run {
+    if !dry_run && vms == 0 {
         remove_group_lab(cfg, lab, &members).await;
     }
+    drop(bridge_lock);
     (copies, Vec::new())
 }
 
@@ -1751,6 +1826,8 @@ fn locks_for(
         other => (other.to_string(), Some(other.code())),
     })?;
     let lab = match p.kind {
+        // A group's VM members share the bridge the group holds.
+        GuestKind::Qemu if p.group.is_some() => None,
         GuestKind::Qemu => match lab_bridge {
             Some(bridge) => match LabBridgeLock::try_acquire(&cfg.state_dir, bridge, Some(txn)) {
                 Ok(l) => Some(l),

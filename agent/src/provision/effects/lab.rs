@@ -35,6 +35,8 @@ struct VmLab {
     bridge: Option<String>,
     /// The stored NICs, described (`net0 (bridge=vmbr0)`).
     stored: Vec<String>,
+    /// The group's VM copies sharing the bridge (none for a copy alone).
+    group_peers: Vec<u32>,
     /// The agent's own throwaway copy: its `dhclient -6` is stopped during the boot.
     own_copy: bool,
 }
@@ -54,6 +56,15 @@ impl VmLab {
             return None;
         }
         Some(match &self.bridge {
+            Some(bridge) if self.group_peers.len() > 1 => format!(
+                "the stored NIC(s) {} restored onto the group's lab bridge {bridge} with their stored models and MACs, off their stored bridges: shared with the group's VM copies {} and nothing else (no other port, no node address, no DHCP)",
+                self.stored.join(", "),
+                self.group_peers
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Some(bridge) => format!(
                 "the stored NIC(s) {} restored onto the lab bridge {bridge} (no ports, no node address: nothing answers there, no DHCP) with their stored models and MACs, off their stored bridges (one VM copy at a time on each lab bridge)",
                 self.stored.join(", ")
@@ -187,6 +198,11 @@ impl Executor<'_> {
         let req = state.request();
         let mut vm = VmLab {
             bridge: self.lab_bridge(state, GuestKind::Qemu).map(str::to_string),
+            group_peers: req
+                .group
+                .as_ref()
+                .map(|g| g.bridge_peers.clone())
+                .unwrap_or_default(),
             // The agent's own throwaway copies, as for a container.
             own_copy: matches!(
                 state.kind(),
