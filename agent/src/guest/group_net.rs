@@ -255,6 +255,22 @@ pub fn address_warnings(group: &str, members: &[Member]) -> Vec<String> {
     out
 }
 
+/// What a member's vmid is when it is reserved (the restore-test band, where copies are made,
+/// or the selftest's scratch vmid): never a guest whose backups are proven.
+pub fn reserved_member(vmid: u32) -> Option<String> {
+    use crate::vmid::{ReservedBand, RESTORE_TEST_BAND, SELFTEST_SCRATCH_VMID};
+    Some(match ReservedBand::of(vmid)? {
+        ReservedBand::SelftestScratch => {
+            format!("the selftest's scratch vmid {SELFTEST_SCRATCH_VMID}")
+        }
+        ReservedBand::RestoreTestBand => format!(
+            "a vmid of the restore-test band {}-{}, where the copies are made",
+            RESTORE_TEST_BAND.start(),
+            RESTORE_TEST_BAND.end()
+        ),
+    })
+}
+
 /// The line PVE writes into a container's `/etc/hosts` for its stored `net0`: the address
 /// `get_primary_ips` returns (`ip=` unless `dhcp`/`manual`, else `ip6=` unless
 /// `auto`/`dhcp`/`manual`, the prefix length cut off) and the hostname's first label, which
@@ -293,7 +309,9 @@ pub fn hosts_entry(stored: &StoredConfig) -> Option<HostsEntry> {
     if name == "localhost" {
         return None;
     }
-    let net0 = nic_addresses(stored).into_iter().find(|n| n.key == "net0")?;
+    let net0 = nic_addresses(stored)
+        .into_iter()
+        .find(|n| n.key == "net0")?;
     let ip = match (net0.v4, net0.v6) {
         (Setting::Static(a, _), _) => IpAddr::V4(a),
         (_, Setting::Static(a, _)) => IpAddr::V6(a),
@@ -332,7 +350,11 @@ mod tests {
             "db",
             "net0: name=eth0,bridge=vmbr0,ip=dhcp,ip6=auto\nnet1: name=eth1,bridge=vmbr1\n",
         );
-        let shop = member(201, "shop", "net0: name=eth0,bridge=vmbr0,ip=10.20.0.31/24\n");
+        let shop = member(
+            201,
+            "shop",
+            "net0: name=eth0,bridge=vmbr0,ip=10.20.0.31/24\n",
+        );
         let w = address_warnings("shop", &[db, shop]);
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
@@ -355,7 +377,11 @@ mod tests {
     #[test]
     fn members_on_different_subnets_are_named_with_their_addresses() {
         let db = member(200, "db", "net0: name=eth0,bridge=vmbr0,ip=10.20.0.30/24\n");
-        let shop = member(201, "shop", "net0: name=eth0,bridge=vmbr0,ip=10.30.0.31/24\n");
+        let shop = member(
+            201,
+            "shop",
+            "net0: name=eth0,bridge=vmbr0,ip=10.30.0.31/24\n",
+        );
         let w = address_warnings("shop", &[db.clone(), shop]);
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
@@ -388,7 +414,9 @@ mod tests {
         assert_eq!(
             entry("hostname: db.example.com\nnet0: name=eth0,bridge=vmbr0,ip=10.20.0.30/24\n"),
             Some(HostsEntry {
-                ip: "10.20.0.30".parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+                ip: "10.20.0.30"
+                    .parse()
+                    .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
                 name: "db".to_string()
             })
         );

@@ -885,22 +885,18 @@ pub fn read_trip(lab: &LabRequest<'_>, trip: &BootTrip) -> LabDone {
 /// set of words is read; the address and name said are the agent's own).
 fn hosts_note(h: &crate::guest::group_net::HostsEntry, lines: &[String]) -> Option<String> {
     let (ip, name) = (h.ip, &h.name);
-    let word = lines
-        .iter()
-        .take(256)
-        .map(|l| l.trim())
-        .find(|l| {
-            [
-                "hosts-written",
-                "hosts-present",
-                "hosts-ignored",
-                "hosts-nosection",
-                "hosts-unmatched",
-                "hosts-unwritten",
-                "hosts-unread",
-            ]
-            .contains(l)
-        })?;
+    let word = lines.iter().take(256).map(|l| l.trim()).find(|l| {
+        [
+            "hosts-written",
+            "hosts-present",
+            "hosts-ignored",
+            "hosts-nosection",
+            "hosts-unmatched",
+            "hosts-unwritten",
+            "hosts-unread",
+        ]
+        .contains(l)
+    })?;
     Some(match word {
         "hosts-written" => format!(
             "/etc/hosts: {name} given its stored address {ip} in PVE's section, as PVE writes it for the stored net0 (PVE wrote 127.0.1.1 for the copy, which has no net0)"

@@ -787,6 +787,12 @@ pub async fn report(cfg: &Config) -> Result<Vec<CoverageRow>, Failure> {
 
 /// The node's memory for copies (MiB): what is available now less the reserve.
 fn memory_for_copies(cfg: &Config) -> Option<u64> {
+    node_memory_for_copies(cfg).map(|(now, _)| now)
+}
+
+/// The node's memory for copies (MiB): what is available now less the reserve, and the most it
+/// could ever be (its total less the reserve).
+pub(crate) fn node_memory_for_copies(cfg: &Config) -> Option<(u64, u64)> {
     let text = fs::read_to_string(meminfo_path()).ok()?;
     let field = |name: &str| {
         text.lines()
@@ -802,7 +808,10 @@ fn memory_for_copies(cfg: &Config) -> Option<u64> {
     let total = field("MemTotal:")?;
     let avail = field("MemAvailable:")?;
     let reserve = total / 100 * u64::from(cfg.restore_test.memory_reserve_percent);
-    Some(avail.saturating_sub(reserve) / 1024)
+    Some((
+        avail.saturating_sub(reserve) / 1024,
+        total.saturating_sub(reserve) / 1024,
+    ))
 }
 
 #[cfg(not(feature = "test-hooks"))]
@@ -821,7 +830,9 @@ fn meminfo_path() -> std::path::PathBuf {
 }
 
 /// The memory a copy of this stored config takes (MiB): its `memory` (PVE's default 512).
-fn stored_memory_mib(stored: Option<&crate::pve::guest_config::StoredConfigText>) -> u64 {
+pub(crate) fn stored_memory_mib(
+    stored: Option<&crate::pve::guest_config::StoredConfigText>,
+) -> u64 {
     stored
         .and_then(|s| {
             s.text
@@ -1358,6 +1369,10 @@ async fn run_group(
     dry_run: bool,
 ) -> (Vec<CopyRun>, Vec<Left>) {
     let lab = Ulid::new();
+    let warnings = match group_preflight(cfg, pve, g, rows).await {
+        Ok(w) => w,
+        Err(why) => return (Vec::new(), group_left(g, rows, &why)),
+    };
     let mut pendings = Vec::new();
     for (i, &m) in g.guests.iter().enumerate() {
         let row = rows.iter().find(|r| r.vmid == m);
@@ -1487,7 +1502,67 @@ async fn run_group(
     if !dry_run {
         remove_group_lab(cfg, lab, &members).await;
     }
+    if !warnings.is_empty() {
+        let said = warnings.join("; ");
+        for c in &mut copies {
+            c.driven.isolation = Some(match c.driven.isolation.take() {
+                Some(i) => format!("{i}; {said}"),
+                None => said.clone(),
+            });
+        }
+    }
     (copies, Vec::new())
+}
+
+/// Before group `g`'s run, before any admission (reads only): a member in a reserved band is
+/// refused (`Err`: why, for every member's left reason); what its members' stored addresses
+/// cannot do in the group's lab ([`crate::guest::group_net::address_warnings`]: no static
+/// address, no shared subnet) is warned of, and returned for the copies' isolation text. A
+/// stored config that cannot be read here is left to the member's preflight, which refuses it.
+async fn group_preflight(
+    cfg: &Config,
+    pve: &PveClient,
+    g: &crate::config::RestoreGroup,
+    rows: &[CoverageRow],
+) -> Result<Vec<String>, String> {
+    use crate::guest::group_net::{address_warnings, nic_addresses, Member};
+    if let Some((m, band)) = g
+        .guests
+        .iter()
+        .find_map(|m| crate::guest::group_net::reserved_member(*m).map(|b| (*m, b)))
+    {
+        return Err(format!(
+            "member {m} is {band}, never a guest whose backups are proven; fix [[restore_test.group]] {:?} in {}",
+            g.name,
+            cfg.path.display()
+        ));
+    }
+    let mut members = Vec::new();
+    for &m in &g.guests {
+        let Some(row) = rows.iter().find(|r| r.vmid == m) else {
+            continue;
+        };
+        let Some(b) = row
+            .newest_backup
+            .as_ref()
+            .filter(|b| backup_kind_from_volid(&b.volid) == Some(GuestKind::Lxc))
+        else {
+            continue;
+        };
+        let Ok(text) = pve.extract_config(&cfg.node, &b.volid).await else {
+            continue;
+        };
+        members.push(Member {
+            vmid: m,
+            name: crate::error::outside_text_max(&row.name, 64),
+            nics: nic_addresses(&crate::pve::guest_config::StoredConfig::parse(&text)),
+        });
+    }
+    let warnings = address_warnings(&g.name, &members);
+    for w in &warnings {
+        tracing::warn!(group = %g.name, "{w}");
+    }
+    Ok(warnings)
 }
 
 /// Remove a group's lab once its members ended (asked for by a member's transaction, which

@@ -1691,7 +1691,10 @@ fn run_hosts(text: &str, ignored: bool, ip: &str, name: &str) -> (String, String
         std::fs::write(dir.join(".pve-ignore.hosts"), "").expect("ignore");
     }
     let script = HOSTS
-        .replace("/etc/.pve-ignore.hosts", &dir.join(".pve-ignore.hosts").to_string_lossy())
+        .replace(
+            "/etc/.pve-ignore.hosts",
+            &dir.join(".pve-ignore.hosts").to_string_lossy(),
+        )
         .replace("/etc/hosts", &file.to_string_lossy());
     let out = Command::new("sh")
         .arg("-c")
@@ -1702,7 +1705,10 @@ fn run_hosts(text: &str, ignored: bool, ip: &str, name: &str) -> (String, String
         .expect("sh");
     let after = std::fs::read_to_string(&file).expect("hosts after");
     let _ = std::fs::remove_dir_all(&dir);
-    (String::from_utf8_lossy(&out.stdout).trim().to_string(), after)
+    (
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        after,
+    )
 }
 
 /// What pve-container's `update_etc_hosts` writes for a copy without `net0`, hostname
@@ -1719,7 +1725,10 @@ fn the_hosts_step_gives_pves_line_the_stored_address_and_nothing_else() {
     assert_eq!(said, "hosts-written");
     assert_eq!(
         after,
-        PVE_HOSTS_NO_NET0.replace("127.0.1.1 db.example.com db", "10.20.0.30 db.example.com db")
+        PVE_HOSTS_NO_NET0.replace(
+            "127.0.1.1 db.example.com db",
+            "10.20.0.30 db.example.com db"
+        )
     );
     let (said, again) = run_hosts(&after, false, "10.20.0.30", "db");
     assert_eq!(said, "hosts-present");
@@ -1739,14 +1748,28 @@ fn the_hosts_step_touches_only_pves_first_section_and_its_own_line() {
         + "# --- BEGIN PVE ---\n127.0.1.1 db\n# --- END PVE ---\n";
     let (said, after) = run_hosts(&lower, false, "10.20.0.30", "db");
     assert_eq!(said, "hosts-written");
-    assert!(after.contains("\n10.20.0.30 db.example.com db\n"), "{after}");
-    assert!(after.ends_with("# --- BEGIN PVE ---\n127.0.1.1 db\n# --- END PVE ---\n"), "{after}");
+    assert!(
+        after.contains("\n10.20.0.30 db.example.com db\n"),
+        "{after}"
+    );
+    assert!(
+        after.ends_with("# --- BEGIN PVE ---\n127.0.1.1 db\n# --- END PVE ---\n"),
+        "{after}"
+    );
     for (text, ignored, word) in [
         (PVE_HOSTS_NO_NET0, false, "hosts-unmatched"),
-        ("127.0.0.1 localhost\n127.0.1.1 db\n", false, "hosts-nosection"),
+        (
+            "127.0.0.1 localhost\n127.0.1.1 db\n",
+            false,
+            "hosts-nosection",
+        ),
         (PVE_HOSTS_NO_NET0, true, "hosts-ignored"),
     ] {
-        let name = if word == "hosts-unmatched" { "shop" } else { "db" };
+        let name = if word == "hosts-unmatched" {
+            "shop"
+        } else {
+            "db"
+        };
         let (said, after) = run_hosts(text, ignored, "10.20.0.30", name);
         assert_eq!(said, word);
         assert_eq!(after, text);
@@ -1771,8 +1794,12 @@ fn the_hosts_step_runs_for_a_joined_member_and_its_word_is_reported_in_the_agent
     let before = plan.before.clone().unwrap_or_default();
     assert!(before.contains(HOSTS), "{before}");
     assert!(before.find(HOSTS) < before.find(GIVE));
-    assert!(plan.env.contains(&("FELHOM_LAB_HOSTS_IP", "10.20.0.30".to_string())));
-    assert!(plan.env.contains(&("FELHOM_LAB_HOSTS_NAME", "db".to_string())));
+    assert!(plan
+        .env
+        .contains(&("FELHOM_LAB_HOSTS_IP", "10.20.0.30".to_string())));
+    assert!(plan
+        .env
+        .contains(&("FELHOM_LAB_HOSTS_NAME", "db".to_string())));
     let alone = boot_plan(
         &LabRequest {
             hosts: Some(&entry),
@@ -1781,7 +1808,10 @@ fn the_hosts_step_runs_for_a_joined_member_and_its_word_is_reported_in_the_agent
         DHCP6_GIVE_UP,
     );
     assert!(!alone.before.unwrap_or_default().contains(HOSTS));
-    assert!(!alone.env.iter().any(|(k, _)| k.starts_with("FELHOM_LAB_HOSTS")));
+    assert!(!alone
+        .env
+        .iter()
+        .any(|(k, _)| k.starts_with("FELHOM_LAB_HOSTS")));
     let trip = |lines: &[&str]| BootTrip {
         first: Ok("running".to_string()),
         before: lines.iter().map(|s| s.to_string()).collect(),
@@ -1790,12 +1820,15 @@ fn the_hosts_step_runs_for_a_joined_member_and_its_word_is_reported_in_the_agent
     };
     let done = read_trip(&lab, &trip(&["joined eth0", "hosts-written"]));
     assert!(
-        done.given.iter().any(|g| g.starts_with(
-            "/etc/hosts: db given its stored address 10.20.0.30 in PVE's section"
-        )),
+        done.given.iter().any(|g| g
+            .starts_with("/etc/hosts: db given its stored address 10.20.0.30 in PVE's section")),
         "{:?}",
         done.given
     );
     let done = read_trip(&lab, &trip(&["joined eth0", "hosts-written 1.2.3.4 evil"]));
-    assert!(!done.given.iter().any(|g| g.contains("/etc/hosts")), "{:?}", done.given);
+    assert!(
+        !done.given.iter().any(|g| g.contains("/etc/hosts")),
+        "{:?}",
+        done.given
+    );
 }
