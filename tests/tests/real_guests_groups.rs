@@ -15,6 +15,15 @@ use serde_json::{json, Value};
 /// The database: busybox's httpd bound to its stored address, after the network is online.
 const DB_UNIT: &str = "[Unit]\nDescription=The database\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.30:80 -h /srv/db\n";
 
+/// The database bound to the address its hostname resolves to, as a database told to listen on
+/// its own name does (`listen_addresses = 'db'`): it waits for eth0's address (failed before
+/// it, restarted by the lab after the boot), then binds what `getent` says of `db`. In a copy
+/// whose /etc/hosts PVE wrote without net0 (`127.0.1.1 db`) it listens on loopback.
+const DB_BY_NAME_UNIT: &str = "[Unit]\nDescription=The database, on its hostname\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/sh /srv/db-serve\n";
+
+/// What [`DB_BY_NAME_UNIT`] runs.
+const DB_SERVE: &str = "#!/bin/sh\nip -o -4 addr show dev eth0 2>/dev/null | grep -q ' inet ' || { echo 'eth0 has no address yet' >&2; exit 1; }\naddr=$(getent ahostsv4 \"$(cat /etc/hostname)\" | awk 'NR == 1 {print $1}')\necho \"listening on $addr\"\nexec /bin/busybox httpd -f -p \"$addr:80\" -h /srv/db\n";
+
 /// A database that fails for its own reason (a broken backup).
 const BROKEN_DB_UNIT: &str = "[Unit]\nDescription=The database\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nType=oneshot\nExecStart=/bin/false\n";
 
@@ -66,6 +75,7 @@ fn scenario(db_unit: &str) -> Value {
             "/etc/systemd/system/db.service": db_unit,
             "/etc/systemd/system/multi-user.target.d/app.conf": "[Unit]\nWants=db.service\n",
             "/srv/db/stock": "42 tins\n",
+            "/srv/db-serve": DB_SERVE,
         }),
     );
     let vol = &mut s["volumes"]["local"][0];
@@ -216,5 +226,35 @@ fn a_group_whose_database_is_broken_is_red_naming_the_database() {
         said.contains("member 200 (db) of group shop failed before it"),
         "{said}"
     );
+    assert_lab_gone(shop);
+}
+
+/// A database bound to its hostname (PVE writes `127.0.1.1 db` into the copy's /etc/hosts at
+/// its start, the copy having no net0): the lab gives PVE's line the stored net0 address back
+/// before the network units are restarted, so the database listens on 10.20.0.30 and the
+/// shop's order page reaches it. Without that step, the database's copy listens on loopback
+/// and the shop's order page fails.
+#[test]
+fn a_database_bound_to_its_hostname_serves_the_shop_in_a_group() {
+    let Some(w) = world(scenario(DB_BY_NAME_UNIT), true) else {
+        return;
+    };
+    let (code, copies, out) = prove_shop(&w);
+    let (db, shop) = (copy_of(&copies, 200), copy_of(&copies, 201));
+    let isolation = db["isolation"].as_str().unwrap_or_default();
+    assert!(
+        isolation.contains("/etc/hosts: db given its stored address 10.20.0.30 in PVE's section"),
+        "{db:#}"
+    );
+    assert!(
+        shop["isolation"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("/etc/hosts: shop given its stored address 10.20.0.31"),
+        "{shop:#}"
+    );
+    assert!(check_is(shop, "order-page", "pass"), "{shop:#}\n{out}");
+    assert!(check_is(db, "database-serves", "pass"), "{db:#}");
+    assert_eq!(code, Some(0), "{out}");
     assert_lab_gone(shop);
 }
