@@ -5,7 +5,9 @@
 //! green when the two are proven as a group (their stored NICs joined to the group's lab, a
 //! bridge in a network namespace of its own that the root helper makes); a group whose
 //! database is broken is red, and the shop's failing check names the database member. The
-//! lab's namespace is gone after the run. Each test needs LXC (`tests/tests/real_guests.rs`).
+//! lab's namespace is gone after the run. A database bound to its hostname serves the shop
+//! (the lab gives PVE's /etc/hosts line the stored net0 address back); a shop on another
+//! subnet is warned of by the group's run, and cannot reach the database. Each test needs LXC (`tests/tests/real_guests.rs`).
 
 use felhom_tests::fakepve::AgentOptions;
 use felhom_tests::verdict::{check, check_is, debian_backup};
@@ -66,6 +68,11 @@ fn member(hostname: &str, ip: &str, mac: &str, files: Value) -> (Value, Value) {
 
 /// The pool with the database (200) and the shop (201), each with one backup on `local`.
 fn scenario(db_unit: &str) -> Value {
+    scenario_with(db_unit, "10.20.0.31")
+}
+
+/// [`scenario`] with the shop stored at `shop_ip` (/24).
+fn scenario_with(db_unit: &str, shop_ip: &str) -> Value {
     let mut s = debian_backup(None, &[], json!({}), json!({}));
     let (db_config, db_guest) = member(
         "db",
@@ -83,7 +90,7 @@ fn scenario(db_unit: &str) -> Value {
     vol["guest"] = db_guest;
     let (shop_config, shop_guest) = member(
         "shop",
-        "10.20.0.31",
+        shop_ip,
         "BC:24:11:00:02:31",
         json!({
             "/etc/systemd/system/shop.service": SHOP_UNIT,
@@ -241,6 +248,8 @@ fn a_database_bound_to_its_hostname_serves_the_shop_in_a_group() {
     };
     let (code, copies, out) = prove_shop(&w);
     let (db, shop) = (copy_of(&copies, 200), copy_of(&copies, 201));
+    assert!(check_is(shop, "order-page", "pass"), "{shop:#}\n{out}");
+    assert!(check_is(db, "database-serves", "pass"), "{db:#}");
     let isolation = db["isolation"].as_str().unwrap_or_default();
     assert!(
         isolation.contains("/etc/hosts: db given its stored address 10.20.0.30 in PVE's section"),
@@ -253,8 +262,29 @@ fn a_database_bound_to_its_hostname_serves_the_shop_in_a_group() {
             .contains("/etc/hosts: shop given its stored address 10.20.0.31"),
         "{shop:#}"
     );
-    assert!(check_is(shop, "order-page", "pass"), "{shop:#}\n{out}");
-    assert!(check_is(db, "database-serves", "pass"), "{db:#}");
     assert_eq!(code, Some(0), "{out}");
+    assert_lab_gone(shop);
+}
+
+/// A shop stored on another subnet than its database: the group's run says so before it
+/// starts (each member's isolation names both members, their addresses and the fix), and the
+/// shop's order page cannot reach the database in a lab without a router.
+#[test]
+fn members_on_different_subnets_are_warned_of_in_the_groups_run() {
+    let Some(w) = world(scenario_with(DB_UNIT, "10.30.0.31"), true) else {
+        return;
+    };
+    let (code, copies, out) = prove_shop(&w);
+    assert_eq!(code, Some(5), "{out}");
+    let (db, shop) = (copy_of(&copies, 200), copy_of(&copies, 201));
+    for c in [db, shop] {
+        assert!(
+            c["isolation"].as_str().is_some_and(|i| i.contains(
+                "group shop: members 200 (db) (net0 10.20.0.30/24) and 201 (shop) (net0 10.30.0.31/24) share no subnet"
+            )),
+            "{c:#}"
+        );
+    }
+    assert!(check_is(shop, "order-page", "fail"), "{shop:#}");
     assert_lab_gone(shop);
 }
