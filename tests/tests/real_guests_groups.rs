@@ -7,7 +7,8 @@
 //! database is broken is red, and the shop's failing check names the database member. The
 //! lab's namespace is gone after the run. A database bound to its hostname serves the shop
 //! (the lab gives PVE's /etc/hosts line the stored net0 address back); a shop on another
-//! subnet is warned of by the group's run, and cannot reach the database. Each test needs LXC (`tests/tests/real_guests.rs`).
+//! subnet is warned of by the group's run, and cannot reach the database. Each test needs LXC
+//! (`tests/tests/real_guests.rs`).
 
 use felhom_tests::fakepve::AgentOptions;
 use felhom_tests::verdict::{check, check_is, debian_backup};
