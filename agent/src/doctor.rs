@@ -303,6 +303,9 @@ pub async fn check_all(config_path: &Path) -> DoctorReport {
         );
     }
     check_pve(&cfg, &mut r).await;
+    if !cfg.restore_test.groups.is_empty() && !r.checks.iter().any(|c| c.name == GROUP_CHECK) {
+        r.skipped(&[GROUP_CHECK], "PVE over a trusted connection");
+    }
     check_local_files(&cfg, &mut r);
     check_packs_and_profiles(&cfg, &mut r);
     let space = crate::preflight::state_dir_space(&cfg.state_dir);
@@ -454,6 +457,245 @@ async fn check_pve_with(cfg: &Config, client: &PveClient, r: &mut DoctorReport, 
     check_backups(cfg, client, r).await;
     check_lab_bridge(cfg, client, r).await;
     check_guest_backups(cfg, client, r).await;
+    check_groups(cfg, client, r).await;
+}
+
+/// The doctor line of `[[restore_test.group]]`s: one for each thing that stops or weakens a
+/// group's run, each naming the group (and the member), or one pass per group.
+const GROUP_CHECK: &str = "restore_group";
+
+/// `[[restore_test.group]]`: what would stop each group's run, as the run would refuse it,
+/// and what its members' stored addresses cannot do in the group's lab. Fails: a member in a
+/// reserved band, one that is not a pool guest of this node, a VM (this version proves groups
+/// of containers only), members whose stored memory together is more than the node can ever
+/// give copies. Warns: a member without a backup, a group larger than the band's free vmids,
+/// or than the node's memory for copies now; a member without a static stored address, two
+/// members that share no subnet ([`crate::guest::group_net::address_warnings`]). Reads only
+/// (the members' stored configs through `vzdump/extractconfig`).
+async fn check_groups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
+    use crate::guest::group_net::{address_warnings, nic_addresses, reserved_member, Member};
+    use crate::pve::guest_config::{StoredConfig, StoredConfigText};
+    use crate::pve::types::backup_kind_from_volid;
+    use crate::pve::GuestKind;
+    let groups = &cfg.restore_test.groups;
+    if groups.is_empty() {
+        return;
+    }
+    let guests = match client.cluster_vms().await {
+        Ok(rows) => rows,
+        Err(e) => {
+            return r.warn(
+                GROUP_CHECK,
+                format!("cannot read the pool's guests (GET /cluster/resources): {e}; the members of the [[restore_test.group]]s were not judged"),
+            )
+        }
+    };
+    // The newest backup of each guest, as a run picks it.
+    let mut newest: BTreeMap<u32, (String, u64)> = BTreeMap::new();
+    let mut keep = |owner: u32, volid: &str, time: u64| {
+        if newest.get(&owner).is_none_or(|(_, t)| time >= *t) {
+            newest.insert(owner, (volid.to_string(), time));
+        }
+    };
+    if cfg.restore_test.sources.is_empty() {
+        for sid in &cfg.restore_test.backup_storages {
+            match client.backups(&cfg.node, sid, None).await {
+                Ok(v) => {
+                    for b in v.iter().filter(|b| backup_kind_from_volid(&b.volid).is_some()) {
+                        if let Some(owner) = b.vmid.and_then(|o| u32::try_from(o).ok()) {
+                            keep(owner, &b.volid, b.ctime.unwrap_or(0));
+                        }
+                    }
+                }
+                Err(e) => {
+                    return r.warn(
+                        GROUP_CHECK,
+                        format!("cannot list the backups on storage {sid} of node {}: {e}; the members of the [[restore_test.group]]s were not judged", cfg.node),
+                    )
+                }
+            }
+        }
+    } else {
+        for (i, volid) in cfg.restore_test.sources.iter().enumerate() {
+            if let Some(owner) = crate::pve::types::backup_guest(volid) {
+                keep(owner, volid, i as u64);
+            }
+        }
+    }
+    let storages = if cfg.restore_test.sources.is_empty() {
+        format!(
+            "the backup storage(s) {}",
+            cfg.restore_test.backup_storages.join(", ")
+        )
+    } else {
+        "[restore_test] sources".to_string()
+    };
+    let band = crate::vmid::RESTORE_TEST_BAND;
+    let band_free = crate::exec_helper::client::full_guest_list(cfg)
+        .ok()
+        .map(|full| band.clone().filter(|v| full.lookup(*v).is_none()).count());
+    let memory = crate::preflight::memory::node_memory_for_copies(cfg);
+    let fix = format!("fix [[restore_test.group]] in {}", cfg.path.display());
+    for g in groups {
+        let before = r.checks.len();
+        let gn = &g.name;
+        let mut members: Vec<Member> = Vec::new();
+        let mut memories: Vec<String> = Vec::new();
+        let mut memory_sum = 0u64;
+        let mut kinds: Vec<GuestKind> = Vec::new();
+        for &m in &g.guests {
+            if let Some(band) = reserved_member(m) {
+                r.fail(
+                    GROUP_CHECK,
+                    ErrorCode::ConfigInvalid,
+                    format!("group {gn}: member {m} is {band}, never a guest whose backups are proven; the group is refused: {fix}"),
+                );
+                continue;
+            }
+            let row = guests.iter().find(|x| x.vmid == m);
+            let shown = match row
+                .and_then(|x| x.name.as_deref())
+                .filter(|n| !n.is_empty())
+            {
+                Some(n) => format!("{m} ({})", crate::error::outside_text_max(n, 64)),
+                None => m.to_string(),
+            };
+            let refused = match row {
+                None => Some(format!(
+                    "is not a guest token {} sees (GET /cluster/resources): not a guest of pool {} on node {}",
+                    cfg.pve.token_id, cfg.pool, cfg.node
+                )),
+                Some(x) if x.pool.as_deref() != Some(cfg.pool.as_str()) => Some(format!(
+                    "is not in pool {} (add it: `pveum pool modify {} -vms {m}`)",
+                    cfg.pool, cfg.pool
+                )),
+                Some(x) if x.node != cfg.node => Some(format!(
+                    "is on node {}, and this node ({}) proves only the pool guests it holds; a group's members are proven on one node",
+                    crate::error::outside_text_max(&x.node, 64),
+                    cfg.node
+                )),
+                Some(_) => None,
+            };
+            if let Some(why) = refused {
+                r.fail(
+                    GROUP_CHECK,
+                    ErrorCode::ConfigInvalid,
+                    format!("group {gn}: member {shown} {why}; the group is refused: {fix}"),
+                );
+                continue;
+            }
+            let Some((volid, _)) = newest.get(&m) else {
+                r.warn(
+                    GROUP_CHECK,
+                    format!("group {gn}: member {shown} has no backup on {storages}; the group is proven once every member has one: back it up (a backup job that includes it)"),
+                );
+                continue;
+            };
+            let is_vm = backup_kind_from_volid(volid) == Some(GuestKind::Qemu);
+            kinds.push(if is_vm {
+                GuestKind::Qemu
+            } else {
+                GuestKind::Lxc
+            });
+            match client.extract_config(&cfg.node, volid).await {
+                Ok(text) => {
+                    let stored = StoredConfigText {
+                        volid: volid.clone(),
+                        text,
+                    };
+                    let mib = crate::preflight::memory::stored_memory_mib(Some(&stored));
+                    memory_sum = memory_sum.saturating_add(mib);
+                    memories.push(format!("{m}: {mib} MiB"));
+                    // A VM's addresses are its own guest's (not in PVE's config).
+                    if is_vm {
+                        continue;
+                    }
+                    members.push(Member {
+                        vmid: m,
+                        name: row
+                            .and_then(|x| x.name.as_deref())
+                            .map(|n| crate::error::outside_text_max(n, 64))
+                            .unwrap_or_default(),
+                        nics: nic_addresses(&StoredConfig::parse(&stored.text)),
+                    });
+                }
+                Err(e) => r.warn(
+                    GROUP_CHECK,
+                    format!("group {gn}: member {shown}'s stored config in {volid} cannot be read ({e}); its memory and addresses were not judged, and its run's preflight refuses it if PVE cannot read it then"),
+                ),
+            }
+        }
+        let vms = kinds.iter().filter(|k| **k == GuestKind::Qemu).count();
+        if vms > 0 && vms < kinds.len() {
+            r.fail(
+                GROUP_CHECK,
+                ErrorCode::ConfigInvalid,
+                format!("group {gn}: it holds both containers and VMs; this version proves a group of containers (joined in a lab of the group's own) or a group of VMs (on a lab bridge of the group's own), not both: {fix}"),
+            );
+        } else if vms > 0 && cfg.restore_test.lab_bridges.is_empty() {
+            r.fail(
+                GROUP_CHECK,
+                ErrorCode::ConfigInvalid,
+                format!("group {gn}: its VM members need a lab bridge of the group's own: name one in [restore_test] lab_bridges of {} (the lab_bridge line says how to make one)", cfg.path.display()),
+            );
+        }
+        if let Some(free) = band_free {
+            if g.guests.len() > free {
+                r.warn(
+                    GROUP_CHECK,
+                    format!(
+                        "group {gn}: its {} members need as many vmids of the restore-test band {}-{} at once, and {free} are free (the others are held by guests of the cluster: `felhom-agent guests`); the group is left until they are free",
+                        g.guests.len(),
+                        band.start(),
+                        band.end()
+                    ),
+                );
+            }
+        }
+        if let (Some((now, most)), false) = (memory, memories.is_empty()) {
+            let said = format!(
+                "its members' stored memory together ({memory_sum} MiB: {})",
+                memories.join(", ")
+            );
+            if memory_sum > most {
+                r.fail(
+                    GROUP_CHECK,
+                    ErrorCode::ConfigInvalid,
+                    format!(
+                        "group {gn}: {said} is more than node {} can ever give copies ({most} MiB: its memory less [restore_test] memory_reserve = {}%); the group never runs: lower the members' memory, take a member out of the group, or lower memory_reserve in {}",
+                        cfg.node,
+                        cfg.restore_test.memory_reserve_percent,
+                        cfg.path.display()
+                    ),
+                );
+            } else if memory_sum > now {
+                r.warn(
+                    GROUP_CHECK,
+                    format!(
+                        "group {gn}: {said} is more than node {} allows copies now ({now} MiB available beside [restore_test] memory_reserve = {}%); the group is left until the node has that memory free",
+                        cfg.node, cfg.restore_test.memory_reserve_percent
+                    ),
+                );
+            }
+        }
+        for w in address_warnings(gn, &members) {
+            r.warn(GROUP_CHECK, w);
+        }
+        if r.checks.len() == before {
+            r.pass(
+                GROUP_CHECK,
+                format!(
+                    "group {gn}: members {} are pool guests of node {} with backups; the containers' stored addresses are static and share a subnet in the group's lab, VMs share a lab bridge of the group's own{}",
+                    g.guests.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+                    cfg.node,
+                    match memory {
+                        Some((now, _)) => format!("; {memory_sum} MiB of stored memory together, {now} MiB allowed copies now"),
+                        None => String::new(),
+                    }
+                ),
+            );
+        }
+    }
 }
 
 /// `[restore_test] lab_bridge`: the bridge exists in the node's network configuration, is a

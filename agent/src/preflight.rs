@@ -12,6 +12,7 @@
 //! helper answers. Nothing here prints; callers render [`PreflightReport::to_json`] or
 //! [`PreflightReport::human`].
 
+pub mod memory;
 pub mod restorable;
 
 use std::path::Path;

@@ -1391,6 +1391,96 @@ class ScenarioPve(fake_server.FakePve):
         finally:
             os.close(fd)
 
+    def _guest_read(self, rootfs, path):
+        """The text of a real container's file, every component opened without following links
+        (a guest that ran may have made any of them a link); None when it cannot be read so."""
+        parts = [p for p in path.split('/') if p]
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        try:
+            fd = os.open(rootfs, flags)
+        except OSError:
+            return None
+        try:
+            for part in parts[:-1]:
+                nxt = os.open(part, flags, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+            with os.fdopen(f, 'rb') as fh:
+                return fh.read(1 << 20).decode('utf-8', 'replace')
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def _etc_hosts(self, rootfs, config):
+        """/etc/hosts as pve-container's pre-start hook leaves it (src/PVE/LXC/Setup/Base.pm
+        set_hostname -> update_etc_hosts, written with ct_modify_file): PVE's section, between
+        `# --- BEGIN PVE ---` and `# --- END PVE ---`, holds `127.0.0.1 localhost.localnet
+        localhost` and `::1 localhost.localnet localhost` unless the guest's own lines (outside
+        PVE's sections) have such an entry, then `<ip> <names>` with the address of net0 only
+        (src/PVE/LXC.pm get_primary_ips: ip= unless dhcp/manual, else ip6= unless
+        auto/dhcp/manual, the prefix length cut off), or `127.0.1.1 <names>` without one; the
+        names `<fqdn> <first label>` for a hostname with a dot, else `<hostname>.<domain> …
+        <hostname>` for each search domain (the config's searchdomain, else the node's
+        resolv.conf `search`: the bed's node has none). The first section found is replaced
+        (its BEGIN matched case-sensitively, its END not), else the section is appended. A
+        file PVE is told to leave alone (/etc/.pve-ignore.hosts) is left alone."""
+        if self._guest_read(rootfs, '/etc/.pve-ignore.hosts') is not None:
+            return
+        hostname = (config or {}).get('hostname') or 'localhost'
+        namepart = hostname.split('.', 1)[0]
+        if '.' in hostname:
+            names = '{0} {1}'.format(hostname, namepart)
+        else:
+            domains = str((config or {}).get('searchdomain') or '').replace(',', ' ').replace(';', ' ').split()
+            names = ' '.join(['{0}.{1}'.format(hostname, d) for d in domains] + [hostname])
+        hostip = None
+        if (config or {}).get('net0'):
+            _, props = fake_lxc.split_props(str(config['net0']))
+            v4, v6 = props.get('ip'), props.get('ip6')
+            v4 = None if not v4 or v4 in ('dhcp', 'manual') else v4.split('/', 1)[0]
+            v6 = None if not v6 or v6 in ('auto', 'dhcp', 'manual') else v6.split('/', 1)[0]
+            hostip = v4 or v6
+        old = self._guest_read(rootfs, '/etc/hosts')
+        section = ''
+        if old is None:
+            section = '127.0.0.1 localhost.localnet localhost\n::1 localhost.localnet localhost\n'
+        else:
+            # remove_pve_sections: from the first BEGIN to the last END (a greedy match).
+            outside = re.sub(r'^[ \t]*# --- BEGIN PVE ---.*^[ \t]*# --- END PVE ---.*?$', '', old,
+                             flags=re.M | re.S)
+            if not re.search(r'^[ \t]*127\.0\.0\.1[ \t]+', outside, re.M):
+                section += '127.0.0.1 localhost.localnet localhost\n'
+            if not re.search(r'^[ \t]*::1[ \t]+', outside, re.M):
+                section += '::1 localhost.localnet localhost\n'
+        if hostip:
+            section += '{0} {1}\n'.format(hostip, names)
+        elif namepart != 'localhost':
+            section += '127.0.1.1 {0}\n'.format(names)
+        else:
+            section += '127.0.1.1 {0}\n'.format(namepart)
+        head, tail = '# --- BEGIN PVE ---', '# --- END PVE ---'
+        if old is None:
+            self._guest_file(rootfs, '/etc/hosts', head + '\n' + section + tail + '\n')
+            return
+        lines = old.split('\n')
+        while lines and lines[-1] == '':
+            lines.pop()  # Perl's split drops trailing empty fields
+        beg = end = None
+        for i, line in enumerate(lines):
+            if beg is None and re.match(r'#\s*---\s*BEGIN\s*PVE\s*', line):
+                beg = i
+            elif beg is not None and end is None and re.match(r'#\s*---\s*END\s*PVE\s*', line, re.I):
+                end = i
+                break
+        if beg is not None and end is not None:
+            lines[beg:end + 1] = [head + '\n' + section + tail]
+            text = '\n'.join(lines) + '\n'
+        else:
+            text = '\n'.join(lines).rstrip('\n') + '\n' + head + '\n' + section + tail + '\n'
+        self._guest_file(rootfs, '/etc/hosts', text)
+
     @staticmethod
     def _debian_interfaces(config):
         """/etc/network/interfaces as pve-container writes it for a Debian >= 10 guest with these
@@ -1465,6 +1555,7 @@ class ScenarioPve(fake_server.FakePve):
             os.lchown(full, self.LXC_SHIFT, self.LXC_SHIFT)
         name = guest.config.get('hostname') or 'CT{0}'.format(vmid)
         self._guest_file(tmp, '/etc/hostname', '{0}\n'.format(name))
+        self._etc_hosts(tmp, stored or {})
         interfaces = self._debian_interfaces(stored or {})
         if interfaces:
             self._guest_file(tmp, '/etc/network/interfaces', interfaces)
@@ -1585,8 +1676,9 @@ class ScenarioPve(fake_server.FakePve):
 
     def _bed_lxc_prepare(self, ct):
         """What happens at a real container's start before LXC runs it: update_lxc_config writes
-        its config, and pve-container's pre-start hook (Setup pre_start_hook) sets the hostname
-        and, when it has NICs, its network config (Debian.pm setup_network)."""
+        its config, and pve-container's pre-start hook (Setup pre_start_hook) sets the hostname,
+        /etc/hosts (`_etc_hosts`) and, when it has NICs, its network config (Debian.pm
+        setup_network)."""
         vmid = int(ct.vmid)
         rootfs = os.path.join(self.bed_dir(vmid), 'rootfs')
         lxcdir = os.path.join(self.guest_bed['lxc_path'], str(vmid))
@@ -1595,6 +1687,7 @@ class ScenarioPve(fake_server.FakePve):
             fh.write(self.bed_lxc_config(ct))
         name = (ct.config or {}).get('hostname') or 'CT{0}'.format(vmid)
         self._guest_file(rootfs, '/etc/hostname', '{0}\n'.format(name))
+        self._etc_hosts(rootfs, ct.config or {})
         interfaces = self._debian_interfaces(ct.config or {})
         if interfaces:
             self._guest_file(rootfs, '/etc/network/interfaces', interfaces)

@@ -1497,3 +1497,203 @@ fn reports_dropped_from_the_outbox_without_a_hub_are_warned_about() {
         run.stdout
     );
 }
+
+/// Every `restore_group` line of a doctor report.
+fn group_lines(doc: &Value) -> Vec<&Value> {
+    doc["checks"]
+        .as_array()
+        .map(|a| a.iter().filter(|c| c["name"] == "restore_group").collect())
+        .unwrap_or_default()
+}
+
+/// The `restore_group` line of `group` whose message holds `part` (panics naming them all).
+fn group_line<'a>(doc: &'a Value, group: &str, part: &str) -> &'a Value {
+    let lines = group_lines(doc);
+    lines
+        .iter()
+        .copied()
+        .find(|c| {
+            c["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(&format!("group {group}: ")) && m.contains(part))
+        })
+        .unwrap_or_else(|| panic!("no restore_group line of {group} with {part:?} in {lines:#?}"))
+}
+
+/// The demo pool with containers of these (vmid, name, stored config) on node pve1, each with
+/// a backup on `local`, and a pool container on another node (215).
+fn pool_for_groups(members: &[(u32, &str, Value)]) -> Value {
+    let mut scenario = felhom_tests::fakepve::demo_scenario();
+    let guests = scenario["guests"].as_array_mut().expect("guests");
+    for (vmid, name, _) in members {
+        guests.push(
+            json!({"vmid": vmid, "type": "lxc", "name": name, "node": "pve1",
+            "status": "running", "pool": "felhom", "config": {"unprivileged": "1"}}),
+        );
+    }
+    guests.push(
+        json!({"vmid": 214, "type": "lxc", "name": "nobackup", "node": "pve1",
+        "status": "running", "pool": "felhom"}),
+    );
+    guests.push(
+        json!({"vmid": 215, "type": "lxc", "name": "elsewhere", "node": "pve2",
+        "status": "running", "pool": "felhom"}),
+    );
+    let volumes = scenario["volumes"]["local"]
+        .as_array_mut()
+        .expect("volumes");
+    for (vmid, _, config) in members {
+        volumes.push(json!({
+            "volname": format!("backup/vzdump-lxc-{vmid}-2026_12_01-00_00_00.tar.zst"),
+            "vmid": vmid, "config": config}));
+    }
+    scenario
+}
+
+/// A container's stored config with one NIC whose `ip=`/`ip6=` items are `addr`, and `memory`.
+fn ct_config(addr: &str, memory: u32) -> Value {
+    json!({"unprivileged": "1", "memory": memory.to_string(), "hostname": "m",
+        "net0": format!("name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:02:99,{addr},type=veth")})
+}
+
+/// `restore_group`: doctor names what would stop each `[[restore_test.group]]`, each line
+/// naming the group and the member: a member in the restore-test band or 9999, one that is no
+/// pool guest of this node (not in the pool, on another node) (fail, `config_invalid`);
+/// a member without a backup, a group larger than the band's free vmids (warn); a member without a static stored address, and members
+/// that share no subnet (warn, naming the netN and the fix); a group whose members' stored
+/// memory together is more than the node can ever give copies (fail) or gives now (warn). A
+/// group with nothing in its way passes; a config without groups has no such line.
+#[test]
+fn doctor_names_what_would_stop_each_group_naming_the_member() {
+    let pve = FakePve::demo();
+    let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
+    let run = run_agent(&files.config_path, &["doctor", "--json"]);
+    assert!(group_lines(&run.json()).is_empty(), "{}", run.stdout);
+    drop(_helper);
+
+    let pve = FakePve::start(pool_for_groups(&[
+        (210, "db", ct_config("ip=10.20.0.30/24", 512)),
+        (211, "shop", ct_config("ip=10.20.0.31/24,ip6=auto", 512)),
+        (212, "dhcp", ct_config("ip=dhcp,ip6=auto", 256)),
+        (213, "far", ct_config("ip=10.30.0.5/24", 256)),
+        (216, "near", ct_config("ip=10.20.0.40/24", 256)),
+        (217, "big1", ct_config("ip=10.40.0.1/24", 3000)),
+        (218, "big2", ct_config("ip=10.40.0.2/24", 3000)),
+    ]));
+    let files = AgentFiles::for_fake(&pve);
+    let _helper = helper(&files);
+    let mut cfg = files.config_text();
+    cfg.push_str(concat!(
+        "\n[[restore_test.group]]\nname = \"shop\"\nguests = [210, 211]\n",
+        "\n[[restore_test.group]]\nname = \"broken\"\nguests = [990005, 9999, 101, 300, 214, 215, 997, 998, 999]\n",
+        "\n[[restore_test.group]]\nname = \"nets\"\nguests = [212, 213, 216]\n",
+        "\n[[restore_test.group]]\nname = \"big\"\nguests = [217, 218]\n",
+    ));
+    std::fs::write(&files.config_path, cfg).expect("config");
+    // A node of 4 GiB, 1 GiB available: 614 MiB for copies now (10% reserved), 3686 at most.
+    let meminfo = files.config_path.with_file_name("meminfo");
+    std::fs::write(
+        &meminfo,
+        "MemTotal: 4194304 kB\nMemFree: 1048576 kB\nMemAvailable: 1048576 kB\n",
+    )
+    .expect("meminfo");
+    let run: felhom_tests::agent::AgentRun = felhom_tests::agent::agent_command(&files.config_path)
+        .env("FELHOM_AGENT_MEMINFO", &meminfo)
+        .args(["doctor", "--json"])
+        .output()
+        .expect("doctor")
+        .into();
+    let doc = run.json();
+    assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
+
+    let fail = |group: &str, part: &str| {
+        let l = group_line(&doc, group, part);
+        assert_eq!(l["status"], "fail", "{l:#}");
+        assert_eq!(l["code"], "config_invalid", "{l:#}");
+        l["message"].as_str().unwrap_or_default().to_string()
+    };
+    let warn = |group: &str, part: &str| {
+        let l = group_line(&doc, group, part);
+        assert_eq!(l["status"], "warn", "{l:#}");
+        l["message"].as_str().unwrap_or_default().to_string()
+    };
+    assert!(fail("broken", "member 990005 ").contains("restore-test band 990000-990009"));
+    assert!(fail("broken", "member 9999 ").contains("scratch vmid 9999"));
+    fail("broken", "member 101 ");
+    // A VM may be a member (a group of VMs shares a lab bridge): 300 has no backup.
+    warn("broken", "member 300 (felhom-vm) has no backup on");
+    assert!(fail("broken", "member 215 (elsewhere) is on node pve2").contains("proves only"));
+    assert!(fail("broken", "member 999 ").contains("not a guest of pool felhom on node pve1"));
+    assert!(warn("broken", "member 214 (nobackup) has no backup on").contains("local"));
+    // The demo's cluster holds 990000 and 990001: 8 of the band's vmids are free.
+    assert!(warn("broken", "its 9 members need as many vmids").contains("and 8 are free"));
+
+    let m = warn("nets", "member 212 (dhcp) has no static stored address");
+    assert!(
+        m.contains("net0 (ip=dhcp, ip6=auto)") && m.contains("`pct set 212 -net0 "),
+        "{m}"
+    );
+    let m = warn("nets", "share no subnet");
+    assert!(
+        m.contains("213 (far) (net0 10.30.0.5/24) and 216 (near) (net0 10.20.0.40/24)"),
+        "{m}"
+    );
+    assert_eq!(
+        group_lines(&doc)
+            .iter()
+            .filter(|l| l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("share no subnet")))
+            .count(),
+        1,
+        "212 has no static address: it is in no pair"
+    );
+
+    let m = fail("big", "stored memory together (6000 MiB");
+    assert!(
+        m.contains("can ever give copies (3686 MiB") && m.contains("memory_reserve = 10%"),
+        "{m}"
+    );
+    // shop: 1024 MiB together, 614 allowed now: a warning, not a pass.
+    let m = warn(
+        "shop",
+        "stored memory together (1024 MiB: 210: 512 MiB, 211: 512 MiB)",
+    );
+    assert!(m.contains("allows copies now (614 MiB"), "{m}");
+
+    // With the node's memory free, the shop's group passes.
+    std::fs::write(
+        &meminfo,
+        "MemTotal: 4194304 kB\nMemFree: 4000000 kB\nMemAvailable: 4000000 kB\n",
+    )
+    .expect("meminfo");
+    let run: felhom_tests::agent::AgentRun = felhom_tests::agent::agent_command(&files.config_path)
+        .env("FELHOM_AGENT_MEMINFO", &meminfo)
+        .args(["doctor", "--json"])
+        .output()
+        .expect("doctor")
+        .into();
+    let doc = run.json();
+    let l = group_line(
+        &doc,
+        "shop",
+        "members 210, 211 are pool guests of node pve1",
+    );
+    assert_eq!(l["status"], "pass", "{l:#}");
+    assert_eq!(
+        group_lines(&doc)
+            .iter()
+            .filter(|l| l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("group shop: ")))
+            .count(),
+        1,
+        "{doc:#}"
+    );
+    assert!(
+        pve.writes().is_empty(),
+        "doctor wrote to PVE: {:?}",
+        pve.writes()
+    );
+}

@@ -5,7 +5,10 @@
 //! green when the two are proven as a group (their stored NICs joined to the group's lab, a
 //! bridge in a network namespace of its own that the root helper makes); a group whose
 //! database is broken is red, and the shop's failing check names the database member. The
-//! lab's namespace is gone after the run. Each test needs LXC (`tests/tests/real_guests.rs`).
+//! lab's namespace is gone after the run. A database bound to its hostname serves the shop
+//! (the lab gives PVE's /etc/hosts line the stored net0 address back); a shop on another
+//! subnet is warned of by the group's run, and cannot reach the database. Each test needs LXC
+//! (`tests/tests/real_guests.rs`).
 
 use felhom_tests::fakepve::AgentOptions;
 use felhom_tests::verdict::{check, check_is, debian_backup, ran_check};
@@ -14,6 +17,15 @@ use serde_json::{json, Value};
 
 /// The database: busybox's httpd bound to its stored address, after the network is online.
 const DB_UNIT: &str = "[Unit]\nDescription=The database\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.30:80 -h /srv/db\n";
+
+/// The database bound to the address its hostname resolves to, as a database told to listen on
+/// its own name does (`listen_addresses = 'db'`): it waits for eth0's address (failed before
+/// it, restarted by the lab after the boot), then binds what `getent` says of `db`. In a copy
+/// whose /etc/hosts PVE wrote without net0 (`127.0.1.1 db`) it listens on loopback.
+const DB_BY_NAME_UNIT: &str = "[Unit]\nDescription=The database, on its hostname\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/sh /srv/db-serve\n";
+
+/// What [`DB_BY_NAME_UNIT`] runs.
+const DB_SERVE: &str = "#!/bin/sh\nip -o -4 addr show dev eth0 2>/dev/null | grep -q ' inet ' || { echo 'eth0 has no address yet' >&2; exit 1; }\naddr=$(getent ahostsv4 \"$(cat /etc/hostname)\" | awk 'NR == 1 {print $1}')\necho \"listening on $addr\"\nexec /bin/busybox httpd -f -p \"$addr:80\" -h /srv/db\n";
 
 /// A database that fails for its own reason (a broken backup).
 const BROKEN_DB_UNIT: &str = "[Unit]\nDescription=The database\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nType=oneshot\nExecStart=/bin/false\n";
@@ -64,6 +76,11 @@ fn member(hostname: &str, ip: &str, mac: &str, files: Value) -> (Value, Value) {
 
 /// The pool with the database (200) and the shop (201), each with one backup on `local`.
 fn scenario(db_unit: &str) -> Value {
+    scenario_with(db_unit, "10.20.0.31")
+}
+
+/// [`scenario`] with the shop stored at `shop_ip` (/24).
+fn scenario_with(db_unit: &str, shop_ip: &str) -> Value {
     let mut s = debian_backup(None, &[], json!({}), json!({}));
     let (db_config, db_guest) = member(
         "db",
@@ -73,6 +90,7 @@ fn scenario(db_unit: &str) -> Value {
             "/etc/systemd/system/db.service": db_unit,
             "/etc/systemd/system/multi-user.target.d/app.conf": "[Unit]\nWants=db.service\n",
             "/srv/db/stock": "42 tins\n",
+            "/srv/db-serve": DB_SERVE,
         }),
     );
     let vol = &mut s["volumes"]["local"][0];
@@ -80,7 +98,7 @@ fn scenario(db_unit: &str) -> Value {
     vol["guest"] = db_guest;
     let (shop_config, shop_guest) = member(
         "shop",
-        "10.20.0.31",
+        shop_ip,
         "BC:24:11:00:02:31",
         json!({
             "/etc/systemd/system/shop.service": SHOP_UNIT,
@@ -229,5 +247,58 @@ fn a_group_whose_database_is_broken_is_red_naming_the_database() {
         said.contains("member 200 (db) of group shop failed before it"),
         "{said}"
     );
+    assert_lab_gone(shop);
+}
+
+/// A database bound to its hostname (PVE writes `127.0.1.1 db` into the copy's /etc/hosts at
+/// its start, the copy having no net0): the lab gives PVE's line the stored net0 address back
+/// before the network units are restarted, so the database listens on 10.20.0.30 and the
+/// shop's order page reaches it. Without that step, the database's copy listens on loopback
+/// and the shop's order page fails.
+#[test]
+fn a_database_bound_to_its_hostname_serves_the_shop_in_a_group() {
+    let Some(w) = world(scenario(DB_BY_NAME_UNIT), true) else {
+        return;
+    };
+    let (code, copies, out) = prove_shop(&w);
+    let (db, shop) = (copy_of(&copies, 200), copy_of(&copies, 201));
+    assert!(check_is(shop, "order-page", "pass"), "{shop:#}\n{out}");
+    assert!(check_is(db, "database-serves", "pass"), "{db:#}");
+    let isolation = db["isolation"].as_str().unwrap_or_default();
+    assert!(
+        isolation.contains("/etc/hosts: db given its stored address 10.20.0.30 in PVE's section"),
+        "{db:#}"
+    );
+    assert!(
+        shop["isolation"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("/etc/hosts: shop given its stored address 10.20.0.31"),
+        "{shop:#}"
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert_lab_gone(shop);
+}
+
+/// A shop stored on another subnet than its database: the group's run says so before it
+/// starts (each member's isolation names both members, their addresses and the fix), and the
+/// shop's order page cannot reach the database in a lab without a router.
+#[test]
+fn members_on_different_subnets_are_warned_of_in_the_groups_run() {
+    let Some(w) = world(scenario_with(DB_UNIT, "10.30.0.31"), true) else {
+        return;
+    };
+    let (code, copies, out) = prove_shop(&w);
+    assert_eq!(code, Some(5), "{out}");
+    let (db, shop) = (copy_of(&copies, 200), copy_of(&copies, 201));
+    for c in [db, shop] {
+        assert!(
+            c["isolation"].as_str().is_some_and(|i| i.contains(
+                "group shop: members 200 (db) (net0 10.20.0.30/24) and 201 (shop) (net0 10.30.0.31/24) share no subnet"
+            )),
+            "{c:#}"
+        );
+    }
+    assert!(check_is(shop, "order-page", "fail"), "{shop:#}");
     assert_lab_gone(shop);
 }

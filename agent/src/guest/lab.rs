@@ -158,6 +158,43 @@ fi
 exit 0
 "#;
 
+/// Step 1's first work in a member of an application group whose stored `net0` has a static
+/// address (before [`GIVE`], so before any network unit is restarted): PVE's section of
+/// `/etc/hosts` given the line PVE writes for that `net0`. pve-container's pre-start hook writes
+/// `/etc/hosts` at every start (`Setup/Base.pm` `pre_start_hook` → `set_hostname` →
+/// `update_etc_hosts`, inside `# --- BEGIN PVE ---` … `# --- END PVE ---`: `ct_modify_file`),
+/// the address from `net0` only (`PVE::LXC::get_primary_ips`), and `127.0.1.1` when there is none;
+/// a copy has no `net0`, so its hostname resolves to loopback and a service bound to it listens
+/// there, out of the other members' reach. The line PVE wrote for the copy, `127.0.1.1 <names>`
+/// ending with the stored hostname's first label (`FELHOM_LAB_HOSTS_NAME`), gets the stored
+/// address (`FELHOM_LAB_HOSTS_IP`) instead, its names as PVE wrote them (the search domains are
+/// the node's, as in production); the first section only, as `ct_modify_file` finds it (its
+/// `BEGIN` case-sensitive, its `END` not). Nothing else of the file changes; a file PVE is told
+/// to leave alone (`/etc/.pve-ignore.hosts`: `ct_is_file_ignored`) is left alone. Prints one of
+/// "hosts-written", "hosts-present" (the line is there already: a resumed wait),
+/// "hosts-ignored", "hosts-nosection", "hosts-unmatched", "hosts-unread", "hosts-unwritten".
+/// Both values are the agent's own (an address it printed, a checked DNS label), quoted.
+const HOSTS: &str = r#"
+if [ -n "${FELHOM_LAB_HOSTS_IP:-}" ] && [ -n "${FELHOM_LAB_HOSTS_NAME:-}" ]; then
+  hosts_file=/etc/hosts
+  if [ -e /etc/.pve-ignore.hosts ]; then echo hosts-ignored
+  elif hosts_new=$(awk -v ip="$FELHOM_LAB_HOSTS_IP" -v name="$FELHOM_LAB_HOSTS_NAME" '
+    !seen && !inside && /^#[ \t]*---[ \t]*BEGIN[ \t]*PVE/ { inside = 1; print; next }
+    inside && toupper($0) ~ /^#[ \t]*---[ \t]*END[ \t]*PVE/ { inside = 0; seen = 1; print; next }
+    inside && !done && $1 == "127.0.1.1" && $NF == name {
+      print ip substr($0, index($0, "127.0.1.1") + 9); done = 1; next }
+    inside && $1 == ip && $NF == name { present = 1 }
+    { print }
+    END { if (!seen) exit 3; if (done) exit 0; if (present) exit 4; exit 5 }' "$hosts_file" 2>/dev/null); then
+    if printf '%s\n' "$hosts_new" >"$hosts_file" 2>/dev/null; then echo hosts-written
+    else echo hosts-unwritten; fi
+  else
+    case $? in 3) echo hosts-nosection;; 4) echo hosts-present;; 5) echo hosts-unmatched;;
+      *) echo hosts-unread;; esac
+  fi
+fi
+"#;
+
 /// Step 2, after the guard (when the guard stops it, nothing is reset or restarted).
 ///
 /// 1. With `FELHOM_LAB_USERNS` (the agent's own copies) and a user namespace that is not the
@@ -476,6 +513,10 @@ const LAB_DHCP_VAR: &str = "FELHOM_LAB_DHCP";
 const LAB_JOINED_VAR: &str = "FELHOM_LAB_JOINED";
 /// The variable naming the filesystems whose failed mount units are the user namespace's doing.
 const LAB_USERNS_VAR: &str = "FELHOM_LAB_USERNS";
+/// The variables holding the line [`HOSTS`] writes: the stored `net0` address, and the
+/// hostname's first label.
+const LAB_HOSTS_IP_VAR: &str = "FELHOM_LAB_HOSTS_IP";
+const LAB_HOSTS_NAME_VAR: &str = "FELHOM_LAB_HOSTS_NAME";
 
 /// The filesystems a user namespace that is not the initial one cannot mount: their
 /// `file_system_type` has no `FS_USERNS_MOUNT` (Linux `fs/super.c` `mount_capable` then asks
@@ -566,6 +607,8 @@ pub struct LabRequest<'a> {
     /// ([`crate::guest::group_lab::join`]): each is there, its peer in the lab's namespace (which
     /// root checked from outside), and counts as given.
     pub joined: bool,
+    /// A joined member's `/etc/hosts` line as PVE writes it for its stored `net0` ([`HOSTS`]).
+    pub hosts: Option<&'a crate::guest::group_net::HostsEntry>,
 }
 
 impl LabRequest<'_> {
@@ -600,6 +643,11 @@ pub fn boot_plan(lab: &LabRequest<'_>, give_up: Duration) -> BootPlan {
             LAB_JOINED_VAR,
             ok.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(" "),
         ));
+        if let Some(h) = lab.hosts {
+            plan.before = Some(format!("{GUARD}{HOSTS}{GIVE}"));
+            plan.env.push((LAB_HOSTS_IP_VAR, h.ip.to_string()));
+            plan.env.push((LAB_HOSTS_NAME_VAR, h.name.clone()));
+        }
     }
     let dhcp6: Vec<&str> = lab
         .dhcp6
@@ -799,11 +847,14 @@ pub struct LabDone {
 /// Read what the lab's steps printed in `trip` (hostile: only their closed sets of words).
 pub fn read_trip(lab: &LabRequest<'_>, trip: &BootTrip) -> LabDone {
     let (ok, bad) = lab.plain_names();
-    let given = if ok.is_empty() && bad.is_empty() {
+    let mut given = if ok.is_empty() && bad.is_empty() {
         Vec::new()
     } else {
         lab_report(&trip.before.join("\n"), &[], true, &bad)
     };
+    if let (Some(h), true) = (lab.hosts, lab.joined) {
+        given.extend(hosts_note(h, &trip.before));
+    }
     let (settled, kept) = match &trip.after {
         Some((lines, _)) => {
             let text = lines.join("\n");
@@ -828,6 +879,43 @@ pub fn read_trip(lab: &LabRequest<'_>, trip: &BootTrip) -> LabDone {
         settled,
         kept,
     }
+}
+
+/// What the report says of [`HOSTS`]' word in the give step's lines (hostile: only its closed
+/// set of words is read; the address and name said are the agent's own).
+fn hosts_note(h: &crate::guest::group_net::HostsEntry, lines: &[String]) -> Option<String> {
+    let (ip, name) = (h.ip, &h.name);
+    let word = lines.iter().take(256).map(|l| l.trim()).find(|l| {
+        [
+            "hosts-written",
+            "hosts-present",
+            "hosts-ignored",
+            "hosts-nosection",
+            "hosts-unmatched",
+            "hosts-unwritten",
+            "hosts-unread",
+        ]
+        .contains(l)
+    })?;
+    Some(match word {
+        "hosts-written" => format!(
+            "/etc/hosts: {name} given its stored address {ip} in PVE's section, as PVE writes it for the stored net0 (PVE wrote 127.0.1.1 for the copy, which has no net0)"
+        ),
+        "hosts-present" => format!("/etc/hosts: {name} has its stored address {ip} in PVE's section"),
+        "hosts-ignored" => "/etc/hosts left as the guest keeps it (/etc/.pve-ignore.hosts: PVE does not write it either)".to_string(),
+        "hosts-nosection" => format!(
+            "/etc/hosts has no section of PVE's (# --- BEGIN PVE --- … # --- END PVE ---): left as it is; {name} may not resolve to its stored address {ip} in the copy"
+        ),
+        "hosts-unmatched" => format!(
+            "/etc/hosts: PVE's section has no 127.0.1.1 line for {name}: left as it is; {name} may not resolve to its stored address {ip} in the copy"
+        ),
+        "hosts-unwritten" => format!(
+            "/etc/hosts could not be written: {name} resolves to 127.0.1.1 in the copy, not to its stored address {ip}, and a service bound to it listens on loopback only"
+        ),
+        _ => format!(
+            "/etc/hosts could not be read (no awk in the copy?): {name} resolves to 127.0.1.1 in the copy, not to its stored address {ip}"
+        ),
+    })
 }
 
 /// The names the watch stopped a `dhclient -6` for, and what the report says of each (from its

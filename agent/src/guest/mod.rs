@@ -23,6 +23,7 @@ pub mod checks;
 pub mod exec;
 pub mod frames;
 pub mod group_lab;
+pub mod group_net;
 pub mod lab;
 pub mod lxc;
 pub mod lxc_monitor;

@@ -787,50 +787,7 @@ pub async fn report(cfg: &Config) -> Result<Vec<CoverageRow>, Failure> {
 
 /// The node's memory for copies (MiB): what is available now less the reserve.
 fn memory_for_copies(cfg: &Config) -> Option<u64> {
-    let text = fs::read_to_string(meminfo_path()).ok()?;
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-    };
-    let total = field("MemTotal:")?;
-    let avail = field("MemAvailable:")?;
-    let reserve = total / 100 * u64::from(cfg.restore_test.memory_reserve_percent);
-    Some(avail.saturating_sub(reserve) / 1024)
-}
-
-#[cfg(not(feature = "test-hooks"))]
-fn meminfo_path() -> std::path::PathBuf {
-    std::path::PathBuf::from("/proc/meminfo")
-}
-
-/// The bed may hand a meminfo of its own (`FELHOM_AGENT_MEMINFO`), to show a node short of
-/// memory.
-#[cfg(feature = "test-hooks")]
-fn meminfo_path() -> std::path::PathBuf {
-    std::env::var_os("FELHOM_AGENT_MEMINFO").map_or_else(
-        || std::path::PathBuf::from("/proc/meminfo"),
-        std::path::PathBuf::from,
-    )
-}
-
-/// The memory a copy of this stored config takes (MiB): its `memory` (PVE's default 512).
-fn stored_memory_mib(stored: Option<&crate::pve::guest_config::StoredConfigText>) -> u64 {
-    stored
-        .and_then(|s| {
-            s.text
-                .lines()
-                .take_while(|l| !l.starts_with('['))
-                .find_map(|l| l.strip_prefix("memory:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        })
-        .unwrap_or(512)
+    crate::preflight::memory::node_memory_for_copies(cfg).map(|(now, _)| now)
 }
 
 /// The spacing of restore requests of one run (see [`SubmitGate`]): an allocation holds the
@@ -1372,6 +1329,10 @@ async fn run_group(
     dry_run: bool,
 ) -> (Vec<CopyRun>, Vec<Left>) {
     let lab = Ulid::new();
+    let warnings = match group_preflight(cfg, pve, g, rows).await {
+        Ok(w) => w,
+        Err(why) => return (Vec::new(), group_left(g, rows, &why)),
+    };
     let mut pendings = Vec::new();
     for (i, &m) in g.guests.iter().enumerate() {
         let row = rows.iter().find(|r| r.vmid == m);
@@ -1592,8 +1553,68 @@ async fn run_group(
     if !dry_run && vms == 0 {
         remove_group_lab(cfg, lab, &members).await;
     }
+    if !warnings.is_empty() {
+        let said = warnings.join("; ");
+        for c in &mut copies {
+            c.driven.isolation = Some(match c.driven.isolation.take() {
+                Some(i) => format!("{i}; {said}"),
+                None => said.clone(),
+            });
+        }
+    }
     drop(bridge_lock);
     (copies, Vec::new())
+}
+
+/// Before group `g`'s run, before any admission (reads only): a member in a reserved band is
+/// refused (`Err`: why, for every member's left reason); what its members' stored addresses
+/// cannot do in the group's lab ([`crate::guest::group_net::address_warnings`]: no static
+/// address, no shared subnet) is warned of, and returned for the copies' isolation text. A
+/// stored config that cannot be read here is left to the member's preflight, which refuses it.
+async fn group_preflight(
+    cfg: &Config,
+    pve: &PveClient,
+    g: &crate::config::RestoreGroup,
+    rows: &[CoverageRow],
+) -> Result<Vec<String>, String> {
+    use crate::guest::group_net::{address_warnings, nic_addresses, Member};
+    if let Some((m, band)) = g
+        .guests
+        .iter()
+        .find_map(|m| crate::guest::group_net::reserved_member(*m).map(|b| (*m, b)))
+    {
+        return Err(format!(
+            "member {m} is {band}, never a guest whose backups are proven; fix [[restore_test.group]] {:?} in {}",
+            g.name,
+            cfg.path.display()
+        ));
+    }
+    let mut members = Vec::new();
+    for &m in &g.guests {
+        let Some(row) = rows.iter().find(|r| r.vmid == m) else {
+            continue;
+        };
+        let Some(b) = row
+            .newest_backup
+            .as_ref()
+            .filter(|b| backup_kind_from_volid(&b.volid) == Some(GuestKind::Lxc))
+        else {
+            continue;
+        };
+        let Ok(text) = pve.extract_config(&cfg.node, &b.volid).await else {
+            continue;
+        };
+        members.push(Member {
+            vmid: m,
+            name: crate::error::outside_text_max(&row.name, 64),
+            nics: nic_addresses(&crate::pve::guest_config::StoredConfig::parse(&text)),
+        });
+    }
+    let warnings = address_warnings(&g.name, &members);
+    for w in &warnings {
+        tracing::warn!(group = %g.name, "{w}");
+    }
+    Ok(warnings)
 }
 
 /// Remove a group's lab once its members ended (asked for by a member's transaction, which
@@ -1741,7 +1762,7 @@ async fn admit(
     let memory = if refused {
         0
     } else {
-        stored_memory_mib(report.stored_config.as_ref())
+        crate::preflight::memory::stored_memory_mib(report.stored_config.as_ref())
     };
     if !dry_run && !refused {
         if let Some(free_mib) = memory_for_copies(cfg) {
@@ -2274,14 +2295,14 @@ mod tests {
             text: text.into(),
         };
         assert_eq!(
-            stored_memory_mib(Some(&t("arch: amd64\nmemory: 2048\n"))),
+            crate::preflight::memory::stored_memory_mib(Some(&t("arch: amd64\nmemory: 2048\n"))),
             2048
         );
         assert_eq!(
-            stored_memory_mib(Some(&t("cores: 1\n[snap]\nmemory: 9\n"))),
+            crate::preflight::memory::stored_memory_mib(Some(&t("cores: 1\n[snap]\nmemory: 9\n"))),
             512
         );
-        assert_eq!(stored_memory_mib(None), 512);
+        assert_eq!(crate::preflight::memory::stored_memory_mib(None), 512);
     }
 
     #[test]

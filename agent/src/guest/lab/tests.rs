@@ -505,6 +505,7 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
         dhcp6: &dhcp6,
         reset_node_failures: true,
         joined: false,
+        hosts: None,
     };
     let lines: Vec<String> = [
         "dhcp6-stopped eth1 61",
@@ -568,6 +569,7 @@ fn only_a_stored_ip6_dhcp_name_is_read_as_stopped_from_the_watch() {
         dhcp6: &[],
         reset_node_failures: true,
         joined: false,
+        hosts: None,
     };
     assert!(boot_plan(&nothing, DHCP6_GIVE_UP).tick.is_none());
 }
@@ -582,6 +584,7 @@ fn watch_script(name: &str) -> String {
         dhcp6: &names,
         reset_node_failures: true,
         joined: false,
+        hosts: None,
     };
     tick_script(&lab)
 }
@@ -594,6 +597,7 @@ fn own_copy(names: &[String]) -> LabRequest<'_> {
         dhcp6: &[],
         reset_node_failures: true,
         joined: false,
+        hosts: None,
     }
 }
 
@@ -1208,6 +1212,7 @@ fn the_report_and_the_kept_unit_name_the_stanzas_that_failed_on_their_own() {
         dhcp6: &[],
         reset_node_failures: true,
         joined: false,
+        hosts: None,
     };
     let trip = |after: &[&str]| BootTrip {
         first: Ok("running".to_string()),
@@ -1669,4 +1674,161 @@ fn the_wait_online_rule_reads_online_from_what_networkd_before_v249_writes() {
     let file = networkd_links_file(247, "carrier", "yes", "degraded")
         .replace("ADMIN_STATE=configuring", "ADMIN_STATE=unmanaged");
     assert_eq!(wait_online_rule(&file).as_deref(), Some(reset));
+}
+
+/// [`HOSTS`] run on a file of this machine standing in for the copy's `/etc/hosts` (and its
+/// `.pve-ignore.hosts` beside it): what it printed, and the file afterwards.
+fn run_hosts(text: &str, ignored: bool, ip: &str, name: &str) -> (String, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "felhom-lab-hosts-{}-{}",
+        std::process::id(),
+        ulid::Ulid::new()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("hosts");
+    std::fs::write(&file, text).expect("hosts");
+    if ignored {
+        std::fs::write(dir.join(".pve-ignore.hosts"), "").expect("ignore");
+    }
+    let script = HOSTS
+        .replace(
+            "/etc/.pve-ignore.hosts",
+            &dir.join(".pve-ignore.hosts").to_string_lossy(),
+        )
+        .replace("/etc/hosts", &file.to_string_lossy());
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .env("FELHOM_LAB_HOSTS_IP", ip)
+        .env("FELHOM_LAB_HOSTS_NAME", name)
+        .output()
+        .expect("sh");
+    let after = std::fs::read_to_string(&file).expect("hosts after");
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        after,
+    )
+}
+
+/// What pve-container's `update_etc_hosts` writes for a copy without `net0`, hostname
+/// `db.example.com`, after the guest's own lines (`ct_modify_file` appends the section; `::1`
+/// added as the guest's lines have none): `tests/data/groups-facts.md`.
+const PVE_HOSTS_NO_NET0: &str = "127.0.0.1\tlocalhost\n127.0.1.1\ttestbed\n# --- BEGIN PVE ---\n::1 localhost.localnet localhost\n127.0.1.1 db.example.com db\n# --- END PVE ---\n";
+
+/// The line PVE writes for the copy without `net0` gets the stored `net0` address, names as
+/// PVE wrote them; nothing else of the file changes (the guest's own `127.0.1.1` line outside
+/// PVE's section stays). Run again (a resumed wait), it finds the line written.
+#[test]
+fn the_hosts_step_gives_pves_line_the_stored_address_and_nothing_else() {
+    let (said, after) = run_hosts(PVE_HOSTS_NO_NET0, false, "10.20.0.30", "db");
+    assert_eq!(said, "hosts-written");
+    assert_eq!(
+        after,
+        PVE_HOSTS_NO_NET0.replace(
+            "127.0.1.1 db.example.com db",
+            "10.20.0.30 db.example.com db"
+        )
+    );
+    let (said, again) = run_hosts(&after, false, "10.20.0.30", "db");
+    assert_eq!(said, "hosts-present");
+    assert_eq!(again, after);
+    // IPv6: net0 with ip=dhcp and a static ip6.
+    let (said, after) = run_hosts(PVE_HOSTS_NO_NET0, false, "fd00::30", "db");
+    assert_eq!(said, "hosts-written");
+    assert!(after.contains("\nfd00::30 db.example.com db\n"), "{after}");
+}
+
+/// Only PVE's first section counts (`ct_modify_file`'s), its END matched in any case; a line
+/// of another name, a file without PVE's section, and a file PVE is told to leave alone are
+/// left as they are.
+#[test]
+fn the_hosts_step_touches_only_pves_first_section_and_its_own_line() {
+    let lower = PVE_HOSTS_NO_NET0.replace("# --- END PVE ---", "# --- end pve ---")
+        + "# --- BEGIN PVE ---\n127.0.1.1 db\n# --- END PVE ---\n";
+    let (said, after) = run_hosts(&lower, false, "10.20.0.30", "db");
+    assert_eq!(said, "hosts-written");
+    assert!(
+        after.contains("\n10.20.0.30 db.example.com db\n"),
+        "{after}"
+    );
+    assert!(
+        after.ends_with("# --- BEGIN PVE ---\n127.0.1.1 db\n# --- END PVE ---\n"),
+        "{after}"
+    );
+    for (text, ignored, word) in [
+        (PVE_HOSTS_NO_NET0, false, "hosts-unmatched"),
+        (
+            "127.0.0.1 localhost\n127.0.1.1 db\n",
+            false,
+            "hosts-nosection",
+        ),
+        (PVE_HOSTS_NO_NET0, true, "hosts-ignored"),
+    ] {
+        let name = if word == "hosts-unmatched" {
+            "shop"
+        } else {
+            "db"
+        };
+        let (said, after) = run_hosts(text, ignored, "10.20.0.30", name);
+        assert_eq!(said, word);
+        assert_eq!(after, text);
+    }
+}
+
+/// Only a joined member with an entry gets the step and its variables; the report says the
+/// agent's own address and name for the step's word, and nothing for a word it does not know.
+#[test]
+fn the_hosts_step_runs_for_a_joined_member_and_its_word_is_reported_in_the_agents_terms() {
+    let names = ["eth0".to_string()];
+    let entry = crate::guest::group_net::HostsEntry {
+        ip: "10.20.0.30".parse().expect("ip"),
+        name: "db".to_string(),
+    };
+    let lab = LabRequest {
+        joined: true,
+        hosts: Some(&entry),
+        ..own_copy(&names)
+    };
+    let plan = boot_plan(&lab, DHCP6_GIVE_UP);
+    let before = plan.before.clone().unwrap_or_default();
+    assert!(before.contains(HOSTS), "{before}");
+    assert!(before.find(HOSTS) < before.find(GIVE));
+    assert!(plan
+        .env
+        .contains(&("FELHOM_LAB_HOSTS_IP", "10.20.0.30".to_string())));
+    assert!(plan
+        .env
+        .contains(&("FELHOM_LAB_HOSTS_NAME", "db".to_string())));
+    let alone = boot_plan(
+        &LabRequest {
+            hosts: Some(&entry),
+            ..own_copy(&names)
+        },
+        DHCP6_GIVE_UP,
+    );
+    assert!(!alone.before.unwrap_or_default().contains(HOSTS));
+    assert!(!alone
+        .env
+        .iter()
+        .any(|(k, _)| k.starts_with("FELHOM_LAB_HOSTS")));
+    let trip = |lines: &[&str]| BootTrip {
+        first: Ok("running".to_string()),
+        before: lines.iter().map(|s| s.to_string()).collect(),
+        tick: Vec::new(),
+        after: None,
+    };
+    let done = read_trip(&lab, &trip(&["joined eth0", "hosts-written"]));
+    assert!(
+        done.given.iter().any(|g| g
+            .starts_with("/etc/hosts: db given its stored address 10.20.0.30 in PVE's section")),
+        "{:?}",
+        done.given
+    );
+    let done = read_trip(&lab, &trip(&["joined eth0", "hosts-written 1.2.3.4 evil"]));
+    assert!(
+        !done.given.iter().any(|g| g.contains("/etc/hosts")),
+        "{:?}",
+        done.given
+    );
 }

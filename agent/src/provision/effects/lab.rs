@@ -22,6 +22,8 @@ pub(super) struct Lab {
     unread: Option<String>,
     /// The names were joined to the group's lab by root (what root said).
     pub(super) joined: Option<String>,
+    /// A group member's `/etc/hosts` line as PVE writes it for its stored `net0`.
+    hosts: Option<crate::guest::group_net::HostsEntry>,
     /// An isolated VM copy's lab.
     vm: Option<VmLab>,
 }
@@ -94,6 +96,7 @@ impl Lab {
             dhcp6: &self.dhcp6,
             reset_node_failures: self.own_copy,
             joined: self.joined.is_some(),
+            hosts: self.hosts.as_ref(),
         }
     }
 
@@ -159,6 +162,11 @@ impl Executor<'_> {
         {
             Ok(text) => {
                 let stored = StoredConfig::parse(&text);
+                // A member of an application group: the line PVE would have written into its
+                // /etc/hosts for its stored net0 (the copy has none).
+                if req.group.is_some() {
+                    lab.hosts = crate::guest::group_net::hosts_entry(&stored);
+                }
                 for nic in stored.nics(GuestKind::Lxc) {
                     let Some(name) = nic.name.clone() else {
                         continue;
