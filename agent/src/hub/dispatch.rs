@@ -217,6 +217,7 @@ impl RefusingRunner {
                     dispatch.txn
                 ),
             }),
+            group: None,
         }
     }
 }

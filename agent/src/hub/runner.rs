@@ -44,6 +44,7 @@ fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure)
         error: Some(error_info(failure)),
         guest: None,
         backup: None,
+        group: None,
     }
 }
 
@@ -67,6 +68,7 @@ fn nothing_started_result(txn: TxnId, kind: TxnKind, left: usize) -> TxnResult {
         }),
         guest: None,
         backup: None,
+        group: None,
     }
 }
 
