@@ -187,6 +187,47 @@ pub struct TxnResult {
     /// `ok`), at most [`MAX_BACKUP_BYTES`] (see [`backup_text`]); absent for other kinds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<String>,
+    /// For a restore-test copy that is a member of an application group: the group, its run
+    /// and the member's place in it; every member's result of one group run carries the same
+    /// `name` and `run`. Absent for a copy proven alone, for other kinds, and from agents
+    /// before groups (an optional field within versions 1 and 2: a peer that does not know it
+    /// ignores it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupInfo>,
+}
+
+/// The longest group name a result or a coverage row carries; a longer one is clipped.
+pub const MAX_GROUP_NAME_BYTES: usize = 64;
+/// The most members a result's [`GroupInfo`] lists; more are left out.
+pub const MAX_GROUP_MEMBERS: usize = 64;
+
+/// A restore-test copy's application group (`[[restore_test.group]]` on the agent): the hub
+/// receives one result per member, each with this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupInfo {
+    /// The group's name (at most [`MAX_GROUP_NAME_BYTES`]).
+    pub name: String,
+    /// The group run's id: the same in the result of every member of one run of the group,
+    /// and in no other run's (ULID text; not a transaction's id).
+    pub run: TxnId,
+    /// The member's place in the group's start order, from 1.
+    pub member: u32,
+    /// The group's members (their guests' vmids) in start order, at most
+    /// [`MAX_GROUP_MEMBERS`]; empty when the agent did not record them.
+    #[serde(default)]
+    pub members: Vec<u32>,
+}
+
+impl GroupInfo {
+    /// A group's info with its name clipped (on a char boundary) and its members bounded.
+    pub fn new(name: &str, run: TxnId, member: u32, members: &[u32]) -> Self {
+        Self {
+            name: crate::clip(name, MAX_GROUP_NAME_BYTES).to_owned(),
+            run,
+            member,
+            members: members.iter().copied().take(MAX_GROUP_MEMBERS).collect(),
+        }
+    }
 }
 
 /// The longest `isolation` note a result carries; longer text is clipped.
@@ -376,6 +417,48 @@ mod tests {
             (&json!(200), &json!(volid))
         );
         assert_eq!(serde_json::from_value::<Event>(wire).unwrap(), e);
+    }
+
+    #[test]
+    fn group_is_absent_for_a_copy_alone_and_a_member_s_result_carries_it() {
+        let alone = json!({
+            "txn": "01KJMMA6WMJMRNV7E9Z0C1HT0H", "kind": "restore-test", "vmid": 990000,
+            "outcome": "ok", "phase": "destroyed", "destroy_armed": true, "destroyed": true,
+            "checks": [], "error": null, "guest": 200,
+            "backup": "local:backup/vzdump-lxc-200-2026_01_01-00_00_00.tar.zst"
+        });
+        let r: TxnResult = serde_json::from_value(alone.clone()).unwrap();
+        assert_eq!(r.group, None);
+        assert_eq!(serde_json::to_value(&r).unwrap(), alone);
+
+        let run = TxnId::parse("01KJMMB1F8D3N6R0S2V5Y7ZA9B").unwrap();
+        let member = TxnResult {
+            group: Some(GroupInfo::new("shop", run, 2, &[200, 201])),
+            ..r
+        };
+        let wire = serde_json::to_value(&member).unwrap();
+        assert_eq!(
+            wire["group"],
+            json!({"name": "shop", "run": "01KJMMB1F8D3N6R0S2V5Y7ZA9B", "member": 2, "members": [200, 201]})
+        );
+        assert_eq!(serde_json::from_value::<TxnResult>(wire).unwrap(), member);
+        // A group of an agent that recorded no members still reads.
+        let mut bare = serde_json::to_value(&member).unwrap();
+        bare["group"].as_object_mut().unwrap().remove("members");
+        let read: TxnResult = serde_json::from_value(bare).unwrap();
+        assert_eq!(read.group.map(|g| (g.member, g.members)), Some((2, vec![])));
+    }
+
+    #[test]
+    fn a_group_s_name_is_clipped_and_its_members_bounded() {
+        let run = TxnId::parse("01KJMMB1F8D3N6R0S2V5Y7ZA9B").unwrap();
+        let long = "é".repeat(MAX_GROUP_NAME_BYTES);
+        let many: Vec<u32> = (0..1000).collect();
+        let g = GroupInfo::new(&long, run, 1, &many);
+        assert!(g.name.len() <= MAX_GROUP_NAME_BYTES && g.name.len() >= MAX_GROUP_NAME_BYTES - 1);
+        assert!(long.starts_with(&g.name));
+        assert_eq!(g.members, (0..MAX_GROUP_MEMBERS as u32).collect::<Vec<_>>());
+        assert_eq!(GroupInfo::new("db", run, 1, &[7]).name, "db");
     }
 
     #[test]

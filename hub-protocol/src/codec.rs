@@ -864,6 +864,7 @@ mod tests {
                 error: None,
                 guest: None,
                 backup: None,
+                group: None,
             }),
             coverage(),
             AgentMessage::Ack(Ack { ids: vec![id()] }),
@@ -890,6 +891,7 @@ mod tests {
                 proven_gone: None,
                 due_since: None,
                 due: false,
+                group: None,
             }],
         })
     }
@@ -1050,6 +1052,7 @@ mod tests {
                 }),
                 guest: None,
                 backup: None,
+                group: None,
             })
         };
         for (code, v1) in [
@@ -1113,6 +1116,7 @@ mod tests {
             error: None,
             guest: Some(300),
             backup: None,
+            group: None,
         });
         let ts = || Timestamp::parse(TS).unwrap();
 
@@ -1202,6 +1206,7 @@ mod tests {
             error: None,
             guest: None,
             backup: None,
+            group: None,
         };
         let env = Envelope::new(
             1,

@@ -190,6 +190,11 @@ pub struct CoverageRow {
     pub due_since: Option<u64>,
     /// Whether the next run restores its newest backup.
     pub due: bool,
+    /// The application group the guest is proven with (its name, at most
+    /// [`MAX_GROUP_NAME_BYTES`](crate::MAX_GROUP_NAME_BYTES)); absent for a guest proven alone
+    /// and from agents before groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl BackupTest {
@@ -219,6 +224,9 @@ impl CoverageRow {
             p.volid = clipped(&p.volid, MAX_BACKUP_BYTES);
         }
         self.proven_gone = self.proven_gone.map(|v| clipped(&v, MAX_BACKUP_BYTES));
+        self.group = self
+            .group
+            .map(|g| clipped(&g, crate::agent::MAX_GROUP_NAME_BYTES));
         self
     }
 }
@@ -330,6 +338,7 @@ mod tests {
             proven_gone: None,
             due_since: None,
             due: false,
+            group: None,
         }
     }
 

@@ -22,7 +22,11 @@
 //!
 //! - **1**: the messages above but `coverage`. Results and events of a restore-test copy
 //!   (kind `selftest-restore` in this version) name the guest whose backup it proves and that
-//!   backup (`guest`, `backup`; optional fields, absent for other kinds).
+//!   backup (`guest`, `backup`; optional fields, absent for other kinds). The result of a
+//!   copy that is a member of an application group carries [`GroupInfo`] (`group`: the
+//!   group's name, its run's id shared by every member's result of that run, the member's
+//!   place and the members; an optional field, added within the version, that an older peer
+//!   ignores and whose absence means a copy proven alone).
 //! - **2**: adds the agent's [`Coverage`] message (`coverage`): after every restore-test run
 //!   that worked it out, the table of the node's pool guests and whether each one's newest
 //!   backup is proven, as `felhom-agent restore-report --json` shows it (bounded: at most
@@ -33,7 +37,9 @@
 //!   A check that could not judge its guest has the status `skipped` ([`CheckStatus`]; a
 //!   version 1 frame carries it as `error`, its message saying why: never as `pass`), and
 //!   the restore test's kind is named `restore-test` (a version 1 frame: `selftest-restore`;
-//!   either name decodes in either version).
+//!   either name decodes in either version). A coverage row names the application group
+//!   its guest is proven with (`group`, optional, added within the version; absent for a
+//!   guest proven alone).
 //!
 //! ```
 //! use hub_protocol::{decode, encode, AgentMessage, Envelope, Heartbeat, MessageId, Timestamp};
@@ -116,8 +122,9 @@ mod version;
 
 pub use ack::Ack;
 pub use agent::{
-    backup_text, capability, AgentMessage, Event, GuestStatus, GuestType, Heartbeat, Hello,
-    HostFacts, Inventory, PoolGuest, TxnResult, MAX_ISOLATION_BYTES,
+    backup_text, capability, AgentMessage, Event, GroupInfo, GuestStatus, GuestType, Heartbeat,
+    Hello, HostFacts, Inventory, PoolGuest, TxnResult, MAX_GROUP_MEMBERS, MAX_GROUP_NAME_BYTES,
+    MAX_ISOLATION_BYTES,
 };
 pub use codec::{
     decode, decode_value, encode, AgentEnvelope, EncodeError, Envelope, HubEnvelope, Message,

@@ -3,12 +3,13 @@
 //! - **Version 1**: `hello`, `heartbeat`, `inventory`, `event`, `result`, `ack`,
 //!   `protocol_error` from the agent; `welcome`, `dispatch`, `ack`, `protocol_error` from the
 //!   hub. Within it, results gained the optional `isolation`, and results and events of a
-//!   restore-test copy the optional `guest` and `backup`.
+//!   restore-test copy the optional `guest` and `backup`, and results of a member of an
+//!   application group the optional `group`.
 //! - **Version 2**: everything of version 1, and the agent's `coverage` message (the restore
 //!   test's coverage table, sent after every run that worked it out). An agent in a version 1
 //!   session sends no `coverage`. Also the check status `skipped` (a version 1 frame carries
 //!   `error` with the check's message) and the kind's name `restore-test` (version 1:
-//!   `selftest-restore`).
+//!   `selftest-restore`). Within it, coverage rows gained the optional `group`.
 
 /// The newest protocol version this crate speaks.
 pub const PROTOCOL_VERSION: u32 = 2;

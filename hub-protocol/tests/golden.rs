@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use hub_protocol::{
     decode, encode, Ack, AgentEnvelope, AgentMessage, BackupRef, BackupTest, CheckReport,
     CheckStatus, Coverage, CoverageRow, CoverageStatus, Dispatch, DispatchAction, Envelope,
-    ErrorCode, ErrorInfo, Event, GuestStatus, GuestType, Heartbeat, Hello, HostFacts, HubEnvelope,
-    HubMessage, Inventory, Message, MessageId, Outcome, Phase, PoolGuest, ProtocolError,
-    ProtocolErrorCode, ProvenPoint, TestVerdict, Timestamp, TxnId, TxnKind, TxnResult, Welcome,
-    HANDSHAKE_VERSION,
+    ErrorCode, ErrorInfo, Event, GroupInfo, GuestStatus, GuestType, Heartbeat, Hello, HostFacts,
+    HubEnvelope, HubMessage, Inventory, Message, MessageId, Outcome, Phase, PoolGuest,
+    ProtocolError, ProtocolErrorCode, ProvenPoint, TestVerdict, Timestamp, TxnId, TxnKind,
+    TxnResult, Welcome, HANDSHAKE_VERSION,
 };
 use serde_json::Value;
 
@@ -110,6 +110,7 @@ fn coverage() -> Coverage {
                 proven_gone: None,
                 due_since: None,
                 due: false,
+                group: None,
             },
             CoverageRow {
                 vmid: 121,
@@ -134,6 +135,7 @@ fn coverage() -> Coverage {
                 proven_gone: None,
                 due_since: Some(1_772_244_000),
                 due: true,
+                group: None,
             },
             CoverageRow {
                 vmid: 122,
@@ -149,7 +151,120 @@ fn coverage() -> Coverage {
                 proven_gone: None,
                 due_since: None,
                 due: false,
+                group: None,
             },
+        ],
+    }
+}
+
+const DB_BACKUP: &str = "local:backup/vzdump-lxc-200-2026_02_28-02_00_00.tar.zst";
+const SHOP_BACKUP: &str = "local:backup/vzdump-lxc-201-2026_02_28-02_00_00.tar.zst";
+/// The shop group's run: the same in both members' results.
+const SHOP_GROUP_RUN: &str = "01KJGXC7D9F1H3K5M7P9R1T3V5";
+
+/// The shop's result in its group's run: its order page failed, the database member before it
+/// having failed first.
+fn shop_member_result() -> TxnResult {
+    TxnResult {
+        txn: txn("01KJGXC8E0G2J4M6N8Q0S2T4W6"),
+        kind: TxnKind::SelftestRestore,
+        vmid: Some(990_001),
+        outcome: Outcome::Failed,
+        phase: Phase::Destroyed,
+        destroy_armed: true,
+        destroyed: true,
+        checks: vec![CheckReport {
+            name: s("order-page"),
+            status: CheckStatus::Fail,
+            rows: vec![[(s("response_code"), s("502"))].into()],
+            row_count: 1,
+            rows_truncated: false,
+            message: Some(s(
+                "failed; member 200 (db) of group shop failed before it: unit db.service failed",
+            )),
+            duration_ms: 212,
+        }],
+        error: Some(ErrorInfo {
+            code: ErrorCode::CheckFailed,
+            message: s("check order-page failed in container 990001 on pve1"),
+        }),
+        isolation: None,
+        guest: Some(201),
+        backup: Some(s(SHOP_BACKUP)),
+        group: Some(GroupInfo {
+            name: s("shop"),
+            run: txn(SHOP_GROUP_RUN),
+            member: 2,
+            members: vec![200, 201],
+        }),
+    }
+}
+
+/// A table with the shop group's two members (the database failed, the shop failed) and a
+/// guest proven alone.
+fn coverage_with_a_group() -> Coverage {
+    let failed = |volid: &str, copy: u32, t: &str, failing: &str| BackupTest {
+        volid: s(volid),
+        txn: txn(t),
+        at: 1_772_248_400,
+        verdict: TestVerdict::Failed,
+        code: Some(ErrorCode::CheckFailed),
+        message: Some(format!(
+            "check {failing} failed in container {copy} on pve1"
+        )),
+        failing: vec![s(failing)],
+        copy: Some(copy),
+    };
+    let member = |vmid: u32, name: &str, volid: &str, test: BackupTest| CoverageRow {
+        vmid,
+        name: s(name),
+        status: CoverageStatus::Failed,
+        stale: false,
+        stale_after: Some(691_200),
+        backup_age: Some(122_400),
+        newest_backup: Some(BackupRef {
+            volid: s(volid),
+            time: 1_772_244_000,
+            size: Some(123_456_789),
+        }),
+        last_test: Some(test.clone()),
+        failed_test: Some(test),
+        proven: None,
+        proven_gone: None,
+        due_since: Some(1_772_244_000),
+        due: true,
+        group: Some(s("shop")),
+    };
+    let mut alone = coverage().guests.remove(0);
+    alone.vmid = 120;
+    Coverage {
+        node: s("pve1"),
+        at: ts("2026-03-01T12:00:00Z"),
+        guest_count: 3,
+        guests: vec![
+            alone,
+            member(
+                200,
+                "db",
+                DB_BACKUP,
+                failed(
+                    DB_BACKUP,
+                    990_000,
+                    "01KJGXC8D0F2H4K6M8P0R2T4V6",
+                    "database-serves",
+                ),
+            ),
+            member(
+                201,
+                "shop",
+                SHOP_BACKUP,
+                failed(
+                    SHOP_BACKUP,
+                    990_001,
+                    "01KJGXC8E0G2J4M6N8Q0S2T4W6",
+                    "order-page",
+                ),
+            ),
         ],
     }
 }
@@ -288,6 +403,7 @@ fn cases() -> Vec<(&'static str, Expected)> {
                     isolation: None,
                     guest: Some(120),
                     backup: Some(s(CT_120_BACKUP)),
+                    group: None,
                 }),
             ),
         ),
@@ -334,7 +450,27 @@ fn cases() -> Vec<(&'static str, Expected)> {
                     isolation: None,
                     guest: Some(121),
                     backup: Some(s(VM_121_BACKUP)),
+                    group: None,
                 }),
+            ),
+        ),
+        (
+            // A member of an application group: the optional `group` of results.
+            "agent_result_restore_test_group_v2.json",
+            agent_in(
+                2,
+                "01KJGXC9F1H3K5M7P9R1T3V5X7",
+                "2026-02-28T03:14:00.250Z",
+                AgentMessage::Result(shop_member_result()),
+            ),
+        ),
+        (
+            // Coverage rows naming their guest's group.
+            "agent_coverage_group_v2.json",
+            agent_since(
+                "01KJGXCA02J4M6N8Q0S2T4W6Y8",
+                "2026-03-01T12:00:00.750Z",
+                AgentMessage::Coverage(coverage_with_a_group()),
             ),
         ),
         (
@@ -366,6 +502,7 @@ fn cases() -> Vec<(&'static str, Expected)> {
                     )),
                     guest: None,
                     backup: None,
+                    group: None,
                 }),
             ),
         ),
@@ -420,6 +557,7 @@ fn cases() -> Vec<(&'static str, Expected)> {
                     isolation: None,
                     guest: None,
                     backup: None,
+                    group: None,
                 }),
             ),
         ),
@@ -730,4 +868,67 @@ fn golden_frames_sent_the_wrong_way_are_unknown_types() {
             assert_eq!(err.code, ProtocolErrorCode::UnknownType, "{name}");
         }
     }
+}
+
+/// A group member's result in either version: a version 1 frame carries the same `group` (an
+/// optional field of version 1, as `guest` and `backup` are) with the kind's version 1 name,
+/// and decodes; the frame with its `group` left out (an agent before groups) decodes as a
+/// copy proven alone, the rest the same. So do coverage rows with and without `group`.
+#[test]
+fn a_group_member_s_result_and_rows_in_either_version_and_without_the_group() {
+    let golden: Value =
+        serde_json::from_str(&read_golden("agent_result_restore_test_group_v2.json")).unwrap();
+    let env = Envelope::new(
+        1,
+        mid("01KJGXC9F1H3K5M7P9R1T3V5X7"),
+        ts("2026-02-28T03:14:00.250Z"),
+        AgentMessage::Result(shop_member_result()),
+    );
+    let old: Value = serde_json::from_str(&encode(&env).unwrap()).unwrap();
+    let mut want = golden.clone();
+    want["v"] = Value::from(1);
+    want["body"]["kind"] = Value::from("selftest-restore");
+    assert_eq!(old, want);
+    assert_eq!(old["body"]["group"]["run"], Value::from(SHOP_GROUP_RUN));
+    assert_eq!(decode::<AgentMessage>(&old.to_string()), Ok(env));
+
+    for v in [1, 2] {
+        let mut bare = golden.clone();
+        bare["v"] = Value::from(v);
+        bare["body"].as_object_mut().unwrap().remove("group");
+        let AgentMessage::Result(r) = decode::<AgentMessage>(&bare.to_string()).unwrap().message
+        else {
+            panic!("not a result");
+        };
+        assert_eq!(
+            r,
+            TxnResult {
+                group: None,
+                ..shop_member_result()
+            }
+        );
+    }
+
+    let mut rows: Value =
+        serde_json::from_str(&read_golden("agent_coverage_group_v2.json")).unwrap();
+    for row in rows["body"]["guests"].as_array_mut().unwrap() {
+        row.as_object_mut().unwrap().remove("group");
+    }
+    let AgentMessage::Coverage(table) = decode::<AgentMessage>(&rows.to_string()).unwrap().message
+    else {
+        panic!("not a coverage table");
+    };
+    let mut want = coverage_with_a_group();
+    for row in &mut want.guests {
+        row.group = None;
+    }
+    assert_eq!(table, want);
+    assert_eq!(
+        coverage_with_a_group()
+            .guests
+            .iter()
+            .map(|r| r.group.as_deref())
+            .collect::<Vec<_>>(),
+        [None, Some("shop"), Some("shop")]
+    );
 }

@@ -9,10 +9,10 @@ use std::num::NonZeroU32;
 use hub_protocol::{
     decode, decode_value, encode, Ack, AgentMessage, BackupRef, BackupTest, CheckReport, CheckRow,
     CheckStatus, Coverage, CoverageRow, CoverageStatus, Dispatch, DispatchAction, Envelope,
-    ErrorCode, ErrorInfo, Event, GuestStatus, GuestType, Heartbeat, Hello, HostFacts, HubMessage,
-    Inventory, Message, MessageId, Outcome, Phase, PoolGuest, ProtocolError, ProtocolErrorCode,
-    ProvenPoint, TestVerdict, Timestamp, TxnId, TxnKind, TxnResult, Welcome, MAX_COVERAGE_ROWS,
-    MAX_ERROR_MESSAGE_BYTES, MAX_FRAME_BYTES, SUPPORTED_VERSIONS,
+    ErrorCode, ErrorInfo, Event, GroupInfo, GuestStatus, GuestType, Heartbeat, Hello, HostFacts,
+    HubMessage, Inventory, Message, MessageId, Outcome, Phase, PoolGuest, ProtocolError,
+    ProtocolErrorCode, ProvenPoint, TestVerdict, Timestamp, TxnId, TxnKind, TxnResult, Welcome,
+    MAX_COVERAGE_ROWS, MAX_ERROR_MESSAGE_BYTES, MAX_FRAME_BYTES, SUPPORTED_VERSIONS,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option;
@@ -254,14 +254,18 @@ fn txn_result() -> impl Strategy<Value = TxnResult> {
             option::of(error_info()),
             option::of(text()),
         ),
-        (option::of(any::<u32>()), option::of(text())),
+        (
+            option::of(any::<u32>()),
+            option::of(text()),
+            option::of(group_info()),
+        ),
     )
         .prop_map(
             |(
                 (txn, kind, vmid, outcome, phase),
                 (destroy_armed, destroyed),
                 (checks, error, isolation),
-                (guest, backup),
+                (guest, backup, group),
             )| {
                 TxnResult {
                     txn,
@@ -276,9 +280,21 @@ fn txn_result() -> impl Strategy<Value = TxnResult> {
                     isolation,
                     guest,
                     backup,
+                    group,
                 }
             },
         )
+}
+
+fn group_info() -> impl Strategy<Value = GroupInfo> {
+    (text(), txn_id(), any::<u32>(), vec(any::<u32>(), 0..4)).prop_map(
+        |(name, run, member, members)| GroupInfo {
+            name,
+            run,
+            member,
+            members,
+        },
+    )
 }
 
 fn coverage_status() -> impl Strategy<Value = CoverageStatus> {
@@ -334,6 +350,7 @@ fn coverage_row() -> impl Strategy<Value = CoverageRow> {
             option::of(any::<u64>()),
             any::<bool>(),
             option::of(any::<u64>()),
+            option::of(text()),
         ),
     )
         .prop_map(
@@ -342,7 +359,7 @@ fn coverage_row() -> impl Strategy<Value = CoverageRow> {
                 (backup_age, newest_backup),
                 (last_test, failed_test),
                 (proven, proven_gone),
-                (due_since, due, stale_after),
+                (due_since, due, stale_after, group),
             )| CoverageRow {
                 vmid,
                 name,
@@ -357,6 +374,7 @@ fn coverage_row() -> impl Strategy<Value = CoverageRow> {
                 proven_gone,
                 due_since,
                 due,
+                group,
             },
         )
 }

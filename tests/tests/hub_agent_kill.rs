@@ -183,6 +183,7 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
                 error: None,
                 guest: None,
                 backup: None,
+                group: None,
             }))
             .await
             .expect("push");
@@ -239,6 +240,7 @@ fn open_dispatches_resume_and_a_torn_record_is_cut_off_after_a_kill() {
             error: None,
             guest: None,
             backup: None,
+            group: None,
         }),
     )
     .expect("spool");

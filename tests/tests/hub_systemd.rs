@@ -353,6 +353,7 @@ fn seed_result(state_dir: &Path) -> TxnId {
                 error: None,
                 guest: None,
                 backup: None,
+                group: None,
             }))
             .await
             .expect("push");

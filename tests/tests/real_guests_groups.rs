@@ -7,9 +7,14 @@
 //! database is broken is red, and the shop's failing check names the database member. The
 //! lab's namespace is gone after the run. A database bound to its hostname serves the shop
 //! (the lab gives PVE's /etc/hosts line the stored net0 address back); a shop on another
-//! subnet is warned of by the group's run, and cannot reach the database. Each test needs LXC
-//! (`tests/tests/real_guests.rs`).
+//! subnet is warned of by the group's run, and cannot reach the database. What a red group's run
+//! shows besides its copies: `restore-report`'s group column, `journal --last restore-test`'s
+//! member lines, the metrics (one run, the group's outcome) and the hub (one result per member,
+//! naming the group and its run). Each test needs LXC (`tests/tests/real_guests.rs`).
 
+use std::time::Duration;
+
+use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
 use felhom_tests::fakepve::AgentOptions;
 use felhom_tests::verdict::{check, check_is, debian_backup, ran_check};
 use felhom_tests::world::World;
@@ -131,7 +136,12 @@ fn scenario_with(db_unit: &str, shop_ip: &str) -> Value {
 
 /// The world of `scenario` with the shop's pack, and the group when `grouped`.
 fn world(scenario: Value, grouped: bool) -> Option<World> {
-    let w = World::real_or_skip(scenario, &AgentOptions::default())?;
+    world_with(scenario, grouped, &AgentOptions::default())
+}
+
+/// [`world`] with the agent's options (a hub).
+fn world_with(scenario: Value, grouped: bool, opts: &AgentOptions) -> Option<World> {
+    let w = World::real_or_skip(scenario, opts)?;
     std::fs::write(w.files.checks_dir.join("shop.toml"), SHOP_PACK)
         .unwrap_or_else(|e| panic!("cannot write the pack: {e}"));
     if grouped {
@@ -301,4 +311,211 @@ fn members_on_different_subnets_are_warned_of_in_the_groups_run() {
     }
     assert!(check_is(shop, "order-page", "fail"), "{shop:#}");
     assert_lab_gone(shop);
+}
+
+/// A `felhom_*` sample's value in a metrics file of the world.
+fn sample(w: &World, file: &str, series: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(w.files.metrics_dir.join(file))
+        .unwrap_or_else(|e| panic!("cannot read {file}: {e}"));
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A red group's run as everything but its copies shows it: `restore-report` names the group
+/// of each member's row (text and `--json`) and sums the group up; `journal --last
+/// restore-test` (of any member) lists every member in start order with its ending and its
+/// first failing check; the metrics count one run whose outcome is the group's (`failed`),
+/// each member's coverage on its own row; the hub receives one result per member, each naming
+/// the group, the same run and its place, and the coverage rows with their group.
+#[test]
+fn a_red_group_s_run_in_the_report_the_journal_the_metrics_and_the_hub() {
+    const WAIT: Duration = Duration::from_secs(120);
+    let hub = DevHub::start(DevHubOptions::default());
+    let opts = AgentOptions {
+        hub: Some(hub.hub_options()),
+        ..AgentOptions::default()
+    };
+    let Some(w) = world_with(scenario(BROKEN_DB_UNIT), true, &opts) else {
+        return;
+    };
+    let run: felhom_tests::agent::AgentRun = w
+        .command()
+        .args(["--selftest=restore", "--guest", "201", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the agent: {e}"))
+        .into();
+    let out = format!("{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.code, Some(5), "{out}");
+    let doc: Value = serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let copies = doc["copies"].as_array().cloned().unwrap_or_default();
+    let (db, shop) = (copy_of(&copies, 200).clone(), copy_of(&copies, 201).clone());
+    let lab = shop["group"]["lab"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let group_run = lab.trim_start_matches("felhom-g-").to_string();
+    assert_eq!(group_run.len(), 26, "{lab}");
+
+    // The run sums its group up: red, as its members.
+    let groups = doc["groups"].as_array().cloned().unwrap_or_default();
+    assert_eq!(groups.len(), 1, "{doc:#}");
+    assert_eq!(groups[0]["name"], "shop", "{doc:#}");
+    assert_eq!(groups[0]["run"], json!(group_run), "{doc:#}");
+    assert_eq!(groups[0]["ending"], "failed", "{doc:#}");
+    assert_eq!(doc["run"]["outcome"], "failed", "{doc:#}");
+
+    // restore-report: each member's row names the group; the group's line names both.
+    let report = w.agent(&["restore-report"]);
+    assert_eq!(report.code, Some(5), "{}", report.stdout);
+    let lines: Vec<&str> = report.stdout.lines().collect();
+    let col = lines
+        .first()
+        .and_then(|h| h.find("GROUP"))
+        .unwrap_or_else(|| panic!("no GROUP column: {}", report.stdout));
+    for vmid in ["200", "201"] {
+        let row = lines
+            .iter()
+            .find(|l| l.trim_start().starts_with(&format!("{vmid} ")))
+            .unwrap_or_else(|| panic!("no row of {vmid}: {}", report.stdout));
+        assert_eq!(
+            row.get(col..).and_then(|c| c.split_whitespace().next()),
+            Some("shop"),
+            "{}",
+            report.stdout
+        );
+    }
+    assert!(
+        report
+            .stdout
+            .contains("group shop: failed (200 db failed, 201 shop failed)"),
+        "{}",
+        report.stdout
+    );
+    let rows = w.agent(&["restore-report", "--json"]).json();
+    for r in rows["guests"].as_array().cloned().unwrap_or_default() {
+        if r["vmid"] == 200 || r["vmid"] == 201 {
+            assert_eq!(r["group"], "shop", "{r:#}");
+        } else {
+            assert!(r.get("group").is_none(), "{r:#}");
+        }
+    }
+
+    // journal --last restore-test, of the run and of the database member: every member.
+    for args in [
+        vec!["journal", "--last", "restore-test"],
+        vec!["journal", "--last", "restore-test", "--guest", "200"],
+    ] {
+        let last = w.agent(&args);
+        assert_eq!(last.code, Some(0), "{}\n{}", last.stdout, last.stderr);
+        let text = &last.stdout;
+        assert!(
+            text.contains(&format!(
+                "group:      shop (run {group_run}): failed, 2 member(s)"
+            )),
+            "{args:?}: {text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "member 1: guest 200 (db) in copy {} (txn {}): failed",
+                db["vmid"],
+                db["txn"].as_str().unwrap_or_default()
+            )),
+            "{args:?}: {text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "member 2: guest 201 (shop) in copy {} (txn {}): failed; first failing check order-page fail: ",
+                shop["vmid"], shop["txn"].as_str().unwrap_or_default()
+            )) && text.contains("member 200 (db) of group shop failed before it"),
+            "{args:?}: {text}"
+        );
+        let mut json_args = args.clone();
+        json_args.push("--json");
+        let doc = w.agent(&json_args).json();
+        let members = doc["group"]["members"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            members
+                .iter()
+                .map(|m| (m["guest"].clone(), m["ending"].clone()))
+                .collect::<Vec<_>>(),
+            [(json!(200), json!("failed")), (json!(201), json!("failed"))],
+            "{doc:#}"
+        );
+        assert_eq!(members[1]["failing"]["name"], "order-page", "{doc:#}");
+    }
+
+    // The metrics: one run, the group's outcome; each member's coverage on its own row.
+    let rt = "felhom_restore_test.prom";
+    assert_eq!(sample(&w, rt, "felhom_restore_test_runs_total"), Some(1.0));
+    assert_eq!(
+        sample(&w, rt, "felhom_restore_test_outcome{outcome=\"failed\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&w, rt, "felhom_restore_test_outcome{outcome=\"ok\"}"),
+        Some(0.0)
+    );
+    let cov = "felhom_backup_coverage.prom";
+    for vmid in [200, 201] {
+        assert_eq!(
+            sample(
+                &w,
+                cov,
+                &format!("felhom_backup_status{{vmid=\"{vmid}\",status=\"failed\"}}")
+            ),
+            Some(1.0),
+            "guest {vmid}"
+        );
+    }
+
+    // The hub: one result per member, each naming the group, its run and its place; the
+    // coverage rows name the group too.
+    let path = w.path();
+    let agent = AgentDaemon::spawn(
+        &w.files.config_path,
+        FAST_TIMING,
+        &[("PATH", path.as_str())],
+    );
+    let state = hub.wait_for("both members' results and the table", WAIT, |s| {
+        s.results.values().flatten().count() >= 2 && !s.coverages.is_empty()
+    });
+    let mut members: Vec<_> = state
+        .results
+        .values()
+        .flatten()
+        .map(|(_, r)| r.clone())
+        .collect();
+    members.sort_by_key(|r| r.guest);
+    assert_eq!(members.len(), 2, "{members:#?}");
+    for (r, (guest, place, copy)) in members.iter().zip([(200, 1, &db), (201, 2, &shop)]) {
+        assert_eq!(r.guest, Some(guest), "{r:?}");
+        assert_eq!(r.outcome, hub_protocol::Outcome::Failed, "{r:?}");
+        assert_eq!(r.txn.to_string(), copy["txn"].as_str().unwrap_or_default());
+        let g = r
+            .group
+            .as_ref()
+            .unwrap_or_else(|| panic!("no group: {r:?}"));
+        assert_eq!(
+            (
+                g.name.as_str(),
+                g.run.to_string(),
+                g.member,
+                g.members.as_slice()
+            ),
+            ("shop", group_run.clone(), place, &[200, 201][..]),
+            "{r:?}"
+        );
+    }
+    let table = &state.coverages[0].1;
+    for row in &table.guests {
+        let want = [200, 201].contains(&row.vmid).then_some("shop");
+        assert_eq!(row.group.as_deref(), want, "{row:?}");
+    }
+    assert!(table.guests.iter().filter(|r| r.group.is_some()).count() == 2);
+    let (status, log) = agent.terminate(WAIT);
+    assert!(status.success(), "the daemon exited {status}:\n{log}");
 }

@@ -329,6 +329,21 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>) -> CommandOutput {
         copies.push(doc);
         human.push_str(&text);
     }
+    let groups = run_groups(&run);
+    for g in &groups {
+        let each: Vec<String> = g
+            .members
+            .iter()
+            .map(|m| format!("member {} guest {} {}", m.member, m.guest, m.ending))
+            .collect();
+        human.push_str(&format!(
+            "group {} (run {}): {} ({})\n",
+            crate::error::outside_text(&g.name),
+            g.run,
+            g.ending,
+            each.join(", ")
+        ));
+    }
     for l in &run.left {
         human.push_str(&format!(
             "guest {}: backup {} left for a later run: {}\n",
@@ -432,6 +447,9 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>) -> CommandOutput {
         "left": run.left,
         "coverage": run.coverage,
     });
+    if !groups.is_empty() {
+        json["groups"] = json!(groups);
+    }
     if let Some(m) = &run.metrics_error {
         json["metrics_error"] = json!(m);
     }
@@ -440,6 +458,40 @@ pub fn restore_test(ran: Result<RestoreTestRun, Failure>) -> CommandOutput {
         human,
         status: run.status(),
     }
+}
+
+/// The application groups of a run: each group run's members (by its lab), their verdicts
+/// and the group's ending (`ok` only when every member's is).
+fn run_groups(
+    run: &RestoreTestRun,
+) -> Vec<crate::service::restore_test::group_result::GroupResult> {
+    let mut labs: Vec<ulid::Ulid> = Vec::new();
+    for c in &run.copies {
+        if let Some(g) = &c.driven.state.request().group {
+            if !labs.contains(&g.lab) {
+                labs.push(g.lab);
+            }
+        }
+    }
+    labs.iter()
+        .filter_map(|lab| {
+            let mut members: Vec<CopyRun> = run
+                .copies
+                .iter()
+                .filter(|c| {
+                    c.driven
+                        .state
+                        .request()
+                        .group
+                        .as_ref()
+                        .is_some_and(|g| g.lab == *lab)
+                })
+                .cloned()
+                .collect();
+            members.sort_by_key(|c| c.driven.state.request().group.as_ref().map(|g| g.index));
+            crate::service::restore_test::group_result::of_copies(&members)
+        })
+        .collect()
 }
 
 /// `4 proven, 1 due, 1 failed (1 stale)`: the statuses that occur.
@@ -477,14 +529,22 @@ pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput 
         Err(f) => return CommandOutput::failure(&f),
     };
     let mut human = format!(
-        "{:>7}  {:<20} {:<10} {:<5}  {:>10}  {:>10}  {}\n",
-        "GUEST", "NAME", "STATUS", "STALE", "BACKUP AGE", "PROVEN AGE", "NEWEST BACKUP / WHY"
+        "{:>7}  {:<20} {:<12} {:<10} {:<5}  {:>10}  {:>10}  {}\n",
+        "GUEST",
+        "NAME",
+        "GROUP",
+        "STATUS",
+        "STALE",
+        "BACKUP AGE",
+        "PROVEN AGE",
+        "NEWEST BACKUP / WHY"
     );
     for r in &rows {
         let name: String = crate::error::outside_text(&r.name)
             .chars()
             .take(20)
             .collect();
+        let group: String = r.group.as_deref().unwrap_or("-").chars().take(12).collect();
         let backup_age = r.backup_age.map_or_else(|| "-".to_string(), age_text);
         let proven_age = r
             .proven
@@ -495,9 +555,10 @@ pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput 
             |b| crate::error::outside_text(&b.volid),
         );
         human.push_str(&format!(
-            "{:>7}  {:<20} {:<10} {:<5}  {:>10}  {:>10}  {newest}\n",
+            "{:>7}  {:<20} {:<12} {:<10} {:<5}  {:>10}  {:>10}  {newest}\n",
             r.vmid,
             name,
+            group,
             r.status.as_str(),
             if r.stale { "yes" } else { "no" },
             backup_age,
@@ -580,6 +641,7 @@ pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput 
     if rows.is_empty() {
         human.push_str("(no pool guest on this node)\n");
     }
+    human.push_str(&group_lines(&rows));
     let fine = crate::service::restore_test::coverage::all_fine(&rows);
     human.push_str(&format!(
         "{}: {}\n",
@@ -599,6 +661,48 @@ pub fn restore_report(rows: Result<Vec<CoverageRow>, Failure>) -> CommandOutput 
             ExitStatus::GuestFailed
         },
     }
+}
+
+/// One line per application group of the table: its members (by vmid) and their statuses,
+/// as `group shop: proven together (200 db proven, 201 shop proven)`, or what keeps it from
+/// it. Empty when no row is in a group.
+fn group_lines(rows: &[CoverageRow]) -> String {
+    use crate::service::restore_test::coverage::Status;
+    let mut names: Vec<&str> = Vec::new();
+    for g in rows.iter().filter_map(|r| r.group.as_deref()) {
+        if !names.contains(&g) {
+            names.push(g);
+        }
+    }
+    let mut out = String::new();
+    for g in names {
+        let members: Vec<&CoverageRow> = rows
+            .iter()
+            .filter(|r| r.group.as_deref() == Some(g))
+            .collect();
+        let each: Vec<String> = members
+            .iter()
+            .map(|r| {
+                let name = if r.name.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", crate::error::outside_text(&r.name))
+                };
+                format!("{}{name} {}", r.vmid, r.status.as_str())
+            })
+            .collect();
+        let word = if members.iter().all(|r| r.status == Status::Proven) {
+            "proven together"
+        } else if members.iter().any(|r| r.status == Status::Failed) {
+            "failed"
+        } else if members.iter().any(|r| r.due) {
+            "due (a member is due: the next run proves the group)"
+        } else {
+            "not proven"
+        };
+        out.push_str(&format!("group {g}: {word} ({})\n", each.join(", ")));
+    }
+    out
 }
 
 /// `checks: N passed, N failed, N could not run, N not judged` for a person: a skipped check
@@ -888,6 +992,10 @@ pub fn journal_last(
             json["checks"] = json!(rt.checks);
             json["boot"] = json!(rt.boot);
             json["isolation"] = json!(rt.isolation);
+            if let Some(g) = &rt.group {
+                human.push_str(&group_members_text(g));
+                json["group"] = json!(g);
+            }
         }
         None if kind == TxnKind::SelftestRestore => {
             human.push_str("  checks: not stored for this run\n");
@@ -900,6 +1008,45 @@ pub fn journal_last(
         human,
         status: ExitStatus::Ok,
     }
+}
+
+/// A group's run in `journal --last restore-test`: the group, then one line per member in
+/// start order with its copy, its ending and its first failing check (or its error).
+fn group_members_text(g: &crate::service::restore_test::group_result::GroupResult) -> String {
+    let mut s = format!(
+        "  group:      {} (run {}): {}, {} member(s) in start order\n",
+        crate::error::outside_text(&g.name),
+        g.run,
+        g.ending,
+        g.members.len()
+    );
+    for m in &g.members {
+        let name = if m.name.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", crate::error::outside_text(&m.name))
+        };
+        let copy = m.vmid.map_or_else(|| "-".to_string(), |v| v.to_string());
+        let mut line = format!(
+            "    member {}: guest {}{name} in copy {copy} (txn {}): {}",
+            m.member, m.guest, m.txn, m.ending
+        );
+        if let Some(f) = &m.failing {
+            line.push_str(&format!(
+                "; first failing check {} {}",
+                crate::error::outside_text(&f.name),
+                f.status
+            ));
+            if let Some(msg) = &f.message {
+                line.push_str(&format!(": {}", crate::error::outside_text(msg)));
+            }
+        } else if let Some(e) = &m.error {
+            line.push_str(&format!("; {}", crate::error::outside_text(e)));
+        }
+        s.push_str(&line);
+        s.push('\n');
+    }
+    s
 }
 
 /// `journal resolve`: exit 0 when closed, else the refusal's status.
@@ -1150,6 +1297,132 @@ pub fn daemon(ended: Result<DaemonReport, Failure>) -> CommandOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn coverage_row(vmid: u32, name: &str, status: &str, group: Option<&str>) -> CoverageRow {
+        use crate::service::restore_test::coverage::Status;
+        let status = Status::ALL
+            .into_iter()
+            .find(|s| s.as_str() == status)
+            .expect("a status");
+        CoverageRow {
+            vmid,
+            name: name.to_string(),
+            status,
+            stale: false,
+            stale_after: 86_400,
+            backup_age: None,
+            newest_backup: None,
+            last_test: None,
+            failed_test: None,
+            proven: None,
+            proven_gone: None,
+            due_since: None,
+            due: status == Status::Due,
+            group: group.map(str::to_string),
+        }
+    }
+
+    /// `restore-report` names each row's group in its GROUP column (`-` for a guest alone), in
+    /// `--json` (`group`, absent for a guest alone), and sums each group up in one line.
+    #[test]
+    fn restore_report_shows_each_row_s_group_and_a_line_per_group() {
+        let rows = vec![
+            coverage_row(120, "web", "proven", None),
+            coverage_row(200, "db", "failed", Some("shop")),
+            coverage_row(201, "shop", "failed", Some("shop")),
+            coverage_row(300, "mail", "proven", Some("post")),
+            coverage_row(301, "relay", "proven", Some("post")),
+        ];
+        let out = restore_report(Ok(rows));
+        let lines: Vec<&str> = out.human.lines().collect();
+        assert!(lines[0].contains(" GROUP "), "{}", out.human);
+        let col = lines[0].find("GROUP").expect("the column");
+        let at = |vmid: &str| {
+            let line = lines
+                .iter()
+                .find(|l| l.trim_start().starts_with(vmid))
+                .expect("the row");
+            line[col..]
+                .split_whitespace()
+                .next()
+                .expect("a cell")
+                .to_string()
+        };
+        assert_eq!(
+            [at("120"), at("200"), at("201"), at("300")],
+            ["-", "shop", "shop", "post"].map(str::to_string)
+        );
+        assert!(
+            out.human
+                .contains("group shop: failed (200 db failed, 201 shop failed)\n"),
+            "{}",
+            out.human
+        );
+        assert!(
+            out.human
+                .contains("group post: proven together (300 mail proven, 301 relay proven)\n"),
+            "{}",
+            out.human
+        );
+        let guests = out.json["guests"].as_array().expect("rows");
+        assert!(guests[0].get("group").is_none(), "{:#}", out.json);
+        assert_eq!(guests[1]["group"], "shop");
+    }
+
+    /// `journal --last restore-test` of a group member: the group's ending and one line per
+    /// member in start order, with its first failing check (escaped) or its error.
+    #[test]
+    fn a_group_s_members_in_journal_last() {
+        use crate::service::restore_test::group_result::{FailingCheck, GroupResult, MemberResult};
+        let g = GroupResult {
+            name: "shop".to_string(),
+            run: "01KJGXC7D9F1H3K5M7P9R1T3V5".to_string(),
+            ending: "failed".to_string(),
+            members: vec![
+                MemberResult {
+                    member: 1,
+                    guest: 200,
+                    name: "db".to_string(),
+                    txn: "01KJGXC8D0F2H4K6M8P0R2T4V6".to_string(),
+                    vmid: Some(990_000),
+                    ending: "failed".to_string(),
+                    failing: Some(FailingCheck {
+                        name: "database-serves".to_string(),
+                        status: "fail".to_string(),
+                        message: Some("0 rows\u{1b}[2J".to_string()),
+                    }),
+                    error: Some("[check_failed] check database-serves failed".to_string()),
+                },
+                MemberResult {
+                    member: 2,
+                    guest: 201,
+                    name: "shop".to_string(),
+                    txn: "01KJGXC8E0G2J4M6N8Q0S2T4W6".to_string(),
+                    vmid: None,
+                    ending: "refused".to_string(),
+                    failing: None,
+                    error: Some("[storage_missing] no storage".to_string()),
+                },
+            ],
+        };
+        let text = group_members_text(&g);
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[0]
+                .contains("group:      shop (run 01KJGXC7D9F1H3K5M7P9R1T3V5): failed, 2 member(s)"),
+            "{text}"
+        );
+        assert!(
+            lines[1].starts_with("    member 1: guest 200 (db) in copy 990000 (txn 01KJGXC8D0F2H4K6M8P0R2T4V6): failed; first failing check database-serves fail: 0 rows"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[2],
+            "    member 2: guest 201 (shop) in copy - (txn 01KJGXC8E0G2J4M6N8Q0S2T4W6): refused; [storage_missing] no storage"
+        );
+    }
 
     /// What a guest printed reaches a terminal escaped: no control sequence of its own (a
     /// check pack's name, a check's message, neither clears the screen or moves the cursor).

@@ -79,6 +79,7 @@ pub fn row(r: &local::CoverageRow) -> CoverageRow {
         proven_gone: r.proven_gone.clone(),
         due_since: r.due_since,
         due: r.due,
+        group: r.group.clone(),
     }
 }
 
@@ -187,6 +188,7 @@ mod tests {
             proven_gone: Some("local:backup/gone".to_string()),
             due_since: Some(4),
             due: true,
+            group: None,
         }
     }
 
@@ -207,6 +209,26 @@ mod tests {
         let t = wire.last_test.expect("last test");
         assert_eq!(t.code, Some(ErrorCode::CheckFailed));
         assert_eq!(t.verdict, TestVerdict::Failed);
+    }
+
+    #[test]
+    fn a_member_s_row_names_its_group_on_the_wire_as_in_the_report() {
+        let alone = row(&local_row());
+        assert_eq!(alone.group, None);
+        assert!(serde_json::to_value(&alone)
+            .expect("json")
+            .get("group")
+            .is_none());
+        let member = local::CoverageRow {
+            group: Some("shop".to_string()),
+            ..local_row()
+        };
+        let wire = row(&member);
+        assert_eq!(wire.group.as_deref(), Some("shop"));
+        assert_eq!(
+            serde_json::to_value(&wire).expect("json")["group"],
+            serde_json::to_value(&member).expect("json")["group"]
+        );
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub const MAX_CONCURRENT_INVENTORY_READS: usize = 1;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunEnd {
     /// The transaction ended; this is its result.
-    Finished(TxnResult),
+    Finished(Box<TxnResult>),
     /// The agent is shutting down and the transaction stopped at a journaled step before it
     /// ended. Its dispatch stays open and is run again (resumed) when the agent starts.
     Interrupted,
@@ -217,6 +217,7 @@ impl RefusingRunner {
                     dispatch.txn
                 ),
             }),
+            group: None,
         }
     }
 }
@@ -232,7 +233,7 @@ impl DispatchRunner for RefusingRunner {
         _events: EventSink,
         _cancel: CancellationToken,
     ) -> RunEnd {
-        RunEnd::Finished(Self::refusal(&dispatch))
+        RunEnd::Finished(Box::new(Self::refusal(&dispatch)))
     }
 
     fn state_of(&self, _txn: TxnId) -> Option<TxnResult> {
@@ -549,7 +550,7 @@ impl<R: DispatchRunner, I: InventoryRead> Dispatcher<R, I> {
         let end = self.inner.runner.run(dispatch, events, cancel).await;
         self.inner.running.fetch_sub(1, Ordering::Relaxed);
         match end {
-            RunEnd::Finished(result) => self.report(txn, result).await,
+            RunEnd::Finished(result) => self.report(txn, *result).await,
             RunEnd::Interrupted => tracing::info!(
                 txn = %txn,
                 "transaction {txn} stopped for shutdown at a journaled step; it resumes at the \
@@ -745,7 +746,7 @@ mod tests {
             cancel: CancellationToken,
         ) -> RunEnd {
             let DispatchAction::Provision { vmid, .. } = dispatch.action else {
-                return RunEnd::Finished(RefusingRunner::refusal(&dispatch));
+                return RunEnd::Finished(Box::new(RefusingRunner::refusal(&dispatch)));
             };
             {
                 let mut running = self.running.lock().expect("lock");
@@ -778,7 +779,7 @@ mod tests {
                 .lock()
                 .expect("lock")
                 .insert(dispatch.txn, result.clone());
-            RunEnd::Finished(result)
+            RunEnd::Finished(Box::new(result))
         }
 
         fn state_of(&self, txn: TxnId) -> Option<TxnResult> {

@@ -631,7 +631,7 @@ mod tests {
             _events: EventSink,
             _cancel: CancellationToken,
         ) -> RunEnd {
-            RunEnd::Finished(RefusingRunner::refusal(&dispatch))
+            RunEnd::Finished(Box::new(RefusingRunner::refusal(&dispatch)))
         }
 
         fn state_of(&self, _txn: TxnId) -> Option<TxnResult> {

@@ -1083,6 +1083,7 @@ mod tests {
             error: None,
             guest: None,
             backup: None,
+            group: None,
         })
     }
 

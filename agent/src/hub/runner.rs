@@ -44,6 +44,7 @@ fn early_result(txn: TxnId, kind: TxnKind, vmid: Option<u32>, failure: &Failure)
         error: Some(error_info(failure)),
         guest: None,
         backup: None,
+        group: None,
     }
 }
 
@@ -67,6 +68,7 @@ fn nothing_started_result(txn: TxnId, kind: TxnKind, left: usize) -> TxnResult {
         }),
         guest: None,
         backup: None,
+        group: None,
     }
 }
 
@@ -404,11 +406,11 @@ impl DispatchRunner for ProvisionRunner {
                             match run.copies.into_iter().find(|c| c.driven.state.txn() == txn) {
                                 Some(c) => Ok(c.driven),
                                 None => {
-                                    return RunEnd::Finished(nothing_started_result(
+                                    return RunEnd::Finished(Box::new(nothing_started_result(
                                         dispatch.txn,
                                         kind,
                                         run.left.len(),
-                                    ))
+                                    )))
                                 }
                             }
                         }
@@ -423,7 +425,7 @@ impl DispatchRunner for ProvisionRunner {
             match ran {
                 Ok(d) => Some(d),
                 Err(f) => {
-                    return RunEnd::Finished(early_result(dispatch.txn, kind, vmid, &f));
+                    return RunEnd::Finished(Box::new(early_result(dispatch.txn, kind, vmid, &f)));
                 }
             }
         };
@@ -449,7 +451,7 @@ impl DispatchRunner for ProvisionRunner {
                 RunEnd::Interrupted
             }
             Some(d) => match wire_result(&d.state, &d.checks, d.isolation.as_deref()) {
-                Some(r) => RunEnd::Finished(r),
+                Some(r) => RunEnd::Finished(Box::new(r)),
                 None => RunEnd::Interrupted,
             },
             None => RunEnd::Interrupted,

@@ -1057,6 +1057,10 @@ pub struct GroupMember {
     /// among them): the only taps allowed on it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bridge_peers: Vec<u32>,
+    /// The group's members (their guests) in start order, as the run began; empty in
+    /// transactions journaled before they were recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guests: Vec<u32>,
 }
 
 /// The state of one transaction; what the journal stores after every transition.

@@ -979,7 +979,24 @@ pub fn wire_result(
         isolation: isolation.map(TxnResult::isolation_text),
         guest,
         backup,
+        group: wire_group(state),
     })
+}
+
+/// A restore-test copy's application group as the hub receives it: the group's name, its
+/// run (the lab's id, journaled with every member), the member's place from 1 and the members
+/// in start order. `None` for a copy alone and every other kind.
+pub fn wire_group(state: &State) -> Option<hub_protocol::GroupInfo> {
+    if state.kind() != TxnKind::SelftestRestore {
+        return None;
+    }
+    let g = state.request().group.as_ref()?;
+    Some(hub_protocol::GroupInfo::new(
+        &g.name,
+        TxnId::from_ulid(g.lab),
+        g.index.saturating_add(1),
+        &g.guests,
+    ))
 }
 
 /// The wire form of a failure.

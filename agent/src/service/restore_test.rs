@@ -16,6 +16,7 @@
 //! Part of the transaction service: it returns a [`RestoreTestRun`], never printed output.
 
 pub mod coverage;
+pub mod group_result;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
@@ -74,6 +75,9 @@ pub struct LastResult {
     /// The guest whose backup it proves.
     #[serde(default)]
     pub guest: Option<u32>,
+    /// For a member of an application group: the group's run, every member with its verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<group_result::GroupResult>,
 }
 
 fn last_result_of(driven: &Driven) -> LastResult {
@@ -86,6 +90,7 @@ fn last_result_of(driven: &Driven) -> LastResult {
         boot: driven.boot.clone(),
         isolation: driven.isolation.clone(),
         guest: proven_guest(&driven.state),
+        group: None,
     }
 }
 
@@ -635,7 +640,16 @@ pub async fn coverage_now(cfg: &Config, pve: &PveClient) -> Result<Vec<CoverageR
     let (guests, _) = guests_with_backups(cfg, pve).await?;
     let store = coverage::read_store(&cfg.state_dir)
         .map_err(|m| Failure::new(ErrorCode::ConfigInvalid, m))?;
-    Ok(coverage::rows(&guests, &store, &policy(cfg), unix_now()))
+    Ok(coverage_rows(cfg, &guests, &store))
+}
+
+/// The coverage of `guests` now by the proofs in `store`, each row naming its guest's
+/// application group by the config.
+fn coverage_rows(cfg: &Config, guests: &[GuestBackups], store: &ProofStore) -> Vec<CoverageRow> {
+    coverage::name_groups(
+        coverage::rows(guests, store, &policy(cfg), unix_now()),
+        |vmid| cfg.restore_test.group_of(vmid).map(|g| g.name.clone()),
+    )
 }
 
 /// The most of a job's state file that is read (PVE writes a small JSON object).
@@ -920,7 +934,7 @@ async fn run_inner(
     let (guests, listed) = guests_with_backups(cfg, pve).await?;
     let store = coverage::read_store(&cfg.state_dir)
         .map_err(|m| Failure::new(ErrorCode::ConfigInvalid, m))?;
-    let rows = coverage::rows(&guests, &store, &policy(cfg), unix_now());
+    let rows = coverage_rows(cfg, &guests, &store);
     let chosen: Vec<&CoverageRow> = match opts.guest {
         Some(g) => {
             let Some(row) = rows.iter().find(|r| r.vmid == g) else {
@@ -1284,7 +1298,7 @@ async fn run_inner(
             tracing::warn!("proof store not pruned: {e}");
         }
         let store = coverage::read_store(&cfg.state_dir).unwrap_or_default();
-        run.coverage = coverage::rows(&guests, &store, &policy(cfg), unix_now());
+        run.coverage = coverage_rows(cfg, &guests, &store);
         store_guests(cfg, &guests);
         run.metrics_error = write_run_metrics(cfg, &prepared.journal, &run).err();
     }
@@ -1379,6 +1393,7 @@ async fn run_group(
                 lab,
                 index: u32::try_from(i).unwrap_or(u32::MAX),
                 bridge_peers: Vec::new(),
+                guests: g.guests.clone(),
             }),
         });
     }
@@ -1561,6 +1576,9 @@ async fn run_group(
                 None => said.clone(),
             });
         }
+    }
+    if !dry_run {
+        group_result::store(cfg, &copies);
     }
     drop(bridge_lock);
     (copies, Vec::new())
@@ -2191,7 +2209,7 @@ fn previous_coverage(cfg: &Config) -> Vec<CoverageRow> {
     }
     let guests: Vec<GuestBackups> = serde_json::from_slice(&bytes).unwrap_or_default();
     let store = coverage::read_store(&cfg.state_dir).unwrap_or_default();
-    coverage::rows(&guests, &store, &policy(cfg), unix_now())
+    coverage_rows(cfg, &guests, &store)
 }
 
 /// The restore-test metrics' outcome of a run that ended before it could consider a copy:

@@ -336,6 +336,10 @@ pub struct CoverageRow {
     pub due_since: Option<u64>,
     /// Whether a run would restore its newest backup.
     pub due: bool,
+    /// The application group it is proven with (`[[restore_test.group]]`), by the config
+    /// ([`name_groups`]); `None` for a guest proven alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl CoverageRow {
@@ -360,6 +364,17 @@ pub fn rows(
     let mut out: Vec<CoverageRow> = guests.iter().map(|g| row(g, store, policy, now)).collect();
     out.sort_by_key(|r| r.vmid);
     out
+}
+
+/// `rows` with each guest's application group named, as `group_of` (the config) says.
+pub fn name_groups(
+    mut rows: Vec<CoverageRow>,
+    group_of: impl Fn(u32) -> Option<String>,
+) -> Vec<CoverageRow> {
+    for r in &mut rows {
+        r.group = group_of(r.vmid);
+    }
+    rows
 }
 
 fn row(g: &GuestBackups, store: &ProofStore, policy: &Policy, now: u64) -> CoverageRow {
@@ -478,6 +493,7 @@ fn row(g: &GuestBackups, store: &ProofStore, policy: &Policy, now: u64) -> Cover
         proven_gone,
         due_since,
         due,
+        group: None,
     }
 }
 
@@ -544,6 +560,28 @@ mod tests {
 
     fn status_of(g: &GuestBackups, store: &ProofStore) -> CoverageRow {
         rows(std::slice::from_ref(g), store, &policy(), NOW).remove(0)
+    }
+
+    #[test]
+    fn rows_name_the_group_their_guest_is_in_and_none_for_a_guest_alone() {
+        let guests = [
+            guest(200, vec![b(200, 1)]),
+            guest(201, vec![]),
+            guest(300, vec![]),
+        ];
+        let rows = name_groups(
+            rows(&guests, &ProofStore::default(), &policy(), NOW),
+            |vmid| [200, 201].contains(&vmid).then(|| "shop".to_string()),
+        );
+        assert_eq!(
+            rows.iter()
+                .map(|r| (r.vmid, r.group.as_deref()))
+                .collect::<Vec<_>>(),
+            [(200, Some("shop")), (201, Some("shop")), (300, None)]
+        );
+        let json = serde_json::to_value(&rows).expect("json");
+        assert_eq!(json[0]["group"], "shop");
+        assert!(json[2].get("group").is_none(), "{json:#}");
     }
 
     #[test]
