@@ -363,6 +363,38 @@ fn a_hostile_member_cannot_reach_the_node_through_its_lab() {
     assert_eq!(code, Some(0), "{out}");
 }
 
+/// An agent process stopped (SIGTERM, then SIGKILL after a minute) and reaped when a failed
+/// assertion drops it first.
+struct Running(Option<std::process::Child>);
+
+impl Running {
+    fn child(&mut self) -> &mut std::process::Child {
+        self.0
+            .as_mut()
+            .unwrap_or_else(|| panic!("the agent was already waited for"))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            // SIGTERM first: the agent stops the run, destroys its copies and removes its lab.
+            if let Ok(pid) = i32::try_from(c.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let asked = Instant::now();
+            while matches!(c.try_wait(), Ok(None)) && asked.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// An agent's stderr read as it comes: its JSON log lines.
 struct LogTail {
     lines: Arc<Mutex<Vec<Value>>>,
@@ -451,29 +483,36 @@ fn another_group_running_at_the_same_time_cannot_reach_either_member() {
     let Some(this) = world(SHOP, json!({}), json!({}), &pack) else {
         return;
     };
-    let mut child = other
-        .command()
-        .args([
-            "--selftest=restore",
-            "--guest",
-            "201",
-            "--json",
-            "--log-format",
-            "json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run the other agent: {e}"));
-    let tail = LogTail::start(child.stderr.take().unwrap_or_else(|| panic!("no stderr")));
+    let mut child = Running(Some(
+        other
+            .command()
+            .args([
+                "--selftest=restore",
+                "--guest",
+                "201",
+                "--json",
+                "--log-format",
+                "json",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run the other agent: {e}")),
+    ));
+    let tail = LogTail::start(
+        child
+            .child()
+            .stderr
+            .take()
+            .unwrap_or_else(|| panic!("no stderr")),
+    );
     // Both of the other group's members booted (their journals past the boot wait).
     let waited = Instant::now();
     while tail.copies_at(&["bootstrap", "checks"]).len() < 2 {
         if waited.elapsed() > Duration::from_secs(240) {
-            let _ = child.kill();
             panic!("the other group's members did not boot:\n{}", tail.text());
         }
-        if let Ok(Some(status)) = child.try_wait() {
+        if let Ok(Some(status)) = child.child().try_wait() {
             panic!(
                 "the other group's run ended ({status}) before both members booted:\n{}",
                 tail.text()
@@ -485,7 +524,7 @@ fn another_group_running_at_the_same_time_cannot_reach_either_member() {
     // The other group's members were up for this whole run: none of them has gone on to its
     // report or destroy yet.
     let gone_on = tail.copies_at(&["report", "destroy", "confirm_destroyed", "done"]);
-    let still_running = matches!(child.try_wait(), Ok(None));
+    let still_running = matches!(child.child().try_wait(), Ok(None));
     assert!(
         gone_on.is_empty() && still_running,
         "the other group ended (or began its destroy) before this group's run ended; the test proves nothing:\n{}",
@@ -506,6 +545,9 @@ fn another_group_running_at_the_same_time_cannot_reach_either_member() {
     // The other group was green too: its shop's order page reached its own database in its
     // own lab, and its database still served when its late checks ran.
     let other_out = child
+        .0
+        .take()
+        .unwrap_or_else(|| panic!("the other agent was already waited for"))
         .wait_with_output()
         .unwrap_or_else(|e| panic!("the other agent: {e}"));
     let _ = tail.reader.join();
