@@ -457,11 +457,12 @@ impl LogTail {
 /// same subnet under the same group name and copy vmids.
 #[test]
 fn another_group_running_at_the_same_time_cannot_reach_either_member() {
-    // The other group: its database answers each query 20 s late (its 7 checks, 4 at a time:
-    // about 40 s), so both of its members stay up while this group runs.
+    // The other group: its database answers each query 15 s late (its 7 checks, 4 at a time:
+    // about 30 s, where this group's whole run takes about 10 s), so both of its members stay
+    // up while this group runs.
     let Some(other) = world(
         OTHER,
-        json!({"/etc/osquery-standin/delay": "20\n"}),
+        json!({"/etc/osquery-standin/delay": "15\n"}),
         json!({}),
         &OTHER.pack(),
     ) else {
