@@ -8,6 +8,7 @@ pub mod agent;
 pub mod devhub;
 pub mod fakeproc;
 pub mod fakepve;
+pub mod groups;
 pub mod guestbed;
 pub mod nspawn;
 pub mod reach;
