@@ -5,6 +5,7 @@
 //! fakepve venv that `tests/run.sh` installs.
 
 pub mod agent;
+pub mod crashwalk;
 pub mod devhub;
 pub mod fakeproc;
 pub mod fakepve;

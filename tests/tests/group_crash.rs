@@ -9,13 +9,10 @@
 //! The busybox bed: its containers run in network namespaces of their own behind the LXC
 //! monitor stand-in, so root's join of the group's lab is the real one.
 
-use std::time::Instant;
-
-use felhom_tests::agent::AgentRun;
+use felhom_tests::crashwalk::kill_and_settle;
 use felhom_tests::world::World;
-use serde_json::{json, Value};
+use serde_json::json;
 
-const FOREIGN: [u32; 3] = [101, 990000, 990001];
 const POOL: [u32; 2] = [200, 210];
 
 fn world() -> World {
@@ -27,17 +24,6 @@ fn world() -> World {
     cfg.push_str("\n[[restore_test.group]]\nname = \"shop\"\nguests = [200, 210]\n");
     std::fs::write(&w.files.config_path, cfg).expect("agent.toml");
     w
-}
-
-fn run(w: &World, args: &[&str], kill_at: Option<&str>) -> AgentRun {
-    let mut cmd = w.command();
-    cmd.args(args)
-        .env("FELHOM_AGENT_SUBMIT_SPACING_MS", "300")
-        .env("FELHOM_AGENT_SUBMIT_SETTLE_MS", "3000");
-    if let Some(k) = kill_at {
-        cmd.env("FELHOM_AGENT_KILL_AT", k);
-    }
-    cmd.output().expect("run the agent").into()
 }
 
 /// The group labs the journal's records name (`"lab":"<ULID>"` of a member's request).
@@ -56,50 +42,12 @@ fn journaled_labs(w: &World) -> Vec<String> {
     labs
 }
 
-/// Kill the run at `<when>:k`, then settle and prove; `None` when it ended before that record.
-fn kill_and_settle(when: &str, k: u32) -> Option<()> {
+/// Kill the group's run at `<when>:k`, then settle and prove
+/// ([`felhom_tests::crashwalk::kill_and_settle`]); and no lab a journaled member names is left.
+fn kill_point(when: &str, k: u32) -> Option<()> {
     let w = world();
     let point = format!("{when}:{k}");
-    let first = run(&w, &["--selftest=restore", "--json"], Some(&point));
-    if first.code.is_some() {
-        assert_eq!(
-            first.code,
-            Some(0),
-            "{point}: {}\n{}",
-            first.stdout,
-            first.stderr
-        );
-        return None;
-    }
-    let second = run(&w, &["--selftest=restore", "--json"], None);
-    assert_eq!(
-        second.code,
-        Some(0),
-        "{point}: the next run: {}\n{}",
-        second.stdout,
-        second.stderr
-    );
-    let journal = run(&w, &["journal", "--all", "--json"], None).json();
-    for t in journal["transactions"].as_array().expect("transactions") {
-        assert!(!t["outcome"].is_null(), "{point}: left open: {t:#}");
-        assert_ne!(
-            t["outcome"], "needs_human",
-            "{point}: left for a person: {t:#}"
-        );
-    }
-    for vmid in FOREIGN.into_iter().chain(POOL) {
-        assert!(
-            w.pve.writes_for(vmid).is_empty(),
-            "{point}: guest {vmid} written"
-        );
-        assert!(w.pve.guest(vmid).is_some(), "{point}: guest {vmid} gone");
-    }
-    for vmid in 990002..=990009 {
-        assert!(
-            w.pve.guest(vmid).is_none(),
-            "{point}: copy {vmid} left behind"
-        );
-    }
+    kill_and_settle(&w, &point, &POOL)?;
     let labs = journaled_labs(&w);
     assert!(!labs.is_empty(), "{point}: no group lab journaled");
     for lab in labs {
@@ -110,41 +58,17 @@ fn kill_and_settle(when: &str, k: u32) -> Option<()> {
             "{point}: the group lab felhom-g-{lab} is left"
         );
     }
-    let report = run(&w, &["restore-report", "--json"], None);
-    let doc: Value = report.json();
-    assert_eq!(report.code, Some(0), "{point}: {doc:#}");
-    for row in doc["guests"].as_array().expect("rows") {
-        assert_eq!(row["status"], "proven", "{point}: {row:#}");
-    }
     Some(())
 }
 
-/// Walk the kill points `<when>:first..=last`, two worlds at once, until the run ends before
-/// one; the kill points covered.
 fn walk(when: &'static str, first: u32, last: u32) -> usize {
-    let started = Instant::now();
-    let mut covered = 0;
-    let mut k = first;
-    'walk: while k <= last {
-        let ends: Vec<Option<()>> = std::thread::scope(|s| {
-            let a = s.spawn(move || kill_and_settle(when, k));
-            let b = s.spawn(move || (k < last).then(|| kill_and_settle(when, k + 1)).flatten());
-            vec![a.join().expect("kill point"), b.join().expect("kill point")]
-        });
-        for (i, e) in ends.into_iter().enumerate() {
-            match e {
-                Some(()) => covered += 1,
-                None if k + (i as u32) <= last => break 'walk,
-                None => {}
-            }
-        }
-        k += 2;
-    }
-    felhom_tests::report(&format!(
-        "group crash walk (2 members), {when} {first}..: covered {covered}; {:.0}s",
-        started.elapsed().as_secs_f64()
-    ));
-    covered
+    felhom_tests::crashwalk::walk(
+        "group crash walk (2 members)",
+        when,
+        first,
+        last,
+        kill_point,
+    )
 }
 
 #[test]

@@ -9,13 +9,10 @@
 //!
 //! The busybox bed on purpose: the walk restores a pair of copies per kill point.
 
-use std::time::Instant;
-
-use felhom_tests::agent::AgentRun;
+use felhom_tests::crashwalk::kill_and_settle;
 use felhom_tests::world::World;
-use serde_json::{json, Value};
+use serde_json::json;
 
-const FOREIGN: [u32; 3] = [101, 990000, 990001];
 const POOL: [u32; 2] = [200, 210];
 
 fn world() -> World {
@@ -26,102 +23,17 @@ fn world() -> World {
     w
 }
 
-fn run(w: &World, args: &[&str], kill_at: Option<&str>) -> AgentRun {
-    let mut cmd = w.command();
-    cmd.args(args)
-        .env("FELHOM_AGENT_SUBMIT_SPACING_MS", "300")
-        .env("FELHOM_AGENT_SUBMIT_SETTLE_MS", "3000");
-    if let Some(k) = kill_at {
-        cmd.env("FELHOM_AGENT_KILL_AT", k);
-    }
-    cmd.output().expect("run the agent").into()
-}
-
-/// Kill the run at `<when>:k` (`after-journal`: right after its `k`th journal record;
-/// `before-journal`: right before it, the effect it records done and not yet journaled);
-/// `None` when it ended before that record.
-fn kill_and_settle(when: &str, k: u32) -> Option<()> {
-    let w = world();
-    let point = format!("{when}:{k}");
-    let first = run(&w, &["--selftest=restore", "--json"], Some(&point));
-    if first.code.is_some() {
-        assert_eq!(
-            first.code,
-            Some(0),
-            "{point}: {}\n{}",
-            first.stdout,
-            first.stderr
-        );
-        return None;
-    }
-    // The next run settles what the killed one left, then proves what is still due.
-    let second = run(&w, &["--selftest=restore", "--json"], None);
-    assert_eq!(
-        second.code,
-        Some(0),
-        "{point}: the next run: {}\n{}",
-        second.stdout,
-        second.stderr
-    );
-    let journal = run(&w, &["journal", "--all", "--json"], None).json();
-    let txns = journal["transactions"].as_array().expect("transactions");
-    for t in txns {
-        assert!(!t["outcome"].is_null(), "{point}: left open: {t:#}");
-        assert_ne!(
-            t["outcome"], "needs_human",
-            "{point}: left for a person: {t:#}"
-        );
-    }
-    for vmid in FOREIGN.into_iter().chain(POOL) {
-        assert!(
-            w.pve.writes_for(vmid).is_empty(),
-            "{point}: guest {vmid} written"
-        );
-        assert!(w.pve.guest(vmid).is_some(), "{point}: guest {vmid} gone");
-    }
-    // No copy left in the band: only the foreign guests parked there.
-    for vmid in 990002..=990009 {
-        assert!(
-            w.pve.guest(vmid).is_none(),
-            "{point}: copy {vmid} left behind"
-        );
-    }
-    // Every guest's backup ends proven.
-    let report = run(&w, &["restore-report", "--json"], None);
-    let doc: Value = report.json();
-    assert_eq!(report.code, Some(0), "{point}: {doc:#}");
-    for row in doc["guests"].as_array().expect("rows") {
-        assert_eq!(row["status"], "proven", "{point}: {row:#}");
-    }
-    Some(())
-}
-
-/// Walk the kill points `<when>:first` on, two worlds at once, until the run ends before one
-/// or `last` is passed; the kill points covered.
+/// Walk the kill points `<when>:first..=last` (`after-journal`: right after the run's `k`th
+/// journal record; `before-journal`: right before it, the effect it records done and not yet
+/// journaled), two worlds at once; the kill points covered.
 fn walk(when: &'static str, first: u32, last: u32) -> usize {
-    let started = Instant::now();
-    let mut covered = 0;
-    let mut k = first;
-    'walk: while k <= last {
-        let ends: Vec<Option<()>> = std::thread::scope(|s| {
-            let a = s.spawn(move || kill_and_settle(when, k));
-            let b = s.spawn(move || (k < last).then(|| kill_and_settle(when, k + 1)).flatten());
-            vec![a.join().expect("kill point"), b.join().expect("kill point")]
-        });
-        for (i, e) in ends.into_iter().enumerate() {
-            match e {
-                Some(()) => covered += 1,
-                None if k + (i as u32) <= last => break 'walk,
-                None => {}
-            }
-        }
-        k += 2;
-    }
-    felhom_tests::report(&format!(
-        "restore crash walk (2 copies at once), {when} {first}..: covered {covered}; {:.0}s",
-        started.elapsed().as_secs_f64()
-    ));
-    covered
+    felhom_tests::crashwalk::walk(
+        "restore crash walk (2 copies at once)",
+        when,
+        first,
+        last,
+        |when, k| kill_and_settle(&world(), &format!("{when}:{k}"), &POOL),
+    )
 }
 
 // The walk is two tests (the run's first records, then the rest), so that each stays within a
