@@ -94,6 +94,18 @@ guests = [201]
     /// The pool with the database (200, its unit `db_unit`) and the shop (201), each with one
     /// backup on `local`; `shop_files` and `db_files` add files to each one's root.
     pub fn scenario(&self, db_unit: &str, db_files: Value, shop_files: Value) -> Value {
+        self.scenario_with_shop_at(db_unit, db_files, shop_files, &self.shop_ip())
+    }
+
+    /// [`Shop::scenario`] with the shop stored at `shop_ip` (/24) instead of its own address
+    /// (its web server still binds its own: a shop on another subnet).
+    pub fn scenario_with_shop_at(
+        &self,
+        db_unit: &str,
+        db_files: Value,
+        shop_files: Value,
+        shop_ip: &str,
+    ) -> Value {
         let mut s = crate::verdict::debian_backup(None, &[], json!({}), json!({}));
         let mut db_root = json!({
             "/etc/systemd/system/db.service": db_unit,
@@ -111,7 +123,7 @@ guests = [201]
             "/srv/www/cgi-bin/order": self.order_cgi(),
         });
         merge(&mut shop_root, shop_files);
-        let (shop_config, shop_guest) = member("shop", &self.shop_ip(), self.shop, shop_root);
+        let (shop_config, shop_guest) = member("shop", shop_ip, self.shop, shop_root);
         s["volumes"]["local"]
             .as_array_mut()
             .unwrap_or_else(|| panic!("no volumes"))

@@ -16,12 +16,10 @@ use std::time::Duration;
 
 use felhom_tests::devhub::{AgentDaemon, DevHub, DevHubOptions, FAST_TIMING};
 use felhom_tests::fakepve::AgentOptions;
-use felhom_tests::verdict::{check, check_is, debian_backup, ran_check};
+use felhom_tests::groups::{add_group, copy_of, BROKEN_DB_UNIT, SHOP};
+use felhom_tests::verdict::{check, check_is, ran_check};
 use felhom_tests::world::World;
 use serde_json::{json, Value};
-
-/// The database: busybox's httpd bound to its stored address, after the network is online.
-const DB_UNIT: &str = "[Unit]\nDescription=The database\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/bin/busybox httpd -f -p 10.20.0.30:80 -h /srv/db\n";
 
 /// The database bound to the address its hostname resolves to, as a database told to listen on
 /// its own name does (`listen_addresses = 'db'`): it waits for eth0's address (failed before
@@ -32,106 +30,29 @@ const DB_BY_NAME_UNIT: &str = "[Unit]\nDescription=The database, on its hostname
 /// What [`DB_BY_NAME_UNIT`] runs.
 const DB_SERVE: &str = "#!/bin/sh\nip -o -4 addr show dev eth0 2>/dev/null | grep -q ' inet ' || { echo 'eth0 has no address yet' >&2; exit 1; }\naddr=$(getent ahostsv4 \"$(cat /etc/hostname)\" | awk 'NR == 1 {print $1}')\necho \"listening on $addr\"\nexec /bin/busybox httpd -f -p \"$addr:80\" -h /srv/db\n";
 
-/// A database that fails for its own reason (a broken backup).
-const BROKEN_DB_UNIT: &str = "[Unit]\nDescription=The database\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nType=oneshot\nExecStart=/bin/false\n";
-
-/// The shop: busybox's httpd on its stored address, with the order page a CGI (made
-/// executable first: the bed writes a backup's files 0644).
-const SHOP_UNIT: &str = "[Unit]\nDescription=The shop\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStartPre=/bin/chmod 0755 /srv/www/cgi-bin/order\nExecStart=/bin/busybox httpd -f -p 10.20.0.31:80 -h /srv/www\n";
-
-/// The order page: 200 with the stock when the database answers, else 502 (bounded by
-/// `timeout`: Debian 12's busybox wget crashes on its own `-T`).
-const ORDER_CGI: &str = "#!/bin/sh\nif stock=$(timeout 5 /bin/busybox wget -q -O - http://10.20.0.30/stock 2>/dev/null); then\n  printf 'Content-Type: text/plain\\r\\n\\r\\n%s\\n' \"$stock\"\nelse\n  printf 'Status: 502 Bad Gateway\\r\\nContent-Type: text/plain\\r\\n\\r\\nno database\\n'\nfi\n";
-
-/// The operator's check of the shop: its order page answers 200.
-const SHOP_PACK: &str = r#"
-[[check]]
-name = "order-page"
-sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.31/cgi-bin/order'"
-expect = "response_code == '200'"
-guests = [201]
-
-[[check]]
-name = "order-page-with-its-database"
-sql = "SELECT response_code FROM curl WHERE url = 'http://10.20.0.31/cgi-bin/order'"
-expect = "response_code == '200'"
-guests = [201]
-in_group = true
-
-[[check]]
-name = "database-serves"
-sql = "SELECT id FROM systemd_units WHERE id = 'db.service' AND active_state = 'active'"
-expect = "rows == 1"
-guests = [200]
-"#;
-
-/// A guest's stored config and root (Debian 12, one static NIC on vmbr0).
-fn member(hostname: &str, ip: &str, mac: &str, files: Value) -> (Value, Value) {
-    let config = json!({
-        "arch": "amd64",
-        "ostype": "debian",
-        "hostname": hostname,
-        "memory": "256",
-        "rootfs": "local-lvm:vm-200-disk-0,size=8G",
-        "unprivileged": "1",
-        "net0": format!("name=eth0,bridge=vmbr0,hwaddr={mac},ip={ip}/24,type=veth"),
-    });
-    (config, json!({ "files": files, "links": {} }))
+/// The operator's checks of the shop and the database ([`Shop::pack`]), and the shop's order
+/// page again as a check that needs the group (`in_group = true`).
+fn shop_pack() -> String {
+    format!(
+        "{}\n[[check]]\nname = \"order-page-with-its-database\"\nsql = \"SELECT response_code FROM curl WHERE url = 'http://{}/cgi-bin/order'\"\nexpect = \"response_code == '200'\"\nguests = [201]\nin_group = true\n",
+        SHOP.pack(),
+        SHOP.shop_ip()
+    )
 }
 
-/// The pool with the database (200) and the shop (201), each with one backup on `local`.
+/// The pool with the database (its unit `db_unit`, beside [`DB_SERVE`]) and the shop.
 fn scenario(db_unit: &str) -> Value {
-    scenario_with(db_unit, "10.20.0.31")
+    scenario_with(db_unit, &SHOP.shop_ip())
 }
 
 /// [`scenario`] with the shop stored at `shop_ip` (/24).
 fn scenario_with(db_unit: &str, shop_ip: &str) -> Value {
-    let mut s = debian_backup(None, &[], json!({}), json!({}));
-    let (db_config, db_guest) = member(
-        "db",
-        "10.20.0.30",
-        "BC:24:11:00:02:30",
-        json!({
-            "/etc/systemd/system/db.service": db_unit,
-            "/etc/systemd/system/multi-user.target.d/app.conf": "[Unit]\nWants=db.service\n",
-            "/srv/db/stock": "42 tins\n",
-            "/srv/db-serve": DB_SERVE,
-        }),
-    );
-    let vol = &mut s["volumes"]["local"][0];
-    vol["config"] = db_config;
-    vol["guest"] = db_guest;
-    let (shop_config, shop_guest) = member(
-        "shop",
+    SHOP.scenario_with_shop_at(
+        db_unit,
+        json!({"/srv/db-serve": DB_SERVE}),
+        json!({}),
         shop_ip,
-        "BC:24:11:00:02:31",
-        json!({
-            "/etc/systemd/system/shop.service": SHOP_UNIT,
-            "/etc/systemd/system/multi-user.target.d/app.conf": "[Unit]\nWants=shop.service\n",
-            "/srv/www/cgi-bin/order": ORDER_CGI,
-        }),
-    );
-    s["volumes"]["local"]
-        .as_array_mut()
-        .unwrap_or_else(|| panic!("no volumes"))
-        .push(json!({
-            "volname": "backup/vzdump-lxc-201-2026_01_01-00_00_00.tar.zst",
-            "vmid": 201,
-            "size": 123456789,
-            "config": shop_config,
-            "guest": shop_guest,
-        }));
-    let guests = s["guests"]
-        .as_array_mut()
-        .unwrap_or_else(|| panic!("no guests"));
-    for g in guests.iter_mut().filter(|g| g["vmid"] == 200) {
-        g["name"] = json!("db");
-    }
-    guests.push(
-        json!({"vmid": 201, "type": "lxc", "name": "shop", "node": "pve1",
-            "status": "running", "pool": "felhom"}),
-    );
-    s
+    )
 }
 
 /// The world of `scenario` with the shop's pack, and the group when `grouped`.
@@ -142,16 +63,10 @@ fn world(scenario: Value, grouped: bool) -> Option<World> {
 /// [`world`] with the agent's options (a hub).
 fn world_with(scenario: Value, grouped: bool, opts: &AgentOptions) -> Option<World> {
     let w = World::real_or_skip(scenario, opts)?;
-    std::fs::write(w.files.checks_dir.join("shop.toml"), SHOP_PACK)
+    std::fs::write(w.files.checks_dir.join("shop.toml"), shop_pack())
         .unwrap_or_else(|e| panic!("cannot write the pack: {e}"));
     if grouped {
-        let mut cfg = std::fs::read_to_string(&w.files.config_path)
-            .unwrap_or_else(|e| panic!("cannot read agent.toml: {e}"));
-        cfg.push_str(
-            "\n[[restore_test.group]]\nname = \"shop\"\nguests = [200, 201]\nboot_delay = 1\n",
-        );
-        std::fs::write(&w.files.config_path, cfg)
-            .unwrap_or_else(|e| panic!("cannot write agent.toml: {e}"));
+        add_group(&w.files.config_path, "shop", &[200, 201], 1);
     }
     Some(w)
 }
@@ -170,13 +85,6 @@ fn prove_shop(w: &World) -> (Option<i32>, Vec<Value>, String) {
     (run.code, copies, format!("{}\n{}", run.stdout, run.stderr))
 }
 
-fn copy_of(copies: &[Value], guest: u32) -> &Value {
-    copies
-        .iter()
-        .find(|c| c["guest"] == guest)
-        .unwrap_or_else(|| panic!("no copy of guest {guest}: {copies:#?}"))
-}
-
 /// The lab's namespace named in a copy's document is gone.
 fn assert_lab_gone(copy: &Value) {
     let lab = copy["group"]["lab"]
@@ -192,7 +100,7 @@ fn assert_lab_gone(copy: &Value) {
 /// Proven alone, the shop's copy reaches no database: its order page answers 502, red.
 #[test]
 fn the_shop_proven_alone_cannot_reach_its_database() {
-    let Some(w) = world(scenario(DB_UNIT), false) else {
+    let Some(w) = world(scenario(&SHOP.db_unit()), false) else {
         return;
     };
     let (code, copies, out) = prove_shop(&w);
@@ -209,7 +117,7 @@ fn the_shop_proven_alone_cannot_reach_its_database() {
 /// order page reaches the database's copy at its stored address: both green, the lab removed.
 #[test]
 fn the_shop_and_its_database_proven_as_a_group_are_green() {
-    let Some(w) = world(scenario(DB_UNIT), true) else {
+    let Some(w) = world(scenario(&SHOP.db_unit()), true) else {
         return;
     };
     let (code, copies, out) = prove_shop(&w);
@@ -295,7 +203,7 @@ fn a_database_bound_to_its_hostname_serves_the_shop_in_a_group() {
 /// shop's order page cannot reach the database in a lab without a router.
 #[test]
 fn members_on_different_subnets_are_warned_of_in_the_groups_run() {
-    let Some(w) = world(scenario_with(DB_UNIT, "10.30.0.31"), true) else {
+    let Some(w) = world(scenario_with(&SHOP.db_unit(), "10.30.0.31"), true) else {
         return;
     };
     let (code, copies, out) = prove_shop(&w);

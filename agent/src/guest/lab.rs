@@ -881,9 +881,23 @@ pub fn read_trip(lab: &LabRequest<'_>, trip: &BootTrip) -> LabDone {
     }
 }
 
+/// [`HOSTS`] alone, for a group member's copy before root joins its interfaces: no service of
+/// the copy can then have resolved its hostname with its interface up (the give step runs it
+/// again, and finds the line there). Its output goes to [`hosts_note`].
+pub fn hosts_request(h: &crate::guest::group_net::HostsEntry) -> super::exec::ExecRequest {
+    let mut r = super::exec::ExecRequest::new(["/bin/sh", "-c", HOSTS]);
+    r.env = vec![
+        (LAB_HOSTS_IP_VAR.to_string(), h.ip.to_string()),
+        (LAB_HOSTS_NAME_VAR.to_string(), h.name.clone()),
+    ];
+    r.timeout = Duration::from_secs(30);
+    r.output_cap = 4096;
+    r
+}
+
 /// What the report says of [`HOSTS`]' word in the give step's lines (hostile: only its closed
 /// set of words is read; the address and name said are the agent's own).
-fn hosts_note(h: &crate::guest::group_net::HostsEntry, lines: &[String]) -> Option<String> {
+pub fn hosts_note(h: &crate::guest::group_net::HostsEntry, lines: &[String]) -> Option<String> {
     let (ip, name) = (h.ip, &h.name);
     let word = lines.iter().take(256).map(|l| l.trim()).find(|l| {
         [

@@ -44,6 +44,29 @@ impl Executor<'_> {
             (lab.as_mut(), state.request().group.as_ref(), guest)
         {
             let names = l.plain_names();
+            // /etc/hosts as PVE writes it for the stored net0, before the interfaces exist:
+            // nothing in the copy can have resolved its own name with them up meanwhile.
+            let hosts_said = match (l.hosts_entry(), names.is_empty()) {
+                (Some(h), false) => {
+                    let exec = self.exec_for(vmid, guest, state.txn());
+                    let lines: Vec<String> = match exec
+                        .exec(&crate::guest::lab::hosts_request(h))
+                        .await
+                    {
+                        Ok(out) => String::from_utf8_lossy(&out.stdout.bytes)
+                            .lines()
+                            .take(16)
+                            .map(str::to_string)
+                            .collect(),
+                        Err(e) => {
+                            tracing::warn!(vmid, "the copy's /etc/hosts was not given its stored address before the join: {e}");
+                            Vec::new()
+                        }
+                    };
+                    crate::guest::lab::hosts_note(h, &lines)
+                }
+                _ => None,
+            };
             if !names.is_empty() {
                 let op = crate::guest::exec::LabOp::Join {
                     lab: member.lab,
@@ -52,7 +75,10 @@ impl Executor<'_> {
                 match self.lxc.lab_op(vmid, state.txn(), op).await {
                     Ok(note) => {
                         tracing::info!(vmid, txn = %state.txn(), "{note}");
-                        l.joined = Some(note);
+                        l.joined = Some(match hosts_said {
+                            Some(h) => format!("{h}; {note}"),
+                            None => note,
+                        });
                     }
                     Err(why) => {
                         return Ok(Event::GroupLabFailed {

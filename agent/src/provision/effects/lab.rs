@@ -80,6 +80,11 @@ impl VmLab {
 }
 
 impl Lab {
+    /// A group member's `/etc/hosts` line as PVE writes it for its stored `net0`.
+    pub(super) fn hosts_entry(&self) -> Option<&crate::guest::group_net::HostsEntry> {
+        self.hosts.as_ref()
+    }
+
     /// The stored interface names that can be given (plain names).
     pub(super) fn plain_names(&self) -> Vec<String> {
         self.names
