@@ -107,12 +107,13 @@ fn a_unit_failing_seconds_into_the_boot_turns_the_restore_test_red_naming_it() {
         "{doc:#}"
     );
     assert_eq!(doc["destroyed"], json!(true), "{doc:#}");
-    // This bed's guests share the host's network namespace (a chroot): the copy is given no
-    // interface there, nothing is made on the host, and the report says why.
+    // This bed's guests have a network namespace of their own, as LXC gives every container,
+    // and busybox's `ip`, which makes no veth: the report says the stored interface could not
+    // be made, and nothing is made on the host.
     assert!(
         doc["isolation"]
             .as_str()
-            .is_some_and(|i| i.starts_with("nothing given: the copy's network namespace holds")),
+            .is_some_and(|i| i.starts_with("eth0 could not be made")),
         "{doc:#}"
     );
     // The wait is its own phase figure: `launched` lasted the boot (3 s).
