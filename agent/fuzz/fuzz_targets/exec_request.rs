@@ -1,5 +1,6 @@
 //! Fuzzes the exec helper's request decoder (what a caller of the root helper sends): it must
-//! never panic, every request it accepts stays within the limits and names no host path, and
+//! never panic, every request it accepts stays within the limits and names no host path (a lab
+//! request only plain interface names), and
 //! an accepted request encodes and decodes to itself.
 #![no_main]
 
@@ -26,6 +27,14 @@ fuzz_target!(|data: &[u8]| {
             assert!(*mode <= 0o7777);
             assert!(data.len() <= MAX_BLOB_BYTES);
         }
+        // A lab request names only interfaces the lab gives: plain names, never a path.
+        Op::LabJoin { names, .. } => {
+            assert!(!names.is_empty() && names.len() <= 8);
+            assert!(names
+                .iter()
+                .all(|n| felhom_agent::guest::lab::valid_ifname(n) && !n.contains('/')));
+        }
+        Op::LabRemove { .. } => {}
     }
     let again = decode_request(&encode_request(&request)).expect("an encoded request decodes");
     assert_eq!(again, request);
