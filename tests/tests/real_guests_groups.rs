@@ -218,6 +218,21 @@ fn members_on_different_subnets_are_warned_of_in_the_groups_run() {
         );
     }
     assert!(check_is(shop, "order-page", "fail"), "{shop:#}");
+    // The warning is the member's own (journaled with it): `journal --last` says it too.
+    let last = w.agent(&[
+        "journal",
+        "--last",
+        "restore-test",
+        "--guest",
+        "201",
+        "--json",
+    ]);
+    assert!(
+        last.stdout.contains("share no subnet"),
+        "{}\n{}",
+        last.stdout,
+        last.stderr
+    );
     assert_lab_gone(shop);
 }
 

@@ -1061,6 +1061,10 @@ pub struct GroupMember {
     /// transactions journaled before they were recorded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub guests: Vec<u32>,
+    /// What the group's stored addresses cannot do in its lab (no static address, no shared
+    /// subnet), said in each member's `isolation` (at most 8, each clipped).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// The state of one transaction; what the journal stores after every transition.

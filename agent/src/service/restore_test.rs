@@ -1394,6 +1394,11 @@ async fn run_group(
                 index: u32::try_from(i).unwrap_or(u32::MAX),
                 bridge_peers: Vec::new(),
                 guests: g.guests.clone(),
+                warnings: warnings
+                    .iter()
+                    .take(8)
+                    .map(|w| crate::error::outside_text_max(w, 300))
+                    .collect(),
             }),
         });
     }
@@ -1567,15 +1572,6 @@ async fn run_group(
     copies.sort_by_key(|c| g.guests.iter().position(|m| *m == c.guest));
     if !dry_run && vms == 0 {
         remove_group_lab(cfg, lab, &members).await;
-    }
-    if !warnings.is_empty() {
-        let said = warnings.join("; ");
-        for c in &mut copies {
-            c.driven.isolation = Some(match c.driven.isolation.take() {
-                Some(i) => format!("{i}; {said}"),
-                None => said.clone(),
-            });
-        }
     }
     if !dry_run {
         group_result::store(cfg, &copies);

@@ -22,6 +22,8 @@ pub(super) struct Lab {
     unread: Option<String>,
     /// The names were joined to the group's lab by root (what root said).
     pub(super) joined: Option<String>,
+    /// What the group's stored addresses cannot do in its lab (journaled with the member).
+    group_warnings: Vec<String>,
     /// A group member's `/etc/hosts` line as PVE writes it for its stored `net0`.
     hosts: Option<crate::guest::group_net::HostsEntry>,
     /// An isolated VM copy's lab.
@@ -159,6 +161,11 @@ impl Executor<'_> {
                 state.kind(),
                 TxnKind::SelftestRestore | TxnKind::SelftestProvision
             ),
+            group_warnings: req
+                .group
+                .as_ref()
+                .map(|g| g.warnings.clone())
+                .unwrap_or_default(),
             ..Lab::default()
         };
         match self
@@ -270,6 +277,7 @@ impl Executor<'_> {
         };
         parts.extend(lab.unread.clone());
         parts.extend(lab.joined.clone());
+        parts.extend(lab.group_warnings.iter().cloned());
         parts.extend(done.given.iter().cloned());
         if !done.given.is_empty() {
             tracing::info!(vmid, "isolation: {}", done.given.join("; "));
