@@ -190,3 +190,23 @@ pub fn copy_of(copies: &[Value], guest: u32) -> &Value {
         .find(|c| c["guest"] == guest)
         .unwrap_or_else(|| panic!("no copy of guest {guest}: {copies:#?}"))
 }
+
+/// `--selftest=restore --guest <guest> --json` in `w` to its end: exit code, the copies'
+/// documents, and all it said (stdout, stderr).
+pub fn prove(w: &crate::world::World, guest: u32) -> (Option<i32>, Vec<Value>, String) {
+    let run: crate::agent::AgentRun = w
+        .command()
+        .args([
+            "--selftest=restore",
+            "--guest",
+            &guest.to_string(),
+            "--json",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the agent: {e}"))
+        .into();
+    let doc: Value = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", run.stdout, run.stderr));
+    let copies = doc["copies"].as_array().cloned().unwrap_or_default();
+    (run.code, copies, format!("{}\n{}", run.stdout, run.stderr))
+}

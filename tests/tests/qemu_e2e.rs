@@ -842,15 +842,8 @@ fn copy_outcomes(doc: &Value) -> Vec<(u64, String)> {
         .collect()
 }
 
-/// The restore test of two VMs' backups (guests 300 and 301) with `restore_toml`: its JSON,
-/// after both copies ended ok; the bridge of each copy's first NIC at its start, by guest.
-fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
-    let (w, run) = two_vm_backups_run("", booting_guest(), restore_toml);
-    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
-    let doc = run.json();
-    let outcomes = copy_outcomes(&doc);
-    assert_eq!(outcomes.len(), 2, "{doc:#}");
-    assert!(outcomes.iter().all(|(_, o)| o == "ok"), "{doc:#}");
+/// The bridge of `net0` of every VM start the fake received, sorted.
+fn start_bridges(w: &World) -> Vec<String> {
     let mut bridges: Vec<String> = w
         .pve
         .start_configs()
@@ -864,6 +857,19 @@ fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
         })
         .collect();
     bridges.sort();
+    bridges
+}
+
+/// The restore test of two VMs' backups (guests 300 and 301) with `restore_toml`: its JSON,
+/// after both copies ended ok; the bridge of each copy's first NIC at its start, by guest.
+fn two_vm_copies(restore_toml: &str) -> (Value, Vec<String>) {
+    let (w, run) = two_vm_backups_run("", booting_guest(), restore_toml);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    let outcomes = copy_outcomes(&doc);
+    assert_eq!(outcomes.len(), 2, "{doc:#}");
+    assert!(outcomes.iter().all(|(_, o)| o == "ok"), "{doc:#}");
+    let bridges = start_bridges(&w);
     assert!(
         w.pve.network_exposures().is_empty(),
         "{:?}",
@@ -970,18 +976,7 @@ fn a_group_of_two_vms_shares_one_lab_bridge_and_clones_are_refused() {
             "{c:#}"
         );
     }
-    let bridges: Vec<String> = w
-        .pve
-        .start_configs()
-        .iter()
-        .map(|(_, config)| {
-            let net0 = config.get("net0").and_then(Value::as_str).unwrap_or("");
-            net0.split(',')
-                .find_map(|p| p.strip_prefix("bridge="))
-                .unwrap_or("")
-                .to_string()
-        })
-        .collect();
+    let bridges = start_bridges(&w);
     assert_eq!(bridges, vec!["vmbr9", "vmbr9"], "{doc:#}");
     assert!(w.pve.network_exposures().is_empty());
 

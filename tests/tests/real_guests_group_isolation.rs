@@ -247,18 +247,9 @@ fn world(shop: Shop, db_files: Value, shop_files: Value, pack: &str) -> Option<W
     Some(w)
 }
 
-/// `--selftest=restore --guest 201 --json` to its end: exit code, copies, all it said.
+/// `--selftest=restore --guest 201 --json` to its end ([`groups::prove`]).
 fn prove(w: &World) -> (Option<i32>, Vec<Value>, String) {
-    let run: felhom_tests::agent::AgentRun = w
-        .command()
-        .args(["--selftest=restore", "--guest", "201", "--json"])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the agent: {e}"))
-        .into();
-    let doc: Value = serde_json::from_str(&run.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", run.stdout, run.stderr));
-    let copies = doc["copies"].as_array().cloned().unwrap_or_default();
-    (run.code, copies, format!("{}\n{}", run.stdout, run.stderr))
+    felhom_tests::groups::prove(w, 201)
 }
 
 /// A hostile member cannot reach the node through its lab: nothing it sends arrives at any of

@@ -847,6 +847,31 @@ struct Pending {
     group: Option<crate::provision::GroupMember>,
 }
 
+impl Pending {
+    /// The run's first try of `row`'s newest backup `b` (of `kind`), alone or as a member of
+    /// an application group.
+    fn first_try(
+        cfg: &Config,
+        row: &CoverageRow,
+        b: &coverage::BackupRef,
+        kind: GuestKind,
+        group: Option<crate::provision::GroupMember>,
+    ) -> Pending {
+        Pending {
+            guest: row.vmid,
+            name: row.name.clone(),
+            volid: b.volid.clone(),
+            backup_time: b.time,
+            kind,
+            retry: false,
+            alone: false,
+            notes_first_line: b.notes_first_line.clone(),
+            listed: cfg.restore_test.sources.is_empty(),
+            group,
+        }
+    }
+}
+
 /// A copy under way, as admission counts it (or the sum of those under way).
 struct Running {
     guest: u32,
@@ -993,18 +1018,7 @@ async fn run_inner(
         }
         let Some(b) = &r.newest_backup else { continue };
         match backup_kind_from_volid(&b.volid) {
-            Some(kind) => queue.push_back(Pending {
-                guest: r.vmid,
-                name: r.name.clone(),
-                volid: b.volid.clone(),
-                backup_time: b.time,
-                kind,
-                retry: false,
-                alone: false,
-                notes_first_line: b.notes_first_line.clone(),
-                listed: cfg.restore_test.sources.is_empty(),
-                group: None,
-            }),
+            Some(kind) => queue.push_back(Pending::first_try(cfg, r, b, kind, None)),
             None => left.push(Left {
                 guest: r.vmid,
                 backup: b.volid.clone(),
@@ -1378,17 +1392,12 @@ async fn run_group(
                 return (Vec::new(), group_left(g, rows, &why));
             }
         };
-        pendings.push(Pending {
-            guest: m,
-            name: row.name.clone(),
-            volid: b.volid.clone(),
-            backup_time: b.time,
+        pendings.push(Pending::first_try(
+            cfg,
+            row,
+            b,
             kind,
-            retry: false,
-            alone: false,
-            notes_first_line: b.notes_first_line.clone(),
-            listed: cfg.restore_test.sources.is_empty(),
-            group: Some(crate::provision::GroupMember {
+            Some(crate::provision::GroupMember {
                 name: g.name.clone(),
                 lab,
                 index: u32::try_from(i).unwrap_or(u32::MAX),
@@ -1400,7 +1409,7 @@ async fn run_group(
                     .map(|w| crate::error::outside_text_max(w, 300))
                     .collect(),
             }),
-        });
+        ));
     }
     // Members' newest backups hours or days apart restore a state the group never ran in.
     let times: Vec<u64> = pendings.iter().map(|p| p.backup_time).collect();
@@ -1476,12 +1485,7 @@ async fn run_group(
                 admitted.push(*a);
             }
             Admission::Wait(p, why) | Admission::Leave(p, why, _) => {
-                for a in &admitted {
-                    if let Some(v) = a.request.vmid {
-                        taken.remove(&v);
-                    }
-                }
-                drop(admitted);
+                release(taken, admitted);
                 let why = format!(
                     "member {} could not be admitted with the others: {why}",
                     p.guest
@@ -1515,11 +1519,7 @@ async fn run_group(
                         "members {other} and {} store the same MAC {mac} (clones): on the group's one lab bridge they would clash; give one of them a MAC of its own",
                         a.pending.guest
                     );
-                    for a in &admitted {
-                        if let Some(v) = a.request.vmid {
-                            taken.remove(&v);
-                        }
-                    }
+                    release(taken, admitted);
                     return (Vec::new(), group_left(g, rows, &why));
                 }
                 macs.push((mac, a.pending.guest));
@@ -1629,6 +1629,16 @@ async fn group_preflight(
         tracing::warn!(group = %g.name, "{w}");
     }
     Ok(warnings)
+}
+
+/// Let go of copies admitted for a group that does not run: their vmids free for the run
+/// again, their locks dropped.
+fn release(taken: &mut BTreeSet<u32>, admitted: Vec<Admitted>) {
+    for a in &admitted {
+        if let Some(v) = a.request.vmid {
+            taken.remove(&v);
+        }
+    }
 }
 
 /// Remove a group's lab once its members ended (asked for by a member's transaction, which
