@@ -87,6 +87,7 @@ expected_files="\
 -rw-r--r-- ./lib/systemd/system/felhom-agent-metrics.path
 -rw-r--r-- ./lib/systemd/system/felhom-agent-metrics.service
 -rw-r--r-- ./lib/systemd/system/felhom-agent-exec.service
+-rw-r--r-- ./lib/systemd/system/felhom-lab@.service
 -rw-r--r-- ./usr/lib/tmpfiles.d/felhom-agent.conf
 -rw-r--r-- ./usr/lib/sysusers.d/felhom-agent.conf
 -rw-r--r-- ./etc/felhom-agent/agent.toml.example
@@ -129,6 +130,7 @@ for pair in \
   systemd/felhom-agent-metrics.path:lib/systemd/system/felhom-agent-metrics.path \
   systemd/felhom-agent-metrics.service:lib/systemd/system/felhom-agent-metrics.service \
   systemd/felhom-agent-exec.service:lib/systemd/system/felhom-agent-exec.service \
+  systemd/felhom-lab@.service:lib/systemd/system/felhom-lab@.service \
   packaging/felhom-agent.sysusers:usr/lib/sysusers.d/felhom-agent.conf \
   packaging/agent.toml.example:etc/felhom-agent/agent.toml.example \
   packaging/checks.d/default.toml:etc/felhom-agent/checks.d/default.toml \
@@ -344,9 +346,12 @@ vroot=$work/vroot
 mkdir -p "$vroot/lib/systemd/system"
 cp -a /lib/systemd/system/. "$vroot/lib/systemd/system/"
 cp -a "$r/." "$vroot/"
+# felhom-lab@.service runs coreutils' sleep (Essential on every Debian, so on every node).
+mkdir -p "$vroot/bin"
+cp -L /bin/sleep "$vroot/bin/sleep"
 units=(felhom-agent.service felhom-restore-test.service felhom-restore-test.timer
   felhom-agent-exec.socket felhom-agent-exec.service felhom-agent-metrics.path
-  felhom-agent-metrics.service)
+  felhom-agent-metrics.service felhom-lab@.service)
 paths=()
 for u in "${units[@]}"; do paths+=("$vroot/lib/systemd/system/$u"); done
 set +e

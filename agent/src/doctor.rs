@@ -536,6 +536,7 @@ async fn check_groups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
         .map(|full| band.clone().filter(|v| full.lookup(*v).is_none()).count());
     let memory = crate::preflight::memory::node_memory_for_copies(cfg);
     let fix = format!("fix [[restore_test.group]] in {}", cfg.path.display());
+    let mut containers = false;
     for g in groups {
         let before = r.checks.len();
         let gn = &g.name;
@@ -626,6 +627,7 @@ async fn check_groups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
             }
         }
         let vms = kinds.iter().filter(|k| **k == GuestKind::Qemu).count();
+        containers |= vms < kinds.len();
         if vms > 0 && vms < kinds.len() {
             r.fail(
                 GROUP_CHECK,
@@ -695,6 +697,48 @@ async fn check_groups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
                 ),
             );
         }
+    }
+    if containers {
+        check_group_lab(cfg, r).await;
+    }
+}
+
+/// The doctor line of whether a group of containers can get its lab on this node.
+const GROUP_LAB_CHECK: &str = "restore_group_lab";
+
+/// A group of containers' lab, made and removed as a run would make it: by the exec helper
+/// under its own sandbox (or by this process when it is root and runs `pct` itself). A node
+/// where it cannot be made ends every group of containers `group_lab_failed`.
+async fn check_group_lab(cfg: &Config, r: &mut DoctorReport) {
+    let mode = agent_exec_mode(cfg);
+    let made = match &mode {
+        ExecMode::Helper { socket, .. } => {
+            let socket = socket.clone();
+            tokio::task::spawn_blocking(move || crate::exec_helper::client::lab_probe(&socket))
+                .await
+                .unwrap_or_else(|e| Err(StatusAnswer::NoAnswer(e.to_string())))
+                .map_err(|e| match e {
+                    StatusAnswer::NoAnswer(why) => format!("it did not answer: {why}"),
+                    StatusAnswer::Refused(why) => why,
+                })
+        }
+        ExecMode::Direct => tokio::task::spawn_blocking(crate::guest::group_lab::probe)
+            .await
+            .unwrap_or_else(|e| Err(e.to_string())),
+    };
+    match made {
+        Ok(note) => r.pass(
+            GROUP_LAB_CHECK,
+            format!("a group of containers gets its lab here: {}: {note}", mode.describe()),
+        ),
+        Err(why) => r.fail(
+            GROUP_LAB_CHECK,
+            ErrorCode::GroupLabFailed,
+            format!(
+                "{} could not make a group's lab ({why}): every [[restore_test.group]] of containers would end group_lab_failed (exit 6). Where systemd runs, a lab is an instance of felhom-lab@.service, which the felhom-agent package installs (`systemctl cat felhom-lab@.service`); the helper's journal says more (`journalctl -u felhom-agent-exec.service`)",
+                mode.describe()
+            ),
+        ),
     }
 }
 

@@ -235,7 +235,7 @@ fn copy_output(c: &CopyRun) -> (Value, String) {
         if let Some(g) = &driven.state.request().group {
             obj.insert(
                 "group".into(),
-                json!({"name": g.name, "member": g.index + 1, "lab": crate::guest::group_lab::netns_name(g.lab)}),
+                json!({"name": g.name, "member": g.index + 1, "lab": crate::guest::group_lab::lab_name(g.lab)}),
             );
         }
         if let Some(h) = &driven.halted {

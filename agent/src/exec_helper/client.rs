@@ -760,6 +760,30 @@ pub fn helper_status(socket: &Path) -> Result<WireStatus, StatusAnswer> {
     }
 }
 
+/// Ask the helper at `socket` to make an application group's lab and remove it
+/// ([`crate::guest::group_lab::probe`]). `Ok`: what it did; `Err`: why it could not (its
+/// refusal's code and message, or why nothing answered).
+pub fn lab_probe(socket: &Path) -> Result<String, StatusAnswer> {
+    let answer_max = u32::try_from(MESSAGE_KEEP + ANSWER_SLACK).unwrap_or(u32::MAX);
+    match node_request(
+        socket,
+        &super::proto::encode_lab_probe_request(),
+        answer_max,
+    )
+    .map_err(StatusAnswer::NoAnswer)?
+    {
+        Response::Lab(note) => Ok(outside_text_max(&note, MESSAGE_KEEP)),
+        Response::Error(e) => Err(StatusAnswer::Refused(format!(
+            "{}: {}",
+            e.code,
+            outside_text_max(&e.message, MESSAGE_KEEP)
+        ))),
+        _ => Err(StatusAnswer::NoAnswer(
+            "it answered a lab probe with something else".to_string(),
+        )),
+    }
+}
+
 /// Why [`helper_status`] has no status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatusAnswer {

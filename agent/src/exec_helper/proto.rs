@@ -39,6 +39,7 @@
 //! ```json
 //! {"v":1,"op":"read","file":"vmlist"}
 //! {"v":1,"op":"status"}
+//! {"v":1,"op":"lab_probe"}
 //! ```
 //!
 //! `read` asks for the bytes of one file of the cluster file system, named from a closed set
@@ -338,6 +339,9 @@ pub enum Incoming {
     Read(ClusterFile),
     /// Where the helper's `pct` resolves.
     Status,
+    /// Whether the helper can make an application group's lab here: one made and removed
+    /// ([`crate::guest::group_lab::probe`]).
+    LabProbe,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -407,8 +411,8 @@ fn decode_b64(field: &str, text: &str, max: usize) -> Result<Vec<u8>, ProtoError
 pub fn decode_request(body: &[u8]) -> Result<Request, ProtoError> {
     match decode_incoming(body)? {
         Incoming::Guest(r) => Ok(r),
-        Incoming::Read(_) | Incoming::Status => Err(invalid(
-            "a read or status request names no guest; an exec or push request was expected",
+        Incoming::Read(_) | Incoming::Status | Incoming::LabProbe => Err(invalid(
+            "a read, status or lab_probe request names no guest; an exec or push request was expected",
         )),
     }
 }
@@ -442,7 +446,7 @@ pub fn decode_incoming(body: &[u8]) -> Result<Incoming, ProtoError> {
     if raw.v != u64::from(PROTO_VERSION) {
         return Err(ProtoError::Version(raw.v));
     }
-    if raw.op == "read" || raw.op == "status" {
+    if raw.op == "read" || raw.op == "status" || raw.op == "lab_probe" {
         let only_op = raw.vmid.is_none()
             && raw.txn.is_none()
             && raw.argv.is_none()
@@ -462,10 +466,11 @@ pub fn decode_incoming(body: &[u8]) -> Result<Incoming, ProtoError> {
                 if raw.op == "read" { "file" } else { "v and op" }
             )));
         }
-        if raw.op == "status" {
+        if raw.op == "status" || raw.op == "lab_probe" {
             return match raw.file {
-                None => Ok(Incoming::Status),
-                Some(_) => Err(invalid("a status request carries no file")),
+                None if raw.op == "status" => Ok(Incoming::Status),
+                None => Ok(Incoming::LabProbe),
+                Some(_) => Err(invalid(format!("a {} request carries no file", raw.op))),
             };
         }
         let name = raw.file.ok_or_else(|| {
@@ -716,6 +721,12 @@ pub fn encode_read_request(file: ClusterFile) -> Vec<u8> {
 /// A `status` request (a frame body).
 pub fn encode_status_request() -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({"v": PROTO_VERSION, "op": "status"})).unwrap_or_default()
+}
+
+/// A `lab_probe` request (a frame body).
+pub fn encode_lab_probe_request() -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"v": PROTO_VERSION, "op": "lab_probe"}))
+        .unwrap_or_default()
 }
 
 /// A cluster file's bytes on the wire.
@@ -1158,8 +1169,13 @@ mod tests {
             decode_incoming(&encode_status_request()).expect("status"),
             Incoming::Status
         );
-        // Neither is a guest request.
+        assert_eq!(
+            decode_incoming(&encode_lab_probe_request()).expect("lab_probe"),
+            Incoming::LabProbe
+        );
+        // None is a guest request.
         assert!(decode_request(&encode_read_request(ClusterFile::Vmlist)).is_err());
+        assert!(decode_request(&encode_lab_probe_request()).is_err());
         let refused: &[&[u8]] = &[
             // Only the closed set: no path, no other name.
             br#"{"v":1,"op":"read","file":"priv/token.cfg"}"#,
@@ -1172,6 +1188,10 @@ mod tests {
             br#"{"v":1,"op":"read","file":"vmlist","vmid":101}"#,
             br#"{"v":1,"op":"status","file":"vmlist"}"#,
             br#"{"v":1,"op":"status","argv":["id"]}"#,
+            // A probe names no lab, guest or file: it makes one of its own and removes it.
+            br#"{"v":1,"op":"lab_probe","lab":"01JD0000000000000000000000"}"#,
+            br#"{"v":1,"op":"lab_probe","vmid":101,"txn":"01JD0000000000000000000000"}"#,
+            br#"{"v":1,"op":"lab_probe","file":"vmlist"}"#,
             // A guest request carries no file, and still needs its vmid and transaction.
             br#"{"v":1,"op":"exec","vmid":101,"txn":"01JD0000000000000000000000","argv":["id"],"file":"vmlist"}"#,
             br#"{"v":1,"op":"exec","argv":["id"]}"#,

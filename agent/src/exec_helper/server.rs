@@ -578,6 +578,10 @@ async fn handle(mut stream: UnixStream, ctx: &Ctx) {
             let response = status(ctx, uid);
             return respond(&mut stream, &response).await;
         }
+        Ok(Incoming::LabProbe) => {
+            let response = lab_probe(uid).await;
+            return respond(&mut stream, &response).await;
+        }
         Err(e) => return refuse_malformed(&mut stream, uid, &e).await,
     };
     drop(body);
@@ -800,6 +804,25 @@ async fn run_request(ctx: &Ctx, uid: u32, request: Request, stop: &CancellationT
 /// A lab request: only for the lab transaction `txn` journaled as its group's. A join needs
 /// the whole claim on the running container (as an exec does); a removal only the journaled
 /// lab (the members may be gone).
+/// A `lab_probe` request: a lab of a fresh id made and removed at once
+/// ([`crate::guest::group_lab::probe`]). It names no guest and touches nothing but what it makes;
+/// labs are made one at a time in this process, so a flood of probes waits in line.
+async fn lab_probe(uid: u32) -> Response {
+    let done = tokio::task::spawn_blocking(crate::guest::group_lab::probe)
+        .await
+        .unwrap_or_else(|e| Err(format!("the lab probe failed: {e}")));
+    match done {
+        Ok(note) => {
+            tracing::info!(uid, "lab probe: {note}");
+            Response::Lab(note)
+        }
+        Err(m) => {
+            tracing::warn!(uid, code = %ErrorCode::GroupLabFailed, "lab probe: {m}");
+            Response::Error(WireError::refused(ErrorCode::GroupLabFailed, m))
+        }
+    }
+}
+
 async fn lab_request(
     ctx: &Ctx,
     uid: u32,
@@ -834,9 +857,9 @@ async fn lab_request(
             _ => crate::guest::group_lab::remove(lab)
                 .map(|had| {
                     if had {
-                        format!("the group lab {} was removed", crate::guest::group_lab::netns_name(lab))
+                        format!("the group lab {} was removed", crate::guest::group_lab::lab_name(lab))
                     } else {
-                        format!("the group lab {} was already gone", crate::guest::group_lab::netns_name(lab))
+                        format!("the group lab {} was already gone", crate::guest::group_lab::lab_name(lab))
                     }
                 })
                 .map_err(|m| Refusal {

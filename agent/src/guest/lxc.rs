@@ -589,7 +589,7 @@ impl super::exec::LxcExecFactory for PctConfig {
                 LabOp::Remove { lab } => crate::guest::group_lab::remove(lab).map(|had| {
                     format!(
                         "the group lab {} was {}",
-                        crate::guest::group_lab::netns_name(lab),
+                        crate::guest::group_lab::lab_name(lab),
                         if had { "removed" } else { "already gone" }
                     )
                 }),

@@ -1049,7 +1049,7 @@ pub struct Request {
 pub struct GroupMember {
     /// The group's name.
     pub name: String,
-    /// The group run's lab: its network namespace is `felhom-g-<lab>`.
+    /// The group run's lab: its network namespace is held by `felhom-lab@<lab>.service` where systemd runs, named `felhom-g-<lab>` elsewhere ([`crate::guest::group_lab`]).
     pub lab: Ulid,
     /// The member's place in the start order (0: first).
     pub index: u32,

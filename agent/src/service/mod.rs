@@ -534,7 +534,7 @@ pub async fn remove_leftover_labs(cfg: &Config, journal: &Journal) {
             Err(why) => tracing::warn!(
                 lab = %lab,
                 "the group lab {} a stopped run left could not be removed: {why}; the next command tries again",
-                crate::guest::group_lab::netns_name(lab)
+                crate::guest::group_lab::lab_name(lab)
             ),
         }
     }

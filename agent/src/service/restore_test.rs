@@ -1653,7 +1653,7 @@ async fn remove_group_lab(cfg: &Config, lab: Ulid, members: &[(u32, Ulid)]) {
         Err(why) => tracing::warn!(
             lab = %lab,
             "the group lab {} could not be removed: {why}; the next command removes it",
-            crate::guest::group_lab::netns_name(lab)
+            crate::guest::group_lab::lab_name(lab)
         ),
     }
 }

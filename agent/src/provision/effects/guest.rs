@@ -86,7 +86,7 @@ impl Executor<'_> {
                                 "the copy {vmid} (transaction {}) could not be joined to its group {}'s lab {} on node {}: {why}; nothing was judged. Check that `ip netns` and `nsenter` work for root on the node, then `felhom-agent journal resume {}`",
                                 state.txn(),
                                 member.name,
-                                crate::guest::group_lab::netns_name(member.lab),
+                                crate::guest::group_lab::lab_name(member.lab),
                                 self.cfg.node,
                                 state.txn()
                             ),
