@@ -63,7 +63,7 @@ field() { dpkg-deb --field "$deb" "$1"; }
 [ "$(field Section)" = admin ] || fail "Section is $(field Section), want admin"
 [ "$(field Architecture)" = "$(dpkg --print-architecture)" ] || fail "Architecture is $(field Architecture)"
 depends=$(field Depends)
-for dep in libc6 init-system-helpers systemd pve-container qemu-server; do
+for dep in libc6 init-system-helpers systemd pve-container qemu-server iproute2; do
   grep -qw -- "$dep" <<<"$depends" || fail "Depends lacks $dep: $depends"
 done
 grep -q '^Maintainer: .\+ <.\+@.\+>$' "$work/control" || fail "Maintainer is not 'Name <address>'"

@@ -729,13 +729,13 @@ async fn check_group_lab(cfg: &Config, r: &mut DoctorReport) {
     match made {
         Ok(note) => r.pass(
             GROUP_LAB_CHECK,
-            format!("a group of containers gets its lab here: {}: {note}", mode.describe()),
+            format!("a group of containers gets its lab here ({}): {note}", mode.describe()),
         ),
         Err(why) => r.fail(
             GROUP_LAB_CHECK,
             ErrorCode::GroupLabFailed,
             format!(
-                "{} could not make a group's lab ({why}): every [[restore_test.group]] of containers would end group_lab_failed (exit 6). Where systemd runs, a lab is an instance of felhom-lab@.service, which the felhom-agent package installs (`systemctl cat felhom-lab@.service`); the helper's journal says more (`journalctl -u felhom-agent-exec.service`)",
+                "a group's lab could not be made here ({}): {why}. Every [[restore_test.group]] of containers would end group_lab_failed (exit 6). Where systemd runs, a lab is an instance of felhom-lab@.service, which the felhom-agent package installs (`systemctl cat felhom-lab@.service`); the helper's journal says more (`journalctl -u felhom-agent-exec.service`)",
                 mode.describe()
             ),
         ),

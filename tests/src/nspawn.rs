@@ -122,9 +122,13 @@ impl Machine {
         let log = std::fs::File::create(&log_path).map_err(|e| format!("log: {e}"))?;
         let log2 = log.try_clone().map_err(|e| format!("log: {e}"))?;
         let d = dir.path();
+        // CAP_NET_ADMIN, which a node's root has and nspawn drops from a machine that shares
+        // the host's network: the exec helper makes a group's lab (links in a namespace of the
+        // lab's own, never the host's) and systemd brings up a PrivateNetwork= unit's loopback.
         let script = format!(
             "set -e; mount -t overlay overlay -o lowerdir={},upperdir={},workdir={} {}; \
-             exec systemd-nspawn -q -D {} --register=no --keep-unit --boot --console=pipe",
+             exec systemd-nspawn -q -D {} --register=no --keep-unit --boot --console=pipe \
+             --capability=CAP_NET_ADMIN",
             root.display(),
             d.join("upper").display(),
             d.join("work").display(),

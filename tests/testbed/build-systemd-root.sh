@@ -6,8 +6,8 @@
 #        (default: <repo>/target/felhom-systemd-root/<sha256 of this script>; prints TARGET)
 #
 # mmdebstrap --variant=minbase with systemd, systemd-sysv and dbus (systemd as PID 1, systemctl
-# over the bus), plus what the package's Depends need: libc6 and init-system-helpers come with
-# minbase; pve-container and qemu-server are empty stand-in packages of those names made here
+# over the bus), plus what the package's Depends need: libc6, init-system-helpers and util-linux come with
+# minbase, iproute2 (the `ip` a group lab is made with) is included; pve-container and qemu-server are empty stand-in packages of those names made here
 # with dpkg-deb (the package only needs them installed; nothing in the units runs them), so dpkg
 # installs the real .deb without --force-depends. node_exporter's textfile folder
 # (/var/lib/prometheus/node-exporter, root 0755 as Debian's prometheus-node-exporter makes it)
@@ -41,7 +41,7 @@ scratch=$(mktemp -d "$parent/.build.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 r=$scratch/root
 
-mmdebstrap --quiet --variant=minbase --include=systemd,systemd-sysv,dbus,libc6,init-system-helpers \
+mmdebstrap --quiet --variant=minbase --include=systemd,systemd-sysv,dbus,libc6,init-system-helpers,iproute2 \
   bookworm "$r" >&2
 
 # The stand-ins for the PVE packages the package depends on.

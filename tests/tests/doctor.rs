@@ -1691,6 +1691,30 @@ fn doctor_names_what_would_stop_each_group_naming_the_member() {
         1,
         "{doc:#}"
     );
+    // A group of containers: the helper made a lab as a run would, and removed it.
+    let lab = doc["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "restore_group_lab")
+        .cloned()
+        .unwrap_or_else(|| panic!("no restore_group_lab line: {doc:#}"));
+    assert_eq!(lab["status"], "pass", "{lab:#}");
+    let said = lab["message"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("the root exec helper") && said.contains(", and removed it"),
+        "{said}"
+    );
+    let name = said
+        .split("made the lab ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no lab named: {said}"));
+    assert!(name.starts_with("felhom-g-"), "{said}");
+    assert!(
+        !std::path::Path::new("/run/netns").join(name).exists(),
+        "doctor's lab {name} is left"
+    );
     assert!(
         pve.writes().is_empty(),
         "doctor wrote to PVE: {:?}",

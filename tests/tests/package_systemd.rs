@@ -424,6 +424,85 @@ fn the_packaged_units_run_under_a_real_systemd() {
         .into_owned();
     assert_eq!(doctor_check(&text, "abstract_sockets"), "warn", "{text}");
 
+    // A group of containers' lab under the shipped units: doctor (run as root, it drops to the
+    // agent's user) has the exec helper make a lab as a group's run would, under the helper's
+    // own sandbox, and remove it. The helper cannot `ip netns add` there (/run is read-only
+    // to it, its mounts are private); an instance of felhom-lab@.service holds the namespace.
+    let gpve = FakePve::start(felhom_tests::fakepve::pool_with_backups(&[
+        (201, "db"),
+        (202, "shop"),
+    ]));
+    configure(&m, &gpve, None);
+    let mut cfg =
+        std::fs::read_to_string(m.path("/etc/felhom-agent/agent.toml")).expect("agent.toml");
+    cfg.push_str("\n[[restore_test.group]]\nname = \"shop\"\nguests = [201, 202]\n");
+    m.write("/etc/felhom-agent/agent.toml", cfg.as_bytes(), 0o640);
+    m.ok("chgrp felhom-agent /etc/felhom-agent/agent.toml");
+    let lab_line = |m: &Machine| -> (String, String) {
+        let out = m.sh("felhom-agent --json doctor 2>/dev/null");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let v: serde_json::Value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("doctor's JSON: {e}: {text}"));
+        let line = v["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == "restore_group_lab")
+            .cloned()
+            .unwrap_or_else(|| panic!("no restore_group_lab line under the real systemd: {text}"));
+        (
+            line["status"].as_str().unwrap_or_default().to_string(),
+            line["message"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    let (status, said) = lab_line(&m);
+    assert_eq!(
+        status,
+        "pass",
+        "{said}\nthe helper's journal: {}",
+        journal(&m, "felhom-agent-exec.service")
+    );
+    assert!(
+        said.contains("the root exec helper")
+            && said.contains("made the lab felhom-lab@")
+            && said.contains(", and removed it"),
+        "{said}"
+    );
+    let unit = said
+        .split("made the lab ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_default()
+        .to_string();
+    // systemd ran the instance (its start is in systemd's journal) and holds nothing of it now.
+    let ran = m.ok(&format!(
+        "journalctl --no-pager -o cat -u '{unit}' | grep -c . || true"
+    ));
+    assert_ne!(ran, "0", "systemd's journal has nothing of {unit}");
+    assert_eq!(
+        m.ok("systemctl list-units --all --plain --no-legend 'felhom-lab@*' | wc -l"),
+        "0",
+        "a lab unit is left after doctor's probe"
+    );
+    assert!(
+        journal(&m, "felhom-agent-exec.service").contains("lab probe: made the lab felhom-lab@"),
+        "the helper's journal: {}",
+        journal(&m, "felhom-agent-exec.service")
+    );
+    report(&format!(
+        "real systemd: the exec helper made and removed a group lab ({unit})"
+    ));
+    // Without the unit (masked), the same probe fails, naming the unit and the code.
+    m.ok("systemctl mask --quiet felhom-lab@.service && systemctl daemon-reload");
+    let (status, said) = lab_line(&m);
+    assert_eq!(status, "fail", "{said}");
+    assert!(
+        said.contains("felhom-lab@") && said.contains("group_lab_failed"),
+        "{said}"
+    );
+    m.ok("systemctl unmask --quiet felhom-lab@.service && systemctl daemon-reload");
+    configure(&m, &pve, None);
+
     // The publisher stays while the daemon writes: an upgrade (the package again: postinst
     // configure <installed version>) restarts it onto the new binary, and a removal stops it
     // with every other unit of the package.
