@@ -6,6 +6,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# No incremental compilation: a run builds everything once, and the incremental caches took
+# 1.9 GB of a fresh clone's 5.6 GB target/debug for nothing (a linker that ran out of disk
+# died of SIGBUS mid-build in one CI run). Set CARGO_INCREMENTAL=1 to keep them.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 # Each step's wall time, printed at the end of the run (also when a step fails).
 step_names=()
 step_secs=()
