@@ -33,6 +33,8 @@ MAX_EXPOSURE_RESTORE=2.5
 MAX_EXPOSURE_EXEC=5.3
 # The root metrics publisher: one capability, no network.
 MAX_EXPOSURE_METRICS=2.5
+# A group lab's holder: a process that only waits, in a namespace of its own.
+MAX_EXPOSURE_LAB=0.4
 
 step() { printf '\n== package: %s\n' "$*" >&2; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -381,6 +383,7 @@ exposure felhom-agent.service "$MAX_EXPOSURE_AGENT"
 exposure felhom-restore-test.service "$MAX_EXPOSURE_RESTORE"
 exposure felhom-agent-exec.service "$MAX_EXPOSURE_EXEC"
 exposure felhom-agent-metrics.service "$MAX_EXPOSURE_METRICS"
+exposure felhom-lab@.service "$MAX_EXPOSURE_LAB"
 
 step "units: who runs as whom"
 unit_key() { sed -n "s/^$2=//p" "$r/lib/systemd/system/$1" | tail -n 1; }
