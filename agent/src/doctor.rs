@@ -466,9 +466,10 @@ const GROUP_CHECK: &str = "restore_group";
 
 /// `[[restore_test.group]]`: what would stop each group's run, as the run would refuse it,
 /// and what its members' stored addresses cannot do in the group's lab. Fails: a member in a
-/// reserved band, one that is not a pool guest of this node, a VM (this version proves groups
-/// of containers only), members whose stored memory together is more than the node can ever
-/// give copies. Warns: a member without a backup, a group larger than the band's free vmids,
+/// reserved band, one that is not a pool guest of this node, VM members without `[restore_test]
+/// lab_bridges` (they share a lab bridge of the group's own), members whose stored memory
+/// together is more than the node can ever give copies; with a container member, a lab that
+/// cannot be made here ([`check_group_lab`]). Warns: a member without a backup, a group larger than the band's free vmids,
 /// or than the node's memory for copies now; a member without a static stored address, two
 /// members that share no subnet ([`crate::guest::group_net::address_warnings`]). Reads only
 /// (the members' stored configs through `vzdump/extractconfig`).
@@ -628,13 +629,7 @@ async fn check_groups(cfg: &Config, client: &PveClient, r: &mut DoctorReport) {
         }
         let vms = kinds.iter().filter(|k| **k == GuestKind::Qemu).count();
         containers |= vms < kinds.len();
-        if vms > 0 && vms < kinds.len() {
-            r.fail(
-                GROUP_CHECK,
-                ErrorCode::ConfigInvalid,
-                format!("group {gn}: it holds both containers and VMs; this version proves a group of containers (joined in a lab of the group's own) or a group of VMs (on a lab bridge of the group's own), not both: {fix}"),
-            );
-        } else if vms > 0 && cfg.restore_test.lab_bridges.is_empty() {
+        if vms > 0 && cfg.restore_test.lab_bridges.is_empty() {
             r.fail(
                 GROUP_CHECK,
                 ErrorCode::ConfigInvalid,

@@ -50,8 +50,9 @@ pub enum Ports {
     /// `print_netdev_full`), from its start on.
     TapsOf(u32),
     /// Only the taps of these VM copies: the VM members of one application group, which
-    /// share the group's lab bridge.
-    TapsOfAny(Vec<u32>),
+    /// share the group's lab bridge; and the link of the group's containers' lab to it
+    /// (`Some`: its port's name, [`crate::guest::group_lab::link_port_name`]).
+    TapsOfAny(Vec<u32>, Option<String>),
 }
 
 /// Whether `port` is a tap of VM `vmid` (`tap<vmid>i<n>`).
@@ -176,7 +177,9 @@ pub fn faults(root: &Path, bridge: &str, ports: Ports) -> Vec<String> {
                 .filter(|p| match &ports {
                     Ports::None => true,
                     Ports::TapsOf(vmid) => !is_tap_of(p, *vmid),
-                    Ports::TapsOfAny(vmids) => !vmids.iter().any(|v| is_tap_of(p, *v)),
+                    Ports::TapsOfAny(vmids, link) => {
+                        !vmids.iter().any(|v| is_tap_of(p, *v)) && link.as_deref() != Some(p)
+                    }
                 })
                 .collect();
             foreign.sort();
@@ -186,13 +189,16 @@ pub fn faults(root: &Path, bridge: &str, ports: Ports) -> Vec<String> {
                     Ports::TapsOf(vmid) => {
                         format!("only the taps of the copy {vmid} (tap{vmid}iN) may be on it")
                     }
-                    Ports::TapsOfAny(vmids) => format!(
-                        "only the taps of the group's copies {} may be on it",
+                    Ports::TapsOfAny(vmids, link) => format!(
+                        "only the taps of the group's copies {}{} may be on it",
                         vmids
                             .iter()
                             .map(u32::to_string)
                             .collect::<Vec<_>>()
-                            .join(", ")
+                            .join(", "),
+                        link.as_deref()
+                            .map(|l| format!(" and the link of its containers' lab ({l})"))
+                            .unwrap_or_default()
                     ),
                 };
                 out.push(format!(
@@ -377,14 +383,30 @@ mod tests {
             "{f:?}"
         );
         // A group's VM copies share the bridge: each one's taps, and nobody else's.
-        assert!(faults(r, "vmbr9", Ports::TapsOfAny(vec![120, 121])).is_empty());
+        assert!(faults(r, "vmbr9", Ports::TapsOfAny(vec![120, 121], None)).is_empty());
         std::fs::create_dir(brif.join("tap122i0")).expect("mkdir");
-        let f = faults(r, "vmbr9", Ports::TapsOfAny(vec![120, 121]));
+        let f = faults(r, "vmbr9", Ports::TapsOfAny(vec![120, 121], None));
         assert!(
             f.len() == 1 && f[0].contains("tap122i0") && f[0].contains("copies 120, 121"),
             "{f:?}"
         );
         std::fs::remove_dir(brif.join("tap122i0")).expect("rmdir");
+        // The link of the group's containers' lab: its own, and no other group's.
+        std::fs::create_dir(brif.join("fglAAAAAAAAAAAA")).expect("mkdir");
+        let ours = Some("fglAAAAAAAAAAAA".to_string());
+        assert!(faults(r, "vmbr9", Ports::TapsOfAny(vec![120, 121], ours)).is_empty());
+        let f = faults(
+            r,
+            "vmbr9",
+            Ports::TapsOfAny(vec![120, 121], Some("fglBBBBBBBBBBBB".to_string())),
+        );
+        assert!(
+            f.len() == 1 && f[0].contains("fglAAAAAAAAAAAA") && f[0].contains("(fglBBBBBBBBBBBB)"),
+            "{f:?}"
+        );
+        let f = faults(r, "vmbr9", Ports::TapsOfAny(vec![120, 121], None));
+        assert!(f.len() == 1 && f[0].contains("fglAAAAAAAAAAAA"), "{f:?}");
+        std::fs::remove_dir(brif.join("fglAAAAAAAAAAAA")).expect("rmdir");
         assert!(is_tap_of("tap120i3", 120) && !is_tap_of("tap1200i3", 120));
         assert!(!is_tap_of("tap120i", 120) && !is_tap_of("veth120i0", 120));
     }

@@ -2138,7 +2138,13 @@ class ScenarioPve(fake_server.FakePve):
                 device += ',mac=' + mac
             bridge = props.get('bridge')
             labs = sorted(self.lab_bridges())
-            if bridge in labs:
+            if bridge in labs and os.path.isdir('/sys/class/net/{0}/bridge'.format(bridge)):
+                # A lab bridge the test made in the kernel: a tap on it, as on a node
+                # (print_netdev_full's `ifname=tap<vmid>i<N>`; pve-bridge's tap_plug puts it on
+                # the bridge once QEMU made it: bed_qemu_plug).
+                argv += ['-netdev', 'tap,id={0},ifname=tap{1}i{2},script=no,downscript=no'.format(key, vm.vmid, n),
+                         '-device', device]
+            elif bridge in labs:
                 # A bridge with no ports and no node address: a QEMU hub of its own (one per
                 # bridge, shared by this VM's NICs on it), with no other port, so a frame reaches
                 # nothing and nothing answers DHCP, as on such a bridge of a node.
@@ -2184,12 +2190,36 @@ class ScenarioPve(fake_server.FakePve):
                 fh.write('-10')
         except OSError:
             log.info('VM %s: the QEMU autogroup keeps its weight', vmid)
+        self.bed_qemu_plug(vm, argv, proc)
         self.bed_qemu[vmid] = {'proc': proc, 'socket': sock, 'lock': asyncio.Lock(), 'started': time.time()}
         # With the network backend of each NIC QEMU got (`-netdev` values): what a test reads to
         # know, from the host side, where a VM's NICs were.
         netdevs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == '-netdev']
         self._qga_log(vmid, {'event': 'qemu-start', 'pid': proc.pid, 'netdevs': netdevs})
         log.info('VM %s: QEMU %s started', vmid, proc.pid)
+
+    def bed_qemu_plug(self, vm, argv, proc):
+        """Put each tap QEMU made onto its lab bridge, as pve-bridge does (pve-common
+        src/PVE/Network.pm `tap_create`: IPv6 off on the tap, `tap_plug`: `ip link set <tap>
+        master <bridge>`, up). QEMU makes the tap at its start (`-netdev tap`, script=no), so it
+        is waited for (5 s at most); the tap goes with QEMU."""
+        for i, a in enumerate(argv[:-1]):
+            if a != '-netdev' or not argv[i + 1].startswith('tap,'):
+                continue
+            opts = dict(p.partition('=')[::2] for p in argv[i + 1].split(',')[1:])
+            tap = opts['ifname']
+            n = int(tap.rsplit('i', 1)[1])
+            conf = fake_lxc.split_props(str(vm.config['net{0}'.format(n)]))[1].get('bridge')
+            deadline = time.time() + 5
+            while not os.path.exists('/sys/class/net/' + tap) and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.02)
+            try:
+                with open('/proc/sys/net/ipv6/conf/{0}/disable_ipv6'.format(tap), 'w', encoding='ascii') as fh:
+                    fh.write('1')
+                subprocess.run(['ip', 'link', 'set', tap, 'master', conf], check=True, capture_output=True)
+                subprocess.run(['ip', 'link', 'set', tap, 'up'], check=True, capture_output=True)
+            except (OSError, subprocess.CalledProcessError) as e:
+                log.warning('VM %s: tap %s not put on bridge %s: %s', vm.vmid, tap, conf, e)
 
     def bed_qemu_stop(self, vmid):
         """Power a real VM off: its QEMU ends (SIGTERM, then SIGKILL), and its guest-agent socket

@@ -284,6 +284,24 @@ impl GuestBed {
         }
     }
 
+    /// A bed of both: real LXC containers ([`GuestBed::new_real`]) and real QEMU VMs for the
+    /// VMs marked `"real": true` ([`GuestBed::new_real_vm`]), for an application group of
+    /// containers and VMs. `Err` as either.
+    pub fn new_real_with_vm() -> Result<Self, (String, Self)> {
+        let mut bed = Self::new_real()?;
+        match real_vm_image() {
+            Ok(image) => {
+                bed.real_vm = Some(image.clone());
+                Ok(bed)
+            }
+            Err(reason) => Err(fall_back(
+                format!("no real VM here ({reason}): no group of containers and VMs"),
+                reason,
+                bed,
+            )),
+        }
+    }
+
     /// Whether this bed's VMs marked `real` run in a real QEMU.
     pub fn has_real_vm(&self) -> bool {
         self.real_vm.is_some()

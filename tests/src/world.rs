@@ -185,6 +185,21 @@ impl World {
         }
     }
 
+    /// [`World::with_options`] with real containers and real VMs ([`GuestBed::new_real_with_vm`]);
+    /// `None` after printing why not (a panic with `FELHOM_REQUIRE_REAL_GUESTS=1`).
+    pub fn real_with_vm_or_skip(scenario: Value, opts: &AgentOptions) -> Option<World> {
+        match GuestBed::new_real_with_vm() {
+            Ok(bed) => {
+                report_real_guests();
+                Some(World::with_bed(scenario, opts, bed))
+            }
+            Err((reason, _)) => {
+                eprintln!("skipped on this machine: {reason}");
+                None
+            }
+        }
+    }
+
     /// [`World::with_options`] with this bed.
     pub fn with_bed(mut scenario: Value, opts: &AgentOptions, bed: GuestBed) -> World {
         tasks_take_time(&mut scenario);

@@ -439,7 +439,8 @@ impl LxcExecFactory for HelperRoute {
     ) -> futures_util::future::BoxFuture<'static, Result<String, String>> {
         use crate::guest::exec::LabOp;
         let op = match op {
-            LabOp::Join { lab, names } => Op::LabJoin { lab, names },
+            // The link bridge is not sent: the helper reads it from the journaled request.
+            LabOp::Join { lab, names, .. } => Op::LabJoin { lab, names },
             LabOp::Remove { lab } => Op::LabRemove { lab },
         };
         let exec = HelperExec::new(vmid, TxnId::from_ulid(txn), self.socket.clone());

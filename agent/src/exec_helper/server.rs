@@ -849,10 +849,26 @@ async fn lab_request(
         match op {
             Op::LabJoin { names, .. } => {
                 authorize(&cfg, owners, vmid, txn)?;
-                crate::guest::group_lab::join(&lxc_path, lab, vmid, &names).map_err(|m| Refusal {
-                    code: ErrorCode::GroupLabFailed,
-                    message: m,
-                })
+                // The lab bridge to link to: the journaled request's, and only one of the
+                // config's lab bridges.
+                let link = state.request().group.as_ref().and_then(|g| g.link_bridge.clone());
+                if let Some(b) = link.as_deref() {
+                    if !cfg.restore_test.lab_bridges.iter().any(|l| l == b) {
+                        return Err(Refusal {
+                            code: ErrorCode::ExecNotOwned,
+                            message: format!(
+                                "transaction {txn} names {}, not one of [restore_test] lab_bridges in {}; nothing was joined",
+                                crate::error::outside_text_max(b, 20),
+                                cfg.path.display()
+                            ),
+                        });
+                    }
+                }
+                crate::guest::group_lab::join_and_link(&lxc_path, lab, vmid, &names, link.as_deref())
+                    .map_err(|m| Refusal {
+                        code: ErrorCode::GroupLabFailed,
+                        message: m,
+                    })
             }
             _ => crate::guest::group_lab::remove(lab)
                 .map(|had| {

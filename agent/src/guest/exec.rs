@@ -554,6 +554,9 @@ pub enum LabOp {
         lab: ulid::Ulid,
         /// The stored interface names.
         names: Vec<String>,
+        /// The group's lab bridge to link the lab to (a group that also holds VMs). The exec
+        /// helper takes it from the journaled request, never from the request on its socket.
+        link: Option<String>,
     },
     /// Remove lab `lab`.
     Remove {

@@ -323,6 +323,110 @@ pub fn join(lxc_path: &Path, lab: Ulid, vmid: u32, names: &[String]) -> Result<S
     ))
 }
 
+/// The node's end of the pair that links lab `lab` to its group's lab bridge (15 characters:
+/// `fgl` and the last 12 of the lab's id, its random part).
+pub fn link_port_name(lab: Ulid) -> String {
+    let id = lab.to_string();
+    format!("fgl{}", &id[id.len() - 12..])
+}
+
+/// The lab's end of that pair, a port of the lab's bridge.
+const LINK_INSIDE: &str = "fglink";
+
+/// Link lab `lab` (made by a member's join) to `bridge`, its group's lab bridge in the node's
+/// namespace (a group with containers and VMs): one veth pair, its node end
+/// ([`link_port_name`]) a port of `bridge` with no address (not even an IPv6 link-local one),
+/// its other end a port of the lab's bridge. Made once; a second member's join finds it.
+/// `bridge` must be a Linux bridge of the node; the caller checked that it is the group's (one
+/// of `[restore_test] lab_bridges`, journaled). The pair goes with the lab.
+pub fn link(lab: Ulid, bridge: &str) -> Result<String, String> {
+    if !crate::guest::lab::valid_ifname(bridge) {
+        return Err(format!(
+            "{} is not a bridge name the lab links to",
+            crate::error::outside_text_max(bridge, 20)
+        ));
+    }
+    let _one = LAB_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ns = open_lab(lab, false)?.ok_or_else(|| {
+        format!(
+            "the lab {} does not exist; nothing was linked",
+            lab_name(lab)
+        )
+    })?;
+    let sys = Path::new("/sys/class/net");
+    if !sys.join(bridge).join("bridge").is_dir() {
+        return Err(format!(
+            "{bridge} is not a Linux bridge of node's namespace ({} is missing); nothing was linked",
+            sys.join(bridge).join("bridge").display()
+        ));
+    }
+    let port = link_port_name(lab);
+    let master = || {
+        std::fs::read_link(sys.join(&port).join("master"))
+            .ok()
+            .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+    };
+    if sys.join(&port).exists() {
+        return match master() {
+            Some(m) if m == bridge => Ok(format!(
+                "the lab {} is linked to the group's lab bridge {bridge} (port {port})",
+                ns.name
+            )),
+            other => Err(format!(
+                "{port}, the lab's link, is on {} instead of the group's lab bridge {bridge}; nothing was linked",
+                other.unwrap_or_else(|| "no bridge".to_string())
+            )),
+        };
+    }
+    let net_arg = fd_path(&ns.file).to_string_lossy().into_owned();
+    ip(&[
+        "link",
+        "add",
+        &port,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        LINK_INSIDE,
+        "netns",
+        &net_arg,
+    ])?;
+    // addrgenmode none before it is up: the node gets no address on the lab's wire.
+    let made = (|| {
+        ip(&["link", "set", &port, "addrgenmode", "none"])?;
+        ip(&["link", "set", &port, "master", bridge])?;
+        ip(&["link", "set", &port, "up"])?;
+        ns.ip(&["link", "set", LINK_INSIDE, "master", BRIDGE])?;
+        ns.ip(&["link", "set", LINK_INSIDE, "up"])
+    })();
+    if let Err(e) = made {
+        let _ = ip(&["link", "del", &port]);
+        return Err(e);
+    }
+    Ok(format!(
+        "the lab {} is linked to the group's lab bridge {bridge} (port {port}, no address), where the group's VM copies are",
+        ns.name
+    ))
+}
+
+/// [`join`], then [`link`] when the group's journaled request names a lab bridge: the notes of
+/// both.
+pub fn join_and_link(
+    lxc_path: &Path,
+    lab: Ulid,
+    vmid: u32,
+    names: &[String],
+    bridge: Option<&str>,
+) -> Result<String, String> {
+    let joined = join(lxc_path, lab, vmid, names)?;
+    match bridge {
+        None => Ok(joined),
+        Some(b) => Ok(format!("{joined}; {}", link(lab, b)?)),
+    }
+}
+
 /// From outside: in the copy's network namespace, no link but `names` has a peer in another
 /// namespace.
 fn check_copy_links(net_path: &str, vmid: u32, names: &[String]) -> Result<(), String> {
@@ -389,6 +493,13 @@ pub fn remove(lab: Ulid) -> Result<bool, String> {
 
 fn remove_locked(lab: Ulid) -> Result<bool, String> {
     let had = existing().contains(&lab);
+    // The link to a group's lab bridge first, by its node end: the kernel frees a namespace
+    // (and the pairs in it) some time after its last holder is gone, and the lab bridge must
+    // hold no port of this lab once it is removed.
+    let link = link_port_name(lab);
+    if Path::new("/sys/class/net").join(&link).exists() {
+        ip(&["link", "del", &link])?;
+    }
     match Home::of_node() {
         // Stopping an instance that does not run changes nothing: always asked.
         Home::Unit => {
@@ -462,6 +573,15 @@ mod tests {
     fn a_port_name_fits_an_interface_name() {
         assert!(port_name(999_999_999, 7).len() <= 15);
         assert_eq!(port_name(990_000, 0), "fg990000n0");
+    }
+
+    #[test]
+    fn a_links_name_fits_an_interface_name_and_differs_per_lab() {
+        let a = Ulid::new();
+        let b = Ulid::from_parts(a.timestamp_ms(), a.random() ^ 1);
+        assert_eq!(link_port_name(a).len(), 15);
+        assert!(crate::guest::lab::valid_ifname(&link_port_name(a)));
+        assert_ne!(link_port_name(a), link_port_name(b));
     }
 
     #[test]

@@ -585,7 +585,9 @@ impl super::exec::LxcExecFactory for PctConfig {
         let lxc_path = self.lxc_path.clone();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || match op {
-                LabOp::Join { lab, names } => super::group_lab::join(&lxc_path, lab, vmid, &names),
+                LabOp::Join { lab, names, link } => {
+                    super::group_lab::join_and_link(&lxc_path, lab, vmid, &names, link.as_deref())
+                }
                 LabOp::Remove { lab } => crate::guest::group_lab::remove(lab).map(|had| {
                     format!(
                         "the group lab {} was {}",

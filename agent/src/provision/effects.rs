@@ -267,8 +267,9 @@ pub struct Executor<'a> {
     group: Option<super::group::Seat>,
 }
 
-/// The ports allowed on a VM copy's lab bridge after its start: its own taps, and those of
-/// the other VM copies of its application group (which share the group's bridge).
+/// The ports allowed on a VM copy's lab bridge after its start: its own taps, those of the
+/// other VM copies of its application group (which share the group's bridge), and the link of
+/// the group's containers' lab (made by root when a container member joins).
 fn allowed_ports(state: &State, vmid: u32) -> crate::lab_kernel::Ports {
     match state.request().group.as_ref() {
         Some(g) if !g.bridge_peers.is_empty() => {
@@ -276,7 +277,11 @@ fn allowed_ports(state: &State, vmid: u32) -> crate::lab_kernel::Ports {
             if !vmids.contains(&vmid) {
                 vmids.push(vmid);
             }
-            crate::lab_kernel::Ports::TapsOfAny(vmids)
+            let has_containers = g.guests.len() > g.bridge_peers.len();
+            crate::lab_kernel::Ports::TapsOfAny(
+                vmids,
+                has_containers.then(|| crate::guest::group_lab::link_port_name(g.lab)),
+            )
         }
         _ => crate::lab_kernel::Ports::TapsOf(vmid),
     }

@@ -1065,6 +1065,11 @@ pub struct GroupMember {
     /// subnet), said in each member's `isolation` (at most 8, each clipped).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// A container member of a group that also holds VMs: the group's lab bridge (one of
+    /// `[restore_test] lab_bridges`, held by the group), which root links to the containers'
+    /// lab with one veth pair ([`crate::guest::group_lab::link`]). `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_bridge: Option<String>,
 }
 
 /// The state of one transaction; what the journal stores after every transition.

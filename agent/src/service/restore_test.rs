@@ -1408,6 +1408,7 @@ async fn run_group(
                     .take(8)
                     .map(|w| crate::error::outside_text_max(w, 300))
                     .collect(),
+                link_bridge: None,
             }),
         ));
     }
@@ -1429,16 +1430,13 @@ async fn run_group(
         }
     }
     // All or none: a group runs only when it fits whole.
-    // VM members share a lab bridge of the group's own, held for the whole run; containers
-    // and VMs in one group are not joined (their lab would need a veth onto that bridge).
+    // VM members share a lab bridge of the group's own, held for the whole run; in a group
+    // that also holds containers, root links the containers' lab to that bridge.
     let vms = pendings
         .iter()
         .filter(|p| p.kind == GuestKind::Qemu)
         .count();
-    if vms > 0 && vms < pendings.len() {
-        let why = "it holds both containers and VMs; this version proves a group of containers (joined in a lab of the group's own) or a group of VMs (on a lab bridge of the group's own), not both: split it".to_string();
-        return (Vec::new(), group_left(g, rows, &why));
-    }
+    let mixed = vms > 0 && vms < pendings.len();
     let mut bridge_lock = None;
     let mut bridge = None;
     if vms > 0 && !dry_run {
@@ -1494,14 +1492,25 @@ async fn run_group(
             }
         }
     }
-    // The VM members' taps are the only ports allowed on the group's bridge; two of them
-    // with one stored MAC (clones) would clash on it.
+    // The VM members' taps (and the containers' lab's link) are the only ports allowed on the
+    // group's bridge; two of them with one stored MAC (clones) would clash on it.
     if vms > 0 {
-        let peers: Vec<u32> = admitted.iter().filter_map(|a| a.request.vmid).collect();
+        let peers: Vec<u32> = admitted
+            .iter()
+            .filter(|a| a.pending.kind == GuestKind::Qemu)
+            .filter_map(|a| a.request.vmid)
+            .collect();
         let mut macs: Vec<(String, u32)> = Vec::new();
         for a in &mut admitted {
+            let container = a.pending.kind != GuestKind::Qemu;
             if let Some(member) = a.request.group.as_mut() {
                 member.bridge_peers = peers.clone();
+                if mixed && container {
+                    member.link_bridge = bridge.clone();
+                }
+            }
+            if container {
+                continue;
             }
             let stored = a
                 .report
@@ -1543,8 +1552,10 @@ async fn run_group(
                 .collect::<Vec<_>>(),
         )
     });
+    // The container members (the lab's, whose transactions ask root to remove it).
     let members: Vec<(u32, Ulid)> = admitted
         .iter()
+        .filter(|a| a.pending.kind != GuestKind::Qemu)
         .filter_map(|a| a.request.vmid.map(|v| (v, a.request.txn)))
         .collect();
     let drives: FuturesUnordered<_> = admitted
@@ -1570,7 +1581,7 @@ async fn run_group(
         }
     }
     copies.sort_by_key(|c| g.guests.iter().position(|m| *m == c.guest));
-    if !dry_run && vms == 0 {
+    if !dry_run && !members.is_empty() {
         remove_group_lab(cfg, lab, &members).await;
     }
     if !dry_run {

@@ -71,6 +71,7 @@ impl Executor<'_> {
                 let op = crate::guest::exec::LabOp::Join {
                     lab: member.lab,
                     names,
+                    link: member.link_bridge.clone(),
                 };
                 match self.lxc.lab_op(vmid, state.txn(), op).await {
                     Ok(note) => {
