@@ -21,8 +21,7 @@
 
 use std::time::Instant;
 
-use felhom_tests::fakepve::AgentOptions;
-use felhom_tests::world::World;
+use felhom_tests::restore_bench::{best, in_real_time, proven_report, real_world, runs};
 use serde_json::{json, Value};
 
 /// The pool: guest 200 (the demo's, made a real Debian guest) and seven more like it.
@@ -55,16 +54,13 @@ fn pool(guests: usize) -> Value {
         v["config"]["rootfs"] = json!(format!("local-lvm:vm-{vmid}-disk-0,size=8G"));
         vols.push(v);
     }
-    s["attrs"] = json!({"ct_secs": {"create": 10, "destroy": 2}});
-    s["time_scale"] = json!(1.0);
-    s
+    in_real_time(s)
 }
 
 /// One run proving every guest of a pool of `guests` with `at_once`: wall seconds, the most
 /// copies at once, the agent's peak resident memory (KiB, its VmHWM read while it ran).
 fn run(guests: usize, at_once: usize) -> (f64, u64, u64) {
-    let w = World::real(pool(guests), &AgentOptions::default())
-        .unwrap_or_else(|(why, _)| panic!("no real guests here: {why}"));
+    let w = real_world(pool(guests));
     let config = std::fs::read_to_string(&w.files.config_path).expect("config");
     let line = format!("at_once = {at_once}");
     let config = if config.contains("[restore_test]") {
@@ -103,19 +99,7 @@ fn run(guests: usize, at_once: usize) -> (f64, u64, u64) {
     let out = child.wait_with_output().expect("the agent's output");
     let wall = started.elapsed().as_secs_f64();
     let _ = watch.join();
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    let copies = doc["copies"].as_array().expect("copies");
-    assert_eq!(copies.len(), guests, "{doc:#}");
-    assert!(
-        copies.iter().all(|c| c["outcome"] == "ok"),
-        "a copy did not end ok: {doc:#}"
-    );
+    let doc = proven_report(&out.stdout, &String::from_utf8_lossy(&out.stderr), guests);
     (
         wall,
         doc["run"]["peak_at_once"].as_u64().unwrap_or(0),
@@ -124,19 +108,11 @@ fn run(guests: usize, at_once: usize) -> (f64, u64, u64) {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
+    let Some(runs) = runs() else {
         return;
-    }
-    let runs: usize = std::env::var("FELHOM_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(1);
+    };
     let best = |guests: usize, at_once: usize| {
-        (0..runs)
-            .map(|_| run(guests, at_once))
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .expect("a run")
+        best(runs, || run(guests, at_once), |r: &(f64, u64, u64)| r.0)
     };
     let (one, _, mem_one) = best(1, 1);
     let (serial, _, mem_serial) = best(8, 1);

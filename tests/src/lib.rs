@@ -13,6 +13,7 @@ pub mod groups;
 pub mod guestbed;
 pub mod nspawn;
 pub mod reach;
+pub mod restore_bench;
 pub mod verdict;
 pub mod world;
 

@@ -123,10 +123,34 @@ impl Drop for ScriptCopy {
     }
 }
 
+/// The text of `tests/demo.sh`.
+fn demo_text() -> String {
+    fs::read_to_string(workspace_root().join("tests/demo.sh")).expect("read tests/demo.sh")
+}
+
+/// Runs `broken`, a changed demo, as a copy beside the demo (`tests/.demo-<name>-<pid>.sh`,
+/// removed after) on the busybox bed, and checks that it failed (exit 1) with its provision
+/// failed: its stdout and stderr.
+fn run_failing_demo(name: &str, broken: String) -> (String, String) {
+    let copy =
+        ScriptCopy(workspace_root().join(format!("tests/.demo-{name}-{}.sh", std::process::id())));
+    fs::write(&copy.0, broken).expect("write the demo's copy");
+    let out = run_demo_env(&copy.0, &[("FELHOM_DEMO_GUESTS", "busybox")]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the demo did not fail:\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let (_, rc) = step(&stdout, "--selftest=provision -vmid 120");
+    assert_ne!(rc, 0, "{stdout}");
+    (stdout, stderr)
+}
+
 #[test]
 fn demo_fails_when_the_exec_helper_cannot_read_the_container_config() {
-    let demo = workspace_root().join("tests/demo.sh");
-    let text = fs::read_to_string(&demo).expect("read tests/demo.sh");
+    let text = demo_text();
     // The agent's config without `[exec] pve_nodes_dir`: the helper looks in /etc/pve/nodes,
     // finds no config for the container and runs nothing in it.
     let broken: String = text
@@ -135,23 +159,9 @@ fn demo_fails_when_the_exec_helper_cannot_read_the_container_config() {
         .map(|l| format!("{l}\n"))
         .collect();
     assert_ne!(broken, text, "tests/demo.sh no longer sets pve_nodes_dir");
-    let copy = ScriptCopy(workspace_root().join(format!(
-        "tests/.demo-no-nodes-dir-{}.sh",
-        std::process::id()
-    )));
-    fs::write(&copy.0, broken).expect("write the demo's copy");
     // The busybox bed: the failure shown is the helper's, before any guest runs a command, and
     // a real guest would only add a minute.
-    let out = run_demo_env(&copy.0, &[("FELHOM_DEMO_GUESTS", "busybox")]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "the demo did not fail:\n{stdout}\n--- stderr\n{stderr}"
-    );
-    let (_, rc) = step(&stdout, "--selftest=provision -vmid 120");
-    assert_ne!(rc, 0, "{stdout}");
+    let (_, stderr) = run_failing_demo("no-nodes-dir", broken);
     // The agent's error line (on stderr) names the helper's refusal.
     assert!(
         stderr.contains("exec_guest_privileged") && stderr.contains("pve_nodes_dir"),
@@ -184,8 +194,7 @@ fn section<'a>(text: &'a str, header: &str) -> Option<&'a str> {
 /// exists.
 #[test]
 fn a_failed_demo_prints_the_tail_of_the_fakes_log_that_holds_the_cause() {
-    let demo = workspace_root().join("tests/demo.sh");
-    let text = fs::read_to_string(&demo).expect("read tests/demo.sh");
+    let text = demo_text();
     let anchor = r#"scenario["user_cfg"] = {"path": work + "/user.cfg"}"#;
     assert!(
         text.contains(anchor),
@@ -198,20 +207,7 @@ fn a_failed_demo_prints_the_tail_of_the_fakes_log_that_holds_the_cause() {
              \"/nodes/pve1/lxc/120/status/start\", \"error\": \"missing_rootfs_configuration\"}}]"
         ),
     );
-    let copy = ScriptCopy(
-        workspace_root().join(format!("tests/.demo-start-fails-{}.sh", std::process::id())),
-    );
-    fs::write(&copy.0, broken).expect("write the demo's copy");
-    let out = run_demo_env(&copy.0, &[("FELHOM_DEMO_GUESTS", "busybox")]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "the demo did not fail:\n{stdout}\n--- stderr\n{stderr}"
-    );
-    let (_, rc) = step(&stdout, "--selftest=provision -vmid 120");
-    assert_ne!(rc, 0, "{stdout}");
+    let (_, stderr) = run_failing_demo("start-fails", broken);
     let (_, summary) = stderr
         .split_once("demo FAILED")
         .unwrap_or_else(|| panic!("no failure summary:\n{stderr}"));

@@ -9,7 +9,9 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use felhom_tests::agent::{run_agent, stand_in_pct_path, ExecHelper};
+use std::path::Path;
+
+use felhom_tests::agent::{agent_command, run_agent, stand_in_pct_path, AgentRun, ExecHelper};
 use felhom_tests::fakepve::{AgentFiles, AgentOptions, FakePve};
 use serde_json::{json, Value};
 
@@ -30,18 +32,49 @@ fn helper_with_path(files: &AgentFiles, path: &str) -> ExecHelper {
     )
 }
 
-fn check<'a>(doc: &'a Value, name: &str) -> &'a Value {
+/// The demo's fake PVE, the agent's files for it and their exec helper.
+fn demo_bed() -> (FakePve, AgentFiles, ExecHelper) {
+    let pve = FakePve::demo();
+    let (files, helper) = files_and_helper(&pve);
+    (pve, files, helper)
+}
+
+/// The agent's files for `pve` and their exec helper.
+fn files_and_helper(pve: &FakePve) -> (AgentFiles, ExecHelper) {
+    let files = AgentFiles::for_fake(pve);
+    let helper = helper(&files);
+    (files, helper)
+}
+
+/// `doctor --json` of `files` with the environment variable `key` set to `value`.
+fn doctor_json_with(files: &AgentFiles, key: &str, value: &Path) -> AgentRun {
+    agent_command(&files.config_path)
+        .env(key, value)
+        .args(["doctor", "--json"])
+        .output()
+        .expect("doctor")
+        .into()
+}
+
+/// Every line of a doctor report named `name`.
+fn lines_named<'a>(doc: &'a Value, name: &str) -> Vec<&'a Value> {
     doc["checks"]
         .as_array()
-        .and_then(|a| a.iter().find(|c| c["name"] == name))
+        .map(|a| a.iter().filter(|c| c["name"] == name).collect())
+        .unwrap_or_default()
+}
+
+/// The first line of a doctor report named `name` (panics where there is none).
+fn check<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    lines_named(doc, name)
+        .first()
+        .copied()
         .unwrap_or_else(|| panic!("no check {name} in {doc}"))
 }
 
 #[test]
 fn all_checks_pass_against_the_demo() {
-    let pve = FakePve::demo();
-    let files = AgentFiles::for_fake(&pve);
-    let helper = helper(&files);
+    let (pve, files, helper) = demo_bed();
     let run = run_agent(&files.config_path, &["doctor", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
@@ -217,9 +250,7 @@ fn a_token_whose_user_lacks_the_pool_grant_names_the_user_grant() {
 
 #[test]
 fn human_output_names_each_check() {
-    let pve = FakePve::demo();
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (_pve, files, _helper) = demo_bed();
     let run = run_agent(&files.config_path, &["-doctor"]);
     // `-doctor` is not a flag: clap sees an unknown argument and exits 2.
     assert_eq!(run.code, Some(2), "{}", run.stderr);
@@ -475,9 +506,7 @@ fn exec_check_names_the_mode_and_fails_when_the_helper_does_not_answer() {
 /// never runs), naming it.
 #[test]
 fn an_empty_pack_and_a_check_for_a_guest_that_does_not_exist_are_warned_about() {
-    let pve = FakePve::demo();
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (_pve, files, _helper) = demo_bed();
     std::fs::write(
         files.checks_dir.join("half-written.toml"),
         "# nothing yet\n",
@@ -502,9 +531,7 @@ fn an_empty_pack_and_a_check_for_a_guest_that_does_not_exist_are_warned_about() 
 
 #[test]
 fn a_pack_or_profile_the_preflight_would_refuse_fails_doctor_naming_the_file_and_the_fix() {
-    let pve = FakePve::demo();
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (_pve, files, _helper) = demo_bed();
     let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
     for name in ["check_packs", "profiles"] {
         assert_eq!(check(&doc, name)["status"], "pass", "{name}: {doc:#}");
@@ -708,8 +735,7 @@ fn with_agent_user_doctor_judges_exec_as_that_user_like_the_dry_run() {
 fn the_human_report_fits_80_columns_and_counts_its_warnings() {
     let pve = FakePve::demo();
     // No [hub]: the hub check warns.
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (files, _helper) = files_and_helper(&pve);
     let run = run_agent(&files.config_path, &["doctor"]);
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     for line in run.stdout.lines() {
@@ -1080,10 +1106,7 @@ fn the_vmlist_line_names_the_way_and_node_keys_warns_while_the_agents_user_reads
 
 /// Every `backup_jobs` line of a doctor report.
 fn backup_jobs_lines(doc: &Value) -> Vec<&Value> {
-    doc["checks"]
-        .as_array()
-        .map(|a| a.iter().filter(|c| c["name"] == "backup_jobs").collect())
-        .unwrap_or_default()
+    lines_named(doc, "backup_jobs")
 }
 
 /// The restore-test band as `pvesh … --exclude` takes it.
@@ -1322,9 +1345,7 @@ fn a_backup_jobs_other_keys_never_reach_doctors_output() {
 /// guest backed up it passes.
 #[test]
 fn a_pool_guest_without_a_backup_is_named() {
-    let pve = FakePve::demo();
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (_pve, files, _helper) = demo_bed();
     let run = run_agent(&files.config_path, &["doctor", "--json"]);
     let doc = run.json();
     assert_eq!(run.code, Some(0), "{doc:#}\n{}", run.stderr);
@@ -1337,8 +1358,7 @@ fn a_pool_guest_without_a_backup_is_named() {
     );
 
     let pve = FakePve::start(felhom_tests::fakepve::pool_with_backups(&[(210, "shop")]));
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (files, _helper) = files_and_helper(&pve);
     let run = run_agent(&files.config_path, &["doctor", "--json"]);
     let doc = run.json();
     let line = check(&doc, "guest_backups");
@@ -1355,9 +1375,7 @@ fn a_pool_guest_without_a_backup_is_named() {
 /// (the privileges are not judged against a pool that is not there).
 #[test]
 fn a_mistyped_pool_is_named_missing_before_any_grant_recipe() {
-    let pve = FakePve::demo();
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (_pve, files, _helper) = demo_bed();
     let config = std::fs::read_to_string(&files.config_path).expect("config");
     assert!(config.contains("pool = \"felhom\""), "{config}");
     std::fs::write(
@@ -1435,13 +1453,7 @@ fn a_lab_bridge_of_a_smaller_mtu_than_the_node_is_warned_about() {
         std::fs::write(net.join("vmbr9/mtu"), format!("{lab}\n")).expect("mtu");
         std::fs::create_dir_all(net.join("eno1")).expect("eno1");
         std::fs::write(net.join("eno1/mtu"), format!("{uplink}\n")).expect("mtu");
-        let run: felhom_tests::agent::AgentRun =
-            felhom_tests::agent::agent_command(&files.config_path)
-                .env(felhom_tests::agent::KERNEL_ROOT_ENV, kernel.path())
-                .args(["doctor", "--json"])
-                .output()
-                .expect("doctor")
-                .into();
+        let run = doctor_json_with(&files, felhom_tests::agent::KERNEL_ROOT_ENV, kernel.path());
         check(&run.json(), "lab_bridge").clone()
     };
     let c = doctor_with_mtus(1500, 9000);
@@ -1460,9 +1472,7 @@ fn a_lab_bridge_of_a_smaller_mtu_than_the_node_is_warned_about() {
 /// no such file its line passes.
 #[test]
 fn reports_dropped_from_the_outbox_without_a_hub_are_warned_about() {
-    let pve = FakePve::demo();
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (_pve, files, _helper) = demo_bed();
     let doc = run_agent(&files.config_path, &["doctor", "--json"]).json();
     let c = check(&doc, "outbox");
     assert_eq!(c["status"], "pass", "{doc:#}");
@@ -1500,10 +1510,15 @@ fn reports_dropped_from_the_outbox_without_a_hub_are_warned_about() {
 
 /// Every `restore_group` line of a doctor report.
 fn group_lines(doc: &Value) -> Vec<&Value> {
-    doc["checks"]
-        .as_array()
-        .map(|a| a.iter().filter(|c| c["name"] == "restore_group").collect())
-        .unwrap_or_default()
+    lines_named(doc, "restore_group")
+}
+
+/// How many `restore_group` lines of a doctor report have a message that `fits`.
+fn group_lines_saying(doc: &Value, fits: impl Fn(&str) -> bool) -> usize {
+    group_lines(doc)
+        .iter()
+        .filter(|l| l["message"].as_str().is_some_and(&fits))
+        .count()
 }
 
 /// The `restore_group` line of `group` whose message holds `part` (panics naming them all).
@@ -1565,9 +1580,7 @@ fn ct_config(addr: &str, memory: u32) -> Value {
 /// group with nothing in its way passes; a config without groups has no such line.
 #[test]
 fn doctor_names_what_would_stop_each_group_naming_the_member() {
-    let pve = FakePve::demo();
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (_pve, files, _helper) = demo_bed();
     let run = run_agent(&files.config_path, &["doctor", "--json"]);
     assert!(group_lines(&run.json()).is_empty(), "{}", run.stdout);
     drop(_helper);
@@ -1581,8 +1594,7 @@ fn doctor_names_what_would_stop_each_group_naming_the_member() {
         (217, "big1", ct_config("ip=10.40.0.1/24", 3000)),
         (218, "big2", ct_config("ip=10.40.0.2/24", 3000)),
     ]));
-    let files = AgentFiles::for_fake(&pve);
-    let _helper = helper(&files);
+    let (files, _helper) = files_and_helper(&pve);
     let mut cfg = files.config_text();
     cfg.push_str(concat!(
         "\n[[restore_test.group]]\nname = \"shop\"\nguests = [210, 211]\n",
@@ -1591,19 +1603,14 @@ fn doctor_names_what_would_stop_each_group_naming_the_member() {
         "\n[[restore_test.group]]\nname = \"big\"\nguests = [217, 218]\n",
     ));
     std::fs::write(&files.config_path, cfg).expect("config");
+    // `doctor --json` on a node whose /proc/meminfo says `meminfo`.
+    let with_meminfo = |meminfo: &str| {
+        let path = files.config_path.with_file_name("meminfo");
+        std::fs::write(&path, meminfo).expect("meminfo");
+        doctor_json_with(&files, "FELHOM_AGENT_MEMINFO", &path)
+    };
     // A node of 4 GiB, 1 GiB available: 614 MiB for copies now (10% reserved), 3686 at most.
-    let meminfo = files.config_path.with_file_name("meminfo");
-    std::fs::write(
-        &meminfo,
-        "MemTotal: 4194304 kB\nMemFree: 1048576 kB\nMemAvailable: 1048576 kB\n",
-    )
-    .expect("meminfo");
-    let run: felhom_tests::agent::AgentRun = felhom_tests::agent::agent_command(&files.config_path)
-        .env("FELHOM_AGENT_MEMINFO", &meminfo)
-        .args(["doctor", "--json"])
-        .output()
-        .expect("doctor")
-        .into();
+    let run = with_meminfo("MemTotal: 4194304 kB\nMemFree: 1048576 kB\nMemAvailable: 1048576 kB\n");
     let doc = run.json();
     assert_eq!(run.code, Some(6), "{doc:#}\n{}", run.stderr);
 
@@ -1640,12 +1647,7 @@ fn doctor_names_what_would_stop_each_group_naming_the_member() {
         "{m}"
     );
     assert_eq!(
-        group_lines(&doc)
-            .iter()
-            .filter(|l| l["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("share no subnet")))
-            .count(),
+        group_lines_saying(&doc, |m| m.contains("share no subnet")),
         1,
         "212 has no static address: it is in no pair"
     );
@@ -1663,18 +1665,8 @@ fn doctor_names_what_would_stop_each_group_naming_the_member() {
     assert!(m.contains("allows copies now (614 MiB"), "{m}");
 
     // With the node's memory free, the shop's group passes.
-    std::fs::write(
-        &meminfo,
-        "MemTotal: 4194304 kB\nMemFree: 4000000 kB\nMemAvailable: 4000000 kB\n",
-    )
-    .expect("meminfo");
-    let run: felhom_tests::agent::AgentRun = felhom_tests::agent::agent_command(&files.config_path)
-        .env("FELHOM_AGENT_MEMINFO", &meminfo)
-        .args(["doctor", "--json"])
-        .output()
-        .expect("doctor")
-        .into();
-    let doc = run.json();
+    let doc = with_meminfo("MemTotal: 4194304 kB\nMemFree: 4000000 kB\nMemAvailable: 4000000 kB\n")
+        .json();
     let l = group_line(
         &doc,
         "shop",
@@ -1682,23 +1674,12 @@ fn doctor_names_what_would_stop_each_group_naming_the_member() {
     );
     assert_eq!(l["status"], "pass", "{l:#}");
     assert_eq!(
-        group_lines(&doc)
-            .iter()
-            .filter(|l| l["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("group shop: ")))
-            .count(),
+        group_lines_saying(&doc, |m| m.starts_with("group shop: ")),
         1,
         "{doc:#}"
     );
     // A group of containers: the helper made a lab as a run would, and removed it.
-    let lab = doc["checks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == "restore_group_lab")
-        .cloned()
-        .unwrap_or_else(|| panic!("no restore_group_lab line: {doc:#}"));
+    let lab = check(&doc, "restore_group_lab");
     assert_eq!(lab["status"], "pass", "{lab:#}");
     let said = lab["message"].as_str().unwrap_or_default();
     assert!(

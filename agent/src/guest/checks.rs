@@ -1754,9 +1754,9 @@ mod tests {
         assert!(!reads_systemd_units("SELECT * FROM my_systemd_units_copy"));
     }
 
-    #[test]
-    fn a_vm_hostname_check_that_fails_says_it_cannot_judge_and_nothing_else_changes() {
-        let pack = r#"
+    /// The two VM hostname checks both hostname tests read: one against `{hostname}`, one
+    /// naming a literal host.
+    const VM_HOSTNAME_PACK: &str = r#"
 [[check]]
 name = "hostname"
 sql = "SELECT hostname FROM system_info"
@@ -1766,24 +1766,40 @@ expect = "hostname == '{hostname}'"
 name = "named-vm"
 sql = "SELECT hostname FROM system_info"
 expect = "hostname == 'web01.example.com'"
-
-[[check]]
-name = "no-failed-units"
-sql = "SELECT id FROM systemd_units WHERE active_state = 'failed'"
-expect = "rows == 0"
 "#;
-        let checks = parse_pack(pack, Path::new("/p.toml")).expect("pack");
-        assert!(compares_to(&checks[0], "hostname"));
-        assert!(!compares_to(&checks[1], "hostname") && !compares_to(&checks[2], "hostname"));
-        let result = |name: &str, status: CheckStatus, host: &str| CheckResult {
+
+    /// A check's result with one `hostname` row for each of `hosts`; any status but a pass
+    /// carries the message "why".
+    fn hostname_result(name: &str, status: CheckStatus, hosts: &[&str]) -> CheckResult {
+        CheckResult {
             name: name.to_string(),
             status,
-            rows: vec![Row::from([("hostname".to_string(), host.to_string())])],
-            row_count: 1,
+            rows: hosts
+                .iter()
+                .map(|h| Row::from([("hostname".to_string(), h.to_string())]))
+                .collect(),
+            row_count: hosts.len() as u64,
             rows_truncated: false,
             message: (status != CheckStatus::Pass).then(|| "why".to_string()),
             duration_ms: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn a_vm_hostname_check_that_fails_says_it_cannot_judge_and_nothing_else_changes() {
+        let pack = format!(
+            "{VM_HOSTNAME_PACK}
+[[check]]
+name = \"no-failed-units\"
+sql = \"SELECT id FROM systemd_units WHERE active_state = 'failed'\"
+expect = \"rows == 0\"
+"
+        );
+        let checks = parse_pack(&pack, Path::new("/p.toml")).expect("pack");
+        assert!(compares_to(&checks[0], "hostname"));
+        assert!(!compares_to(&checks[1], "hostname") && !compares_to(&checks[2], "hostname"));
+        let result =
+            |name: &str, status: CheckStatus, host: &str| hostname_result(name, status, &[host]);
         let mut results = vec![
             result("hostname", CheckStatus::Fail, "web01.example.com"),
             result("named-vm", CheckStatus::Fail, "web01"),
@@ -1818,30 +1834,7 @@ expect = "rows == 0"
 
     #[test]
     fn a_cloud_init_vm_hostname_check_is_judged_against_what_pve_wrote() {
-        let pack = r#"
-[[check]]
-name = "hostname"
-sql = "SELECT hostname FROM system_info"
-expect = "hostname == '{hostname}'"
-
-[[check]]
-name = "named-vm"
-sql = "SELECT hostname FROM system_info"
-expect = "hostname == 'web01.example.com'"
-"#;
-        let checks = parse_pack(pack, Path::new("/p.toml")).expect("pack");
-        let result = |name: &str, status: CheckStatus, hosts: &[&str]| CheckResult {
-            name: name.to_string(),
-            status,
-            rows: hosts
-                .iter()
-                .map(|h| Row::from([("hostname".to_string(), h.to_string())]))
-                .collect(),
-            row_count: hosts.len() as u64,
-            rows_truncated: false,
-            message: (status != CheckStatus::Pass).then(|| "why".to_string()),
-            duration_ms: 1,
-        };
+        let checks = parse_pack(VM_HOSTNAME_PACK, Path::new("/p.toml")).expect("pack");
         // PVE's `name: web01`, `searchdomain: example.com`.
         let names = crate::pve::guest_config::CloudInitName {
             hostname: "web01".to_string(),
@@ -1850,8 +1843,8 @@ expect = "hostname == 'web01.example.com'"
         // A distribution that prefers the FQDN: `{hostname}` (the PVE name, `web01`) fails,
         // the guest's name is what cloud-init was given: a pass that says so.
         let mut results = vec![
-            result("hostname", CheckStatus::Fail, &["web01.example.com"]),
-            result("named-vm", CheckStatus::Fail, &["web01"]),
+            hostname_result("hostname", CheckStatus::Fail, &["web01.example.com"]),
+            hostname_result("named-vm", CheckStatus::Fail, &["web01"]),
         ];
         vm_hostname_cloudinit(&checks, &mut results, &names);
         assert_eq!(results[0].status, CheckStatus::Pass);
@@ -1866,7 +1859,7 @@ expect = "hostname == 'web01.example.com'"
         assert_eq!(results[1].message.as_deref(), Some("why"));
         // Another name, no row, or a second row with another name: a fail naming both.
         for hosts in [&["localhost"][..], &[], &["web01", "debian"]] {
-            let mut results = vec![result("hostname", CheckStatus::Fail, hosts)];
+            let mut results = vec![hostname_result("hostname", CheckStatus::Fail, hosts)];
             vm_hostname_cloudinit(&checks, &mut results, &names);
             assert_eq!(results[0].status, CheckStatus::Fail, "{hosts:?}");
             let m = results[0].message.as_deref().unwrap_or("");
@@ -1883,8 +1876,8 @@ expect = "hostname == 'web01.example.com'"
         }
         // An error stays an error; a pass stays a plain pass.
         let mut results = vec![
-            result("hostname", CheckStatus::Error, &[]),
-            result("hostname", CheckStatus::Pass, &["web01"]),
+            hostname_result("hostname", CheckStatus::Error, &[]),
+            hostname_result("hostname", CheckStatus::Pass, &["web01"]),
         ];
         vm_hostname_cloudinit(&checks, &mut results, &names);
         assert_eq!(results[0].status, CheckStatus::Error);

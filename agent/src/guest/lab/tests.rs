@@ -142,11 +142,7 @@ impl Guest {
 
     /// Run `script` with the stored `names` in a real shell (see [`Init`]).
     fn run(&self, script: &str, names: &[&str], env: &[(&str, &str)], init: Init) -> String {
-        let path = format!(
-            "{}:{}",
-            self.dir.path().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
+        let path = path_before(self.dir.path());
         let mut cmd = match init {
             Init::Host => Command::new("/bin/sh"),
             Init::Userns => {
@@ -626,6 +622,18 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
     std::fs::copy("/bin/sh", &fake).expect("copy of /bin/sh");
     // A name no real client of this machine serves.
     let name = "feltst6";
+    // The watch of `name` given a second, in a guest whose `systemctl` script is `systemctl`.
+    let watch = |systemctl: &str| {
+        Guest::new(LO, systemctl).run(
+            &watch_script(name),
+            &[name],
+            &[
+                ("FELHOM_LAB_DHCP6", name),
+                ("FELHOM_LAB_DHCP6_GIVE_UP", "1"),
+            ],
+            Init::Host,
+        )
+    };
     let mut client = Command::new(&fake)
         .args([
             "-c",
@@ -652,17 +660,8 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
          ! grep -q '^State:[[:space:]]*[ZX]' /proc/{pid}/status 2>/dev/null; then echo starting; \
          else echo degraded; fi;; esac\nexit 0"
     );
-    let g = Guest::new(LO, &systemctl);
     let started = std::time::Instant::now();
-    let out = g.run(
-        &watch_script(name),
-        &[name],
-        &[
-            ("FELHOM_LAB_DHCP6", name),
-            ("FELHOM_LAB_DHCP6_GIVE_UP", "1"),
-        ],
-        Init::Host,
-    );
+    let out = watch(&systemctl);
     // The script ends once systemd says `degraded`, i.e. once the client is a zombie; a client
     // still there (the wait timed out) fails the test now, its group killed, not after its
     // 300 s sleep.
@@ -696,16 +695,7 @@ fn the_dhcp6_watch_stops_the_waiting_client_and_not_itself() {
          if [ \"$(wc -l <'{c}')\" -lt 4 ]; then echo starting; else echo running; fi;; esac\nexit 0",
         c = count.display()
     );
-    let g = Guest::new(LO, &systemctl);
-    let out = g.run(
-        &watch_script(name),
-        &[name],
-        &[
-            ("FELHOM_LAB_DHCP6", name),
-            ("FELHOM_LAB_DHCP6_GIVE_UP", "1"),
-        ],
-        Init::Host,
-    );
+    let out = watch(&systemctl);
     let lines: Vec<&str> = out
         .lines()
         .filter(|l| !l.starts_with("felhom-took "))
@@ -1427,6 +1417,42 @@ fn real_ip() -> String {
         .to_string()
 }
 
+/// `PATH` with `dir` ahead of this process's own.
+fn path_before(dir: &Path) -> String {
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// `script` in a real `/bin/sh` (`args` after it: `$0`, `$1`…) under `unshare` with
+/// `namespaces` (its options), `env` set and the stand-ins of `bin` first on PATH: what it
+/// printed, or `None` where user namespaces are refused. Any other failure fails the test.
+fn unshared_shell(
+    namespaces: &[&str],
+    script: &str,
+    args: &[&str],
+    bin: &Path,
+    env: &[(&str, String)],
+) -> Option<String> {
+    let out = Command::new("unshare")
+        .args(namespaces)
+        .args(["/bin/sh", "-c", script])
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("PATH", path_before(bin))
+        .output()
+        .expect("unshare runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("unshare failed") {
+        eprintln!("user namespaces refused here: {stderr}");
+        return None;
+    }
+    assert!(out.status.success(), "{stderr}");
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The boot trip of an own VM copy on the lab bridge whose stored NIC is
 /// `bc:24:11:00:03:00`, in a real shell inside its own user, PID, mount and network
 /// namespaces: a veth `felvm6` with that MAC (and `felvm7` with a MAC not stored), the guest's
@@ -1479,17 +1505,8 @@ fn vm_dhcp6_boot(own_copy: bool, stanza: &str, client_for: &str) -> Option<Strin
         d = d.display(),
         c = client_for,
     );
-    let mut env: Vec<(&str, String)> = plan.env.clone();
-    env.push((
-        "PATH",
-        format!(
-            "{}/bin:{}",
-            d.display(),
-            std::env::var("PATH").unwrap_or_default()
-        ),
-    ));
-    let out = Command::new("unshare")
-        .args([
+    unshared_shell(
+        &[
             "--user",
             "--map-root-user",
             "--pid",
@@ -1497,18 +1514,12 @@ fn vm_dhcp6_boot(own_copy: bool, stanza: &str, client_for: &str) -> Option<Strin
             "--mount-proc",
             "--mount",
             "--net",
-        ])
-        .args(["/bin/sh", "-c", &format!("{setup}{script}")])
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("unshare runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() && stderr.contains("unshare failed") {
-        eprintln!("user namespaces refused here: {stderr}");
-        return None;
-    }
-    assert!(out.status.success(), "{stderr}");
-    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+        ],
+        &format!("{setup}{script}"),
+        &[],
+        &d.join("bin"),
+        &plan.env,
+    )
 }
 
 /// The tick in a real shell: the `dhclient -6` of a stored NIC's `inet6 dhcp` stanza
@@ -1568,29 +1579,15 @@ fn wait_online_rule(state: &str) -> Option<String> {
          cp '{state}' /run/systemd/netif/links/$(cat /sys/class/net/eth0/ifindex)\nset +e\n",
         state = d.join("state").display(),
     );
-    let out = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--mount", "--net"])
-        .args(["/bin/sh", "-c", &format!("{setup}{SETTLE}"), "sh", "eth0"])
-        .env("FELHOM_LAB_VM", "1")
-        .env(
-            "PATH",
-            format!(
-                "{}/bin:{}",
-                d.display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
-        .output()
-        .expect("unshare runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() && stderr.contains("unshare failed") {
-        eprintln!("user namespaces refused here: {stderr}");
-        return None;
-    }
-    assert!(out.status.success(), "{stderr}");
+    let out = unshared_shell(
+        &["--user", "--map-root-user", "--mount", "--net"],
+        &format!("{setup}{SETTLE}"),
+        &["sh", "eth0"],
+        &d.join("bin"),
+        &[("FELHOM_LAB_VM", "1".to_string())],
+    )?;
     Some(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
+        out.lines()
             .filter(|l| l.starts_with("online-"))
             .collect::<Vec<_>>()
             .join("\n"),
