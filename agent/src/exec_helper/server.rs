@@ -851,8 +851,9 @@ async fn lab_request(
                 authorize(&cfg, owners, vmid, txn)?;
                 // The lab bridge to link to: the journaled request's, and only one of the
                 // config's lab bridges.
-                let link = state.request().group.as_ref().and_then(|g| g.link_bridge.clone());
-                if let Some(b) = link.as_deref() {
+                let group = state.request().group.clone();
+                let link = group.as_ref().and_then(|g| g.link_bridge.clone());
+                if let (Some(b), Some(g)) = (link.as_deref(), group.as_ref()) {
                     if !cfg.restore_test.lab_bridges.iter().any(|l| l == b) {
                         return Err(Refusal {
                             code: ErrorCode::ExecNotOwned,
@@ -860,6 +861,25 @@ async fn lab_request(
                                 "transaction {txn} names {}, not one of [restore_test] lab_bridges in {}; nothing was joined",
                                 crate::error::outside_text_max(b, 20),
                                 cfg.path.display()
+                            ),
+                        });
+                    }
+                    // Root reads the bridge in the kernel itself before linking the lab to
+                    // it: no address, no port but the group's VM copies' taps and this lab's
+                    // link, IPv6 off, nothing forwarded.
+                    let faults = crate::lab_kernel::faults_now(
+                        b,
+                        crate::lab_kernel::Ports::TapsOfAny(
+                            g.bridge_peers.clone(),
+                            Some(crate::guest::group_lab::link_port_name(lab)),
+                        ),
+                    );
+                    if !faults.is_empty() {
+                        return Err(Refusal {
+                            code: ErrorCode::LabBridgeOpen,
+                            message: format!(
+                                "the group's lab bridge {b} is not isolated, so the lab was not linked to it: {}",
+                                faults.join("; ")
                             ),
                         });
                     }
