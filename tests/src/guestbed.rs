@@ -270,16 +270,20 @@ impl GuestBed {
     /// one-line reason and the plain bed when QEMU or the image is missing here (printed; a
     /// panic instead when `FELHOM_REQUIRE_REAL_GUESTS=1`).
     pub fn new_real_vm() -> Result<Self, (String, Self)> {
-        let mut bed = Self::new();
+        Self::new().with_real_vm("the modelled guest agent instead")
+    }
+
+    /// This bed with real QEMU VMs, or `Err` saying so and what stands `instead`.
+    fn with_real_vm(mut self, instead: &str) -> Result<Self, (String, Self)> {
         match real_vm_image() {
             Ok(image) => {
-                bed.real_vm = Some(image.clone());
-                Ok(bed)
+                self.real_vm = Some(image.clone());
+                Ok(self)
             }
             Err(reason) => Err(fall_back(
-                format!("no real VM here ({reason}): the modelled guest agent instead"),
+                format!("no real VM here ({reason}): {instead}"),
                 reason,
-                bed,
+                self,
             )),
         }
     }
@@ -288,18 +292,7 @@ impl GuestBed {
     /// VMs marked `"real": true` ([`GuestBed::new_real_vm`]), for an application group of
     /// containers and VMs. `Err` as either.
     pub fn new_real_with_vm() -> Result<Self, (String, Self)> {
-        let mut bed = Self::new_real()?;
-        match real_vm_image() {
-            Ok(image) => {
-                bed.real_vm = Some(image.clone());
-                Ok(bed)
-            }
-            Err(reason) => Err(fall_back(
-                format!("no real VM here ({reason}): no group of containers and VMs"),
-                reason,
-                bed,
-            )),
-        }
+        Self::new_real()?.with_real_vm("no group of containers and VMs")
     }
 
     /// Whether this bed's VMs marked `real` run in a real QEMU.

@@ -173,7 +173,16 @@ impl World {
     /// `FELHOM_REQUIRE_REAL_GUESTS=1` it panics instead). Adds a line `real guests: <test>` to
     /// the test reports.
     pub fn real_vm_or_skip(scenario: Value, opts: &AgentOptions) -> Option<World> {
-        match GuestBed::new_real_vm() {
+        World::on_real_bed_or_skip(GuestBed::new_real_vm(), scenario, opts)
+    }
+
+    /// A world on `bed` (reported as real guests), or `None` after printing why there is none.
+    fn on_real_bed_or_skip(
+        bed: Result<GuestBed, (String, GuestBed)>,
+        scenario: Value,
+        opts: &AgentOptions,
+    ) -> Option<World> {
+        match bed {
             Ok(bed) => {
                 report_real_guests();
                 Some(World::with_bed(scenario, opts, bed))
@@ -188,16 +197,7 @@ impl World {
     /// [`World::with_options`] with real containers and real VMs ([`GuestBed::new_real_with_vm`]);
     /// `None` after printing why not (a panic with `FELHOM_REQUIRE_REAL_GUESTS=1`).
     pub fn real_with_vm_or_skip(scenario: Value, opts: &AgentOptions) -> Option<World> {
-        match GuestBed::new_real_with_vm() {
-            Ok(bed) => {
-                report_real_guests();
-                Some(World::with_bed(scenario, opts, bed))
-            }
-            Err((reason, _)) => {
-                eprintln!("skipped on this machine: {reason}");
-                None
-            }
-        }
+        World::on_real_bed_or_skip(GuestBed::new_real_with_vm(), scenario, opts)
     }
 
     /// [`World::with_options`] with this bed.
