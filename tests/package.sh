@@ -177,7 +177,7 @@ step "no test hooks in the packaged binary"
 # `test-hooks` feature. The test build
 # (target/debug/felhom-agent after build-deb.sh) must carry every name, which shows that the
 # search finds them where they are.
-hooks="FELHOM_AGENT_KILL_AT FELHOM_AGENT_KERNEL_ROOT FELHOM_AGENT_HUB_TIMING FELHOM_AGENT_SUBMIT_SETTLE_MS FELHOM_AGENT_REFRESH_MS FELHOM_AGENT_EXEC_IDLE_MS hang_hub_loop_after_ms"
+hooks="FELHOM_AGENT_KILL_AT FELHOM_AGENT_KERNEL_ROOT FELHOM_AGENT_HUB_TIMING FELHOM_AGENT_SUBMIT_SETTLE_MS FELHOM_AGENT_REFRESH_MS FELHOM_AGENT_EXEC_IDLE_MS FELHOM_AGENT_BED_HOST_USERNS hang_hub_loop_after_ms"
 for name in $hooks; do
   grep -qaF "$name" "$r/usr/bin/felhom-agent" && fail "the packaged binary carries the test hook $name"
   grep -qaF "$name" "${CARGO_TARGET_DIR:-$root/target}/debug/felhom-agent" ||

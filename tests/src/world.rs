@@ -84,6 +84,17 @@ pub fn tasks_take_time(scenario: &mut Value) {
     }
 }
 
+/// The environment the agent and its exec helper need on `bed`: on the busybox bed, whose
+/// containers run in the node's user namespace, the test hook that says so (a group's lab then
+/// checks their network namespace's owner, not PVE's idmap); nothing on the real bed.
+pub fn bed_env(bed: &GuestBed) -> Vec<(&'static str, &'static str)> {
+    if bed.is_real() {
+        Vec::new()
+    } else {
+        vec![("FELHOM_AGENT_BED_HOST_USERNS", "1")]
+    }
+}
+
 /// `PATH` with the bed's `pct` first.
 pub fn bed_path(bed: &GuestBed) -> String {
     format!(
@@ -207,10 +218,9 @@ impl World {
         let pve = FakePve::start(scenario);
         let files = AgentFiles::write(&pve, opts);
         install_default_profile_and_checks(&files);
-        let helper = files
-            .exec_socket
-            .as_ref()
-            .map(|socket| ExecHelper::start(&files.config_path, socket, &bed_path(&bed)));
+        let helper = files.exec_socket.as_ref().map(|socket| {
+            ExecHelper::start_env(&files.config_path, socket, &bed_path(&bed), &bed_env(&bed))
+        });
         World {
             helper,
             pve,
@@ -235,11 +245,13 @@ impl World {
             old.kill();
         }
         let _ = std::fs::remove_file(&socket);
+        let mut env = env.to_vec();
+        env.extend(bed_env(&self.bed));
         self.helper = Some(ExecHelper::start_env(
             &self.files.config_path,
             &socket,
             &bed_path(&self.bed),
-            env,
+            &env,
         ));
     }
 
@@ -291,7 +303,7 @@ impl World {
     /// The agent command for this world (config and `PATH` set).
     pub fn command(&self) -> std::process::Command {
         let mut cmd = agent_command(&self.files.config_path);
-        cmd.env("PATH", self.path());
+        cmd.env("PATH", self.path()).envs(bed_env(&self.bed));
         cmd
     }
 

@@ -299,6 +299,7 @@ pub fn join(lxc_path: &Path, lab: Ulid, vmid: u32, names: &[String]) -> Result<S
     if let Err(e) = not_the_nodes(net.file(), &format!("the copy {vmid}")) {
         return Err(format!("{e}; nothing was joined"));
     }
+    copy_owns_its_network(&init, vmid).map_err(|e| format!("{e}; nothing was joined"))?;
     let net_path = fd_path(net.file());
     let net_arg = net_path.to_string_lossy().into_owned();
     let ns = ensure(lab)?;
@@ -409,6 +410,88 @@ pub fn link(lab: Ulid, bridge: &str) -> Result<String, String> {
         "the lab {} is linked to the group's lab bridge {bridge} (port {port}, no address), where the group's VM copies are",
         ns.name
     ))
+}
+
+/// The idmap pve-container writes for an unprivileged container without a custom one (the
+/// exec helper refuses raw `lxc.` keys, `lxc.idmap` among them): pve-container
+/// `src/PVE/LXC.pm` `update_lxc_config`, `lxc.idmap = u 0 100000 65536` and `g` alike.
+const PVE_IDMAP: &str = "0 100000 65536";
+
+/// Test hook (only with the `test-hooks` feature): `1` says that the containers are the test
+/// bed's busybox stand-ins, which run in the node's user namespace; their network namespace's
+/// owner is still checked, PVE's idmap is not (the real bed's containers are checked in full).
+#[cfg(feature = "test-hooks")]
+pub const BED_HOST_USERNS_ENV: &str = "FELHOM_AGENT_BED_HOST_USERNS";
+
+/// Whether [`BED_HOST_USERNS_ENV`] is set (never in a build without the test hooks).
+fn bed_host_userns() -> bool {
+    #[cfg(feature = "test-hooks")]
+    if std::env::var(BED_HOST_USERNS_ENV).is_ok_and(|v| v == "1") {
+        return true;
+    }
+    false
+}
+
+/// The copy's network namespace is its own: owned by the user namespace its init runs in
+/// (util-linux `lsns` reads the owner with the kernel's NS_GET_USERNS), which is not the
+/// node's and maps exactly PVE's idmap of an unprivileged container. Each read through the
+/// init's pid is checked against the namespaces held open (`init`): a pid reused meanwhile
+/// names other namespaces, and is refused.
+fn copy_owns_its_network(
+    init: &crate::guest::lxc_monitor::ContainerInit,
+    vmid: u32,
+) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let held = |name: &str| {
+        init.namespaces
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.ino)
+            .ok_or_else(|| format!("the copy {vmid}'s {name} namespace was not opened"))
+    };
+    let (net, user) = (held("net")?, held("user")?);
+    let stand_in = bed_host_userns();
+    if !stand_in && std::fs::metadata("/proc/1/ns/user").is_ok_and(|m| m.ino() == user) {
+        return Err(format!(
+            "the copy {vmid}'s init runs in the node's user namespace (a privileged container)"
+        ));
+    }
+    let pid = init.pid.to_string();
+    let listed = run("lsns", &["-n", "-t", "net", "-p", &pid, "-o", "NS,ONS"]).map_err(|e| {
+        format!("cannot read the owner of the copy {vmid}'s network namespace: {e}")
+    })?;
+    let fields: Vec<&str> = listed.split_whitespace().collect();
+    let (ns, owner) = match fields.as_slice() {
+        [ns, owner] => (ns.parse::<u64>().ok(), owner.parse::<u64>().ok()),
+        _ => (None, None),
+    };
+    if ns != Some(net) || owner != Some(user) {
+        return Err(format!(
+            "the copy {vmid}'s network namespace {net} is not owned by its init's user namespace {user} (lsns -p {pid}: {})",
+            crate::error::outside_text_max(listed.trim(), 80)
+        ));
+    }
+    for map in ["uid_map", "gid_map"].into_iter().filter(|_| !stand_in) {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/{map}")).unwrap_or_default();
+        let lines: Vec<String> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|l| !l.is_empty())
+            .collect();
+        if lines != [PVE_IDMAP] {
+            return Err(format!(
+                "the copy {vmid}'s user namespace maps {} in {map}, not PVE's idmap of an unprivileged container ({PVE_IDMAP})",
+                crate::error::outside_text_max(&lines.join("; "), 120)
+            ));
+        }
+    }
+    // Still the same init (its user namespace the one held): what was read was its.
+    if !std::fs::metadata(format!("/proc/{pid}/ns/user")).is_ok_and(|m| m.ino() == user) {
+        return Err(format!(
+            "the copy {vmid}'s init {pid} ended while its namespaces were read; retry"
+        ));
+    }
+    Ok(())
 }
 
 /// [`join`], then [`link`] when the group's journaled request names a lab bridge: the notes of
