@@ -86,7 +86,7 @@ pub fn tasks_take_time(scenario: &mut Value) {
 
 /// The environment the agent and its exec helper need on `bed`: on the busybox bed, whose
 /// containers run in the node's user namespace, the test hook that says so (a group's lab then
-/// checks their network namespace's owner, not PVE's idmap); nothing on the real bed.
+/// does not require their own user namespace with PVE's idmap); nothing on the real bed.
 pub fn bed_env(bed: &GuestBed) -> Vec<(&'static str, &'static str)> {
     if bed.is_real() {
         Vec::new()
