@@ -259,7 +259,13 @@ lines, never a user line), sdn/vnets.cfg and jobs.cfg (only each backup job's id
 enabled, exclude, pool, node and vmid lines), each from the path of its own config, opened as root from / without following a \
 link, only through folders of root's nobody else can write, a regular file of root's of at most \
 16 MiB (else config_invalid; a request names one of the five, never a path); and says where its \
-`pct` resolves (doctor's exec check). The helper does nothing else.\n\n\
+`pct` resolves (doctor's exec check). For a restore test's application group of containers \
+it makes the group's lab (README \"Application groups\"): it joins a running copy's stored \
+interfaces to the lab its journaled transaction names (and links that lab to the group's lab \
+bridge when the transaction names one of [restore_test] lab_bridges, which it reads in the \
+kernel first), removes the lab at the group's end, and for doctor makes and removes one of its \
+own (lab_probe); where systemd runs, each lab is an instance of felhom-lab@.service. The helper \
+does nothing else.\n\n\
 Who may call it: only processes of root and of the [agent] user (checked with SO_PEERCRED on \
 every connection; anyone else gets exec_caller_refused). Before every request it reads, fresh: \
 the journal in state_dir (the transaction named must be open, with an armed claim on exactly this \
