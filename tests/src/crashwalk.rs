@@ -30,7 +30,9 @@ pub fn run(w: &World, args: &[&str], kill_at: Option<&str>) -> AgentRun {
 /// transaction settle without a person, no foreign or `pool` guest be written or gone, no copy
 /// be left in the band, and every guest's backup end proven.
 pub fn kill_and_settle(w: &World, point: &str, pool: &[u32]) -> Option<()> {
+    let started = Instant::now();
     let first = run(w, &["--selftest=restore", "--json"], Some(point));
+    let first_secs = started.elapsed().as_secs_f64();
     if first.code.is_some() {
         assert_eq!(
             first.code,
@@ -42,7 +44,9 @@ pub fn kill_and_settle(w: &World, point: &str, pool: &[u32]) -> Option<()> {
         return None;
     }
     // The next run settles what the killed one left, then proves what is still due.
+    let started = Instant::now();
     let second = run(w, &["--selftest=restore", "--json"], None);
+    slow_run_said(point, first_secs, started.elapsed().as_secs_f64(), &second);
     assert_eq!(
         second.code,
         Some(0),
@@ -80,6 +84,19 @@ pub fn kill_and_settle(w: &World, point: &str, pool: &[u32]) -> Option<()> {
         assert_eq!(row["status"], "proven", "{point}: {row:#}");
     }
     Some(())
+}
+
+/// A kill point whose runs took long (a run of the walk takes a few seconds): its figures and
+/// the end of the next run's log, among the figures the tests measured, for whoever reads why.
+fn slow_run_said(point: &str, first: f64, second: f64, next: &AgentRun) {
+    if first + second < 30.0 {
+        return;
+    }
+    let tail: Vec<&str> = next.stderr.lines().rev().take(12).collect();
+    crate::report(&format!(
+        "crash walk {point}: the killed run {first:.0}s, the next run {second:.0}s; the next run's log ended: {}",
+        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    ));
 }
 
 /// Walk the kill points `<when>:first..=last` with `point` (a kill point's whole check, `None`
