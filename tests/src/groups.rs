@@ -194,8 +194,12 @@ pub fn copy_of(copies: &[Value], guest: u32) -> &Value {
 /// `--selftest=restore --guest <guest> --json` in `w` to its end: exit code, the copies'
 /// documents, and all it said (stdout, stderr).
 pub fn prove(w: &crate::world::World, guest: u32) -> (Option<i32>, Vec<Value>, String) {
-    let run: crate::agent::AgentRun = w
-        .command()
+    prove_with(w.command(), guest)
+}
+
+/// [`prove`] with the agent command `cmd` (its environment set by the caller).
+pub fn prove_with(mut cmd: std::process::Command, guest: u32) -> (Option<i32>, Vec<Value>, String) {
+    let run: crate::agent::AgentRun = cmd
         .args([
             "--selftest=restore",
             "--guest",

@@ -593,19 +593,11 @@ fn a_vm_reaches_its_database_container_through_the_groups_lab_bridge() {
     std::fs::write(w.files.checks_dir.join("default.toml"), mixed_pack())
         .unwrap_or_else(|e| panic!("cannot write the pack: {e}"));
     add_group(&w.files.config_path, "shop", &[200, 300], 0);
-    let run: felhom_tests::agent::AgentRun = w
-        .command()
-        // The kernel's own files: the lab bridge above is a real one.
-        .env(KERNEL_ROOT_ENV, "/")
-        .args(["--selftest=restore", "--guest", "300", "--json"])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the agent: {e}"))
-        .into();
-    let out = format!("{}\n{}", run.stdout, run.stderr);
-    let doc: Value =
-        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
-    let copies = doc["copies"].as_array().cloned().unwrap_or_default();
-    assert_eq!(run.code, Some(0), "{out}");
+    let mut cmd = w.command();
+    // The kernel's own files: the lab bridge above is a real one.
+    cmd.env(KERNEL_ROOT_ENV, "/");
+    let (code, copies, out) = felhom_tests::groups::prove_with(cmd, 300);
+    assert_eq!(code, Some(0), "{out}");
     assert_eq!(copies.len(), 2, "{out}");
     let (db, vm) = (copy_of(&copies, 200), copy_of(&copies, 300));
     for c in [db, vm] {
